@@ -1,0 +1,369 @@
+//! Host-side client of one agent connection.
+//!
+//! One reader task demultiplexes frames to per-stream channels and one writer task serialises
+//! outgoing frames, so any number of operations can run at once over one socket. Everything the
+//! agent says is untrusted: frames are size-bounded by the codec, unknown stream ids are dropped,
+//! and collected output is re-bounded here whatever the agent claims.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+use crate::codec::{CodecError, FrameCodec};
+use crate::messages::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("agent connection closed")]
+    Disconnected,
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    #[error("agent protocol violation: {0}")]
+    Protocol(String),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+}
+
+type Result<T> = std::result::Result<T, ClientError>;
+
+/// Frames a stream may have queued before the connection reader waits for its consumer.
+const STREAM_QUEUE: usize = 32;
+
+struct Shared {
+    next_stream: AtomicU64,
+    streams: Mutex<HashMap<u64, mpsc::Sender<FromAgent>>>,
+    outgoing: mpsc::Sender<Frame<ToAgent>>,
+}
+
+/// A cheap-to-clone handle on one agent connection.
+#[derive(Clone)]
+pub struct AgentClient {
+    shared: Arc<Shared>,
+}
+
+impl AgentClient {
+    pub async fn connect_unix(path: &Path) -> Result<Self> {
+        let stream = tokio::net::UnixStream::connect(path)
+            .await
+            .map_err(CodecError::Io)?;
+        let (r, w) = stream.into_split();
+        Ok(Self::new(r, w))
+    }
+
+    /// Wraps any byte transport (unix socket, vsock, in-memory pipe in tests).
+    pub fn new<R, W>(reader: R, writer: W) -> Self
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+        W: AsyncWrite + Send + Unpin + 'static,
+    {
+        let (outgoing, mut out_rx) = mpsc::channel::<Frame<ToAgent>>(64);
+        let shared = Arc::new(Shared {
+            next_stream: AtomicU64::new(1),
+            streams: Mutex::new(HashMap::new()),
+            outgoing,
+        });
+        let mut sink = FramedWrite::new(writer, FrameCodec::<FromAgent, ToAgent>::default());
+        tokio::spawn(async move {
+            while let Some(frame) = out_rx.recv().await {
+                if let Err(e) = sink.send(frame).await {
+                    tracing::debug!(error = %e, "agent connection write failed");
+                    break;
+                }
+            }
+        });
+        let weak = Arc::downgrade(&shared);
+        let mut frames = FramedRead::new(reader, FrameCodec::<FromAgent, ToAgent>::default());
+        tokio::spawn(async move {
+            while let Some(frame) = frames.next().await {
+                let frame = match frame {
+                    Ok(f) => f,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "agent sent a bad frame; closing connection");
+                        break;
+                    }
+                };
+                let Some(shared) = weak.upgrade() else { break };
+                let tx = lock(&shared.streams).get(&frame.stream).cloned();
+                drop(shared);
+                if let Some(tx) = tx {
+                    // A consumer that went away is not an error: its stream is being dropped.
+                    let _ = tx.send(frame.msg).await;
+                }
+            }
+            if let Some(shared) = weak.upgrade() {
+                lock(&shared.streams).clear();
+            }
+        });
+        Self { shared }
+    }
+
+    /// Opens a new stream and sends its first message.
+    pub async fn open(&self, first: ToAgent) -> Result<AgentStream> {
+        let id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        lock(&self.shared.streams).insert(id, tx);
+        let stream = AgentStream {
+            id,
+            client: self.clone(),
+            rx,
+            finished: false,
+        };
+        stream.send(first).await?;
+        Ok(stream)
+    }
+
+    pub async fn health(&self) -> Result<HealthInfo> {
+        let mut s = self.open(ToAgent::Health).await?;
+        match s.recv_final().await? {
+            FromAgent::Health(h) => Ok(h),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Starts an exec and returns its event stream.
+    pub async fn exec(&self, req: ExecRequest) -> Result<AgentStream> {
+        self.open(ToAgent::Exec(req)).await
+    }
+
+    /// Runs an exec to completion, keeping at most `output_limit_bytes` per stream.
+    pub async fn exec_collect(&self, req: ExecRequest) -> Result<ExecOutput> {
+        let limit = usize::try_from(req.output_limit_bytes).unwrap_or(usize::MAX);
+        let mut s = self.exec(req).await?;
+        let mut out = ExecOutput::default();
+        loop {
+            match s.recv().await? {
+                FromAgent::Started { pid } => out.pid = Some(pid),
+                FromAgent::Stdout(d) => {
+                    out.stdout_truncated |= append_bounded(&mut out.stdout, &d, limit)
+                }
+                FromAgent::Stderr(d) => {
+                    out.stderr_truncated |= append_bounded(&mut out.stderr, &d, limit)
+                }
+                FromAgent::Exited(exit) => {
+                    s.finished = true;
+                    out.stdout_truncated |= exit.stdout_truncated;
+                    out.stderr_truncated |= exit.stderr_truncated;
+                    out.exit = exit;
+                    return Ok(out);
+                }
+                other => return Err(unexpected(&other)),
+            }
+        }
+    }
+
+    /// Reads a whole file, refusing files over `max_bytes`.
+    pub async fn read_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
+        let mut s = self
+            .open(ToAgent::ReadFile(ReadFileRequest {
+                path: path.into(),
+                max_bytes: Some(max_bytes),
+            }))
+            .await?;
+        let mut data = Vec::new();
+        loop {
+            match s.recv().await? {
+                FromAgent::FileChunk(c) => {
+                    if (data.len() + c.len()) as u64 > max_bytes {
+                        return Err(ClientError::Protocol(
+                            "file exceeds its announced bound".into(),
+                        ));
+                    }
+                    data.extend_from_slice(&c);
+                }
+                FromAgent::FileEnd => {
+                    s.finished = true;
+                    return Ok(data);
+                }
+                other => return Err(unexpected(&other)),
+            }
+        }
+    }
+
+    /// Starts an atomic upload; feed it with [`FileWriter::write`] and commit with
+    /// [`FileWriter::finish`]. Dropping the writer without finishing discards the upload.
+    pub async fn write_file(&self, req: WriteFileRequest) -> Result<FileWriter> {
+        Ok(FileWriter {
+            stream: self.open(ToAgent::WriteFile(req)).await?,
+        })
+    }
+
+    pub async fn list(&self, path: &str, depth: u32) -> Result<(Vec<Entry>, bool)> {
+        let mut s = self
+            .open(ToAgent::List {
+                path: path.into(),
+                depth,
+            })
+            .await?;
+        match s.recv_final().await? {
+            FromAgent::Entries { entries, truncated } => Ok((entries, truncated)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn stat(&self, path: &str) -> Result<Entry> {
+        self.entry_op(ToAgent::Stat { path: path.into() }).await
+    }
+
+    pub async fn make_dir(&self, path: &str) -> Result<Entry> {
+        self.entry_op(ToAgent::MakeDir { path: path.into() }).await
+    }
+
+    pub async fn rename(&self, from: &str, to: &str) -> Result<Entry> {
+        self.entry_op(ToAgent::Move {
+            from: from.into(),
+            to: to.into(),
+        })
+        .await
+    }
+
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        let mut s = self
+            .open(ToAgent::Remove {
+                path: path.into(),
+                recursive,
+            })
+            .await?;
+        match s.recv_final().await? {
+            FromAgent::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn entry_op(&self, msg: ToAgent) -> Result<Entry> {
+        let mut s = self.open(msg).await?;
+        match s.recv_final().await? {
+            FromAgent::Entry(e) => Ok(e),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+/// The collected result of [`AgentClient::exec_collect`].
+#[derive(Debug, Default, Clone)]
+pub struct ExecOutput {
+    pub pid: Option<u32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub exit: ExitInfo,
+}
+
+/// One operation's view of the connection. Dropping an unfinished stream cancels the operation.
+pub struct AgentStream {
+    id: u64,
+    client: AgentClient,
+    rx: mpsc::Receiver<FromAgent>,
+    finished: bool,
+}
+
+impl AgentStream {
+    pub async fn send(&self, msg: ToAgent) -> Result<()> {
+        self.client
+            .shared
+            .outgoing
+            .send(Frame {
+                stream: self.id,
+                msg,
+            })
+            .await
+            .map_err(|_| ClientError::Disconnected)
+    }
+
+    /// The next message; an agent-side error becomes `Err(ClientError::Agent)`.
+    pub async fn recv(&mut self) -> Result<FromAgent> {
+        match self.rx.recv().await {
+            Some(FromAgent::Error(e)) => {
+                self.finished = true;
+                Err(ClientError::Agent(e))
+            }
+            Some(FromAgent::Exited(e)) => {
+                self.finished = true;
+                Ok(FromAgent::Exited(e))
+            }
+            Some(m) => Ok(m),
+            None => Err(ClientError::Disconnected),
+        }
+    }
+
+    /// Receives the single answer of a one-shot request.
+    async fn recv_final(&mut self) -> Result<FromAgent> {
+        let m = self.recv().await?;
+        self.finished = true;
+        Ok(m)
+    }
+
+    /// Marks the operation as complete so dropping the stream does not cancel it.
+    pub fn mark_finished(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for AgentStream {
+    fn drop(&mut self) {
+        lock(&self.client.shared.streams).remove(&self.id);
+        if !self.finished {
+            let _ = self.client.shared.outgoing.try_send(Frame {
+                stream: self.id,
+                msg: ToAgent::Cancel,
+            });
+        }
+    }
+}
+
+/// An upload in progress.
+pub struct FileWriter {
+    stream: AgentStream,
+}
+
+impl FileWriter {
+    /// Sends `data` in protocol-sized chunks. Fails early if the agent already refused the upload
+    /// (quota, size limit, bad path).
+    pub async fn write(&mut self, data: &[u8]) -> Result<()> {
+        for chunk in data.chunks(CHUNK_BYTES) {
+            if let Ok(msg) = self.stream.rx.try_recv() {
+                return Err(match msg {
+                    FromAgent::Error(e) => {
+                        self.stream.finished = true;
+                        ClientError::Agent(e)
+                    }
+                    other => unexpected(&other),
+                });
+            }
+            self.stream.send(ToAgent::FileChunk(chunk.to_vec())).await?;
+        }
+        Ok(())
+    }
+
+    /// Commits the upload and returns the new file's entry.
+    pub async fn finish(mut self) -> Result<Entry> {
+        self.stream.send(ToAgent::FileEnd).await?;
+        match self.stream.recv_final().await? {
+            FromAgent::Entry(e) => Ok(e),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
+    let room = limit.saturating_sub(buf.len());
+    buf.extend_from_slice(&data[..data.len().min(room)]);
+    data.len() > room
+}
+
+fn unexpected(msg: &FromAgent) -> ClientError {
+    let name = format!("{msg:?}");
+    let name: String = name.chars().take(60).collect();
+    ClientError::Protocol(format!("unexpected message {name}"))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding this lock cannot leave the map inconsistent, so poisoning is ignored.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

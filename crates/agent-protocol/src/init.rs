@@ -1,0 +1,45 @@
+//! How a runtime tells the agent to build its sandbox before serving.
+//!
+//! The jail runtime passes this as JSON on the agent's command line; the agent is then PID 1 of
+//! fresh namespaces and turns it into mounts, confinement and a listening socket.
+
+use serde::{Deserialize, Serialize};
+
+/// File descriptor on which the agent finds its already-bound listening socket.
+pub const LISTEN_FD: i32 = 3;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitConfig {
+    pub hostname: String,
+    /// Host directory where the sandbox root is assembled before `pivot_root`.
+    pub root_target: String,
+    /// Read-only lower layer(s) of the root overlay, top first.
+    pub image_layers: Vec<String>,
+    /// Per-session writable upper layer and overlay work dir (same filesystem).
+    pub upper_dir: String,
+    pub work_dir: String,
+    /// Host paths bound read-only into the sandbox (e.g. the host's /usr for the `host` image).
+    pub ro_binds: Vec<Bind>,
+    pub tmp_size_mib: u64,
+    /// Default working directory of execs and base of relative file paths.
+    pub workdir: String,
+    /// Base environment of every exec.
+    pub env: Vec<(String, String)>,
+    /// In-sandbox directories Landlock lets processes write below; everything else is read-only.
+    pub writable_dirs: Vec<String>,
+    pub rlimits: Rlimits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    pub source: String,
+    /// Path inside the sandbox.
+    pub target: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rlimits {
+    pub nofile: u64,
+    pub nproc: u64,
+    pub core: u64,
+}

@@ -1,0 +1,240 @@
+//! Messages exchanged on one agent connection.
+//!
+//! Every frame carries a stream id chosen by the daemon; all messages of one operation (an exec,
+//! a file transfer, ...) share it, so many operations run concurrently on one connection.
+
+use serde::{Deserialize, Serialize};
+
+/// Version of this protocol; the agent reports it in [`HealthInfo`].
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest data chunk (stdout, stdin, file bytes) carried in one frame.
+pub const CHUNK_BYTES: usize = 64 * 1024;
+
+/// Largest encoded frame either side accepts. Bigger frames end the connection: the peer is
+/// broken or hostile, and a length prefix must never make the reader allocate without bound.
+pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
+
+/// Longest path accepted anywhere in the protocol (Linux PATH_MAX).
+pub const MAX_PATH_BYTES: usize = 4096;
+
+/// Most entries one `List` answer carries before it is cut and flagged as truncated.
+pub const MAX_LIST_ENTRIES: usize = 5000;
+
+/// One frame on the wire: a stream id and a message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Frame<M> {
+    pub stream: u64,
+    pub msg: M,
+}
+
+/// Daemon → agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ToAgent {
+    Health,
+    Exec(ExecRequest),
+    /// More standard input for the exec on this stream.
+    Stdin(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// Close the standard input of the exec on this stream.
+    CloseStdin,
+    /// Deliver a signal to the process group of the exec on this stream.
+    Signal(i32),
+    ReadFile(ReadFileRequest),
+    /// Starts an upload; `FileChunk`s follow, then `FileEnd` commits it atomically.
+    WriteFile(WriteFileRequest),
+    FileChunk(#[serde(with = "serde_bytes")] Vec<u8>),
+    FileEnd,
+    List {
+        path: String,
+        depth: u32,
+    },
+    Stat {
+        path: String,
+    },
+    /// `mkdir -p`.
+    MakeDir {
+        path: String,
+    },
+    Remove {
+        path: String,
+        recursive: bool,
+    },
+    Move {
+        from: String,
+        to: String,
+    },
+    /// Abandon the operation on this stream (an upload is discarded, an exec is killed).
+    Cancel,
+}
+
+impl ToAgent {
+    /// The message's name, for errors and logs (never its payload).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ToAgent::Health => "Health",
+            ToAgent::Exec(_) => "Exec",
+            ToAgent::Stdin(_) => "Stdin",
+            ToAgent::CloseStdin => "CloseStdin",
+            ToAgent::Signal(_) => "Signal",
+            ToAgent::ReadFile(_) => "ReadFile",
+            ToAgent::WriteFile(_) => "WriteFile",
+            ToAgent::FileChunk(_) => "FileChunk",
+            ToAgent::FileEnd => "FileEnd",
+            ToAgent::List { .. } => "List",
+            ToAgent::Stat { .. } => "Stat",
+            ToAgent::MakeDir { .. } => "MakeDir",
+            ToAgent::Remove { .. } => "Remove",
+            ToAgent::Move { .. } => "Move",
+            ToAgent::Cancel => "Cancel",
+        }
+    }
+
+    /// Messages that continue an operation rather than start one.
+    pub fn is_follow_up(&self) -> bool {
+        matches!(
+            self,
+            ToAgent::Stdin(_)
+                | ToAgent::CloseStdin
+                | ToAgent::Signal(_)
+                | ToAgent::FileChunk(_)
+                | ToAgent::FileEnd
+                | ToAgent::Cancel
+        )
+    }
+}
+
+/// Agent → daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FromAgent {
+    Health(HealthInfo),
+    Started {
+        pid: u32,
+    },
+    Stdout(#[serde(with = "serde_bytes")] Vec<u8>),
+    Stderr(#[serde(with = "serde_bytes")] Vec<u8>),
+    Exited(ExitInfo),
+    /// File bytes of a `ReadFile`; `FileEnd` follows the last chunk.
+    FileChunk(#[serde(with = "serde_bytes")] Vec<u8>),
+    FileEnd,
+    Entry(Entry),
+    Entries {
+        entries: Vec<Entry>,
+        truncated: bool,
+    },
+    Done,
+    Error(AgentError),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// argv; `argv[0]` is looked up in `PATH` when it has no slash.
+    pub argv: Vec<String>,
+    /// Added to (and overriding) the sandbox's default environment.
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    /// Written to stdin first.
+    #[serde(with = "serde_bytes")]
+    pub stdin: Vec<u8>,
+    /// Keep stdin open after `stdin` for `Stdin`/`CloseStdin` messages; otherwise it is closed.
+    pub keep_stdin_open: bool,
+    /// Hard limit; on expiry the whole process group is killed with SIGKILL.
+    pub timeout_ms: Option<u64>,
+    /// Bytes forwarded per stream; the rest is read and dropped and the stream flagged truncated.
+    pub output_limit_bytes: u64,
+    /// Sandbox uid/gid to run as (default 0, the sandbox's own root).
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitInfo {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadFileRequest {
+    pub path: String,
+    /// Refuse (with `TooLarge`) files bigger than this.
+    pub max_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteFileRequest {
+    pub path: String,
+    /// Permission bits of a new file (default 0644).
+    pub mode: Option<u32>,
+    /// Create missing parent directories.
+    pub create_parents: bool,
+    /// Abort with `TooLarge` once more than this many bytes arrived.
+    pub max_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub name: String,
+    pub path: String,
+    pub kind: EntryKind,
+    pub size: u64,
+    pub mode: u32,
+    /// Modification time, milliseconds since the Unix epoch.
+    pub modified_ms: i64,
+    pub symlink_target: Option<String>,
+}
+
+/// What the agent found itself able to enforce when it set the sandbox up.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthInfo {
+    pub protocol_version: u32,
+    pub agent_version: String,
+    pub uptime_ms: u64,
+    pub no_new_privs: bool,
+    pub seccomp: bool,
+    /// Landlock ABI in force, 0 when the kernel offers none.
+    pub landlock_abi: u32,
+    pub running_execs: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    NotFound,
+    AlreadyExists,
+    NotADirectory,
+    IsADirectory,
+    DirectoryNotEmpty,
+    PermissionDenied,
+    InvalidPath,
+    InvalidRequest,
+    NoSpace,
+    TooLarge,
+    SpawnFailed,
+    Io,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct AgentError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl AgentError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! Running processes: spawn, stream output with bounds, enforce timeouts, reap.
+//!
+//! The agent is PID 1, so every orphan in the sandbox becomes its child. A single reaper collects
+//! all exit statuses with `waitpid(-1)` and hands each to the exec waiting for that pid; statuses
+//! nobody waits for (orphans) are simply discarded, so zombies never pile up.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use koder_agent_protocol::{
+    AgentError, ErrorCode, ExecRequest, ExitInfo, FromAgent, ToAgent, CHUNK_BYTES,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::lock;
+use crate::server::Outbox;
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Exited(i32),
+    Signaled(i32),
+}
+
+/// After the main process exits, how long to keep draining pipes still held open by
+/// backgrounded descendants before answering.
+const DRAIN_GRACE: Duration = Duration::from_millis(100);
+
+#[derive(Default)]
+pub struct Reaper {
+    waiters: Mutex<HashMap<i32, oneshot::Sender<Status>>>,
+}
+
+impl Reaper {
+    /// Starts collecting exit statuses on every SIGCHLD.
+    pub fn start() -> std::io::Result<Arc<Self>> {
+        let reaper = Arc::new(Self::default());
+        let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+        let r = reaper.clone();
+        tokio::spawn(async move {
+            while sigchld.recv().await.is_some() {
+                r.reap();
+            }
+        });
+        Ok(reaper)
+    }
+
+    fn reap(&self) {
+        let mut waiters = lock(&self.waiters);
+        loop {
+            let mut raw = 0;
+            // SAFETY: waitpid writes only into `raw`.
+            let pid = unsafe { libc::waitpid(-1, &mut raw, libc::WNOHANG) };
+            if pid <= 0 {
+                return;
+            }
+            let status = if libc::WIFSIGNALED(raw) {
+                Status::Signaled(libc::WTERMSIG(raw))
+            } else {
+                Status::Exited(libc::WEXITSTATUS(raw))
+            };
+            if let Some(tx) = waiters.remove(&pid) {
+                let _ = tx.send(status);
+            }
+        }
+    }
+
+    /// Spawns `cmd` and registers for its exit under the same lock the reaper takes, so an exit
+    /// can never be reaped before someone waits for it.
+    fn spawn(
+        &self,
+        cmd: &mut Command,
+    ) -> std::io::Result<(std::process::Child, oneshot::Receiver<Status>)> {
+        let mut waiters = lock(&self.waiters);
+        let child = cmd.spawn()?;
+        let (tx, rx) = oneshot::channel();
+        waiters.insert(child.id() as i32, tx);
+        Ok((child, rx))
+    }
+}
+
+/// Settings every exec inherits.
+pub struct ExecDefaults {
+    pub env: Vec<(String, String)>,
+    pub workdir: String,
+}
+
+pub async fn run(
+    reaper: &Reaper,
+    defaults: &ExecDefaults,
+    req: ExecRequest,
+    mut rx: mpsc::Receiver<ToAgent>,
+    out: Outbox,
+) {
+    let (mut child, exit_rx) = match validate(&req).and_then(|()| spawn(reaper, defaults, &req)) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = out.send(FromAgent::Error(e)).await;
+            return;
+        }
+    };
+    let started = Instant::now();
+    let pid = child.id() as i32;
+    let stdin = child.stdin.take().map(OwnedFd::from);
+    let stdout = child.stdout.take().map(OwnedFd::from);
+    let stderr = child.stderr.take().map(OwnedFd::from);
+    drop(child);
+    let limit = req.output_limit_bytes;
+    let stdout_cut = Arc::new(AtomicBool::new(false));
+    let stderr_cut = Arc::new(AtomicBool::new(false));
+    let pumps = [
+        spawn_pump(
+            stdout,
+            limit,
+            out.clone(),
+            stdout_cut.clone(),
+            FromAgent::Stdout,
+        ),
+        spawn_pump(
+            stderr,
+            limit,
+            out.clone(),
+            stderr_cut.clone(),
+            FromAgent::Stderr,
+        ),
+    ];
+    let mut stdin_tx = spawn_stdin(stdin, req.stdin, req.keep_stdin_open);
+    if out
+        .send(FromAgent::Started { pid: pid as u32 })
+        .await
+        .is_err()
+    {
+        kill_group(pid, libc::SIGKILL);
+    }
+
+    let deadline = req
+        .timeout_ms
+        .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+    let mut timed_out = false;
+    let mut control_open = true;
+    tokio::pin!(exit_rx);
+    let status = loop {
+        tokio::select! {
+            st = &mut exit_rx => break st.unwrap_or(Status::Signaled(libc::SIGKILL)),
+            () = sleep_until(deadline), if !timed_out => {
+                timed_out = true;
+                kill_group(pid, libc::SIGKILL);
+            }
+            msg = rx.recv(), if control_open => match msg {
+                Some(ToAgent::Stdin(data)) => {
+                    if let Some(tx) = &stdin_tx {
+                        let _ = tx.send(data).await;
+                    }
+                }
+                Some(ToAgent::CloseStdin) => stdin_tx = None,
+                Some(ToAgent::Signal(sig)) if (1..=64).contains(&sig) => kill_group(pid, sig),
+                Some(ToAgent::Cancel) | None => {
+                    // The caller is gone or gave up: nobody will read this exec's result.
+                    control_open = false;
+                    kill_group(pid, libc::SIGKILL);
+                }
+                Some(_) => {}
+            }
+        }
+    };
+    if timed_out {
+        // Descendants that left the group's main process behind die with the exec.
+        kill_group(pid, libc::SIGKILL);
+    }
+    drop(stdin_tx);
+    for pump in pumps {
+        let abort = pump.abort_handle();
+        if tokio::time::timeout(DRAIN_GRACE, pump).await.is_err() {
+            abort.abort();
+        }
+    }
+    let (exit_code, signal) = match status {
+        Status::Exited(c) => (Some(c), None),
+        Status::Signaled(s) => (None, Some(s)),
+    };
+    let _ = out
+        .send(FromAgent::Exited(ExitInfo {
+            exit_code,
+            signal,
+            timed_out,
+            stdout_truncated: stdout_cut.load(Ordering::Relaxed),
+            stderr_truncated: stderr_cut.load(Ordering::Relaxed),
+            duration_ms: started.elapsed().as_millis() as u64,
+        }))
+        .await;
+}
+
+fn validate(req: &ExecRequest) -> Result<(), AgentError> {
+    let bad = |m: &str| Err(AgentError::new(ErrorCode::InvalidRequest, m));
+    if req.argv.is_empty() || req.argv[0].is_empty() {
+        return bad("argv must name a program");
+    }
+    let has_nul = |s: &str| s.contains('\0');
+    if req.argv.iter().any(|a| has_nul(a))
+        || req.env.iter().any(|(k, v)| has_nul(k) || has_nul(v))
+        || req.cwd.as_deref().is_some_and(has_nul)
+    {
+        return bad("argv, env and cwd must not contain NUL bytes");
+    }
+    if req.env.iter().any(|(k, _)| k.is_empty() || k.contains('=')) {
+        return bad("environment names must be non-empty and contain no '='");
+    }
+    Ok(())
+}
+
+fn spawn(
+    reaper: &Reaper,
+    defaults: &ExecDefaults,
+    req: &ExecRequest,
+) -> Result<(std::process::Child, oneshot::Receiver<Status>), AgentError> {
+    let mut cmd = Command::new(&req.argv[0]);
+    cmd.args(&req.argv[1..])
+        .env_clear()
+        .envs(defaults.env.iter().map(|(k, v)| (k, v)))
+        .envs(req.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(req.cwd.as_deref().unwrap_or(&defaults.workdir))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(gid) = req.gid {
+        cmd.gid(gid);
+    }
+    if let Some(uid) = req.uid {
+        cmd.uid(uid);
+    }
+    // SAFETY: setsid is async-signal-safe; it makes the exec a process-group leader so a
+    // timeout or signal reaches every process it started in the group.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    reaper.spawn(&mut cmd).map_err(|e| {
+        let code = match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+                ErrorCode::SpawnFailed
+            }
+            std::io::ErrorKind::InvalidInput => ErrorCode::InvalidRequest,
+            _ => ErrorCode::SpawnFailed,
+        };
+        AgentError::new(code, format!("cannot start {:?}: {e}", req.argv[0]))
+    })
+}
+
+fn spawn_pump(
+    fd: Option<OwnedFd>,
+    limit: u64,
+    out: Outbox,
+    cut: Arc<AtomicBool>,
+    wrap: fn(Vec<u8>) -> FromAgent,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let Some(mut r) = fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok()) else {
+            return;
+        };
+        let mut sent = 0u64;
+        let mut buf = vec![0u8; CHUNK_BYTES];
+        loop {
+            let n = match r.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let room = limit.saturating_sub(sent);
+            let take = (n as u64).min(room) as usize;
+            if take < n {
+                cut.store(true, Ordering::Relaxed);
+            }
+            if take > 0 {
+                sent += take as u64;
+                // Awaiting here is the back-pressure: a slow reader stops us reading the pipe,
+                // and the process blocks on its own writes instead of the agent buffering.
+                if out.send(wrap(buf[..take].to_vec())).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+}
+
+/// Feeds stdin: the initial bytes, then (when kept open) whatever arrives on the returned
+/// channel; dropping the sender closes the process's stdin.
+fn spawn_stdin(
+    fd: Option<OwnedFd>,
+    initial: Vec<u8>,
+    keep_open: bool,
+) -> Option<mpsc::Sender<Vec<u8>>> {
+    let fd = fd?;
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(16);
+    tokio::spawn(async move {
+        let Ok(mut w) = pipe::Sender::from_owned_fd(fd) else {
+            return;
+        };
+        if w.write_all(&initial).await.is_err() {
+            return;
+        }
+        while let Some(data) = rx.recv().await {
+            if w.write_all(&data).await.is_err() {
+                return;
+            }
+        }
+    });
+    keep_open.then_some(tx)
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn kill_group(pgid: i32, sig: i32) {
+    // SAFETY: kill takes plain integers. ESRCH (already gone) is the expected race.
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}

@@ -1,0 +1,83 @@
+//! `koder-agent init <config-json>`: started by a runtime as PID 1 of a new sandbox, with its
+//! listening socket on fd 3. Builds and confines the sandbox, then serves the daemon forever.
+
+use std::os::fd::FromRawFd;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use koder_agent::confine;
+use koder_agent::exec::{ExecDefaults, Reaper};
+use koder_agent::fs::Fs;
+use koder_agent::server::{serve_listener, Agent};
+use koder_agent::setup;
+use koder_agent_protocol::init::{InitConfig, LISTEN_FD};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let (Some("init"), Some(config)) = (args.get(1).map(String::as_str), args.get(2)) else {
+        eprintln!("usage: koder-agent init <config-json>");
+        return ExitCode::from(2);
+    };
+    match init(config) {
+        Ok(never) => match never {},
+        Err(e) => {
+            // stderr is a pipe the runtime reads while the sandbox starts.
+            eprintln!("koder-agent: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+enum Never {}
+
+fn init(config: &str) -> Result<Never, Box<dyn std::error::Error>> {
+    // Whatever the runtime's process had open without CLOEXEC must not reach untrusted code.
+    // SAFETY: close_range on fds above the listener; nothing in this process uses them.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, LISTEN_FD as u32 + 1, u32::MAX, 0u32);
+    }
+    let cfg: InitConfig = serde_json::from_str(config)?;
+    setup::build_root(&cfg)?;
+    let fs = Fs::new(std::path::Path::new("/"), &cfg.workdir)?;
+    let confinement = confine::confine(&cfg)?;
+    // Sandbox processes share our uid; only a non-dumpable agent keeps them out of /proc/1/mem
+    // and friends even where ptrace rules would allow it.
+    // SAFETY: prctl with integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+    quiet_stdio()?;
+    let defaults = ExecDefaults {
+        env: cfg.env.clone(),
+        workdir: cfg.workdir.clone(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(4)
+        .build()?;
+    runtime.block_on(async move {
+        let reaper = Reaper::start()?;
+        // SAFETY: the runtime placed a bound, listening unix socket on LISTEN_FD for us alone.
+        let std_listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(LISTEN_FD) };
+        std_listener.set_nonblocking(true)?;
+        let listener = tokio::net::UnixListener::from_std(std_listener)?;
+        let agent = Arc::new(Agent::new(reaper, fs, defaults, confinement));
+        serve_listener(agent, listener).await;
+        Err::<Never, Box<dyn std::error::Error>>("listener stopped".into())
+    })
+}
+
+/// From here on nothing reads the agent's stdio; it must not block on a full pipe.
+fn quiet_stdio() -> std::io::Result<()> {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    for fd in 0..=2 {
+        // SAFETY: dup2 onto the standard descriptors, which this process owns.
+        if unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

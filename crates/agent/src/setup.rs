@@ -1,0 +1,307 @@
+//! Builds the sandbox root inside the fresh namespaces and pivots into it.
+//!
+//! Runs once, single-threaded, as PID 1 of new user/mount/pid/net/ipc/uts namespaces, before any
+//! untrusted code exists. Every mount lives only in this mount namespace, so it disappears with
+//! the sandbox's last process: the host never sees a sandbox mount and teardown cannot leak one.
+
+use std::ffi::CString;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use koder_agent_protocol::init::InitConfig;
+
+#[derive(Debug, thiserror::Error)]
+#[error("sandbox setup failed at {step}: {source}")]
+pub struct SetupError {
+    pub step: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
+pub(crate) trait Step<T> {
+    fn step(self, step: impl Into<String>) -> Result<T, SetupError>;
+}
+
+impl<T> Step<T> for std::io::Result<T> {
+    fn step(self, step: impl Into<String>) -> Result<T, SetupError> {
+        self.map_err(|source| SetupError {
+            step: step.into(),
+            source,
+        })
+    }
+}
+
+/// Devices bound from the host; the sandbox can use but never create device nodes.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// /proc entries that leak host kernel state or allow host-wide effects.
+const PROC_MASKED: &[&str] = &["kcore", "keys", "timer_list", "sched_debug", "kallsyms"];
+const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
+
+pub fn build_root(cfg: &InitConfig) -> Result<(), SetupError> {
+    // Our cgroup is final now (the parent moved us before letting us run), so a new cgroup
+    // namespace makes it the sandbox's cgroup root and hides the host's hierarchy.
+    unshare(libc::CLONE_NEWCGROUP).step("unshare cgroup namespace")?;
+    mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None).step("make mounts private")?;
+
+    let root = PathBuf::from(&cfg.root_target);
+    mount_overlay(cfg, &root)?;
+    for bind in &cfg.ro_binds {
+        bind_read_only(Path::new(&bind.source), &inside(&root, &bind.target))?;
+    }
+    mount_proc(&root)?;
+    mount_dev(&root)?;
+    let tmp = inside(&root, "/tmp");
+    let tmp_opts = format!("mode=1777,size={}m", cfg.tmp_size_mib.max(1));
+    mount(
+        Some("tmpfs"),
+        &tmp,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&tmp_opts),
+    )
+    .step("mount /tmp")?;
+    std::fs::create_dir_all(inside(&root, &cfg.workdir)).step("create workdir")?;
+    pivot_into(&root)?;
+    rustix::system::sethostname(cfg.hostname.as_bytes())
+        .map_err(std::io::Error::from)
+        .step("set hostname")?;
+    loopback_up().step("bring loopback up")?;
+    std::env::set_current_dir(&cfg.workdir).step("enter workdir")?;
+    Ok(())
+}
+
+fn mount_overlay(cfg: &InitConfig, root: &Path) -> Result<(), SetupError> {
+    // `userxattr`: an overlay mounted inside a user namespace may not use trusted.* xattrs.
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        cfg.image_layers.join(":"),
+        cfg.upper_dir,
+        cfg.work_dir
+    );
+    mount(
+        Some("overlay"),
+        root,
+        Some("overlay"),
+        libc::MS_NOSUID,
+        Some(&opts),
+    )
+    .step("mount root overlay")
+}
+
+fn bind_read_only(source: &Path, target: &Path) -> Result<(), SetupError> {
+    let what = format!("bind {}", target.display());
+    std::fs::create_dir_all(target).step(&what)?;
+    mount(
+        Some(&source.to_string_lossy()),
+        target,
+        None,
+        libc::MS_BIND | libc::MS_REC,
+        None,
+    )
+    .step(&what)?;
+    remount_read_only(target).step(what)
+}
+
+/// Remounting a bind mount inside a user namespace must keep the flags the host mount is locked
+/// with (atime, noexec, ...), so they are read back and only restrictions are added.
+fn remount_read_only(target: &Path) -> std::io::Result<()> {
+    let st = rustix::fs::statvfs(target)?;
+    let f = st.f_flag;
+    use rustix::fs::StatVfsMountFlags as S;
+    let mut flags =
+        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    for (have, add) in [
+        (S::NOEXEC, libc::MS_NOEXEC),
+        (S::NOATIME, libc::MS_NOATIME),
+        (S::NODIRATIME, libc::MS_NODIRATIME),
+        (S::RELATIME, libc::MS_RELATIME),
+    ] {
+        if f.contains(have) {
+            flags |= add;
+        }
+    }
+    mount(None, target, None, flags, None)
+}
+
+fn mount_proc(root: &Path) -> Result<(), SetupError> {
+    let proc_dir = inside(root, "/proc");
+    std::fs::create_dir_all(&proc_dir).step("create /proc")?;
+    mount(
+        Some("proc"),
+        &proc_dir,
+        Some("proc"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    )
+    .step("mount /proc")?;
+    for name in PROC_MASKED {
+        let p = proc_dir.join(name);
+        if p.exists() {
+            mount(Some("/dev/null"), &p, None, libc::MS_BIND, None)
+                .step(format!("mask /proc/{name}"))?;
+        }
+    }
+    for name in PROC_READ_ONLY {
+        let p = proc_dir.join(name);
+        if p.exists() {
+            mount(
+                Some(&p.to_string_lossy()),
+                &p,
+                None,
+                libc::MS_BIND | libc::MS_REC,
+                None,
+            )
+            .and_then(|()| remount_read_only(&p))
+            .step(format!("read-only /proc/{name}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn mount_dev(root: &Path) -> Result<(), SetupError> {
+    let dev = inside(root, "/dev");
+    std::fs::create_dir_all(&dev).step("create /dev")?;
+    mount(
+        Some("tmpfs"),
+        &dev,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("mode=755,size=64k"),
+    )
+    .step("mount /dev")?;
+    for name in DEVICES {
+        let node = dev.join(name);
+        std::fs::File::create(&node).step(format!("create /dev/{name}"))?;
+        mount(
+            Some(&format!("/dev/{name}")),
+            &node,
+            None,
+            libc::MS_BIND,
+            None,
+        )
+        .step(format!("bind /dev/{name}"))?;
+    }
+    let pts = dev.join("pts");
+    std::fs::create_dir(&pts).step("create /dev/pts")?;
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .step("mount /dev/pts")?;
+    let shm = dev.join("shm");
+    std::fs::create_dir(&shm).step("create /dev/shm")?;
+    mount(
+        Some("tmpfs"),
+        &shm,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("mode=1777,size=64m"),
+    )
+    .step("mount /dev/shm")?;
+    for (link, to) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        symlink(to, dev.join(link)).step(format!("link /dev/{link}"))?;
+    }
+    // Nothing may add device nodes or files to /dev later.
+    mount(
+        None,
+        &dev,
+        None,
+        libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("mode=755,size=64k"),
+    )
+    .step("seal /dev")
+}
+
+fn pivot_into(root: &Path) -> Result<(), SetupError> {
+    std::env::set_current_dir(root).step("enter new root")?;
+    // pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path
+    // back to the host filesystem and needs no put_old directory in the image.
+    rustix::process::pivot_root(".", ".")
+        .map_err(std::io::Error::from)
+        .step("pivot_root")?;
+    rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH)
+        .map_err(std::io::Error::from)
+        .step("detach old root")?;
+    std::env::set_current_dir("/").step("enter /")
+}
+
+fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: plain socket/ioctl calls on a zeroed ifreq we own; the fd is closed below.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        let mut rc = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req);
+        if rc == 0 {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            rc = libc::ioctl(fd, libc::SIOCSIFFLAGS, &req);
+        }
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc < 0 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// `path` (absolute, in-sandbox) under the host directory where the root is assembled.
+fn inside(root: &Path, path: &str) -> PathBuf {
+    root.join(path.trim_start_matches('/'))
+}
+
+fn unshare(flags: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: unshare of namespaces only (no CLONE_FILES/CLONE_FS on a multi-threaded process):
+    // the agent is single-threaded while it sets up.
+    if unsafe { libc::unshare(flags) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Thin `mount(2)`: the classic API takes the MS_* flag set the kernel documents, which rustix
+/// splits over several functions; one wrapper keeps each call site readable.
+fn mount(
+    source: Option<&str>,
+    target: impl AsRef<Path>,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> std::io::Result<()> {
+    let cstr =
+        |s: &str| CString::new(s).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL));
+    let target = cstr(&target.as_ref().to_string_lossy())?;
+    let source = source.map(cstr).transpose()?;
+    let fstype = fstype.map(cstr).transpose()?;
+    let data = data.map(cstr).transpose()?;
+    let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: every pointer is a valid NUL-terminated string or null, alive for the call.
+    let rc = unsafe {
+        libc::mount(
+            ptr(&source),
+            target.as_ptr(),
+            ptr(&fstype),
+            flags,
+            ptr(&data).cast(),
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! Small helpers for talking to cgroupfs control files.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::error::CgroupError;
+
+type Result<T> = std::result::Result<T, CgroupError>;
+
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+pub(crate) fn read_string(path: &Path) -> Result<String> {
+    fs::read_to_string(path).map_err(|e| CgroupError::io("read", path, e))
+}
+
+pub(crate) fn parse_u64(path: &Path, text: &str) -> Result<u64> {
+    let t = text.trim();
+    t.parse::<u64>().map_err(|e| CgroupError::Parse {
+        path: path.to_path_buf(),
+        detail: format!("{t:?}: {e}"),
+    })
+}
+
+pub(crate) fn read_u64(path: &Path) -> Result<u64> {
+    parse_u64(path, &read_string(path)?)
+}
+
+/// Finds `key N` in a flat-keyed file (memory.events, cpu.stat, ...).
+/// `Ok(None)` when the key is absent: older kernels lack some keys.
+pub(crate) fn parse_keyed(path: &Path, text: &str, key: &str) -> Result<Option<u64>> {
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        if it.next() == Some(key) {
+            let v = it.next().unwrap_or("");
+            return parse_u64(path, v).map(Some);
+        }
+    }
+    Ok(None)
+}
+
+pub(crate) fn read_keyed(path: &Path, key: &str) -> Result<Option<u64>> {
+    parse_keyed(path, &read_string(path)?, key)
+}
+
+/// Same as `read_keyed` but a missing file also yields `None`, for files
+/// that only exist on newer kernels or with optional kernel config.
+pub(crate) fn read_keyed_opt(path: &Path, key: &str) -> Result<Option<u64>> {
+    match fs::read_to_string(path) {
+        Ok(text) => parse_keyed(path, &text, key),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(CgroupError::io("read", path, e)),
+    }
+}
+
+/// Never creates the file: a missing control file means the controller or
+/// feature is absent, and silently creating a regular file would hide that.
+pub(crate) fn write_str(path: &Path, value: &str) -> Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(|e| CgroupError::io("open", path, e))?;
+    // cgroupfs parses each write() on its own, so the value must go out in
+    // one call; these values are tiny so write_all is a single write.
+    f.write_all(value.as_bytes())
+        .map_err(|e| CgroupError::io("write", path, e))
+}
+
+pub(crate) fn parse_pids(path: &Path, text: &str) -> Result<Vec<u32>> {
+    text.split_whitespace()
+        .map(|t| {
+            t.parse::<u32>().map_err(|e| CgroupError::Parse {
+                path: path.to_path_buf(),
+                detail: format!("pid {t:?}: {e}"),
+            })
+        })
+        .collect()
+}
+
+/// A vanished cgroup has no processes, which is what callers that are
+/// tearing down want to hear.
+pub(crate) fn read_pids_or_empty(path: &Path) -> Result<Vec<u32>> {
+    match fs::read_to_string(path) {
+        Ok(text) => parse_pids(path, &text),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(CgroupError::io("read", path, e)),
+    }
+}
+
+pub(crate) fn check_pid(pid: u32) -> Result<i32> {
+    // 0 would mean "the writer itself" to cgroup.procs and "our process
+    // group" to kill(2); neither is ever what a caller means.
+    match i32::try_from(pid) {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(CgroupError::InvalidPid(pid)),
+    }
+}
+
+pub(crate) fn sigkill(pid: u32) -> Result<()> {
+    let raw = check_pid(pid)?;
+    match kill(Pid::from_raw(raw), Signal::SIGKILL) {
+        Ok(()) | Err(Errno::ESRCH) => Ok(()),
+        Err(source) => Err(CgroupError::Signal { pid, source }),
+    }
+}
+
+/// Creates `path`; `Ok(false)` if it already existed.
+pub(crate) fn mkdir(path: &Path) -> Result<bool> {
+    match fs::create_dir(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(CgroupError::io("mkdir", path, e)),
+    }
+}
+
+/// rmdir that treats "already gone" as success and retries EBUSY briefly:
+/// the kernel can report a cgroup busy for a moment after its last task
+/// exited.
+pub(crate) fn rmdir(path: &Path, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        match fs::remove_dir(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) && start.elapsed() < timeout => {
+                thread::sleep(POLL_INTERVAL);
+            }
+            Err(e) => return Err(CgroupError::io("rmdir", path, e)),
+        }
+    }
+}
+
+/// Polls `cond` until it returns true or `timeout` elapses; returns whether
+/// the condition was met. Always evaluates at least once.
+pub(crate) fn poll_until(
+    timeout: Duration,
+    mut cond: impl FnMut() -> Result<bool>,
+) -> Result<bool> {
+    let start = Instant::now();
+    loop {
+        if cond()? {
+            return Ok(true);
+        }
+        if start.elapsed() >= timeout {
+            return Ok(false);
+        }
+        thread::sleep(POLL_INTERVAL);
+    }
+}
+
+pub(crate) fn list_child_dirs(dir: &Path, out: &mut Vec<String>) -> Result<()> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        // No parent yet means no children yet.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(CgroupError::io("readdir", dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| CgroupError::io("readdir", dir, e))?;
+        let ft = entry
+            .file_type()
+            .map_err(|e| CgroupError::io("stat", entry.path(), e))?;
+        if !ft.is_dir() {
+            continue;
+        }
+        if let Some(name) = entry.file_name().to_str() {
+            // Skip directories someone else put here that we could never
+            // have created; reconciliation must not act on them.
+            if crate::validate_name(name).is_ok() {
+                out.push(name.to_string());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Kill loop shared by v1 and by v2 kernels without `cgroup.kill`:
+/// freeze, SIGKILL every member, thaw, until the group is empty or
+/// `KILL_TIMEOUT` passes. `freeze` returns whether the group really froze;
+/// we kill either way because a partial freeze is still better than none.
+pub(crate) fn freeze_kill_loop(
+    procs_path: &Path,
+    pids: impl Fn() -> Result<Vec<u32>>,
+    freeze: impl Fn() -> Result<bool>,
+    thaw: impl Fn() -> Result<()>,
+) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        if pids()?.is_empty() {
+            return Ok(());
+        }
+        if start.elapsed() >= crate::KILL_TIMEOUT {
+            return Err(CgroupError::Timeout {
+                what: "all processes to exit",
+                path: procs_path.to_path_buf(),
+                waited: crate::KILL_TIMEOUT,
+            });
+        }
+        // While frozen nothing can fork a new member, or exit and let its
+        // pid be recycled, so the list we read is the list we signal.
+        if !freeze()? {
+            tracing::debug!(path = %procs_path.display(), "killing without a complete freeze");
+        }
+        let killed = pids().and_then(|p| p.into_iter().try_for_each(sigkill));
+        // Frozen tasks only act on SIGKILL once thawed, so always thaw.
+        let thawed = thaw();
+        killed?;
+        thawed?;
+        thread::sleep(POLL_INTERVAL);
+    }
+}

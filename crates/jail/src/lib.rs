@@ -1,0 +1,681 @@
+//! The jail runtime: each sandbox is the koder agent as PID 1 of new user, mount, pid, net, ipc
+//! and uts namespaces (plus its own cgroup namespace), on an overlay root, behind seccomp and
+//! Landlock, with its uids mapped onto an unprivileged host range of its own.
+//!
+//! Host-side state per sandbox: a directory `<state>/sandboxes/<id>` (writable layer), a socket
+//! `<state>/run/<id>.sock` (the agent channel; the sandbox cannot see it), and a cgroup
+//! `<parent>/<id>`. All mounts live in the sandbox's mount namespace and vanish with it.
+
+mod image;
+mod slots;
+mod spawn;
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use koder_agent_protocol::init::{InitConfig, Rlimits};
+use koder_agent_protocol::AgentClient;
+use koder_cgroups::{Cgroup, CgroupDriver, CpuQuota};
+use koder_runtime::{
+    validate_id, Enforcement, Limits, NotEnforced, ReconcileReport, ResourceControl, Runtime,
+    RuntimeError, Sandbox, SandboxSpec, Usage,
+};
+use tokio::io::unix::AsyncFd;
+
+pub use image::{default_env, Image, WRITABLE_DIRS};
+use slots::Slots;
+pub use spawn::IdMap;
+
+/// Ids inside a sandbox: 0..65536, like a normal Linux system.
+pub const SANDBOX_IDS: u32 = 65536;
+/// The unprivileged uid the sandbox's `user` account (1000) maps from.
+pub const SANDBOX_USER_UID: u32 = 1000;
+
+#[derive(Debug, Clone)]
+pub struct JailConfig {
+    /// Host directory for images, writable layers and agent sockets.
+    pub state_dir: PathBuf,
+    /// The `koder-agent` binary.
+    pub agent_bin: PathBuf,
+    /// First host uid/gid of sandbox ranges; sandbox `n` gets `uid_base + n * 65536`.
+    pub uid_base: u32,
+    pub max_sandboxes: u32,
+    /// Cgroup directory (under each controller root) that holds one cgroup per sandbox.
+    pub cgroup_parent: String,
+    pub default_limits: Limits,
+    pub tmp_size_mib: u64,
+    /// How long a sandbox may take from clone to a healthy agent.
+    pub start_timeout: Duration,
+}
+
+impl JailConfig {
+    pub fn new(state_dir: impl Into<PathBuf>, agent_bin: impl Into<PathBuf>) -> Self {
+        Self {
+            state_dir: state_dir.into(),
+            agent_bin: agent_bin.into(),
+            uid_base: 200_000,
+            max_sandboxes: 1024,
+            cgroup_parent: "koder-sandbox".into(),
+            default_limits: Limits {
+                cpu_millis: Some(1000),
+                memory_mib: Some(512),
+                pids: Some(256),
+                disk_mib: None,
+            },
+            tmp_size_mib: 256,
+            start_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+pub struct JailRuntime {
+    cfg: JailConfig,
+    rootless: bool,
+    cgroups: Option<Box<dyn CgroupDriver>>,
+    image: Image,
+    slots: Slots,
+    enforcement: Enforcement,
+}
+
+impl JailRuntime {
+    /// Prepares the state directory and the `host` image and works out what this host lets the
+    /// jail enforce. Fails with `Unavailable` when the host cannot run jails at all.
+    pub fn new(cfg: JailConfig) -> Result<Self, RuntimeError> {
+        let rootless = !rustix::process::geteuid().is_root();
+        check_agent(&cfg.agent_bin)?;
+        for dir in [
+            cfg.state_dir.clone(),
+            sandboxes_dir(&cfg),
+            run_dir(&cfg),
+            cfg.state_dir.join("images"),
+        ] {
+            std::fs::create_dir_all(&dir)
+                .map_err(RuntimeError::io(format!("create {}", dir.display())))?;
+        }
+        // Sandbox roots (host uids of their ranges) must traverse to their own layer dirs; the
+        // socket dir stays private to the daemon.
+        set_mode(&cfg.state_dir, 0o711)?;
+        set_mode(&sandboxes_dir(&cfg), 0o711)?;
+        set_mode(&run_dir(&cfg), 0o700)?;
+        check_traversable(&cfg.state_dir)?;
+        let image = image::host_image(&cfg.state_dir.join("images"))?;
+        let mut enforcement = Enforcement {
+            enforced: vec![
+                "user, mount, pid, net, ipc, uts and cgroup namespaces".into(),
+                "overlay root with read-only image".into(),
+                "seccomp syscall filter".into(),
+                "landlock filesystem rules".into(),
+                "no_new_privs and reduced capability bounding set".into(),
+            ],
+            not_enforced: Vec::new(),
+        };
+        let cgroups = match koder_cgroups::detect(&cfg.cgroup_parent) {
+            Ok(d) if !rootless => {
+                enforcement.enforced.push(format!(
+                    "cgroup {:?} limits: memory, cpu, pids",
+                    d.version()
+                ));
+                Some(Box::new(d) as Box<dyn CgroupDriver>)
+            }
+            Ok(_) => {
+                enforcement.not_enforced.push(NotEnforced {
+                    what: "memory, cpu and pids limits".into(),
+                    why: "running unprivileged: the cgroup hierarchy is not delegated to this user"
+                        .into(),
+                });
+                None
+            }
+            Err(e) => {
+                enforcement.not_enforced.push(NotEnforced {
+                    what: "memory, cpu and pids limits".into(),
+                    why: format!("no usable cgroup hierarchy: {e}"),
+                });
+                None
+            }
+        };
+        if rootless {
+            enforcement.not_enforced.push(NotEnforced {
+                what: "separate host uid range per sandbox".into(),
+                why: "running unprivileged: only the daemon's own uid can be mapped".into(),
+            });
+        }
+        for n in &enforcement.not_enforced {
+            tracing::warn!(what = %n.what, why = %n.why, "jail runtime cannot enforce");
+        }
+        Ok(Self {
+            slots: Slots::new(cfg.max_sandboxes),
+            cfg,
+            rootless,
+            cgroups,
+            image,
+            enforcement,
+        })
+    }
+
+    fn ids_for(&self, slot: u32) -> IdMap {
+        if self.rootless {
+            IdMap {
+                host_base: rustix::process::geteuid().as_raw(),
+                count: 1,
+            }
+        } else {
+            IdMap {
+                host_base: self.cfg.uid_base + slot * SANDBOX_IDS,
+                count: SANDBOX_IDS,
+            }
+        }
+    }
+
+    fn effective_limits(&self, requested: Limits) -> Limits {
+        let d = self.cfg.default_limits;
+        Limits {
+            cpu_millis: requested.cpu_millis.or(d.cpu_millis),
+            memory_mib: requested.memory_mib.or(d.memory_mib),
+            pids: requested.pids.or(d.pids),
+            disk_mib: requested.disk_mib.or(d.disk_mib),
+        }
+    }
+
+    /// Creates the per-session layer dirs, owned by the sandbox's root (or `user`).
+    fn prepare_layers(&self, dir: &Path, ids: IdMap) -> Result<(), RuntimeError> {
+        let io = |what: &str| RuntimeError::io(format!("prepare sandbox {what}"));
+        let owner = |uid_in_sandbox: u32| {
+            if self.rootless {
+                None
+            } else {
+                Some(ids.host_base + uid_in_sandbox)
+            }
+        };
+        std::fs::create_dir(dir).map_err(io("dir"))?;
+        for sub in ["upper", "work", "root"] {
+            std::fs::create_dir(dir.join(sub)).map_err(io(sub))?;
+        }
+        let upper = dir.join("upper");
+        for sub in [
+            "workspace",
+            "root",
+            "home",
+            "tmp",
+            "var",
+            "var/tmp",
+            "run",
+            "opt",
+            "mnt",
+            "srv",
+        ] {
+            std::fs::create_dir_all(upper.join(sub)).map_err(io(sub))?;
+        }
+        std::fs::create_dir_all(upper.join("home/user")).map_err(io("home/user"))?;
+        let root_owned = [
+            "",
+            "upper",
+            "work",
+            "root",
+            "upper/workspace",
+            "upper/root",
+            "upper/home",
+            "upper/tmp",
+            "upper/var",
+            "upper/var/tmp",
+            "upper/run",
+            "upper/opt",
+            "upper/mnt",
+            "upper/srv",
+        ];
+        for sub in root_owned {
+            chown(dir.join(sub), owner(0), owner(0)).map_err(io("ownership"))?;
+        }
+        chown(
+            upper.join("home/user"),
+            owner(SANDBOX_USER_UID),
+            owner(SANDBOX_USER_UID),
+        )
+        .map_err(io("ownership"))?;
+        set_mode(dir, 0o700)?;
+        set_mode(&upper.join("root"), 0o700)?;
+        for sticky in ["tmp", "var/tmp"] {
+            set_mode(&upper.join(sticky), 0o1777)?;
+        }
+        Ok(())
+    }
+
+    fn init_config(&self, spec: &SandboxSpec, dir: &Path, limits: Limits) -> InitConfig {
+        let s = |p: PathBuf| p.to_string_lossy().into_owned();
+        let mut env = self.image.env.clone();
+        for (k, v) in &spec.env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        InitConfig {
+            hostname: "sandbox".into(),
+            root_target: s(dir.join("root")),
+            image_layers: vec![s(self.image.layer.clone())],
+            upper_dir: s(dir.join("upper")),
+            work_dir: s(dir.join("work")),
+            ro_binds: self.image.ro_binds.clone(),
+            tmp_size_mib: self.cfg.tmp_size_mib,
+            workdir: "/workspace".into(),
+            env,
+            writable_dirs: WRITABLE_DIRS.iter().map(|d| d.to_string()).collect(),
+            rlimits: Rlimits {
+                nofile: 65536,
+                // RLIMIT_NPROC counts per host uid, and each sandbox has its own uids: a second,
+                // cgroup-independent fork-bomb bound.
+                nproc: limits.pids.unwrap_or(4096).max(16),
+                core: 0,
+            },
+        }
+    }
+
+    fn cgroup_limits(limits: &Limits) -> koder_cgroups::Limits {
+        koder_cgroups::Limits {
+            memory_max_bytes: limits.memory_mib.map(|m| m.saturating_mul(1024 * 1024)),
+            cpu: limits
+                .cpu_millis
+                .map(|m| CpuQuota::from_millis(u64::from(m))),
+            pids_max: limits.pids,
+        }
+    }
+
+    async fn start(
+        &self,
+        spec: &SandboxSpec,
+        slot: u32,
+        parts: &mut Parts,
+    ) -> Result<Started, RuntimeError> {
+        let ids = self.ids_for(slot);
+        let limits = self.effective_limits(spec.limits);
+        self.prepare_layers(&parts.dir, ids)?;
+        if let Some(driver) = &self.cgroups {
+            let cg = driver
+                .create(&spec.id)
+                .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
+            cg.set_limits(&Self::cgroup_limits(&limits))
+                .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
+            parts.cgroup = Some(cg);
+        }
+        let _ = std::fs::remove_file(&parts.socket);
+        let listener = std::os::unix::net::UnixListener::bind(&parts.socket)
+            .map_err(RuntimeError::io("bind agent socket"))?;
+        let config = serde_json::to_string(&self.init_config(spec, &parts.dir, limits))
+            .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
+        let cgroup = parts.cgroup.as_deref();
+        let spawned = spawn::spawn_agent(
+            &self.cfg.agent_bin,
+            &config,
+            OwnedFd::from(listener),
+            ids,
+            self.rootless,
+            |pid| match cgroup {
+                Some(cg) => cg
+                    .add_process(pid as u32)
+                    .map_err(|e| RuntimeError::Cgroup(e.to_string())),
+                None => Ok(()),
+            },
+        )?;
+        let pidfd = spawned.pidfd;
+        std::fs::write(parts.dir.join("agent.pid"), spawned.pid.to_string())
+            .map_err(RuntimeError::io("record agent pid"))?;
+        let ready = tokio::time::timeout(
+            self.cfg.start_timeout,
+            wait_ready(spawned.stderr, &parts.socket),
+        )
+        .await;
+        match ready {
+            Ok(Ok(agent)) => Ok(Started { pidfd, agent }),
+            Ok(Err(e)) => {
+                spawn::kill_and_reap(&pidfd);
+                Err(e)
+            }
+            Err(_) => {
+                spawn::kill_and_reap(&pidfd);
+                Err(RuntimeError::Start(format!(
+                    "agent not ready within {:?}",
+                    self.cfg.start_timeout
+                )))
+            }
+        }
+    }
+}
+
+/// Host-side resources of one sandbox, released in reverse order by `teardown`.
+struct Parts {
+    dir: PathBuf,
+    socket: PathBuf,
+    cgroup: Option<Box<dyn Cgroup>>,
+}
+
+struct Started {
+    pidfd: OwnedFd,
+    agent: AgentClient,
+}
+
+/// Reads the agent's set-up log until it closes stderr (set-up done) and then checks health;
+/// on failure the log is the error message.
+async fn wait_ready(stderr: OwnedFd, socket: &Path) -> Result<AgentClient, RuntimeError> {
+    const MAX_LOG: usize = 16 * 1024;
+    let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)
+        .map_err(RuntimeError::io("agent stderr"))?;
+    let mut log = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        use tokio::io::AsyncReadExt;
+        match pipe.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => {
+                let room = MAX_LOG.saturating_sub(log.len());
+                log.extend_from_slice(&buf[..n.min(room)]);
+            }
+            Err(e) => return Err(RuntimeError::io("read agent stderr")(e)),
+        }
+    }
+    let log = String::from_utf8_lossy(&log).trim().to_string();
+    let agent = AgentClient::connect_unix(socket).await;
+    match agent {
+        Ok(agent) => match agent.health().await {
+            Ok(_) => Ok(agent),
+            Err(e) if log.is_empty() => Err(RuntimeError::Start(format!("agent unhealthy: {e}"))),
+            Err(_) => Err(RuntimeError::Start(log)),
+        },
+        Err(e) if log.is_empty() => Err(RuntimeError::Start(format!("agent unreachable: {e}"))),
+        Err(_) => Err(RuntimeError::Start(log)),
+    }
+}
+
+#[async_trait]
+impl Runtime for JailRuntime {
+    fn name(&self) -> &'static str {
+        "jail"
+    }
+
+    fn enforcement(&self) -> &Enforcement {
+        &self.enforcement
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
+        validate_id(&spec.id)?;
+        if spec.image != "host" && !spec.image.is_empty() {
+            return Err(RuntimeError::InvalidSpec(format!(
+                "unknown image {:?}",
+                spec.image
+            )));
+        }
+        let slot = self.slots.acquire()?;
+        let mut parts = Parts {
+            dir: sandboxes_dir(&self.cfg).join(&spec.id),
+            socket: run_dir(&self.cfg).join(format!("{}.sock", spec.id)),
+            cgroup: None,
+        };
+        if parts.dir.exists() {
+            self.slots.release(slot);
+            return Err(RuntimeError::InvalidSpec(format!(
+                "sandbox {} already exists",
+                spec.id
+            )));
+        }
+        match self.start(&spec, slot, &mut parts).await {
+            Ok(started) => Ok(Arc::new(JailSandbox {
+                id: spec.id,
+                agent: started.agent,
+                state: tokio::sync::Mutex::new(Some(Live {
+                    pidfd: started.pidfd,
+                    parts,
+                    slot,
+                })),
+                slots: self.slots.clone(),
+            })),
+            Err(e) => {
+                if let Err(t) = teardown(&parts) {
+                    tracing::error!(id = %spec.id, error = %t, "cleanup after failed start");
+                }
+                self.slots.release(slot);
+                Err(e)
+            }
+        }
+    }
+
+    async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {
+        let mut report = ReconcileReport::default();
+        let mut names: Vec<String> = Vec::new();
+        if let Some(driver) = &self.cgroups {
+            names.extend(
+                driver
+                    .list()
+                    .map_err(|e| RuntimeError::Cgroup(e.to_string()))?,
+            );
+        }
+        let entries = std::fs::read_dir(sandboxes_dir(&self.cfg))
+            .map_err(RuntimeError::io("list sandboxes"))?;
+        for entry in entries.flatten() {
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        names.sort();
+        names.dedup();
+        for id in names.into_iter().filter(|n| validate_id(n).is_ok()) {
+            let dir = sandboxes_dir(&self.cfg).join(&id);
+            kill_recorded_agent(&dir, &self.cfg.agent_bin).await;
+            let parts = Parts {
+                socket: run_dir(&self.cfg).join(format!("{id}.sock")),
+                cgroup: match &self.cgroups {
+                    Some(d) => d.open(&id).ok(),
+                    None => None,
+                },
+                dir,
+            };
+            teardown(&parts)?;
+            report.sandboxes_removed.push(id);
+        }
+        Ok(report)
+    }
+}
+
+struct Live {
+    pidfd: OwnedFd,
+    parts: Parts,
+    slot: u32,
+}
+
+pub struct JailSandbox {
+    id: String,
+    agent: AgentClient,
+    state: tokio::sync::Mutex<Option<Live>>,
+    slots: Slots,
+}
+
+#[async_trait]
+impl Sandbox for JailSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn agent(&self) -> &AgentClient {
+        &self.agent
+    }
+
+    async fn destroy(&self) -> Result<(), RuntimeError> {
+        let mut state = self.state.lock().await;
+        let Some(live) = state.take() else {
+            return Ok(());
+        };
+        // Killing PID 1 of the pid namespace takes every sandbox process with it; the cgroup
+        // kill below is the second guarantee.
+        let _ = rustix::process::pidfd_send_signal(&live.pidfd, rustix::process::Signal::KILL);
+        wait_exit(&live.pidfd).await;
+        let result = teardown(&live.parts);
+        self.slots.release(live.slot);
+        result
+    }
+
+    fn resources(&self) -> Option<&dyn ResourceControl> {
+        Some(self)
+    }
+}
+
+impl ResourceControl for JailSandbox {
+    fn usage(&self) -> Result<Usage, RuntimeError> {
+        let s = self.with_cgroup(|cg| cg.stats())?;
+        Ok(Usage {
+            memory_current_bytes: s.memory_current_bytes,
+            memory_peak_bytes: s.memory_peak_bytes,
+            oom_kills: s.oom_kills,
+            cpu_usage_us: s.cpu_usage_us,
+            pids_current: s.pids_current,
+            pids_max_hits: s.pids_max_hits,
+        })
+    }
+
+    fn reset_memory_peak(&self) -> Result<(), RuntimeError> {
+        self.with_cgroup(|cg| cg.reset_memory_peak())
+    }
+
+    fn freeze(&self) -> Result<(), RuntimeError> {
+        self.with_cgroup(|cg| cg.freeze())
+    }
+
+    fn thaw(&self) -> Result<(), RuntimeError> {
+        self.with_cgroup(|cg| cg.thaw())
+    }
+}
+
+impl JailSandbox {
+    fn with_cgroup<T>(
+        &self,
+        f: impl FnOnce(&dyn Cgroup) -> koder_cgroups::Result<T>,
+    ) -> Result<T, RuntimeError> {
+        let state = self
+            .state
+            .try_lock()
+            .map_err(|_| RuntimeError::Unavailable("sandbox is being destroyed".into()))?;
+        let cg = state
+            .as_ref()
+            .and_then(|l| l.parts.cgroup.as_deref())
+            .ok_or_else(|| RuntimeError::Unavailable("no cgroup for this sandbox".into()))?;
+        f(cg).map_err(|e| RuntimeError::Cgroup(e.to_string()))
+    }
+}
+
+/// Waits (asynchronously) for the agent to exit and reaps it.
+async fn wait_exit(pidfd: &OwnedFd) {
+    use rustix::process::{waitid, WaitId, WaitIdOptions};
+    let reap = || {
+        waitid(
+            WaitId::PidFd(pidfd.as_fd()),
+            WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+        )
+    };
+    if let Ok(Some(_)) = reap() {
+        return;
+    }
+    exited(pidfd, Duration::from_secs(5)).await;
+    let _ = reap();
+}
+
+/// After a daemon crash the agent is no longer our child: find it by the recorded pid, check it
+/// really is our agent, kill it and wait until its pid namespace is gone.
+async fn kill_recorded_agent(dir: &Path, agent_bin: &Path) {
+    let Some(pid) = std::fs::read_to_string(dir.join("agent.pid"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+    else {
+        return;
+    };
+    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+        return;
+    };
+    let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        return;
+    };
+    // The pid may have been recycled: only kill a process running our agent binary.
+    let exe = std::fs::read_link(format!("/proc/{}/exe", pid.as_raw_nonzero()));
+    let ours = match (exe, std::fs::canonicalize(agent_bin)) {
+        (Ok(exe), Ok(bin)) => exe == bin,
+        _ => false,
+    };
+    if !ours {
+        return;
+    }
+    let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+    exited(&pidfd, Duration::from_secs(5)).await;
+}
+
+/// Waits until the pidfd's process has exited (a pidfd turns readable then), at most `limit`.
+async fn exited(pidfd: &OwnedFd, limit: Duration) {
+    let Ok(own) = pidfd.try_clone() else { return };
+    // SAFETY: `own` is a duplicate owned by the AsyncFd; nothing else closes it.
+    if let Ok(fd) = unsafe { AsyncFd::register(own) } {
+        let _ = tokio::time::timeout(limit, fd.readable()).await;
+    }
+}
+
+/// Removes every host-side trace of a sandbox; idempotent.
+fn teardown(parts: &Parts) -> Result<(), RuntimeError> {
+    let mut problems = Vec::new();
+    if let Some(cg) = &parts.cgroup {
+        if let Err(e) = cg.destroy() {
+            problems.push(format!("cgroup: {e}"));
+        }
+    }
+    match std::fs::remove_file(&parts.socket) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => problems.push(format!("socket: {e}")),
+        _ => {}
+    }
+    match std::fs::remove_dir_all(&parts.dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => problems.push(format!("layers: {e}")),
+        _ => {}
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(RuntimeError::Teardown(problems.join("; ")))
+    }
+}
+
+fn sandboxes_dir(cfg: &JailConfig) -> PathBuf {
+    cfg.state_dir.join("sandboxes")
+}
+
+fn run_dir(cfg: &JailConfig) -> PathBuf {
+    cfg.state_dir.join("run")
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), RuntimeError> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(RuntimeError::io(format!("chmod {}", path.display())))
+}
+
+fn check_agent(bin: &Path) -> Result<(), RuntimeError> {
+    let meta = std::fs::metadata(bin)
+        .map_err(|e| RuntimeError::Unavailable(format!("agent binary {}: {e}", bin.display())))?;
+    if meta.permissions().mode() & 0o001 == 0 {
+        return Err(RuntimeError::Unavailable(format!(
+            "agent binary {} must be executable by others (sandbox uids run it)",
+            bin.display()
+        )));
+    }
+    check_traversable(bin.parent().unwrap_or(Path::new("/")))
+}
+
+/// Sandbox uids reach their layers and the agent through these paths, so every ancestor must
+/// be searchable by others.
+fn check_traversable(path: &Path) -> Result<(), RuntimeError> {
+    let abs = std::fs::canonicalize(path)
+        .map_err(RuntimeError::io(format!("resolve {}", path.display())))?;
+    for dir in abs.ancestors() {
+        let mode = std::fs::metadata(dir)
+            .map_err(RuntimeError::io(format!("stat {}", dir.display())))?
+            .permissions()
+            .mode();
+        if mode & 0o001 == 0 {
+            return Err(RuntimeError::Unavailable(format!(
+                "{} is not searchable by sandbox uids (mode {:o}); choose a state dir and agent path under world-searchable directories",
+                dir.display(),
+                mode & 0o7777
+            )));
+        }
+    }
+    Ok(())
+}

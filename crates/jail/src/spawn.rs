@@ -1,0 +1,257 @@
+//! Starting the agent as PID 1 of fresh namespaces.
+//!
+//! `clone3` is called directly because no maintained crate offers fork-like clone with
+//! CLONE_PIDFD and namespace flags from a multi-threaded process. The child only makes
+//! async-signal-safe syscalls (read, setresuid, setsid, dup2, execve, _exit) on memory prepared before the
+//! clone: it waits on a pipe until the parent has written its uid/gid maps and placed it in its
+//! cgroup, then execs the agent, which does all the real set-up single-threaded.
+
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use koder_agent_protocol::init::LISTEN_FD;
+use koder_runtime::RuntimeError;
+
+/// A contiguous uid/gid range of the host the sandbox's ids map onto.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdMap {
+    pub host_base: u32,
+    pub count: u32,
+}
+
+pub struct Spawned {
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+    /// Read end of the agent's stderr; closed by the agent once set-up is done.
+    pub stderr: OwnedFd,
+}
+
+/// `struct clone_args` of linux/sched.h (glibc's libc crate does not export it).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const NAMESPACES: u64 = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS) as u64;
+
+/// Descriptors handed to the child are first moved above this number, so the child's dup2
+/// onto 0..=3 can never overwrite one it still has to dup.
+const HIGH_FD: RawFd = 10;
+
+/// Starts `agent init <config>` in new namespaces, with `listener` as its fd 3.
+///
+/// `place` runs after the child exists but before it may run (write maps, join cgroups); if it
+/// fails the child is killed and reaped.
+pub fn spawn_agent(
+    agent: &Path,
+    config_json: &str,
+    listener: OwnedFd,
+    ids: IdMap,
+    rootless: bool,
+    place: impl FnOnce(i32) -> Result<(), RuntimeError>,
+) -> Result<Spawned, RuntimeError> {
+    let cstr = |s: &str| {
+        CString::new(s).map_err(|_| RuntimeError::InvalidSpec("NUL byte in agent argument".into()))
+    };
+    let path = cstr(&agent.to_string_lossy())?;
+    let args = [cstr("koder-agent")?, cstr("init")?, cstr(config_json)?];
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+
+    let io = |what: &'static str| RuntimeError::io(what);
+    let (sync_r, sync_w) = cloexec_pipe().map_err(io("sync pipe"))?;
+    let (err_r, err_w) = cloexec_pipe().map_err(io("exec status pipe"))?;
+    let (stderr_r, stderr_w) = cloexec_pipe().map_err(io("agent stderr pipe"))?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(io("open /dev/null"))?;
+    let null = high(null.into()).map_err(io("dup /dev/null"))?;
+    let listener = high(listener).map_err(io("dup listener"))?;
+    let stderr_w = high(stderr_w).map_err(io("dup stderr pipe"))?;
+    let sync_rfd = sync_r.as_raw_fd();
+    let err_wfd = err_w.as_raw_fd();
+
+    let mut pidfd: RawFd = -1;
+    let args = CloneArgs {
+        flags: NAMESPACES | libc::CLONE_PIDFD as u64,
+        pidfd: &mut pidfd as *mut RawFd as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    // SAFETY: fork-like clone3 (no stack, no CLONE_VM). In the child only async-signal-safe
+    // syscalls run, on CStrings/fds prepared above, ending in execve or _exit.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if pid == 0 {
+        // SAFETY: see above; this never returns.
+        unsafe {
+            child(
+                sync_rfd,
+                err_wfd,
+                [
+                    null.as_raw_fd(),
+                    null.as_raw_fd(),
+                    stderr_w.as_raw_fd(),
+                    listener.as_raw_fd(),
+                ],
+                rootless,
+                &path,
+                &argv,
+                &envp,
+            )
+        }
+    }
+    if pid < 0 {
+        return Err(RuntimeError::Start(format!(
+            "clone3 failed: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    let pid = pid as i32;
+    // SAFETY: CLONE_PIDFD stored a fresh descriptor we now own.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    drop((sync_r, err_w, stderr_w, listener, null));
+
+    let released = write_id_maps(pid, ids, rootless)
+        .and_then(|()| place(pid))
+        .and_then(|()| release(sync_w, err_r));
+    if let Err(e) = released {
+        kill_and_reap(&pidfd);
+        return Err(e);
+    }
+    Ok(Spawned {
+        pid,
+        pidfd,
+        stderr: stderr_r,
+    })
+}
+
+/// # Safety
+/// Only to be called in the child of a fork-like clone; never returns.
+unsafe fn child(
+    sync_r: RawFd,
+    err_w: RawFd,
+    std_fds: [RawFd; 4],
+    rootless: bool,
+    path: &CString,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> ! {
+    let mut byte = 0u8;
+    loop {
+        let n = libc::read(sync_r, (&mut byte as *mut u8).cast(), 1);
+        if n == 1 {
+            break;
+        }
+        if n < 0 && *libc::__errno_location() == libc::EINTR {
+            continue;
+        }
+        // The parent gave up on us (pipe closed without the go byte).
+        libc::_exit(1);
+    }
+    // Become the namespace's root: our host credentials are unmapped in it, and without this
+    // execve would drop every capability the agent needs to build the sandbox. Raw syscalls,
+    // since glibc's wrappers would try to sync credentials with threads that only exist in the
+    // parent.
+    if libc::syscall(libc::SYS_setresgid, 0, 0, 0) < 0
+        || (!rootless && libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0)
+        || libc::syscall(libc::SYS_setresuid, 0, 0, 0) < 0
+    {
+        report_and_exit(err_w);
+    }
+    libc::setsid();
+    for (target, &source) in std_fds.iter().enumerate() {
+        if libc::dup2(source, target as RawFd) < 0 {
+            report_and_exit(err_w);
+        }
+    }
+    debug_assert_eq!(std_fds.len() as i32, LISTEN_FD + 1);
+    libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+    report_and_exit(err_w)
+}
+
+unsafe fn report_and_exit(err_w: RawFd) -> ! {
+    let errno = *libc::__errno_location();
+    libc::write(err_w, (&errno as *const i32).cast(), 4);
+    libc::_exit(127)
+}
+
+fn write_id_maps(pid: i32, ids: IdMap, rootless: bool) -> Result<(), RuntimeError> {
+    let proc = format!("/proc/{pid}");
+    let line = format!("0 {} {}\n", ids.host_base, ids.count);
+    if rootless {
+        // An unprivileged writer may only map its own ids, and only after giving up setgroups.
+        std::fs::write(format!("{proc}/setgroups"), "deny")
+            .map_err(RuntimeError::io("write setgroups"))?;
+    }
+    std::fs::write(format!("{proc}/uid_map"), &line).map_err(RuntimeError::io("write uid_map"))?;
+    std::fs::write(format!("{proc}/gid_map"), &line).map_err(RuntimeError::io("write gid_map"))?;
+    Ok(())
+}
+
+/// Lets the child run and waits until its execve succeeded (the CLOEXEC status pipe closes) or
+/// failed (it carries the errno).
+fn release(sync_w: OwnedFd, err_r: OwnedFd) -> Result<(), RuntimeError> {
+    let mut sync = std::fs::File::from(sync_w);
+    sync.write_all(&[1])
+        .map_err(RuntimeError::io("release agent"))?;
+    drop(sync);
+    let mut status = Vec::new();
+    std::fs::File::from(err_r)
+        .read_to_end(&mut status)
+        .map_err(RuntimeError::io("read exec status"))?;
+    match <[u8; 4]>::try_from(status.as_slice()) {
+        Err(_) if status.is_empty() => Ok(()),
+        Ok(errno) => Err(RuntimeError::Start(format!(
+            "cannot exec the agent: {}",
+            std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno))
+        ))),
+        Err(_) => Err(RuntimeError::Start(
+            "agent start-up failed before exec".into(),
+        )),
+    }
+}
+
+/// SIGKILL through the pidfd (never a recycled pid) and reap. Killing PID 1 of a pid
+/// namespace kills every process in it.
+pub fn kill_and_reap(pidfd: &OwnedFd) {
+    let _ = rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL);
+    let _ = rustix::process::waitid(
+        rustix::process::WaitId::PidFd(pidfd.as_fd()),
+        rustix::process::WaitIdOptions::EXITED,
+    );
+}
+
+fn cloexec_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
+}
+
+fn high(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    Ok(rustix::io::fcntl_dupfd_cloexec(&fd, HIGH_FD)?)
+}
