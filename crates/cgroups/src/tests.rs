@@ -164,15 +164,12 @@ fn detect_nothing_usable() {
     write(&root.join("cgroup.controllers"), "cpu memory\n");
     let text = line(25, &root, "cgroup2", "rw")
         + &line(26, &tmp.path().join("memory"), "cgroup", "rw,memory");
-    let err = detect_from_mountinfo(&text, "koder-sandbox")
-        .err()
-        .expect("must fail");
+    let err = detect_from_mountinfo(&text, "koder-sandbox").expect_err("must fail");
     assert_eq!(err.code(), "cgroup_no_hierarchy");
     assert!(err.to_string().contains("freezer"), "{err}");
     assert_eq!(
         detect_from_mountinfo("", "bad/parent")
-            .err()
-            .expect("bad parent")
+            .expect_err("bad parent")
             .code(),
         "cgroup_invalid_name"
     );

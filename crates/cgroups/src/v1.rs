@@ -412,9 +412,7 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut roots = v1_roots(tmp.path(), false);
         roots.remove(&V1Controller::Freezer);
-        let err = V1Driver::new(roots, "koder-sandbox")
-            .err()
-            .expect("must fail");
+        let err = V1Driver::new(roots, "koder-sandbox").expect_err("must fail");
         assert_eq!(err.code(), "cgroup_no_hierarchy");
     }
 

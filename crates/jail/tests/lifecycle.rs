@@ -1,0 +1,224 @@
+//! Sandbox lifecycle on the host: destroy and crash reconciliation leave nothing behind.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use koder_jail::{JailConfig, JailRuntime};
+use koder_runtime::{Runtime, SandboxSpec};
+
+/// Host pids in the sandbox's pids cgroup (v1 layout of this host; v2 as fallback).
+fn cgroup_pids(parent: &str, id: &str) -> Vec<i32> {
+    let candidates = [
+        format!("/sys/fs/cgroup/pids/{parent}/{id}/cgroup.procs"),
+        format!("/sys/fs/cgroup/{parent}/{id}/cgroup.procs"),
+    ];
+    candidates
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+fn cgroup_dirs(parent: &str, id: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return found;
+    };
+    for c in controllers.flatten() {
+        let p = c.path().join(parent).join(id);
+        if p.exists() {
+            found.push(p);
+        }
+    }
+    found
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie has exited; only running processes count as left behind.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+fn mounts_mentioning(path: &Path) -> usize {
+    let needle = path.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&needle))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_leaves_no_process_cgroup_mount_or_file() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("destroy");
+    let parent = format!("koder-test-destroy-{}", std::process::id());
+    let sb = sandbox(&env).await;
+    let id = sb.id().to_string();
+    run(
+        &sb,
+        "nohup sleep 300 >/dev/null 2>&1 & setsid sleep 301 >/dev/null 2>&1 & echo ok",
+    )
+    .await;
+    let pids = cgroup_pids(&parent, &id);
+    assert!(
+        pids.len() >= 3,
+        "agent and two sleeps expected, got {pids:?}"
+    );
+    assert!(!cgroup_dirs(&parent, &id).is_empty());
+    let sandbox_dir = env.dir.path().join("sandboxes").join(&id);
+    let socket = env.dir.path().join("run").join(format!("{id}.sock"));
+    assert!(sandbox_dir.exists() && socket.exists());
+
+    sb.destroy().await.unwrap();
+    sb.destroy().await.expect("destroy is idempotent");
+    for pid in &pids {
+        assert!(!alive(*pid), "process {pid} survived destroy");
+    }
+    assert_eq!(cgroup_dirs(&parent, &id), Vec::<PathBuf>::new());
+    assert!(!sandbox_dir.exists(), "writable layer left behind");
+    assert!(!socket.exists(), "agent socket left behind");
+    assert_eq!(
+        mounts_mentioning(env.dir.path()),
+        0,
+        "a sandbox mount is visible on the host"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_reconciles_what_a_crash_left() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("crash");
+    let parent = format!("koder-test-crash-{}", std::process::id());
+    let sb = sandbox(&env).await;
+    let id = sb.id().to_string();
+    run(&sb, "nohup sleep 300 >/dev/null 2>&1 & echo ok").await;
+    let pids = cgroup_pids(&parent, &id);
+    assert!(pids.len() >= 2, "{pids:?}");
+    // The daemon "crashes": the handle is gone without destroy, the sandbox keeps running.
+    drop(sb);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(pids.iter().all(|p| alive(*p)));
+
+    let mut cfg = JailConfig::new(env.dir.path(), agent_bin());
+    cfg.cgroup_parent = parent.clone();
+    let restarted = JailRuntime::new(cfg).unwrap();
+    let report = restarted.reconcile().await.unwrap();
+    assert_eq!(report.sandboxes_removed, vec![id.clone()]);
+    for pid in &pids {
+        assert!(!alive(*pid), "process {pid} survived reconciliation");
+    }
+    // The agent was our child: reap its zombie so the test leaves nothing either.
+    let agent = pids.iter().min().copied().unwrap();
+    unsafe { libc::waitpid(agent, std::ptr::null_mut(), libc::WNOHANG) };
+    assert_eq!(cgroup_dirs(&parent, &id), Vec::<PathBuf>::new());
+    assert!(!env.dir.path().join("sandboxes").join(&id).exists());
+    assert!(!env
+        .dir
+        .path()
+        .join("run")
+        .join(format!("{id}.sock"))
+        .exists());
+    assert!(restarted
+        .reconcile()
+        .await
+        .unwrap()
+        .sandboxes_removed
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_start_cleans_up_and_says_why() {
+    let Some(()) = root_or_skip() else { return };
+    let dir = tempfile::Builder::new()
+        .prefix("kj-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let parent = format!("koder-test-fail-{}", std::process::id());
+    let mut cfg = JailConfig::new(dir.path(), "/bin/false");
+    cfg.cgroup_parent = parent.clone();
+    let rt = JailRuntime::new(cfg).unwrap();
+    let err = match rt
+        .create(SandboxSpec {
+            id: "will-fail".into(),
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(_) => panic!("a sandbox without an agent started"),
+        Err(e) => e,
+    };
+    assert_eq!(err.code(), "SANDBOX-RUNTIME-START", "{err}");
+    assert!(cgroup_dirs(&parent, "will-fail").is_empty());
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("sandboxes"))
+            .unwrap()
+            .count(),
+        0
+    );
+    for c in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        let _ = std::fs::remove_dir(c.path().join(&parent));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_specs_are_refused_before_anything_is_created() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("spec");
+    for (id, image) in [
+        ("../escape", "host"),
+        ("a/b", "host"),
+        ("", "host"),
+        ("ok-id", "no-such-image"),
+    ] {
+        let res = env
+            .runtime
+            .create(SandboxSpec {
+                id: id.into(),
+                image: image.into(),
+                ..Default::default()
+            })
+            .await;
+        let Err(e) = res else {
+            panic!("{id:?}/{image:?} accepted")
+        };
+        assert_eq!(e.code(), "SANDBOX-INVALID-ARGUMENT", "{e}");
+    }
+    assert_eq!(
+        std::fs::read_dir(env.dir.path().join("sandboxes"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn freeze_stops_the_sandbox_until_thawed() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("freeze");
+    let sb = sandbox(&env).await;
+    let res = sb.resources().expect("jail offers resource control");
+    res.freeze().unwrap();
+    let frozen = tokio::time::timeout(Duration::from_millis(300), sb.agent().health()).await;
+    assert!(frozen.is_err(), "a frozen agent answered");
+    res.thaw().unwrap();
+    let h = tokio::time::timeout(Duration::from_secs(5), sb.agent().health()).await;
+    assert!(matches!(h, Ok(Ok(_))), "thawed agent silent: {h:?}");
+    let usage = res.usage().unwrap();
+    assert!(
+        usage.memory_current_bytes > 0 && usage.pids_current >= 1,
+        "{usage:?}"
+    );
+    sb.destroy().await.unwrap();
+}
