@@ -308,11 +308,22 @@ impl AgentStream {
 impl Drop for AgentStream {
     fn drop(&mut self) {
         lock(&self.client.shared.streams).remove(&self.id);
-        if !self.finished {
-            let _ = self.client.shared.outgoing.try_send(Frame {
-                stream: self.id,
-                msg: ToAgent::Cancel,
-            });
+        if self.finished {
+            return;
+        }
+        let cancel = Frame {
+            stream: self.id,
+            msg: ToAgent::Cancel,
+        };
+        // A full queue must not lose the cancel (the agent would keep the operation open
+        // until the connection ends), so it then goes out from a task.
+        if let Err(mpsc::error::TrySendError::Full(cancel)) = self.client.shared.outgoing.try_send(cancel) {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let outgoing = self.client.shared.outgoing.clone();
+                handle.spawn(async move {
+                    let _ = outgoing.send(cancel).await;
+                });
+            }
         }
     }
 }

@@ -1,0 +1,297 @@
+//! The agent server driven in-process over an in-memory pipe: protocol behaviour and hostile
+//! input (broken frames, stale streams, bad requests, floods). No namespaces needed: the agent's
+//! file root is a temp dir and execs run on the host.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use koder_agent::confine::Confinement;
+use koder_agent::exec::{ExecDefaults, Reaper};
+use koder_agent::fs::Fs;
+use koder_agent::server::{serve_connection, Agent, MAX_STREAMS};
+use koder_agent_protocol::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One runtime and one reaper for the whole binary: the reaper waits on any child, so two
+/// reapers in one process would steal each other's exit statuses.
+fn rt() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
+}
+
+fn reaper() -> Arc<Reaper> {
+    static REAPER: OnceLock<Arc<Reaper>> = OnceLock::new();
+    REAPER
+        .get_or_init(|| rt().block_on(async { Reaper::start().unwrap() }))
+        .clone()
+}
+
+struct Harness {
+    root: tempfile::TempDir,
+    client: AgentClient,
+}
+
+fn agent(root: &std::path::Path) -> Arc<Agent> {
+    std::fs::create_dir_all(root.join("workspace")).unwrap();
+    let fs = Fs::new(root, "/workspace").unwrap();
+    let defaults = ExecDefaults {
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        workdir: root.to_string_lossy().into_owned(),
+    };
+    Arc::new(Agent::new(reaper(), fs, defaults, Confinement::default()))
+}
+
+fn harness() -> Harness {
+    let root = tempfile::tempdir().unwrap();
+    let agent = agent(root.path());
+    let client = rt().block_on(async move {
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        tokio::spawn(serve_connection(agent, theirs));
+        let (r, w) = tokio::io::split(ours);
+        AgentClient::new(r, w)
+    });
+    Harness { root, client }
+}
+
+fn exec(argv: &[&str]) -> ExecRequest {
+    ExecRequest {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        output_limit_bytes: 1 << 20,
+        ..Default::default()
+    }
+}
+
+fn code(r: Result<impl std::fmt::Debug, ClientError>) -> ErrorCode {
+    match r {
+        Err(ClientError::Agent(e)) => e.code,
+        other => panic!("expected an agent error, got {other:?}"),
+    }
+}
+
+#[test]
+fn health_reports_protocol_version() {
+    let h = harness();
+    let info = rt().block_on(h.client.health()).unwrap();
+    assert_eq!(info.protocol_version, PROTOCOL_VERSION);
+}
+
+/// Sends raw bytes on a fresh connection and checks the server hangs up.
+fn server_hangs_up_on(bytes: Vec<u8>) {
+    let root = tempfile::tempdir().unwrap();
+    let agent = agent(root.path());
+    rt().block_on(async move {
+        let (mut ours, theirs) = tokio::io::duplex(1 << 16);
+        let server = tokio::spawn(serve_connection(agent, theirs));
+        ours.write_all(&bytes).await.unwrap();
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(2), ours.read(&mut buf))
+            .await
+            .expect("server kept a broken connection open")
+            .unwrap();
+        assert_eq!(n, 0, "server answered garbage");
+        tokio::time::timeout(Duration::from_secs(2), server)
+            .await
+            .expect("connection task did not finish")
+            .expect("connection task panicked");
+    });
+}
+
+#[test]
+fn oversized_frame_length_closes_the_connection() {
+    let mut bytes = u32::MAX.to_be_bytes().to_vec();
+    bytes.extend_from_slice(&[0u8; 32]);
+    server_hangs_up_on(bytes);
+}
+
+#[test]
+fn undecodable_frame_closes_the_connection() {
+    let mut bytes = 5u32.to_be_bytes().to_vec();
+    bytes.extend_from_slice(&[0x01, 0xff, 0xff, 0xff, 0xff]);
+    server_hangs_up_on(bytes);
+}
+
+#[test]
+fn stale_follow_ups_are_ignored_and_the_connection_lives_on() {
+    let h = harness();
+    rt().block_on(async {
+        for msg in [ToAgent::Stdin(b"x".to_vec()), ToAgent::FileEnd, ToAgent::Cancel, ToAgent::Signal(9)] {
+            let s = h.client.open(msg).await.unwrap();
+            drop(s);
+        }
+        assert!(h.client.health().await.is_ok());
+    });
+}
+
+#[test]
+fn bad_exec_requests_get_typed_errors() {
+    let h = harness();
+    rt().block_on(async {
+        for req in [
+            exec(&[]),
+            exec(&[""]),
+            exec(&["echo", "nul\0byte"]),
+            ExecRequest {
+                env: vec![("A=B".into(), "x".into())],
+                ..exec(&["true"])
+            },
+            ExecRequest {
+                env: vec![("".into(), "x".into())],
+                ..exec(&["true"])
+            },
+        ] {
+            assert_eq!(code(h.client.exec_collect(req).await), ErrorCode::InvalidRequest);
+        }
+        assert_eq!(code(h.client.exec_collect(exec(&["/no/such/binary"])).await), ErrorCode::SpawnFailed);
+    });
+}
+
+#[test]
+fn exec_streams_start_output_then_exit() {
+    let h = harness();
+    rt().block_on(async {
+        let mut s = h.client.exec(exec(&["/bin/sh", "-c", "echo out; echo err >&2; exit 3"])).await.unwrap();
+        let mut events = Vec::new();
+        loop {
+            let m = s.recv().await.unwrap();
+            let done = matches!(m, FromAgent::Exited(_));
+            events.push(m);
+            if done {
+                break;
+            }
+        }
+        assert!(matches!(events[0], FromAgent::Started { .. }), "{events:?}");
+        assert!(events.contains(&FromAgent::Stdout(b"out\n".to_vec())));
+        assert!(events.contains(&FromAgent::Stderr(b"err\n".to_vec())));
+        let FromAgent::Exited(exit) = events.last().unwrap() else { unreachable!() };
+        assert_eq!(exit.exit_code, Some(3));
+    });
+}
+
+#[test]
+fn signals_and_stdin_reach_a_running_exec() {
+    let h = harness();
+    rt().block_on(async {
+        let mut s = h
+            .client
+            .exec(ExecRequest {
+                keep_stdin_open: true,
+                ..exec(&["/bin/sh", "-c", "read line; echo got $line; sleep 30"])
+            })
+            .await
+            .unwrap();
+        assert!(matches!(s.recv().await.unwrap(), FromAgent::Started { .. }));
+        s.send(ToAgent::Stdin(b"hello\n".to_vec())).await.unwrap();
+        assert_eq!(s.recv().await.unwrap(), FromAgent::Stdout(b"got hello\n".to_vec()));
+        s.send(ToAgent::Signal(libc::SIGTERM)).await.unwrap();
+        let FromAgent::Exited(exit) = s.recv().await.unwrap() else { panic!("no exit") };
+        assert_eq!(exit.signal, Some(libc::SIGTERM));
+    });
+}
+
+#[test]
+fn dropping_an_exec_stream_kills_the_process() {
+    let h = harness();
+    rt().block_on(async {
+        let mut s = h.client.exec(exec(&["sleep", "30"])).await.unwrap();
+        let FromAgent::Started { pid } = s.recv().await.unwrap() else { panic!("not started") };
+        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+        drop(s);
+        for _ in 0..100 {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("process {pid} survived its cancelled exec");
+    });
+}
+
+#[test]
+fn files_round_trip_and_hostile_paths_are_refused() {
+    let h = harness();
+    rt().block_on(async {
+        let mut w = h
+            .client
+            .write_file(WriteFileRequest {
+                path: "data/blob.bin".into(),
+                mode: None,
+                create_parents: true,
+                max_bytes: None,
+            })
+            .await
+            .unwrap();
+        let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        w.write(&payload).await.unwrap();
+        let entry = w.finish().await.unwrap();
+        assert_eq!(entry.path, "/workspace/data/blob.bin");
+        assert_eq!(entry.size, payload.len() as u64);
+        assert_eq!(h.client.read_file("/workspace/data/blob.bin", 1 << 20).await.unwrap(), payload);
+        assert_eq!(code(h.client.read_file("/workspace/data/blob.bin", 10).await), ErrorCode::TooLarge);
+
+        assert_eq!(code(h.client.stat("/work\0space").await), ErrorCode::InvalidPath);
+        assert_eq!(code(h.client.stat(&"a/".repeat(3000)).await), ErrorCode::InvalidPath);
+        // `..` cannot climb out of the agent's root: this is the root's own (absent) passwd.
+        assert_eq!(code(h.client.read_file("/../../../etc/passwd", 1 << 20).await), ErrorCode::NotFound);
+        std::os::unix::fs::symlink("/etc", h.root.path().join("workspace/etc-link")).unwrap();
+        assert_eq!(code(h.client.read_file("/workspace/etc-link/passwd", 1 << 20).await), ErrorCode::NotFound);
+        assert_eq!(code(h.client.read_file("/workspace", 10).await), ErrorCode::IsADirectory);
+        assert_eq!(code(h.client.remove("/", true).await), ErrorCode::InvalidPath);
+    });
+}
+
+#[test]
+fn oversized_or_cancelled_uploads_leave_nothing() {
+    let h = harness();
+    rt().block_on(async {
+        let req = |path: &str| WriteFileRequest {
+            path: path.into(),
+            mode: None,
+            create_parents: false,
+            max_bytes: Some(100_000),
+        };
+        let mut w = h.client.write_file(req("big")).await.unwrap();
+        let first = w.write(&vec![7u8; 150_000]).await;
+        let result = match first {
+            Err(e) => Err(e),
+            Ok(()) => w.finish().await.map(|_| ()),
+        };
+        assert_eq!(code(result), ErrorCode::TooLarge);
+
+        let mut w = h.client.write_file(req("cancelled")).await.unwrap();
+        w.write(b"partial").await.unwrap();
+        drop(w);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (entries, _) = h.client.list("/workspace", 1).await.unwrap();
+        assert!(entries.is_empty(), "upload debris: {entries:?}");
+    });
+}
+
+#[test]
+fn a_flood_of_streams_is_capped() {
+    let h = harness();
+    rt().block_on(async {
+        let mut held = Vec::new();
+        for i in 0..MAX_STREAMS {
+            let req = WriteFileRequest {
+                path: format!("f{i}"),
+                mode: None,
+                create_parents: false,
+                max_bytes: None,
+            };
+            held.push(h.client.write_file(req).await.unwrap());
+        }
+        // Every upload is open on the agent once a round trip has passed behind them.
+        h.client.health().await.expect_err("the stream cap must refuse one more");
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(h.client.health().await.is_ok());
+        let (entries, _) = h.client.list("/workspace", 1).await.unwrap();
+        assert!(entries.is_empty(), "{} upload temp files left", entries.len());
+    });
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what koder-sandbox and its tests need on a Debian host. Idempotent: installs only
+# what is missing, so it is cheap to run before every test run.
+set -euo pipefail
+
+# Debian package -> a file that proves it is installed.
+declare -A NEED=(
+  [python3]=/usr/bin/python3      # interpreter used inside host-image sandboxes
+  [nodejs]=/usr/bin/node          # ditto
+  [iproute2]=/usr/sbin/ip
+  [util-linux]=/usr/bin/unshare
+)
+
+missing=()
+for pkg in "${!NEED[@]}"; do
+  [ -e "${NEED[$pkg]}" ] || missing+=("$pkg")
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing packages ${missing[*]}; run this script as root to install them" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite, exactly as CI runs it (.ci/run calls this script).
+# Jail tests need root (real namespaces and cgroups); unprivileged runs skip them and say so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+# Integration tests start the real agent binary, so every binary is built first.
+cargo build --workspace --bins --locked
+cargo test --workspace --locked
