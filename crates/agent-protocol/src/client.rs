@@ -157,32 +157,33 @@ impl AgentClient {
         }
     }
 
-    /// Reads a whole file, refusing files over `max_bytes`.
-    pub async fn read_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
-        let mut s = self
+    /// Opens a file for streaming; chunks come from [`FileReader::next_chunk`].
+    pub async fn open_read(&self, path: &str, max_bytes: u64) -> Result<FileReader> {
+        let stream = self
             .open(ToAgent::ReadFile(ReadFileRequest {
                 path: path.into(),
                 max_bytes: Some(max_bytes),
             }))
             .await?;
+        let mut reader = FileReader {
+            stream,
+            remaining: max_bytes,
+            first: None,
+        };
+        // The first message tells whether the open worked, so errors surface here and a caller
+        // can still choose its response status.
+        reader.first = Some(reader.recv_chunk().await?);
+        Ok(reader)
+    }
+
+    /// Reads a whole file, refusing files over `max_bytes`.
+    pub async fn read_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
+        let mut reader = self.open_read(path, max_bytes).await?;
         let mut data = Vec::new();
-        loop {
-            match s.recv().await? {
-                FromAgent::FileChunk(c) => {
-                    if (data.len() + c.len()) as u64 > max_bytes {
-                        return Err(ClientError::Protocol(
-                            "file exceeds its announced bound".into(),
-                        ));
-                    }
-                    data.extend_from_slice(&c);
-                }
-                FromAgent::FileEnd => {
-                    s.finished = true;
-                    return Ok(data);
-                }
-                other => return Err(unexpected(&other)),
-            }
+        while let Some(chunk) = reader.next_chunk().await? {
+            data.extend_from_slice(&chunk);
         }
+        Ok(data)
     }
 
     /// Starts an atomic upload; feed it with [`FileWriter::write`] and commit with
@@ -317,13 +318,50 @@ impl Drop for AgentStream {
         };
         // A full queue must not lose the cancel (the agent would keep the operation open
         // until the connection ends), so it then goes out from a task.
-        if let Err(mpsc::error::TrySendError::Full(cancel)) = self.client.shared.outgoing.try_send(cancel) {
+        if let Err(mpsc::error::TrySendError::Full(cancel)) =
+            self.client.shared.outgoing.try_send(cancel)
+        {
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 let outgoing = self.client.shared.outgoing.clone();
                 handle.spawn(async move {
                     let _ = outgoing.send(cancel).await;
                 });
             }
+        }
+    }
+}
+
+/// A file being read; `None` from [`FileReader::next_chunk`] is the end.
+pub struct FileReader {
+    stream: AgentStream,
+    remaining: u64,
+    first: Option<Option<Vec<u8>>>,
+}
+
+impl FileReader {
+    pub async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>> {
+        match self.first.take() {
+            Some(first) => Ok(first),
+            None => self.recv_chunk().await,
+        }
+    }
+
+    async fn recv_chunk(&mut self) -> Result<Option<Vec<u8>>> {
+        if self.stream.finished {
+            return Ok(None);
+        }
+        match self.stream.recv().await? {
+            FromAgent::FileChunk(c) => {
+                self.remaining = self.remaining.checked_sub(c.len() as u64).ok_or_else(|| {
+                    ClientError::Protocol("file exceeds its announced bound".into())
+                })?;
+                Ok(Some(c))
+            }
+            FromAgent::FileEnd => {
+                self.stream.finished = true;
+                Ok(None)
+            }
+            other => Err(unexpected(&other)),
         }
     }
 }

@@ -120,7 +120,12 @@ fn undecodable_frame_closes_the_connection() {
 fn stale_follow_ups_are_ignored_and_the_connection_lives_on() {
     let h = harness();
     rt().block_on(async {
-        for msg in [ToAgent::Stdin(b"x".to_vec()), ToAgent::FileEnd, ToAgent::Cancel, ToAgent::Signal(9)] {
+        for msg in [
+            ToAgent::Stdin(b"x".to_vec()),
+            ToAgent::FileEnd,
+            ToAgent::Cancel,
+            ToAgent::Signal(9),
+        ] {
             let s = h.client.open(msg).await.unwrap();
             drop(s);
         }
@@ -145,9 +150,15 @@ fn bad_exec_requests_get_typed_errors() {
                 ..exec(&["true"])
             },
         ] {
-            assert_eq!(code(h.client.exec_collect(req).await), ErrorCode::InvalidRequest);
+            assert_eq!(
+                code(h.client.exec_collect(req).await),
+                ErrorCode::InvalidRequest
+            );
         }
-        assert_eq!(code(h.client.exec_collect(exec(&["/no/such/binary"])).await), ErrorCode::SpawnFailed);
+        assert_eq!(
+            code(h.client.exec_collect(exec(&["/no/such/binary"])).await),
+            ErrorCode::SpawnFailed
+        );
     });
 }
 
@@ -155,7 +166,11 @@ fn bad_exec_requests_get_typed_errors() {
 fn exec_streams_start_output_then_exit() {
     let h = harness();
     rt().block_on(async {
-        let mut s = h.client.exec(exec(&["/bin/sh", "-c", "echo out; echo err >&2; exit 3"])).await.unwrap();
+        let mut s = h
+            .client
+            .exec(exec(&["/bin/sh", "-c", "echo out; echo err >&2; exit 3"]))
+            .await
+            .unwrap();
         let mut events = Vec::new();
         loop {
             let m = s.recv().await.unwrap();
@@ -168,7 +183,9 @@ fn exec_streams_start_output_then_exit() {
         assert!(matches!(events[0], FromAgent::Started { .. }), "{events:?}");
         assert!(events.contains(&FromAgent::Stdout(b"out\n".to_vec())));
         assert!(events.contains(&FromAgent::Stderr(b"err\n".to_vec())));
-        let FromAgent::Exited(exit) = events.last().unwrap() else { unreachable!() };
+        let FromAgent::Exited(exit) = events.last().unwrap() else {
+            unreachable!()
+        };
         assert_eq!(exit.exit_code, Some(3));
     });
 }
@@ -187,9 +204,14 @@ fn signals_and_stdin_reach_a_running_exec() {
             .unwrap();
         assert!(matches!(s.recv().await.unwrap(), FromAgent::Started { .. }));
         s.send(ToAgent::Stdin(b"hello\n".to_vec())).await.unwrap();
-        assert_eq!(s.recv().await.unwrap(), FromAgent::Stdout(b"got hello\n".to_vec()));
+        assert_eq!(
+            s.recv().await.unwrap(),
+            FromAgent::Stdout(b"got hello\n".to_vec())
+        );
         s.send(ToAgent::Signal(libc::SIGTERM)).await.unwrap();
-        let FromAgent::Exited(exit) = s.recv().await.unwrap() else { panic!("no exit") };
+        let FromAgent::Exited(exit) = s.recv().await.unwrap() else {
+            panic!("no exit")
+        };
         assert_eq!(exit.signal, Some(libc::SIGTERM));
     });
 }
@@ -199,7 +221,9 @@ fn dropping_an_exec_stream_kills_the_process() {
     let h = harness();
     rt().block_on(async {
         let mut s = h.client.exec(exec(&["sleep", "30"])).await.unwrap();
-        let FromAgent::Started { pid } = s.recv().await.unwrap() else { panic!("not started") };
+        let FromAgent::Started { pid } = s.recv().await.unwrap() else {
+            panic!("not started")
+        };
         assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
         drop(s);
         for _ in 0..100 {
@@ -231,17 +255,48 @@ fn files_round_trip_and_hostile_paths_are_refused() {
         let entry = w.finish().await.unwrap();
         assert_eq!(entry.path, "/workspace/data/blob.bin");
         assert_eq!(entry.size, payload.len() as u64);
-        assert_eq!(h.client.read_file("/workspace/data/blob.bin", 1 << 20).await.unwrap(), payload);
-        assert_eq!(code(h.client.read_file("/workspace/data/blob.bin", 10).await), ErrorCode::TooLarge);
+        assert_eq!(
+            h.client
+                .read_file("/workspace/data/blob.bin", 1 << 20)
+                .await
+                .unwrap(),
+            payload
+        );
+        assert_eq!(
+            code(h.client.read_file("/workspace/data/blob.bin", 10).await),
+            ErrorCode::TooLarge
+        );
 
-        assert_eq!(code(h.client.stat("/work\0space").await), ErrorCode::InvalidPath);
-        assert_eq!(code(h.client.stat(&"a/".repeat(3000)).await), ErrorCode::InvalidPath);
+        assert_eq!(
+            code(h.client.stat("/work\0space").await),
+            ErrorCode::InvalidPath
+        );
+        assert_eq!(
+            code(h.client.stat(&"a/".repeat(3000)).await),
+            ErrorCode::InvalidPath
+        );
         // `..` cannot climb out of the agent's root: this is the root's own (absent) passwd.
-        assert_eq!(code(h.client.read_file("/../../../etc/passwd", 1 << 20).await), ErrorCode::NotFound);
+        assert_eq!(
+            code(h.client.read_file("/../../../etc/passwd", 1 << 20).await),
+            ErrorCode::NotFound
+        );
         std::os::unix::fs::symlink("/etc", h.root.path().join("workspace/etc-link")).unwrap();
-        assert_eq!(code(h.client.read_file("/workspace/etc-link/passwd", 1 << 20).await), ErrorCode::NotFound);
-        assert_eq!(code(h.client.read_file("/workspace", 10).await), ErrorCode::IsADirectory);
-        assert_eq!(code(h.client.remove("/", true).await), ErrorCode::InvalidPath);
+        assert_eq!(
+            code(
+                h.client
+                    .read_file("/workspace/etc-link/passwd", 1 << 20)
+                    .await
+            ),
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            code(h.client.read_file("/workspace", 10).await),
+            ErrorCode::IsADirectory
+        );
+        assert_eq!(
+            code(h.client.remove("/", true).await),
+            ErrorCode::InvalidPath
+        );
     });
 }
 
@@ -287,11 +342,18 @@ fn a_flood_of_streams_is_capped() {
             held.push(h.client.write_file(req).await.unwrap());
         }
         // Every upload is open on the agent once a round trip has passed behind them.
-        h.client.health().await.expect_err("the stream cap must refuse one more");
+        h.client
+            .health()
+            .await
+            .expect_err("the stream cap must refuse one more");
         drop(held);
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(h.client.health().await.is_ok());
         let (entries, _) = h.client.list("/workspace", 1).await.unwrap();
-        assert!(entries.is_empty(), "{} upload temp files left", entries.len());
+        assert!(
+            entries.is_empty(),
+            "{} upload temp files left",
+            entries.len()
+        );
     });
 }

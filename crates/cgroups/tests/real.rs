@@ -40,6 +40,12 @@ impl Drop for Guard {
         if let Err(e) = self.0.destroy() {
             eprintln!("cleanup of {} failed: {e}", self.0.name());
         }
+        // The shared parent goes once the last test's group is gone (busy until then).
+        for group in self.0.paths() {
+            if let Some(parent) = group.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
+        }
     }
 }
 

@@ -528,6 +528,11 @@ impl ResourceControl for JailSandbox {
         })
     }
 
+    fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError> {
+        let limits = JailRuntime::cgroup_limits(limits);
+        self.with_cgroup(|cg| cg.set_limits(&limits))
+    }
+
     fn reset_memory_peak(&self) -> Result<(), RuntimeError> {
         self.with_cgroup(|cg| cg.reset_memory_peak())
     }

@@ -143,6 +143,8 @@ pub trait Sandbox: Send + Sync {
 /// Optional capability: live usage, peak reset and freeze/thaw (pause).
 pub trait ResourceControl: Send + Sync {
     fn usage(&self) -> Result<Usage, RuntimeError>;
+    /// Applies new limits to a running sandbox (warm-pool sandboxes learn theirs at hand-out).
+    fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError>;
     fn reset_memory_peak(&self) -> Result<(), RuntimeError>;
     fn freeze(&self) -> Result<(), RuntimeError>;
     fn thaw(&self) -> Result<(), RuntimeError>;

@@ -10,6 +10,7 @@ use koder_agent_protocol::{ExecOutput, ExecRequest};
 use koder_jail::{JailConfig, JailRuntime};
 use koder_runtime::{Runtime, Sandbox, SandboxSpec};
 
+
 pub fn agent_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("KODER_AGENT_BIN") {
         return PathBuf::from(p);
@@ -89,8 +90,17 @@ pub fn text(b: &[u8]) -> String {
 
 impl Drop for Env {
     /// The runtime leaves its cgroup parent in place for the next run; a test's parent is
-    /// unique, so it is removed here (every sandbox in it is destroyed by then).
+    /// unique, so it is removed here once every sandbox in it is gone.
     fn drop(&mut self) {
+        // A failed assertion skips the test's own destroy: reconcile kills whatever is left.
+        // It runs on a separate thread because a runtime cannot be entered from within one.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    let _ = rt.block_on(self.runtime.reconcile());
+                }
+            });
+        });
         let parent = format!("koder-test-{}", self.tag);
         let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
             return;

@@ -1,0 +1,300 @@
+//! The REST API's JSON shapes (contract: `../shared/API.md`). snake_case, RFC 3339 UTC times,
+//! sizes and durations explicit in field names. Requests reject unknown fields so a typo is a
+//! 400, not a silently ignored option.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+#[cfg(feature = "openapi")]
+use utoipa::ToSchema;
+
+/// Stable error codes (API.md "Errors").
+pub mod codes {
+    pub const AUTH: &str = "SANDBOX-AUTH-001";
+    pub const NOT_FOUND: &str = "SANDBOX-NOT-FOUND";
+    pub const INVALID_ARGUMENT: &str = "SANDBOX-INVALID-ARGUMENT";
+    pub const QUOTA_SESSIONS: &str = "SANDBOX-QUOTA-SESSIONS";
+    pub const QUOTA_MINUTES: &str = "SANDBOX-QUOTA-MINUTES";
+    pub const PLAN_REQUIRED: &str = "SANDBOX-PLAN-REQUIRED";
+    pub const RUNTIME_UNAVAILABLE: &str = "SANDBOX-RUNTIME-UNAVAILABLE-001";
+    pub const PREVIEW_NOT_LISTENING: &str = "SANDBOX-PREVIEW-NOT-LISTENING";
+    pub const PAYLOAD_TOO_LARGE: &str = "SANDBOX-PAYLOAD-TOO-LARGE";
+    pub const FS_QUOTA_EXCEEDED: &str = "SANDBOX-FS-QUOTA-EXCEEDED";
+    pub const CONFLICT: &str = "SANDBOX-CONFLICT";
+    /// 403: the sandbox refused the operation (read-only image, permissions).
+    pub const PERMISSION_DENIED: &str = "SANDBOX-PERMISSION-DENIED";
+    pub const NOT_IMPLEMENTED: &str = "SANDBOX-NOT-IMPLEMENTED";
+    pub const INTERNAL: &str = "SANDBOX-INTERNAL";
+    pub const UNSUPPORTED_MEDIA_TYPE: &str = "SANDBOX-UNSUPPORTED-MEDIA-TYPE";
+
+    /// Exec verdicts (inside an exec result, not HTTP errors).
+    pub const EXEC_KILLED_OOM: &str = "SANDBOX-EXEC-KILLED-OOM";
+    pub const EXEC_TIMEOUT: &str = "SANDBOX-EXEC-TIMEOUT";
+    pub const EXEC_KILLED_CPU: &str = "SANDBOX-EXEC-KILLED-CPU";
+    pub const EXEC_KILLED_PIDS: &str = "SANDBOX-EXEC-KILLED-PIDS";
+    pub const EXEC_KILLED: &str = "SANDBOX-EXEC-KILLED";
+}
+
+/// Every non-2xx answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millis: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    #[default]
+    None,
+    Open,
+    Allowlist,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    #[serde(default)]
+    pub mode: NetworkMode,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+}
+
+/// `POST /v1/sandbox/sessions`
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// `python`, `node` or `bash` (default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// `jail` (default) or `microvm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    Starting,
+    Running,
+    Paused,
+    Stopped,
+}
+
+impl SessionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionState::Starting => "starting",
+            SessionState::Running => "running",
+            SessionState::Paused => "paused",
+            SessionState::Stopped => "stopped",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "starting" => SessionState::Starting,
+            "running" => SessionState::Running,
+            "paused" => SessionState::Paused,
+            "stopped" => SessionState::Stopped,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Session {
+    pub id: String,
+    pub tenant_id: String,
+    pub language: String,
+    pub image: String,
+    pub runtime: String,
+    pub state: SessionState,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// Effective limits.
+    pub limits: Limits,
+    pub network: Network,
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SessionList {
+    pub sessions: Vec<Session>,
+}
+
+/// `POST /v1/sandbox/sessions/{id}/timeout`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SetTimeout {
+    pub timeout_s: u64,
+}
+
+/// `POST /v1/sandbox/sessions/{id}/exec`: exactly one of `cmd`, `shell`, `code`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// argv, run without a shell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<Vec<String>>,
+    /// Run by `/bin/bash -c`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell: Option<String>,
+    /// Source run by `language`'s interpreter (default: the session's language).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ExecResult {
+    pub exec_id: String,
+    pub exit_code: Option<i32>,
+    /// Number of the signal that ended the process, if one did.
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+    pub peak_memory_kib: Option<u64>,
+    /// One of the exec verdict codes, or null for a normal exit.
+    pub verdict: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum EntryType {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct FileEntry {
+    pub name: String,
+    pub path: String,
+    #[serde(rename = "type")]
+    pub kind: EntryType,
+    pub size: u64,
+    pub mode: u32,
+    pub modified_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct FileList {
+    pub entries: Vec<FileEntry>,
+    /// True when the listing was cut at the server's entry limit.
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// `POST .../files/mkdir`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct MakeDir {
+    pub path: String,
+}
+
+/// `POST .../files/move`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct MoveFile {
+    pub from: String,
+    pub to: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_request_fields_are_rejected() {
+        let err = serde_json::from_str::<CreateSession>(r#"{"languag":"python"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `languag`"), "{err}");
+        assert!(serde_json::from_str::<ExecRequest>(r#"{"cmd":"ls"}"#).is_err());
+    }
+
+    #[test]
+    fn session_round_trips_in_snake_case() {
+        let json = r#"{"language":"python","limits":{"memory_mib":256},"network":{"mode":"allowlist","allow":["pypi.org"]},"timeout_s":60}"#;
+        let req: CreateSession = serde_json::from_str(json).unwrap();
+        assert_eq!(req.network.as_ref().unwrap().mode, NetworkMode::Allowlist);
+        assert_eq!(req.limits.unwrap().memory_mib, Some(256));
+        let entry = FileEntry {
+            name: "a".into(),
+            path: "/a".into(),
+            kind: EntryType::Dir,
+            size: 0,
+            mode: 0o755,
+            modified_at: DateTime::from_timestamp(0, 0).unwrap(),
+            symlink_target: None,
+        };
+        let v = serde_json::to_value(&entry).unwrap();
+        assert_eq!(v["type"], "dir");
+        assert_eq!(v["modified_at"], "1970-01-01T00:00:00Z");
+    }
+}

@@ -1,0 +1,764 @@
+//! End-to-end: the real daemon (`koder-sandbox serve`) on a loopback port, driven through the
+//! SDK and the `ksandbox` binary. Needs root (the daemon builds real sandboxes); skipped
+//! otherwise.
+//!
+//! The daemon binary: `$KODER_SANDBOX_BIN`, else `koder-sandbox` next to this test's profile
+//! directory (build it with `cargo build --workspace --bins`), else `ksandbox serve`.
+
+use std::collections::BTreeMap;
+use std::io::{Read as _, Write as _};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use koder_sdk::{Client, CreateSession, ExecRequest};
+
+const KEY1: &str = "key-one";
+const KEY2: &str = "key-two";
+const KSANDBOX: &str = env!("CARGO_BIN_EXE_ksandbox");
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn daemon_command() -> Command {
+    if let Some(bin) = std::env::var_os("KODER_SANDBOX_BIN").filter(|b| !b.is_empty()) {
+        return Command::new(bin);
+    }
+    let sibling = std::env::current_exe().ok().and_then(|exe| {
+        let profile_dir = exe.parent()?.parent()?.to_path_buf();
+        Some(profile_dir.join("koder-sandbox"))
+    });
+    match sibling {
+        Some(bin) if bin.is_file() => Command::new(bin),
+        _ => {
+            eprintln!("e2e: koder-sandbox binary not built; using `ksandbox serve`");
+            Command::new(KSANDBOX)
+        }
+    }
+}
+
+/// The spawned daemon; killed (SIGTERM, then SIGKILL) when dropped, before its data dir goes.
+struct Daemon {
+    child: Child,
+    url: String,
+    log: PathBuf,
+    _data: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let data = tempfile::Builder::new()
+            .prefix("ksandbox-e2e-")
+            .tempdir_in("/tmp")
+            .expect("temp data dir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let log = data.path().join("daemon.log");
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let log_err = log_file.try_clone().expect("log file clone");
+        let mut cmd = daemon_command();
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(&listen)
+            .arg("--data-dir")
+            .arg(data.path().join("state"))
+            .args(["--api-key", &format!("t1:{KEY1}")])
+            .args(["--api-key", &format!("t2:{KEY2}")])
+            .stdin(Stdio::null())
+            .stdout(log_file)
+            .stderr(log_err);
+        eprintln!("e2e: starting {cmd:?}");
+        let child = cmd.spawn().expect("spawn the daemon");
+        let mut daemon = Daemon {
+            child,
+            url: format!("http://{listen}"),
+            log,
+            _data: data,
+        };
+        daemon.wait_healthy(Duration::from_secs(30));
+        daemon
+    }
+
+    fn wait_healthy(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let url = format!("{}/healthz", self.url);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the daemon exited ({status}) before answering /healthz:\n{}",
+                    self.log_tail()
+                );
+            }
+            if http_status(&url) == Some(200) {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "the daemon did not answer /healthz 200 within {timeout:?}:\n{}",
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    fn cli(&self, key: &str) -> Cli {
+        Cli {
+            url: self.url.clone(),
+            key: key.to_string(),
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("---- daemon log (tail) ----\n{}", self.log_tail());
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: signalling the child we spawned (and have not reaped yet).
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain blocking GET over loopback, for the health probe (no async runtime needed).
+fn http_status(url: &str) -> Option<u16> {
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut stream = std::net::TcpStream::connect(host).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        stream,
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = [0u8; 64];
+    let n = stream.read(&mut buf).ok()?;
+    let head = std::str::from_utf8(&buf[..n]).ok()?;
+    head.split_whitespace().nth(1)?.parse().ok()
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+struct Cli {
+    url: String,
+    key: String,
+}
+
+impl Cli {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(KSANDBOX);
+        cmd.args(args)
+            .env("KSANDBOX_URL", &self.url)
+            .env("KSANDBOX_API_KEY", &self.key);
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Out {
+        self.run_with_stdin(args, None)
+    }
+
+    fn run_with_stdin(&self, args: &[&str], stdin: Option<&str>) -> Out {
+        let mut cmd = self.command(args);
+        cmd.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn ksandbox");
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(input.as_bytes()).expect("write stdin");
+        }
+        let pid = child.id();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let output = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(out) => out.expect("ksandbox output"),
+            Err(_) => {
+                if let Ok(pid) = i32::try_from(pid) {
+                    // SAFETY: our own child, still unreaped (wait_with_output is blocked).
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                panic!("ksandbox {args:?} did not finish within 120 s");
+            }
+        };
+        Out {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    fn ok(&self, args: &[&str]) -> Out {
+        let out = self.run(args);
+        assert_eq!(out.code, 0, "ksandbox {args:?}: {out:?}");
+        out
+    }
+
+    fn session_ids(&self) -> Vec<String> {
+        let out = self.ok(&["ls", "--json"]);
+        let value: serde_json::Value = serde_json::from_str(&out.stdout).expect("ls --json");
+        value
+            .as_array()
+            .expect("ls --json prints an array")
+            .iter()
+            .filter_map(|s| s["id"].as_str().map(String::from))
+            .collect()
+    }
+}
+
+fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn e2e_sdk_and_cli_against_the_real_daemon() {
+    if !is_root() {
+        eprintln!("skipping e2e: the daemon needs root to create sandboxes");
+        return;
+    }
+    let daemon = Daemon::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(sdk_flow(&daemon.url));
+    drop(runtime);
+    cli_flow(&daemon);
+}
+
+async fn sdk_flow(url: &str) {
+    let c1 = Client::new(url, KEY1).expect("client 1");
+    let c2 = Client::new(url, KEY2).expect("client 2");
+    assert!(c1.health().await, "health");
+
+    // Auth: a present but invalid token is 401.
+    let err = Client::new(url, "wrong-key")
+        .expect("client")
+        .list_sessions()
+        .await
+        .expect_err("bad key must be refused");
+    assert_eq!(err.status(), Some(401), "{err}");
+    assert_eq!(err.code(), Some(koder_sdk::codes::AUTH), "{err}");
+
+    // Create / get / list.
+    let mut session = c1
+        .create_session(&CreateSession {
+            language: Some("python".into()),
+            timeout_s: Some(600),
+            env: BTreeMap::from([("SESSION_VAR".into(), "from-session".into())]),
+            metadata: BTreeMap::from([("suite".into(), "e2e".into())]),
+            ..Default::default()
+        })
+        .await
+        .expect("create session");
+    let id = session.id().to_string();
+    let info = session.info().clone();
+    assert_eq!(info.language, "python");
+    assert_eq!(info.state, koder_sdk::SessionState::Running);
+    assert_eq!(info.metadata.get("suite").map(String::as_str), Some("e2e"));
+    assert!(info.expires_at > info.created_at);
+    let fetched = c1.get_session(&id).await.expect("get session");
+    assert_eq!(fetched.id, id);
+    assert_eq!(fetched.tenant_id, info.tenant_id);
+    let listed = c1.list_sessions().await.expect("list");
+    assert!(listed.iter().any(|s| s.id == id), "own session listed");
+
+    // Tenant isolation: another tenant sees 404, exactly like an unknown id.
+    let other = c2.list_sessions().await.expect("list as t2");
+    assert!(
+        other.iter().all(|s| s.id != id),
+        "t2 must not list t1's session"
+    );
+    for err in [
+        c2.get_session(&id).await.expect_err("t2 get").to_string(),
+        c2.exec(
+            &id,
+            &ExecRequest {
+                cmd: Some(vec!["true".into()]),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("t2 exec")
+        .to_string(),
+        c2.download(&id, "/etc/hostname")
+            .await
+            .expect_err("t2 download")
+            .to_string(),
+        c2.destroy_session(&id)
+            .await
+            .expect_err("t2 destroy")
+            .to_string(),
+    ] {
+        assert!(err.starts_with("SANDBOX-NOT-FOUND"), "{err}");
+    }
+    let err = c1
+        .get_session("no-such-session")
+        .await
+        .expect_err("unknown");
+    assert_eq!(err.code(), Some(koder_sdk::codes::NOT_FOUND));
+    assert_eq!(err.status(), Some(404));
+
+    // Exec: argv, exit codes, shell, code, env/cwd/stdin.
+    let r = session.run_cmd(["echo", "hello"]).await.expect("exec cmd");
+    assert_eq!(
+        (r.exit_code, r.stdout.as_str(), r.verdict.as_deref()),
+        (Some(0), "hello\n", None)
+    );
+    let r = session
+        .run_cmd(["sh", "-c", "echo oops >&2; exit 7"])
+        .await
+        .expect("exec exit 7");
+    assert_eq!((r.exit_code, r.stderr.as_str()), (Some(7), "oops\n"));
+    let r = session.run_shell("echo hi | wc -c").await.expect("shell");
+    assert_eq!(r.stdout.trim(), "3", "{r:?}");
+    let r = session
+        .run_code(
+            "python",
+            "import sys\nprint(sum(range(10)), file=sys.stdout)",
+        )
+        .await
+        .expect("code");
+    assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "45\n"), "{r:?}");
+    let r = session
+        .exec(&ExecRequest {
+            shell: Some("cat; echo $FOO $SESSION_VAR; pwd".into()),
+            env: BTreeMap::from([("FOO".into(), "bar".into())]),
+            cwd: Some("/tmp".into()),
+            stdin: Some("from-stdin\n".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("exec env/cwd/stdin");
+    assert_eq!(r.stdout, "from-stdin\nbar from-session\n/tmp\n", "{r:?}");
+
+    // A timed-out exec keeps its partial output and names the verdict.
+    let started = Instant::now();
+    let r = session
+        .exec(&ExecRequest {
+            shell: Some("echo before; sleep 30; echo after".into()),
+            timeout_ms: Some(1000),
+            ..Default::default()
+        })
+        .await
+        .expect("exec timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "timeout honoured"
+    );
+    assert_eq!(
+        r.verdict.as_deref(),
+        Some(koder_sdk::codes::EXEC_TIMEOUT),
+        "{r:?}"
+    );
+    assert_eq!(r.stdout, "before\n", "{r:?}");
+
+    // Typed error for a bad request: exactly one of cmd/shell/code.
+    for bad in [
+        ExecRequest::default(),
+        ExecRequest {
+            cmd: Some(vec!["true".into()]),
+            shell: Some("true".into()),
+            ..Default::default()
+        },
+    ] {
+        let err = session.exec(&bad).await.expect_err("bad exec request");
+        assert_eq!(err.status(), Some(400), "{err}");
+        assert_eq!(
+            err.code(),
+            Some(koder_sdk::codes::INVALID_ARGUMENT),
+            "{err}"
+        );
+    }
+
+    // Files: mkdir, a 5 MiB streamed round trip, move, list, remove.
+    let local = tempfile::tempdir().expect("local tempdir");
+    let big = pseudo_random(5 * 1024 * 1024, 42);
+    let big_path = local.path().join("big.bin");
+    std::fs::write(&big_path, &big).expect("write big file");
+
+    session.mkdir("/workspace/e2e/sub").await.expect("mkdir");
+    let entry = session
+        .upload_file("/workspace/e2e/big.bin", &big_path)
+        .await
+        .expect("upload 5 MiB (sized stream)");
+    assert_eq!(entry.size, big.len() as u64, "{entry:?}");
+    assert_eq!(entry.kind, koder_sdk::EntryType::File);
+    let file = tokio::fs::File::open(&big_path).await.expect("open");
+    session
+        .upload("/workspace/e2e/chunked.bin", file)
+        .await
+        .expect("upload 5 MiB (chunked stream)");
+    let r = session
+        .run_cmd([
+            "wc",
+            "-c",
+            "/workspace/e2e/big.bin",
+            "/workspace/e2e/chunked.bin",
+        ])
+        .await
+        .expect("wc");
+    assert!(r.stdout.contains("5242880 /workspace/e2e/big.bin"), "{r:?}");
+    assert!(
+        r.stdout.contains("5242880 /workspace/e2e/chunked.bin"),
+        "{r:?}"
+    );
+
+    let back = local.path().join("back.bin");
+    let n = session
+        .download_to(
+            "/workspace/e2e/chunked.bin",
+            tokio::fs::File::create(&back).await.expect("create"),
+        )
+        .await
+        .expect("download_to");
+    assert_eq!(n, big.len() as u64);
+    assert!(
+        std::fs::read(&back).expect("read back") == big,
+        "5 MiB round trip differs"
+    );
+
+    let odd = "/workspace/e2e/a b&c=d#e?.txt";
+    session
+        .upload(odd, "odd name".to_string())
+        .await
+        .expect("upload odd name");
+    assert_eq!(
+        &session.download(odd).await.expect("download odd")[..],
+        b"odd name"
+    );
+
+    session
+        .rename("/workspace/e2e/big.bin", "/workspace/e2e/sub/moved.bin")
+        .await
+        .expect("move");
+    let err = session
+        .download("/workspace/e2e/big.bin")
+        .await
+        .expect_err("moved away");
+    assert_eq!(err.code(), Some(koder_sdk::codes::NOT_FOUND), "{err}");
+    let list = session.list("/workspace/e2e", Some(2)).await.expect("list");
+    let paths: Vec<&str> = list.entries.iter().map(|e| e.path.as_str()).collect();
+    assert!(paths.contains(&"/workspace/e2e/sub/moved.bin"), "{paths:?}");
+    assert!(paths.contains(&odd), "{paths:?}");
+    assert!(!paths.contains(&"/workspace/e2e/big.bin"), "{paths:?}");
+    let moved = list
+        .entries
+        .iter()
+        .find(|e| e.path == "/workspace/e2e/sub/moved.bin")
+        .expect("moved entry");
+    assert_eq!(moved.size, big.len() as u64);
+    let sub = list
+        .entries
+        .iter()
+        .find(|e| e.path == "/workspace/e2e/sub")
+        .expect("sub entry");
+    assert_eq!(sub.kind, koder_sdk::EntryType::Dir);
+    let shallow = session
+        .list("/workspace/e2e", Some(1))
+        .await
+        .expect("list 1");
+    assert!(
+        shallow
+            .entries
+            .iter()
+            .all(|e| e.path != "/workspace/e2e/sub/moved.bin"),
+        "depth 1 must not descend"
+    );
+
+    session.remove(odd, false).await.expect("remove a file");
+    assert!(
+        session.remove("/workspace/e2e", false).await.is_err(),
+        "non-recursive removal of a non-empty dir must fail"
+    );
+    session
+        .remove("/workspace/e2e", true)
+        .await
+        .expect("remove recursively");
+    let err = session
+        .list("/workspace/e2e", None)
+        .await
+        .expect_err("gone");
+    assert_eq!(err.code(), Some(koder_sdk::codes::NOT_FOUND), "{err}");
+
+    // Timeout, refresh, destroy.
+    let before = unix_now();
+    let updated = session.set_timeout(120).await.expect("set timeout").clone();
+    let remaining = updated.expires_at.timestamp() - before;
+    assert!((60..=180).contains(&remaining), "expires in {remaining}s");
+    let refreshed = session.refresh().await.expect("refresh").clone();
+    assert_eq!(refreshed.expires_at, updated.expires_at);
+
+    session.destroy().await.expect("destroy");
+    let err = c1.get_session(&id).await.expect_err("destroyed");
+    assert_eq!(err.code(), Some(koder_sdk::codes::NOT_FOUND), "{err}");
+    let listed = c1.list_sessions().await.expect("list after destroy");
+    assert!(listed.iter().all(|s| s.id != id));
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+fn cli_flow(daemon: &Daemon) {
+    let cli = daemon.cli(KEY1);
+    let work = tempfile::tempdir().expect("tempdir");
+
+    let out = cli.ok(&[
+        "create",
+        "--language",
+        "python",
+        "--timeout",
+        "600",
+        "--meta",
+        "suite=cli",
+    ]);
+    let id = out.stdout.trim().to_string();
+    assert!(
+        !id.is_empty() && !id.contains(char::is_whitespace),
+        "{out:?}"
+    );
+    assert!(cli.session_ids().contains(&id));
+    let table = cli.ok(&["ls"]);
+    assert!(table.stdout.starts_with("ID"), "{table:?}");
+    assert!(table.stdout.contains(&id), "{table:?}");
+
+    let out = cli.ok(&["--json", "create", "--language", "bash"]);
+    let created: serde_json::Value = serde_json::from_str(&out.stdout).expect("create --json");
+    let id2 = created["id"].as_str().expect("id").to_string();
+    assert_eq!(created["language"], "bash");
+
+    // exec: exit code propagation, streams, shell form, stdin.
+    let out = cli.run(&["exec", &id, "--", "sh", "-c", "exit 3"]);
+    assert_eq!(out.code, 3, "{out:?}");
+    let out = cli.ok(&["exec", &id, "--", "echo", "hello", "world"]);
+    assert_eq!(out.stdout, "hello world\n");
+    let out = cli.run(&["exec", &id, "--shell", "echo out; echo err >&2; exit 5"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str(), out.stderr.as_str()),
+        (5, "out\n", "err\n"),
+        "{out:?}"
+    );
+    let out = cli.run_with_stdin(
+        &["exec", &id, "--stdin-file", "-", "--", "cat"],
+        Some("piped in"),
+    );
+    assert_eq!((out.code, out.stdout.as_str()), (0, "piped in"), "{out:?}");
+    let out = cli.ok(&[
+        "exec",
+        &id,
+        "--cwd",
+        "/tmp",
+        "-e",
+        "X=y",
+        "--shell",
+        "echo $X; pwd",
+    ]);
+    assert_eq!(out.stdout, "y\n/tmp\n");
+    let out = cli.run(&["exec", &id, "--timeout-ms", "1000", "--", "sleep", "30"]);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(out.stderr.contains("SANDBOX-EXEC-TIMEOUT"), "{out:?}");
+    let out = cli.run(&["exec", &id, "--json", "--", "sh", "-c", "echo j; exit 2"]);
+    assert_eq!(out.code, 2, "{out:?}");
+    let result: serde_json::Value = serde_json::from_str(&out.stdout).expect("exec --json");
+    assert_eq!(
+        (result["exit_code"].as_i64(), result["stdout"].as_str()),
+        (Some(2), Some("j\n"))
+    );
+
+    // cp both ways (and into a directory), rm.
+    let up = work.path().join("up.bin");
+    let data = pseudo_random(1024 * 1024 + 17, 7);
+    std::fs::write(&up, &data).expect("write up.bin");
+    let up_s = up.to_str().expect("utf-8 path");
+    cli.ok(&["cp", up_s, &format!("{id}:/workspace/up.bin")]);
+    cli.ok(&["cp", up_s, &format!("{id}:/workspace/")]); // same name, into the dir
+    let down = work.path().join("down.bin");
+    let down_s = down.to_str().expect("utf-8 path");
+    cli.ok(&["cp", &format!("{id}:/workspace/up.bin"), down_s]);
+    assert!(
+        std::fs::read(&down).expect("down.bin") == data,
+        "cp round trip differs"
+    );
+    let dir = work.path().join("into");
+    std::fs::create_dir(&dir).expect("mkdir");
+    cli.ok(&["cp", &format!("{id}:up.bin"), dir.to_str().expect("utf-8")]);
+    assert!(std::fs::read(dir.join("up.bin")).expect("into/up.bin") == data);
+    // session-to-session
+    cli.ok(&[
+        "cp",
+        &format!("{id}:/workspace/up.bin"),
+        &format!("{id2}:/tmp/copy.bin"),
+    ]);
+    let out = cli.ok(&["exec", &id2, "--", "wc", "-c", "/tmp/copy.bin"]);
+    assert!(
+        out.stdout.starts_with(&format!("{} ", data.len())),
+        "{out:?}"
+    );
+
+    cli.ok(&["rm", &id, "/workspace/up.bin"]);
+    let missing = work.path().join("missing.bin");
+    let out = cli.run(&[
+        "cp",
+        &format!("{id}:/workspace/up.bin"),
+        missing.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stderr.starts_with("error: SANDBOX-NOT-FOUND: "),
+        "{out:?}"
+    );
+    assert!(!missing.exists(), "a failed cp must not leave a file");
+    cli.ok(&["mkdir", &id, "/workspace/d/e"]);
+    cli.ok(&["cp", up_s, &format!("{id}:/workspace/d/e/f.bin")]);
+    assert_ne!(cli.run(&["rm", &id, "/workspace/d"]).code, 0);
+    cli.ok(&["rm", &id, "-r", "/workspace/d"]);
+
+    // run: a throw-away session each time, always destroyed.
+    let before = cli.session_ids();
+    let out = cli.ok(&["run", "python", "-c", "print(1 + 1)"]);
+    assert_eq!(out.stdout, "2\n");
+    let script = work.path().join("script.py");
+    std::fs::write(&script, "import sys\nprint('from file')\nsys.exit(4)\n").expect("script");
+    let out = cli.run(&["run", "--file", script.to_str().expect("utf-8")]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (4, "from file\n"),
+        "{out:?}"
+    );
+    let out = cli.run(&["run", "bash", "--", "sh", "-c", "exit 6"]);
+    assert_eq!(out.code, 6, "{out:?}");
+    let out = cli.run(&[
+        "run",
+        "python",
+        "-c",
+        "raise SystemExit(",
+        "--timeout-ms",
+        "5000",
+    ]);
+    assert_ne!(out.code, 0, "a syntax error fails: {out:?}");
+    assert_eq!(cli.session_ids(), before, "run must destroy its sessions");
+
+    // run interrupted by SIGINT still destroys its session.
+    let mut child = cli
+        .command(&["run", "bash", "--", "sleep", "60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn run");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cli.session_ids().len() <= before.len() {
+        assert!(Instant::now() < deadline, "run never created its session");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(500)); // let the exec start
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: our own child, not yet reaped.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+    }
+    let status = wait_timeout(&mut child, Duration::from_secs(30));
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    assert_eq!(status, Some(130), "interrupted run: {stderr}");
+    assert_eq!(
+        cli.session_ids(),
+        before,
+        "interrupted run must destroy its session"
+    );
+
+    // Errors: bad key, other tenant, usage.
+    let out = daemon.cli("nope").run(&["ls"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stderr.starts_with("error: SANDBOX-AUTH-001: "),
+        "{out:?}"
+    );
+    let out = daemon.cli(KEY2).run(&["exec", &id, "--", "true"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stderr.starts_with("error: SANDBOX-NOT-FOUND: "),
+        "{out:?}"
+    );
+    assert_eq!(cli.run(&["exec", &id]).code, 2);
+
+    // kill / destroy.
+    cli.ok(&["kill", &id]);
+    cli.ok(&["destroy", &id2]);
+    let out = cli.run(&["exec", &id, "--", "true"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stderr.starts_with("error: SANDBOX-NOT-FOUND: "),
+        "{out:?}"
+    );
+    let ids = cli.session_ids();
+    assert!(!ids.contains(&id) && !ids.contains(&id2), "{ids:?}");
+}
+
+fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<i32> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        match child.try_wait() {
+            Ok(Some(status)) => return status.code(),
+            Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+            Err(_) => return None,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}

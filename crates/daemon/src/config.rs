@@ -1,0 +1,148 @@
+//! The daemon's configuration: embedded defaults, an optional TOML file, then flags.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use koder_sessions::SessionConfig;
+use serde::Deserialize;
+
+use crate::ServeArgs;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Env {
+    #[default]
+    Dev,
+    Prod,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub env: Env,
+    pub server: ServerConfig,
+    pub auth: AuthConfig,
+    pub sessions: SessionConfig,
+    pub jail: JailSection,
+    /// Tenants and their plans/quotas, by tenant id.
+    pub tenants: BTreeMap<String, TenantConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            data_dir: PathBuf::from("/var/lib/koder-sandbox"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Static keys, `TENANT:KEY`.
+    pub api_keys: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JailSection {
+    /// The agent binary; default: `koder-agent` next to the daemon's executable.
+    pub agent_bin: Option<PathBuf>,
+    pub uid_base: Option<u32>,
+    pub max_sandboxes: Option<u32>,
+    pub cgroup_parent: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: Option<String>,
+    pub plan: String,
+    pub max_sessions: Option<u32>,
+    pub daily_session_minutes: Option<u64>,
+}
+
+impl Default for TenantConfig {
+    fn default() -> Self {
+        Self {
+            name: None,
+            plan: "standard".into(),
+            max_sessions: None,
+            daily_session_minutes: None,
+        }
+    }
+}
+
+impl Config {
+    /// Defaults, overlaid by the file named in `--config`, overlaid by flags.
+    pub fn load(args: &ServeArgs) -> anyhow::Result<Self> {
+        let mut cfg = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("reading config {}: {e}", path.display()))?;
+                toml::from_str(&text)
+                    .map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?
+            }
+            None => Config::default(),
+        };
+        if let Some(listen) = args.listen {
+            cfg.server.listen = listen;
+        }
+        if let Some(dir) = &args.data_dir {
+            cfg.server.data_dir = dir.clone();
+        }
+        cfg.auth.api_keys.extend(args.api_keys.iter().cloned());
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.toml");
+        std::fs::write(
+            &path,
+            "env = \"dev\"\n[server]\nlisten = \"127.0.0.1:9000\"\n[sessions]\ndefault_timeout_s = 60\npool = { python = 3 }\n[tenants.acme]\nplan = \"pro\"\nmax_sessions = 5\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            data_dir: Some("/tmp/x".into()),
+            api_keys: vec!["acme:abcdefgh".into()],
+            ..Default::default()
+        };
+        let cfg = Config::load(&args).unwrap();
+        assert_eq!(cfg.server.listen.port(), 9000);
+        assert_eq!(cfg.server.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(cfg.sessions.default_timeout_s, 60);
+        assert_eq!(cfg.sessions.pool.get("python"), Some(&3));
+        assert_eq!(cfg.tenants["acme"].max_sessions, Some(5));
+        assert_eq!(cfg.auth.api_keys, ["acme:abcdefgh"]);
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.toml");
+        std::fs::write(&path, "[server]\nlisen = \"127.0.0.1:1\"\n").unwrap();
+        let err = Config::load(&ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("lisen"), "{err}");
+    }
+}

@@ -1,0 +1,215 @@
+//! The koder-sandbox daemon: configuration and start-up wiring of store, auth, runtime, session
+//! manager and the REST transport.
+
+pub mod config;
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use chrono::Utc;
+use koder_auth::KeyRing;
+use koder_jail::{JailConfig, JailRuntime};
+use koder_runtime::Runtime;
+use koder_store::{Store, Tenant};
+
+use crate::config::{Config, Env, TenantConfig};
+
+/// `koder-sandbox serve` / `ksandbox serve` flags (API.md "Running the daemon").
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on (default 127.0.0.1:7070).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Directory for the state database, blobs and sandbox layers (default /var/lib/koder-sandbox).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Static API key bound to a tenant, as TENANT:KEY; repeatable.
+    #[arg(long = "api-key", value_name = "TENANT:KEY")]
+    pub api_keys: Vec<String>,
+}
+
+/// File in the data dir holding the dev tenant's key, so it survives restarts.
+pub const DEV_KEY_FILE: &str = "dev-api-key";
+pub const DEV_TENANT: &str = "dev";
+
+/// Runs the daemon until SIGINT/SIGTERM.
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let cfg = Config::load(&args)?;
+    let data_dir = &cfg.server.data_dir;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    // Sandbox uids traverse the data dir to reach their own layers (nothing else is readable).
+    std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o711))?;
+
+    let store = Store::open_sqlite(&data_dir.join("state.db")).await?;
+    let keys = load_keys(&cfg, &store, data_dir).await?;
+    let runtime = jail_runtime(&cfg)?;
+    let manager = koder_sessions::Manager::start(store, runtime, cfg.sessions.clone()).await?;
+    let app = koder_http::router(koder_http::AppState {
+        manager: manager.clone(),
+        keys: Arc::new(keys),
+    });
+    let listener = tokio::net::TcpListener::bind(cfg.server.listen)
+        .await
+        .with_context(|| format!("listening on {}", cfg.server.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "koder-sandbox serving");
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
+    manager.shutdown().await;
+    served.context("HTTP server")
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=warn,sqlx=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // Structured logs for machines when asked; `try_init` tolerates a host that set one up.
+    let _ = if std::env::var("KODER_LOG_FORMAT").as_deref() == Ok("json") {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// Registers configured tenants and keys (revoking flag keys no longer given) and returns the
+/// key ring. Without any key outside prod mode, a dev tenant with a persistent key is made.
+async fn load_keys(cfg: &Config, store: &Store, data_dir: &Path) -> anyhow::Result<KeyRing> {
+    if cfg.env == Env::Prod {
+        bail!("env = \"prod\" refuses static API keys and the dev tenant, and JWT auth is not available yet");
+    }
+    for (id, t) in &cfg.tenants {
+        if !koder_auth::valid_tenant(id) {
+            bail!("tenant id {id:?}: 1-64 characters of [A-Za-z0-9_-]");
+        }
+        upsert_tenant(store, id, t).await?;
+    }
+    let mut keep = Vec::new();
+    for spec in &cfg.auth.api_keys {
+        let (tenant, key) =
+            koder_auth::parse_key_spec(spec).map_err(|e| anyhow::anyhow!("--api-key: {e}"))?;
+        if store.get_tenant(&tenant).await?.is_none() {
+            upsert_tenant(
+                store,
+                &tenant,
+                cfg.tenants.get(&tenant).unwrap_or(&TenantConfig::default()),
+            )
+            .await?;
+        }
+        let hash = koder_auth::hash_key(&key);
+        store.put_api_key(&hash, &tenant, "static").await?;
+        keep.push(hash);
+    }
+    store.delete_api_keys_not_in("static", &keep).await?;
+    if cfg.auth.api_keys.is_empty() {
+        let key = dev_key(data_dir)?;
+        upsert_tenant(
+            store,
+            DEV_TENANT,
+            &TenantConfig {
+                plan: "dev".into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+        let hash = koder_auth::hash_key(&key);
+        store.put_api_key(&hash, DEV_TENANT, "dev").await?;
+        store.delete_api_keys_not_in("dev", &[hash]).await?;
+        eprintln!(
+            "koder-sandbox: dev tenant API key: {key} (also in {})",
+            data_dir.join(DEV_KEY_FILE).display()
+        );
+    } else {
+        store.delete_api_keys_not_in("dev", &[]).await?;
+    }
+    let mut ring = KeyRing::default();
+    for k in store.api_keys().await? {
+        ring.insert_hash(k.key_hash, k.tenant_id);
+    }
+    Ok(ring)
+}
+
+async fn upsert_tenant(store: &Store, id: &str, t: &TenantConfig) -> anyhow::Result<()> {
+    let created_at = store
+        .get_tenant(id)
+        .await?
+        .map_or_else(Utc::now, |t| t.created_at);
+    store
+        .upsert_tenant(&Tenant {
+            id: id.into(),
+            name: t.name.clone().unwrap_or_else(|| id.into()),
+            plan: t.plan.clone(),
+            max_sessions: t.max_sessions,
+            daily_session_minutes: t.daily_session_minutes,
+            created_at,
+        })
+        .await?;
+    Ok(())
+}
+
+fn dev_key(data_dir: &Path) -> anyhow::Result<String> {
+    let path = data_dir.join(DEV_KEY_FILE);
+    if let Ok(existing) = std::fs::read_to_string(&path) {
+        let existing = existing.trim().to_string();
+        if existing.len() >= koder_auth::MIN_KEY_LEN {
+            return Ok(existing);
+        }
+    }
+    let key = koder_auth::generate_key();
+    std::fs::write(&path, format!("{key}\n"))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(key)
+}
+
+fn jail_runtime(cfg: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
+    let agent = match &cfg.jail.agent_bin {
+        Some(p) => p.clone(),
+        None => match std::env::var_os("KODER_AGENT_BIN") {
+            Some(p) => PathBuf::from(p),
+            None => std::env::current_exe()?
+                .parent()
+                .context("daemon executable has no directory")?
+                .join("koder-agent"),
+        },
+    };
+    let mut jc = JailConfig::new(cfg.server.data_dir.join("jail"), agent);
+    if let Some(v) = cfg.jail.uid_base {
+        jc.uid_base = v;
+    }
+    if let Some(v) = cfg.jail.max_sandboxes {
+        jc.max_sandboxes = v;
+    }
+    if let Some(v) = &cfg.jail.cgroup_parent {
+        jc.cgroup_parent = v.clone();
+    }
+    let runtime = JailRuntime::new(jc)?;
+    for gap in &runtime.enforcement().not_enforced {
+        eprintln!("koder-sandbox: NOT ENFORCED: {} ({})", gap.what, gap.why);
+    }
+    Ok(Arc::new(runtime))
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+    tracing::info!("shutting down: destroying sandboxes");
+}

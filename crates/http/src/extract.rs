@@ -1,0 +1,99 @@
+//! Request extractors whose every failure is a typed JSON error (axum's own rejections answer
+//! in plain text).
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use koder_api_types::codes;
+use koder_auth::Identity;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// The authenticated caller. A missing or unknown bearer token is 401.
+pub struct Caller(pub Identity);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <api key>"))?;
+        let header = header
+            .to_str()
+            .map_err(|_| ApiError::unauthorized("malformed Authorization header"))?;
+        state
+            .keys
+            .authenticate(header)
+            .map(Caller)
+            .ok_or_else(|| ApiError::unauthorized("invalid API key"))
+    }
+}
+
+/// JSON body with typed errors: malformed JSON, wrong field types and unknown fields are 400,
+/// a missing JSON content type 415, an oversized body 413.
+pub struct Json<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for Json<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Json(v)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(r: JsonRejection) -> ApiError {
+    match r {
+        JsonRejection::MissingJsonContentType(_) => ApiError::new(
+            415,
+            codes::UNSUPPORTED_MEDIA_TYPE,
+            "expected Content-Type: application/json",
+        ),
+        JsonRejection::BytesRejection(b)
+            if b.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE =>
+        {
+            ApiError::new(413, codes::PAYLOAD_TOO_LARGE, "request body too large")
+        }
+        JsonRejection::JsonSyntaxError(e) => {
+            ApiError::invalid(format!("malformed JSON: {}", source_text(&e)))
+        }
+        JsonRejection::JsonDataError(e) => {
+            ApiError::invalid(format!("invalid request: {}", source_text(&e)))
+        }
+        other => ApiError::invalid(other.body_text()),
+    }
+}
+
+/// serde's message (with the field and position) rather than axum's generic wrapper text.
+fn source_text(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        msg = inner.to_string();
+        cur = inner.source();
+    }
+    msg
+}
+
+/// Query string with typed errors.
+pub struct Query<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequestParts<AppState> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(Query(v)),
+            Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(ApiError::invalid(
+                format!("invalid query: {}", source_text(&e)),
+            )),
+            Err(other) => Err(ApiError::invalid(other.body_text())),
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! The REST transport (API.md): a thin axum adapter over the session manager.
+
+mod error;
+mod extract;
+mod routes;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use koder_api_types::codes;
+use koder_auth::KeyRing;
+use koder_sessions::Manager;
+use utoipa::OpenApi;
+
+pub use error::ApiError;
+
+/// Largest JSON request body (uploads stream and are bounded separately).
+pub const MAX_JSON_BODY: usize = 1024 * 1024;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub manager: Arc<Manager>,
+    pub keys: Arc<KeyRing>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "koder-sandbox", description = "Run untrusted code in isolated sandboxes."),
+    paths(
+        routes::create_session, routes::list_sessions, routes::get_session, routes::delete_session,
+        routes::set_timeout, routes::exec, routes::upload, routes::download, routes::list_files,
+        routes::remove_file, routes::make_dir, routes::move_file
+    ),
+    modifiers(&BearerAuth)
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The OpenAPI document, generated from the handlers' annotations.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+pub fn router(state: AppState) -> Router {
+    let sessions = Router::new()
+        .route("/", post(routes::create_session).get(routes::list_sessions))
+        .route(
+            "/{id}",
+            get(routes::get_session).delete(routes::delete_session),
+        )
+        .route("/{id}/timeout", post(routes::set_timeout))
+        .route("/{id}/exec", post(routes::exec))
+        .route(
+            "/{id}/files",
+            get(routes::download)
+                .put(routes::upload)
+                .delete(routes::remove_file),
+        )
+        .route("/{id}/files/list", get(routes::list_files))
+        .route("/{id}/files/mkdir", post(routes::make_dir))
+        .route("/{id}/files/move", post(routes::move_file));
+    Router::new()
+        .nest("/v1/sandbox/sessions", sessions)
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_json))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn healthz() -> impl IntoResponse {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Ready when the state store answers; a daemon that cannot record sessions should not get
+/// traffic.
+async fn readyz(State(s): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    s.manager
+        .store()
+        .list_tenants()
+        .await
+        .map_err(|e| ApiError::new(503, codes::RUNTIME_UNAVAILABLE, format!("state store: {e}")))?;
+    Ok(axum::Json(serde_json::json!({"status": "ready"})))
+}
+
+async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.manager.metrics().render(),
+    )
+}
+
+async fn openapi_json() -> impl IntoResponse {
+    axum::Json(openapi())
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(404, codes::NOT_FOUND, "no such endpoint")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED.as_u16(),
+        codes::INVALID_ARGUMENT,
+        "method not allowed on this endpoint",
+    )
+}

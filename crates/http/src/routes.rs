@@ -1,0 +1,239 @@
+//! Handlers: each one authenticates, parses, calls the session manager and shapes the answer.
+//! No business logic lives here.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use koder_api_types::{
+    CreateSession, ErrorBody, ExecRequest, ExecResult, FileEntry, FileList, MakeDir, MoveFile,
+    Session, SessionList, SetTimeout,
+};
+use serde::Deserialize;
+
+use crate::error::ApiError;
+use crate::extract::{Caller, Json, Query};
+use crate::AppState;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions", tag = "sessions",
+    request_body = CreateSession,
+    responses((status = 201, body = Session), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn create_session(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Json(req): Json<CreateSession>,
+) -> ApiResult<(StatusCode, axum::Json<Session>)> {
+    let session = s.manager.create(&who, req).await?;
+    Ok((StatusCode::CREATED, axum::Json(session)))
+}
+
+#[utoipa::path(get, path = "/v1/sandbox/sessions", tag = "sessions",
+    responses((status = 200, body = SessionList), (status = 401, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list_sessions(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+) -> ApiResult<axum::Json<SessionList>> {
+    Ok(axum::Json(SessionList {
+        sessions: s.manager.list(&who).await?,
+    }))
+}
+
+#[utoipa::path(get, path = "/v1/sandbox/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn get_session(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Session>> {
+    Ok(axum::Json(s.manager.get(&who, &id).await?))
+}
+
+#[utoipa::path(delete, path = "/v1/sandbox/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn delete_session(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    s.manager.destroy(&who, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/timeout", tag = "sessions",
+    params(("id" = String, Path)), request_body = SetTimeout,
+    responses((status = 200, body = Session), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn set_timeout(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Json(req): Json<SetTimeout>,
+) -> ApiResult<axum::Json<Session>> {
+    Ok(axum::Json(
+        s.manager.set_timeout(&who, &id, req.timeout_s).await?,
+    ))
+}
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/exec", tag = "exec",
+    params(("id" = String, Path)), request_body = ExecRequest,
+    responses((status = 200, body = ExecResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn exec(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Json(req): Json<ExecRequest>,
+) -> ApiResult<axum::Json<ExecResult>> {
+    Ok(axum::Json(s.manager.exec(&who, &id, req).await?))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    /// Path inside the sandbox; relative paths are below /workspace.
+    path: String,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    path: String,
+    #[serde(default = "one")]
+    depth: u32,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveQuery {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[utoipa::path(put, path = "/v1/sandbox/sessions/{id}/files", tag = "files",
+    params(("id" = String, Path), PathQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 201, body = FileEntry), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+              (status = 507, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn upload(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<(StatusCode, axum::Json<FileEntry>)> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let entry = s
+        .manager
+        .upload(&who, &id, &q.path, declared, body.into_data_stream())
+        .await?;
+    Ok((StatusCode::CREATED, axum::Json(entry)))
+}
+
+#[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/files", tag = "files",
+    params(("id" = String, Path), PathQuery),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn download(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+) -> ApiResult<Response> {
+    let reader = s.manager.download(&who, &id, &q.path).await?;
+    let stream = futures::stream::unfold(reader, |mut r| async move {
+        match r.next_chunk().await {
+            Ok(Some(chunk)) => Some((Ok(bytes::Bytes::from(chunk)), r)),
+            Ok(None) => None,
+            // The status line is gone already: failing the body makes the client see a broken
+            // transfer instead of a silently short file.
+            Err(e) => Some((Err(std::io::Error::other(e.to_string())), r)),
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+#[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/files/list", tag = "files",
+    params(("id" = String, Path), ListQuery),
+    responses((status = 200, body = FileList), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list_files(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<axum::Json<FileList>> {
+    Ok(axum::Json(
+        s.manager.list_files(&who, &id, &q.path, q.depth).await?,
+    ))
+}
+
+#[utoipa::path(delete, path = "/v1/sandbox/sessions/{id}/files", tag = "files",
+    params(("id" = String, Path), RemoveQuery),
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn remove_file(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Query(q): Query<RemoveQuery>,
+) -> ApiResult<StatusCode> {
+    s.manager
+        .remove_file(&who, &id, &q.path, q.recursive)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/files/mkdir", tag = "files",
+    params(("id" = String, Path)), request_body = MakeDir,
+    responses((status = 201, body = FileEntry), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn make_dir(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Json(req): Json<MakeDir>,
+) -> ApiResult<(StatusCode, axum::Json<FileEntry>)> {
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(s.manager.make_dir(&who, &id, &req.path).await?),
+    ))
+}
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/files/move", tag = "files",
+    params(("id" = String, Path)), request_body = MoveFile,
+    responses((status = 200, body = FileEntry), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn move_file(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Json(req): Json<MoveFile>,
+) -> ApiResult<axum::Json<FileEntry>> {
+    Ok(axum::Json(
+        s.manager.move_file(&who, &id, &req.from, &req.to).await?,
+    ))
+}

@@ -1,0 +1,697 @@
+//! Rust client for the koder-sandbox REST API (contract: `shared/API.md`).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), koder_sdk::Error> {
+//! use koder_sdk::{Client, CreateSession};
+//!
+//! let client = Client::from_env()?; // KSANDBOX_URL, KSANDBOX_API_KEY
+//! let session = client
+//!     .create_session(&CreateSession { language: Some("python".into()), ..Default::default() })
+//!     .await?;
+//! let out = session.run_code("python", "print(6 * 7)").await?;
+//! assert_eq!(out.stdout, "42\n");
+//! session.upload("/workspace/data.bin", tokio::fs::File::open("data.bin").await?).await?;
+//! session.download_to("/workspace/data.bin", tokio::fs::File::create("copy.bin").await?).await?;
+//! session.destroy().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Every call maps a non-2xx answer to [`Error::Api`] carrying the stable `SANDBOX-...` code.
+//! Uploads and downloads stream: a file is never held whole in memory unless you ask for it
+//! ([`Session::download`]).
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt};
+use reqwest::{header, Method, Response, StatusCode, Url};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+pub use koder_api_types as types;
+pub use koder_api_types::{
+    codes, CreateSession, EntryType, ExecRequest, ExecResult, FileEntry, FileList, Limits, Network,
+    NetworkMode, SessionState,
+};
+pub use reqwest::Body;
+
+/// Where [`Client::from_env`] connects when `KSANDBOX_URL` is unset.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7070";
+/// Environment variable holding the daemon's base URL.
+pub const ENV_URL: &str = "KSANDBOX_URL";
+/// Environment variable holding the API key (bearer token).
+pub const ENV_API_KEY: &str = "KSANDBOX_API_KEY";
+
+/// Chunk size used when streaming a local reader into an upload.
+const UPLOAD_CHUNK: usize = 64 * 1024;
+/// How much of a non-JSON error body is kept in the synthetic error message.
+const MAX_ERROR_TEXT: usize = 512;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything a call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The daemon answered with a non-2xx status. `code` is the stable `SANDBOX-...` code from
+    /// the `{"error": {...}}` body, or `SANDBOX-HTTP-<status>` when the body was not that shape.
+    #[error("{code}: {message}")]
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+        details: Option<Value>,
+    },
+    /// The request could not be sent or the answer could not be read (connection refused,
+    /// reset, a failing upload source, ...).
+    #[error("transport error: {}", error_chain(.0))]
+    Transport(reqwest::Error),
+    /// A 2xx answer whose body is not the documented JSON shape.
+    #[error("could not decode the daemon's answer: {0}")]
+    Decode(String),
+    /// Local I/O (writing a download, opening an upload source).
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The base URL given to [`Client::new`] is unusable.
+    #[error("invalid base URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+}
+
+impl Error {
+    /// The `SANDBOX-...` code of an API error (including the synthetic `SANDBOX-HTTP-<status>`).
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Error::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    /// The HTTP status of an API error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Error::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// True for 404 `SANDBOX-NOT-FOUND` (unknown id or another tenant's session).
+    pub fn is_not_found(&self) -> bool {
+        self.status() == Some(404)
+    }
+
+    /// Builds the error for a non-2xx answer from its status and body.
+    pub fn from_response_parts(status: u16, body: &[u8]) -> Error {
+        if let Ok(parsed) = serde_json::from_slice::<types::ErrorBody>(body) {
+            return Error::Api {
+                status,
+                code: parsed.error.code,
+                message: parsed.error.message,
+                details: parsed.error.details,
+            };
+        }
+        let text = String::from_utf8_lossy(body);
+        let text = text.trim();
+        let message = if text.is_empty() {
+            StatusCode::from_u16(status)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("HTTP error")
+                .to_string()
+        } else {
+            truncate(text, MAX_ERROR_TEXT)
+        };
+        Error::Api {
+            status,
+            code: format!("SANDBOX-HTTP-{status}"),
+            message,
+            details: None,
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            let _ = write!(out, ": {text}");
+        }
+        source = s.source();
+    }
+    out
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// Wraps any reader as a streaming request body (sent chunked, never buffered whole).
+pub fn body_from_reader<R>(reader: R) -> Body
+where
+    R: AsyncRead + Send + 'static,
+{
+    Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
+        reader,
+        UPLOAD_CHUNK,
+    ))
+}
+
+/// A connection to one daemon, authenticated as one tenant. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Client {
+    http: reqwest::Client,
+    base: Url,
+    api_key: Option<String>,
+}
+
+impl Client {
+    /// `base_url` like `http://127.0.0.1:7070` (a path prefix is kept); an empty `api_key`
+    /// sends no `Authorization` header.
+    pub fn new(base_url: impl AsRef<str>, api_key: impl Into<String>) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(Error::Transport)?;
+        Self::with_http_client(base_url, api_key, http)
+    }
+
+    /// Like [`Client::new`] with a caller-configured `reqwest::Client`.
+    pub fn with_http_client(
+        base_url: impl AsRef<str>,
+        api_key: impl Into<String>,
+        http: reqwest::Client,
+    ) -> Result<Self> {
+        let raw = base_url.as_ref().trim();
+        let invalid = |reason: &str| Error::InvalidUrl {
+            url: raw.to_string(),
+            reason: reason.to_string(),
+        };
+        let mut base = Url::parse(raw).map_err(|e| invalid(&e.to_string()))?;
+        if !matches!(base.scheme(), "http" | "https") {
+            return Err(invalid("scheme must be http or https"));
+        }
+        if base.cannot_be_a_base() {
+            return Err(invalid("not a base URL"));
+        }
+        base.set_query(None);
+        base.set_fragment(None);
+        let api_key = api_key.into();
+        Ok(Client {
+            http,
+            base,
+            api_key: (!api_key.is_empty()).then_some(api_key),
+        })
+    }
+
+    /// `KSANDBOX_URL` (default `http://127.0.0.1:7070`) and `KSANDBOX_API_KEY`.
+    pub fn from_env() -> Result<Self> {
+        let url = std::env::var(ENV_URL)
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+            .unwrap_or_else(|| DEFAULT_URL.to_string());
+        let key = std::env::var(ENV_API_KEY).unwrap_or_default();
+        Self::new(url, key)
+    }
+
+    pub fn base_url(&self) -> &Url {
+        &self.base
+    }
+
+    /// The base URL with `segments` appended, each percent-encoded as one path segment.
+    pub fn url(&self, segments: &[&str]) -> Result<Url> {
+        let mut url = self.base.clone();
+        {
+            let mut path = url.path_segments_mut().map_err(|()| Error::InvalidUrl {
+                url: self.base.to_string(),
+                reason: "not a base URL".into(),
+            })?;
+            path.pop_if_empty().extend(segments);
+        }
+        Ok(url)
+    }
+
+    fn session_url(&self, id: &str, rest: &[&str]) -> Result<Url> {
+        let mut segments = vec!["v1", "sandbox", "sessions", id];
+        segments.extend_from_slice(rest);
+        self.url(&segments)
+    }
+
+    fn request(&self, method: Method, url: Url) -> reqwest::RequestBuilder {
+        let builder = self.http.request(method, url);
+        match &self.api_key {
+            Some(key) => builder.bearer_auth(key),
+            None => builder,
+        }
+    }
+
+    async fn send(&self, builder: reqwest::RequestBuilder) -> Result<Response> {
+        let response = builder.send().await.map_err(Error::Transport)?;
+        check(response).await
+    }
+
+    // ---- health ----
+
+    /// `GET /healthz` answered 200. Any failure (including connection refused) is `false`.
+    pub async fn health(&self) -> bool {
+        let Ok(url) = self.url(&["healthz"]) else {
+            return false;
+        };
+        match self.http.get(url).send().await {
+            Ok(resp) => resp.status() == StatusCode::OK,
+            Err(_) => false,
+        }
+    }
+
+    // ---- sessions ----
+
+    /// `POST /v1/sandbox/sessions`.
+    pub async fn create_session(&self, req: &CreateSession) -> Result<Session> {
+        let url = self.url(&["v1", "sandbox", "sessions"])?;
+        let resp = self.send(self.request(Method::POST, url).json(req)).await?;
+        let info: types::Session = decode(resp).await?;
+        Ok(Session::from_info(self.clone(), info))
+    }
+
+    /// A handle on an existing session (`GET /v1/sandbox/sessions/{id}`).
+    pub async fn session(&self, id: &str) -> Result<Session> {
+        let info = self.get_session(id).await?;
+        Ok(Session::from_info(self.clone(), info))
+    }
+
+    /// `GET /v1/sandbox/sessions/{id}`.
+    pub async fn get_session(&self, id: &str) -> Result<types::Session> {
+        let url = self.session_url(id, &[])?;
+        decode(self.send(self.request(Method::GET, url)).await?).await
+    }
+
+    /// `GET /v1/sandbox/sessions`: this tenant's sessions.
+    pub async fn list_sessions(&self) -> Result<Vec<types::Session>> {
+        let url = self.url(&["v1", "sandbox", "sessions"])?;
+        let list: types::SessionList =
+            decode(self.send(self.request(Method::GET, url)).await?).await?;
+        Ok(list.sessions)
+    }
+
+    /// `POST /v1/sandbox/sessions/{id}/timeout`; returns the updated session.
+    pub async fn set_timeout(&self, id: &str, timeout_s: u64) -> Result<types::Session> {
+        let url = self.session_url(id, &["timeout"])?;
+        let resp = self
+            .send(
+                self.request(Method::POST, url)
+                    .json(&types::SetTimeout { timeout_s }),
+            )
+            .await?;
+        let body = resp.bytes().await.map_err(Error::Transport)?;
+        match serde_json::from_slice::<types::Session>(&body) {
+            Ok(info) => Ok(info),
+            // The contract does not fix this answer's body: fetch the session instead.
+            Err(_) => self.get_session(id).await,
+        }
+    }
+
+    /// `DELETE /v1/sandbox/sessions/{id}`.
+    pub async fn destroy_session(&self, id: &str) -> Result<()> {
+        let url = self.session_url(id, &[])?;
+        self.send(self.request(Method::DELETE, url)).await?;
+        Ok(())
+    }
+
+    // ---- exec ----
+
+    /// `POST /v1/sandbox/sessions/{id}/exec` (non-streaming JSON form).
+    pub async fn exec(&self, id: &str, req: &ExecRequest) -> Result<ExecResult> {
+        let url = self.session_url(id, &["exec"])?;
+        let builder = self
+            .request(Method::POST, url)
+            .header(header::ACCEPT, "application/json")
+            .json(req);
+        decode(self.send(builder).await?).await
+    }
+
+    // ---- files ----
+
+    /// `PUT .../files?path=`: `body` may be bytes (`Vec<u8>`, `Bytes`, `String`), a
+    /// `tokio::fs::File`, or any reader via [`body_from_reader`]; streams are sent chunked.
+    pub async fn upload(&self, id: &str, path: &str, body: impl Into<Body>) -> Result<FileEntry> {
+        self.upload_inner(id, path, body.into(), None).await
+    }
+
+    /// Streams a local file, announcing its length up front.
+    pub async fn upload_file(
+        &self,
+        id: &str,
+        path: &str,
+        local: impl AsRef<Path>,
+    ) -> Result<FileEntry> {
+        let file = tokio::fs::File::open(local.as_ref()).await?;
+        let meta = file.metadata().await?;
+        if meta.is_dir() {
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} is a directory", local.as_ref().display()),
+            )));
+        }
+        self.upload_inner(id, path, body_from_reader(file), Some(meta.len()))
+            .await
+    }
+
+    /// Streams any reader.
+    pub async fn upload_reader<R>(&self, id: &str, path: &str, reader: R) -> Result<FileEntry>
+    where
+        R: AsyncRead + Send + 'static,
+    {
+        self.upload_inner(id, path, body_from_reader(reader), None)
+            .await
+    }
+
+    async fn upload_inner(
+        &self,
+        id: &str,
+        path: &str,
+        body: Body,
+        len: Option<u64>,
+    ) -> Result<FileEntry> {
+        let url = self.session_url(id, &["files"])?;
+        let mut builder = self
+            .request(Method::PUT, url)
+            .query(&[("path", path)])
+            .header(header::CONTENT_TYPE, "application/octet-stream");
+        if let Some(len) = len {
+            builder = builder.header(header::CONTENT_LENGTH, len);
+        }
+        decode(self.send(builder.body(body)).await?).await
+    }
+
+    async fn download_response(&self, id: &str, path: &str) -> Result<Response> {
+        let url = self.session_url(id, &["files"])?;
+        self.send(self.request(Method::GET, url).query(&[("path", path)]))
+            .await
+    }
+
+    /// `GET .../files?path=` into memory. Prefer [`Client::download_to`] for big files.
+    pub async fn download(&self, id: &str, path: &str) -> Result<Bytes> {
+        let resp = self.download_response(id, path).await?;
+        resp.bytes().await.map_err(Error::Transport)
+    }
+
+    /// `GET .../files?path=` as a stream of chunks.
+    pub async fn download_stream(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> Result<impl Stream<Item = Result<Bytes>> + Send + 'static> {
+        let resp = self.download_response(id, path).await?;
+        Ok(resp.bytes_stream().map_err(Error::Transport))
+    }
+
+    /// Streams `GET .../files?path=` into `writer` (flushed at the end); returns the byte count.
+    pub async fn download_to<W>(&self, id: &str, path: &str, mut writer: W) -> Result<u64>
+    where
+        W: AsyncWrite + Unpin,
+    {
+        let mut stream = std::pin::pin!(self.download_stream(id, path).await?);
+        let mut total = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            writer.write_all(&chunk).await?;
+            total += chunk.len() as u64;
+        }
+        writer.flush().await?;
+        Ok(total)
+    }
+
+    /// `GET .../files/list?path=&depth=`.
+    pub async fn list_files(&self, id: &str, path: &str, depth: Option<u32>) -> Result<FileList> {
+        let url = self.session_url(id, &["files", "list"])?;
+        let mut builder = self.request(Method::GET, url).query(&[("path", path)]);
+        if let Some(depth) = depth {
+            builder = builder.query(&[("depth", depth)]);
+        }
+        decode(self.send(builder).await?).await
+    }
+
+    /// `DELETE .../files?path=&recursive=`.
+    pub async fn remove(&self, id: &str, path: &str, recursive: bool) -> Result<()> {
+        let url = self.session_url(id, &["files"])?;
+        let recursive = if recursive { "true" } else { "false" };
+        self.send(
+            self.request(Method::DELETE, url)
+                .query(&[("path", path), ("recursive", recursive)]),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// `POST .../files/mkdir {"path"}`.
+    pub async fn mkdir(&self, id: &str, path: &str) -> Result<()> {
+        let url = self.session_url(id, &["files", "mkdir"])?;
+        let body = types::MakeDir { path: path.into() };
+        self.send(self.request(Method::POST, url).json(&body))
+            .await?;
+        Ok(())
+    }
+
+    /// `POST .../files/move {"from","to"}`.
+    pub async fn rename(&self, id: &str, from: &str, to: &str) -> Result<()> {
+        let url = self.session_url(id, &["files", "move"])?;
+        let body = types::MoveFile {
+            from: from.into(),
+            to: to.into(),
+        };
+        self.send(self.request(Method::POST, url).json(&body))
+            .await?;
+        Ok(())
+    }
+}
+
+async fn check(response: Response) -> Result<Response> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let body = response.bytes().await.unwrap_or_default();
+    Err(Error::from_response_parts(status.as_u16(), &body))
+}
+
+async fn decode<T: DeserializeOwned>(response: Response) -> Result<T> {
+    let body = response.bytes().await.map_err(Error::Transport)?;
+    serde_json::from_slice(&body).map_err(|e| {
+        let text = String::from_utf8_lossy(&body);
+        Error::Decode(format!("{e} (body: {})", truncate(text.trim(), 256)))
+    })
+}
+
+/// A handle on one session: the client plus the last known session info.
+#[derive(Clone, Debug)]
+pub struct Session {
+    client: Client,
+    info: types::Session,
+}
+
+impl Session {
+    /// A handle from already-fetched info (e.g. an entry of [`Client::list_sessions`]).
+    pub fn from_info(client: Client, info: types::Session) -> Self {
+        Session { client, info }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.info.id
+    }
+
+    /// The session as last seen (creation, [`Session::refresh`] or [`Session::set_timeout`]).
+    pub fn info(&self) -> &types::Session {
+        &self.info
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Re-reads the session from the daemon.
+    pub async fn refresh(&mut self) -> Result<&types::Session> {
+        self.info = self.client.get_session(&self.info.id).await?;
+        Ok(&self.info)
+    }
+
+    /// Sets the session's remaining lifetime to `timeout_s` seconds from now.
+    pub async fn set_timeout(&mut self, timeout_s: u64) -> Result<&types::Session> {
+        self.info = self.client.set_timeout(&self.info.id, timeout_s).await?;
+        Ok(&self.info)
+    }
+
+    pub async fn exec(&self, req: &ExecRequest) -> Result<ExecResult> {
+        self.client.exec(&self.info.id, req).await
+    }
+
+    /// Runs an argv (no shell).
+    pub async fn run_cmd<I, S>(&self, argv: I) -> Result<ExecResult>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let req = ExecRequest {
+            cmd: Some(argv.into_iter().map(Into::into).collect()),
+            ..Default::default()
+        };
+        self.exec(&req).await
+    }
+
+    /// Runs `cmd` with `/bin/bash -c`.
+    pub async fn run_shell(&self, cmd: impl Into<String>) -> Result<ExecResult> {
+        let req = ExecRequest {
+            shell: Some(cmd.into()),
+            ..Default::default()
+        };
+        self.exec(&req).await
+    }
+
+    /// Runs `code` with `language`'s interpreter (`python`, `node`, `bash`).
+    pub async fn run_code(
+        &self,
+        language: impl Into<String>,
+        code: impl Into<String>,
+    ) -> Result<ExecResult> {
+        let req = ExecRequest {
+            code: Some(code.into()),
+            language: Some(language.into()),
+            ..Default::default()
+        };
+        self.exec(&req).await
+    }
+
+    /// See [`Client::upload`].
+    pub async fn upload(&self, path: &str, body: impl Into<Body>) -> Result<FileEntry> {
+        self.client.upload(&self.info.id, path, body).await
+    }
+
+    /// See [`Client::upload_file`].
+    pub async fn upload_file(&self, path: &str, local: impl AsRef<Path>) -> Result<FileEntry> {
+        self.client.upload_file(&self.info.id, path, local).await
+    }
+
+    /// See [`Client::upload_reader`].
+    pub async fn upload_reader<R>(&self, path: &str, reader: R) -> Result<FileEntry>
+    where
+        R: AsyncRead + Send + 'static,
+    {
+        self.client.upload_reader(&self.info.id, path, reader).await
+    }
+
+    pub async fn download(&self, path: &str) -> Result<Bytes> {
+        self.client.download(&self.info.id, path).await
+    }
+
+    pub async fn download_stream(
+        &self,
+        path: &str,
+    ) -> Result<impl Stream<Item = Result<Bytes>> + Send + 'static> {
+        self.client.download_stream(&self.info.id, path).await
+    }
+
+    pub async fn download_to<W>(&self, path: &str, writer: W) -> Result<u64>
+    where
+        W: AsyncWrite + Unpin,
+    {
+        self.client.download_to(&self.info.id, path, writer).await
+    }
+
+    pub async fn list(&self, path: &str, depth: Option<u32>) -> Result<FileList> {
+        self.client.list_files(&self.info.id, path, depth).await
+    }
+
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        self.client.remove(&self.info.id, path, recursive).await
+    }
+
+    pub async fn mkdir(&self, path: &str) -> Result<()> {
+        self.client.mkdir(&self.info.id, path).await
+    }
+
+    pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.client.rename(&self.info.id, from, to).await
+    }
+
+    /// `DELETE /v1/sandbox/sessions/{id}`.
+    pub async fn destroy(self) -> Result<()> {
+        self.client.destroy_session(&self.info.id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_error_envelope() {
+        let body = br#"{"error":{"code":"SANDBOX-NOT-FOUND","message":"no such session","details":{"id":"x"}}}"#;
+        let err = Error::from_response_parts(404, body);
+        assert_eq!(err.code(), Some("SANDBOX-NOT-FOUND"));
+        assert_eq!(err.status(), Some(404));
+        assert!(err.is_not_found());
+        match &err {
+            Error::Api {
+                message, details, ..
+            } => {
+                assert_eq!(message, "no such session");
+                assert_eq!(
+                    details.as_ref().and_then(|d| d.get("id")),
+                    Some(&"x".into())
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(err.to_string(), "SANDBOX-NOT-FOUND: no such session");
+    }
+
+    #[test]
+    fn falls_back_to_a_synthetic_code() {
+        let err = Error::from_response_parts(502, b"Bad Gateway from proxy\n");
+        assert_eq!(err.code(), Some("SANDBOX-HTTP-502"));
+        assert_eq!(err.to_string(), "SANDBOX-HTTP-502: Bad Gateway from proxy");
+        let err = Error::from_response_parts(503, b"");
+        assert_eq!(err.to_string(), "SANDBOX-HTTP-503: Service Unavailable");
+        // JSON, but not the envelope.
+        let err = Error::from_response_parts(400, br#"{"message":"nope"}"#);
+        assert_eq!(err.code(), Some("SANDBOX-HTTP-400"));
+        let long = "x".repeat(5000);
+        let err = Error::from_response_parts(500, long.as_bytes());
+        assert!(err.to_string().len() < 600);
+    }
+
+    #[test]
+    fn builds_urls_with_encoded_segments() {
+        let c = Client::new("http://127.0.0.1:7070", "k").unwrap();
+        assert_eq!(
+            c.session_url("abc", &["files", "list"]).unwrap().as_str(),
+            "http://127.0.0.1:7070/v1/sandbox/sessions/abc/files/list"
+        );
+        assert_eq!(
+            c.session_url("a/b?c#d", &[]).unwrap().as_str(),
+            "http://127.0.0.1:7070/v1/sandbox/sessions/a%2Fb%3Fc%23d"
+        );
+        let c = Client::new("http://h:1/prefix/?q=1#f", "").unwrap();
+        assert_eq!(c.api_key, None);
+        assert_eq!(
+            c.url(&["healthz"]).unwrap().as_str(),
+            "http://h:1/prefix/healthz"
+        );
+        assert!(matches!(
+            Client::new("ftp://h/", "k"),
+            Err(Error::InvalidUrl { .. })
+        ));
+        assert!(matches!(
+            Client::new("not a url", "k"),
+            Err(Error::InvalidUrl { .. })
+        ));
+    }
+}

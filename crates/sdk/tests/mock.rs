@@ -1,0 +1,442 @@
+//! The SDK against a canned HTTP/1.1 server on 127.0.0.1: request shapes (paths, query
+//! encoding, auth, bodies) and answer decoding (typed errors, JSON results, streams).
+
+use std::sync::{Arc, Mutex};
+
+use koder_sdk::{Client, CreateSession, Error, ExecRequest};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+
+#[derive(Debug, Clone)]
+struct Recorded {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Recorded {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+struct Canned {
+    status: u16,
+    content_type: &'static str,
+    body: Vec<u8>,
+}
+
+fn json(status: u16, body: &str) -> Canned {
+    Canned {
+        status,
+        content_type: "application/json",
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+type Handler = Arc<dyn Fn(&Recorded) -> Canned + Send + Sync>;
+
+struct Mock {
+    url: String,
+    seen: Arc<Mutex<Vec<Recorded>>>,
+}
+
+impl Mock {
+    async fn start(handler: impl Fn(&Recorded) -> Canned + Send + Sync + 'static) -> Mock {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let handler: Handler = Arc::new(handler);
+        let seen2 = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let handler = handler.clone();
+                let seen = seen2.clone();
+                tokio::spawn(async move {
+                    let _ = serve_conn(stream, handler, seen).await;
+                });
+            }
+        });
+        Mock {
+            url: format!("http://{addr}"),
+            seen,
+        }
+    }
+
+    fn last(&self) -> Recorded {
+        self.seen
+            .lock()
+            .expect("lock")
+            .last()
+            .cloned()
+            .expect("a request")
+    }
+}
+
+async fn serve_conn(
+    stream: tokio::net::TcpStream,
+    handler: Handler,
+    seen: Arc<Mutex<Vec<Recorded>>>,
+) -> std::io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).await? == 0 {
+            return Ok(());
+        }
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or_default().to_string();
+        let target = parts.next().unwrap_or_default().to_string();
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            reader.read_line(&mut h).await?;
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.push((k.trim().to_string(), v.trim().to_string()));
+            }
+        }
+        let get = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+        };
+        let mut body = Vec::new();
+        if get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+            loop {
+                let mut size = String::new();
+                reader.read_line(&mut size).await?;
+                let n = usize::from_str_radix(size.trim(), 16).expect("chunk size");
+                let mut chunk = vec![0; n + 2];
+                reader.read_exact(&mut chunk).await?;
+                if n == 0 {
+                    break;
+                }
+                body.extend_from_slice(&chunk[..n]);
+            }
+        } else if let Some(len) = get("content-length") {
+            let n: usize = len.parse().expect("content-length");
+            body.resize(n, 0);
+            reader.read_exact(&mut body).await?;
+        }
+        let rec = Recorded {
+            method,
+            target,
+            headers,
+            body,
+        };
+        let canned = handler(&rec);
+        seen.lock().expect("lock").push(rec);
+        let head = format!(
+            "HTTP/1.1 {} X\r\ncontent-type: {}\r\ncontent-length: {}\r\n\r\n",
+            canned.status,
+            canned.content_type,
+            canned.body.len()
+        );
+        write.write_all(head.as_bytes()).await?;
+        write.write_all(&canned.body).await?;
+        write.flush().await?;
+    }
+}
+
+const SESSION: &str = r#"{"id":"s-1","tenant_id":"t1","language":"python","image":"host","runtime":"jail",
+ "state":"running","created_at":"2025-01-01T00:00:00Z","expires_at":"2025-01-01T00:05:00Z",
+ "limits":{"cpu_millis":1000,"memory_mib":512},"network":{"mode":"none"},"metadata":{"k":"v"}}"#;
+
+const ENTRY: &str = r#"{"name":"a b.txt","path":"/workspace/a b.txt","type":"file","size":3,"mode":420,"modified_at":"2025-01-01T00:00:00Z"}"#;
+
+#[tokio::test]
+async fn create_sends_json_and_bearer_auth() {
+    let mock = Mock::start(|_| json(201, SESSION)).await;
+    let client = Client::new(&mock.url, "secret-key").expect("client");
+    let req = CreateSession {
+        language: Some("python".into()),
+        timeout_s: Some(60),
+        ..Default::default()
+    };
+    let session = client.create_session(&req).await.expect("create");
+    assert_eq!(session.id(), "s-1");
+    assert_eq!(
+        session.info().metadata.get("k").map(String::as_str),
+        Some("v")
+    );
+    let rec = mock.last();
+    assert_eq!(rec.method, "POST");
+    assert_eq!(rec.target, "/v1/sandbox/sessions");
+    assert_eq!(rec.header("authorization"), Some("Bearer secret-key"));
+    let sent: serde_json::Value = serde_json::from_slice(&rec.body).expect("json body");
+    assert_eq!(
+        sent,
+        serde_json::json!({"language": "python", "timeout_s": 60})
+    );
+}
+
+#[tokio::test]
+async fn api_errors_are_typed() {
+    let mock = Mock::start(|rec| {
+        if rec.target.contains("missing") {
+            json(
+                404,
+                r#"{"error":{"code":"SANDBOX-NOT-FOUND","message":"session not found"}}"#,
+            )
+        } else if rec.target.contains("proxy") {
+            Canned {
+                status: 502,
+                content_type: "text/html",
+                body: b"<html>bad gateway</html>".to_vec(),
+            }
+        } else {
+            json(200, "{not json")
+        }
+    })
+    .await;
+    let client = Client::new(&mock.url, "k").expect("client");
+    let err = client.session("missing").await.expect_err("404");
+    assert_eq!(err.code(), Some("SANDBOX-NOT-FOUND"));
+    assert_eq!(err.status(), Some(404));
+    assert_eq!(err.to_string(), "SANDBOX-NOT-FOUND: session not found");
+
+    let err = client.get_session("proxy").await.expect_err("502");
+    assert_eq!(err.code(), Some("SANDBOX-HTTP-502"));
+    assert!(err.to_string().contains("bad gateway"), "{err}");
+
+    let err = client.get_session("garbage").await.expect_err("decode");
+    assert!(matches!(err, Error::Decode(_)), "{err:?}");
+    assert_eq!(err.code(), None);
+}
+
+#[tokio::test]
+async fn transport_errors_are_typed() {
+    // Bind then drop a listener so the port is (almost certainly) closed.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let client = Client::new(format!("http://127.0.0.1:{port}"), "k").expect("client");
+    let err = client.list_sessions().await.expect_err("refused");
+    assert!(matches!(err, Error::Transport(_)), "{err:?}");
+    assert!(!client.health().await);
+}
+
+#[tokio::test]
+async fn file_paths_are_query_encoded() {
+    let mock = Mock::start(|rec| match rec.method.as_str() {
+        "PUT" => json(201, ENTRY),
+        "GET" if rec.target.contains("/files/list") => {
+            json(200, &format!(r#"{{"entries":[{ENTRY}]}}"#))
+        }
+        "GET" => Canned {
+            status: 200,
+            content_type: "application/octet-stream",
+            body: b"abc".to_vec(),
+        },
+        "DELETE" => Canned {
+            status: 204,
+            content_type: "text/plain",
+            body: Vec::new(),
+        },
+        _ => json(201, ENTRY),
+    })
+    .await;
+    let client = Client::new(format!("{}/", mock.url), "k").expect("client");
+    let path = "/workspace/a b&c=d#e?f%g/ü.txt";
+    let encoded = "%2Fworkspace%2Fa+b%26c%3Dd%23e%3Ff%25g%2F%C3%BC.txt";
+
+    let entry = client
+        .upload("s 1", path, b"abc".to_vec())
+        .await
+        .expect("upload");
+    assert_eq!(entry.size, 3);
+    let rec = mock.last();
+    assert_eq!(rec.method, "PUT");
+    assert_eq!(
+        rec.target,
+        format!("/v1/sandbox/sessions/s%201/files?path={encoded}")
+    );
+    assert_eq!(rec.body, b"abc");
+    assert_eq!(rec.header("content-type"), Some("application/octet-stream"));
+
+    let bytes = client.download("s1", path).await.expect("download");
+    assert_eq!(&bytes[..], b"abc");
+    assert_eq!(
+        mock.last().target,
+        format!("/v1/sandbox/sessions/s1/files?path={encoded}")
+    );
+
+    let list = client
+        .list_files("s1", "/workspace", Some(2))
+        .await
+        .expect("list");
+    assert_eq!(list.entries.len(), 1);
+    assert!(!list.truncated);
+    assert_eq!(
+        mock.last().target,
+        "/v1/sandbox/sessions/s1/files/list?path=%2Fworkspace&depth=2"
+    );
+
+    client.remove("s1", path, true).await.expect("remove");
+    let rec = mock.last();
+    assert_eq!(rec.method, "DELETE");
+    assert_eq!(
+        rec.target,
+        format!("/v1/sandbox/sessions/s1/files?path={encoded}&recursive=true")
+    );
+
+    client.mkdir("s1", "/workspace/d").await.expect("mkdir");
+    let rec = mock.last();
+    assert_eq!(rec.target, "/v1/sandbox/sessions/s1/files/mkdir");
+    assert_eq!(rec.body, br#"{"path":"/workspace/d"}"#);
+
+    client
+        .rename("s1", "/workspace/a", "/workspace/b")
+        .await
+        .expect("move");
+    let rec = mock.last();
+    assert_eq!(rec.target, "/v1/sandbox/sessions/s1/files/move");
+    assert_eq!(rec.body, br#"{"from":"/workspace/a","to":"/workspace/b"}"#);
+}
+
+#[tokio::test]
+async fn streaming_upload_and_download() {
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let served = payload.clone();
+    let mock = Mock::start(move |rec| {
+        if rec.method == "PUT" {
+            json(201, ENTRY)
+        } else {
+            Canned {
+                status: 200,
+                content_type: "application/octet-stream",
+                body: served.clone(),
+            }
+        }
+    })
+    .await;
+    let client = Client::new(&mock.url, "k").expect("client");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let local = dir.path().join("in.bin");
+    std::fs::write(&local, &payload).expect("write");
+
+    // A reader of unknown length goes out chunked.
+    let file = tokio::fs::File::open(&local).await.expect("open");
+    client
+        .upload_reader("s1", "/workspace/in.bin", file)
+        .await
+        .expect("upload reader");
+    let rec = mock.last();
+    assert_eq!(rec.header("transfer-encoding"), Some("chunked"));
+    assert_eq!(rec.body, payload);
+
+    // A local file announces its length.
+    client
+        .upload_file("s1", "/workspace/in.bin", &local)
+        .await
+        .expect("upload file");
+    let rec = mock.last();
+    assert_eq!(
+        rec.header("content-length"),
+        Some(payload.len().to_string().as_str())
+    );
+    assert_eq!(rec.body, payload);
+
+    let out = dir.path().join("out.bin");
+    let file = tokio::fs::File::create(&out).await.expect("create");
+    let n = client
+        .download_to("s1", "/workspace/in.bin", file)
+        .await
+        .expect("download_to");
+    assert_eq!(n, payload.len() as u64);
+    assert_eq!(std::fs::read(&out).expect("read"), payload);
+}
+
+#[tokio::test]
+async fn exec_and_session_calls() {
+    let mock = Mock::start(|rec| {
+        if rec.target.ends_with("/exec") {
+            json(
+                200,
+                r#"{"exec_id":"e1","exit_code":null,"signal":9,"stdout":"partial","stderr":"",
+                    "stdout_truncated":false,"stderr_truncated":false,"duration_ms":30000,
+                    "peak_memory_kib":null,"verdict":"SANDBOX-EXEC-TIMEOUT"}"#,
+            )
+        } else if rec.target.ends_with("/timeout") {
+            Canned {
+                status: 204,
+                content_type: "text/plain",
+                body: Vec::new(),
+            }
+        } else if rec.method == "DELETE" {
+            Canned {
+                status: 204,
+                content_type: "text/plain",
+                body: Vec::new(),
+            }
+        } else if rec.target == "/v1/sandbox/sessions" {
+            json(200, &format!(r#"{{"sessions":[{SESSION}]}}"#))
+        } else if rec.target == "/healthz" {
+            Canned {
+                status: 200,
+                content_type: "text/plain",
+                body: b"ok".to_vec(),
+            }
+        } else {
+            json(200, SESSION)
+        }
+    })
+    .await;
+    let client = Client::new(&mock.url, "").expect("client");
+    assert!(client.health().await);
+
+    let sessions = client.list_sessions().await.expect("list");
+    assert_eq!(sessions.len(), 1);
+    assert_eq!(mock.last().header("authorization"), None);
+
+    let mut session = client.session("s-1").await.expect("get");
+    let result = session
+        .exec(&ExecRequest {
+            cmd: Some(vec!["sleep".into(), "100".into()]),
+            timeout_ms: Some(30_000),
+            ..Default::default()
+        })
+        .await
+        .expect("exec");
+    assert_eq!(result.verdict.as_deref(), Some("SANDBOX-EXEC-TIMEOUT"));
+    assert_eq!(result.signal, Some(9));
+    let rec = mock.last();
+    assert_eq!(rec.header("accept"), Some("application/json"));
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&rec.body).expect("json"),
+        serde_json::json!({"cmd": ["sleep", "100"], "timeout_ms": 30000})
+    );
+
+    session.run_shell("echo hi | wc -c").await.expect("shell");
+    assert_eq!(mock.last().body, br#"{"shell":"echo hi | wc -c"}"#);
+    session.run_code("python", "print(1)").await.expect("code");
+    assert_eq!(
+        mock.last().body,
+        br#"{"code":"print(1)","language":"python"}"#
+    );
+
+    // A bodiless timeout answer falls back to re-reading the session.
+    session.set_timeout(600).await.expect("timeout");
+    let seen = mock.seen.lock().expect("lock").clone();
+    let n = seen.len();
+    assert_eq!(seen[n - 2].target, "/v1/sandbox/sessions/s-1/timeout");
+    assert_eq!(seen[n - 2].body, br#"{"timeout_s":600}"#);
+    assert_eq!(seen[n - 1].method, "GET");
+
+    session.destroy().await.expect("destroy");
+    let rec = mock.last();
+    assert_eq!(rec.method, "DELETE");
+    assert_eq!(rec.target, "/v1/sandbox/sessions/s-1");
+}

@@ -1,0 +1,65 @@
+//! Server-side policy for sessions: defaults, maxima and the warm pool.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use koder_api_types::Limits;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionConfig {
+    pub default_timeout_s: u64,
+    pub max_timeout_s: u64,
+    /// Limits of a session that asks for none.
+    pub default_limits: Limits,
+    /// Requests above these are refused with 400.
+    pub max_limits: Limits,
+    /// Output kept per stream of an exec.
+    pub output_limit_bytes: u64,
+    pub default_exec_timeout_ms: u64,
+    pub max_exec_timeout_ms: u64,
+    /// Largest file accepted by an upload.
+    pub max_file_bytes: u64,
+    /// Ready sandboxes kept per language.
+    pub pool: BTreeMap<String, usize>,
+    /// How often expired sessions are looked for.
+    #[serde(with = "secs")]
+    pub reap_interval: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            default_timeout_s: 300,
+            max_timeout_s: 24 * 3600,
+            default_limits: Limits {
+                cpu_millis: Some(1000),
+                memory_mib: Some(512),
+                disk_mib: Some(1024),
+                pids: Some(256),
+            },
+            max_limits: Limits {
+                cpu_millis: Some(4000),
+                memory_mib: Some(8192),
+                disk_mib: Some(65536),
+                pids: Some(4096),
+            },
+            output_limit_bytes: 1024 * 1024,
+            default_exec_timeout_ms: 60_000,
+            max_exec_timeout_ms: 3_600_000,
+            max_file_bytes: 1024 * 1024 * 1024,
+            pool: BTreeMap::from([("bash".into(), 1), ("python".into(), 1), ("node".into(), 1)]),
+            reap_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+mod secs {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_secs_f64(f64::deserialize(d)?.max(0.05)))
+    }
+}

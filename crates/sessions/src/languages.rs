@@ -1,0 +1,47 @@
+//! Languages a session or an exec can name, and how their code is run.
+
+use crate::Error;
+
+pub const LANGUAGES: &[&str] = &["bash", "python", "node"];
+pub const DEFAULT_LANGUAGE: &str = "bash";
+
+/// Canonical language name (accepting common aliases), or a 400.
+pub fn canonical(name: &str) -> Result<&'static str, Error> {
+    Ok(match name {
+        "bash" | "sh" | "shell" => "bash",
+        "python" | "python3" | "py" => "python",
+        "node" | "javascript" | "js" | "nodejs" => "node",
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "unknown language {other:?}; one of {}",
+                LANGUAGES.join(", ")
+            )))
+        }
+    })
+}
+
+/// argv that runs `code` in `language`'s interpreter.
+pub fn code_argv(language: &str, code: &str) -> Result<Vec<String>, Error> {
+    let (prog, flag) = match canonical(language)? {
+        "python" => ("python3", "-c"),
+        "node" => ("node", "-e"),
+        _ => ("/bin/bash", "-c"),
+    };
+    Ok(vec![prog.into(), flag.into(), code.into()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aliases_and_unknowns() {
+        assert_eq!(canonical("py").unwrap(), "python");
+        assert_eq!(canonical("js").unwrap(), "node");
+        assert!(matches!(canonical("cobol"), Err(Error::InvalidArgument(_))));
+        assert_eq!(
+            code_argv("python", "print(1)").unwrap(),
+            ["python3", "-c", "print(1)"]
+        );
+    }
+}

@@ -1,0 +1,15 @@
+//! Sessions: create (from the warm pool), limits, timeouts, exec and files, tenancy, expiry and
+//! reconciliation after a restart. Transports (REST now; gRPC and E2B later) are thin adapters
+//! over [`Manager`].
+
+pub mod config;
+mod error;
+pub mod languages;
+mod manager;
+pub mod metrics;
+mod pool;
+
+pub use config::SessionConfig;
+pub use error::Error;
+pub use manager::Manager;
+pub use metrics::Metrics;

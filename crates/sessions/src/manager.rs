@@ -1,0 +1,788 @@
+//! The session manager: the one owner of session lifecycle. Every API (REST, and later gRPC and
+//! E2B) calls these methods, so tenancy, limits and state transitions are decided once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use futures::{Stream, StreamExt};
+use koder_agent_protocol::{
+    self as proto, AgentClient, ClientError, Entry, EntryKind, FileReader, FromAgent,
+};
+use koder_api_types::{
+    codes, CreateSession, EntryType, ExecRequest, ExecResult, FileEntry, FileList, Limits, Network,
+    NetworkMode, Session, SessionState,
+};
+use koder_auth::Identity;
+use koder_runtime::{Runtime, Sandbox, SandboxSpec};
+use koder_store::{SessionRecord, Store};
+use tokio::task::JoinHandle;
+
+use crate::config::SessionConfig;
+use crate::languages::{self, DEFAULT_LANGUAGE};
+use crate::metrics::Metrics;
+use crate::pool::{lock, Pool};
+use crate::Error;
+
+const MAX_METADATA_ENTRIES: usize = 64;
+const MAX_METADATA_KEY: usize = 256;
+const MAX_METADATA_VALUE: usize = 2048;
+const MAX_ENV_BYTES: usize = 128 * 1024;
+
+/// A running session's in-memory half (the store holds the rest).
+struct Live {
+    sandbox: Arc<dyn Sandbox>,
+    tenant_id: String,
+    language: String,
+    env: Vec<(String, String)>,
+    running_execs: AtomicU32,
+}
+
+pub struct Manager {
+    store: Store,
+    runtime: Arc<dyn Runtime>,
+    cfg: SessionConfig,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+    pool: Arc<Pool>,
+    metrics: Arc<Metrics>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Manager {
+    /// Reconciles what a previous run left (sessions it could not hand over are marked
+    /// stopped, their sandboxes destroyed), then starts the reaper and the warm-pool filler.
+    pub async fn start(
+        store: Store,
+        runtime: Arc<dyn Runtime>,
+        cfg: SessionConfig,
+    ) -> Result<Arc<Self>, Error> {
+        for stale in store.live_sessions().await? {
+            store
+                .set_session_state(&stale.id, SessionState::Stopped, Some("daemon restarted"))
+                .await?;
+        }
+        let report = runtime.reconcile().await?;
+        if !report.sandboxes_removed.is_empty() {
+            tracing::info!(
+                count = report.sandboxes_removed.len(),
+                "removed sandboxes left by a previous run"
+            );
+        }
+        let metrics = Arc::new(Metrics::new());
+        let pool = Arc::new(Pool::new(
+            runtime.clone(),
+            cfg.pool.clone(),
+            to_runtime_limits(&cfg.default_limits),
+            metrics.clone(),
+        ));
+        let manager = Arc::new(Self {
+            store,
+            runtime,
+            cfg,
+            live: Mutex::default(),
+            pool: pool.clone(),
+            metrics,
+            tasks: Mutex::default(),
+        });
+        let reaper = tokio::spawn(Self::reap_forever(Arc::downgrade(&manager)));
+        let filler = tokio::spawn(pool.run_filler());
+        lock(&manager.tasks).extend([reaper, filler]);
+        Ok(manager)
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn pool_depth(&self, language: &str) -> usize {
+        self.pool.depth(language)
+    }
+
+    pub fn runtime(&self) -> &Arc<dyn Runtime> {
+        &self.runtime
+    }
+
+    /// Stops background tasks and destroys every sandbox (sessions end as "daemon shutdown").
+    pub async fn shutdown(&self) {
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+        let ids: Vec<String> = lock(&self.live).keys().cloned().collect();
+        for id in ids {
+            self.end(&id, "daemon shutdown").await;
+        }
+        self.pool.drain().await;
+    }
+
+    pub async fn create(&self, who: &Identity, req: CreateSession) -> Result<Session, Error> {
+        let started = Instant::now();
+        let language = languages::canonical(req.language.as_deref().unwrap_or(DEFAULT_LANGUAGE))?;
+        let image = match req.image.as_deref() {
+            None | Some("host") => "host",
+            Some(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown image {other:?}; available: host"
+                )))
+            }
+        };
+        let runtime = match req.runtime.as_deref() {
+            None | Some("jail") => "jail",
+            Some("microvm") => {
+                return Err(Error::RuntimeUnavailable(
+                    "the microvm runtime is not available on this host".into(),
+                ))
+            }
+            Some(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown runtime {other:?}; one of jail, microvm"
+                )))
+            }
+        };
+        let limits = self.effective_limits(req.limits.unwrap_or_default())?;
+        let network = req.network.unwrap_or_default();
+        if network.mode != NetworkMode::None {
+            return Err(Error::NotImplemented(format!(
+                "network mode {:?} is not available yet; only \"none\"",
+                network.mode
+            )));
+        }
+        if !network.allow.is_empty() {
+            return Err(Error::InvalidArgument(
+                "network.allow needs mode \"allowlist\"".into(),
+            ));
+        }
+        let env = validate_env(&req.env)?;
+        validate_metadata(&req.metadata)?;
+        let timeout_s =
+            self.validate_timeout(req.timeout_s.unwrap_or(self.cfg.default_timeout_s))?;
+        if self.store.get_tenant(&who.tenant_id).await?.is_none() {
+            return Err(Error::PlanRequired(format!(
+                "tenant {} has no plan",
+                who.tenant_id
+            )));
+        }
+
+        let (sandbox, source) = self.sandbox_for(language, &limits).await?;
+        let now = Utc::now();
+        let record = SessionRecord {
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            tenant_id: who.tenant_id.clone(),
+            sandbox_id: sandbox.id().to_string(),
+            runtime: runtime.into(),
+            language: language.into(),
+            image: image.into(),
+            state: SessionState::Running,
+            limits,
+            network,
+            metadata: req.metadata,
+            env: req.env,
+            created_at: now,
+            expires_at: now + ChronoDuration::seconds(timeout_s as i64),
+            ended_at: None,
+            end_reason: None,
+        };
+        if let Err(e) = self.store.insert_session(&record).await {
+            let _ = sandbox.destroy().await;
+            return Err(e.into());
+        }
+        lock(&self.live).insert(
+            record.id.clone(),
+            Arc::new(Live {
+                sandbox,
+                tenant_id: record.tenant_id.clone(),
+                language: language.into(),
+                env,
+                running_execs: AtomicU32::new(0),
+            }),
+        );
+        self.metrics.sessions_active.inc();
+        self.metrics
+            .sessions_created
+            .with_label_values(&[source])
+            .inc();
+        self.metrics
+            .create_seconds
+            .with_label_values(&[source])
+            .observe(started.elapsed().as_secs_f64());
+        tracing::info!(session = %record.id, tenant = %record.tenant_id, language, source, "session created");
+        Ok(view(&record))
+    }
+
+    /// A warm sandbox with the session's limits applied, or a fresh one.
+    async fn sandbox_for(
+        &self,
+        language: &str,
+        limits: &Limits,
+    ) -> Result<(Arc<dyn Sandbox>, &'static str), Error> {
+        let runtime_limits = to_runtime_limits(limits);
+        while let Some(sb) = self.pool.take(language) {
+            let applied = match sb.resources() {
+                Some(rc) => rc.set_limits(&runtime_limits),
+                None => Ok(()),
+            };
+            match applied {
+                Ok(()) => return Ok((sb, "pool")),
+                Err(e) => {
+                    tracing::warn!(error = %e, "warm sandbox rejected limits; discarding it");
+                    let _ = sb.destroy().await;
+                }
+            }
+        }
+        let spec = SandboxSpec {
+            id: format!("s{}", uuid::Uuid::new_v4().simple()),
+            image: "host".into(),
+            limits: runtime_limits,
+            env: Vec::new(),
+        };
+        Ok((self.runtime.create(spec).await?, "cold"))
+    }
+
+    pub async fn list(&self, who: &Identity) -> Result<Vec<Session>, Error> {
+        Ok(self
+            .store
+            .list_sessions(&who.tenant_id, false)
+            .await?
+            .iter()
+            .map(view)
+            .collect())
+    }
+
+    pub async fn get(&self, who: &Identity, id: &str) -> Result<Session, Error> {
+        Ok(view(&self.record(who, id).await?))
+    }
+
+    pub async fn set_timeout(
+        &self,
+        who: &Identity,
+        id: &str,
+        timeout_s: u64,
+    ) -> Result<Session, Error> {
+        let mut record = self.record(who, id).await?;
+        if record.state == SessionState::Stopped {
+            return Err(Error::Conflict("the session has ended".into()));
+        }
+        let timeout_s = self.validate_timeout(timeout_s)?;
+        record.expires_at = Utc::now() + ChronoDuration::seconds(timeout_s as i64);
+        self.store.set_session_expiry(id, record.expires_at).await?;
+        Ok(view(&record))
+    }
+
+    pub async fn destroy(&self, who: &Identity, id: &str) -> Result<(), Error> {
+        let record = self.record(who, id).await?;
+        if record.state != SessionState::Stopped {
+            self.end(id, "deleted").await;
+        }
+        Ok(())
+    }
+
+    /// Ends a session: its sandbox is destroyed and its record stopped. Idempotent.
+    async fn end(&self, id: &str, reason: &str) {
+        let live = lock(&self.live).remove(id);
+        if let Some(live) = live {
+            if let Err(e) = live.sandbox.destroy().await {
+                tracing::error!(session = %id, error = %e, "sandbox teardown incomplete");
+            }
+            self.metrics.sessions_active.dec();
+            self.metrics
+                .sessions_ended
+                .with_label_values(&[reason])
+                .inc();
+        }
+        if let Err(e) = self
+            .store
+            .set_session_state(id, SessionState::Stopped, Some(reason))
+            .await
+        {
+            tracing::error!(session = %id, error = %e, "recording session end");
+        }
+        tracing::info!(session = %id, reason, "session ended");
+    }
+
+    async fn reap_forever(me: std::sync::Weak<Self>) {
+        loop {
+            let Some(manager) = me.upgrade() else { return };
+            let interval = manager.cfg.reap_interval;
+            match manager.store.expired_sessions(Utc::now()).await {
+                Ok(expired) => {
+                    for s in expired {
+                        manager.end(&s.id, "expired").await;
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "looking for expired sessions"),
+            }
+            drop(manager);
+            tokio::time::sleep(interval).await;
+        }
+    }
+
+    /// The tenant's session record; another tenant's id is indistinguishable from an unknown one.
+    async fn record(&self, who: &Identity, id: &str) -> Result<SessionRecord, Error> {
+        match self.store.get_session(id).await? {
+            Some(r) if r.tenant_id == who.tenant_id => Ok(r),
+            _ => Err(Error::NotFound),
+        }
+    }
+
+    fn live(&self, who: &Identity, id: &str) -> Result<Arc<Live>, Error> {
+        match lock(&self.live).get(id) {
+            Some(l) if l.tenant_id == who.tenant_id => Ok(l.clone()),
+            _ => Err(Error::NotFound),
+        }
+    }
+
+    /// Maps an agent failure to an API error; a vanished agent ends its session.
+    async fn agent_failed(&self, id: &str, e: ClientError) -> Error {
+        if matches!(e, ClientError::Disconnected) {
+            self.end(id, "sandbox died").await;
+        }
+        e.into()
+    }
+
+    pub async fn exec(
+        &self,
+        who: &Identity,
+        id: &str,
+        req: ExecRequest,
+    ) -> Result<ExecResult, Error> {
+        let live = self.live(who, id)?;
+        let agent_req = self.exec_request(&live, req)?;
+        let started = Instant::now();
+        let alone = live.running_execs.fetch_add(1, Ordering::SeqCst) == 0;
+        let rc = live.sandbox.resources();
+        // The cgroup's peak is per session: it only describes this exec when no other runs.
+        let peak_tracked = alone && rc.is_some_and(|rc| rc.reset_memory_peak().is_ok());
+        let before = rc.and_then(|rc| rc.usage().ok());
+        let outcome =
+            collect_exec(live.sandbox.agent(), agent_req, self.cfg.output_limit_bytes).await;
+        let after = rc.and_then(|rc| rc.usage().ok());
+        live.running_execs.fetch_sub(1, Ordering::SeqCst);
+
+        let mut out = match outcome {
+            Ok(out) => out,
+            Err(e) => return Err(self.agent_failed(id, e).await),
+        };
+        let oom = matches!((before, after), (Some(b), Some(a)) if a.oom_kills > b.oom_kills);
+        let verdict = if out.killed {
+            Some(codes::EXEC_KILLED)
+        } else if out.exit.timed_out {
+            Some(codes::EXEC_TIMEOUT)
+        } else if oom && out.exit.signal == Some(SIGKILL) {
+            Some(codes::EXEC_KILLED_OOM)
+        } else {
+            None
+        };
+        self.metrics
+            .execs
+            .with_label_values(&[verdict.unwrap_or("ok")])
+            .inc();
+        self.metrics
+            .exec_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(ExecResult {
+            exec_id: uuid::Uuid::new_v4().simple().to_string(),
+            exit_code: out.exit.exit_code,
+            signal: out.exit.signal,
+            stdout: String::from_utf8_lossy(&std::mem::take(&mut out.stdout)).into_owned(),
+            stderr: String::from_utf8_lossy(&std::mem::take(&mut out.stderr)).into_owned(),
+            stdout_truncated: out.stdout_truncated,
+            stderr_truncated: out.stderr_truncated,
+            duration_ms: out.exit.duration_ms,
+            peak_memory_kib: after
+                .filter(|_| peak_tracked)
+                .map(|u| u.memory_peak_bytes / 1024),
+            verdict: verdict.map(String::from),
+        })
+    }
+
+    fn exec_request(&self, live: &Live, req: ExecRequest) -> Result<proto::ExecRequest, Error> {
+        let argv = match (req.cmd, req.shell, req.code) {
+            (None, None, Some(code)) => {
+                languages::code_argv(req.language.as_deref().unwrap_or(&live.language), &code)?
+            }
+            _ if req.language.is_some() => {
+                return Err(Error::InvalidArgument(
+                    "language only applies to code".into(),
+                ))
+            }
+            (Some(cmd), None, None) => {
+                if cmd.first().is_none_or(String::is_empty) {
+                    return Err(Error::InvalidArgument("cmd must name a program".into()));
+                }
+                cmd
+            }
+            (None, Some(shell), None) => vec!["/bin/bash".into(), "-c".into(), shell],
+            _ => {
+                return Err(Error::InvalidArgument(
+                    "give exactly one of cmd, shell or code".into(),
+                ))
+            }
+        };
+        let timeout_ms = req.timeout_ms.unwrap_or(self.cfg.default_exec_timeout_ms);
+        if timeout_ms == 0 || timeout_ms > self.cfg.max_exec_timeout_ms {
+            return Err(Error::InvalidArgument(format!(
+                "timeout_ms must be 1..={}",
+                self.cfg.max_exec_timeout_ms
+            )));
+        }
+        let mut env = live.env.clone();
+        for (k, v) in validate_env(&req.env)? {
+            env.retain(|(ek, _)| *ek != k);
+            env.push((k, v));
+        }
+        if let Some(cwd) = &req.cwd {
+            if cwd.is_empty() || cwd.contains('\0') || cwd.len() > proto::MAX_PATH_BYTES {
+                return Err(Error::InvalidArgument("cwd must be a path".into()));
+            }
+        }
+        Ok(proto::ExecRequest {
+            argv,
+            env,
+            cwd: req.cwd,
+            stdin: req.stdin.map(String::into_bytes).unwrap_or_default(),
+            keep_stdin_open: false,
+            timeout_ms: Some(timeout_ms),
+            output_limit_bytes: self.cfg.output_limit_bytes,
+            uid: None,
+            gid: None,
+        })
+    }
+
+    pub async fn upload<S, E>(
+        &self,
+        who: &Identity,
+        id: &str,
+        path: &str,
+        declared_len: Option<u64>,
+        mut body: S,
+    ) -> Result<FileEntry, Error>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        let live = self.live(who, id)?;
+        let max = self.cfg.max_file_bytes;
+        if declared_len.is_some_and(|n| n > max) {
+            return Err(Error::PayloadTooLarge(format!(
+                "files are limited to {max} bytes"
+            )));
+        }
+        validate_path(path)?;
+        let agent = live.sandbox.agent();
+        let mut writer = match agent
+            .write_file(proto::WriteFileRequest {
+                path: path.into(),
+                mode: None,
+                create_parents: true,
+                max_bytes: Some(max),
+            })
+            .await
+        {
+            Ok(w) => w,
+            Err(e) => return Err(self.agent_failed(id, e).await),
+        };
+        while let Some(chunk) = body.next().await {
+            // Dropping `writer` on any early return discards the partial upload in the sandbox.
+            let chunk = chunk.map_err(|e| Error::InvalidArgument(format!("upload body: {e}")))?;
+            if let Err(e) = writer.write(&chunk).await {
+                return Err(self.agent_failed(id, e).await);
+            }
+        }
+        match writer.finish().await {
+            Ok(entry) => Ok(file_entry(entry)),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+
+    /// Opens a file for a streaming download.
+    pub async fn download(
+        &self,
+        who: &Identity,
+        id: &str,
+        path: &str,
+    ) -> Result<FileReader, Error> {
+        let live = self.live(who, id)?;
+        validate_path(path)?;
+        match live.sandbox.agent().open_read(path, u64::MAX).await {
+            Ok(r) => Ok(r),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+
+    pub async fn list_files(
+        &self,
+        who: &Identity,
+        id: &str,
+        path: &str,
+        depth: u32,
+    ) -> Result<FileList, Error> {
+        let live = self.live(who, id)?;
+        validate_path(path)?;
+        if depth == 0 || depth > 32 {
+            return Err(Error::InvalidArgument("depth must be 1..=32".into()));
+        }
+        match live.sandbox.agent().list(path, depth).await {
+            Ok((entries, truncated)) => Ok(FileList {
+                entries: entries.into_iter().map(file_entry).collect(),
+                truncated,
+            }),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+
+    pub async fn remove_file(
+        &self,
+        who: &Identity,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<(), Error> {
+        let live = self.live(who, id)?;
+        validate_path(path)?;
+        match live.sandbox.agent().remove(path, recursive).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+
+    pub async fn make_dir(&self, who: &Identity, id: &str, path: &str) -> Result<FileEntry, Error> {
+        let live = self.live(who, id)?;
+        validate_path(path)?;
+        match live.sandbox.agent().make_dir(path).await {
+            Ok(e) => Ok(file_entry(e)),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+
+    pub async fn move_file(
+        &self,
+        who: &Identity,
+        id: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<FileEntry, Error> {
+        let live = self.live(who, id)?;
+        validate_path(from)?;
+        validate_path(to)?;
+        match live.sandbox.agent().rename(from, to).await {
+            Ok(e) => Ok(file_entry(e)),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+
+    fn effective_limits(&self, req: Limits) -> Result<Limits, Error> {
+        let d = self.cfg.default_limits;
+        let m = self.cfg.max_limits;
+        let pick = |name: &str,
+                    asked: Option<u64>,
+                    default: Option<u64>,
+                    max: Option<u64>|
+         -> Result<Option<u64>, Error> {
+            let v = asked.or(default);
+            match (v, max) {
+                (Some(0), _) => Err(Error::InvalidArgument(format!(
+                    "limits.{name} must be positive"
+                ))),
+                (Some(v), Some(max)) if v > max => Err(Error::InvalidArgument(format!(
+                    "limits.{name} = {v} exceeds the server maximum {max}"
+                ))),
+                _ => Ok(v),
+            }
+        };
+        Ok(Limits {
+            cpu_millis: pick(
+                "cpu_millis",
+                req.cpu_millis.map(u64::from),
+                d.cpu_millis.map(u64::from),
+                m.cpu_millis.map(u64::from),
+            )?
+            .map(|v| v as u32),
+            memory_mib: pick("memory_mib", req.memory_mib, d.memory_mib, m.memory_mib)?,
+            disk_mib: pick("disk_mib", req.disk_mib, d.disk_mib, m.disk_mib)?,
+            pids: pick("pids", req.pids, d.pids, m.pids)?,
+        })
+    }
+
+    fn validate_timeout(&self, timeout_s: u64) -> Result<u64, Error> {
+        if timeout_s == 0 || timeout_s > self.cfg.max_timeout_s {
+            return Err(Error::InvalidArgument(format!(
+                "timeout_s must be 1..={}",
+                self.cfg.max_timeout_s
+            )));
+        }
+        Ok(timeout_s)
+    }
+}
+
+/// An exec's collected output; `killed` when the sandbox went away mid-run (what was printed
+/// until then is kept).
+struct Collected {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
+    exit: proto::ExitInfo,
+    killed: bool,
+}
+
+async fn collect_exec(
+    agent: &AgentClient,
+    req: proto::ExecRequest,
+    limit: u64,
+) -> Result<Collected, ClientError> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let began = Instant::now();
+    let mut running = false;
+    let mut stream = agent.exec(req).await?;
+    let mut c = Collected {
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        exit: proto::ExitInfo::default(),
+        killed: false,
+    };
+    loop {
+        match stream.recv().await {
+            Ok(FromAgent::Started { .. }) => running = true,
+            Ok(FromAgent::Stdout(d)) => {
+                c.stdout_truncated |= append_bounded(&mut c.stdout, &d, limit)
+            }
+            Ok(FromAgent::Stderr(d)) => {
+                c.stderr_truncated |= append_bounded(&mut c.stderr, &d, limit)
+            }
+            Ok(FromAgent::Exited(exit)) => {
+                c.stdout_truncated |= exit.stdout_truncated;
+                c.stderr_truncated |= exit.stderr_truncated;
+                c.exit = exit;
+                return Ok(c);
+            }
+            Ok(other) => {
+                return Err(ClientError::Protocol(
+                    format!("unexpected {other:?}").chars().take(80).collect(),
+                ))
+            }
+            // Output already received is the partial result of a killed exec.
+            Err(ClientError::Disconnected) if running => {
+                c.killed = true;
+                c.exit.signal = Some(SIGKILL);
+                c.exit.duration_ms = began.elapsed().as_millis() as u64;
+                return Ok(c);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
+    let room = limit.saturating_sub(buf.len());
+    buf.extend_from_slice(&data[..data.len().min(room)]);
+    data.len() > room
+}
+
+const SIGKILL: i32 = 9;
+
+fn validate_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Error> {
+    let mut size = 0;
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(Error::InvalidArgument(format!(
+                "environment variable {k:?}: names must be non-empty without '=' and no NUL bytes anywhere"
+            )));
+        }
+        size += k.len() + v.len() + 2;
+    }
+    if size > MAX_ENV_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "environment exceeds {MAX_ENV_BYTES} bytes"
+        )));
+    }
+    Ok(env.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+fn validate_metadata(meta: &BTreeMap<String, String>) -> Result<(), Error> {
+    if meta.len() > MAX_METADATA_ENTRIES {
+        return Err(Error::InvalidArgument(format!(
+            "at most {MAX_METADATA_ENTRIES} metadata entries"
+        )));
+    }
+    if meta
+        .iter()
+        .any(|(k, v)| k.is_empty() || k.len() > MAX_METADATA_KEY || v.len() > MAX_METADATA_VALUE)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "metadata keys must be 1-{MAX_METADATA_KEY} bytes and values at most {MAX_METADATA_VALUE}"
+        )));
+    }
+    Ok(())
+}
+
+/// Cheap checks before a round trip; the agent resolves (and re-validates) every path in-root.
+fn validate_path(path: &str) -> Result<(), Error> {
+    if path.is_empty() {
+        return Err(Error::InvalidArgument("path is required".into()));
+    }
+    if path.contains('\0') {
+        return Err(Error::InvalidArgument(
+            "path must not contain NUL bytes".into(),
+        ));
+    }
+    if path.len() > proto::MAX_PATH_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "path longer than {} bytes",
+            proto::MAX_PATH_BYTES
+        )));
+    }
+    Ok(())
+}
+
+fn to_runtime_limits(l: &Limits) -> koder_runtime::Limits {
+    koder_runtime::Limits {
+        cpu_millis: l.cpu_millis,
+        memory_mib: l.memory_mib,
+        pids: l.pids,
+        disk_mib: l.disk_mib,
+    }
+}
+
+fn view(r: &SessionRecord) -> Session {
+    Session {
+        id: r.id.clone(),
+        tenant_id: r.tenant_id.clone(),
+        language: r.language.clone(),
+        image: r.image.clone(),
+        runtime: r.runtime.clone(),
+        state: r.state,
+        created_at: r.created_at,
+        expires_at: r.expires_at,
+        limits: r.limits,
+        network: Network {
+            mode: r.network.mode,
+            allow: r.network.allow.clone(),
+        },
+        metadata: r.metadata.clone(),
+    }
+}
+
+fn file_entry(e: Entry) -> FileEntry {
+    FileEntry {
+        name: e.name,
+        path: e.path,
+        kind: match e.kind {
+            EntryKind::File => EntryType::File,
+            EntryKind::Dir => EntryType::Dir,
+            EntryKind::Symlink => EntryType::Symlink,
+            EntryKind::Other => EntryType::Other,
+        },
+        size: e.size,
+        mode: e.mode,
+        modified_at: DateTime::from_timestamp_millis(e.modified_ms).unwrap_or_default(),
+        symlink_target: e.symlink_target,
+    }
+}

@@ -1,0 +1,113 @@
+//! Prometheus metrics of the session layer (served at `/metrics`).
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    pub sessions_active: IntGauge,
+    pub sessions_created: IntCounterVec,
+    pub sessions_ended: IntCounterVec,
+    pub execs: IntCounterVec,
+    pub exec_seconds: Histogram,
+    pub create_seconds: HistogramVec,
+    pub pool_ready: IntGaugeVec,
+    pub pool_failures: IntCounter,
+}
+
+const FAST_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry =
+            Registry::new_custom(Some("koder".into()), None).unwrap_or_else(|_| Registry::new());
+        let m = Self {
+            sessions_active: IntGauge::new("sessions_active", "Sessions currently running")
+                .unwrap_or_else(unreachable_metric),
+            sessions_created: IntCounterVec::new(
+                Opts::new(
+                    "sessions_created_total",
+                    "Sessions created, by sandbox source",
+                ),
+                &["source"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            sessions_ended: IntCounterVec::new(
+                Opts::new("sessions_ended_total", "Sessions ended, by reason"),
+                &["reason"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            execs: IntCounterVec::new(
+                Opts::new(
+                    "execs_total",
+                    "Execs finished, by verdict (ok for a normal exit)",
+                ),
+                &["verdict"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            exec_seconds: Histogram::with_opts(
+                HistogramOpts::new("exec_duration_seconds", "Exec wall time")
+                    .buckets(FAST_BUCKETS.to_vec()),
+            )
+            .unwrap_or_else(unreachable_metric),
+            create_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "session_create_seconds",
+                    "Session create latency, by sandbox source",
+                )
+                .buckets(FAST_BUCKETS.to_vec()),
+                &["source"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            pool_ready: IntGaugeVec::new(
+                Opts::new("pool_ready", "Warm sandboxes ready, by language"),
+                &["language"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            pool_failures: IntCounter::new(
+                "pool_fill_failures_total",
+                "Warm sandboxes that failed to start",
+            )
+            .unwrap_or_else(unreachable_metric),
+            registry,
+        };
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(m.sessions_active.clone()),
+            Box::new(m.sessions_created.clone()),
+            Box::new(m.sessions_ended.clone()),
+            Box::new(m.execs.clone()),
+            Box::new(m.exec_seconds.clone()),
+            Box::new(m.create_seconds.clone()),
+            Box::new(m.pool_ready.clone()),
+            Box::new(m.pool_failures.clone()),
+        ];
+        for c in collectors {
+            // Names are fixed and distinct, so registration cannot collide.
+            let _ = m.registry.register(c);
+        }
+        m
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Metric constructors only fail on malformed names or label sets, which are constants here.
+fn unreachable_metric<T>(e: prometheus::Error) -> T {
+    panic!("metric definition rejected: {e}")
+}

@@ -1,0 +1,143 @@
+//! Warm pool: sandboxes started ahead of demand, per language, so a create only hands one out.
+//!
+//! A filler task keeps each language at its target; a create that finds the pool empty starts a
+//! sandbox itself. Pool sandboxes carry default limits until handed out, when the session's own
+//! limits are applied.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use koder_runtime::{Limits, Runtime, Sandbox, SandboxSpec};
+use tokio::sync::Notify;
+
+use crate::metrics::Metrics;
+
+pub struct Pool {
+    runtime: Arc<dyn Runtime>,
+    targets: BTreeMap<String, usize>,
+    limits: Limits,
+    ready: Mutex<HashMap<String, VecDeque<Arc<dyn Sandbox>>>>,
+    wake: Notify,
+    metrics: Arc<Metrics>,
+}
+
+impl Pool {
+    pub fn new(
+        runtime: Arc<dyn Runtime>,
+        targets: BTreeMap<String, usize>,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            runtime,
+            targets,
+            limits,
+            ready: Mutex::default(),
+            wake: Notify::new(),
+            metrics,
+        }
+    }
+
+    /// A ready sandbox for `language`, if the pool has one.
+    pub fn take(&self, language: &str) -> Option<Arc<dyn Sandbox>> {
+        let taken = {
+            let mut ready = lock(&self.ready);
+            let queue = ready.get_mut(language)?;
+            let sb = queue.pop_front();
+            self.metrics
+                .pool_ready
+                .with_label_values(&[language])
+                .set(queue.len() as i64);
+            sb
+        };
+        self.wake.notify_one();
+        taken
+    }
+
+    pub fn depth(&self, language: &str) -> usize {
+        lock(&self.ready).get(language).map_or(0, VecDeque::len)
+    }
+
+    /// Refills forever; start once as a task.
+    pub async fn run_filler(self: Arc<Self>) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.fill_one().await {
+                Fill::Added => backoff = Duration::from_millis(100),
+                Fill::Full => {
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(5), self.wake.notified()).await;
+                }
+                Fill::Failed => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+
+    /// Starts one sandbox for the language furthest below its target.
+    async fn fill_one(&self) -> Fill {
+        let language = {
+            let ready = lock(&self.ready);
+            self.targets
+                .iter()
+                .map(|(lang, target)| {
+                    (
+                        lang,
+                        target.saturating_sub(ready.get(lang).map_or(0, VecDeque::len)),
+                    )
+                })
+                .filter(|(_, missing)| *missing > 0)
+                .max_by_key(|(_, missing)| *missing)
+                .map(|(lang, _)| lang.clone())
+        };
+        let Some(language) = language else {
+            return Fill::Full;
+        };
+        let spec = SandboxSpec {
+            id: format!("w{}", uuid::Uuid::new_v4().simple()),
+            image: "host".into(),
+            limits: self.limits,
+            env: Vec::new(),
+        };
+        match self.runtime.create(spec).await {
+            Ok(sb) => {
+                let mut ready = lock(&self.ready);
+                let queue = ready.entry(language.clone()).or_default();
+                queue.push_back(sb);
+                self.metrics
+                    .pool_ready
+                    .with_label_values(&[&language])
+                    .set(queue.len() as i64);
+                Fill::Added
+            }
+            Err(e) => {
+                self.metrics.pool_failures.inc();
+                tracing::warn!(%language, error = %e, "warm sandbox failed to start");
+                Fill::Failed
+            }
+        }
+    }
+
+    /// Destroys every ready sandbox (shutdown).
+    pub async fn drain(&self) {
+        let all: Vec<_> = lock(&self.ready).drain().flat_map(|(_, q)| q).collect();
+        for sb in all {
+            if let Err(e) = sb.destroy().await {
+                tracing::warn!(error = %e, "destroying a warm sandbox");
+            }
+        }
+    }
+}
+
+enum Fill {
+    Added,
+    Full,
+    Failed,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

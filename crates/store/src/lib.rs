@@ -1,0 +1,673 @@
+//! The daemon's persistent state: tenants (plan and quotas), API keys (only their SHA-256 is
+//! stored) and sessions.
+//!
+//! SQLite is embedded by default (one file in the data dir). The SQL is kept portable so that a
+//! Postgres backend can follow: runtime-checked `sqlx::query` with `$N` placeholders (which SQLite
+//! understands too), `ON CONFLICT` upserts, times as `BIGINT` unix **milliseconds** (so every time
+//! round-trips exactly at millisecond precision; anything finer is truncated), JSON as `TEXT` and
+//! key hashes as lowercase hex `TEXT`. Migrations live in `migrations/` and are embedded at
+//! compile time.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use koder_api_types::{codes, Limits, Network, SessionState};
+use sqlx::error::ErrorKind;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::Row;
+
+#[cfg(test)]
+mod tests;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// How long a writer waits for SQLite's lock before failing with "database is locked".
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections of a file-backed pool (WAL lets readers run beside the one writer).
+const FILE_POOL_CONNECTIONS: u32 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    /// A row with this key exists already, or the change is not allowed from the row's state.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The referenced tenant does not exist.
+    #[error("unknown tenant {0:?}")]
+    UnknownTenant(String),
+    /// A value the store cannot represent (e.g. a quota above `i64::MAX`).
+    #[error("invalid value: {0}")]
+    Invalid(String),
+    /// A row that cannot be decoded (bad JSON, unknown state, out-of-range number...).
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    #[error("database error: {0}")]
+    Db(#[source] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("cannot create {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl StoreError {
+    /// The API error code (`koder_api_types::codes`) this error maps to.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StoreError::NotFound | StoreError::UnknownTenant(_) => codes::NOT_FOUND,
+            StoreError::Conflict(_) => codes::CONFLICT,
+            StoreError::Invalid(_) => codes::INVALID_ARGUMENT,
+            StoreError::Corrupt(_)
+            | StoreError::Db(_)
+            | StoreError::Migrate(_)
+            | StoreError::Io { .. } => codes::INTERNAL,
+        }
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::RowNotFound => StoreError::NotFound,
+            sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::ColumnIndexOutOfBounds { .. }
+            | sqlx::Error::Decode(_) => StoreError::Corrupt(e.to_string()),
+            e => StoreError::Db(e),
+        }
+    }
+}
+
+fn db_kind(e: &sqlx::Error) -> Option<ErrorKind> {
+    match e {
+        sqlx::Error::Database(db) => Some(db.kind()),
+        _ => None,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    pub id: String,
+    pub name: String,
+    /// e.g. "dev", "free", "pro", "none".
+    pub plan: String,
+    /// Live sessions at once; `None` = unlimited.
+    pub max_sessions: Option<u32>,
+    /// Session wall-clock minutes per day; `None` = unlimited.
+    pub daily_session_minutes: Option<u64>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    /// SHA-256 of the key.
+    pub key_hash: [u8; 32],
+    pub tenant_id: String,
+    /// Where the key came from (e.g. "cli" for `--api-key`), for `delete_api_keys_not_in`.
+    pub label: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    pub id: String,
+    pub tenant_id: String,
+    /// The runtime's id of the sandbox.
+    pub sandbox_id: String,
+    pub runtime: String,
+    pub language: String,
+    pub image: String,
+    pub state: SessionState,
+    pub limits: Limits,
+    pub network: Network,
+    pub metadata: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub end_reason: Option<String>,
+}
+
+/// Handle on the database; cheap to clone (a connection pool).
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+const SESSION_COLUMNS: &str = "id, tenant_id, sandbox_id, runtime, language, image, state, \
+     limits_json, network_json, metadata_json, env_json, created_at_ms, expires_at_ms, \
+     ended_at_ms, end_reason";
+
+const TENANT_COLUMNS: &str = "id, name, plan, max_sessions, daily_session_minutes, created_at_ms";
+
+const API_KEY_COLUMNS: &str = "key_hash, tenant_id, label, created_at_ms";
+
+const STOPPED: &str = "stopped";
+
+impl Store {
+    /// Opens (creating it and its parent directory if missing) the SQLite database at `path`:
+    /// WAL journal, busy timeout, foreign keys on; then applies pending migrations.
+    pub async fn open_sqlite(path: &Path) -> Result<Store, StoreError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(|source| StoreError::Io {
+                    path: parent.display().to_string(),
+                    source,
+                })?;
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(FILE_POOL_CONNECTIONS)
+            .connect_with(options)
+            .await?;
+        Self::migrated(pool).await
+    }
+
+    /// A private in-memory database (for tests). One connection that is never recycled, so the
+    /// data lives as long as the `Store` and its clones.
+    pub async fn open_in_memory() -> Result<Store, StoreError> {
+        let options = SqliteConnectOptions::new()
+            .in_memory(true)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options)
+            .await?;
+        Self::migrated(pool).await
+    }
+
+    async fn migrated(pool: SqlitePool) -> Result<Store, StoreError> {
+        MIGRATOR.run(&pool).await?;
+        Ok(Store { pool })
+    }
+
+    /// Waits for checked-out connections and closes the pool.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    // ---- tenants ----
+
+    /// Inserts the tenant or updates its name, plan and quotas. `created_at` is kept from the
+    /// first insert.
+    pub async fn upsert_tenant(&self, t: &Tenant) -> Result<(), StoreError> {
+        let minutes = t
+            .daily_session_minutes
+            .map(|m| {
+                i64::try_from(m).map_err(|_| {
+                    StoreError::Invalid(format!("daily_session_minutes {m} is too large"))
+                })
+            })
+            .transpose()?;
+        sqlx::query(
+            "INSERT INTO tenants (id, name, plan, max_sessions, daily_session_minutes, created_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (id) DO UPDATE SET name = excluded.name, plan = excluded.plan, \
+             max_sessions = excluded.max_sessions, \
+             daily_session_minutes = excluded.daily_session_minutes",
+        )
+        .bind(&t.id)
+        .bind(&t.name)
+        .bind(&t.plan)
+        .bind(t.max_sessions.map(i64::from))
+        .bind(minutes)
+        .bind(to_ms(t.created_at))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn get_tenant(&self, id: &str) -> Result<Option<Tenant>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(tenant_from_row).transpose()
+    }
+
+    /// All tenants, by id.
+    pub async fn list_tenants(&self) -> Result<Vec<Tenant>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {TENANT_COLUMNS} FROM tenants ORDER BY id"))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(tenant_from_row).collect()
+    }
+
+    // ---- API keys ----
+
+    /// Records the key (by its SHA-256). Idempotent: an existing hash keeps its `created_at` and
+    /// takes the given tenant and label. `UnknownTenant` if the tenant does not exist.
+    pub async fn put_api_key(
+        &self,
+        key_hash: &[u8; 32],
+        tenant_id: &str,
+        label: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO api_keys (key_hash, tenant_id, label, created_at_ms) \
+             VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (key_hash) DO UPDATE SET tenant_id = excluded.tenant_id, \
+             label = excluded.label",
+        )
+        .bind(hex::encode(key_hash))
+        .bind(tenant_id)
+        .bind(label)
+        .bind(to_ms(Utc::now()))
+        .execute(&self.pool)
+        .await
+        .map_err(|e| match db_kind(&e) {
+            Some(ErrorKind::ForeignKeyViolation) => StoreError::UnknownTenant(tenant_id.into()),
+            _ => e.into(),
+        })?;
+        Ok(())
+    }
+
+    /// All keys, oldest first.
+    pub async fn api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {API_KEY_COLUMNS} FROM api_keys ORDER BY created_at_ms, key_hash"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(api_key_from_row).collect()
+    }
+
+    /// The key with this hash, if any.
+    pub async fn get_api_key(
+        &self,
+        key_hash: &[u8; 32],
+    ) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {API_KEY_COLUMNS} FROM api_keys WHERE key_hash = $1"
+        ))
+        .bind(hex::encode(key_hash))
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(api_key_from_row).transpose()
+    }
+
+    /// Removes one key; false if there was none.
+    pub async fn delete_api_key(&self, key_hash: &[u8; 32]) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM api_keys WHERE key_hash = $1")
+            .bind(hex::encode(key_hash))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Drops the keys carrying `label` whose hash is not in `keep` (so removing an `--api-key`
+    /// flag revokes that key). Returns how many were dropped.
+    pub async fn delete_api_keys_not_in(
+        &self,
+        label: &str,
+        keep: &[[u8; 32]],
+    ) -> Result<u64, StoreError> {
+        let keep: HashSet<String> = keep.iter().map(hex::encode).collect();
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query("SELECT key_hash FROM api_keys WHERE label = $1")
+            .bind(label)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut dropped = 0;
+        for row in &rows {
+            let hash: String = get(row, "key_hash")?;
+            if keep.contains(&hash) {
+                continue;
+            }
+            dropped += sqlx::query("DELETE FROM api_keys WHERE key_hash = $1 AND label = $2")
+                .bind(&hash)
+                .bind(label)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(dropped)
+    }
+
+    // ---- sessions ----
+
+    /// `Conflict` if a session with this id exists, `UnknownTenant` if the tenant does not.
+    pub async fn insert_session(&self, s: &SessionRecord) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "INSERT INTO sessions ({SESSION_COLUMNS}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+        ))
+        .bind(&s.id)
+        .bind(&s.tenant_id)
+        .bind(&s.sandbox_id)
+        .bind(&s.runtime)
+        .bind(&s.language)
+        .bind(&s.image)
+        .bind(s.state.as_str())
+        .bind(to_json(&s.limits)?)
+        .bind(to_json(&s.network)?)
+        .bind(to_json(&s.metadata)?)
+        .bind(to_json(&s.env)?)
+        .bind(to_ms(s.created_at))
+        .bind(to_ms(s.expires_at))
+        .bind(s.ended_at.map(to_ms))
+        .bind(s.end_reason.as_deref())
+        .execute(&self.pool)
+        .await
+        .map_err(|e| match db_kind(&e) {
+            Some(ErrorKind::UniqueViolation) => {
+                StoreError::Conflict(format!("session {} exists", s.id))
+            }
+            Some(ErrorKind::ForeignKeyViolation) => StoreError::UnknownTenant(s.tenant_id.clone()),
+            _ => e.into(),
+        })?;
+        Ok(())
+    }
+
+    pub async fn get_session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(session_from_row).transpose()
+    }
+
+    /// This tenant's sessions, newest first; stopped ones only if `include_stopped`.
+    pub async fn list_sessions(
+        &self,
+        tenant_id: &str,
+        include_stopped: bool,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let filter = if include_stopped {
+            ""
+        } else {
+            " AND state <> 'stopped'"
+        };
+        let rows = sqlx::query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant_id = $1{filter} \
+             ORDER BY created_at_ms DESC, id DESC"
+        ))
+        .bind(tenant_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(session_from_row).collect()
+    }
+
+    /// Every tenant's sessions that are not stopped, oldest first.
+    pub async fn live_sessions(&self) -> Result<Vec<SessionRecord>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE state <> 'stopped' \
+             ORDER BY created_at_ms, id"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(session_from_row).collect()
+    }
+
+    pub async fn count_live_sessions(&self, tenant_id: &str) -> Result<u64, StoreError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS n FROM sessions WHERE tenant_id = $1 AND state <> 'stopped'",
+        )
+        .bind(tenant_id)
+        .fetch_one(&self.pool)
+        .await?;
+        let n: i64 = get(&row, "n")?;
+        u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative count {n}")))
+    }
+
+    /// Sets the state; stopping sets `ended_at` to now (kept if already set). See
+    /// [`Store::set_session_state_at`].
+    pub async fn set_session_state(
+        &self,
+        id: &str,
+        state: SessionState,
+        end_reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.set_session_state_at(id, state, end_reason, Utc::now())
+            .await
+    }
+
+    /// Sets the state, with `at` as the stop time when `state` is `Stopped` (an existing
+    /// `ended_at` is kept, so stopping twice does not move it). `end_reason`, when given, replaces
+    /// the stored one. `NotFound` if there is no such session; `Conflict` when moving a stopped
+    /// session to a live state (stopped is final).
+    pub async fn set_session_state_at(
+        &self,
+        id: &str,
+        state: SessionState,
+        end_reason: Option<&str>,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let stopping = state == SessionState::Stopped;
+        let done = sqlx::query(
+            "UPDATE sessions SET state = $2, ended_at_ms = COALESCE(ended_at_ms, $3), \
+             end_reason = COALESCE($4, end_reason) \
+             WHERE id = $1 AND (state <> 'stopped' OR $5 = 'stopped')",
+        )
+        .bind(id)
+        .bind(state.as_str())
+        .bind(stopping.then(|| to_ms(at)))
+        .bind(end_reason)
+        .bind(state.as_str())
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() > 0 {
+            return Ok(());
+        }
+        let exists = sqlx::query("SELECT state FROM sessions WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        match exists {
+            None => Err(StoreError::NotFound),
+            Some(_) => Err(StoreError::Conflict(format!(
+                "session {id} is stopped; it cannot become {}",
+                state.as_str()
+            ))),
+        }
+    }
+
+    /// `NotFound` if there is no such session.
+    pub async fn set_session_expiry(
+        &self,
+        id: &str,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query("UPDATE sessions SET expires_at_ms = $2 WHERE id = $1")
+            .bind(id)
+            .bind(to_ms(expires_at))
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+
+    /// Live sessions whose `expires_at <= now`, soonest-expired first.
+    pub async fn expired_sessions(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions \
+             WHERE state <> 'stopped' AND expires_at_ms <= $1 ORDER BY expires_at_ms, id"
+        ))
+        .bind(to_ms(now))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(session_from_row).collect()
+    }
+
+    /// Wall-clock seconds (rounded down) of this tenant's sessions inside `[since, now]`: a live
+    /// session counts from `max(created_at, since)` up to `now`, a stopped one up to `ended_at`
+    /// (or `expires_at` if it was stored stopped without an end time). For the daily
+    /// session-minutes quota.
+    pub async fn session_seconds_since(
+        &self,
+        tenant_id: &str,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, StoreError> {
+        let (since_ms, now_ms) = (to_ms(since), to_ms(now));
+        if since_ms >= now_ms {
+            return Ok(0);
+        }
+        let rows = sqlx::query(
+            "SELECT state, created_at_ms, expires_at_ms, ended_at_ms FROM sessions \
+             WHERE tenant_id = $1 AND created_at_ms < $2 \
+             AND (state <> 'stopped' OR COALESCE(ended_at_ms, expires_at_ms) > $3)",
+        )
+        .bind(tenant_id)
+        .bind(now_ms)
+        .bind(since_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut total_ms: u64 = 0;
+        for row in &rows {
+            let state: String = get(row, "state")?;
+            let created: i64 = get(row, "created_at_ms")?;
+            let end = if state == STOPPED {
+                let ended: Option<i64> = get(row, "ended_at_ms")?;
+                match ended {
+                    Some(e) => e,
+                    None => get(row, "expires_at_ms")?,
+                }
+            } else {
+                now_ms
+            };
+            let span = end.min(now_ms).saturating_sub(created.max(since_ms));
+            total_ms = total_ms.saturating_add(u64::try_from(span).unwrap_or(0));
+        }
+        Ok(total_ms / 1000)
+    }
+
+    /// Deletes stopped sessions that ended before `before` (retention). Returns how many.
+    pub async fn delete_stopped_sessions_ended_before(
+        &self,
+        before: DateTime<Utc>,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM sessions WHERE state = 'stopped' AND ended_at_ms IS NOT NULL \
+             AND ended_at_ms < $1",
+        )
+        .bind(to_ms(before))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+// ---- encoding ----
+
+fn to_ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+fn from_ms(ms: i64, what: &str) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(ms)
+        .ok_or_else(|| StoreError::Corrupt(format!("{what}: time {ms} ms out of range")))
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Invalid(format!("cannot encode JSON: {e}")))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(s: &str, what: &str) -> Result<T, StoreError> {
+    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+/// A column, any decoding failure reported as `Corrupt` naming the column.
+fn get<'r, T>(row: &'r SqliteRow, col: &str) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
+{
+    row.try_get(col)
+        .map_err(|e| StoreError::Corrupt(format!("column {col}: {e}")))
+}
+
+fn tenant_from_row(row: &SqliteRow) -> Result<Tenant, StoreError> {
+    let id: String = get(row, "id")?;
+    let what = |col: &str| format!("tenant {id:?} {col}");
+    let max_sessions = get::<Option<i64>>(row, "max_sessions")?
+        .map(|n| {
+            u32::try_from(n)
+                .map_err(|_| StoreError::Corrupt(format!("{}: {n}", what("max_sessions"))))
+        })
+        .transpose()?;
+    let daily_session_minutes = get::<Option<i64>>(row, "daily_session_minutes")?
+        .map(|n| {
+            u64::try_from(n)
+                .map_err(|_| StoreError::Corrupt(format!("{}: {n}", what("daily_session_minutes"))))
+        })
+        .transpose()?;
+    Ok(Tenant {
+        name: get(row, "name")?,
+        plan: get(row, "plan")?,
+        max_sessions,
+        daily_session_minutes,
+        created_at: from_ms(get(row, "created_at_ms")?, &what("created_at"))?,
+        id,
+    })
+}
+
+fn api_key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
+    let hex_hash: String = get(row, "key_hash")?;
+    let mut key_hash = [0u8; 32];
+    hex::decode_to_slice(&hex_hash, &mut key_hash)
+        .map_err(|e| StoreError::Corrupt(format!("api key hash {hex_hash:?}: {e}")))?;
+    Ok(ApiKeyRecord {
+        key_hash,
+        tenant_id: get(row, "tenant_id")?,
+        label: get(row, "label")?,
+        created_at: from_ms(get(row, "created_at_ms")?, "api key created_at")?,
+    })
+}
+
+fn session_from_row(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
+    let id: String = get(row, "id")?;
+    let what = |col: &str| format!("session {id:?} {col}");
+    let state_text: String = get(row, "state")?;
+    let state = SessionState::parse(&state_text)
+        .ok_or_else(|| StoreError::Corrupt(format!("{}: {state_text:?}", what("state"))))?;
+    let ended_at = get::<Option<i64>>(row, "ended_at_ms")?
+        .map(|ms| from_ms(ms, &what("ended_at")))
+        .transpose()?;
+    Ok(SessionRecord {
+        tenant_id: get(row, "tenant_id")?,
+        sandbox_id: get(row, "sandbox_id")?,
+        runtime: get(row, "runtime")?,
+        language: get(row, "language")?,
+        image: get(row, "image")?,
+        state,
+        limits: from_json(&get::<String>(row, "limits_json")?, &what("limits"))?,
+        network: from_json(&get::<String>(row, "network_json")?, &what("network"))?,
+        metadata: from_json(&get::<String>(row, "metadata_json")?, &what("metadata"))?,
+        env: from_json(&get::<String>(row, "env_json")?, &what("env"))?,
+        created_at: from_ms(get(row, "created_at_ms")?, &what("created_at"))?,
+        expires_at: from_ms(get(row, "expires_at_ms")?, &what("expires_at"))?,
+        ended_at,
+        end_reason: get(row, "end_reason")?,
+        id,
+    })
+}
