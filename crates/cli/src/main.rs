@@ -407,7 +407,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             if ctx.json {
                 println!("{}", serde_json::to_string(&info)?);
             } else {
-                println!("{}", info.expires_at.to_rfc3339());
+                println!(
+                    "{}",
+                    info.expires_at
+                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                );
             }
             Ok(0)
         }

@@ -31,7 +31,7 @@ impl ApiError {
 
 impl From<koder_sessions::Error> for ApiError {
     fn from(e: koder_sessions::Error) -> Self {
-        if e.http_status() >= 500 {
+        if e.http_status() == 500 {
             tracing::error!(error = %e, "request failed");
         }
         Self::new(e.http_status(), e.code(), e.to_string())

@@ -74,6 +74,9 @@ impl JailConfig {
 
 pub struct JailRuntime {
     cfg: JailConfig,
+    /// Prefix of this runtime's cgroup names, derived from its state dir, so that several
+    /// daemons (or test runs) sharing a cgroup parent never reconcile each other's sandboxes.
+    cgroup_prefix: String,
     rootless: bool,
     cgroups: Option<Box<dyn CgroupDriver>>,
     image: Image,
@@ -147,6 +150,7 @@ impl JailRuntime {
             tracing::warn!(what = %n.what, why = %n.why, "jail runtime cannot enforce");
         }
         Ok(Self {
+            cgroup_prefix: format!("{:08x}-", instance_hash(&cfg.state_dir)),
             slots: Slots::new(cfg.max_sandboxes),
             cfg,
             rootless,
@@ -154,6 +158,10 @@ impl JailRuntime {
             image,
             enforcement,
         })
+    }
+
+    fn cgroup_name(&self, id: &str) -> String {
+        format!("{}{id}", self.cgroup_prefix)
     }
 
     fn ids_for(&self, slot: u32) -> IdMap {
@@ -292,7 +300,7 @@ impl JailRuntime {
         self.prepare_layers(&parts.dir, ids)?;
         if let Some(driver) = &self.cgroups {
             let cg = driver
-                .create(&spec.id)
+                .create(&self.cgroup_name(&spec.id))
                 .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
             cg.set_limits(&Self::cgroup_limits(&limits))
                 .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
@@ -442,10 +450,14 @@ impl Runtime for JailRuntime {
         let mut report = ReconcileReport::default();
         let mut names: Vec<String> = Vec::new();
         if let Some(driver) = &self.cgroups {
+            let all = driver
+                .list()
+                .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
+            // Only this runtime's own cgroups: other daemons may share the parent.
             names.extend(
-                driver
-                    .list()
-                    .map_err(|e| RuntimeError::Cgroup(e.to_string()))?,
+                all.iter()
+                    .filter_map(|n| n.strip_prefix(&self.cgroup_prefix))
+                    .map(String::from),
             );
         }
         let entries = std::fs::read_dir(sandboxes_dir(&self.cfg))
@@ -461,7 +473,7 @@ impl Runtime for JailRuntime {
             let parts = Parts {
                 socket: run_dir(&self.cfg).join(format!("{id}.sock")),
                 cgroup: match &self.cgroups {
-                    Some(d) => d.open(&id).ok(),
+                    Some(d) => d.open(&self.cgroup_name(&id)).ok(),
                     None => None,
                 },
                 dir,
@@ -637,6 +649,17 @@ fn teardown(parts: &Parts) -> Result<(), RuntimeError> {
     } else {
         Err(RuntimeError::Teardown(problems.join("; ")))
     }
+}
+
+/// FNV-1a of the canonical state dir: stable across restarts, distinct between daemons.
+fn instance_hash(state_dir: &Path) -> u32 {
+    let path = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    path.as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0x811c_9dc5u32, |h, b| {
+            (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+        })
 }
 
 fn sandboxes_dir(cfg: &JailConfig) -> PathBuf {

@@ -9,31 +9,43 @@ use common::*;
 use koder_jail::{JailConfig, JailRuntime};
 use koder_runtime::{Runtime, SandboxSpec};
 
-/// Host pids in the sandbox's pids cgroup (v1 layout of this host; v2 as fallback).
-fn cgroup_pids(parent: &str, id: &str) -> Vec<i32> {
-    let candidates = [
-        format!("/sys/fs/cgroup/pids/{parent}/{id}/cgroup.procs"),
-        format!("/sys/fs/cgroup/{parent}/{id}/cgroup.procs"),
-    ];
-    candidates
-        .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok())
-        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
-}
-
+/// The sandbox's cgroup directories, one per hierarchy (its name is `<runtime prefix>-<id>`).
 fn cgroup_dirs(parent: &str, id: &str) -> Vec<PathBuf> {
+    let suffix = format!("-{id}");
     let mut found = Vec::new();
     let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
         return found;
     };
     for c in controllers.flatten() {
-        let p = c.path().join(parent).join(id);
-        if p.exists() {
-            found.push(p);
-        }
+        let Ok(groups) = std::fs::read_dir(c.path().join(parent)) else {
+            continue;
+        };
+        found.extend(
+            groups
+                .flatten()
+                .filter(|g| g.file_name().to_string_lossy().ends_with(&suffix))
+                .map(|g| g.path()),
+        );
     }
+    found.sort();
     found
+}
+
+/// Host pids in the sandbox's cgroup.
+fn cgroup_pids(parent: &str, id: &str) -> Vec<i32> {
+    let procs = cgroup_dirs(parent, id)
+        .into_iter()
+        .find(|d| {
+            d.starts_with("/sys/fs/cgroup/pids")
+                || d.parent().and_then(|p| p.parent())
+                    == Some(std::path::Path::new("/sys/fs/cgroup"))
+        })
+        .and_then(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+        .unwrap_or_default();
+    procs
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
 }
 
 fn alive(pid: i32) -> bool {

@@ -369,13 +369,7 @@ async fn exec_and_session_calls() {
                     "stdout_truncated":false,"stderr_truncated":false,"duration_ms":30000,
                     "peak_memory_kib":null,"verdict":"SANDBOX-EXEC-TIMEOUT"}"#,
             )
-        } else if rec.target.ends_with("/timeout") {
-            Canned {
-                status: 204,
-                content_type: "text/plain",
-                body: Vec::new(),
-            }
-        } else if rec.method == "DELETE" {
+        } else if rec.target.ends_with("/timeout") || rec.method == "DELETE" {
             Canned {
                 status: 204,
                 content_type: "text/plain",

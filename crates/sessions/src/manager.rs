@@ -119,6 +119,10 @@ impl Manager {
             self.end(&id, "daemon shutdown").await;
         }
         self.pool.drain().await;
+        // A warm sandbox whose start the abort above interrupted is only reachable this way.
+        if let Err(e) = self.runtime.reconcile().await {
+            tracing::error!(error = %e, "final sweep of sandboxes at shutdown");
+        }
     }
 
     pub async fn create(&self, who: &Identity, req: CreateSession) -> Result<Session, Error> {
@@ -170,7 +174,7 @@ impl Manager {
         }
 
         let (sandbox, source) = self.sandbox_for(language, &limits).await?;
-        let now = Utc::now();
+        let now = now_ms();
         let record = SessionRecord {
             id: uuid::Uuid::new_v4().simple().to_string(),
             tenant_id: who.tenant_id.clone(),
@@ -269,7 +273,7 @@ impl Manager {
             return Err(Error::Conflict("the session has ended".into()));
         }
         let timeout_s = self.validate_timeout(timeout_s)?;
-        record.expires_at = Utc::now() + ChronoDuration::seconds(timeout_s as i64);
+        record.expires_at = now_ms() + ChronoDuration::seconds(timeout_s as i64);
         self.store.set_session_expiry(id, record.expires_at).await?;
         Ok(view(&record))
     }
@@ -687,6 +691,12 @@ fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
 }
 
 const SIGKILL: i32 = 9;
+
+/// Now, at the millisecond precision the store keeps, so every answer shows the same instant.
+fn now_ms() -> DateTime<Utc> {
+    let now = Utc::now();
+    DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now)
+}
 
 fn validate_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Error> {
     let mut size = 0;

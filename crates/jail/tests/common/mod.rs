@@ -10,7 +10,6 @@ use koder_agent_protocol::{ExecOutput, ExecRequest};
 use koder_jail::{JailConfig, JailRuntime};
 use koder_runtime::{Runtime, Sandbox, SandboxSpec};
 
-
 pub fn agent_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("KODER_AGENT_BIN") {
         return PathBuf::from(p);
@@ -96,7 +95,10 @@ impl Drop for Env {
         // It runs on a separate thread because a runtime cannot be entered from within one.
         std::thread::scope(|s| {
             s.spawn(|| {
-                if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
                     let _ = rt.block_on(self.runtime.reconcile());
                 }
             });

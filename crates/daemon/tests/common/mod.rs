@@ -1,0 +1,225 @@
+//! Starts the real `koder-sandbox` binary on a free loopback port with its own data dir and
+//! cgroup parent, and talks to it over HTTP.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde_json::Value;
+
+pub const KEY1: &str = "key-one-1234";
+pub const KEY2: &str = "key-two-5678";
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+pub fn root_or_skip() -> Option<()> {
+    if unsafe { libc::geteuid() } == 0 {
+        Some(())
+    } else {
+        eprintln!("skipped: daemon integration tests need root (real sandboxes)");
+        None
+    }
+}
+
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub base: String,
+    pub http: reqwest::Client,
+    pub cgroup_parent: String,
+    config: String,
+    keys: bool,
+}
+
+/// Test defaults: no warm pool (unless asked), fast reaper.
+pub const BASE_CONFIG: &str = "[sessions]\nreap_interval = 0.2\npool = {}\n";
+
+impl Daemon {
+    /// Starts a daemon with tenants t1/t2 (KEY1/KEY2) and `config` (TOML, replacing BASE_CONFIG).
+    pub async fn start(config: &str) -> Daemon {
+        Self::start_with(config, true).await
+    }
+
+    pub async fn start_with(config: &str, keys: bool) -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("kd-")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let cgroup_parent = format!("koder-test-api-{}-{n}", std::process::id());
+        let mut d = Daemon {
+            child: None,
+            dir,
+            base: String::new(),
+            http: reqwest::Client::new(),
+            cgroup_parent,
+            config: config.to_string(),
+            keys,
+        };
+        d.launch().await;
+        d
+    }
+
+    /// (Re)starts the process on the same data dir.
+    pub async fn launch(&mut self) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let config_path = self.dir.path().join("koder.toml");
+        std::fs::write(
+            &config_path,
+            format!(
+                "{}\n[jail]\ncgroup_parent = \"{}\"\n",
+                self.config, self.cgroup_parent
+            ),
+        )
+        .expect("write config");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_koder-sandbox"));
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(self.dir.path().join("data"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        if self.keys {
+            cmd.arg("--api-key")
+                .arg(format!("t1:{KEY1}"))
+                .arg("--api-key")
+                .arg(format!("t2:{KEY2}"));
+        }
+        self.child = Some(cmd.spawn().expect("spawn daemon"));
+        self.base = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = self.http.get(format!("{}/healthz", self.base)).send().await {
+                if r.status() == StatusCode::OK {
+                    return;
+                }
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("daemon exited during start-up: {status}");
+            }
+            assert!(Instant::now() < deadline, "daemon not healthy within 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn req(&self, method: Method, path: &str, key: &str) -> RequestBuilder {
+        self.http
+            .request(method, format!("{}{}", self.base, path))
+            .bearer_auth(key)
+    }
+
+    /// Sends a JSON request as tenant t1 and returns status and body.
+    pub async fn json(&self, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
+        self.json_as(KEY1, method, path, body).await
+    }
+
+    pub async fn json_as(
+        &self,
+        key: &str,
+        method: Method,
+        path: &str,
+        body: Value,
+    ) -> (StatusCode, Value) {
+        let mut rb = self.req(method, path, key);
+        if !body.is_null() {
+            rb = rb.json(&body);
+        }
+        let resp = rb.send().await.expect("request");
+        let status = resp.status();
+        let bytes = resp.bytes().await.expect("body");
+        let v = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        (status, v)
+    }
+
+    pub async fn create(&self, body: Value) -> String {
+        let (status, v) = self.json(Method::POST, "/v1/sandbox/sessions", body).await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        v["id"].as_str().expect("session id").to_string()
+    }
+
+    pub async fn exec(&self, id: &str, body: Value) -> Value {
+        let (status, v) = self
+            .json(
+                Method::POST,
+                &format!("/v1/sandbox/sessions/{id}/exec"),
+                body,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        v
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn crash(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait: the daemon destroys its sandboxes.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+        let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
+            return;
+        };
+        for c in controllers.flatten() {
+            let _ = std::fs::remove_dir(c.path().join(&self.cgroup_parent));
+        }
+    }
+}
+
+pub fn error_code(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("<no error code>")
+}
