@@ -207,6 +207,18 @@ impl AgentClient {
         }
     }
 
+    /// (total, used) bytes of the sandbox's writable filesystem.
+    pub async fn disk_usage(&self) -> Result<(u64, u64)> {
+        let mut s = self.open(ToAgent::DiskUsage).await?;
+        match s.recv_final().await? {
+            FromAgent::DiskUsage {
+                total_bytes,
+                used_bytes,
+            } => Ok((total_bytes, used_bytes)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     pub async fn stat(&self, path: &str) -> Result<Entry> {
         self.entry_op(ToAgent::Stat { path: path.into() }).await
     }

@@ -63,6 +63,8 @@ pub enum ToAgent {
         from: String,
         to: String,
     },
+    /// Size and use of the filesystem holding the sandbox's writable layer.
+    DiskUsage,
     /// Abandon the operation on this stream (an upload is discarded, an exec is killed).
     Cancel,
 }
@@ -85,6 +87,7 @@ impl ToAgent {
             ToAgent::MakeDir { .. } => "MakeDir",
             ToAgent::Remove { .. } => "Remove",
             ToAgent::Move { .. } => "Move",
+            ToAgent::DiskUsage => "DiskUsage",
             ToAgent::Cancel => "Cancel",
         }
     }
@@ -120,6 +123,10 @@ pub enum FromAgent {
     Entries {
         entries: Vec<Entry>,
         truncated: bool,
+    },
+    DiskUsage {
+        total_bytes: u64,
+        used_bytes: u64,
     },
     Done,
     Error(AgentError),

@@ -183,6 +183,7 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
         ToAgent::Remove { path, recursive } => {
             blocking(move || fs.remove(&path, recursive).map(|()| FromAgent::Done)).await
         }
+        ToAgent::DiskUsage => blocking(disk_usage).await,
         ToAgent::Move { from, to } => {
             blocking(move || fs.rename(&from, &to).map(FromAgent::Entry)).await
         }
@@ -261,6 +262,18 @@ async fn write_file(
         Err(e) => FromAgent::Error(e),
     };
     let _ = out.send(msg).await;
+}
+
+/// statvfs of the root: on an overlay root it reports the upper (writable) layer's filesystem,
+/// which is the session's disk quota.
+fn disk_usage() -> Result<FromAgent, AgentError> {
+    let st = rustix::fs::statvfs("/")
+        .map_err(|e| AgentError::new(ErrorCode::Io, format!("statvfs: {e}")))?;
+    let block = st.f_frsize;
+    Ok(FromAgent::DiskUsage {
+        total_bytes: st.f_blocks.saturating_mul(block),
+        used_bytes: st.f_blocks.saturating_sub(st.f_bfree).saturating_mul(block),
+    })
 }
 
 /// Runs filesystem work off the async thread; a panic there is reported, not propagated.

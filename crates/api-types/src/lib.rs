@@ -250,6 +250,66 @@ pub struct FileList {
     pub truncated: bool,
 }
 
+/// `GET /v1/sandbox/sessions/{id}/metrics`: live resource use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SessionMetrics {
+    /// CPU time used by the session's processes since it started.
+    pub cpu_used_ms: u64,
+    pub memory_current_kib: u64,
+    /// Highest memory use since the last exec started (or the session started).
+    pub memory_peak_kib: u64,
+    pub memory_limit_kib: Option<u64>,
+    pub oom_kills: u64,
+    pub pids_current: u64,
+    pub pids_limit: Option<u64>,
+    pub disk_used_kib: u64,
+    pub disk_total_kib: u64,
+}
+
+/// Tenant as seen by an administrator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct TenantInfo {
+    pub id: String,
+    pub name: String,
+    /// `none` has no sandbox access (402 on create).
+    pub plan: String,
+    pub max_sessions: Option<u32>,
+    pub daily_session_minutes: Option<u64>,
+    pub created_at: DateTime<Utc>,
+    pub live_sessions: u64,
+    pub session_minutes_today: u64,
+}
+
+/// `PUT /v1/sandbox/admin/tenants/{id}`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PutTenant {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub plan: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daily_session_minutes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct TenantList {
+    pub tenants: Vec<TenantInfo>,
+}
+
+/// A newly issued API key; shown once, stored only as a hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct IssuedKey {
+    pub tenant_id: String,
+    pub api_key: String,
+}
+
 /// `POST .../files/mkdir`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

@@ -50,6 +50,8 @@ impl Default for ServerConfig {
 pub struct AuthConfig {
     /// Static keys, `TENANT:KEY`.
     pub api_keys: Vec<String>,
+    /// Operator keys for the admin endpoints.
+    pub admin_keys: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -101,6 +103,7 @@ impl Config {
             cfg.server.data_dir = dir.clone();
         }
         cfg.auth.api_keys.extend(args.api_keys.iter().cloned());
+        cfg.auth.admin_keys.extend(args.admin_keys.iter().cloned());
         Ok(cfg)
     }
 }

@@ -6,7 +6,7 @@ pub mod config;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use anyhow::{bail, Context};
 use chrono::Utc;
@@ -32,6 +32,9 @@ pub struct ServeArgs {
     /// Static API key bound to a tenant, as TENANT:KEY; repeatable.
     #[arg(long = "api-key", value_name = "TENANT:KEY")]
     pub api_keys: Vec<String>,
+    /// Operator key for the admin endpoints (`/v1/sandbox/admin/...`); repeatable.
+    #[arg(long = "admin-key", value_name = "KEY")]
+    pub admin_keys: Vec<String>,
 }
 
 /// File in the data dir holding the dev tenant's key, so it survives restarts.
@@ -54,7 +57,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let manager = koder_sessions::Manager::start(store, runtime, cfg.sessions.clone()).await?;
     let app = koder_http::router(koder_http::AppState {
         manager: manager.clone(),
-        keys: Arc::new(keys),
+        keys: Arc::new(RwLock::new(keys)),
+        admin_keys: Arc::new(admin_keys(&cfg)?),
     });
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
         .await
@@ -134,6 +138,18 @@ async fn load_keys(cfg: &Config, store: &Store, data_dir: &Path) -> anyhow::Resu
     let mut ring = KeyRing::default();
     for k in store.api_keys().await? {
         ring.insert_hash(k.key_hash, k.tenant_id);
+    }
+    Ok(ring)
+}
+
+/// Operator keys live only in configuration (never in the store).
+fn admin_keys(cfg: &Config) -> anyhow::Result<KeyRing> {
+    let mut ring = KeyRing::default();
+    for key in &cfg.auth.admin_keys {
+        if key.len() < 16 {
+            bail!("admin keys must be at least 16 characters");
+        }
+        ring.insert_hash(koder_auth::hash_key(key), "admin");
     }
     Ok(ring)
 }

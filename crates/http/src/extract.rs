@@ -27,9 +27,42 @@ impl FromRequestParts<AppState> for Caller {
             .map_err(|_| ApiError::unauthorized("malformed Authorization header"))?;
         state
             .keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .authenticate(header)
             .map(Caller)
             .ok_or_else(|| ApiError::unauthorized("invalid API key"))
+    }
+}
+
+/// An operator holding an admin key. A tenant key here is 403, anything else 401.
+pub struct AdminCaller;
+
+impl FromRequestParts<AppState> for AdminCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|h| h.to_str().ok())
+            .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <admin key>"))?;
+        if state.admin_keys.authenticate(header).is_some() {
+            return Ok(AdminCaller);
+        }
+        let tenant = state
+            .keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .authenticate(header);
+        match tenant {
+            Some(_) => Err(ApiError::new(
+                403,
+                codes::PERMISSION_DENIED,
+                "this endpoint needs an admin key",
+            )),
+            None => Err(ApiError::unauthorized("invalid admin key")),
+        }
     }
 }
 

@@ -1,10 +1,11 @@
 //! The REST transport (API.md): a thin axum adapter over the session manager.
 
+mod admin;
 mod error;
 mod extract;
 mod routes;
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
@@ -24,7 +25,10 @@ pub const MAX_JSON_BODY: usize = 1024 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub manager: Arc<Manager>,
-    pub keys: Arc<KeyRing>,
+    /// Tenant keys; admins add to it at run time.
+    pub keys: Arc<RwLock<KeyRing>>,
+    /// Operator keys for `/v1/sandbox/admin/...`.
+    pub admin_keys: Arc<KeyRing>,
 }
 
 #[derive(OpenApi)]
@@ -33,7 +37,8 @@ pub struct AppState {
     paths(
         routes::create_session, routes::list_sessions, routes::get_session, routes::delete_session,
         routes::set_timeout, routes::exec, routes::upload, routes::download, routes::list_files,
-        routes::remove_file, routes::make_dir, routes::move_file
+        routes::remove_file, routes::make_dir, routes::move_file, routes::session_metrics,
+        admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key
     ),
     modifiers(&BearerAuth)
 )]
@@ -74,9 +79,18 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/{id}/files/list", get(routes::list_files))
         .route("/{id}/files/mkdir", post(routes::make_dir))
-        .route("/{id}/files/move", post(routes::move_file));
+        .route("/{id}/files/move", post(routes::move_file))
+        .route("/{id}/metrics", get(routes::session_metrics));
+    let admin = Router::new()
+        .route("/tenants", get(admin::list_tenants))
+        .route(
+            "/tenants/{id}",
+            get(admin::get_tenant).put(admin::put_tenant),
+        )
+        .route("/tenants/{id}/keys", post(admin::issue_key));
     Router::new()
         .nest("/v1/sandbox/sessions", sessions)
+        .nest("/v1/sandbox/admin", admin)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -7,7 +7,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use koder_api_types::{
     CreateSession, ErrorBody, ExecRequest, ExecResult, FileEntry, FileList, MakeDir, MoveFile,
-    Session, SessionList, SetTimeout,
+    Session, SessionList, SessionMetrics, SetTimeout,
 };
 use serde::Deserialize;
 
@@ -236,4 +236,16 @@ pub async fn move_file(
     Ok(axum::Json(
         s.manager.move_file(&who, &id, &req.from, &req.to).await?,
     ))
+}
+
+#[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/metrics", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SessionMetrics), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn session_metrics(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<SessionMetrics>> {
+    Ok(axum::Json(s.manager.metrics_of(&who, &id).await?))
 }

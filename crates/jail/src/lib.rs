@@ -6,6 +6,7 @@
 //! `<state>/run/<id>.sock` (the agent channel; the sandbox cannot see it), and a cgroup
 //! `<parent>/<id>`. All mounts live in the sandbox's mount namespace and vanish with it.
 
+pub mod disk;
 mod image;
 mod slots;
 mod spawn;

@@ -8,8 +8,10 @@ pub mod languages;
 mod manager;
 pub mod metrics;
 mod pool;
+pub mod quota;
 
 pub use config::SessionConfig;
 pub use error::Error;
 pub use manager::Manager;
 pub use metrics::Metrics;
+pub use quota::{Clock, NO_ACCESS_PLAN};

@@ -14,7 +14,7 @@ use koder_agent_protocol::{
 };
 use koder_api_types::{
     codes, CreateSession, EntryType, ExecRequest, ExecResult, FileEntry, FileList, Limits, Network,
-    NetworkMode, Session, SessionState,
+    NetworkMode, Session, SessionMetrics, SessionState,
 };
 use koder_auth::Identity;
 use koder_runtime::{Runtime, Sandbox, SandboxSpec};
@@ -25,6 +25,7 @@ use crate::config::SessionConfig;
 use crate::languages::{self, DEFAULT_LANGUAGE};
 use crate::metrics::Metrics;
 use crate::pool::{lock, Pool};
+use crate::quota::{self, system_clock, Admission, Clock};
 use crate::Error;
 
 const MAX_METADATA_ENTRIES: usize = 64;
@@ -49,7 +50,12 @@ pub struct Manager {
     pool: Arc<Pool>,
     metrics: Arc<Metrics>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    admission: Arc<Admission>,
+    clock: Clock,
 }
+
+/// Every how many reaper ticks the session-minutes budgets of tenants are checked.
+const MINUTES_CHECK_TICKS: u32 = 5;
 
 impl Manager {
     /// Reconciles what a previous run left (sessions it could not hand over are marked
@@ -58,6 +64,16 @@ impl Manager {
         store: Store,
         runtime: Arc<dyn Runtime>,
         cfg: SessionConfig,
+    ) -> Result<Arc<Self>, Error> {
+        Self::start_with_clock(store, runtime, cfg, system_clock()).await
+    }
+
+    /// [`Manager::start`] with an injected clock (tests cross day boundaries with it).
+    pub async fn start_with_clock(
+        store: Store,
+        runtime: Arc<dyn Runtime>,
+        cfg: SessionConfig,
+        clock: Clock,
     ) -> Result<Arc<Self>, Error> {
         for stale in store.live_sessions().await? {
             store
@@ -86,6 +102,8 @@ impl Manager {
             pool: pool.clone(),
             metrics,
             tasks: Mutex::default(),
+            admission: Arc::default(),
+            clock,
         });
         let reaper = tokio::spawn(Self::reap_forever(Arc::downgrade(&manager)));
         let filler = tokio::spawn(pool.run_filler());
@@ -166,15 +184,18 @@ impl Manager {
         validate_metadata(&req.metadata)?;
         let timeout_s =
             self.validate_timeout(req.timeout_s.unwrap_or(self.cfg.default_timeout_s))?;
-        if self.store.get_tenant(&who.tenant_id).await?.is_none() {
-            return Err(Error::PlanRequired(format!(
-                "tenant {} has no plan",
-                who.tenant_id
-            )));
-        }
+        let tenant = self
+            .store
+            .get_tenant(&who.tenant_id)
+            .await?
+            .ok_or_else(|| Error::PlanRequired(format!("tenant {} has no plan", who.tenant_id)))?;
+        let ticket = self
+            .admission
+            .admit(&self.store, &tenant, self.now())
+            .await?;
 
         let (sandbox, source) = self.sandbox_for(language, &limits).await?;
-        let now = now_ms();
+        let now = self.now();
         let record = SessionRecord {
             id: uuid::Uuid::new_v4().simple().to_string(),
             tenant_id: who.tenant_id.clone(),
@@ -206,6 +227,7 @@ impl Manager {
                 running_execs: AtomicU32::new(0),
             }),
         );
+        ticket.forget();
         self.metrics.sessions_active.inc();
         self.metrics
             .sessions_created
@@ -273,7 +295,7 @@ impl Manager {
             return Err(Error::Conflict("the session has ended".into()));
         }
         let timeout_s = self.validate_timeout(timeout_s)?;
-        record.expires_at = now_ms() + ChronoDuration::seconds(timeout_s as i64);
+        record.expires_at = self.now() + ChronoDuration::seconds(timeout_s as i64);
         self.store.set_session_expiry(id, record.expires_at).await?;
         Ok(view(&record))
     }
@@ -293,6 +315,7 @@ impl Manager {
             if let Err(e) = live.sandbox.destroy().await {
                 tracing::error!(session = %id, error = %e, "sandbox teardown incomplete");
             }
+            self.admission.release(&live.tenant_id);
             self.metrics.sessions_active.dec();
             self.metrics
                 .sessions_ended
@@ -310,20 +333,73 @@ impl Manager {
     }
 
     async fn reap_forever(me: std::sync::Weak<Self>) {
-        loop {
+        for tick in 0u32.. {
             let Some(manager) = me.upgrade() else { return };
             let interval = manager.cfg.reap_interval;
-            match manager.store.expired_sessions(Utc::now()).await {
-                Ok(expired) => {
-                    for s in expired {
-                        manager.end(&s.id, "expired").await;
-                    }
-                }
-                Err(e) => tracing::error!(error = %e, "looking for expired sessions"),
+            manager.reap_expired().await;
+            if tick % MINUTES_CHECK_TICKS == 0 {
+                manager.enforce_minutes().await;
             }
             drop(manager);
             tokio::time::sleep(interval).await;
         }
+    }
+
+    /// Ends sessions past their timeout.
+    pub async fn reap_expired(&self) {
+        match self.store.expired_sessions(self.now()).await {
+            Ok(expired) => {
+                for s in expired {
+                    self.end(&s.id, "expired").await;
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "looking for expired sessions"),
+        }
+    }
+
+    /// Stops the running sessions of tenants whose daily session-minutes are used up.
+    pub async fn enforce_minutes(&self) {
+        let mut by_tenant: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (id, l) in lock(&self.live).iter() {
+            by_tenant
+                .entry(l.tenant_id.clone())
+                .or_default()
+                .push(id.clone());
+        }
+        for (tenant, ids) in by_tenant {
+            let budget = match self.store.get_tenant(&tenant).await {
+                Ok(Some(t)) => t.daily_session_minutes,
+                _ => None,
+            };
+            let Some(budget) = budget else { continue };
+            match quota::minutes_used(&self.store, &tenant, self.now()).await {
+                Ok(used) if used >= budget => {
+                    for id in ids {
+                        self.end(&id, "session-minutes quota used up").await;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(%tenant, error = %e, "metering session minutes"),
+            }
+        }
+    }
+
+    /// Live sessions of `tenant` and session-minutes it used today.
+    pub async fn tenant_usage(&self, tenant: &str) -> Result<(u64, u64), Error> {
+        let live = lock(&self.live)
+            .values()
+            .filter(|l| l.tenant_id == tenant)
+            .count() as u64;
+        Ok((
+            live,
+            quota::minutes_used(&self.store, tenant, self.now()).await?,
+        ))
+    }
+
+    /// Now, at the millisecond precision the store keeps, so every answer shows the same instant.
+    fn now(&self) -> DateTime<Utc> {
+        let now = (self.clock)();
+        DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now)
     }
 
     /// The tenant's session record; another tenant's id is indistinguishable from an unknown one.
@@ -347,6 +423,33 @@ impl Manager {
             self.end(id, "sandbox died").await;
         }
         e.into()
+    }
+
+    pub async fn metrics_of(&self, who: &Identity, id: &str) -> Result<SessionMetrics, Error> {
+        let live = self.live(who, id)?;
+        let record = self.record(who, id).await?;
+        let usage = live
+            .sandbox
+            .resources()
+            .ok_or_else(|| {
+                Error::NotImplemented("this runtime does not report resource use".into())
+            })?
+            .usage()?;
+        let (disk_total, disk_used) = match live.sandbox.agent().disk_usage().await {
+            Ok(d) => d,
+            Err(e) => return Err(self.agent_failed(id, e).await),
+        };
+        Ok(SessionMetrics {
+            cpu_used_ms: usage.cpu_usage_us / 1000,
+            memory_current_kib: usage.memory_current_bytes / 1024,
+            memory_peak_kib: usage.memory_peak_bytes / 1024,
+            memory_limit_kib: record.limits.memory_mib.map(|m| m * 1024),
+            oom_kills: usage.oom_kills,
+            pids_current: usage.pids_current,
+            pids_limit: record.limits.pids,
+            disk_used_kib: disk_used / 1024,
+            disk_total_kib: disk_total / 1024,
+        })
     }
 
     pub async fn exec(
@@ -373,12 +476,18 @@ impl Manager {
             Err(e) => return Err(self.agent_failed(id, e).await),
         };
         let oom = matches!((before, after), (Some(b), Some(a)) if a.oom_kills > b.oom_kills);
+        let failed = out.exit.exit_code != Some(0);
+        let pids_hit =
+            matches!((before, after), (Some(b), Some(a)) if a.pids_max_hits > b.pids_max_hits);
         let verdict = if out.killed {
             Some(codes::EXEC_KILLED)
         } else if out.exit.timed_out {
             Some(codes::EXEC_TIMEOUT)
         } else if oom && out.exit.signal == Some(SIGKILL) {
             Some(codes::EXEC_KILLED_OOM)
+        } else if pids_hit && failed {
+            // A fork refused at the pids limit is what brought the exec down.
+            Some(codes::EXEC_KILLED_PIDS)
         } else {
             None
         };
@@ -691,12 +800,6 @@ fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
 }
 
 const SIGKILL: i32 = 9;
-
-/// Now, at the millisecond precision the store keeps, so every answer shows the same instant.
-fn now_ms() -> DateTime<Utc> {
-    let now = Utc::now();
-    DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now)
-}
 
 fn validate_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Error> {
     let mut size = 0;

@@ -1,0 +1,1 @@
+//! Size-limited writable layer for a sandbox (being written).
