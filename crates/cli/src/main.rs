@@ -90,6 +90,57 @@ enum Command {
     Timeout(TimeoutArgs),
     /// Check that the daemon answers (GET /healthz).
     Health(OnlyOpts),
+    /// Live resource use of a session (CPU, memory, pids, disk).
+    Metrics(SessionArgs),
+    /// Operator commands; need an admin key (--api-key or KSANDBOX_ADMIN_KEY).
+    Admin(AdminArgs),
+}
+
+#[derive(Debug, Args)]
+struct AdminArgs {
+    #[command(subcommand)]
+    what: AdminCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    /// Tenants: plans, quotas, keys.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum TenantCommand {
+    /// List tenants with their quotas and today's use.
+    Ls(OnlyOpts),
+    /// Show one tenant.
+    Get(TenantIdArgs),
+    /// Create or update a tenant (plan `none` has no sandbox access).
+    Set(TenantSetArgs),
+    /// Issue a new API key for a tenant (printed once).
+    Key(TenantIdArgs),
+}
+
+#[derive(Debug, Args)]
+struct TenantIdArgs {
+    tenant: String,
+    #[command(flatten)]
+    c: LocalOpts,
+}
+
+#[derive(Debug, Args)]
+struct TenantSetArgs {
+    tenant: String,
+    #[arg(long)]
+    plan: String,
+    #[arg(long)]
+    name: Option<String>,
+    #[arg(long)]
+    max_sessions: Option<u32>,
+    #[arg(long = "daily-minutes")]
+    daily_session_minutes: Option<u64>,
+    #[command(flatten)]
+    c: LocalOpts,
 }
 
 #[derive(Debug, Args)]
@@ -415,6 +466,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        Command::Metrics(a) => {
+            let ctx = Ctx::new(g, &a.c)?;
+            let m = ctx.client.session_metrics(&a.session).await?;
+            println!("{}", serde_json::to_string_pretty(&m)?);
+            Ok(0)
+        }
+        Command::Admin(a) => cmd_admin(g, a).await,
         Command::Health(a) => {
             let ctx = Ctx::new(g, &a.c)?;
             let ok = ctx.client.health().await;
@@ -426,6 +484,79 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(if ok { 0 } else { 1 })
         }
     }
+}
+
+/// The admin key: explicit `--api-key`, else KSANDBOX_ADMIN_KEY, else KSANDBOX_API_KEY.
+fn admin_ctx(g: &GlobalOpts, local: &LocalOpts) -> anyhow::Result<Ctx> {
+    let mut local = LocalOpts {
+        url: local.url.clone(),
+        api_key: local.api_key.clone(),
+        json: local.json,
+    };
+    if local.api_key.is_none() {
+        local.api_key = std::env::var("KSANDBOX_ADMIN_KEY")
+            .ok()
+            .filter(|k| !k.is_empty());
+    }
+    Ctx::new(g, &local)
+}
+
+async fn cmd_admin(g: &GlobalOpts, a: AdminArgs) -> anyhow::Result<i32> {
+    let AdminCommand::Tenant(cmd) = a.what;
+    let print_tenant = |ctx: &Ctx, t: &types::TenantInfo| -> anyhow::Result<()> {
+        if ctx.json {
+            println!("{}", serde_json::to_string(t)?);
+        } else {
+            let quota = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+            println!(
+                "{}\t{}\tsessions {}/{}\tminutes today {}/{}",
+                t.id,
+                t.plan,
+                t.live_sessions,
+                quota(t.max_sessions.map(|m| m.to_string())),
+                t.session_minutes_today,
+                quota(t.daily_session_minutes.map(|m| m.to_string()))
+            );
+        }
+        Ok(())
+    };
+    match cmd {
+        TenantCommand::Ls(o) => {
+            let ctx = admin_ctx(g, &o.c)?;
+            let tenants = ctx.client.admin_tenants().await?;
+            if ctx.json {
+                println!("{}", serde_json::to_string(&tenants)?);
+            } else {
+                for t in &tenants {
+                    print_tenant(&ctx, t)?;
+                }
+            }
+        }
+        TenantCommand::Get(t) => {
+            let ctx = admin_ctx(g, &t.c)?;
+            print_tenant(&ctx, &ctx.client.admin_tenant(&t.tenant).await?)?;
+        }
+        TenantCommand::Set(t) => {
+            let ctx = admin_ctx(g, &t.c)?;
+            let req = types::PutTenant {
+                name: t.name,
+                plan: t.plan,
+                max_sessions: t.max_sessions,
+                daily_session_minutes: t.daily_session_minutes,
+            };
+            print_tenant(&ctx, &ctx.client.admin_put_tenant(&t.tenant, &req).await?)?;
+        }
+        TenantCommand::Key(t) => {
+            let ctx = admin_ctx(g, &t.c)?;
+            let issued = ctx.client.admin_issue_key(&t.tenant).await?;
+            if ctx.json {
+                println!("{}", serde_json::to_string(&issued)?);
+            } else {
+                println!("{}", issued.api_key);
+            }
+        }
+    }
+    Ok(0)
 }
 
 fn create_request(

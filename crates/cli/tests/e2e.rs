@@ -83,6 +83,7 @@ impl Daemon {
             .arg(data.path().join("state"))
             .args(["--api-key", &format!("t1:{KEY1}")])
             .args(["--api-key", &format!("t2:{KEY2}")])
+            .args(["--admin-key", ADMIN_KEY])
             .stdin(Stdio::null())
             .stdout(log_file)
             .stderr(log_err);
@@ -293,6 +294,67 @@ fn e2e_sdk_and_cli_against_the_real_daemon() {
     runtime.block_on(sdk_flow(&daemon.url));
     drop(runtime);
     cli_flow(&daemon);
+    admin_flow(&daemon);
+}
+
+const ADMIN_KEY: &str = "e2e-admin-key-0123456789";
+
+/// `ksandbox admin tenant ...` and `ksandbox metrics`, with the admin key from the environment.
+fn admin_flow(daemon: &Daemon) {
+    let tenant_cli = daemon.cli(KEY1);
+    let refused = tenant_cli.run(&["admin", "tenant", "ls"]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(
+        refused.stderr.contains("SANDBOX-PERMISSION-DENIED"),
+        "{refused:?}"
+    );
+
+    let admin = daemon.cli(ADMIN_KEY);
+    let set = admin.ok(&[
+        "admin",
+        "tenant",
+        "set",
+        "e2e-co",
+        "--plan",
+        "standard",
+        "--max-sessions",
+        "1",
+    ]);
+    assert!(
+        set.stdout.starts_with("e2e-co\tstandard\tsessions 0/1"),
+        "{set:?}"
+    );
+    let key = admin
+        .ok(&["admin", "tenant", "key", "e2e-co"])
+        .stdout
+        .trim()
+        .to_string();
+    assert!(key.starts_with("ksk_"), "{key}");
+    let co = daemon.cli(&key);
+    let id = co.ok(&["create"]).stdout.trim().to_string();
+    let over = co.run(&["create"]);
+    assert!(over.stderr.contains("SANDBOX-QUOTA-SESSIONS"), "{over:?}");
+    let metrics: serde_json::Value =
+        serde_json::from_str(&co.ok(&["metrics", &id]).stdout).expect("metrics JSON");
+    assert!(
+        metrics["pids_current"].as_u64().unwrap_or(0) >= 1,
+        "{metrics}"
+    );
+    let listed = admin.ok(&["admin", "tenant", "ls", "--json"]);
+    let tenants: serde_json::Value =
+        serde_json::from_str(&listed.stdout).expect("tenant ls --json");
+    let co_row = tenants
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["id"] == "e2e-co"))
+        .expect("e2e-co listed");
+    assert_eq!(co_row["live_sessions"], 1);
+    admin.ok(&["admin", "tenant", "set", "e2e-co", "--plan", "none"]);
+    co.ok(&["kill", &id]);
+    let no_plan = co.run(&["create"]);
+    assert!(
+        no_plan.stderr.contains("SANDBOX-PLAN-REQUIRED"),
+        "{no_plan:?}"
+    );
 }
 
 async fn sdk_flow(url: &str) {

@@ -33,6 +33,9 @@ pub use spawn::IdMap;
 
 /// Ids inside a sandbox: 0..65536, like a normal Linux system.
 pub const SANDBOX_IDS: u32 = 65536;
+/// RLIMIT_NPROC of sandbox processes.
+const NPROC_BACKSTOP: u64 = 8192;
+
 /// The unprivileged uid the sandbox's `user` account (1000) maps from.
 pub const SANDBOX_USER_UID: u32 = 1000;
 
@@ -252,7 +255,7 @@ impl JailRuntime {
         Ok(())
     }
 
-    fn init_config(&self, spec: &SandboxSpec, dir: &Path, limits: Limits) -> InitConfig {
+    fn init_config(&self, spec: &SandboxSpec, dir: &Path) -> InitConfig {
         let s = |p: PathBuf| p.to_string_lossy().into_owned();
         let mut env = self.image.env.clone();
         for (k, v) in &spec.env {
@@ -272,9 +275,10 @@ impl JailRuntime {
             writable_dirs: WRITABLE_DIRS.iter().map(|d| d.to_string()).collect(),
             rlimits: Rlimits {
                 nofile: 65536,
-                // RLIMIT_NPROC counts per host uid, and each sandbox has its own uids: a second,
-                // cgroup-independent fork-bomb bound.
-                nproc: limits.pids.unwrap_or(4096).max(16),
+                // RLIMIT_NPROC counts per host uid, and each sandbox has its own uids. It is
+                // only a backstop (rootless hosts have no pids cgroup): the cgroup's pids limit,
+                // which follows the session's limits, must be the one that binds.
+                nproc: NPROC_BACKSTOP,
                 core: 0,
             },
         }
@@ -310,7 +314,7 @@ impl JailRuntime {
         let _ = std::fs::remove_file(&parts.socket);
         let listener = std::os::unix::net::UnixListener::bind(&parts.socket)
             .map_err(RuntimeError::io("bind agent socket"))?;
-        let config = serde_json::to_string(&self.init_config(spec, &parts.dir, limits))
+        let config = serde_json::to_string(&self.init_config(spec, &parts.dir))
             .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
         let cgroup = parts.cgroup.as_deref();
         let spawned = spawn::spawn_agent(

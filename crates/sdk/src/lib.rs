@@ -319,6 +319,55 @@ impl Client {
         }
     }
 
+    /// `GET /v1/sandbox/sessions/{id}/metrics`: live resource use.
+    pub async fn session_metrics(&self, id: &str) -> Result<types::SessionMetrics> {
+        let url = self.session_url(id, &["metrics"])?;
+        decode(self.send(self.request(Method::GET, url)).await?).await
+    }
+
+    // ---- admin (the client's key must be an admin key) ----
+
+    fn admin_url(&self, rest: &[&str]) -> Result<Url> {
+        let mut segments = vec!["v1", "sandbox", "admin", "tenants"];
+        segments.extend_from_slice(rest);
+        self.url(&segments)
+    }
+
+    /// `GET /v1/sandbox/admin/tenants`.
+    pub async fn admin_tenants(&self) -> Result<Vec<types::TenantInfo>> {
+        let list: types::TenantList = decode(
+            self.send(self.request(Method::GET, self.admin_url(&[])?))
+                .await?,
+        )
+        .await?;
+        Ok(list.tenants)
+    }
+
+    /// `GET /v1/sandbox/admin/tenants/{id}`.
+    pub async fn admin_tenant(&self, id: &str) -> Result<types::TenantInfo> {
+        decode(
+            self.send(self.request(Method::GET, self.admin_url(&[id])?))
+                .await?,
+        )
+        .await
+    }
+
+    /// `PUT /v1/sandbox/admin/tenants/{id}`: create or update a tenant's plan and quotas.
+    pub async fn admin_put_tenant(
+        &self,
+        id: &str,
+        req: &types::PutTenant,
+    ) -> Result<types::TenantInfo> {
+        let url = self.admin_url(&[id])?;
+        decode(self.send(self.request(Method::PUT, url).json(req)).await?).await
+    }
+
+    /// `POST /v1/sandbox/admin/tenants/{id}/keys`: a new API key, shown only in this answer.
+    pub async fn admin_issue_key(&self, id: &str) -> Result<types::IssuedKey> {
+        let url = self.admin_url(&[id, "keys"])?;
+        decode(self.send(self.request(Method::POST, url)).await?).await
+    }
+
     /// `DELETE /v1/sandbox/sessions/{id}`.
     pub async fn destroy_session(&self, id: &str) -> Result<()> {
         let url = self.session_url(id, &[])?;
