@@ -394,8 +394,7 @@ fn remove_stale_builds(dir: &Path) {
         // A running builder (any pid still alive) keeps its file; a recycled pid only delays
         // the clean-up.
         let alive = rustix::process::Pid::from_raw(pid)
-            .map(|p| rustix::process::test_kill_process(p).is_ok())
-            .unwrap_or(false);
+            .is_some_and(|p| rustix::process::test_kill_process(p) != Err(Errno::SRCH));
         if !alive {
             let _ = std::fs::remove_file(entry.path());
         }

@@ -21,6 +21,8 @@ pub struct SessionConfig {
     pub max_exec_timeout_ms: u64,
     /// Largest file accepted by an upload.
     pub max_file_bytes: u64,
+    /// Per plan tier: maxima tighter than `max_limits` for that plan's tenants.
+    pub plans: BTreeMap<String, PlanConfig>,
     /// Ready sandboxes kept per language.
     pub pool: BTreeMap<String, usize>,
     /// How often expired sessions are looked for.
@@ -49,10 +51,17 @@ impl Default for SessionConfig {
             default_exec_timeout_ms: 60_000,
             max_exec_timeout_ms: 3_600_000,
             max_file_bytes: 1024 * 1024 * 1024,
+            plans: BTreeMap::new(),
             pool: BTreeMap::from([("bash".into(), 1), ("python".into(), 1), ("node".into(), 1)]),
             reap_interval: Duration::from_secs(1),
         }
     }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlanConfig {
+    pub max_limits: Limits,
 }
 
 mod secs {

@@ -167,7 +167,6 @@ impl Manager {
                 )))
             }
         };
-        let limits = self.effective_limits(req.limits.unwrap_or_default())?;
         let network = req.network.unwrap_or_default();
         if network.mode != NetworkMode::None {
             return Err(Error::NotImplemented(format!(
@@ -189,6 +188,7 @@ impl Manager {
             .get_tenant(&who.tenant_id)
             .await?
             .ok_or_else(|| Error::PlanRequired(format!("tenant {} has no plan", who.tenant_id)))?;
+        let limits = self.effective_limits(req.limits.unwrap_or_default(), &tenant.plan)?;
         let ticket = self
             .admission
             .admit(&self.store, &tenant, self.now())
@@ -689,9 +689,13 @@ impl Manager {
         }
     }
 
-    fn effective_limits(&self, req: Limits) -> Result<Limits, Error> {
+    /// Request over defaults, checked against the server maxima and the tenant plan's.
+    fn effective_limits(&self, req: Limits, plan: &str) -> Result<Limits, Error> {
         let d = self.cfg.default_limits;
-        let m = self.cfg.max_limits;
+        let m = match self.cfg.plans.get(plan) {
+            Some(p) => tighter(&self.cfg.max_limits, &p.max_limits),
+            None => self.cfg.max_limits,
+        };
         let pick = |name: &str,
                     asked: Option<u64>,
                     default: Option<u64>,
@@ -703,7 +707,7 @@ impl Manager {
                     "limits.{name} must be positive"
                 ))),
                 (Some(v), Some(max)) if v > max => Err(Error::InvalidArgument(format!(
-                    "limits.{name} = {v} exceeds the server maximum {max}"
+                    "limits.{name} = {v} exceeds the maximum {max} of this server and plan"
                 ))),
                 _ => Ok(v),
             }
@@ -730,6 +734,22 @@ impl Manager {
             )));
         }
         Ok(timeout_s)
+    }
+}
+
+/// Field by field, the smaller of two sets of maxima (`None` = no maximum).
+fn tighter(a: &Limits, b: &Limits) -> Limits {
+    fn min(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+        match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        }
+    }
+    Limits {
+        cpu_millis: min(a.cpu_millis.map(u64::from), b.cpu_millis.map(u64::from)).map(|v| v as u32),
+        memory_mib: min(a.memory_mib, b.memory_mib),
+        disk_mib: min(a.disk_mib, b.disk_mib),
+        pids: min(a.pids, b.pids),
     }
 }
 

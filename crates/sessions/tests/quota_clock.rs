@@ -163,6 +163,56 @@ async fn concurrent_session_cap_and_plan_tier() {
 }
 
 #[tokio::test]
+async fn plan_maxima_are_tighter_than_the_servers() {
+    let f = fixture(tenant(None, None, "small")).await;
+    // The fixture's config has no plan "small": server maxima apply.
+    let big = CreateSession {
+        limits: Some(koder_api_types::Limits {
+            memory_mib: Some(4096),
+            ..Default::default()
+        }),
+        ..long()
+    };
+    f.manager
+        .create(&f.who, big.clone())
+        .await
+        .expect("within server maxima");
+
+    let store = Store::open_in_memory().await.unwrap();
+    store
+        .upsert_tenant(&tenant(None, None, "small"))
+        .await
+        .unwrap();
+    let mut cfg = SessionConfig {
+        pool: Default::default(),
+        ..SessionConfig::default()
+    };
+    cfg.plans.insert(
+        "small".into(),
+        koder_sessions::config::PlanConfig {
+            max_limits: koder_api_types::Limits {
+                memory_mib: Some(1024),
+                ..Default::default()
+            },
+        },
+    );
+    let manager = Manager::start(
+        store,
+        Arc::new(MemoryRuntime {
+            enforcement: Enforcement::default(),
+        }),
+        cfg,
+    )
+    .await
+    .unwrap();
+    let refused = manager.create(&f.who, big).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("memory_mib")),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
 async fn expiry_follows_the_injected_clock() {
     let f = fixture(tenant(None, None, "standard")).await;
     let s = f
