@@ -65,6 +65,18 @@ pub enum ToAgent {
     },
     /// Size and use of the filesystem holding the sandbox's writable layer.
     DiskUsage,
+    /// Starts a long-lived interpreter (code-interpreter context) → `Context`.
+    ContextCreate { language: String },
+    /// Runs code in a context: `Stdout`/`Stderr` as printed, then `RunDone`.
+    ContextRun {
+        context_id: String,
+        code: String,
+        timeout_ms: Option<u64>,
+    },
+    ContextList,
+    ContextDelete { context_id: String },
+    /// Kills and restarts a context's interpreter (its state is lost) → `Context`.
+    ContextRestart { context_id: String },
     /// Abandon the operation on this stream (an upload is discarded, an exec is killed).
     Cancel,
 }
@@ -88,6 +100,11 @@ impl ToAgent {
             ToAgent::Remove { .. } => "Remove",
             ToAgent::Move { .. } => "Move",
             ToAgent::DiskUsage => "DiskUsage",
+            ToAgent::ContextCreate { .. } => "ContextCreate",
+            ToAgent::ContextRun { .. } => "ContextRun",
+            ToAgent::ContextList => "ContextList",
+            ToAgent::ContextDelete { .. } => "ContextDelete",
+            ToAgent::ContextRestart { .. } => "ContextRestart",
             ToAgent::Cancel => "Cancel",
         }
     }
@@ -128,6 +145,9 @@ pub enum FromAgent {
         total_bytes: u64,
         used_bytes: u64,
     },
+    Context(ContextInfo),
+    Contexts(Vec<ContextInfo>),
+    RunDone(RunOutcome),
     Done,
     Error(AgentError),
 }
@@ -199,6 +219,48 @@ pub struct Entry {
     /// Modification time, milliseconds since the Unix epoch.
     pub modified_ms: i64,
     pub symlink_target: Option<String>,
+}
+
+/// A code-interpreter context.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextInfo {
+    pub context_id: String,
+    pub language: String,
+    pub execution_count: u64,
+}
+
+/// The end of one `ContextRun`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunOutcome {
+    /// Rich outputs in display order; the last expression's value has `is_main_result`.
+    pub results: Vec<RichResult>,
+    pub error: Option<RunError>,
+    pub execution_count: u64,
+    pub timed_out: bool,
+    /// The interpreter was killed (timeout, crash, OOM) and started afresh: state is gone.
+    pub restarted: bool,
+    pub duration_ms: u64,
+}
+
+/// One displayable value in the representations it offers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RichResult {
+    pub is_main_result: bool,
+    pub text: Option<String>,
+    pub html: Option<String>,
+    pub markdown: Option<String>,
+    /// JSON text (already serialised by the interpreter).
+    pub json: Option<String>,
+    /// base64 PNG.
+    pub png: Option<String>,
+    pub svg: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunError {
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
 }
 
 /// What the agent found itself able to enforce when it set the sandbox up.

@@ -21,6 +21,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use crate::confine::Confinement;
 use crate::exec::{self, ExecDefaults, Reaper};
 use crate::fs::Fs;
+use crate::interp::{self, Contexts};
 use crate::lock;
 
 /// Streams one connection may run at once; more are refused rather than queued.
@@ -31,6 +32,7 @@ pub struct Agent {
     pub fs: Arc<Fs>,
     pub defaults: ExecDefaults,
     pub confinement: Confinement,
+    pub contexts: Contexts,
     started: Instant,
     running_execs: AtomicU32,
 }
@@ -46,6 +48,7 @@ impl Agent {
             reaper,
             fs: Arc::new(fs),
             defaults,
+            contexts: Contexts::new(),
             confinement,
             started: Instant::now(),
             running_execs: AtomicU32::new(0),
@@ -184,6 +187,13 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
             blocking(move || fs.remove(&path, recursive).map(|()| FromAgent::Done)).await
         }
         ToAgent::DiskUsage => blocking(disk_usage).await,
+        msg @ (ToAgent::ContextCreate { .. }
+        | ToAgent::ContextRun { .. }
+        | ToAgent::ContextList
+        | ToAgent::ContextDelete { .. }
+        | ToAgent::ContextRestart { .. }) => {
+            return interp::handle(&agent.contexts, msg, rx, out).await;
+        }
         ToAgent::Move { from, to } => {
             blocking(move || fs.rename(&from, &to).map(FromAgent::Entry)).await
         }

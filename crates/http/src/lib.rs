@@ -1,6 +1,7 @@
 //! The REST transport (API.md): a thin axum adapter over the session manager.
 
 mod admin;
+mod contexts;
 mod error;
 mod extract;
 mod routes;
@@ -80,7 +81,8 @@ pub fn router(state: AppState) -> Router {
         .route("/{id}/files/list", get(routes::list_files))
         .route("/{id}/files/mkdir", post(routes::make_dir))
         .route("/{id}/files/move", post(routes::move_file))
-        .route("/{id}/metrics", get(routes::session_metrics));
+        .route("/{id}/metrics", get(routes::session_metrics))
+        .merge(contexts::router());
     let admin = Router::new()
         .route("/tenants", get(admin::list_tenants))
         .route(

@@ -226,10 +226,6 @@ impl Disk {
             let context = format!("{what} {}", mount_point.display());
             move |e: Errno| RuntimeError::io(context)(io::Error::from(e))
         };
-        rustix::mount::mount_bind(&mount_point, &mount_point)
-            .map_err(mount_err("bind-mount onto itself"))?;
-        rustix::mount::mount_change(&mount_point, MountPropagationFlags::PRIVATE)
-            .map_err(mount_err("make private"))?;
         let options = CString::new(MOUNT_OPTIONS)
             .map_err(|_| RuntimeError::Start("mount options contain NUL".into()))?;
         rustix::mount::mount(

@@ -3,6 +3,7 @@
 //! over [`Manager`].
 
 pub mod config;
+mod contexts;
 mod error;
 pub mod languages;
 mod manager;

@@ -34,12 +34,12 @@ const MAX_METADATA_VALUE: usize = 2048;
 const MAX_ENV_BYTES: usize = 128 * 1024;
 
 /// A running session's in-memory half (the store holds the rest).
-struct Live {
-    sandbox: Arc<dyn Sandbox>,
-    tenant_id: String,
-    language: String,
-    env: Vec<(String, String)>,
-    running_execs: AtomicU32,
+pub(crate) struct Live {
+    pub(crate) sandbox: Arc<dyn Sandbox>,
+    pub(crate) tenant_id: String,
+    pub(crate) language: String,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) running_execs: AtomicU32,
 }
 
 pub struct Manager {
@@ -410,7 +410,7 @@ impl Manager {
         }
     }
 
-    fn live(&self, who: &Identity, id: &str) -> Result<Arc<Live>, Error> {
+    pub(crate) fn live(&self, who: &Identity, id: &str) -> Result<Arc<Live>, Error> {
         match lock(&self.live).get(id) {
             Some(l) if l.tenant_id == who.tenant_id => Ok(l.clone()),
             _ => Err(Error::NotFound),
@@ -418,7 +418,7 @@ impl Manager {
     }
 
     /// Maps an agent failure to an API error; a vanished agent ends its session.
-    async fn agent_failed(&self, id: &str, e: ClientError) -> Error {
+    pub(crate) async fn agent_failed(&self, id: &str, e: ClientError) -> Error {
         if matches!(e, ClientError::Disconnected) {
             self.end(id, "sandbox died").await;
         }

@@ -1,0 +1,1 @@
+//! Code-interpreter contexts of a session (being written).
