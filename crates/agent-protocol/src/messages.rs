@@ -66,7 +66,9 @@ pub enum ToAgent {
     /// Size and use of the filesystem holding the sandbox's writable layer.
     DiskUsage,
     /// Starts a long-lived interpreter (code-interpreter context) → `Context`.
-    ContextCreate { language: String },
+    ContextCreate {
+        language: String,
+    },
     /// Runs code in a context: `Stdout`/`Stderr` as printed, then `RunDone`.
     ContextRun {
         context_id: String,
@@ -74,9 +76,13 @@ pub enum ToAgent {
         timeout_ms: Option<u64>,
     },
     ContextList,
-    ContextDelete { context_id: String },
+    ContextDelete {
+        context_id: String,
+    },
     /// Kills and restarts a context's interpreter (its state is lost) → `Context`.
-    ContextRestart { context_id: String },
+    ContextRestart {
+        context_id: String,
+    },
     /// Abandon the operation on this stream (an upload is discarded, an exec is killed).
     Cancel,
 }

@@ -16,6 +16,9 @@ impl Contexts {
 }
 
 pub async fn handle(_contexts: &Contexts, msg: ToAgent, _rx: mpsc::Receiver<ToAgent>, out: Outbox) {
-    let err = AgentError::new(ErrorCode::InvalidRequest, format!("{} is not available yet", msg.kind()));
+    let err = AgentError::new(
+        ErrorCode::InvalidRequest,
+        format!("{} is not available yet", msg.kind()),
+    );
     let _ = out.send(FromAgent::Error(err)).await;
 }

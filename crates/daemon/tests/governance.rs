@@ -279,3 +279,41 @@ async fn session_metrics_report_live_use() {
         (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_filler_hits_the_quota_and_uploads_get_507() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"limits": {"disk_mib": 40}})).await;
+    let r = d.exec(&id, json!({"shell": "dd if=/dev/zero of=/workspace/fill bs=1M count=100; stat -c %s /workspace/fill"})).await;
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("No space left on device"),
+        "{r}"
+    );
+    let filled: u64 = r["stdout"].as_str().unwrap().trim().parse().unwrap();
+    assert!(filled < 40 * 1024 * 1024, "{filled}");
+    let m = session_metrics(&d, &id).await;
+    assert!(m["disk_used_kib"].as_u64().unwrap() * 1024 >= filled, "{m}");
+
+    let f = format!("{S}/{id}/files");
+    let resp = d
+        .req(Method::PUT, &f, KEY1)
+        .query(&[("path", "/workspace/upload.bin")])
+        .body(vec![7u8; 8 * 1024 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::INSUFFICIENT_STORAGE);
+    assert_eq!(
+        error_code(&resp.json().await.unwrap()),
+        "SANDBOX-FS-QUOTA-EXCEEDED"
+    );
+    let ls = d.exec(&id, json!({"shell": "ls -A /workspace"})).await;
+    assert_eq!(ls["stdout"], "fill\n", "partial upload left behind: {ls}");
+    // The host keeps no mount of the sandbox's disk.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&d.dir.path().display().to_string()));
+}

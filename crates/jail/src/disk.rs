@@ -5,7 +5,7 @@
 //! `<dir>/disk`. The overlay's upper and work directories live inside it, so writing past the
 //! size gives `ENOSPC` in the sandbox while the host spends at most that much disk.
 //!
-//! Lifetime: after the sandbox has mounted its overlay, [`Disk::detach_host_mount`] lazily
+//! Lifetime: once the sandbox has been cloned, [`Disk::detach_host_mount`] lazily
 //! unmounts the host's copy. From then on only the sandbox's mount namespace holds the
 //! filesystem; when its last process dies the filesystem goes away and the loop device clears
 //! itself (`LO_FLAGS_AUTOCLEAR`). [`remove`] cleans up whatever is left (failed starts, crashes).
@@ -17,7 +17,7 @@
 //! would propagate into the sandbox's still-peer copy and tear its disk away. The private
 //! self-bind parent stops both; only an empty bind of the directory ever propagates.
 
-use std::ffi::CString;
+use std::ffi::CStr;
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind};
 use std::os::fd::AsRawFd;
@@ -96,7 +96,7 @@ const MAX_STACKED_MOUNTS: usize = 8;
 ///
 /// Delayed allocation stays on: ext4 reserves blocks at `write()` time, so `ENOSPC` is still
 /// reported by the write that does not fit, and builds keep their speed.
-const MOUNT_OPTIONS: &str = "noinit_itable,nobarrier,errors=remount-ro";
+const MOUNT_OPTIONS: &CStr = c"noinit_itable,nobarrier,errors=remount-ro";
 
 /// Builds and caches one empty ext4 image per size.
 #[derive(Debug, Clone)]
@@ -226,14 +226,16 @@ impl Disk {
             let context = format!("{what} {}", mount_point.display());
             move |e: Errno| RuntimeError::io(context)(io::Error::from(e))
         };
-        let options = CString::new(MOUNT_OPTIONS)
-            .map_err(|_| RuntimeError::Start("mount options contain NUL".into()))?;
+        rustix::mount::mount_bind(&mount_point, &mount_point)
+            .map_err(mount_err("bind-mount onto itself"))?;
+        rustix::mount::mount_change(&mount_point, MountPropagationFlags::PRIVATE)
+            .map_err(mount_err("make private"))?;
         rustix::mount::mount(
             &loop_device,
             &mount_point,
             "ext4",
             MountFlags::NOSUID | MountFlags::NODEV,
-            options.as_c_str(),
+            MOUNT_OPTIONS,
         )
         .map_err(mount_err(&format!("mount {} on", loop_device.display())))?;
         // Its parent is private, so this is already private; stated so nothing mounted inside
@@ -255,8 +257,9 @@ impl Disk {
     }
 
     /// Lazily unmounts the host's copy of the disk, leaving the sandbox's mount namespace the
-    /// only holder. Call it once the sandbox has mounted its overlay (e.g. once its agent is
-    /// ready): before the sandbox has a mount namespace of its own, this destroys the disk.
+    /// only holder. Call it once the sandbox has been cloned: any time after that is safe (the
+    /// unmount does not propagate into the sandbox's copy, whatever the host's propagation);
+    /// before, it destroys the disk. Does not remove the mount point: see [`remove`].
     pub fn detach_host_mount(&self) -> Result<(), RuntimeError> {
         unmount_all(&self.mount_point)
             .map(drop)

@@ -84,6 +84,8 @@ pub struct JailRuntime {
     rootless: bool,
     cgroups: Option<Box<dyn CgroupDriver>>,
     image: Image,
+    /// Size-limited writable layers, where the host can make them (root, loop devices, mkfs).
+    disks: Option<disk::DiskTemplates>,
     slots: Slots,
     enforcement: Enforcement,
 }
@@ -144,6 +146,26 @@ impl JailRuntime {
                 None
             }
         };
+        let disks = if rootless {
+            enforcement.not_enforced.push(NotEnforced {
+                what: "disk quota".into(),
+                why: "running unprivileged: loop devices need root".into(),
+            });
+            None
+        } else if !Path::new("/dev/loop-control").exists()
+            || !Path::new("/usr/sbin/mkfs.ext4").exists()
+        {
+            enforcement.not_enforced.push(NotEnforced {
+                what: "disk quota".into(),
+                why: "no /dev/loop-control or mkfs.ext4 (e2fsprogs) on this host".into(),
+            });
+            None
+        } else {
+            enforcement
+                .enforced
+                .push("disk quota (per-session ext4 on a loop device)".into());
+            Some(disk::DiskTemplates::new(cfg.state_dir.join("images/disks")))
+        };
         if rootless {
             enforcement.not_enforced.push(NotEnforced {
                 what: "separate host uid range per sandbox".into(),
@@ -155,6 +177,7 @@ impl JailRuntime {
         }
         Ok(Self {
             cgroup_prefix: format!("{:08x}-", instance_hash(&cfg.state_dir)),
+            disks,
             slots: Slots::new(cfg.max_sandboxes),
             cfg,
             rootless,
@@ -192,21 +215,37 @@ impl JailRuntime {
         }
     }
 
-    /// Creates the per-session layer dirs, owned by the sandbox's root (or `user`).
-    fn prepare_layers(&self, dir: &Path, ids: IdMap) -> Result<(), RuntimeError> {
+    /// Creates the sandbox dir and its writable layer: on a disk of `disk_mib` (the quota) when
+    /// the host can make one, else on the state dir's filesystem. Directories sandbox code may
+    /// write to are pre-created in the upper layer, owned by the sandbox's root (or `user`),
+    /// since the image's own copies belong to the host.
+    fn prepare_layers(
+        &self,
+        parts: &mut Parts,
+        ids: IdMap,
+        disk_mib: Option<u64>,
+    ) -> Result<(), RuntimeError> {
         let io = |what: &str| RuntimeError::io(format!("prepare sandbox {what}"));
-        let owner = |uid_in_sandbox: u32| {
-            if self.rootless {
-                None
-            } else {
-                Some(ids.host_base + uid_in_sandbox)
+        let host_id = |in_sandbox: u32| (!self.rootless).then_some(ids.host_base + in_sandbox);
+        let dir = parts.dir.clone();
+        std::fs::create_dir(&dir).map_err(io("dir"))?;
+        std::fs::create_dir(dir.join("root")).map_err(io("root"))?;
+        match (disk_mib, &self.disks) {
+            (Some(mib), Some(templates)) => {
+                let owner = host_id(0).map(|id| (id, id));
+                let disk = disk::Disk::create(templates, &dir, mib, owner)?;
+                parts.upper = disk.upper.clone();
+                parts.work = disk.work.clone();
+                parts.disk = Some(disk);
             }
-        };
-        std::fs::create_dir(dir).map_err(io("dir"))?;
-        for sub in ["upper", "work", "root"] {
-            std::fs::create_dir(dir.join(sub)).map_err(io(sub))?;
+            _ => {
+                for sub in [&parts.upper, &parts.work] {
+                    std::fs::create_dir(sub).map_err(io("layer"))?;
+                    chown(sub, host_id(0), host_id(0)).map_err(io("ownership"))?;
+                }
+            }
         }
-        let upper = dir.join("upper");
+        let upper = parts.upper.clone();
         for sub in [
             "workspace",
             "root",
@@ -220,34 +259,19 @@ impl JailRuntime {
             "srv",
         ] {
             std::fs::create_dir_all(upper.join(sub)).map_err(io(sub))?;
+            chown(upper.join(sub), host_id(0), host_id(0)).map_err(io("ownership"))?;
         }
         std::fs::create_dir_all(upper.join("home/user")).map_err(io("home/user"))?;
-        let root_owned = [
-            "",
-            "upper",
-            "work",
-            "root",
-            "upper/workspace",
-            "upper/root",
-            "upper/home",
-            "upper/tmp",
-            "upper/var",
-            "upper/var/tmp",
-            "upper/run",
-            "upper/opt",
-            "upper/mnt",
-            "upper/srv",
-        ];
-        for sub in root_owned {
-            chown(dir.join(sub), owner(0), owner(0)).map_err(io("ownership"))?;
-        }
         chown(
             upper.join("home/user"),
-            owner(SANDBOX_USER_UID),
-            owner(SANDBOX_USER_UID),
+            host_id(SANDBOX_USER_UID),
+            host_id(SANDBOX_USER_UID),
         )
         .map_err(io("ownership"))?;
-        set_mode(dir, 0o700)?;
+        for sub in ["", "root"] {
+            chown(dir.join(sub), host_id(0), host_id(0)).map_err(io("ownership"))?;
+        }
+        set_mode(&dir, 0o700)?;
         set_mode(&upper.join("root"), 0o700)?;
         for sticky in ["tmp", "var/tmp"] {
             set_mode(&upper.join(sticky), 0o1777)?;
@@ -255,7 +279,8 @@ impl JailRuntime {
         Ok(())
     }
 
-    fn init_config(&self, spec: &SandboxSpec, dir: &Path) -> InitConfig {
+    fn init_config(&self, spec: &SandboxSpec, parts: &Parts) -> InitConfig {
+        let dir = &parts.dir;
         let s = |p: PathBuf| p.to_string_lossy().into_owned();
         let mut env = self.image.env.clone();
         for (k, v) in &spec.env {
@@ -266,8 +291,8 @@ impl JailRuntime {
             hostname: "sandbox".into(),
             root_target: s(dir.join("root")),
             image_layers: vec![s(self.image.layer.clone())],
-            upper_dir: s(dir.join("upper")),
-            work_dir: s(dir.join("work")),
+            upper_dir: s(parts.upper.clone()),
+            work_dir: s(parts.work.clone()),
             ro_binds: self.image.ro_binds.clone(),
             tmp_size_mib: self.cfg.tmp_size_mib,
             workdir: "/workspace".into(),
@@ -302,7 +327,7 @@ impl JailRuntime {
     ) -> Result<Started, RuntimeError> {
         let ids = self.ids_for(slot);
         let limits = self.effective_limits(spec.limits);
-        self.prepare_layers(&parts.dir, ids)?;
+        self.prepare_layers(parts, ids, limits.disk_mib)?;
         if let Some(driver) = &self.cgroups {
             let cg = driver
                 .create(&self.cgroup_name(&spec.id))
@@ -314,7 +339,7 @@ impl JailRuntime {
         let _ = std::fs::remove_file(&parts.socket);
         let listener = std::os::unix::net::UnixListener::bind(&parts.socket)
             .map_err(RuntimeError::io("bind agent socket"))?;
-        let config = serde_json::to_string(&self.init_config(spec, &parts.dir))
+        let config = serde_json::to_string(&self.init_config(spec, parts))
             .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
         let cgroup = parts.cgroup.as_deref();
         let spawned = spawn::spawn_agent(
@@ -331,6 +356,15 @@ impl JailRuntime {
             },
         )?;
         let pidfd = spawned.pidfd;
+        if let Some(disk) = &parts.disk {
+            // The sandbox's mount namespace now holds the disk; the host's copy goes, so no
+            // sandbox mount stays visible on the host and the loop device frees itself when
+            // the sandbox ends.
+            if let Err(e) = disk.detach_host_mount() {
+                spawn::kill_and_reap(&pidfd);
+                return Err(e);
+            }
+        }
         std::fs::write(parts.dir.join("agent.pid"), spawned.pid.to_string())
             .map_err(RuntimeError::io("record agent pid"))?;
         let ready = tokio::time::timeout(
@@ -360,6 +394,23 @@ struct Parts {
     dir: PathBuf,
     socket: PathBuf,
     cgroup: Option<Box<dyn Cgroup>>,
+    /// The writable layer: on `disk` when there is one.
+    upper: PathBuf,
+    work: PathBuf,
+    disk: Option<disk::Disk>,
+}
+
+impl Parts {
+    fn new(dir: PathBuf, socket: PathBuf, cgroup: Option<Box<dyn Cgroup>>) -> Self {
+        Self {
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+            dir,
+            socket,
+            cgroup,
+            disk: None,
+        }
+    }
 }
 
 struct Started {
@@ -418,11 +469,11 @@ impl Runtime for JailRuntime {
             )));
         }
         let slot = self.slots.acquire()?;
-        let mut parts = Parts {
-            dir: sandboxes_dir(&self.cfg).join(&spec.id),
-            socket: run_dir(&self.cfg).join(format!("{}.sock", spec.id)),
-            cgroup: None,
-        };
+        let mut parts = Parts::new(
+            sandboxes_dir(&self.cfg).join(&spec.id),
+            run_dir(&self.cfg).join(format!("{}.sock", spec.id)),
+            None,
+        );
         if parts.dir.exists() {
             self.slots.release(slot);
             return Err(RuntimeError::InvalidSpec(format!(
@@ -475,14 +526,11 @@ impl Runtime for JailRuntime {
         for id in names.into_iter().filter(|n| validate_id(n).is_ok()) {
             let dir = sandboxes_dir(&self.cfg).join(&id);
             kill_recorded_agent(&dir, &self.cfg.agent_bin).await;
-            let parts = Parts {
-                socket: run_dir(&self.cfg).join(format!("{id}.sock")),
-                cgroup: match &self.cgroups {
-                    Some(d) => d.open(&self.cgroup_name(&id)).ok(),
-                    None => None,
-                },
-                dir,
+            let cgroup = match &self.cgroups {
+                Some(d) => d.open(&self.cgroup_name(&id)).ok(),
+                None => None,
             };
+            let parts = Parts::new(dir, run_dir(&self.cfg).join(format!("{id}.sock")), cgroup);
             teardown(&parts)?;
             report.sandboxes_removed.push(id);
         }
@@ -644,6 +692,10 @@ fn teardown(parts: &Parts) -> Result<(), RuntimeError> {
     match std::fs::remove_file(&parts.socket) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => problems.push(format!("socket: {e}")),
         _ => {}
+    }
+    // The disk (if any) is unmounted before its mount point's directory is removed.
+    if let Err(e) = disk::remove(&parts.dir) {
+        problems.push(format!("disk: {e}"));
     }
     match std::fs::remove_dir_all(&parts.dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => problems.push(format!("layers: {e}")),

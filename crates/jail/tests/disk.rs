@@ -80,14 +80,18 @@ impl Holder {
         let holder = Holder(child);
         let pid = holder.0.id();
         let own_ns = std::fs::read_link("/proc/self/ns/mnt").expect("own mount ns");
-        wait_until(Duration::from_secs(5), "holder has its own mount namespace", || {
-            std::fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok_and(|ns| ns != own_ns)
-                && must_see.is_none_or(|path| {
-                    mounts_at(&format!("/proc/{pid}/mountinfo"), path)
-                        .iter()
-                        .any(|fs| fs == "ext4")
-                })
-        });
+        wait_until(
+            Duration::from_secs(5),
+            "holder has its own mount namespace",
+            || {
+                std::fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok_and(|ns| ns != own_ns)
+                    && must_see.is_none_or(|path| {
+                        mounts_at(&format!("/proc/{pid}/mountinfo"), path)
+                            .iter()
+                            .any(|fs| fs == "ext4")
+                    })
+            },
+        );
         holder
     }
 
@@ -117,8 +121,14 @@ struct SharedMount(PathBuf);
 impl SharedMount {
     fn new(path: PathBuf) -> SharedMount {
         std::fs::create_dir_all(&path).expect("mkdir");
-        rustix::mount::mount("tmpfs", &path, "tmpfs", rustix::mount::MountFlags::empty(), None)
-            .expect("mount tmpfs");
+        rustix::mount::mount(
+            "tmpfs",
+            &path,
+            "tmpfs",
+            rustix::mount::MountFlags::empty(),
+            None,
+        )
+        .expect("mount tmpfs");
         let guard = SharedMount(path);
         rustix::mount::mount_change(&guard.0, rustix::mount::MountPropagationFlags::SHARED)
             .expect("make shared");
@@ -202,11 +212,23 @@ fn quota_gives_enospc_and_the_namespace_copy_outlives_the_host_mount() {
     assert_eq!(disk.work, dir.join("disk/work"));
     for d in [&disk.upper, &disk.work] {
         let meta = std::fs::metadata(d).expect("layer dir");
-        assert_eq!((meta.uid(), meta.gid()), (200_000, 200_001), "{}", d.display());
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (200_000, 200_001),
+            "{}",
+            d.display()
+        );
     }
     assert!(!disk.mount_point.join("lost+found").exists());
     let types = mounts_at("/proc/self/mountinfo", &disk.mount_point);
     assert_eq!(types.last().map(String::as_str), Some("ext4"), "{types:?}");
+
+    let dio = backing_file(&disk).with_file_name("dio");
+    println!(
+        "{} direct I/O: {}",
+        disk.loop_device.display(),
+        std::fs::read_to_string(dio).unwrap_or_default().trim()
+    );
 
     // The quota.
     let (written, err) = fill(&disk.upper);
@@ -238,7 +260,10 @@ fn quota_gives_enospc_and_the_namespace_copy_outlives_the_host_mount() {
         mounts_at(&holder.mountinfo(), &disk.mount_point).contains(&"ext4".to_string()),
         "holder lost the disk"
     );
-    assert!(backing_file(&disk).exists(), "loop device released too early");
+    assert!(
+        backing_file(&disk).exists(),
+        "loop device released too early"
+    );
     std::fs::remove_file(&disk.image).expect("unlink image while attached");
     let backing = std::fs::read_to_string(backing_file(&disk)).unwrap_or_default();
     assert!(backing.trim_end().ends_with("(deleted)"), "{backing:?}");
@@ -285,7 +310,10 @@ fn detach_under_a_shared_parent_leaves_the_sandbox_copy() {
     ))
     .expect("read through the holder's namespace");
     assert_eq!(kept, b"still here");
-    assert!(backing_file(&disk).exists(), "loop device released too early");
+    assert!(
+        backing_file(&disk).exists(),
+        "loop device released too early"
+    );
 
     holder.stop();
     wait_released(&disk);
@@ -309,21 +337,33 @@ fn templates_are_built_once_per_size() {
     let _ga = DiskGuard(first.clone());
     let started = Instant::now();
     Disk::create(&templates, &first, 64, None).expect("first disk");
-    println!("first 64 MiB disk (builds the template): {:?}", started.elapsed());
+    println!(
+        "first 64 MiB disk (builds the template): {:?}",
+        started.elapsed()
+    );
     let template = templates.template(64).expect("template");
     assert_eq!(template, scratch.root.join("images/disk-64m.img"));
-    let mtime = std::fs::metadata(&template).expect("template").modified().expect("mtime");
+    let mtime = std::fs::metadata(&template)
+        .expect("template")
+        .modified()
+        .expect("mtime");
 
     for name in ["b", "c", "d"] {
         let dir = scratch.sandbox_dir(name);
         let _g = DiskGuard(dir.clone());
         let started = Instant::now();
         let disk = Disk::create(&templates, &dir, 64, None).expect("cached disk");
-        println!("64 MiB disk from the cached template: {:?}", started.elapsed());
+        println!(
+            "64 MiB disk from the cached template: {:?}",
+            started.elapsed()
+        );
         assert!(disk.upper.is_dir());
         disk::remove(&dir).expect("remove");
     }
-    let again = std::fs::metadata(&template).expect("template").modified().expect("mtime");
+    let again = std::fs::metadata(&template)
+        .expect("template")
+        .modified()
+        .expect("mtime");
     assert_eq!(mtime, again, "template was rebuilt");
 
     let big = scratch.sandbox_dir("big");
@@ -331,10 +371,19 @@ fn templates_are_built_once_per_size() {
     templates.template(8192).expect("8 GiB template");
     let started = Instant::now();
     let disk = Disk::create(&templates, &big, 8192, None).expect("8 GiB disk");
-    println!("8 GiB disk from the cached template: {:?}", started.elapsed());
+    println!(
+        "8 GiB disk from the cached template: {:?}",
+        started.elapsed()
+    );
     let allocated = std::fs::metadata(&disk.image).expect("image").blocks() * 512;
-    println!("8 GiB image allocates {:.1} MiB", allocated as f64 / MIB as f64);
-    assert!(allocated < 256 * MIB, "image is not sparse: {allocated} bytes");
+    println!(
+        "8 GiB image allocates {:.1} MiB",
+        allocated as f64 / MIB as f64
+    );
+    assert!(
+        allocated < 256 * MIB,
+        "image is not sparse: {allocated} bytes"
+    );
 
     // No temporary build files stay behind.
     let leftovers: Vec<_> = std::fs::read_dir(scratch.root.join("images"))
@@ -351,7 +400,9 @@ fn concurrent_creates_get_their_own_devices() {
     let Some(()) = usable_or_skip() else { return };
     let scratch = Scratch::new();
     let templates = scratch.templates();
-    let dirs: Vec<PathBuf> = (0..8).map(|i| scratch.sandbox_dir(&format!("c{i}"))).collect();
+    let dirs: Vec<PathBuf> = (0..8)
+        .map(|i| scratch.sandbox_dir(&format!("c{i}")))
+        .collect();
     let _guards: Vec<DiskGuard> = dirs.iter().cloned().map(DiskGuard).collect();
     let disks: Vec<Disk> = std::thread::scope(|s| {
         let handles: Vec<_> = dirs
@@ -415,5 +466,8 @@ fn sizes_are_validated() {
     // A second create over an existing image is refused and leaves that image alone.
     std::fs::write(dir.join("disk.img"), b"not ours").expect("write");
     assert!(Disk::create(&templates, &dir, 16, None).is_err());
-    assert_eq!(std::fs::read(dir.join("disk.img")).expect("read"), b"not ours");
+    assert_eq!(
+        std::fs::read(dir.join("disk.img")).expect("read"),
+        b"not ours"
+    );
 }

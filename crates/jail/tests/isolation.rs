@@ -9,6 +9,7 @@ use std::net::TcpListener;
 
 use common::*;
 use koder_agent_protocol::ExecRequest;
+use koder_runtime::Runtime;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_and_node_run() {
@@ -396,4 +397,63 @@ async fn stdin_env_and_cwd_reach_the_process() {
         matches!(missing, Err(koder_agent_protocol::ClientError::Agent(e)) if e.code == koder_agent_protocol::ErrorCode::SpawnFailed)
     );
     sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_quota_gives_enospc_and_spares_the_host() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("disk");
+    let sb = env
+        .runtime
+        .create(koder_runtime::SandboxSpec {
+            id: format!("disk{}", std::process::id()),
+            image: "host".into(),
+            limits: koder_runtime::Limits {
+                disk_mib: Some(48),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    let out = run(&sb, "dd if=/dev/zero of=/workspace/fill bs=1M count=200 2>&1; ls -l /workspace/fill | awk '{print $5}'; df -k / | tail -1").await;
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("No space left on device"), "{stdout}");
+    let size: u64 = stdout
+        .lines()
+        .find(|l| l.chars().all(|c| c.is_ascii_digit()) && !l.is_empty())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        size < 48 * 1024 * 1024 && size > 30 * 1024 * 1024,
+        "filled {size} bytes"
+    );
+    // The host holds only the sparse image, at most the quota, and no mount.
+    let image = env
+        .dir
+        .path()
+        .join("sandboxes")
+        .join(sb.id())
+        .join("disk.img");
+    let allocated =
+        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&image).unwrap()) * 512;
+    assert!(
+        allocated <= 50 * 1024 * 1024,
+        "image uses {allocated} bytes of host disk"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&env.dir.path().display().to_string()),
+        "sandbox disk mounted on the host"
+    );
+    // The sandbox still works after hitting the quota, and freeing space helps.
+    let again = run(
+        &sb,
+        "rm /workspace/fill && echo ok > /workspace/small && cat /workspace/small",
+    )
+    .await;
+    assert_eq!(text(&again.stdout), "ok\n");
+    sb.destroy().await.unwrap();
+    assert!(!image.exists());
 }

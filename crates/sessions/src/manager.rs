@@ -248,7 +248,7 @@ impl Manager {
         limits: &Limits,
     ) -> Result<(Arc<dyn Sandbox>, &'static str), Error> {
         let runtime_limits = to_runtime_limits(limits);
-        while let Some(sb) = self.pool.take(language) {
+        while let Some(sb) = self.pool.take(language, limits.disk_mib) {
             let applied = match sb.resources() {
                 Some(rc) => rc.set_limits(&runtime_limits),
                 None => Ok(()),

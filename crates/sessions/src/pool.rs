@@ -39,8 +39,12 @@ impl Pool {
         }
     }
 
-    /// A ready sandbox for `language`, if the pool has one.
-    pub fn take(&self, language: &str) -> Option<Arc<dyn Sandbox>> {
+    /// A ready sandbox for `language`, if the pool has one that fits: CPU, memory and pids
+    /// limits can change at hand-out, the size of its disk cannot.
+    pub fn take(&self, language: &str, disk_mib: Option<u64>) -> Option<Arc<dyn Sandbox>> {
+        if disk_mib != self.limits.disk_mib {
+            return None;
+        }
         let taken = {
             let mut ready = lock(&self.ready);
             let queue = ready.get_mut(language)?;
