@@ -9,6 +9,7 @@ declare -A NEED=(
   [nodejs]=/usr/bin/node          # ditto
   [iproute2]=/usr/sbin/ip
   [util-linux]=/usr/bin/unshare
+  [bubblewrap]=/usr/bin/bwrap     # one-shot sandbox baseline of the benchmark (scripts/bench.sh)
   [e2fsprogs]=/usr/sbin/mkfs.ext4  # per-session disk quota images
 )
 

@@ -7,3 +7,4 @@ scripts/setup.sh
 # Integration tests start the real agent binary, so every binary is built first.
 cargo build --workspace --bins --locked
 cargo test --workspace --locked
+target/debug/koder-bench --smoke  # benchmark harness end to end, tiny counts, no timing asserted

@@ -278,15 +278,16 @@ pub struct AgentStream {
 
 impl AgentStream {
     pub async fn send(&self, msg: ToAgent) -> Result<()> {
-        self.client
-            .shared
-            .outgoing
-            .send(Frame {
-                stream: self.id,
-                msg,
-            })
-            .await
-            .map_err(|_| ClientError::Disconnected)
+        self.handle().send(msg).await
+    }
+
+    /// A cloneable sender into this stream (stdin, signals), usable while another task
+    /// receives.
+    pub fn handle(&self) -> StreamHandle {
+        StreamHandle {
+            id: self.id,
+            outgoing: self.client.shared.outgoing.clone(),
+        }
     }
 
     /// The next message; an agent-side error becomes `Err(ClientError::Agent)`.
@@ -375,6 +376,25 @@ impl FileReader {
             }
             other => Err(unexpected(&other)),
         }
+    }
+}
+
+/// Sends follow-up messages on a stream someone else is reading.
+#[derive(Clone)]
+pub struct StreamHandle {
+    id: u64,
+    outgoing: mpsc::Sender<Frame<ToAgent>>,
+}
+
+impl StreamHandle {
+    pub async fn send(&self, msg: ToAgent) -> Result<()> {
+        self.outgoing
+            .send(Frame {
+                stream: self.id,
+                msg,
+            })
+            .await
+            .map_err(|_| ClientError::Disconnected)
     }
 }
 

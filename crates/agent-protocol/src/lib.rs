@@ -8,6 +8,8 @@ pub mod codec;
 pub mod init;
 pub mod messages;
 
-pub use client::{AgentClient, AgentStream, ClientError, ExecOutput, FileReader, FileWriter};
+pub use client::{
+    AgentClient, AgentStream, ClientError, ExecOutput, FileReader, FileWriter, StreamHandle,
+};
 pub use codec::{CodecError, FrameCodec};
 pub use messages::*;

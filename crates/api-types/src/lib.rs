@@ -198,6 +198,81 @@ pub struct ExecRequest {
     pub stdin: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// Start and return 202 at once; follow with `GET .../execs/{exec_id}[/stream]`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub background: bool,
+}
+
+/// 202 answer of a background exec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ExecStarted {
+    pub exec_id: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ExecState {
+    Running,
+    Exited,
+}
+
+/// `GET .../execs/{exec_id}`: a running exec's status, or a finished one's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ExecStatus {
+    pub exec_id: String,
+    pub command: Vec<String>,
+    pub background: bool,
+    pub state: ExecState,
+    pub started_at: DateTime<Utc>,
+    pub pid: Option<u32>,
+    /// Present once exited; stdout/stderr hold the retained (most recent) output.
+    pub result: Option<ExecResult>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ExecList {
+    pub execs: Vec<ExecStatus>,
+}
+
+/// `POST .../execs/{exec_id}/signal`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// `SIGTERM`, `TERM` or a number.
+    pub signal: String,
+}
+
+/// `POST .../errors`: an error a client saw (e.g. in the app the session serves).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ReportError {
+    pub source: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ErrorEntry {
+    pub at: DateTime<Utc>,
+    pub source: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ErrorList {
+    /// Oldest first; at most the last 50.
+    pub errors: Vec<ErrorEntry>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,6 +4,7 @@ mod admin;
 mod contexts;
 mod error;
 mod extract;
+mod live;
 mod routes;
 
 use std::sync::{Arc, RwLock};
@@ -39,6 +40,8 @@ pub struct AppState {
         routes::create_session, routes::list_sessions, routes::get_session, routes::delete_session,
         routes::set_timeout, routes::exec, routes::upload, routes::download, routes::list_files,
         routes::remove_file, routes::make_dir, routes::move_file, routes::session_metrics,
+        live::list_execs, live::exec_status, live::exec_stream, live::exec_stdin, live::exec_signal,
+        live::report_error, live::list_errors,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key
     ),
     modifiers(&BearerAuth)
@@ -82,6 +85,15 @@ pub fn router(state: AppState) -> Router {
         .route("/{id}/files/mkdir", post(routes::make_dir))
         .route("/{id}/files/move", post(routes::move_file))
         .route("/{id}/metrics", get(routes::session_metrics))
+        .route("/{id}/execs", get(live::list_execs))
+        .route("/{id}/execs/{exec_id}", get(live::exec_status))
+        .route("/{id}/execs/{exec_id}/stream", get(live::exec_stream))
+        .route("/{id}/execs/{exec_id}/stdin", post(live::exec_stdin))
+        .route("/{id}/execs/{exec_id}/signal", post(live::exec_signal))
+        .route(
+            "/{id}/errors",
+            get(live::list_errors).post(live::report_error),
+        )
         .merge(contexts::router());
     let admin = Router::new()
         .route("/tenants", get(admin::list_tenants))

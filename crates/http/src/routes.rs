@@ -6,8 +6,8 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use koder_api_types::{
-    CreateSession, ErrorBody, ExecRequest, ExecResult, FileEntry, FileList, MakeDir, MoveFile,
-    Session, SessionList, SessionMetrics, SetTimeout,
+    CreateSession, ErrorBody, ExecRequest, ExecResult, ExecStarted, FileEntry, FileList, MakeDir,
+    MoveFile, Session, SessionList, SessionMetrics, SetTimeout,
 };
 use serde::Deserialize;
 
@@ -86,15 +86,31 @@ pub async fn set_timeout(
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/exec", tag = "exec",
     params(("id" = String, Path)), request_body = ExecRequest,
-    responses((status = 200, body = ExecResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = ExecResult),
+              (status = 202, body = ExecStarted, description = "background: true"),
+              (status = 200, content_type = "text/event-stream", description = "with Accept: text/event-stream: start, stdout, stderr, exit events"),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn exec(
     State(s): State<AppState>,
     Caller(who): Caller,
     Path(id): Path<String>,
+    headers: HeaderMap,
     Json(req): Json<ExecRequest>,
-) -> ApiResult<axum::Json<ExecResult>> {
-    Ok(axum::Json(s.manager.exec(&who, &id, req).await?))
+) -> ApiResult<Response> {
+    if req.background {
+        let exec_id = s.manager.exec_background(&who, &id, req).await?;
+        return Ok((StatusCode::ACCEPTED, axum::Json(ExecStarted { exec_id })).into_response());
+    }
+    let wants_sse = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    if wants_sse {
+        let follow = s.manager.exec_streamed(&who, &id, req).await?;
+        return Ok(crate::live::sse(follow).into_response());
+    }
+    Ok(axum::Json(s.manager.exec(&who, &id, req).await?).into_response())
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

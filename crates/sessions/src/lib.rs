@@ -5,6 +5,7 @@
 pub mod config;
 mod contexts;
 mod error;
+pub mod execs;
 pub mod languages;
 mod manager;
 pub mod metrics;

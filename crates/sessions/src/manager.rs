@@ -13,8 +13,8 @@ use koder_agent_protocol::{
     self as proto, AgentClient, ClientError, Entry, EntryKind, FileReader, FromAgent,
 };
 use koder_api_types::{
-    codes, CreateSession, EntryType, ExecRequest, ExecResult, FileEntry, FileList, Limits, Network,
-    NetworkMode, Session, SessionMetrics, SessionState,
+    codes, CreateSession, EntryType, ErrorEntry, ExecRequest, ExecResult, FileEntry, FileList,
+    Limits, Network, NetworkMode, ReportError, Session, SessionMetrics, SessionState,
 };
 use koder_auth::Identity;
 use koder_runtime::{Runtime, Sandbox, SandboxSpec};
@@ -40,12 +40,17 @@ pub(crate) struct Live {
     pub(crate) language: String,
     pub(crate) env: Vec<(String, String)>,
     pub(crate) running_execs: AtomicU32,
+    pub(crate) execs: crate::execs::Registry,
+    /// The error ring: the last [`MAX_ERRORS`] reports.
+    pub(crate) errors: Mutex<std::collections::VecDeque<ErrorEntry>>,
 }
+
+pub const MAX_ERRORS: usize = 50;
 
 pub struct Manager {
     store: Store,
     runtime: Arc<dyn Runtime>,
-    cfg: SessionConfig,
+    pub(crate) cfg: SessionConfig,
     live: Mutex<HashMap<String, Arc<Live>>>,
     pool: Arc<Pool>,
     metrics: Arc<Metrics>,
@@ -113,6 +118,10 @@ impl Manager {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    pub(crate) fn metrics_handle(&self) -> Arc<Metrics> {
+        self.metrics.clone()
     }
 
     pub fn store(&self) -> &Store {
@@ -225,6 +234,8 @@ impl Manager {
                 language: language.into(),
                 env,
                 running_execs: AtomicU32::new(0),
+                execs: Default::default(),
+                errors: Mutex::default(),
             }),
         );
         ticket.forget();
@@ -425,6 +436,49 @@ impl Manager {
         e.into()
     }
 
+    /// Adds to the session's error ring (the oldest of more than 50 goes).
+    pub fn report_error(
+        &self,
+        who: &Identity,
+        id: &str,
+        report: ReportError,
+    ) -> Result<ErrorEntry, Error> {
+        let live = self.live(who, id)?;
+        let bounded = |what: &str, v: &str, max: usize| {
+            if v.len() > max {
+                Err(Error::InvalidArgument(format!(
+                    "{what} longer than {max} bytes"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        bounded("source", &report.source, 256)?;
+        bounded("message", &report.message, 16 * 1024)?;
+        bounded("stack", report.stack.as_deref().unwrap_or(""), 64 * 1024)?;
+        if report.source.is_empty() || report.message.is_empty() {
+            return Err(Error::InvalidArgument(
+                "source and message are required".into(),
+            ));
+        }
+        let entry = ErrorEntry {
+            at: self.now(),
+            source: report.source,
+            message: report.message,
+            stack: report.stack,
+        };
+        let mut ring = lock(&live.errors);
+        if ring.len() >= MAX_ERRORS {
+            ring.pop_front();
+        }
+        ring.push_back(entry.clone());
+        Ok(entry)
+    }
+
+    pub fn errors(&self, who: &Identity, id: &str) -> Result<Vec<ErrorEntry>, Error> {
+        Ok(lock(&self.live(who, id)?.errors).iter().cloned().collect())
+    }
+
     pub async fn metrics_of(&self, who: &Identity, id: &str) -> Result<SessionMetrics, Error> {
         let live = self.live(who, id)?;
         let record = self.record(who, id).await?;
@@ -459,45 +513,18 @@ impl Manager {
         req: ExecRequest,
     ) -> Result<ExecResult, Error> {
         let live = self.live(who, id)?;
-        let agent_req = self.exec_request(&live, req)?;
-        let started = Instant::now();
-        let alone = live.running_execs.fetch_add(1, Ordering::SeqCst) == 0;
-        let rc = live.sandbox.resources();
-        // The cgroup's peak is per session: it only describes this exec when no other runs.
-        let peak_tracked = alone && rc.is_some_and(|rc| rc.reset_memory_peak().is_ok());
-        let before = rc.and_then(|rc| rc.usage().ok());
+        let agent_req = self.exec_request(&live, req, false)?;
+        let meter = Meter::start(live.clone());
         let outcome =
             collect_exec(live.sandbox.agent(), agent_req, self.cfg.output_limit_bytes).await;
-        let after = rc.and_then(|rc| rc.usage().ok());
-        live.running_execs.fetch_sub(1, Ordering::SeqCst);
-
         let mut out = match outcome {
             Ok(out) => out,
-            Err(e) => return Err(self.agent_failed(id, e).await),
+            Err(e) => {
+                meter.abandon();
+                return Err(self.agent_failed(id, e).await);
+            }
         };
-        let oom = matches!((before, after), (Some(b), Some(a)) if a.oom_kills > b.oom_kills);
-        let failed = out.exit.exit_code != Some(0);
-        let pids_hit =
-            matches!((before, after), (Some(b), Some(a)) if a.pids_max_hits > b.pids_max_hits);
-        let verdict = if out.killed {
-            Some(codes::EXEC_KILLED)
-        } else if out.exit.timed_out {
-            Some(codes::EXEC_TIMEOUT)
-        } else if oom && out.exit.signal == Some(SIGKILL) {
-            Some(codes::EXEC_KILLED_OOM)
-        } else if pids_hit && failed {
-            // A fork refused at the pids limit is what brought the exec down.
-            Some(codes::EXEC_KILLED_PIDS)
-        } else {
-            None
-        };
-        self.metrics
-            .execs
-            .with_label_values(&[verdict.unwrap_or("ok")])
-            .inc();
-        self.metrics
-            .exec_seconds
-            .observe(started.elapsed().as_secs_f64());
+        let (verdict, peak_kib) = meter.finish(&out.exit, out.killed, &self.metrics);
         Ok(ExecResult {
             exec_id: uuid::Uuid::new_v4().simple().to_string(),
             exit_code: out.exit.exit_code,
@@ -507,14 +534,19 @@ impl Manager {
             stdout_truncated: out.stdout_truncated,
             stderr_truncated: out.stderr_truncated,
             duration_ms: out.exit.duration_ms,
-            peak_memory_kib: after
-                .filter(|_| peak_tracked)
-                .map(|u| u.memory_peak_bytes / 1024),
+            peak_memory_kib: peak_kib,
             verdict: verdict.map(String::from),
         })
     }
 
-    fn exec_request(&self, live: &Live, req: ExecRequest) -> Result<proto::ExecRequest, Error> {
+    /// The agent request for an API exec; `background` keeps stdin open for later input and
+    /// leaves output bounding to the daemon's per-exec buffer.
+    pub(crate) fn exec_request(
+        &self,
+        live: &Live,
+        req: ExecRequest,
+        background: bool,
+    ) -> Result<proto::ExecRequest, Error> {
         let argv = match (req.cmd, req.shell, req.code) {
             (None, None, Some(code)) => {
                 languages::code_argv(req.language.as_deref().unwrap_or(&live.language), &code)?
@@ -559,9 +591,13 @@ impl Manager {
             env,
             cwd: req.cwd,
             stdin: req.stdin.map(String::into_bytes).unwrap_or_default(),
-            keep_stdin_open: false,
+            keep_stdin_open: background,
             timeout_ms: Some(timeout_ms),
-            output_limit_bytes: self.cfg.output_limit_bytes,
+            output_limit_bytes: if background {
+                u64::MAX
+            } else {
+                self.cfg.output_limit_bytes
+            },
             uid: None,
             gid: None,
         })
@@ -753,6 +789,70 @@ fn tighter(a: &Limits, b: &Limits) -> Limits {
     }
 }
 
+/// Resource counters around one exec, for its verdict and peak memory.
+pub(crate) struct Meter {
+    live: Arc<Live>,
+    before: Option<koder_runtime::Usage>,
+    peak_tracked: bool,
+    started: Instant,
+}
+
+impl Meter {
+    pub(crate) fn start(live: Arc<Live>) -> Self {
+        let alone = live.running_execs.fetch_add(1, Ordering::SeqCst) == 0;
+        let rc = live.sandbox.resources();
+        // The cgroup's peak is per session: it only describes this exec when no other runs.
+        let peak_tracked = alone && rc.is_some_and(|rc| rc.reset_memory_peak().is_ok());
+        let before = rc.and_then(|rc| rc.usage().ok());
+        Self {
+            live,
+            before,
+            peak_tracked,
+            started: Instant::now(),
+        }
+    }
+
+    /// The exec never produced a result (its sandbox went away).
+    pub(crate) fn abandon(self) {
+        self.live.running_execs.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The verdict (None for a normal exit) and the peak memory in KiB, if attributable.
+    pub(crate) fn finish(
+        self,
+        exit: &proto::ExitInfo,
+        killed: bool,
+        metrics: &Metrics,
+    ) -> (Option<&'static str>, Option<u64>) {
+        let after = self.live.sandbox.resources().and_then(|rc| rc.usage().ok());
+        self.live.running_execs.fetch_sub(1, Ordering::SeqCst);
+        let grew = |f: fn(&koder_runtime::Usage) -> u64| matches!((self.before, after), (Some(b), Some(a)) if f(&a) > f(&b));
+        let verdict = if killed {
+            Some(codes::EXEC_KILLED)
+        } else if exit.timed_out {
+            Some(codes::EXEC_TIMEOUT)
+        } else if grew(|u| u.oom_kills) && exit.signal == Some(SIGKILL) {
+            Some(codes::EXEC_KILLED_OOM)
+        } else if grew(|u| u.pids_max_hits) && exit.exit_code != Some(0) {
+            // A fork refused at the pids limit is what brought the exec down.
+            Some(codes::EXEC_KILLED_PIDS)
+        } else {
+            None
+        };
+        metrics
+            .execs
+            .with_label_values(&[verdict.unwrap_or("ok")])
+            .inc();
+        metrics
+            .exec_seconds
+            .observe(self.started.elapsed().as_secs_f64());
+        let peak = after
+            .filter(|_| self.peak_tracked)
+            .map(|u| u.memory_peak_bytes / 1024);
+        (verdict, peak)
+    }
+}
+
 /// An exec's collected output; `killed` when the sandbox went away mid-run (what was printed
 /// until then is kept).
 struct Collected {
@@ -819,7 +919,7 @@ fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
     data.len() > room
 }
 
-const SIGKILL: i32 = 9;
+pub(crate) const SIGKILL: i32 = 9;
 
 fn validate_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Error> {
     let mut size = 0;

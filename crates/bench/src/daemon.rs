@@ -1,0 +1,260 @@
+//! A `koder-sandbox serve` started for one benchmark phase: its own work dir (config, data dir,
+//! log) under the work root, its own cgroup parent, a free loopback port and one tenant key.
+//! Stopping it (SIGTERM) makes it destroy its sandboxes; dropping it also removes the cgroup
+//! parent and the work dir.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+pub const TENANT: &str = "bench";
+
+pub struct Daemon {
+    child: Option<Child>,
+    pub label: String,
+    pub base: String,
+    pub key: String,
+    pub dir: PathBuf,
+    pub cgroup_parent: String,
+    pub log: PathBuf,
+    keep: bool,
+}
+
+impl Daemon {
+    /// Starts the daemon with `sessions_toml` as its `[sessions]` table body and waits for
+    /// `/healthz`.
+    pub async fn start(
+        bin: &Path,
+        work_root: &Path,
+        label: &str,
+        sessions_toml: &str,
+        keep: bool,
+    ) -> Result<Daemon> {
+        let tag = format!("{}-{label}", std::process::id());
+        let dir = work_root.join(format!("koder-bench-{tag}"));
+        if dir.exists() {
+            fs::remove_dir_all(&dir)
+                .with_context(|| format!("removing stale {}", dir.display()))?;
+        }
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // Sandbox uids must traverse to their layers below the data dir.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let mut d = Daemon {
+            child: None,
+            label: label.to_string(),
+            base: String::new(),
+            key: format!("bench-key-{tag}-{nanos:x}"),
+            log: dir.join("daemon.log"),
+            cgroup_parent: format!("koder-bench-{tag}"),
+            dir,
+            keep,
+        };
+        let config = d.dir.join("koder.toml");
+        fs::write(
+            &config,
+            format!(
+                "[sessions]\n{sessions_toml}\n[jail]\ncgroup_parent = \"{}\"\n",
+                d.cgroup_parent
+            ),
+        )?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("finding a free loopback port")?
+            .port();
+        let log = fs::File::create(&d.log)?;
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(d.dir.join("data"))
+            .arg("--api-key")
+            .arg(format!("{TENANT}:{}", d.key))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        d.child = Some(child);
+        d.base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = http.get(format!("{}/healthz", d.base)).send().await {
+                if r.status().is_success() {
+                    return Ok(d);
+                }
+            }
+            if let Some(status) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                bail!(
+                    "daemon {label} exited during start-up ({status}):\n{}",
+                    d.log_tail(20)
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "daemon {label} not healthy within 30 s:\n{}",
+                    d.log_tail(20)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A client with its own connection pool (one "client" of the benchmark).
+    pub fn client(&self) -> Result<koder_sdk::Client> {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()?;
+        Ok(koder_sdk::Client::with_http_client(
+            &self.base, &self.key, http,
+        )?)
+    }
+
+    /// Warm sandboxes the pool holds for `language` (from `/metrics`).
+    pub async fn pool_ready(&self, http: &reqwest::Client, language: &str) -> Result<u64> {
+        let text = http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        let prefix = format!("koder_pool_ready{{language=\"{language}\"}} ");
+        Ok(text
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64))
+    }
+
+    /// Waits until the pool of `language` holds `target` sandboxes.
+    pub async fn wait_pool(
+        &self,
+        http: &reqwest::Client,
+        language: &str,
+        target: u64,
+        limit: Duration,
+    ) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        while self.pool_ready(http, language).await? < target {
+            if Instant::now() > deadline {
+                bail!("the {language} pool did not refill to {target} within {limit:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    }
+
+    /// Last `n` lines of the daemon's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// SIGTERM (the daemon destroys its sandboxes), then SIGKILL after `limit`. Returns how long
+    /// the shutdown took.
+    pub fn stop(&mut self, limit: Duration) -> Option<Duration> {
+        let mut child = self.child.take()?;
+        let began = Instant::now();
+        // SAFETY: kill with our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        while began.elapsed() < limit {
+            if let Ok(Some(_)) = child.try_wait() {
+                return Some(began.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!(
+            "koder-bench: daemon {} did not stop within {limit:?}; killing it",
+            self.label
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Removes the cgroup parent (and, should the daemon have died without tearing down, the
+    /// sandboxes left in it) and the work dir.
+    fn cleanup(&mut self) {
+        remove_cgroup_parent(&self.cgroup_parent);
+        if !self.keep {
+            if let Err(e) = fs::remove_dir_all(&self.dir) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    eprintln!("koder-bench: removing {}: {e}", self.dir.display());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(120));
+        self.cleanup();
+    }
+}
+
+/// Cgroup directories of `parent` in every mounted hierarchy (v1 controllers and the v2 root).
+pub fn cgroup_parent_dirs(parent: &str) -> Vec<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup");
+    let mut dirs = vec![root.join(parent)];
+    if let Ok(entries) = fs::read_dir(root) {
+        dirs.extend(entries.flatten().map(|e| e.path().join(parent)));
+    }
+    dirs.retain(|d| d.is_dir());
+    dirs
+}
+
+/// The memory-controller directory of `parent`: v1 `memory/<parent>` or v2 `<parent>`.
+pub fn memory_cgroup(parent: &str) -> Option<(PathBuf, &'static str)> {
+    let v1 = Path::new("/sys/fs/cgroup/memory").join(parent);
+    if v1.join("memory.usage_in_bytes").exists() {
+        return Some((v1, "memory.usage_in_bytes"));
+    }
+    let v2 = Path::new("/sys/fs/cgroup").join(parent);
+    if v2.join("memory.current").exists() {
+        return Some((v2, "memory.current"));
+    }
+    None
+}
+
+fn remove_cgroup_parent(parent: &str) {
+    for dir in cgroup_parent_dirs(parent) {
+        // Only a daemon that died without teardown leaves sandboxes here; they are ours (the
+        // parent name is unique to this run), so their processes are killed before the rmdir.
+        if let Ok(children) = fs::read_dir(&dir) {
+            for child in children.flatten().map(|e| e.path()).filter(|p| p.is_dir()) {
+                for _ in 0..50 {
+                    let procs = fs::read_to_string(child.join("cgroup.procs")).unwrap_or_default();
+                    let pids: Vec<i32> = procs.lines().filter_map(|l| l.parse().ok()).collect();
+                    for pid in &pids {
+                        // SAFETY: kill with a pid from our own cgroup.
+                        unsafe { libc::kill(*pid, libc::SIGKILL) };
+                    }
+                    if fs::remove_dir(&child).is_ok() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        let _ = fs::remove_dir(&dir);
+    }
+}

@@ -1,0 +1,393 @@
+//! `koder-bench`: measures koder-sandbox against daemons it starts itself (each with its own
+//! data dir and cgroup parent under the work root), prints a markdown table with targets and
+//! pass/fail, and writes the same as JSON. `--smoke` runs every phase with tiny counts in
+//! seconds (CI keeps the harness from rotting; no timing is asserted there).
+//!
+//! Daemon "pool" (warm pool `bash = 2, python = 1`): exec latency, warm create,
+//! create+exec+destroy, python, warm interpreter, throughput, sustained creates, files.
+//! Daemon "cold" (`pool = {}`): create with an empty pool, destroy, density.
+
+mod daemon;
+mod host;
+mod phases;
+mod report;
+mod stats;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::{Parser, ValueEnum};
+use serde::Serialize;
+
+use crate::daemon::Daemon;
+use crate::report::{Report, Row};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Phase {
+    /// Host baselines: plain spawn, one-shot bwrap, host python.
+    Host,
+    /// Exec round trip of /bin/true in a live session.
+    Exec,
+    /// Session create (warm pool, empty pool), destroy, create+exec+destroy.
+    Create,
+    /// python3 -c pass in a session.
+    Python,
+    /// Warm code-interpreter context `1+1`.
+    Interp,
+    /// Execs/s with concurrent clients.
+    Throughput,
+    /// Creates/s sustained.
+    Creates,
+    /// Idle sessions: memory per session, time to create them.
+    Density,
+    /// File upload/download throughput.
+    Files,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "koder-bench",
+    about = "Benchmarks koder-sandbox against daemons it starts itself; prints a markdown table and writes JSON"
+)]
+struct Args {
+    /// Every phase with tiny counts (seconds); checks the harness end to end, asserts no timing.
+    #[arg(long)]
+    smoke: bool,
+    /// The koder-sandbox daemon binary (default: next to this executable). The agent is found
+    /// next to the daemon.
+    #[arg(long)]
+    daemon_bin: Option<PathBuf>,
+    /// Where the daemons' work dirs (config, data dir, log) are created.
+    #[arg(long, default_value = "/tmp")]
+    work_root: PathBuf,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also write the markdown table here.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// Only these phases (comma-separated); default all.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Phase>,
+    /// Seconds of each throughput phase (execs/s, creates/s).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Concurrent clients of the exec throughput phase.
+    #[arg(long)]
+    clients: Option<usize>,
+    /// Concurrent create+destroy loops of the sustained-creates phase.
+    #[arg(long)]
+    create_workers: Option<usize>,
+    /// Idle sessions held in the density phase.
+    #[arg(long)]
+    density: Option<usize>,
+    /// Concurrent creates (and destroys) in the density phase.
+    #[arg(long)]
+    density_concurrency: Option<usize>,
+    /// Size of the file uploaded and downloaded, MiB.
+    #[arg(long)]
+    file_mib: Option<u64>,
+    /// Multiplies every latency sample count.
+    #[arg(long, default_value_t = 1.0)]
+    samples_scale: f64,
+    /// Keep the daemons' work dirs (logs, data) after the run.
+    #[arg(long)]
+    keep: bool,
+}
+
+/// Counts and sizes of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    pub spawn_samples: usize,
+    pub exec_samples: usize,
+    pub create_samples: usize,
+    pub ced_samples: usize,
+    pub python_samples: usize,
+    pub interp_samples: usize,
+    pub warmup: usize,
+    pub duration_s: f64,
+    pub clients: usize,
+    pub create_workers: usize,
+    pub density: usize,
+    pub density_concurrency: usize,
+    pub file_bytes: u64,
+    pub warm_pool_bash: u64,
+}
+
+impl Settings {
+    fn from(args: &Args) -> Settings {
+        let mut s = if args.smoke {
+            Settings {
+                spawn_samples: 5,
+                exec_samples: 20,
+                create_samples: 3,
+                ced_samples: 3,
+                python_samples: 3,
+                interp_samples: 5,
+                warmup: 2,
+                duration_s: 1.0,
+                clients: 4,
+                create_workers: 2,
+                density: 4,
+                density_concurrency: 2,
+                file_bytes: 1 << 20,
+                warm_pool_bash: 2,
+            }
+        } else {
+            Settings {
+                spawn_samples: 300,
+                exec_samples: 2000,
+                create_samples: 100,
+                ced_samples: 50,
+                python_samples: 100,
+                interp_samples: 500,
+                warmup: 20,
+                duration_s: 20.0,
+                clients: 32,
+                create_workers: 4,
+                density: 500,
+                density_concurrency: 8,
+                file_bytes: 100 << 20,
+                warm_pool_bash: 2,
+            }
+        };
+        let scale = |n: usize| ((n as f64 * args.samples_scale).round() as usize).max(1);
+        s.spawn_samples = scale(s.spawn_samples);
+        s.exec_samples = scale(s.exec_samples);
+        s.create_samples = scale(s.create_samples);
+        s.ced_samples = scale(s.ced_samples);
+        s.python_samples = scale(s.python_samples);
+        s.interp_samples = scale(s.interp_samples);
+        if let Some(v) = args.duration {
+            s.duration_s = v.max(0.1);
+        }
+        if let Some(v) = args.clients {
+            s.clients = v.max(1);
+        }
+        if let Some(v) = args.create_workers {
+            s.create_workers = v.max(1);
+        }
+        if let Some(v) = args.density {
+            s.density = v.max(1);
+        }
+        if let Some(v) = args.density_concurrency {
+            s.density_concurrency = v.max(1);
+        }
+        if let Some(v) = args.file_mib {
+            s.file_bytes = v.max(1) << 20;
+        }
+        s
+    }
+
+    pub fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.duration_s)
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        if args.smoke {
+            println!("koder-bench: skipped: needs root (real sandboxes and cgroups)");
+            return ExitCode::SUCCESS;
+        }
+        eprintln!("koder-bench: needs root (real sandboxes and cgroups)");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("koder-bench: tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            r = run(&args) => r.map(Some),
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("koder-bench: interrupted; cleaning up");
+                Ok(None)
+            }
+        }
+    });
+    match outcome {
+        Ok(Some(report)) if !report.has_errors() => ExitCode::SUCCESS,
+        Ok(Some(_)) => {
+            eprintln!("koder-bench: some measurements failed (see the table)");
+            ExitCode::FAILURE
+        }
+        Ok(None) => ExitCode::from(130),
+        Err(e) => {
+            eprintln!("koder-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> Result<Report> {
+    let started = Instant::now();
+    let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
+    let settings = Settings::from(args);
+    let load = host::loadavg();
+    let wants = |p: Phase| args.only.is_empty() || args.only.contains(&p);
+    let daemon_bin = match &args.daemon_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("this executable has no directory")?
+            .join("koder-sandbox"),
+    };
+    let build = if daemon_bin.components().any(|c| c.as_os_str() == "release") {
+        "release"
+    } else if daemon_bin.components().any(|c| c.as_os_str() == "debug") {
+        "debug"
+    } else {
+        "unknown"
+    };
+    let mut rows: Vec<Row> = Vec::new();
+    let progress = |what: &str| {
+        eprintln!(
+            "koder-bench: [{:>5.1}s] {what}",
+            started.elapsed().as_secs_f64()
+        )
+    };
+
+    // Host baselines first, with nothing else running.
+    let mut baselines = phases::Baselines::default();
+    if wants(Phase::Host) || wants(Phase::Exec) || wants(Phase::Create) || wants(Phase::Python) {
+        progress("host baselines");
+        baselines = phases::host_baselines(&settings, &mut rows);
+    }
+
+    let pool_phases = [
+        Phase::Exec,
+        Phase::Create,
+        Phase::Python,
+        Phase::Interp,
+        Phase::Throughput,
+        Phase::Creates,
+        Phase::Files,
+    ];
+    if pool_phases.iter().any(|&p| wants(p)) {
+        progress("starting the daemon with a warm pool");
+        let pool_toml = format!(
+            "pool = {{ bash = {}, python = 1 }}\nreap_interval = 1.0\n",
+            settings.warm_pool_bash
+        );
+        match Daemon::start(&daemon_bin, &args.work_root, "pool", &pool_toml, args.keep).await {
+            Ok(mut d) => {
+                let ctx = phases::Ctx {
+                    d: &d,
+                    s: &settings,
+                    base: &baselines,
+                };
+                if wants(Phase::Exec) {
+                    progress("exec latency");
+                    phases::exec_latency(&ctx, &mut rows).await;
+                }
+                if wants(Phase::Create) {
+                    progress("warm create, create+exec+destroy");
+                    phases::warm_create(&ctx, &mut rows).await;
+                }
+                if wants(Phase::Python) {
+                    progress("python in a session");
+                    phases::python(&ctx, &mut rows).await;
+                }
+                if wants(Phase::Interp) {
+                    progress("warm interpreter");
+                    phases::interp(&ctx, &mut rows).await;
+                }
+                if wants(Phase::Throughput) {
+                    progress("exec throughput");
+                    phases::exec_throughput(&ctx, &mut rows).await;
+                }
+                if wants(Phase::Creates) {
+                    progress("sustained creates");
+                    phases::create_throughput(&ctx, &mut rows).await;
+                }
+                if wants(Phase::Files) {
+                    progress("file transfer");
+                    phases::files(&ctx, &mut rows).await;
+                }
+                if rows.iter().any(|r| r.status == report::Status::Error) {
+                    eprintln!("koder-bench: daemon log tail:\n{}", d.log_tail(20));
+                }
+                d.stop(Duration::from_secs(120));
+            }
+            Err(e) => rows.push(Row::error("daemon_pool", "daemon with a warm pool", &e)),
+        }
+    }
+
+    if wants(Phase::Create) || wants(Phase::Density) {
+        progress("starting the daemon with an empty pool");
+        match Daemon::start(
+            &daemon_bin,
+            &args.work_root,
+            "cold",
+            "pool = {}\nreap_interval = 1.0\n",
+            args.keep,
+        )
+        .await
+        {
+            Ok(mut d) => {
+                let ctx = phases::Ctx {
+                    d: &d,
+                    s: &settings,
+                    base: &baselines,
+                };
+                if wants(Phase::Create) {
+                    progress("cold create and destroy");
+                    phases::cold_create(&ctx, &mut rows).await;
+                }
+                if wants(Phase::Density) {
+                    progress(&format!("density: {} idle sessions", settings.density));
+                    phases::density(&ctx, &mut rows).await;
+                }
+                d.stop(Duration::from_secs(300));
+            }
+            Err(e) => rows.push(Row::error("daemon_cold", "daemon with an empty pool", &e)),
+        }
+    }
+    progress("done");
+    rows.sort_by_key(|r| {
+        phases::ORDER
+            .iter()
+            .position(|id| *id == r.id)
+            .unwrap_or(usize::MAX)
+    });
+
+    let report = Report {
+        tool: "koder-bench",
+        started_at,
+        duration_s: started.elapsed().as_secs_f64(),
+        mode: if args.smoke { "smoke" } else { "full" },
+        build,
+        machine: host::machine(),
+        load_avg_1m_at_start: load,
+        settings: serde_json::to_value(&settings)?,
+        rows,
+    };
+    let md = report.markdown();
+    println!("{md}");
+    if let Some(path) = &args.markdown {
+        write_file(path, md.as_bytes())?;
+    }
+    if let Some(path) = &args.json {
+        write_file(path, &serde_json::to_vec_pretty(&report)?)?;
+    }
+    Ok(report)
+}
+
+fn write_file(path: &std::path::Path, data: &[u8]) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, data).with_context(|| format!("writing {}", path.display()))
+}

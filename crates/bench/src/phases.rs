@@ -1,0 +1,961 @@
+//! The measurements. Each phase pushes its rows; a phase that fails pushes an error row and the
+//! run goes on.
+
+use std::future::Future;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use futures::{StreamExt, TryStreamExt};
+use koder_sdk::{Client, CreateSession, ExecRequest, Session, SessionState};
+use serde_json::{json, Value};
+
+use crate::daemon::{memory_cgroup, Daemon};
+use crate::host::{self, ProcMem};
+use crate::report::{Row, Status};
+use crate::stats::{fmt_ms, mib, Summary};
+use crate::Settings;
+
+/// Row order of the table.
+pub const ORDER: &[&str] = &[
+    "host_spawn",
+    "bwrap_spawn",
+    "exec_true",
+    "create_warm",
+    "create_cold",
+    "destroy",
+    "create_exec_destroy",
+    "python_host",
+    "python_exec",
+    "interp_warm",
+    "exec_throughput",
+    "create_throughput",
+    "density_memory",
+    "density_breakdown",
+    "density_held",
+    "density_create",
+    "density_teardown",
+    "upload",
+    "download",
+];
+
+/// Host figures the targets are relative to.
+#[derive(Debug, Default)]
+pub struct Baselines {
+    pub bwrap_p50_ms: Option<f64>,
+    pub python_p50_ms: Option<f64>,
+}
+
+pub struct Ctx<'a> {
+    pub d: &'a Daemon,
+    pub s: &'a Settings,
+    pub base: &'a Baselines,
+}
+
+const TRUE: &str = "/bin/true";
+const SESSION_TIMEOUT_S: u64 = 3600;
+const POOL_WAIT: Duration = Duration::from_secs(60);
+
+fn create_req(language: &str) -> CreateSession {
+    CreateSession {
+        language: Some(language.into()),
+        timeout_s: Some(SESSION_TIMEOUT_S),
+        ..Default::default()
+    }
+}
+
+fn argv(cmd: &[&str]) -> ExecRequest {
+    ExecRequest {
+        cmd: Some(cmd.iter().map(|s| s.to_string()).collect()),
+        ..Default::default()
+    }
+}
+
+/// Runs `cmd` in the session and insists on exit 0.
+async fn exec_ok(client: &Client, id: &str, req: &ExecRequest) -> Result<()> {
+    let r = client.exec(id, req).await?;
+    if r.exit_code != Some(0) {
+        bail!(
+            "exec {:?} ended with {:?}/{:?}: {}",
+            req.cmd,
+            r.exit_code,
+            r.signal,
+            r.stderr.chars().take(200).collect::<String>()
+        );
+    }
+    Ok(())
+}
+
+/// `warmup` untimed then `n` timed runs of `op`.
+async fn time_n<F, Fut>(warmup: usize, n: usize, mut op: F) -> Result<Vec<Duration>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    for _ in 0..warmup {
+        op().await?;
+    }
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let began = Instant::now();
+        op().await?;
+        samples.push(began.elapsed());
+    }
+    Ok(samples)
+}
+
+fn summary(samples: &[Duration]) -> Result<Summary> {
+    Summary::of(samples).ok_or_else(|| anyhow!("no samples"))
+}
+
+fn ratio_target(what: &str, p50: f64, base: Option<f64>) -> (String, Status) {
+    match base {
+        Some(b) => {
+            let limit = 0.5 * b;
+            (
+                format!("p50 ≤ 0.5 × {what} = {}", fmt_ms(limit)),
+                Status::verdict(p50 <= limit),
+            )
+        }
+        None => (
+            format!("p50 ≤ 0.5 × {what} (baseline n/a)"),
+            Status::NotAvailable,
+        ),
+    }
+}
+
+// ---- host ----
+
+pub fn host_baselines(s: &Settings, rows: &mut Vec<Row>) -> Baselines {
+    let mut b = Baselines::default();
+    let warm = s.warmup.min(20);
+    match host::time_spawns(|| Command::new(TRUE), warm, s.spawn_samples).and_then(|v| summary(&v))
+    {
+        Ok(sum) => rows.push(
+            Row::info(
+                "host_spawn",
+                "`/bin/true`, plain spawn on the host (`std::process::Command`)",
+                sum.display(),
+            )
+            .target("baseline", Status::Info)
+            .data(json!(sum)),
+        ),
+        Err(e) => rows.push(Row::error("host_spawn", "`/bin/true`, plain spawn", &e)),
+    }
+    let bwrap_name =
+        "`/bin/true` in a one-shot `bwrap --unshare-all --die-with-parent ...` sandbox";
+    if Path::new(host::BWRAP).exists() {
+        match host::time_spawns(|| host::bwrap_command(&[TRUE]), warm, s.spawn_samples)
+            .and_then(|v| summary(&v))
+        {
+            Ok(sum) => {
+                b.bwrap_p50_ms = Some(sum.p50_ms);
+                rows.push(
+                    Row::info("bwrap_spawn", bwrap_name, sum.display())
+                        .target("baseline", Status::Info)
+                        .data(json!(sum)),
+                );
+            }
+            Err(e) => rows.push(Row::error("bwrap_spawn", bwrap_name, &e)),
+        }
+    } else {
+        rows.push(Row::not_available(
+            "bwrap_spawn",
+            bwrap_name,
+            "bubblewrap not installed; scripts/setup.sh installs it",
+        ));
+    }
+    let py_name = "`python3 -c pass` on the host";
+    if Path::new(host::PYTHON).exists() {
+        let n = s.python_samples;
+        match host::time_spawns(
+            || {
+                let mut c = Command::new(host::PYTHON);
+                c.args(["-c", "pass"]);
+                c
+            },
+            2,
+            n,
+        )
+        .and_then(|v| summary(&v))
+        {
+            Ok(sum) => {
+                b.python_p50_ms = Some(sum.p50_ms);
+                rows.push(
+                    Row::info("python_host", py_name, sum.display())
+                        .target("baseline", Status::Info)
+                        .data(json!(sum)),
+                );
+            }
+            Err(e) => rows.push(Row::error("python_host", py_name, &e)),
+        }
+    } else {
+        rows.push(Row::not_available(
+            "python_host",
+            py_name,
+            "no /usr/bin/python3",
+        ));
+    }
+    b
+}
+
+// ---- exec ----
+
+pub async fn exec_latency(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    let name = "exec `/bin/true` in a live session (REST, keep-alive)";
+    match exec_latency_inner(ctx).await {
+        Ok(sum) => {
+            let (target, status) = ratio_target("bwrap", sum.p50_ms, ctx.base.bwrap_p50_ms);
+            rows.push(
+                Row::info("exec_true", name, sum.display())
+                    .target(target, status)
+                    .data(json!(sum)),
+            );
+        }
+        Err(e) => rows.push(Row::error("exec_true", name, &e)),
+    }
+}
+
+async fn exec_latency_inner(ctx: &Ctx<'_>) -> Result<Summary> {
+    let client = ctx.d.client()?;
+    let session = client.create_session(&create_req("bash")).await?;
+    let req = argv(&[TRUE]);
+    let samples = time_n(ctx.s.warmup, ctx.s.exec_samples, || {
+        exec_ok(&client, session.id(), &req)
+    })
+    .await;
+    let _ = client.destroy_session(session.id()).await;
+    summary(&samples?)
+}
+
+// ---- create ----
+
+pub async fn warm_create(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    let name = "session create, warm pool";
+    match warm_create_inner(ctx, false).await {
+        Ok(sum) => {
+            let (target, status) = ratio_target("bwrap", sum.p50_ms, ctx.base.bwrap_p50_ms);
+            rows.push(
+                Row::info("create_warm", name, sum.display())
+                    .target(target, status)
+                    .data(json!(sum)),
+            );
+        }
+        Err(e) => rows.push(Row::error("create_warm", name, &e)),
+    }
+    let name = "create + exec `/bin/true` + destroy (warm pool)";
+    match warm_create_inner(ctx, true).await {
+        Ok(sum) => {
+            rows.push(Row::info("create_exec_destroy", name, sum.display()).data(json!(sum)))
+        }
+        Err(e) => rows.push(Row::error("create_exec_destroy", name, &e)),
+    }
+}
+
+/// Creates from a full pool (waiting for the refill between samples, untimed); with `full`,
+/// each sample is create + exec + destroy.
+async fn warm_create_inner(ctx: &Ctx<'_>, full: bool) -> Result<Summary> {
+    let client = ctx.d.client()?;
+    let http = reqwest::Client::new();
+    let req = create_req("bash");
+    let exec = argv(&[TRUE]);
+    let n = if full {
+        ctx.s.ced_samples
+    } else {
+        ctx.s.create_samples
+    };
+    let mut samples = Vec::with_capacity(n);
+    // One untimed round warms the HTTP connection and the daemon's code paths.
+    for i in 0..n + 1 {
+        ctx.d
+            .wait_pool(&http, "bash", ctx.s.warm_pool_bash, POOL_WAIT)
+            .await?;
+        let began = Instant::now();
+        let session = client.create_session(&req).await?;
+        if full {
+            exec_ok(&client, session.id(), &exec).await?;
+            client.destroy_session(session.id()).await?;
+        }
+        let took = began.elapsed();
+        if !full {
+            client.destroy_session(session.id()).await?;
+        }
+        if i > 0 {
+            samples.push(took);
+        }
+    }
+    summary(&samples)
+}
+
+pub async fn cold_create(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    let name = "session create, empty pool (`pool = {}`)";
+    match cold_create_inner(ctx).await {
+        Ok((create, destroy)) => {
+            rows.push(
+                Row::info("create_cold", name, create.display())
+                    .target("p50 ≤ 20 ms", Status::verdict(create.p50_ms <= 20.0))
+                    .data(json!(create)),
+            );
+            rows.push(
+                Row::info("destroy", "session destroy (`DELETE`)", destroy.display())
+                    .data(json!(destroy)),
+            );
+        }
+        Err(e) => rows.push(Row::error("create_cold", name, &e)),
+    }
+}
+
+async fn cold_create_inner(ctx: &Ctx<'_>) -> Result<(Summary, Summary)> {
+    let client = ctx.d.client()?;
+    let req = create_req("bash");
+    let n = ctx.s.create_samples;
+    let (mut creates, mut destroys) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n + 1 {
+        let began = Instant::now();
+        let session = client.create_session(&req).await?;
+        let created = began.elapsed();
+        let began = Instant::now();
+        client.destroy_session(session.id()).await?;
+        if i > 0 {
+            creates.push(created);
+            destroys.push(began.elapsed());
+        }
+    }
+    Ok((summary(&creates)?, summary(&destroys)?))
+}
+
+// ---- python ----
+
+pub async fn python(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    let name = "`python3 -c pass` exec in a session";
+    match python_inner(ctx).await {
+        Ok(sum) => {
+            let mut result = sum.display();
+            if let Some(h) = ctx.base.python_p50_ms {
+                result.push_str(&format!("; p50 {:+.2} ms vs. host", sum.p50_ms - h));
+            }
+            rows.push(
+                Row::info("python_exec", name, result)
+                    .target("compare with the host", Status::Info)
+                    .data(json!(sum)),
+            );
+        }
+        Err(e) => rows.push(Row::error("python_exec", name, &e)),
+    }
+}
+
+async fn python_inner(ctx: &Ctx<'_>) -> Result<Summary> {
+    let client = ctx.d.client()?;
+    let session = client.create_session(&create_req("python")).await?;
+    let req = argv(&["python3", "-c", "pass"]);
+    let samples = time_n(2, ctx.s.python_samples, || {
+        exec_ok(&client, session.id(), &req)
+    })
+    .await;
+    let _ = client.destroy_session(session.id()).await;
+    summary(&samples?)
+}
+
+// ---- code interpreter ----
+
+pub async fn interp(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    let name = "warm interpreter `1+1` (code-interpreter context run)";
+    match interp_inner(ctx).await {
+        Ok(Some(sum)) => rows.push(
+            Row::info("interp_warm", name, sum.display())
+                .target("p50 ≤ 1 ms", Status::verdict(sum.p50_ms <= 1.0))
+                .data(json!(sum)),
+        ),
+        Ok(None) => rows.push(
+            Row::not_available("interp_warm", name, "not available")
+                .target("p50 ≤ 1 ms", Status::NotAvailable),
+        ),
+        Err(e) => rows.push(Row::error("interp_warm", name, &e)),
+    }
+}
+
+/// `None` when the daemon has no contexts endpoint (404/405/501).
+async fn interp_inner(ctx: &Ctx<'_>) -> Result<Option<Summary>> {
+    let client = ctx.d.client()?;
+    let session = client.create_session(&create_req("python")).await?;
+    let result = interp_run(ctx, &client, session.id()).await;
+    let _ = client.destroy_session(session.id()).await;
+    result
+}
+
+fn unavailable(status: reqwest::StatusCode) -> bool {
+    matches!(status.as_u16(), 404 | 405 | 501)
+}
+
+async fn interp_run(ctx: &Ctx<'_>, client: &Client, sid: &str) -> Result<Option<Summary>> {
+    let http = reqwest::Client::new();
+    let contexts = client.url(&["v1", "sandbox", "sessions", sid, "contexts"])?;
+    let resp = http
+        .post(contexts.clone())
+        .bearer_auth(&ctx.d.key)
+        .header(reqwest::header::ACCEPT, "application/json")
+        .json(&json!({"language": "python"}))
+        .send()
+        .await?;
+    let status = resp.status();
+    let body = resp.bytes().await?;
+    if unavailable(status) {
+        return Ok(None);
+    }
+    if !status.is_success() {
+        bail!(
+            "POST .../contexts answered {status}: {}",
+            String::from_utf8_lossy(&body)
+                .chars()
+                .take(200)
+                .collect::<String>()
+        );
+    }
+    let v: Value = serde_json::from_slice(&body).context("context create answer")?;
+    let cid = v
+        .get("context_id")
+        .or_else(|| v.get("id"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("context create answer has no context_id: {v}"))?
+        .to_string();
+    let run_url = client.url(&["v1", "sandbox", "sessions", sid, "contexts", &cid, "run"])?;
+    let run = || async {
+        let resp = http
+            .post(run_url.clone())
+            .bearer_auth(&ctx.d.key)
+            .header(reqwest::header::ACCEPT, "application/json")
+            .json(&json!({"code": "1+1"}))
+            .send()
+            .await?;
+        let status = resp.status();
+        let body = resp.bytes().await?;
+        Ok::<_, anyhow::Error>((status, body))
+    };
+    let (status, body) = run().await?;
+    if unavailable(status) {
+        return Ok(None);
+    }
+    check_run(status, &body)?;
+    let samples = time_n(ctx.s.warmup, ctx.s.interp_samples, || async {
+        let (status, body) = run().await?;
+        check_run(status, &body)
+    })
+    .await?;
+    let mut delete = contexts.clone();
+    delete
+        .path_segments_mut()
+        .map_err(|()| anyhow!("base URL"))?
+        .push(&cid);
+    let _ = http.delete(delete).bearer_auth(&ctx.d.key).send().await;
+    Ok(Some(summary(&samples)?))
+}
+
+fn check_run(status: reqwest::StatusCode, body: &[u8]) -> Result<()> {
+    if !status.is_success() {
+        bail!(
+            "context run answered {status}: {}",
+            String::from_utf8_lossy(body)
+                .chars()
+                .take(200)
+                .collect::<String>()
+        );
+    }
+    let v: Value = serde_json::from_slice(body).context("context run answer")?;
+    match v.get("error") {
+        None | Some(Value::Null) => Ok(()),
+        Some(err) => bail!("`1+1` raised: {err}"),
+    }
+}
+
+// ---- throughput ----
+
+pub async fn exec_throughput(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    let s = ctx.s;
+    let name = format!(
+        "exec `/bin/true` throughput, {} concurrent clients × {} s",
+        s.clients, s.duration_s
+    );
+    match exec_throughput_inner(ctx).await {
+        Ok((rate, ok, errors, sum)) => rows.push(
+            Row::info(
+                "exec_throughput",
+                name,
+                format!(
+                    "{rate:.0} execs/s ({ok} ok, {errors} errors; latency under load {})",
+                    sum.display()
+                ),
+            )
+            .target(
+                "≥ 500 execs/s",
+                Status::verdict(rate >= 500.0 && errors == 0),
+            )
+            .data(json!({"execs_per_s": rate, "ok": ok, "errors": errors, "latency": sum})),
+        ),
+        Err(e) => rows.push(Row::error("exec_throughput", name, &e)),
+    }
+}
+
+/// One session and one HTTP connection pool per client.
+async fn exec_throughput_inner(ctx: &Ctx<'_>) -> Result<(f64, u64, u64, Summary)> {
+    let s = ctx.s;
+    let mut clients = Vec::with_capacity(s.clients);
+    for _ in 0..s.clients {
+        clients.push(ctx.d.client()?);
+    }
+    let req = create_req("bash");
+    let created: Vec<Result<Session, koder_sdk::Error>> = futures::stream::iter(clients.iter())
+        .map(|c| c.create_session(&req))
+        .buffered(4)
+        .collect()
+        .await;
+    let mut sessions = Vec::new();
+    let mut first_err = None;
+    for r in created {
+        match r {
+            Ok(sess) => sessions.push(sess),
+            Err(e) => first_err = first_err.or(Some(e)),
+        }
+    }
+    let result = async {
+        if let Some(e) = first_err {
+            return Err(anyhow!("creating the clients' sessions: {e}"));
+        }
+        let req = argv(&[TRUE]);
+        // Every connection is up before the clock starts.
+        futures::future::try_join_all(
+            sessions
+                .iter()
+                .map(|sess| exec_ok(sess.client(), sess.id(), &req)),
+        )
+        .await?;
+        let began = Instant::now();
+        let deadline = began + s.duration();
+        let per_client = futures::future::join_all(sessions.iter().map(|sess| {
+            let req = &req;
+            async move {
+                let (mut lat, mut errors) = (Vec::new(), 0u64);
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    match exec_ok(sess.client(), sess.id(), req).await {
+                        Ok(()) => lat.push(t.elapsed()),
+                        Err(_) => errors += 1,
+                    }
+                }
+                (lat, errors)
+            }
+        }))
+        .await;
+        let elapsed = began.elapsed().as_secs_f64();
+        let mut all = Vec::new();
+        let mut errors = 0;
+        for (lat, e) in per_client {
+            all.extend(lat);
+            errors += e;
+        }
+        let ok = all.len() as u64;
+        Ok((ok as f64 / elapsed, ok, errors, summary(&all)?))
+    }
+    .await;
+    futures::future::join_all(sessions.into_iter().map(Session::destroy)).await;
+    result
+}
+
+pub async fn create_throughput(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    let s = ctx.s;
+    let name = format!(
+        "creates/s sustained ({} concurrent create→destroy loops × {} s, warm pool refilling)",
+        s.create_workers, s.duration_s
+    );
+    match create_throughput_inner(ctx).await {
+        Ok((rate, ok, errors, sum)) => rows.push(
+            Row::info(
+                "create_throughput",
+                name,
+                format!(
+                    "{rate:.1} creates/s ({ok} ok, {errors} errors; create latency {})",
+                    sum.display()
+                ),
+            )
+            .data(
+                json!({"creates_per_s": rate, "ok": ok, "errors": errors, "create_latency": sum}),
+            ),
+        ),
+        Err(e) => rows.push(Row::error("create_throughput", name, &e)),
+    }
+}
+
+async fn create_throughput_inner(ctx: &Ctx<'_>) -> Result<(f64, u64, u64, Summary)> {
+    let s = ctx.s;
+    let mut clients = Vec::with_capacity(s.create_workers);
+    for _ in 0..s.create_workers {
+        clients.push(ctx.d.client()?);
+    }
+    let req = create_req("bash");
+    let began = Instant::now();
+    let deadline = began + s.duration();
+    let per_worker = futures::future::join_all(clients.iter().map(|c| {
+        let req = &req;
+        async move {
+            let (mut lat, mut errors, mut last_err) = (Vec::new(), 0u64, None);
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                match c.create_session(req).await {
+                    Ok(sess) => {
+                        lat.push(t.elapsed());
+                        if let Err(e) = sess.destroy().await {
+                            errors += 1;
+                            last_err = Some(e.to_string());
+                        }
+                    }
+                    Err(e) => {
+                        errors += 1;
+                        last_err = Some(e.to_string());
+                    }
+                }
+            }
+            (lat, errors, last_err)
+        }
+    }))
+    .await;
+    let elapsed = began.elapsed().as_secs_f64();
+    let (mut all, mut errors, mut last_err) = (Vec::new(), 0, None);
+    for (lat, e, le) in per_worker {
+        all.extend(lat);
+        errors += e;
+        last_err = last_err.or(le);
+    }
+    if all.is_empty() {
+        bail!("no create succeeded: {}", last_err.unwrap_or_default());
+    }
+    let ok = all.len() as u64;
+    Ok((ok as f64 / elapsed, ok, errors, summary(&all)?))
+}
+
+// ---- density ----
+
+pub async fn density(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    if let Err(e) = density_inner(ctx, rows).await {
+        rows.push(Row::error(
+            "density_memory",
+            format!("{} idle sessions", ctx.s.density),
+            &e,
+        ));
+    }
+}
+
+fn kib(m: &std::collections::BTreeMap<String, u64>, k: &str) -> i64 {
+    m.get(k).copied().unwrap_or(0) as i64
+}
+
+async fn density_inner(ctx: &Ctx<'_>, rows: &mut Vec<Row>) -> Result<()> {
+    let s = ctx.s;
+    let n = s.density;
+    let client = ctx.d.client()?;
+    let daemon_pid = ctx.d.pid().context("daemon not running")?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = host::meminfo()?;
+    let daemon_before = host::proc_mem(daemon_pid).unwrap_or_default();
+
+    let req = create_req("bash");
+    let began = Instant::now();
+    let results: Vec<(Duration, Result<Session, koder_sdk::Error>)> = futures::stream::iter(0..n)
+        .map(|_| {
+            let (client, req) = (&client, &req);
+            async move {
+                let t = Instant::now();
+                let r = client.create_session(req).await;
+                (t.elapsed(), r)
+            }
+        })
+        .buffer_unordered(s.density_concurrency)
+        .collect()
+        .await;
+    let create_time = began.elapsed();
+    let mut sessions = Vec::with_capacity(n);
+    let mut lat = Vec::with_capacity(n);
+    let mut create_errors = 0usize;
+    let mut first_err = None;
+    for (t, r) in results {
+        match r {
+            Ok(sess) => {
+                lat.push(t);
+                sessions.push(sess);
+            }
+            Err(e) => {
+                create_errors += 1;
+                first_err = first_err.or(Some(e.to_string()));
+            }
+        }
+    }
+    let outcome = density_measure(
+        ctx,
+        rows,
+        &client,
+        &sessions,
+        (before, daemon_before),
+        (create_time, &lat, create_errors, first_err),
+    )
+    .await;
+
+    // Teardown, timed.
+    let began = Instant::now();
+    let destroyed: Vec<Result<(), koder_sdk::Error>> = futures::stream::iter(sessions)
+        .map(Session::destroy)
+        .buffer_unordered(s.density_concurrency)
+        .collect()
+        .await;
+    let destroy_errors = destroyed.iter().filter(|r| r.is_err()).count();
+    let took = began.elapsed().as_secs_f64();
+    let count = destroyed.len();
+    rows.push(
+        Row::info(
+            "density_teardown",
+            format!(
+                "destroy {count} sessions ({} concurrent)",
+                s.density_concurrency
+            ),
+            format!(
+                "{took:.2} s ({:.1}/s, {destroy_errors} errors)",
+                count as f64 / took.max(1e-9)
+            ),
+        )
+        .data(json!({"seconds": took, "sessions": count, "errors": destroy_errors})),
+    );
+    outcome
+}
+
+type Before = (std::collections::BTreeMap<String, u64>, ProcMem);
+type Created<'a> = (Duration, &'a [Duration], usize, Option<String>);
+
+async fn density_measure(
+    ctx: &Ctx<'_>,
+    rows: &mut Vec<Row>,
+    client: &Client,
+    sessions: &[Session],
+    (before, daemon_before): Before,
+    (create_time, lat, create_errors, first_err): Created<'_>,
+) -> Result<()> {
+    let s = ctx.s;
+    let n = s.density;
+    let held = sessions.len();
+    let lat_sum = Summary::of(lat);
+    rows.push(
+        Row::info(
+            "density_create",
+            format!("time to create {n} sessions ({} concurrent, empty pool)", s.density_concurrency),
+            format!(
+                "{:.2} s ({:.1} creates/s; per create {})",
+                create_time.as_secs_f64(),
+                held as f64 / create_time.as_secs_f64().max(1e-9),
+                lat_sum.map_or_else(|| "-".into(), |l| l.display())
+            ),
+        )
+        .data(json!({"seconds": create_time.as_secs_f64(), "created": held, "errors": create_errors, "latency": lat_sum})),
+    );
+
+    // Let lazy allocations and the reaper settle before reading memory.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = host::meminfo()?;
+    let daemon_pid = ctx.d.pid().context("daemon not running")?;
+    let daemon_after = host::proc_mem(daemon_pid).unwrap_or_default();
+    let (mut cg_usage, mut agents, mut agent_mem) = (0u64, 0usize, ProcMem::default());
+    let mut cgroups = 0usize;
+    if let Some((dir, file)) = memory_cgroup(&ctx.d.cgroup_parent) {
+        for (usage, pids) in host::sandbox_cgroups(&dir, file) {
+            cgroups += 1;
+            cg_usage += usage;
+            for pid in pids {
+                if let Some(m) = host::proc_mem(pid) {
+                    agents += 1;
+                    agent_mem.rss_kib += m.rss_kib;
+                    agent_mem.pss_kib += m.pss_kib;
+                }
+            }
+        }
+    }
+    let per = |kib: f64| if held == 0 { 0.0 } else { kib / held as f64 };
+    let avail_delta = (kib(&before, "MemAvailable") - kib(&after, "MemAvailable")) as f64;
+    let used = |m: &std::collections::BTreeMap<String, u64>| kib(m, "MemTotal") - kib(m, "MemFree");
+    let used_delta = (used(&after) - used(&before)) as f64;
+    let kernel_keys = ["Slab", "PageTables", "KernelStack", "Percpu"];
+    let kernel_delta: i64 = kernel_keys
+        .iter()
+        .map(|k| kib(&after, k) - kib(&before, k))
+        .sum();
+    let per_session_mib = per(avail_delta) / 1024.0;
+    rows.push(
+        Row::info(
+            "density_memory",
+            format!("host memory per idle session ({held} idle)"),
+            format!(
+                "{per_session_mib:.2} MiB (MemAvailable drop {:.0} MiB / {held})",
+                avail_delta / 1024.0
+            ),
+        )
+        .target(
+            "≤ 3 MiB",
+            if held == 0 {
+                Status::Error
+            } else {
+                Status::verdict(per_session_mib <= 3.0)
+            },
+        )
+        .data(json!({
+            "per_session_mib": per_session_mib,
+            "mem_available_drop_kib": avail_delta,
+            "mem_used_growth_kib": used_delta,
+            "sessions": held,
+        })),
+    );
+    let daemon_delta = daemon_after.rss_kib as f64 - daemon_before.rss_kib as f64;
+    rows.push(
+        Row::info(
+            "density_breakdown",
+            "… per session: agent RSS / PSS, sandbox cgroup memory, daemon RSS growth, kernel (slab, page tables, stacks, percpu)",
+            format!(
+                "agent {:.2} / {:.2} MiB, cgroup {:.2} MiB, daemon {:.0} KiB, kernel {:.2} MiB",
+                per(agent_mem.rss_kib as f64) / 1024.0,
+                per(agent_mem.pss_kib as f64) / 1024.0,
+                mib(per(cg_usage as f64)),
+                per(daemon_delta),
+                per(kernel_delta as f64) / 1024.0,
+            ),
+        )
+        .data(json!({
+            "agents": agents,
+            "cgroups": cgroups,
+            "agent_rss_kib_total": agent_mem.rss_kib,
+            "agent_pss_kib_total": agent_mem.pss_kib,
+            "cgroup_usage_bytes_total": cg_usage,
+            "daemon_rss_kib": [daemon_before.rss_kib, daemon_after.rss_kib],
+            "daemon_pss_kib": [daemon_before.pss_kib, daemon_after.pss_kib],
+            "kernel_kib_delta": kernel_keys.iter().map(|k| (k.to_string(), kib(&after, k) - kib(&before, k))).collect::<std::collections::BTreeMap<_, _>>(),
+        })),
+    );
+
+    // Held: listed as running, and every one answers an exec.
+    let listed = client
+        .list_sessions()
+        .await?
+        .iter()
+        .filter(|x| x.state == SessionState::Running)
+        .count();
+    let req = argv(&[TRUE]);
+    let execs: Vec<Result<()>> = futures::stream::iter(sessions)
+        .map(|sess| {
+            let req = &req;
+            async move { exec_ok(client, sess.id(), req).await }
+        })
+        .buffer_unordered(s.density_concurrency)
+        .collect()
+        .await;
+    let exec_errors = execs.iter().filter(|r| r.is_err()).count();
+    let first_exec_err = execs
+        .into_iter()
+        .find_map(Result::err)
+        .map(|e| e.to_string());
+    let errors = create_errors + exec_errors;
+    let mut result = format!(
+        "{held}/{n} created, {listed} listed running, {} answered an exec; {errors} errors",
+        held - exec_errors
+    );
+    if let Some(e) = first_err.as_ref().or(first_exec_err.as_ref()) {
+        result.push_str(&format!(
+            " (first: {})",
+            e.chars().take(160).collect::<String>()
+        ));
+    }
+    let status = if errors > 0 || listed < held {
+        Status::Fail
+    } else if n >= 500 {
+        Status::Pass
+    } else {
+        Status::Info
+    };
+    rows.push(
+        Row::info("density_held", format!("{n} idle sessions held"), result)
+            .target("500 held, 0 errors", status)
+            .data(json!({"requested": n, "created": held, "listed_running": listed, "create_errors": create_errors, "exec_errors": exec_errors})),
+    );
+    Ok(())
+}
+
+// ---- files ----
+
+pub async fn files(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    let size_mib = ctx.s.file_bytes as f64 / (1024.0 * 1024.0);
+    match files_inner(ctx).await {
+        Ok((up, down)) => {
+            rows.push(
+                Row::info(
+                    "upload",
+                    format!("file upload, {size_mib:.0} MiB (`PUT .../files`)"),
+                    format!("{:.0} MiB/s ({:.2} s)", size_mib / up, up),
+                )
+                .data(json!({"mib": size_mib, "seconds": up, "mib_per_s": size_mib / up})),
+            );
+            rows.push(
+                Row::info(
+                    "download",
+                    format!("file download, {size_mib:.0} MiB (`GET .../files`)"),
+                    format!("{:.0} MiB/s ({:.2} s)", size_mib / down, down),
+                )
+                .data(json!({"mib": size_mib, "seconds": down, "mib_per_s": size_mib / down})),
+            );
+        }
+        Err(e) => rows.push(Row::error("upload", "file upload/download", &e)),
+    }
+}
+
+async fn files_inner(ctx: &Ctx<'_>) -> Result<(f64, f64)> {
+    let client = ctx.d.client()?;
+    let session = client.create_session(&create_req("bash")).await?;
+    let result = files_run(ctx, &session).await;
+    let _ = client.destroy_session(session.id()).await;
+    result
+}
+
+async fn files_run(ctx: &Ctx<'_>, session: &Session) -> Result<(f64, f64)> {
+    let len = ctx.s.file_bytes as usize;
+    // Not all zeros and not trivially periodic, so nothing on the way can shortcut it.
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_right(13) as u8)
+        .collect();
+    let checksum = fnv(&data);
+    let data = bytes::Bytes::from(data);
+    let path = "/workspace/bench.bin";
+    let began = Instant::now();
+    let entry = session.upload(path, data).await?;
+    let up = began.elapsed().as_secs_f64();
+    if entry.size != len as u64 {
+        bail!("uploaded {} bytes, the daemon reports {}", len, entry.size);
+    }
+    let began = Instant::now();
+    let stream = session.download_stream(path).await?;
+    let (got, sum) = stream
+        .try_fold((0usize, FNV_OFFSET), |(n, h), chunk| async move {
+            Ok((n + chunk.len(), fnv_update(h, &chunk)))
+        })
+        .await?;
+    let down = began.elapsed().as_secs_f64();
+    if got != len || sum != checksum {
+        bail!("downloaded {got} bytes (checksum {sum:x}), uploaded {len} ({checksum:x})");
+    }
+    let _ = session.remove(path, false).await;
+    Ok((up, down))
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn fnv_update(mut h: u64, data: &[u8]) -> u64 {
+    for b in data {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+fn fnv(data: &[u8]) -> u64 {
+    fnv_update(FNV_OFFSET, data)
+}

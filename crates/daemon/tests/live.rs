@@ -1,0 +1,399 @@
+//! Live execs over the real daemon: SSE as output is produced, background execs with replay,
+//! stdin and signals, bounded memory for slow followers, the error ring.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::StreamExt;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+const S: &str = "/v1/sandbox/sessions";
+
+/// One parsed SSE event.
+#[derive(Debug)]
+struct Sse {
+    name: String,
+    data: Value,
+    at: Instant,
+}
+
+/// Reads SSE events until `exit` (or the stream ends).
+async fn read_sse(resp: reqwest::Response) -> Vec<Sse> {
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let mut body = resp.bytes_stream();
+    let mut buf = String::new();
+    let mut events = Vec::new();
+    while let Some(chunk) = body.next().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let mut name = String::from("message");
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(n) = line.strip_prefix("event:") {
+                    name = n.trim().to_string();
+                } else if let Some(d) = line.strip_prefix("data:") {
+                    data.push_str(d.trim_start());
+                }
+            }
+            if data.is_empty() {
+                continue; // keep-alive comment
+            }
+            let done = name == "exit";
+            events.push(Sse {
+                name,
+                data: serde_json::from_str(&data).unwrap(),
+                at: Instant::now(),
+            });
+            if done {
+                return events;
+            }
+        }
+    }
+    events
+}
+
+fn stdout_of(events: &[Sse]) -> String {
+    events
+        .iter()
+        .filter(|e| e.name == "stdout")
+        .filter_map(|e| e.data["data"].as_str())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_output_arrives_as_it_is_produced() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let sent = Instant::now();
+    let resp = d
+        .req(Method::POST, &format!("{S}/{id}/exec"), KEY1)
+        .header("accept", "text/event-stream")
+        .json(&json!({"shell": "echo a; sleep 2; echo b; printf '\\377\\376' >&2"}))
+        .send()
+        .await
+        .unwrap();
+    let events = read_sse(resp).await;
+    assert_eq!(events[0].name, "start");
+    assert!(events[0].data["exec_id"].is_string());
+    let first = events.iter().find(|e| e.name == "stdout").unwrap();
+    let exit = events.last().unwrap();
+    assert_eq!(exit.name, "exit");
+    assert!(
+        first.at.duration_since(sent) < Duration::from_millis(1500),
+        "first chunk after {:?}",
+        first.at.duration_since(sent)
+    );
+    assert!(exit.at.duration_since(sent) >= Duration::from_secs(2));
+    assert_eq!(stdout_of(&events), "a\nb\n");
+    let stderr = events.iter().find(|e| e.name == "stderr").unwrap();
+    assert_eq!(
+        stderr.data["data_b64"], "//4=",
+        "non-UTF-8 output goes as base64"
+    );
+    assert_eq!(exit.data["exit_code"], 0);
+    assert!(
+        exit.data.get("stdout").is_none(),
+        "exit carries the result minus output"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_execs_replay_follow_stdin_and_signals() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let counter = start_bg(
+        &d,
+        &id,
+        json!({"shell": "for i in 1 2 3 4; do echo $i; sleep 0.4; done", "background": true}),
+    )
+    .await;
+    let cat = start_bg(&d, &id, json!({"cmd": ["cat"], "background": true})).await;
+    let sleeper = start_bg(
+        &d,
+        &id,
+        json!({"cmd": ["sleep", "100"], "background": true}),
+    )
+    .await;
+
+    let (_, status) = d
+        .json(
+            Method::GET,
+            &format!("{S}/{id}/execs/{counter}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status["state"], "running");
+    assert!(status["pid"].is_number() || status["pid"].is_null());
+    let (_, list) = d
+        .json(Method::GET, &format!("{S}/{id}/execs"), Value::Null)
+        .await;
+    assert_eq!(list["execs"].as_array().unwrap().len(), 3);
+
+    // A late follower gets what was printed before it came, then the rest live.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let resp = d
+        .req(
+            Method::GET,
+            &format!("{S}/{id}/execs/{counter}/stream"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    let events = read_sse(resp).await;
+    assert_eq!(stdout_of(&events), "1\n2\n3\n4\n");
+    let (_, done) = d
+        .json(
+            Method::GET,
+            &format!("{S}/{id}/execs/{counter}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (done["state"].as_str(), done["result"]["stdout"].as_str()),
+        (Some("exited"), Some("1\n2\n3\n4\n")),
+        "{done}"
+    );
+    // Following a finished exec replays everything and ends.
+    let resp = d
+        .req(
+            Method::GET,
+            &format!("{S}/{id}/execs/{counter}/stream"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stdout_of(&read_sse(resp).await), "1\n2\n3\n4\n");
+
+    let stdin = |body: &'static str, close: bool| {
+        d.req(Method::POST, &format!("{S}/{id}/execs/{cat}/stdin"), KEY1)
+            .query(&[("close", if close { "true" } else { "false" })])
+            .body(body)
+            .send()
+    };
+    assert_eq!(
+        stdin("hello ", false).await.unwrap().status(),
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        stdin("world\n", true).await.unwrap().status(),
+        StatusCode::NO_CONTENT
+    );
+    let resp = d
+        .req(Method::GET, &format!("{S}/{id}/execs/{cat}/stream"), KEY1)
+        .send()
+        .await
+        .unwrap();
+    let events = read_sse(resp).await;
+    assert_eq!(stdout_of(&events), "hello world\n");
+    assert_eq!(events.last().unwrap().data["exit_code"], 0);
+    let late = stdin("more", false).await.unwrap();
+    assert_eq!(late.status(), StatusCode::CONFLICT);
+
+    let (status, e) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/execs/{sleeper}/signal"),
+            json!({"signal": "SIGFOO"}),
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&e)),
+        (StatusCode::BAD_REQUEST, "SANDBOX-INVALID-ARGUMENT")
+    );
+    let (status, _) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/execs/{sleeper}/signal"),
+            json!({"signal": "SIGTERM"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let resp = d
+        .req(
+            Method::GET,
+            &format!("{S}/{id}/execs/{sleeper}/stream"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    let events = read_sse(resp).await;
+    assert_eq!(events.last().unwrap().data["signal"], 15);
+
+    let (status, e) = d
+        .json(Method::GET, &format!("{S}/{id}/execs/nope"), Value::Null)
+        .await;
+    assert_eq!(
+        (status, error_code(&e)),
+        (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND")
+    );
+    let (status, _) = d
+        .json_as(
+            KEY2,
+            Method::GET,
+            &format!("{S}/{id}/execs/{counter}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+async fn start_bg(d: &Daemon, id: &str, body: Value) -> String {
+    let (status, v) = d.json(Method::POST, &format!("{S}/{id}/exec"), body).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    v["exec_id"].as_str().unwrap().to_string()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_follower_does_not_grow_daemon_memory() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let pid = d.child.as_ref().unwrap().id();
+    let (_, v) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/exec"),
+            json!({"shell": "head -c 300000000 /dev/zero", "background": true}),
+        )
+        .await;
+    let exec_id = v["exec_id"].as_str().unwrap().to_string();
+    // A follower that connects and then does not read.
+    let stalled = d
+        .req(
+            Method::GET,
+            &format!("{S}/{id}/execs/{exec_id}/stream"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    let before = rss_kib(pid);
+    let mut status = Value::Null;
+    for _ in 0..300 {
+        status = d
+            .json(
+                Method::GET,
+                &format!("{S}/{id}/execs/{exec_id}"),
+                Value::Null,
+            )
+            .await
+            .1;
+        if status["state"] == "exited" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        status["state"], "exited",
+        "300 MB of output did not drain: {status}"
+    );
+    let grown = rss_kib(pid).saturating_sub(before);
+    assert!(
+        grown < 64 * 1024,
+        "daemon grew {grown} KiB while 300 MB passed a stalled follower"
+    );
+    assert_eq!(
+        status["result"]["stdout_truncated"], true,
+        "dropped output must be flagged"
+    );
+    // The stalled follower, when it reads, learns it missed output.
+    let events = read_sse(stalled).await;
+    assert!(
+        events.iter().any(|e| e.name == "truncated"),
+        "no truncated event"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_an_sse_stream_kills_its_exec() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let resp = d
+        .req(Method::POST, &format!("{S}/{id}/exec"), KEY1)
+        .header("accept", "text/event-stream")
+        .json(&json!({"shell": "exec -a koder-orphan sleep 60"}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let _ = body.next().await; // the start event
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let seen = d
+        .exec(
+            &id,
+            json!({"shell": "cat /proc/*/cmdline | tr '\\0' '\\n' | grep -c '^koder-orpha[n]'"}),
+        )
+        .await;
+    assert_eq!(seen["stdout"], "1\n");
+    drop(body);
+    let mut left = String::new();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = d.exec(&id, json!({"shell": "cat /proc/*/cmdline | tr '\\0' '\\n' | grep -c '^koder-orpha[n]'"})).await["stdout"].as_str().unwrap().to_string();
+        if left == "0\n" {
+            return;
+        }
+    }
+    panic!("exec survived its SSE client: {left}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_ring_keeps_the_last_fifty() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let p = format!("{S}/{id}/errors");
+    for i in 0..55 {
+        let (status, e) = d
+            .json(
+                Method::POST,
+                &p,
+                json!({"source": "browser", "message": format!("boom {i}"), "stack": "at x"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{e}");
+    }
+    let (_, list) = d.json(Method::GET, &p, Value::Null).await;
+    let errors = list["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 50);
+    assert_eq!(errors[0]["message"], "boom 5");
+    assert_eq!(errors[49]["message"], "boom 54");
+    let (status, _) = d
+        .json(Method::POST, &p, json!({"source": "x", "message": ""}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = d
+        .json(
+            Method::POST,
+            &p,
+            json!({"source": "x", "message": "m", "extra": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = d.json_as(KEY2, Method::GET, &p, Value::Null).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
