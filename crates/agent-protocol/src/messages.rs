@@ -65,6 +65,14 @@ pub enum ToAgent {
     },
     /// Size and use of the filesystem holding the sandbox's writable layer.
     DiskUsage,
+    /// Starts a process on a new pseudo-terminal: `Started`, output as `Stdout`, input via
+    /// `Stdin`, `Resize`, `Signal`, then `Exited`.
+    PtyStart(PtyRequest),
+    /// New window size of the terminal on this stream.
+    Resize {
+        cols: u16,
+        rows: u16,
+    },
     /// Starts a long-lived interpreter (code-interpreter context) → `Context`.
     ContextCreate {
         language: String,
@@ -106,6 +114,8 @@ impl ToAgent {
             ToAgent::Remove { .. } => "Remove",
             ToAgent::Move { .. } => "Move",
             ToAgent::DiskUsage => "DiskUsage",
+            ToAgent::PtyStart(_) => "PtyStart",
+            ToAgent::Resize { .. } => "Resize",
             ToAgent::ContextCreate { .. } => "ContextCreate",
             ToAgent::ContextRun { .. } => "ContextRun",
             ToAgent::ContextList => "ContextList",
@@ -122,6 +132,7 @@ impl ToAgent {
             ToAgent::Stdin(_)
                 | ToAgent::CloseStdin
                 | ToAgent::Signal(_)
+                | ToAgent::Resize { .. }
                 | ToAgent::FileChunk(_)
                 | ToAgent::FileEnd
                 | ToAgent::Cancel
@@ -177,6 +188,16 @@ pub struct ExecRequest {
     /// Sandbox uid/gid to run as (default 0, the sandbox's own root).
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PtyRequest {
+    /// The program and its arguments, exec'd directly; empty means the default login shell.
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub cols: u16,
+    pub rows: u16,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

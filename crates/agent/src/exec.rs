@@ -74,7 +74,7 @@ impl Reaper {
 
     /// Spawns `cmd` and registers for its exit under the same lock the reaper takes, so an exit
     /// can never be reaped before someone waits for it.
-    fn spawn(
+    pub(crate) fn spawn(
         &self,
         cmd: &mut Command,
     ) -> std::io::Result<(std::process::Child, oneshot::Receiver<Status>)> {
@@ -322,7 +322,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-fn kill_group(pgid: i32, sig: i32) {
+pub(crate) fn kill_group(pgid: i32, sig: i32) {
     // SAFETY: kill takes plain integers. ESRCH (already gone) is the expected race.
     unsafe {
         libc::kill(-pgid, sig);

@@ -21,6 +21,10 @@ pub struct Daemon {
     pub dir: PathBuf,
     pub cgroup_parent: String,
     pub log: PathBuf,
+    /// The daemon's own memory cgroup (`<cgroup_parent>-daemon`): what the daemon allocates on
+    /// behalf of sessions (agent clones, disk images, page cache, its heap) is charged here,
+    /// apart from the rest of the machine.
+    pub daemon_cgroup: Option<(PathBuf, &'static str)>,
     keep: bool,
 }
 
@@ -55,6 +59,7 @@ impl Daemon {
             log: dir.join("daemon.log"),
             cgroup_parent: format!("koder-bench-{tag}"),
             dir,
+            daemon_cgroup: None,
             keep,
         };
         let config = d.dir.join("koder.toml");
@@ -86,6 +91,7 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
+        d.daemon_cgroup = own_memory_cgroup(&format!("{}-daemon", d.cgroup_parent), child.id());
         d.child = Some(child);
         d.base = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::new();
@@ -194,6 +200,14 @@ impl Daemon {
     /// sandboxes left in it) and the work dir.
     fn cleanup(&mut self) {
         remove_cgroup_parent(&self.cgroup_parent);
+        if let Some((dir, _)) = self.daemon_cgroup.take() {
+            for _ in 0..50 {
+                if fs::remove_dir(&dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         if !self.keep {
             if let Err(e) = fs::remove_dir_all(&self.dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
@@ -233,6 +247,33 @@ pub fn memory_cgroup(parent: &str) -> Option<(PathBuf, &'static str)> {
         return Some((v2, "memory.current"));
     }
     None
+}
+
+/// Memory usage in bytes of a cgroup from [`memory_cgroup`] or the daemon's own.
+pub fn cgroup_usage((dir, file): &(PathBuf, &'static str)) -> Option<u64> {
+    fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+}
+
+/// Creates the memory cgroup `name` and moves `pid` into it (best effort: `None` when the
+/// host has no usable memory hierarchy).
+fn own_memory_cgroup(name: &str, pid: u32) -> Option<(PathBuf, &'static str)> {
+    let (dir, file) = if Path::new("/sys/fs/cgroup/memory").is_dir() {
+        (
+            Path::new("/sys/fs/cgroup/memory").join(name),
+            "memory.usage_in_bytes",
+        )
+    } else if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        (Path::new("/sys/fs/cgroup").join(name), "memory.current")
+    } else {
+        return None;
+    };
+    fs::create_dir_all(&dir).ok()?;
+    if let Err(e) = fs::write(dir.join("cgroup.procs"), pid.to_string()) {
+        eprintln!("koder-bench: moving the daemon into {}: {e}", dir.display());
+        let _ = fs::remove_dir(&dir);
+        return None;
+    }
+    Some((dir, file))
 }
 
 fn remove_cgroup_parent(parent: &str) {

@@ -1,6 +1,7 @@
 //! The measurements. Each phase pushes its rows; a phase that fails pushes an error row and the
 //! run goes on.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::process::Command;
@@ -11,7 +12,7 @@ use futures::{StreamExt, TryStreamExt};
 use koder_sdk::{Client, CreateSession, ExecRequest, Session, SessionState};
 use serde_json::{json, Value};
 
-use crate::daemon::{memory_cgroup, Daemon};
+use crate::daemon::{cgroup_usage, memory_cgroup, Daemon};
 use crate::host::{self, ProcMem};
 use crate::report::{Row, Status};
 use crate::stats::{fmt_ms, mib, Summary};
@@ -644,18 +645,58 @@ pub async fn density(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
     }
 }
 
-fn kib(m: &std::collections::BTreeMap<String, u64>, k: &str) -> i64 {
-    m.get(k).copied().unwrap_or(0) as i64
+/// Memory readings taken before and after the sessions exist.
+struct Snapshot {
+    meminfo: BTreeMap<String, u64>,
+    daemon: ProcMem,
+    /// The daemon's own memory cgroup, bytes.
+    daemon_cgroup: Option<u64>,
+    /// Sum over the sandboxes' cgroups, bytes; their count; agent processes' RSS/PSS.
+    sandboxes: u64,
+    cgroups: usize,
+    agents: usize,
+    agent_mem: ProcMem,
+}
+
+impl Snapshot {
+    fn take(d: &Daemon) -> Result<Snapshot> {
+        let pid = d.pid().context("daemon not running")?;
+        let mut snap = Snapshot {
+            meminfo: host::meminfo()?,
+            daemon: host::proc_mem(pid).unwrap_or_default(),
+            daemon_cgroup: d.daemon_cgroup.as_ref().and_then(cgroup_usage),
+            sandboxes: 0,
+            cgroups: 0,
+            agents: 0,
+            agent_mem: ProcMem::default(),
+        };
+        if let Some((dir, file)) = memory_cgroup(&d.cgroup_parent) {
+            for (usage, pids) in host::sandbox_cgroups(&dir, file) {
+                snap.cgroups += 1;
+                snap.sandboxes += usage;
+                for pid in pids {
+                    if let Some(m) = host::proc_mem(pid) {
+                        snap.agents += 1;
+                        snap.agent_mem.rss_kib += m.rss_kib;
+                        snap.agent_mem.pss_kib += m.pss_kib;
+                    }
+                }
+            }
+        }
+        Ok(snap)
+    }
+
+    fn kib(&self, key: &str) -> i64 {
+        self.meminfo.get(key).copied().unwrap_or(0) as i64
+    }
 }
 
 async fn density_inner(ctx: &Ctx<'_>, rows: &mut Vec<Row>) -> Result<()> {
     let s = ctx.s;
     let n = s.density;
     let client = ctx.d.client()?;
-    let daemon_pid = ctx.d.pid().context("daemon not running")?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = host::meminfo()?;
-    let daemon_before = host::proc_mem(daemon_pid).unwrap_or_default();
+    let before = Snapshot::take(ctx.d)?;
 
     let req = create_req("bash");
     let began = Instant::now();
@@ -693,7 +734,7 @@ async fn density_inner(ctx: &Ctx<'_>, rows: &mut Vec<Row>) -> Result<()> {
         rows,
         &client,
         &sessions,
-        (before, daemon_before),
+        before,
         (create_time, &lat, create_errors, first_err),
     )
     .await;
@@ -725,7 +766,6 @@ async fn density_inner(ctx: &Ctx<'_>, rows: &mut Vec<Row>) -> Result<()> {
     outcome
 }
 
-type Before = (std::collections::BTreeMap<String, u64>, ProcMem);
 type Created<'a> = (Duration, &'a [Duration], usize, Option<String>);
 
 async fn density_measure(
@@ -733,7 +773,7 @@ async fn density_measure(
     rows: &mut Vec<Row>,
     client: &Client,
     sessions: &[Session],
-    (before, daemon_before): Before,
+    before: Snapshot,
     (create_time, lat, create_errors, first_err): Created<'_>,
 ) -> Result<()> {
     let s = ctx.s;
@@ -756,41 +796,32 @@ async fn density_measure(
 
     // Let lazy allocations and the reaper settle before reading memory.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = host::meminfo()?;
-    let daemon_pid = ctx.d.pid().context("daemon not running")?;
-    let daemon_after = host::proc_mem(daemon_pid).unwrap_or_default();
-    let (mut cg_usage, mut agents, mut agent_mem) = (0u64, 0usize, ProcMem::default());
-    let mut cgroups = 0usize;
-    if let Some((dir, file)) = memory_cgroup(&ctx.d.cgroup_parent) {
-        for (usage, pids) in host::sandbox_cgroups(&dir, file) {
-            cgroups += 1;
-            cg_usage += usage;
-            for pid in pids {
-                if let Some(m) = host::proc_mem(pid) {
-                    agents += 1;
-                    agent_mem.rss_kib += m.rss_kib;
-                    agent_mem.pss_kib += m.pss_kib;
-                }
-            }
-        }
-    }
-    let per = |kib: f64| if held == 0 { 0.0 } else { kib / held as f64 };
-    let avail_delta = (kib(&before, "MemAvailable") - kib(&after, "MemAvailable")) as f64;
-    let used = |m: &std::collections::BTreeMap<String, u64>| kib(m, "MemTotal") - kib(m, "MemFree");
-    let used_delta = (used(&after) - used(&before)) as f64;
+    let after = Snapshot::take(ctx.d)?;
+    let per = |x: f64| if held == 0 { 0.0 } else { x / held as f64 };
+    // Accounted: what the sandboxes' cgroups hold plus what the daemon's own cgroup grew by
+    // (agent clones before they join their cgroup, disk images, page cache, daemon heap).
+    let daemon_cg_delta = match (before.daemon_cgroup, after.daemon_cgroup) {
+        (Some(b), Some(a)) => Some(a as f64 - b as f64),
+        _ => None,
+    };
+    let sandbox_delta = after.sandboxes as f64 - before.sandboxes as f64;
+    let accounted_mib = mib(per(sandbox_delta + daemon_cg_delta.unwrap_or(0.0)));
+    // Machine-wide: everything, including kernel memory charged to no cgroup, but also whatever
+    // else the machine did meanwhile.
+    let avail_drop_kib = (before.kib("MemAvailable") - after.kib("MemAvailable")) as f64;
+    let global_mib = per(avail_drop_kib) / 1024.0;
     let kernel_keys = ["Slab", "PageTables", "KernelStack", "Percpu"];
-    let kernel_delta: i64 = kernel_keys
+    let kernel_delta: BTreeMap<String, i64> = kernel_keys
         .iter()
-        .map(|k| kib(&after, k) - kib(&before, k))
-        .sum();
-    let per_session_mib = per(avail_delta) / 1024.0;
+        .map(|k| (k.to_string(), after.kib(k) - before.kib(k)))
+        .collect();
+    let kernel_total: i64 = kernel_delta.values().sum();
     rows.push(
         Row::info(
             "density_memory",
             format!("host memory per idle session ({held} idle)"),
             format!(
-                "{per_session_mib:.2} MiB (MemAvailable drop {:.0} MiB / {held})",
-                avail_delta / 1024.0
+                "{accounted_mib:.2} MiB accounted (sandbox cgroups + daemon cgroup growth); machine-wide MemAvailable drop {global_mib:.2} MiB"
             ),
         )
         .target(
@@ -798,39 +829,41 @@ async fn density_measure(
             if held == 0 {
                 Status::Error
             } else {
-                Status::verdict(per_session_mib <= 3.0)
+                Status::verdict(accounted_mib <= 3.0)
             },
         )
         .data(json!({
-            "per_session_mib": per_session_mib,
-            "mem_available_drop_kib": avail_delta,
-            "mem_used_growth_kib": used_delta,
+            "accounted_mib_per_session": accounted_mib,
+            "mem_available_drop_mib_per_session": global_mib,
+            "sandbox_cgroups_bytes": [before.sandboxes, after.sandboxes],
+            "daemon_cgroup_bytes": [before.daemon_cgroup, after.daemon_cgroup],
+            "mem_available_kib": [before.kib("MemAvailable"), after.kib("MemAvailable")],
             "sessions": held,
         })),
     );
-    let daemon_delta = daemon_after.rss_kib as f64 - daemon_before.rss_kib as f64;
+    let daemon_rss_delta = after.daemon.rss_kib as f64 - before.daemon.rss_kib as f64;
     rows.push(
         Row::info(
             "density_breakdown",
-            "… per session: agent RSS / PSS, sandbox cgroup memory, daemon RSS growth, kernel (slab, page tables, stacks, percpu)",
+            "… per session: agent RSS / PSS, sandbox cgroup, daemon cgroup growth, daemon RSS growth, machine-wide kernel growth (slab, page tables, stacks, percpu)",
             format!(
-                "agent {:.2} / {:.2} MiB, cgroup {:.2} MiB, daemon {:.0} KiB, kernel {:.2} MiB",
-                per(agent_mem.rss_kib as f64) / 1024.0,
-                per(agent_mem.pss_kib as f64) / 1024.0,
-                mib(per(cg_usage as f64)),
-                per(daemon_delta),
-                per(kernel_delta as f64) / 1024.0,
+                "agent {:.2} / {:.2} MiB, sandbox cgroup {:.2} MiB, daemon cgroup {}, daemon RSS {:.0} KiB, kernel {:.2} MiB",
+                per(after.agent_mem.rss_kib as f64) / 1024.0,
+                per(after.agent_mem.pss_kib as f64) / 1024.0,
+                mib(per(sandbox_delta)),
+                daemon_cg_delta.map_or_else(|| "n/a".into(), |d| format!("{:.2} MiB", mib(per(d)))),
+                per(daemon_rss_delta),
+                per(kernel_total as f64) / 1024.0,
             ),
         )
         .data(json!({
-            "agents": agents,
-            "cgroups": cgroups,
-            "agent_rss_kib_total": agent_mem.rss_kib,
-            "agent_pss_kib_total": agent_mem.pss_kib,
-            "cgroup_usage_bytes_total": cg_usage,
-            "daemon_rss_kib": [daemon_before.rss_kib, daemon_after.rss_kib],
-            "daemon_pss_kib": [daemon_before.pss_kib, daemon_after.pss_kib],
-            "kernel_kib_delta": kernel_keys.iter().map(|k| (k.to_string(), kib(&after, k) - kib(&before, k))).collect::<std::collections::BTreeMap<_, _>>(),
+            "agents": after.agents,
+            "cgroups": after.cgroups,
+            "agent_rss_kib_total": after.agent_mem.rss_kib,
+            "agent_pss_kib_total": after.agent_mem.pss_kib,
+            "daemon_rss_kib": [before.daemon.rss_kib, after.daemon.rss_kib],
+            "daemon_pss_kib": [before.daemon.pss_kib, after.daemon.pss_kib],
+            "kernel_kib_delta": kernel_delta,
         })),
     );
 

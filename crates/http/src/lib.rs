@@ -6,6 +6,7 @@ mod error;
 mod extract;
 mod live;
 mod routes;
+mod terminal;
 
 use std::sync::{Arc, RwLock};
 
@@ -41,7 +42,7 @@ pub struct AppState {
         routes::set_timeout, routes::exec, routes::upload, routes::download, routes::list_files,
         routes::remove_file, routes::make_dir, routes::move_file, routes::session_metrics,
         live::list_execs, live::exec_status, live::exec_stream, live::exec_stdin, live::exec_signal,
-        live::report_error, live::list_errors,
+        live::report_error, live::list_errors, terminal::terminal,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key
     ),
     modifiers(&BearerAuth)
@@ -94,6 +95,7 @@ pub fn router(state: AppState) -> Router {
             "/{id}/errors",
             get(live::list_errors).post(live::report_error),
         )
+        .route("/{id}/terminal", get(terminal::terminal))
         .merge(contexts::router());
     let admin = Router::new()
         .route("/tenants", get(admin::list_tenants))

@@ -1,0 +1,336 @@
+# koder-sandbox code-interpreter driver for Python, started by the agent as `python3 -u -c`.
+#
+# Requests arrive one JSON object per line on fd 3 ({"code", "n"}); events leave one JSON
+# object per line on fd 4 ({"ev": "ready" | "display" | "done", ...}). fds 1 and 2 are the
+# agent's pipes for user output, so nothing user code prints (nor any process it starts) can
+# reach the control channel. Standard library only; matplotlib and pandas are used when present.
+# Must run on every Python 3.8+ an image may carry.
+
+
+def _koder_driver():
+    import ast
+    import asyncio
+    import base64
+    import builtins
+    import importlib.abc
+    import importlib.util
+    import inspect
+    import json
+    import linecache
+    import os
+    import signal
+    import sys
+    import threading
+    import traceback
+    import types
+
+    # The agent's limits are the real ones; these keep a run from producing lines the agent
+    # would have to throw away (one run's events must fit in one protocol frame).
+    result_budget = 860 * 1024
+    max_text = 256 * 1024
+    max_error_value = 16 * 1024
+    max_traceback = 64 * 1024
+    max_results = 256
+
+    # dup() gives non-inheritable descriptors: processes user code starts must not hold the
+    # control channel open (the agent reads its end-of-file as the interpreter's death).
+    ctl_in = os.fdopen(os.dup(3), "rb")
+    ctl_out = os.dup(4)
+    os.close(3)
+    os.close(4)
+    emit_lock = threading.Lock()
+
+    def emit(event):
+        data = (json.dumps(event, ensure_ascii=True) + "\n").encode("ascii")
+        view = memoryview(data)
+        with emit_lock:
+            while view:
+                view = view[os.write(ctl_out, view):]
+
+    class Run:
+        def __init__(self, n):
+            self.n = n
+            self.used = 0
+            self.count = 0
+
+    state = types.SimpleNamespace(run=None, interruptible=False)
+
+    def clip(s, limit):
+        if len(s) <= limit:
+            return s
+        return s[:limit] + "\n[... %d characters cut]" % (len(s) - limit)
+
+    def send_output(data, main=False):
+        run = state.run
+        if run is None or not data or run.count >= max_results:
+            return
+        size = sum(len(v) for v in data.values())
+        if run.used + size > result_budget:
+            data = {"text": "[output of %d bytes omitted: over this run's result budget]" % size}
+            size = len(data["text"])
+        run.used += size
+        run.count += 1
+        emit({"ev": "display", "n": run.n, "main": main, "data": data})
+
+    def is_figure(obj):
+        t = type(obj)
+        return t.__module__.startswith("matplotlib.figure") and hasattr(obj, "savefig")
+
+    def figure_png(fig):
+        import io
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight")
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+
+    def formats(obj, main=False):
+        """Every representation `obj` offers, as the agent's mime keys."""
+        data = {}
+        if not isinstance(obj, type):
+            bundle = call_repr(obj, "_repr_mimebundle_")
+            if isinstance(bundle, tuple):
+                bundle = bundle[0]
+            if isinstance(bundle, dict):
+                for mime, key in (("text/plain", "text"), ("text/html", "html"),
+                                  ("text/markdown", "markdown"), ("image/svg+xml", "svg"),
+                                  ("image/png", "png"), ("application/json", "json")):
+                    if mime in bundle:
+                        put(data, key, bundle[mime])
+            for attr, key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"),
+                              ("_repr_svg_", "svg"), ("_repr_png_", "png"),
+                              ("_repr_json_", "json")):
+                if key not in data:
+                    put(data, key, call_repr(obj, attr))
+            if "png" not in data and is_figure(obj) and not managed_by_pyplot(obj):
+                try:
+                    data["png"] = figure_png(obj)
+                except Exception:
+                    pass
+        if "text" not in data:
+            try:
+                data["text"] = clip(repr(obj), max_text)
+            except Exception as e:
+                data["text"] = "<repr failed: %s>" % type(e).__name__
+        if main and "json" not in data:
+            try:
+                if not (isinstance(obj, int) and not isinstance(obj, bool) and abs(obj) > 2**53):
+                    text = json.dumps(obj, allow_nan=False)
+                    if len(text) <= result_budget:
+                        data["json"] = text
+            except Exception:
+                pass
+        return data
+
+    def call_repr(obj, attr):
+        try:
+            method = getattr(obj, attr, None)
+            return method() if callable(method) else None
+        except Exception:
+            return None
+
+    def put(data, key, value):
+        if value is None:
+            return
+        try:
+            if key == "png":
+                if isinstance(value, (bytes, bytearray)):
+                    value = base64.b64encode(bytes(value)).decode("ascii")
+                if isinstance(value, str):
+                    data[key] = value
+            elif key == "json":
+                data[key] = value if isinstance(value, str) else json.dumps(value, allow_nan=False)
+            elif isinstance(value, str):
+                data[key] = clip(value, max_text) if key == "text" else value
+        except Exception:
+            pass
+
+    def display(*objs):
+        """Shows objects as rich outputs of the current run (IPython's display, minimal)."""
+        for obj in objs:
+            if is_figure(obj) and managed_by_pyplot(obj):
+                flush_figures(only=obj)
+            else:
+                send_output(formats(obj))
+
+    if not hasattr(builtins, "display"):
+        builtins.display = display
+
+    # matplotlib: a backend of our own makes plt.show() a display of every open figure, and
+    # figures still open at the end of a run are shown and closed (Jupyter's inline behaviour).
+    # It is selected when matplotlib is first imported, not through MPLBACKEND, so that
+    # Python processes user code starts keep matplotlib's usual default.
+    backend_name = "koder_mpl_backend"
+    backend_source = (
+        "from matplotlib.backends.backend_agg import FigureCanvasAgg as FigureCanvas\n"
+        "from matplotlib.backend_bases import FigureManagerBase as FigureManager\n"
+        "def show(*args, **kwargs):\n"
+        "    _koder_flush()\n"
+    )
+
+    def managed_by_pyplot(fig):
+        plt = sys.modules.get("matplotlib.pyplot")
+        try:
+            return plt is not None and fig.number in plt.get_fignums() and plt.figure(fig.number) is fig
+        except Exception:
+            return False
+
+    def flush_figures(only=None):
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return
+        try:
+            nums = plt.get_fignums()
+        except Exception:
+            return
+        for num in nums:
+            try:
+                fig = plt.figure(num)
+                if only is not None and fig is not only:
+                    continue
+                send_output({"text": repr(fig), "png": figure_png(fig)})
+            except Exception as e:
+                sys.stderr.write("figure %s could not be rendered: %s\n" % (num, e))
+            finally:
+                try:
+                    plt.close(num)
+                except Exception:
+                    pass
+
+    class MatplotlibHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            if name == backend_name:
+                return importlib.util.spec_from_loader(name, self)
+            if name != "matplotlib":
+                return None
+            sys.meta_path.remove(self)
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                sys.meta_path.insert(0, self)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            real_exec = spec.loader.exec_module
+
+            def exec_module(module):
+                real_exec(module)
+                if "MPLBACKEND" not in os.environ:
+                    try:
+                        module.rcParams["backend"] = "module://" + backend_name
+                    except Exception:
+                        pass
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            module.__dict__["_koder_flush"] = flush_figures
+            exec(compile(backend_source, "<koder matplotlib backend>", "exec"), module.__dict__)
+
+    sys.meta_path.insert(0, MatplotlibHook())
+
+    # User code gets a fresh __main__ (pickle and multiprocessing look classes up there).
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    namespace = main.__dict__
+    sys.argv = [""]
+    loop = asyncio.new_event_loop()
+    compile_flags = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
+
+    def execute(code_obj):
+        result = eval(code_obj, namespace)
+        if code_obj.co_flags & inspect.CO_COROUTINE:
+            result = loop.run_until_complete(result)
+        return result
+
+    def run_cell(code, n):
+        filename = "<cell %d>" % n
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST | compile_flags, dont_inherit=True)
+        last = None
+        # A trailing semicolon hides the value, as in IPython (`plt.plot(x);`).
+        quiet = code.rstrip().endswith(";")
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and not quiet:
+            last = ast.Expression(tree.body.pop().value)
+        if tree.body:
+            execute(compile(tree, filename, "exec", compile_flags, dont_inherit=True))
+        if last is not None:
+            value = execute(compile(last, filename, "eval", compile_flags, dont_inherit=True))
+            if value is not None:
+                builtins._ = value
+                send_output(formats(value, main=True), main=True)
+
+    def describe(exc):
+        tb = exc.__traceback__
+        # The driver's own frames (run_cell, execute) are noise to the user.
+        while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell "):
+            tb = tb.tb_next
+        if isinstance(exc, SyntaxError):
+            lines = traceback.format_exception_only(type(exc), exc)
+        else:
+            lines = traceback.format_exception(type(exc), exc, tb)
+        try:
+            value = str(exc)
+        except Exception:
+            value = "<unprintable %s>" % type(exc).__name__
+        return {
+            "name": type(exc).__name__,
+            "value": clip(value, max_error_value),
+            "traceback": clip("".join(lines), max_traceback),
+        }
+
+    def flush_std():
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+
+    def serve(request):
+        n = int(request.get("n", 0))
+        code = request.get("code", "")
+        state.run = Run(n)
+        error = None
+        try:
+            try:
+                state.interruptible = True
+                run_cell(code, n)
+            except BaseException as e:  # SystemExit and KeyboardInterrupt end the run, not us
+                error = describe(e)
+            finally:
+                state.interruptible = False
+            flush_std()
+            flush_figures()
+            flush_std()
+        finally:
+            state.run = None
+            emit({"ev": "done", "n": n, "error": error})
+
+    def on_sigint(signum, frame):
+        # The agent interrupts a run it was asked to cancel; the same signal arriving between
+        # runs, or while the driver writes an event, must not break the control channel.
+        if state.interruptible:
+            raise KeyboardInterrupt
+
+    state.interruptible = False
+    signal.signal(signal.SIGINT, on_sigint)
+    emit({"ev": "ready", "pid": os.getpid(), "version": sys.version.split()[0]})
+    while True:
+        try:
+            line = ctl_in.readline()
+            if not line:
+                os._exit(0)  # the agent is gone
+            try:
+                request = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(request, dict):
+                serve(request)
+        except KeyboardInterrupt:
+            state.interruptible = False
+
+
+_koder_driver()

@@ -1,0 +1,162 @@
+//! The WebSocket terminal: a real PTY in the sandbox, resize, argv override, exit status.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::{SinkExt, StreamExt};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn connect(d: &Daemon, id: &str, query: &str) -> Socket {
+    let url = format!(
+        "{}/v1/sandbox/sessions/{id}/terminal{query}",
+        d.base.replace("http://", "ws://")
+    );
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {KEY1}").parse().unwrap());
+    tokio_tungstenite::connect_async(req)
+        .await
+        .expect("websocket")
+        .0
+}
+
+/// Reads until the terminal output contains `needle`; returns everything read.
+async fn read_until(ws: &mut Socket, needle: &str) -> String {
+    let mut out = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !out.contains(needle) {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("no {needle:?} in {out:?}"));
+        match msg {
+            Some(Ok(Message::Binary(b))) => out.push_str(&String::from_utf8_lossy(&b)),
+            Some(Ok(Message::Text(t))) => out.push_str(&t),
+            Some(Ok(_)) => {}
+            other => panic!("terminal ended early ({other:?}); output so far: {out:?}"),
+        }
+    }
+    out
+}
+
+/// The JSON control message announcing the exit.
+async fn exit_message(ws: &mut Socket) -> Value {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("exit message")
+        {
+            Some(Ok(Message::Text(t))) => {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if v["type"] == "exit" {
+                    return v;
+                }
+            }
+            Some(Ok(_)) => {}
+            other => panic!("closed without an exit message: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_sees_resizes_and_reports_its_exit() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let mut ws = connect(&d, &id, "").await;
+    ws.send(Message::Text(
+        json!({"type": "resize", "cols": 123, "rows": 41})
+            .to_string()
+            .into(),
+    ))
+    .await
+    .unwrap();
+    ws.send(Message::Binary(b"stty size; tty\n".to_vec().into()))
+        .await
+        .unwrap();
+    let out = read_until(&mut ws, "41 123").await;
+    assert!(
+        read_until(&mut ws, "/dev/pts/").await.contains("/dev/pts/") || out.contains("/dev/pts/")
+    );
+    ws.send(Message::Text("{\"type\": \"bogus\"}".into()))
+        .await
+        .unwrap();
+    read_until(&mut ws, "bad control message").await;
+    ws.send(Message::Binary(b"exit 3\n".to_vec().into()))
+        .await
+        .unwrap();
+    let exit = exit_message(&mut ws).await;
+    assert_eq!(exit["exit_code"], 3, "{exit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn argv_override_runs_without_a_shell() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let mut ws = connect(&d, &id, "?cmd=/bin/echo&arg=hello%20world&arg=%24HOME%3Bid").await;
+    let out = read_until(&mut ws, "hello world $HOME;id").await;
+    assert!(
+        !out.contains("uid="),
+        "the argument went through a shell: {out}"
+    );
+    assert_eq!(exit_message(&mut ws).await["exit_code"], 0);
+
+    // A program that cannot start is an HTTP error before any upgrade.
+    let resp = d
+        .req(
+            reqwest::Method::GET,
+            &format!("/v1/sandbox/sessions/{id}/terminal?cmd=/no/such"),
+            KEY1,
+        )
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let resp = d
+        .req(
+            reqwest::Method::GET,
+            &format!("/v1/sandbox/sessions/{id}/terminal?bogus=1"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_socket_ends_the_terminal_process() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let mut ws = connect(
+        &d,
+        &id,
+        "?cmd=/bin/bash&arg=-c&arg=exec%20-a%20koder-tty%20sleep%2060",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let count = "cat /proc/*/cmdline | tr '\\0' '\\n' | grep -c '^koder-tt[y]'";
+    assert_eq!(d.exec(&id, json!({"shell": count})).await["stdout"], "1\n");
+    ws.close(None).await.unwrap();
+    drop(ws);
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if d.exec(&id, json!({"shell": count})).await["stdout"] == "0\n" {
+            return;
+        }
+    }
+    panic!("terminal process outlived its socket");
+}
