@@ -83,6 +83,10 @@ impl AgentClient {
             while let Some(frame) = frames.next().await {
                 let frame = match frame {
                     Ok(f) => f,
+                    Err(CodecError::Io(e)) => {
+                        tracing::debug!(error = %e, "agent connection closed");
+                        break;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "agent sent a bad frame; closing connection");
                         break;

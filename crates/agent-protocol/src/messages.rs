@@ -68,6 +68,11 @@ pub enum ToAgent {
     /// Starts a process on a new pseudo-terminal: `Started`, output as `Stdout`, input via
     /// `Stdin`, `Resize`, `Signal`, then `Exited`.
     PtyStart(PtyRequest),
+    /// Watches a directory: `Done` once watching, then `FsEvent`s until cancelled.
+    Watch {
+        path: String,
+        recursive: bool,
+    },
     /// New window size of the terminal on this stream.
     Resize {
         cols: u16,
@@ -115,6 +120,7 @@ impl ToAgent {
             ToAgent::Move { .. } => "Move",
             ToAgent::DiskUsage => "DiskUsage",
             ToAgent::PtyStart(_) => "PtyStart",
+            ToAgent::Watch { .. } => "Watch",
             ToAgent::Resize { .. } => "Resize",
             ToAgent::ContextCreate { .. } => "ContextCreate",
             ToAgent::ContextRun { .. } => "ContextRun",
@@ -161,6 +167,12 @@ pub enum FromAgent {
     DiskUsage {
         total_bytes: u64,
         used_bytes: u64,
+    },
+    FsEvent {
+        kind: FsEventKind,
+        path: String,
+        /// The old path of a rename, when the watcher saw both halves.
+        from: Option<String>,
     },
     Context(ContextInfo),
     Contexts(Vec<ContextInfo>),
@@ -246,6 +258,14 @@ pub struct Entry {
     /// Modification time, milliseconds since the Unix epoch.
     pub modified_ms: i64,
     pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsEventKind {
+    Created,
+    Modified,
+    Deleted,
+    Renamed,
 }
 
 /// A code-interpreter context.

@@ -10,6 +10,7 @@ pub mod interp;
 pub mod pty;
 pub mod server;
 pub mod setup;
+pub mod watch;
 
 /// Locks a mutex whose data stays consistent even if a holder panicked (maps of channels).
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -187,6 +187,9 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
             blocking(move || fs.remove(&path, recursive).map(|()| FromAgent::Done)).await
         }
         ToAgent::DiskUsage => blocking(disk_usage).await,
+        ToAgent::Watch { path, recursive } => {
+            return crate::watch::run(fs, path, recursive, rx, out).await;
+        }
         ToAgent::PtyStart(req) => {
             agent.running_execs.fetch_add(1, Ordering::Relaxed);
             crate::pty::run(&agent.reaper, &agent.defaults, req, rx, out).await;

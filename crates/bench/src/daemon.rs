@@ -249,9 +249,68 @@ pub fn memory_cgroup(parent: &str) -> Option<(PathBuf, &'static str)> {
     None
 }
 
-/// Memory usage in bytes of a cgroup from [`memory_cgroup`] or the daemon's own.
-pub fn cgroup_usage((dir, file): &(PathBuf, &'static str)) -> Option<u64> {
-    fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+/// Memory of one cgroup, bytes.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct CgroupMem {
+    /// `memory.usage_in_bytes` (v1) / `memory.current` (v2).
+    pub usage: u64,
+    /// Usage less inactive file cache (the "working set", what reclaim cannot easily take).
+    pub working_set: u64,
+    /// Page cache, anonymous memory and kernel memory as `memory.stat` splits them.
+    pub file: u64,
+    pub anon: u64,
+    pub kernel: u64,
+}
+
+impl std::ops::AddAssign for CgroupMem {
+    fn add_assign(&mut self, o: CgroupMem) {
+        self.usage += o.usage;
+        self.working_set += o.working_set;
+        self.file += o.file;
+        self.anon += o.anon;
+        self.kernel += o.kernel;
+    }
+}
+
+/// Reads a cgroup's memory (`dir` and its usage file, from [`memory_cgroup`]).
+pub fn cgroup_mem(dir: &Path, usage_file: &str) -> Option<CgroupMem> {
+    let usage: u64 = fs::read_to_string(dir.join(usage_file))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let stat = fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+    let key = |k: &str| {
+        stat.lines()
+            .find_map(|l| l.strip_prefix(k).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let v1 = usage_file == "memory.usage_in_bytes";
+    let (file, anon, inactive_file, kernel) = if v1 {
+        let kmem = fs::read_to_string(dir.join("memory.kmem.usage_in_bytes"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        (
+            key("total_cache"),
+            key("total_rss"),
+            key("total_inactive_file"),
+            kmem,
+        )
+    } else {
+        (
+            key("file"),
+            key("anon"),
+            key("inactive_file"),
+            key("kernel"),
+        )
+    };
+    Some(CgroupMem {
+        usage,
+        working_set: usage.saturating_sub(inactive_file.unwrap_or(0)),
+        file: file.unwrap_or(0),
+        anon: anon.unwrap_or(0),
+        kernel: kernel.unwrap_or(0),
+    })
 }
 
 /// Creates the memory cgroup `name` and moves `pid` into it (best effort: `None` when the

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::daemon::{cgroup_mem, CgroupMem};
+
 pub const BWRAP: &str = "/usr/bin/bwrap";
 pub const PYTHON: &str = "/usr/bin/python3";
 
@@ -106,8 +108,8 @@ pub fn proc_mem(pid: u32) -> Option<ProcMem> {
     })
 }
 
-/// Per-sandbox cgroups under the memory cgroup `dir`: (usage bytes, pids).
-pub fn sandbox_cgroups(dir: &Path, usage_file: &str) -> Vec<(u64, Vec<u32>)> {
+/// Per-sandbox cgroups under the memory cgroup `dir`: their memory and pids.
+pub fn sandbox_cgroups(dir: &Path, usage_file: &str) -> Vec<(CgroupMem, Vec<u32>)> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -116,10 +118,7 @@ pub fn sandbox_cgroups(dir: &Path, usage_file: &str) -> Vec<(u64, Vec<u32>)> {
         .map(|e| e.path())
         .filter(|p| p.is_dir())
         .map(|p| {
-            let usage = fs::read_to_string(p.join(usage_file))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(0);
+            let usage = cgroup_mem(&p, usage_file).unwrap_or_default();
             let pids = fs::read_to_string(p.join("cgroup.procs"))
                 .unwrap_or_default()
                 .lines()

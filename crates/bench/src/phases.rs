@@ -12,7 +12,7 @@ use futures::{StreamExt, TryStreamExt};
 use koder_sdk::{Client, CreateSession, ExecRequest, Session, SessionState};
 use serde_json::{json, Value};
 
-use crate::daemon::{cgroup_usage, memory_cgroup, Daemon};
+use crate::daemon::{cgroup_mem, memory_cgroup, CgroupMem, Daemon};
 use crate::host::{self, ProcMem};
 use crate::report::{Row, Status};
 use crate::stats::{fmt_ms, mib, Summary};
@@ -649,10 +649,10 @@ pub async fn density(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
 struct Snapshot {
     meminfo: BTreeMap<String, u64>,
     daemon: ProcMem,
-    /// The daemon's own memory cgroup, bytes.
-    daemon_cgroup: Option<u64>,
-    /// Sum over the sandboxes' cgroups, bytes; their count; agent processes' RSS/PSS.
-    sandboxes: u64,
+    /// The daemon's own memory cgroup.
+    daemon_cgroup: Option<CgroupMem>,
+    /// Sum over the sandboxes' cgroups; their count; agent processes' RSS/PSS.
+    sandboxes: CgroupMem,
     cgroups: usize,
     agents: usize,
     agent_mem: ProcMem,
@@ -664,16 +664,19 @@ impl Snapshot {
         let mut snap = Snapshot {
             meminfo: host::meminfo()?,
             daemon: host::proc_mem(pid).unwrap_or_default(),
-            daemon_cgroup: d.daemon_cgroup.as_ref().and_then(cgroup_usage),
-            sandboxes: 0,
+            daemon_cgroup: d
+                .daemon_cgroup
+                .as_ref()
+                .and_then(|(dir, file)| cgroup_mem(dir, file)),
+            sandboxes: CgroupMem::default(),
             cgroups: 0,
             agents: 0,
             agent_mem: ProcMem::default(),
         };
         if let Some((dir, file)) = memory_cgroup(&d.cgroup_parent) {
-            for (usage, pids) in host::sandbox_cgroups(&dir, file) {
+            for (mem, pids) in host::sandbox_cgroups(&dir, file) {
                 snap.cgroups += 1;
-                snap.sandboxes += usage;
+                snap.sandboxes += mem;
                 for pid in pids {
                     if let Some(m) = host::proc_mem(pid) {
                         snap.agents += 1;
@@ -798,30 +801,40 @@ async fn density_measure(
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = Snapshot::take(ctx.d)?;
     let per = |x: f64| if held == 0 { 0.0 } else { x / held as f64 };
-    // Accounted: what the sandboxes' cgroups hold plus what the daemon's own cgroup grew by
-    // (agent clones before they join their cgroup, disk images, page cache, daemon heap).
-    let daemon_cg_delta = match (before.daemon_cgroup, after.daemon_cgroup) {
-        (Some(b), Some(a)) => Some(a as f64 - b as f64),
-        _ => None,
+    // Accounted: the working set (usage less inactive page cache) of the sandboxes' cgroups
+    // plus the growth of the daemon's own cgroup (agent clones before they join their cgroup,
+    // disk images, page cache, daemon heap).
+    let delta = |f: fn(&CgroupMem) -> u64| {
+        let sandboxes = f(&after.sandboxes) as f64 - f(&before.sandboxes) as f64;
+        let daemon = match (&before.daemon_cgroup, &after.daemon_cgroup) {
+            (Some(b), Some(a)) => Some(f(a) as f64 - f(b) as f64),
+            _ => None,
+        };
+        (sandboxes, daemon)
     };
-    let sandbox_delta = after.sandboxes as f64 - before.sandboxes as f64;
-    let accounted_mib = mib(per(sandbox_delta + daemon_cg_delta.unwrap_or(0.0)));
+    let (sb_ws, dm_ws) = delta(|m| m.working_set);
+    let (sb_usage, dm_usage) = delta(|m| m.usage);
+    let accounted_mib = mib(per(sb_ws + dm_ws.unwrap_or(0.0)));
+    let charged_mib = mib(per(sb_usage + dm_usage.unwrap_or(0.0)));
     // Machine-wide: everything, including kernel memory charged to no cgroup, but also whatever
-    // else the machine did meanwhile.
+    // else the machine did meanwhile (and reclaimable cache counts as available).
     let avail_drop_kib = (before.kib("MemAvailable") - after.kib("MemAvailable")) as f64;
     let global_mib = per(avail_drop_kib) / 1024.0;
-    let kernel_keys = ["Slab", "PageTables", "KernelStack", "Percpu"];
+    let kernel_keys = ["Slab", "SUnreclaim", "PageTables", "KernelStack", "Percpu"];
     let kernel_delta: BTreeMap<String, i64> = kernel_keys
         .iter()
         .map(|k| (k.to_string(), after.kib(k) - before.kib(k)))
         .collect();
-    let kernel_total: i64 = kernel_delta.values().sum();
+    let kernel_unreclaimable: i64 = ["SUnreclaim", "PageTables", "KernelStack", "Percpu"]
+        .iter()
+        .map(|k| kernel_delta.get(*k).copied().unwrap_or(0))
+        .sum();
     rows.push(
         Row::info(
             "density_memory",
             format!("host memory per idle session ({held} idle)"),
             format!(
-                "{accounted_mib:.2} MiB accounted (sandbox cgroups + daemon cgroup growth); machine-wide MemAvailable drop {global_mib:.2} MiB"
+                "{accounted_mib:.2} MiB working set (sandbox cgroups + daemon cgroup growth; {charged_mib:.2} MiB with reclaimable cache); machine-wide MemAvailable drop {global_mib:.2} MiB"
             ),
         )
         .target(
@@ -833,27 +846,36 @@ async fn density_measure(
             },
         )
         .data(json!({
-            "accounted_mib_per_session": accounted_mib,
+            "working_set_mib_per_session": accounted_mib,
+            "charged_mib_per_session": charged_mib,
             "mem_available_drop_mib_per_session": global_mib,
-            "sandbox_cgroups_bytes": [before.sandboxes, after.sandboxes],
-            "daemon_cgroup_bytes": [before.daemon_cgroup, after.daemon_cgroup],
+            "sandbox_cgroups": [before.sandboxes, after.sandboxes],
+            "daemon_cgroup": [before.daemon_cgroup, after.daemon_cgroup],
             "mem_available_kib": [before.kib("MemAvailable"), after.kib("MemAvailable")],
             "sessions": held,
         })),
     );
     let daemon_rss_delta = after.daemon.rss_kib as f64 - before.daemon.rss_kib as f64;
+    let (sb_anon, dm_anon) = delta(|m| m.anon);
+    let (sb_file, dm_file) = delta(|m| m.file);
+    let (sb_kernel, dm_kernel) = delta(|m| m.kernel);
+    let mibs = |x: f64| format!("{:.2}", mib(per(x)));
+    let opt = |x: Option<f64>| x.map_or_else(|| "n/a".into(), mibs);
     rows.push(
         Row::info(
             "density_breakdown",
-            "… per session: agent RSS / PSS, sandbox cgroup, daemon cgroup growth, daemon RSS growth, machine-wide kernel growth (slab, page tables, stacks, percpu)",
+            "… per session, MiB: agent RSS / PSS; sandbox cgroup anon / file / kernel; daemon cgroup anon / file / kernel; machine-wide unreclaimable kernel growth",
             format!(
-                "agent {:.2} / {:.2} MiB, sandbox cgroup {:.2} MiB, daemon cgroup {}, daemon RSS {:.0} KiB, kernel {:.2} MiB",
+                "agent {:.2} / {:.2}; sandbox {} / {} / {}; daemon {} / {} / {}; kernel {:.2}",
                 per(after.agent_mem.rss_kib as f64) / 1024.0,
                 per(after.agent_mem.pss_kib as f64) / 1024.0,
-                mib(per(sandbox_delta)),
-                daemon_cg_delta.map_or_else(|| "n/a".into(), |d| format!("{:.2} MiB", mib(per(d)))),
-                per(daemon_rss_delta),
-                per(kernel_total as f64) / 1024.0,
+                mibs(sb_anon),
+                mibs(sb_file),
+                mibs(sb_kernel),
+                opt(dm_anon),
+                opt(dm_file),
+                opt(dm_kernel),
+                per(kernel_unreclaimable as f64) / 1024.0,
             ),
         )
         .data(json!({
@@ -862,6 +884,7 @@ async fn density_measure(
             "agent_rss_kib_total": after.agent_mem.rss_kib,
             "agent_pss_kib_total": after.agent_mem.pss_kib,
             "daemon_rss_kib": [before.daemon.rss_kib, after.daemon.rss_kib],
+            "daemon_rss_kib_per_session": per(daemon_rss_delta),
             "daemon_pss_kib": [before.daemon.pss_kib, after.daemon.pss_kib],
             "kernel_kib_delta": kernel_delta,
         })),

@@ -160,3 +160,97 @@ async fn closing_the_socket_ends_the_terminal_process() {
     }
     panic!("terminal process outlived its socket");
 }
+
+async fn next_event(ws: &mut Socket) -> Value {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .expect("a file event")
+        {
+            Some(Ok(Message::Text(t))) => return serde_json::from_str(&t).unwrap(),
+            Some(Ok(_)) => {}
+            other => panic!("watch closed: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sees_what_execs_do_to_files() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let url = format!(
+        "{}/v1/sandbox/sessions/{id}/fs/watch?path=/workspace&recursive=true",
+        d.base.replace("http://", "ws://")
+    );
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {KEY1}").parse().unwrap());
+    let mut ws = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("websocket")
+        .0;
+
+    let steps: [(&str, &[(&str, &str)]); 4] = [
+        (
+            "mkdir /workspace/d && echo a > /workspace/d/f",
+            &[("created", "/workspace/d"), ("created", "/workspace/d/f")],
+        ),
+        (
+            "for i in 1 2 3 4 5; do echo $i >> /workspace/d/f; done",
+            &[("modified", "/workspace/d/f")],
+        ),
+        (
+            "mv /workspace/d/f /workspace/d/g",
+            &[("renamed", "/workspace/d/g")],
+        ),
+        ("rm /workspace/d/g", &[("deleted", "/workspace/d/g")]),
+    ];
+    for (cmd, expected) in steps {
+        d.exec(&id, json!({"shell": cmd})).await;
+        for (kind, path) in expected {
+            let ev = next_event(&mut ws).await;
+            assert_eq!(
+                (ev["type"].as_str(), ev["path"].as_str()),
+                (Some(*kind), Some(*path)),
+                "after {cmd:?}: {ev}"
+            );
+            assert!(ev["at"].is_string());
+            if *kind == "renamed" {
+                assert_eq!(ev["from"], "/workspace/d/f");
+            }
+        }
+    }
+    // Five appends were debounced into the one modified event above: nothing else is queued.
+    let extra = tokio::time::timeout(Duration::from_millis(300), ws.next()).await;
+    assert!(extra.is_err(), "unexpected extra event: {extra:?}");
+
+    let url = format!(
+        "{}/v1/sandbox/sessions/{id}/fs/watch?path=/workspace/none",
+        d.base.replace("http://", "ws://")
+    );
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {KEY1}").parse().unwrap());
+    match tokio_tungstenite::connect_async(req).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status().as_u16(), 404)
+        }
+        other => panic!("watching a missing directory: {other:?}"),
+    }
+    // A plain request to a WebSocket endpoint is a typed 400.
+    let resp = d
+        .req(
+            reqwest::Method::GET,
+            &format!("/v1/sandbox/sessions/{id}/fs/watch?path=/workspace"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        error_code(&resp.json().await.unwrap()),
+        "SANDBOX-INVALID-ARGUMENT"
+    );
+}

@@ -130,3 +130,18 @@ impl<T: DeserializeOwned + Send> FromRequestParts<AppState> for Query<T> {
         }
     }
 }
+
+/// A WebSocket upgrade, or a typed 400 for a plain request to a WebSocket endpoint.
+pub fn websocket(
+    ws: Result<
+        axum::extract::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
+) -> Result<axum::extract::WebSocketUpgrade, ApiError> {
+    ws.map_err(|e| {
+        ApiError::invalid(format!(
+            "this endpoint needs a WebSocket upgrade: {}",
+            e.body_text()
+        ))
+    })
+}

@@ -7,6 +7,7 @@ mod extract;
 mod live;
 mod routes;
 mod terminal;
+mod watch;
 
 use std::sync::{Arc, RwLock};
 
@@ -42,7 +43,7 @@ pub struct AppState {
         routes::set_timeout, routes::exec, routes::upload, routes::download, routes::list_files,
         routes::remove_file, routes::make_dir, routes::move_file, routes::session_metrics,
         live::list_execs, live::exec_status, live::exec_stream, live::exec_stdin, live::exec_signal,
-        live::report_error, live::list_errors, terminal::terminal,
+        live::report_error, live::list_errors, terminal::terminal, watch::watch,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key
     ),
     modifiers(&BearerAuth)
@@ -96,6 +97,7 @@ pub fn router(state: AppState) -> Router {
             get(live::list_errors).post(live::report_error),
         )
         .route("/{id}/terminal", get(terminal::terminal))
+        .route("/{id}/fs/watch", get(watch::watch))
         .merge(contexts::router());
     let admin = Router::new()
         .route("/tenants", get(admin::list_tenants))

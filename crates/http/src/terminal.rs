@@ -1,6 +1,7 @@
 //! `GET .../terminal`: a WebSocket onto a PTY in the sandbox. Binary frames carry the
 //! terminal's bytes both ways; text frames carry JSON control (`resize` in, `exit` out).
 
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::Response;
@@ -34,7 +35,7 @@ pub async fn terminal(
     Caller(who): Caller,
     Path(id): Path<String>,
     Query(params): Query<Vec<(String, String)>>,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let mut cmd = None;
     let mut args = Vec::new();
@@ -63,6 +64,8 @@ pub async fn terminal(
         None if args.is_empty() => Vec::new(),
         None => return Err(ApiError::invalid("arg needs cmd")),
     };
+    s.manager.get(&who, &id).await?;
+    let ws = crate::extract::websocket(ws)?;
     // The process starts before the upgrade, so a bad command is a plain HTTP error.
     let stream = s
         .manager

@@ -1,0 +1,296 @@
+// koder-sandbox code-interpreter driver for JavaScript, started by the agent as `node -e`.
+//
+// Requests arrive one JSON object per line on fd 3 ({"code", "n"}); events leave one JSON
+// object per line on fd 4 ({"ev": "ready" | "display" | "done", ...}). fds 1 and 2 are the
+// agent's pipes for user output (console output to pipes is synchronous on Linux, so it is in
+// the pipe before "done" is written). Cells run as classic scripts in this realm, so top-level
+// `let`/`const`/`class` bindings persist from one run to the next, as in Node's REPL.
+'use strict';
+
+(() => {
+  const fs = require('fs');
+  const net = require('net');
+  const util = require('util');
+  const vm = require('vm');
+
+  // The agent's limits are the real ones; these keep a run from producing lines the agent
+  // would have to throw away (one run's events must fit in one protocol frame).
+  const RESULT_BUDGET = 860 * 1024;
+  const MAX_TEXT = 256 * 1024;
+  const MAX_ERROR_VALUE = 16 * 1024;
+  const MAX_TRACEBACK = 64 * 1024;
+  const MAX_RESULTS = 256;
+
+  // Reopening through /proc yields close-on-exec descriptors, so processes user code starts
+  // do not hold the control channel open (the agent reads its end-of-file as our death).
+  function reopen(fd, flags) {
+    try {
+      const copy = fs.openSync(`/proc/self/fd/${fd}`, flags);
+      fs.closeSync(fd);
+      return copy;
+    } catch (_) {
+      return fd;
+    }
+  }
+  const ctlIn = reopen(3, fs.constants.O_RDONLY);
+  const ctlOut = reopen(4, fs.constants.O_WRONLY);
+
+  function emit(event) {
+    const buf = Buffer.from(JSON.stringify(event) + '\n', 'utf8');
+    let off = 0;
+    while (off < buf.length) {
+      off += fs.writeSync(ctlOut, buf, off, buf.length - off);
+    }
+  }
+
+  function clip(s, n) {
+    return s.length <= n ? s : `${s.slice(0, n)}\n[... ${s.length - n} characters cut]`;
+  }
+
+  let current = null; // the run in progress
+
+  function sendOutput(data, main) {
+    const run = current;
+    if (!run || run.count >= MAX_RESULTS) return;
+    let size = 0;
+    for (const v of Object.values(data)) size += Buffer.byteLength(v);
+    if (run.used + size > RESULT_BUDGET) {
+      data = { text: `[output of ${size} bytes omitted: over this run's result budget]` };
+      size = data.text.length;
+    }
+    run.used += size;
+    run.count += 1;
+    emit({ ev: 'display', n: run.n, main: !!main, data });
+  }
+
+  const MIME = {
+    'text/plain': 'text',
+    'text/html': 'html',
+    'text/markdown': 'markdown',
+    'image/svg+xml': 'svg',
+    'image/png': 'png',
+    'application/json': 'json',
+  };
+  // Deno's and tslab's convention for objects that render themselves.
+  const DISPLAY = Symbol.for('Jupyter.display');
+
+  function inspect(v) {
+    try {
+      return util.inspect(v, { depth: 4, maxArrayLength: 200, maxStringLength: MAX_TEXT, breakLength: 100 });
+    } catch (e) {
+      return `<inspect failed: ${e}>`;
+    }
+  }
+
+  function isPlainData(v) {
+    if (v === null || typeof v === 'boolean' || typeof v === 'string') return true;
+    if (typeof v === 'number') return Number.isFinite(v);
+    if (Array.isArray(v)) return true;
+    if (typeof v === 'object') {
+      const proto = Object.getPrototypeOf(v);
+      return proto === Object.prototype || proto === null;
+    }
+    return false;
+  }
+
+  function isBundle(v) {
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) return false;
+    const keys = Object.keys(v);
+    return keys.length > 0 && keys.every((k) => k in MIME);
+  }
+
+  function putBundle(data, bundle) {
+    for (const [mime, key] of Object.entries(MIME)) {
+      if (!(mime in bundle)) continue;
+      let v = bundle[mime];
+      try {
+        if (key === 'json' && typeof v !== 'string') v = JSON.stringify(v);
+        if (key === 'png' && v instanceof Uint8Array) v = Buffer.from(v).toString('base64');
+      } catch (_) {
+        continue;
+      }
+      if (typeof v === 'string') data[key] = key === 'text' ? clip(v, MAX_TEXT) : v;
+    }
+  }
+
+  function formats(value, main) {
+    const data = {};
+    if (value !== null && (typeof value === 'object' || typeof value === 'function')) {
+      try {
+        if (typeof value[DISPLAY] === 'function') {
+          const bundle = value[DISPLAY]();
+          if (bundle && typeof bundle === 'object') putBundle(data, bundle);
+        }
+      } catch (_) {
+        // a broken renderer leaves the plain representations
+      }
+    }
+    if (!('text' in data)) data.text = clip(inspect(value), MAX_TEXT);
+    if (main && !('json' in data) && isPlainData(value)) {
+      try {
+        const j = JSON.stringify(value);
+        if (typeof j === 'string' && j.length <= RESULT_BUDGET) data.json = j;
+      } catch (_) {
+        // cycles, BigInt: no JSON form
+      }
+    }
+    return data;
+  }
+
+  function display(...values) {
+    for (const v of values) {
+      if (isBundle(v)) {
+        const data = {};
+        putBundle(data, v);
+        sendOutput(data, false);
+      } else {
+        sendOutput(formats(v, false), false);
+      }
+    }
+  }
+  display.html = (s) => sendOutput({ html: String(s) }, false);
+  display.markdown = (s) => sendOutput({ markdown: String(s) }, false);
+  display.svg = (s) => sendOutput({ svg: String(s) }, false);
+  display.png = (b) => sendOutput({ png: b instanceof Uint8Array ? Buffer.from(b).toString('base64') : String(b) }, false);
+  display.json = (v) => sendOutput({ json: JSON.stringify(v), text: inspect(v) }, false);
+  if (!('display' in globalThis)) globalThis.display = display;
+
+  function cleanStack(stack) {
+    // Frames below the innermost cell frame belong to the driver and Node's vm machinery.
+    const lines = String(stack).split('\n');
+    let last = -1;
+    lines.forEach((l, i) => {
+      if (/^\s+at /.test(l) && l.includes('<cell ')) last = i;
+    });
+    const kept = last >= 0 ? lines.slice(0, last + 1) : lines.filter((l) => !/^\s+at /.test(l));
+    return `${kept.join('\n').replace(/\n+$/, '')}\n`;
+  }
+
+  function describe(e) {
+    if (e instanceof Error || (e !== null && typeof e === 'object' && 'message' in e && 'stack' in e)) {
+      let name = 'Error';
+      try {
+        name = String(e.name || (e.constructor && e.constructor.name) || 'Error');
+      } catch (_) {
+        // keep the generic name
+      }
+      let value = '';
+      let stack = '';
+      try {
+        value = String(e.message);
+        stack = cleanStack(e.stack || `${name}: ${value}`);
+      } catch (_) {
+        // an exotic error object: name only
+      }
+      return { name, value: clip(value, MAX_ERROR_VALUE), traceback: clip(stack, MAX_TRACEBACK) };
+    }
+    const shown = inspect(e);
+    return {
+      name: 'Error',
+      value: clip(shown, MAX_ERROR_VALUE),
+      traceback: clip(`Uncaught ${shown}\n`, MAX_TRACEBACK),
+    };
+  }
+
+  function compile(code, n) {
+    const filename = `<cell ${n}>`;
+    try {
+      return new vm.Script(code, { filename });
+    } catch (e) {
+      if (!(e instanceof SyntaxError) || !/\bawait\b/.test(code)) throw e;
+      // Top-level await: the cell runs as an async function, so its own declarations stay
+      // local to this run and its value is not shown.
+      try {
+        return new vm.Script(`(async () => {\n${code}\n})()`, { filename, lineOffset: -1 });
+      } catch (_) {
+        throw e;
+      }
+    }
+  }
+
+  function isThenable(v) {
+    return v !== null && (typeof v === 'object' || typeof v === 'function') && typeof v.then === 'function';
+  }
+
+  async function serve(req) {
+    const n = Number(req.n) || 0;
+    const run = { n, used: 0, count: 0, interrupt: null };
+    current = run;
+    let error = null;
+    try {
+      let value = compile(String(req.code ?? ''), n).runInThisContext();
+      if (isThenable(value)) {
+        const interrupted = new Promise((_, reject) => {
+          run.interrupt = reject;
+        });
+        value = await Promise.race([value, interrupted]);
+      }
+      if (value !== undefined) sendOutput(formats(value, true), true);
+    } catch (e) {
+      error = describe(e);
+    } finally {
+      run.interrupt = null;
+      current = null;
+      emit({ ev: 'done', n, error });
+    }
+  }
+
+  const queue = [];
+  let busy = false;
+  async function pump() {
+    if (busy) return;
+    busy = true;
+    try {
+      while (queue.length > 0) await serve(queue.shift());
+    } finally {
+      busy = false;
+    }
+  }
+
+  function report(kind, e) {
+    try {
+      const text = e instanceof Error ? cleanStack(e.stack || String(e)) : `${inspect(e)}\n`;
+      process.stderr.write(`${kind}: ${text}`);
+    } catch (_) {
+      // nothing left to report with
+    }
+  }
+  // Errors of callbacks and promises nobody awaits must not end the context.
+  process.on('uncaughtException', (e) => report('Uncaught', e));
+  process.on('unhandledRejection', (e) => report('Unhandled rejection', e));
+  // A cancelled run is interrupted with SIGINT: an awaited promise is abandoned here, and
+  // between runs the signal is ignored. Synchronous code is not interruptible (vm's
+  // breakOnSigint costs milliseconds on every run), so the agent kills it after a grace.
+  process.on('SIGINT', () => {
+    if (current && current.interrupt) {
+      const e = new Error('interrupted');
+      e.name = 'KeyboardInterrupt';
+      current.interrupt(e);
+    }
+  });
+
+  const input = new net.Socket({ fd: ctlIn, readable: true, writable: false });
+  input.setEncoding('utf8');
+  let pending = '';
+  input.on('data', (chunk) => {
+    pending += chunk;
+    let i;
+    while ((i = pending.indexOf('\n')) >= 0) {
+      const line = pending.slice(0, i);
+      pending = pending.slice(i + 1);
+      let req;
+      try {
+        req = JSON.parse(line);
+      } catch (_) {
+        continue;
+      }
+      if (req !== null && typeof req === 'object') queue.push(req);
+    }
+    pump();
+  });
+  // The agent is gone.
+  input.on('end', () => process.exit(0));
+  input.on('error', () => process.exit(0));
+
+  emit({ ev: 'ready', pid: process.pid, version: process.version });
+})();

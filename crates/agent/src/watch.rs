@@ -1,0 +1,214 @@
+//! File watching with inotify (never polling): created / modified / deleted / renamed events
+//! below a directory, optionally recursive, debounced so a burst of writes is one event.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
+use koder_agent_protocol::{AgentError, ErrorCode, FromAgent, FsEventKind, ToAgent};
+use tokio::sync::mpsc;
+
+use crate::fs::Fs;
+use crate::server::Outbox;
+
+/// Events of one path within this window collapse into one.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+/// Directories one watch may cover (inotify watches are a kernel resource).
+const MAX_DIRS: usize = 8192;
+
+fn mask() -> WatchMask {
+    WatchMask::CREATE
+        | WatchMask::MODIFY
+        | WatchMask::CLOSE_WRITE
+        | WatchMask::DELETE
+        | WatchMask::MOVED_FROM
+        | WatchMask::MOVED_TO
+        | WatchMask::DELETE_SELF
+        | WatchMask::ONLYDIR
+        | WatchMask::DONT_FOLLOW
+}
+
+struct Tree {
+    watches: Watches,
+    dirs: HashMap<WatchDescriptor, PathBuf>,
+    recursive: bool,
+}
+
+impl Tree {
+    /// Watches `dir` (and, when recursive, every directory below it, without following links).
+    fn add(&mut self, dir: &Path) {
+        if self.dirs.len() >= MAX_DIRS {
+            return;
+        }
+        if let Ok(wd) = self.watches.add(dir, mask()) {
+            self.dirs.insert(wd, dir.to_path_buf());
+        }
+        if !self.recursive {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                self.add(&entry.path());
+            }
+        }
+    }
+}
+
+pub async fn run(
+    fs: Arc<Fs>,
+    path: String,
+    recursive: bool,
+    mut rx: mpsc::Receiver<ToAgent>,
+    out: Outbox,
+) {
+    let root = match resolve(&fs, &path) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = out.send(FromAgent::Error(e)).await;
+            return;
+        }
+    };
+    let setup = Inotify::init().and_then(|ino| {
+        let watches = ino.watches();
+        let stream = ino.into_event_stream(vec![0u8; 64 * 1024])?;
+        Ok((watches, stream))
+    });
+    let (watches, mut events) = match setup {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = out
+                .send(FromAgent::Error(AgentError::new(
+                    ErrorCode::Io,
+                    format!("inotify: {e}"),
+                )))
+                .await;
+            return;
+        }
+    };
+    let mut tree = Tree {
+        watches,
+        dirs: HashMap::new(),
+        recursive,
+    };
+    tree.add(&root);
+    if tree.dirs.is_empty() {
+        let e = AgentError::new(ErrorCode::NotADirectory, format!("cannot watch {path:?}"));
+        let _ = out.send(FromAgent::Error(e)).await;
+        return;
+    }
+    if out.send(FromAgent::Done).await.is_err() {
+        return;
+    }
+    // Pending events by path, flushed DEBOUNCE after the first of a batch.
+    let mut batch: BTreeMap<String, (FsEventKind, Option<String>)> = BTreeMap::new();
+    let mut moved_from: HashMap<u32, String> = HashMap::new();
+    let mut flush_at: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            ev = events.next() => {
+                let Some(Ok(ev)) = ev else { return };
+                if let Some((kind, path, from)) = translate(&mut tree, &mut moved_from, ev) {
+                    merge(&mut batch, path, kind, from);
+                    flush_at.get_or_insert_with(|| tokio::time::Instant::now() + DEBOUNCE);
+                }
+            }
+            () = sleep_until(flush_at) => {
+                flush_at = None;
+                // A move whose other half never came left the watched tree.
+                for (_, gone) in moved_from.drain() {
+                    merge(&mut batch, gone, FsEventKind::Deleted, None);
+                }
+                for (path, (kind, from)) in std::mem::take(&mut batch) {
+                    if out.send(FromAgent::FsEvent { kind, path, from }).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            msg = rx.recv() => if matches!(msg, None | Some(ToAgent::Cancel)) { return },
+        }
+    }
+}
+
+/// A later event of the same path wins, except that a create followed by modifies stays a
+/// create (the file is new to the watcher).
+fn merge(
+    batch: &mut BTreeMap<String, (FsEventKind, Option<String>)>,
+    path: String,
+    kind: FsEventKind,
+    from: Option<String>,
+) {
+    match batch.get(&path) {
+        Some((FsEventKind::Created, _)) if kind == FsEventKind::Modified => {}
+        _ => {
+            batch.insert(path, (kind, from));
+        }
+    }
+}
+
+fn translate(
+    tree: &mut Tree,
+    moved_from: &mut HashMap<u32, String>,
+    ev: inotify::Event<OsString>,
+) -> Option<(FsEventKind, String, Option<String>)> {
+    let dir = tree.dirs.get(&ev.wd)?.clone();
+    if ev.mask.contains(EventMask::IGNORED) || ev.mask.contains(EventMask::DELETE_SELF) {
+        tree.dirs.remove(&ev.wd);
+        return None;
+    }
+    let path = match &ev.name {
+        Some(name) => dir.join(name),
+        None => dir,
+    };
+    let shown = path.to_string_lossy().into_owned();
+    let is_dir = ev.mask.contains(EventMask::ISDIR);
+    if ev.mask.contains(EventMask::CREATE) {
+        if is_dir && tree.recursive {
+            tree.add(&path);
+        }
+        Some((FsEventKind::Created, shown, None))
+    } else if ev
+        .mask
+        .intersects(EventMask::MODIFY | EventMask::CLOSE_WRITE)
+    {
+        Some((FsEventKind::Modified, shown, None))
+    } else if ev.mask.contains(EventMask::DELETE) {
+        Some((FsEventKind::Deleted, shown, None))
+    } else if ev.mask.contains(EventMask::MOVED_FROM) {
+        moved_from.insert(ev.cookie, shown);
+        // Moved out of the watched tree if no MOVED_TO follows; reported as deleted then.
+        None
+    } else if ev.mask.contains(EventMask::MOVED_TO) {
+        if is_dir && tree.recursive {
+            tree.add(&path);
+        }
+        Some((FsEventKind::Renamed, shown, moved_from.remove(&ev.cookie)))
+    } else {
+        None
+    }
+}
+
+/// The watched path, resolved inside the sandbox root and required to be a directory.
+fn resolve(fs: &Fs, path: &str) -> Result<PathBuf, AgentError> {
+    let entry = fs.stat(path)?;
+    if entry.kind != koder_agent_protocol::EntryKind::Dir {
+        return Err(AgentError::new(
+            ErrorCode::NotADirectory,
+            format!("{path:?} is not a directory"),
+        ));
+    }
+    Ok(PathBuf::from(entry.path))
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
