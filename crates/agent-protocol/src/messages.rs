@@ -73,6 +73,14 @@ pub enum ToAgent {
         path: String,
         recursive: bool,
     },
+    /// TCP ports something listens on inside the sandbox → `Ports`.
+    ListeningPorts,
+    /// Opens a TCP connection to `port` on the sandbox's loopback → `Connected`; bytes then
+    /// flow as `Stdin` (to the port) and `Stdout` (from it); `CloseStdin` half-closes;
+    /// `Closed` ends it.
+    Connect {
+        port: u16,
+    },
     /// New window size of the terminal on this stream.
     Resize {
         cols: u16,
@@ -121,6 +129,8 @@ impl ToAgent {
             ToAgent::DiskUsage => "DiskUsage",
             ToAgent::PtyStart(_) => "PtyStart",
             ToAgent::Watch { .. } => "Watch",
+            ToAgent::ListeningPorts => "ListeningPorts",
+            ToAgent::Connect { .. } => "Connect",
             ToAgent::Resize { .. } => "Resize",
             ToAgent::ContextCreate { .. } => "ContextCreate",
             ToAgent::ContextRun { .. } => "ContextRun",
@@ -174,6 +184,9 @@ pub enum FromAgent {
         /// The old path of a rename, when the watcher saw both halves.
         from: Option<String>,
     },
+    Ports(Vec<u16>),
+    Connected,
+    Closed,
     Context(ContextInfo),
     Contexts(Vec<ContextInfo>),
     RunDone(RunOutcome),

@@ -27,7 +27,7 @@ use koder_agent_protocol::{
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
@@ -254,8 +254,8 @@ impl Contexts {
             drop(old);
         }
         ctx.count.store(0, Ordering::SeqCst);
-        ctx.generation.fetch_add(1, Ordering::SeqCst);
         let interp = Interp::start(ctx.lang, &self.env, &self.workdir).await?;
+        ctx.generation.fetch_add(1, Ordering::SeqCst);
         ctx.pgid.store(interp.pid, Ordering::SeqCst);
         if ctx.deleted.load(Ordering::SeqCst) {
             // Deleted while starting: `interp` is dropped (killed) here.
@@ -595,7 +595,10 @@ impl Interp {
         let io = |e: std::io::Error| spawn_err(format!("interpreter pipes: {e}"));
         let mut interp = Interp {
             pid: forked.pid,
-            exited: forked.pidfd.and_then(|fd| AsyncFd::new(fd).ok()),
+            // SAFETY: the OwnedFd keeps the pidfd open, unchanged, for the AsyncFd's lifetime.
+            exited: forked.pidfd.and_then(|fd| unsafe {
+                AsyncFd::register_with_interest(fd, Interest::READABLE).ok()
+            }),
             requests: pipe::Sender::from_owned_fd(forked.requests).map_err(io)?,
             events: LineReader::new(pipe::Receiver::from_owned_fd(forked.events).map_err(io)?),
             stdout: pipe::Receiver::from_owned_fd(forked.stdout).map_err(io)?,
@@ -613,6 +616,7 @@ impl Interp {
         tokio::pin!(deadline);
         let mut errors = Vec::new();
         let mut buf = vec![0u8; CHUNK_BYTES];
+        let mut sink = vec![0u8; CHUNK_BYTES];
         let (mut out_open, mut err_open) = (true, true);
         loop {
             tokio::select! {
@@ -633,7 +637,7 @@ impl Interp {
                     }
                     _ => err_open = false,
                 },
-                r = self.stdout.read(&mut buf), if out_open => {
+                r = self.stdout.read(&mut sink), if out_open => {
                     if !matches!(r, Ok(n) if n > 0) {
                         out_open = false;
                     }

@@ -7,6 +7,7 @@ pub mod confine;
 pub mod exec;
 pub mod fs;
 pub mod interp;
+pub mod net;
 pub mod pty;
 pub mod server;
 pub mod setup;

@@ -187,6 +187,8 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
             blocking(move || fs.remove(&path, recursive).map(|()| FromAgent::Done)).await
         }
         ToAgent::DiskUsage => blocking(disk_usage).await,
+        ToAgent::ListeningPorts => blocking(crate::net::listening_ports).await,
+        ToAgent::Connect { port } => return crate::net::relay(port, rx, out).await,
         ToAgent::Watch { path, recursive } => {
             return crate::watch::run(fs, path, recursive, rx, out).await;
         }

@@ -5,6 +5,7 @@ mod contexts;
 mod error;
 mod extract;
 mod live;
+mod preview;
 mod routes;
 mod terminal;
 mod watch;
@@ -14,7 +15,7 @@ use std::sync::{Arc, RwLock};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 use koder_api_types::codes;
 use koder_auth::KeyRing;
@@ -44,6 +45,7 @@ pub struct AppState {
         routes::remove_file, routes::make_dir, routes::move_file, routes::session_metrics,
         live::list_execs, live::exec_status, live::exec_stream, live::exec_stdin, live::exec_signal,
         live::report_error, live::list_errors, terminal::terminal, watch::watch,
+        preview::upstream, preview::pin,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key
     ),
     modifiers(&BearerAuth)
@@ -98,6 +100,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/{id}/terminal", get(terminal::terminal))
         .route("/{id}/fs/watch", get(watch::watch))
+        .route("/{id}/upstream", get(preview::upstream))
+        .route("/{id}/preview", post(preview::pin))
+        .route("/{id}/preview/", any(preview::proxy))
+        .route("/{id}/preview/{*path}", any(preview::proxy))
         .merge(contexts::router());
     let admin = Router::new()
         .route("/tenants", get(admin::list_tenants))

@@ -31,6 +31,8 @@ pub enum Error {
     #[error("{0}")]
     RuntimeUnavailable(String),
     #[error("{0}")]
+    PreviewNotListening(String),
+    #[error("{0}")]
     NotImplemented(String),
     #[error("{0}")]
     Internal(String),
@@ -49,6 +51,7 @@ impl Error {
             Error::QuotaMinutes(_) => codes::QUOTA_MINUTES,
             Error::PlanRequired(_) => codes::PLAN_REQUIRED,
             Error::RuntimeUnavailable(_) => codes::RUNTIME_UNAVAILABLE,
+            Error::PreviewNotListening(_) => codes::PREVIEW_NOT_LISTENING,
             Error::NotImplemented(_) => codes::NOT_IMPLEMENTED,
             Error::Internal(_) => codes::INTERNAL,
         }
@@ -64,7 +67,7 @@ impl Error {
             Error::FsQuotaExceeded(_) => 507,
             Error::QuotaSessions(_) | Error::QuotaMinutes(_) => 429,
             Error::PlanRequired(_) => 402,
-            Error::RuntimeUnavailable(_) => 503,
+            Error::RuntimeUnavailable(_) | Error::PreviewNotListening(_) => 503,
             Error::NotImplemented(_) => 501,
             Error::Internal(_) => 500,
         }

@@ -10,6 +10,7 @@ pub mod languages;
 mod manager;
 pub mod metrics;
 mod pool;
+pub mod preview;
 pub mod quota;
 
 pub use config::SessionConfig;

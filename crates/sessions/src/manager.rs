@@ -43,6 +43,8 @@ pub(crate) struct Live {
     pub(crate) execs: crate::execs::Registry,
     /// The error ring: the last [`MAX_ERRORS`] reports.
     pub(crate) errors: Mutex<std::collections::VecDeque<ErrorEntry>>,
+    /// Port pinned with `POST .../preview`; otherwise the upstream is auto-detected.
+    pub(crate) preview_port: Mutex<Option<u16>>,
 }
 
 pub const MAX_ERRORS: usize = 50;
@@ -236,6 +238,7 @@ impl Manager {
                 running_execs: AtomicU32::new(0),
                 execs: Default::default(),
                 errors: Mutex::default(),
+                preview_port: Mutex::default(),
             }),
         );
         ticket.forget();

@@ -1,0 +1,717 @@
+//! Code-interpreter contexts driven in-process over an in-memory pipe. The interpreters run on
+//! the host (/usr/bin/python3, /usr/bin/node); matplotlib and pandas come from
+//! scripts/setup.sh, and the tests that use them fail, not skip, without them.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use koder_agent::confine::Confinement;
+use koder_agent::exec::{ExecDefaults, Reaper};
+use koder_agent::fs::Fs;
+use koder_agent::interp::{Contexts, MAX_CODE_BYTES, MAX_CONTEXTS};
+use koder_agent::server::{serve_connection, Agent};
+use koder_agent_protocol::*;
+
+/// One runtime and one reaper for the whole binary: the reaper waits on any child, so two
+/// reapers in one process would steal each other's exit statuses.
+fn rt() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
+}
+
+fn reaper() -> Arc<Reaper> {
+    static REAPER: OnceLock<Arc<Reaper>> = OnceLock::new();
+    REAPER
+        .get_or_init(|| rt().block_on(async { Reaper::start().unwrap() }))
+        .clone()
+}
+
+struct Harness {
+    _root: tempfile::TempDir,
+    client: AgentClient,
+}
+
+fn harness() -> Harness {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("workspace")).unwrap();
+    let fs = Fs::new(root.path(), "/workspace").unwrap();
+    let defaults = ExecDefaults {
+        env: vec![
+            ("PATH".into(), "/usr/bin:/bin".into()),
+            ("HOME".into(), root.path().to_string_lossy().into_owned()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ],
+        workdir: root.path().to_string_lossy().into_owned(),
+    };
+    let mut agent = Agent::new(reaper(), fs, defaults, Confinement::default());
+    agent.contexts = Contexts::with_defaults(&agent.defaults);
+    let agent = Arc::new(agent);
+    let client = rt().block_on(async move {
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        tokio::spawn(serve_connection(agent, theirs));
+        let (r, w) = tokio::io::split(ours);
+        AgentClient::new(r, w)
+    });
+    Harness {
+        _root: root,
+        client,
+    }
+}
+
+async fn one(client: &AgentClient, msg: ToAgent) -> Result<FromAgent, ClientError> {
+    let mut s = client.open(msg).await?;
+    let m = s.recv().await;
+    s.mark_finished();
+    m
+}
+
+async fn create(client: &AgentClient, language: &str) -> ContextInfo {
+    match one(
+        client,
+        ToAgent::ContextCreate {
+            language: language.into(),
+        },
+    )
+    .await
+    {
+        Ok(FromAgent::Context(info)) => info,
+        other => panic!("create {language}: {other:?}"),
+    }
+}
+
+async fn list(client: &AgentClient) -> Vec<ContextInfo> {
+    match one(client, ToAgent::ContextList).await {
+        Ok(FromAgent::Contexts(all)) => all,
+        other => panic!("list: {other:?}"),
+    }
+}
+
+#[derive(Debug, Default)]
+struct Ran {
+    stdout: String,
+    stderr: String,
+    outcome: RunOutcome,
+    /// When the first stdout chunk arrived, from the start of the run.
+    first_stdout: Option<Duration>,
+}
+
+impl Ran {
+    fn main(&self) -> Option<&RichResult> {
+        self.outcome.results.iter().find(|r| r.is_main_result)
+    }
+
+    fn text(&self) -> Option<&str> {
+        self.main().and_then(|r| r.text.as_deref())
+    }
+
+    fn ok(self) -> Self {
+        assert!(self.outcome.error.is_none(), "{self:?}");
+        self
+    }
+}
+
+async fn try_run(
+    client: &AgentClient,
+    cid: &str,
+    code: &str,
+    timeout_ms: Option<u64>,
+) -> Result<Ran, ClientError> {
+    let began = Instant::now();
+    let mut s = client
+        .open(ToAgent::ContextRun {
+            context_id: cid.into(),
+            code: code.into(),
+            timeout_ms,
+        })
+        .await?;
+    let mut ran = Ran::default();
+    loop {
+        match s.recv().await? {
+            FromAgent::Stdout(d) => {
+                ran.first_stdout.get_or_insert(began.elapsed());
+                ran.stdout.push_str(&String::from_utf8_lossy(&d));
+            }
+            FromAgent::Stderr(d) => ran.stderr.push_str(&String::from_utf8_lossy(&d)),
+            FromAgent::RunDone(outcome) => {
+                s.mark_finished();
+                ran.outcome = outcome;
+                return Ok(ran);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+async fn run(client: &AgentClient, cid: &str, code: &str) -> Ran {
+    try_run(client, cid, code, Some(30_000))
+        .await
+        .unwrap_or_else(|e| panic!("run {code:?}: {e}"))
+}
+
+fn agent_code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> ErrorCode {
+    match r {
+        Err(ClientError::Agent(e)) => e.code,
+        other => panic!("expected an agent error, got {other:?}"),
+    }
+}
+
+#[test]
+fn python_state_persists_and_last_value_is_the_result() {
+    let h = harness();
+    rt().block_on(async {
+        let c = create(&h.client, "python").await;
+        assert_eq!((c.language.as_str(), c.execution_count), ("python", 0));
+        let id = c.context_id.as_str();
+        let r = run(&h.client, id, "x = 41\nimport math").await.ok();
+        assert!(r.outcome.results.is_empty(), "{r:?}");
+        let r = run(&h.client, id, "x + 1").await.ok();
+        assert_eq!(r.text(), Some("42"));
+        assert_eq!(r.main().and_then(|m| m.json.as_deref()), Some("42"));
+        assert_eq!(r.outcome.execution_count, 2);
+        assert!(!r.outcome.restarted && !r.outcome.timed_out);
+        let r = run(&h.client, id, "1+1").await.ok();
+        assert_eq!(
+            (r.text(), r.main().and_then(|m| m.json.as_deref())),
+            (Some("2"), Some("2"))
+        );
+        let r = run(
+            &h.client,
+            id,
+            "def f(n):\n    return {'n': n, 'sq': math.sqrt(n)}\nf(16)",
+        )
+        .await
+        .ok();
+        assert_eq!(r.text(), Some("{'n': 16, 'sq': 4.0}"));
+        assert_eq!(
+            r.main().and_then(|m| m.json.as_deref()),
+            Some(r#"{"n": 16, "sq": 4.0}"#)
+        );
+        let r = run(&h.client, id, "print(f(4)['sq']);").await.ok();
+        assert_eq!(r.stdout, "2.0\n");
+        assert!(r.outcome.results.is_empty(), "a statement has no value");
+        let info = list(&h.client).await;
+        assert_eq!(info.len(), 1);
+        assert_eq!(info[0].execution_count, 5);
+    });
+}
+
+#[test]
+fn output_arrives_in_order_and_while_the_run_goes_on() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let r = run(
+            &h.client,
+            &id,
+            "import sys\nfor i in range(3):\n    print(i)\nprint('err', file=sys.stderr)\nprint('end')",
+        )
+        .await
+        .ok();
+        assert_eq!(r.stdout, "0\n1\n2\nend\n");
+        assert_eq!(r.stderr, "err\n");
+
+        let r = run(
+            &h.client,
+            &id,
+            "import time\nprint('first')\ntime.sleep(1.5)\nprint('second')",
+        )
+        .await
+        .ok();
+        assert_eq!(r.stdout, "first\nsecond\n");
+        let first = r.first_stdout.unwrap();
+        assert!(
+            first < Duration::from_millis(1000),
+            "first line after {first:?}: output must stream, not wait for the run's end"
+        );
+        assert!(r.outcome.duration_ms >= 1500, "{:?}", r.outcome);
+    });
+}
+
+#[test]
+fn an_exception_reports_name_value_traceback_and_the_context_lives_on() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        run(&h.client, &id, "kept = 'yes'").await.ok();
+        let r = run(
+            &h.client,
+            &id,
+            "print('before')\ndef f():\n    raise ValueError('boom')\nf()",
+        )
+        .await;
+        assert_eq!(r.stdout, "before\n");
+        let e = r.outcome.error.as_ref().expect("an error");
+        assert_eq!((e.name.as_str(), e.value.as_str()), ("ValueError", "boom"));
+        assert!(e.traceback.contains("raise ValueError('boom')"), "{e:?}");
+        assert!(e.traceback.contains("Traceback"), "{e:?}");
+        assert!(!e.traceback.contains("_koder"), "driver frames leak: {e:?}");
+        assert!(!r.outcome.restarted);
+
+        let r = run(&h.client, &id, "1 +").await;
+        assert_eq!(
+            r.outcome.error.as_ref().map(|e| e.name.as_str()),
+            Some("SyntaxError")
+        );
+        let r = run(&h.client, &id, "exit(3)").await;
+        assert_eq!(
+            r.outcome.error.as_ref().map(|e| e.name.as_str()),
+            Some("SystemExit")
+        );
+        let r = run(&h.client, &id, "kept").await.ok();
+        assert_eq!(r.text(), Some("'yes'"));
+        assert_eq!(r.outcome.execution_count, 5);
+    });
+}
+
+#[test]
+fn a_timeout_kills_and_restarts_the_interpreter() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        run(&h.client, &id, "state = 1").await.ok();
+        let began = Instant::now();
+        let r = try_run(
+            &h.client,
+            &id,
+            "print('before', flush=True)\nwhile True:\n    pass",
+            Some(500),
+        )
+        .await
+        .unwrap();
+        assert!(began.elapsed() < Duration::from_secs(10));
+        assert!(r.outcome.timed_out && r.outcome.restarted, "{r:?}");
+        assert!(r.outcome.duration_ms >= 500);
+        assert_eq!(r.stdout, "before\n", "output before the kill is kept");
+        assert_eq!(
+            r.outcome.error.as_ref().map(|e| e.name.as_str()),
+            Some("TimeoutError")
+        );
+        assert_eq!(list(&h.client).await[0].execution_count, 0);
+        let r = run(&h.client, &id, "'state' in globals()").await.ok();
+        assert_eq!(r.text(), Some("False"), "a fresh interpreter has no state");
+        assert_eq!(r.outcome.execution_count, 1);
+        assert!(!r.outcome.restarted);
+    });
+}
+
+#[test]
+fn an_interpreter_that_dies_mid_run_is_restarted() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        run(&h.client, &id, "state = 1").await.ok();
+        let r = run(&h.client, &id, "import os\nprint('bye', flush=True)\nos._exit(3)").await;
+        assert!(r.outcome.restarted && !r.outcome.timed_out, "{r:?}");
+        assert_eq!(r.stdout, "bye\n");
+        assert_eq!(
+            r.outcome.error.as_ref().map(|e| e.name.as_str()),
+            Some("InterpreterDied")
+        );
+        let r = run(&h.client, &id, "'state' in globals()").await.ok();
+        assert_eq!(r.text(), Some("False"));
+
+        // Killed while idle: the next run notices, starts afresh and says so.
+        let r = run(&h.client, &id, "import os, signal, threading\nthreading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()").await.ok();
+        assert!(!r.outcome.restarted);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let r = run(&h.client, &id, "1").await.ok();
+        assert!(r.outcome.restarted, "{r:?}");
+        assert_eq!(r.text(), Some("1"));
+    });
+}
+
+#[test]
+fn node_keeps_let_bindings_between_runs() {
+    let h = harness();
+    rt().block_on(async {
+        let c = create(&h.client, "javascript").await;
+        assert_eq!(c.language, "node");
+        let id = c.context_id;
+        let r = run(&h.client, &id, "let x = 1").await.ok();
+        assert!(r.main().is_none(), "{r:?}");
+        let r = run(&h.client, &id, "x + 1").await.ok();
+        assert_eq!(
+            (r.text(), r.main().and_then(|m| m.json.as_deref())),
+            (Some("2"), Some("2"))
+        );
+        let r = run(
+            &h.client,
+            &id,
+            "const o = {a: [1, 2]}; console.log('hi'); console.error('e'); o",
+        )
+        .await
+        .ok();
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("hi\n", "e\n"));
+        assert_eq!(
+            r.main().and_then(|m| m.json.as_deref()),
+            Some(r#"{"a":[1,2]}"#)
+        );
+        let r = run(
+            &h.client,
+            &id,
+            "await new Promise(r => setTimeout(r, 10)); 'later'",
+        )
+        .await;
+        assert!(r.outcome.error.is_none(), "top-level await: {r:?}");
+        let r = run(&h.client, &id, "Promise.resolve(o.a.length)")
+            .await
+            .ok();
+        assert_eq!(r.text(), Some("2"), "a promise value is awaited");
+        let r = run(&h.client, &id, "function f() { null.foo }\nf()").await;
+        let e = r.outcome.error.as_ref().expect("an error");
+        assert_eq!(e.name, "TypeError");
+        assert!(e.traceback.contains("<cell 6>"), "{e:?}");
+        assert!(!e.traceback.contains("node:vm"), "{e:?}");
+        let r = run(
+            &h.client,
+            &id,
+            "require('child_process').execSync('echo sub', {stdio: 'inherit'}); x",
+        )
+        .await
+        .ok();
+        assert_eq!((r.stdout.as_str(), r.text()), ("sub\n", Some("1")));
+
+        let r = try_run(&h.client, &id, "while (true) {}", Some(500))
+            .await
+            .unwrap();
+        assert!(r.outcome.timed_out && r.outcome.restarted);
+        let r = run(&h.client, &id, "typeof x").await.ok();
+        assert_eq!(r.text(), Some("'undefined'"));
+    });
+}
+
+#[test]
+fn output_of_child_processes_is_captured() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let r = run(
+            &h.client,
+            &id,
+            "import os, subprocess\nos.system('echo hi')\nsubprocess.run(['sh', '-c', 'echo err >&2'])\nos.write(1, b'raw\\n');",
+        )
+        .await
+        .ok();
+        assert_eq!(r.stdout, "hi\nraw\n");
+        assert_eq!(r.stderr, "err\n");
+    });
+}
+
+#[test]
+fn delete_kills_the_interpreter() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let r = run(&h.client, &id, "import os\nos.getpid()").await.ok();
+        let pid: i32 = r.text().unwrap().parse().unwrap();
+        assert!(alive(pid));
+        assert_eq!(
+            one(
+                &h.client,
+                ToAgent::ContextDelete {
+                    context_id: id.clone()
+                }
+            )
+            .await
+            .unwrap(),
+            FromAgent::Done
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while alive(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "interpreter {pid} survived delete"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(list(&h.client).await.is_empty());
+        assert_eq!(
+            agent_code(try_run(&h.client, &id, "1", None).await),
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            agent_code(one(&h.client, ToAgent::ContextDelete { context_id: id }).await),
+            ErrorCode::NotFound
+        );
+    });
+}
+
+/// Running and not a zombie.
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|rest| rest.trim_start().chars().next())
+        })
+        .flatten()
+        .is_some_and(|state| state != 'Z' && state != 'X')
+}
+
+#[test]
+fn restart_starts_afresh() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        run(&h.client, &id, "z = 1").await.ok();
+        let info = match one(
+            &h.client,
+            ToAgent::ContextRestart {
+                context_id: id.clone(),
+            },
+        )
+        .await
+        {
+            Ok(FromAgent::Context(info)) => info,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            (info.context_id.as_str(), info.execution_count),
+            (id.as_str(), 0)
+        );
+        let r = run(&h.client, &id, "'z' in globals()").await.ok();
+        assert_eq!(r.text(), Some("False"));
+        assert!(!r.outcome.restarted, "an asked-for restart is not news");
+    });
+}
+
+#[test]
+fn a_cancelled_run_is_interrupted_and_the_state_kept() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        run(&h.client, &id, "kept = 7").await.ok();
+        let mut s = h
+            .client
+            .open(ToAgent::ContextRun {
+                context_id: id.clone(),
+                code: "import time\nprint('sleeping', flush=True)\ntime.sleep(60)".into(),
+                timeout_ms: Some(120_000),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            s.recv().await.unwrap(),
+            FromAgent::Stdout(b"sleeping\n".to_vec())
+        );
+        drop(s);
+        let began = Instant::now();
+        let r = run(&h.client, &id, "kept").await.ok();
+        assert!(began.elapsed() < Duration::from_secs(5));
+        assert_eq!(r.text(), Some("7"));
+        assert!(!r.outcome.restarted, "{r:?}");
+    });
+}
+
+#[test]
+fn the_default_context_is_python_and_made_on_first_use() {
+    let h = harness();
+    rt().block_on(async {
+        assert!(list(&h.client).await.is_empty());
+        let r = run(&h.client, "default", "import sys\nsys.version_info[0]")
+            .await
+            .ok();
+        assert_eq!(r.text(), Some("3"));
+        let r = run(&h.client, "default", "sys.version_info[0] * 2")
+            .await
+            .ok();
+        assert_eq!(r.text(), Some("6"));
+        let all = list(&h.client).await;
+        assert_eq!(all.len(), 1);
+        assert_eq!(
+            (all[0].context_id.as_str(), all[0].language.as_str()),
+            ("default", "python")
+        );
+    });
+}
+
+#[test]
+fn bad_requests_get_typed_errors() {
+    let h = harness();
+    rt().block_on(async {
+        let r = one(
+            &h.client,
+            ToAgent::ContextCreate {
+                language: "cobol".into(),
+            },
+        )
+        .await;
+        assert_eq!(agent_code(r), ErrorCode::InvalidRequest);
+        assert_eq!(
+            agent_code(try_run(&h.client, "nope", "1", None).await),
+            ErrorCode::NotFound
+        );
+        let r = one(
+            &h.client,
+            ToAgent::ContextRestart {
+                context_id: "nope".into(),
+            },
+        )
+        .await;
+        assert_eq!(agent_code(r), ErrorCode::NotFound);
+        let id = create(&h.client, "python").await.context_id;
+        let big = "#".repeat(MAX_CODE_BYTES + 1);
+        assert_eq!(
+            agent_code(try_run(&h.client, &id, &big, None).await),
+            ErrorCode::TooLarge
+        );
+        for _ in 1..MAX_CONTEXTS {
+            create(&h.client, "python").await;
+        }
+        let r = one(
+            &h.client,
+            ToAgent::ContextCreate {
+                language: "python".into(),
+            },
+        )
+        .await;
+        assert_eq!(agent_code(r), ErrorCode::InvalidRequest);
+        assert_eq!(list(&h.client).await.len(), MAX_CONTEXTS);
+    });
+}
+
+#[test]
+fn rich_outputs_stay_within_one_frame() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let r = run(
+            &h.client,
+            &id,
+            "class H:\n    def __init__(self, n): self.n = n\n    def _repr_html_(self): return '<p>' + 'y' * self.n + '</p>'\n\
+             display(H(3))\nfor _ in range(6):\n    display(H(300_000))\nH(2_000_000)",
+        )
+        .await
+        .ok();
+        let results = &r.outcome.results;
+        assert_eq!(results.len(), 8, "{:?}", results.iter().map(|r| r.text.clone()).collect::<Vec<_>>());
+        assert_eq!(results[0].html.as_deref(), Some("<p>yyy</p>"));
+        assert!(results[1].html.is_some() && results[2].html.is_some());
+        let omitted = results.iter().filter(|r| r.text.as_deref().is_some_and(|t| t.contains("omitted"))).count();
+        assert!(omitted >= 4, "over-budget outputs become notes");
+        assert!(results[7].is_main_result);
+        let total: usize = results.iter().map(|r| r.html.as_ref().map_or(0, String::len)).sum();
+        assert!(total < 1 << 20);
+        // The connection survived the big run.
+        assert_eq!(run(&h.client, &id, "2").await.text(), Some("2"));
+    });
+}
+
+fn b64decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|&c| c != b'=' && c != b'\n').collect();
+    let mut out = Vec::new();
+    for chunk in bytes.chunks(4) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            acc |= u32::from(val(c)) << (18 - 6 * i);
+        }
+        let n = chunk.len() * 6 / 8;
+        out.extend_from_slice(&acc.to_be_bytes()[1..1 + n]);
+    }
+    out
+}
+
+const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a];
+
+#[test]
+fn matplotlib_figures_come_back_as_png() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let r = run(
+            &h.client,
+            &id,
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\nplt.figure()\nplt.bar([1, 2], [3, 4]);",
+        )
+        .await
+        .ok();
+        let pngs: Vec<&str> = r
+            .outcome
+            .results
+            .iter()
+            .filter_map(|r| r.png.as_deref())
+            .collect();
+        assert_eq!(pngs.len(), 2, "one shown, one left open: {r:?}");
+        for png in pngs {
+            assert_eq!(b64decode(png)[..8], PNG_SIGNATURE);
+        }
+        assert!(r.main().is_none(), "a trailing ';' hides the value");
+        assert!(r.stderr.is_empty(), "{}", r.stderr);
+        let r = run(&h.client, &id, "len(plt.get_fignums())").await.ok();
+        assert_eq!(r.text(), Some("0"), "figures are closed once shown");
+    });
+}
+
+#[test]
+fn pandas_dataframes_come_back_as_html_and_text() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let r = run(
+            &h.client,
+            &id,
+            "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})",
+        )
+        .await
+        .ok();
+        let m = r.main().expect("a value");
+        assert!(m.html.as_deref().unwrap().contains("<table"), "{m:?}");
+        let text = m.text.as_deref().unwrap();
+        assert!(text.contains('a') && text.contains('x'), "{text}");
+    });
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// `cargo test -p koder-agent --test interp -- --ignored --nocapture warm_run_latency`
+#[test]
+#[ignore = "benchmark"]
+fn warm_run_latency() {
+    let h = harness();
+    let warm = rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        run(&h.client, &id, "1+1").await.ok();
+        let mut times = Vec::new();
+        for _ in 0..200 {
+            let t = Instant::now();
+            let r = run(&h.client, &id, "1+1").await;
+            times.push(t.elapsed());
+            assert_eq!(r.text(), Some("2"));
+        }
+        median(times)
+    });
+    let cold: Vec<Duration> = (0..20)
+        .map(|_| {
+            let t = Instant::now();
+            let s = std::process::Command::new("/usr/bin/python3")
+                .args(["-c", "1+1"])
+                .status()
+                .unwrap();
+            assert!(s.success());
+            t.elapsed()
+        })
+        .collect();
+    println!(
+        "warm context run of 1+1: median {:?}; python3 -c start-up: median {:?}",
+        warm,
+        median(cold)
+    );
+}

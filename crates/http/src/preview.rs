@@ -1,0 +1,216 @@
+//! The session's dev server from outside: `GET .../upstream`, `POST .../preview {port}` and the
+//! reverse proxy `ANY .../preview/{*path}` (HTTP and WebSocket upgrades).
+//!
+//! Each proxied connection is a TCP connection the agent opens inside the sandbox's network
+//! namespace, carried over the agent channel; a local in-memory pipe adapts it to hyper's
+//! client. The caller's credentials never reach the sandbox.
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::TokioIo;
+use koder_agent_protocol::{AgentStream, FromAgent, ToAgent, CHUNK_BYTES};
+use koder_sessions::preview::Upstream;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+use crate::error::ApiError;
+use crate::extract::{Caller, Json};
+use crate::AppState;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UpstreamInfo {
+    /// The dev server's address inside the sandbox.
+    pub url: String,
+    pub port: u16,
+    /// Whether the port was pinned with `POST .../preview`.
+    pub pinned: bool,
+    /// Path of the daemon's reverse proxy to it.
+    pub preview_path: String,
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PinPreview {
+    pub port: u16,
+}
+
+fn info(id: &str, u: Upstream) -> UpstreamInfo {
+    UpstreamInfo {
+        url: format!("http://127.0.0.1:{}", u.port),
+        port: u.port,
+        pinned: u.pinned,
+        preview_path: format!("/v1/sandbox/sessions/{id}/preview/"),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/upstream", tag = "live",
+    params(("id" = String, Path)),
+    responses((status = 200, body = UpstreamInfo), (status = 404, body = koder_api_types::ErrorBody),
+              (status = 503, body = koder_api_types::ErrorBody, description = "SANDBOX-PREVIEW-NOT-LISTENING")),
+    security(("bearer" = [])))]
+pub async fn upstream(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<UpstreamInfo>> {
+    let u = s.manager.upstream(&who, &id).await?;
+    Ok(axum::Json(info(&id, u)))
+}
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/preview", tag = "live",
+    params(("id" = String, Path)), request_body = PinPreview,
+    responses((status = 200, body = UpstreamInfo), (status = 400, body = koder_api_types::ErrorBody),
+              (status = 503, body = koder_api_types::ErrorBody, description = "pinned, but nothing listens there yet")),
+    security(("bearer" = [])))]
+pub async fn pin(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Json(req): Json<PinPreview>,
+) -> ApiResult<axum::Json<UpstreamInfo>> {
+    let u = s.manager.pin_preview(&who, &id, req.port).await?;
+    Ok(axum::Json(info(&id, u)))
+}
+
+/// Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus the caller's own
+/// credentials, which are for the daemon only.
+const NOT_FORWARDED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "authorization",
+];
+
+pub async fn proxy(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(params): Path<Vec<(String, String)>>,
+    mut req: Request,
+) -> ApiResult<Response> {
+    let mut id = None;
+    let mut rest = String::new();
+    for (k, v) in params {
+        match k.as_str() {
+            "id" => id = Some(v),
+            "path" => rest = v,
+            _ => {}
+        }
+    }
+    let id = id.ok_or_else(|| ApiError::invalid("missing session id"))?;
+    let (upstream, stream) = s.manager.connect_upstream(&who, &id).await?;
+    let upgrade = req.headers().contains_key(header::UPGRADE);
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+
+    let target = match req.uri().query() {
+        Some(q) => format!("/{rest}?{q}"),
+        None => format!("/{rest}"),
+    };
+    let (mut parts, body) = req.into_parts();
+    parts.uri = target
+        .parse::<Uri>()
+        .map_err(|_| ApiError::invalid("preview path is not a valid URI path"))?;
+    for name in NOT_FORWARDED {
+        if upgrade && *name == "connection" {
+            continue; // `Connection: upgrade` is what asks the upstream to switch protocols
+        }
+        parts.headers.remove(*name);
+    }
+    if let Ok(host) = HeaderValue::from_str(&format!("127.0.0.1:{}", upstream.port)) {
+        parts.headers.insert(header::HOST, host);
+    }
+    parts.headers.insert(
+        HeaderName::from_static("x-forwarded-prefix"),
+        HeaderValue::from_str(&format!("/v1/sandbox/sessions/{id}/preview"))
+            .unwrap_or(HeaderValue::from_static("")),
+    );
+    let forwarded = Request::from_parts(parts, body);
+
+    let (ours, theirs) = tokio::io::duplex(CHUNK_BYTES * 4);
+    tokio::spawn(pump(theirs, stream));
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(ours))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                502,
+                koder_api_types::codes::PREVIEW_NOT_LISTENING,
+                format!("upstream: {e}"),
+            )
+        })?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let mut resp = sender.send_request(forwarded).await.map_err(|e| {
+        ApiError::new(
+            502,
+            koder_api_types::codes::PREVIEW_NOT_LISTENING,
+            format!("upstream: {e}"),
+        )
+    })?;
+
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_upgrade) = client_upgrade {
+            let upstream_upgrade = hyper::upgrade::on(&mut resp);
+            tokio::spawn(async move {
+                if let (Ok(client), Ok(up)) = (client_upgrade.await, upstream_upgrade.await) {
+                    let _ = tokio::io::copy_bidirectional(
+                        &mut TokioIo::new(client),
+                        &mut TokioIo::new(up),
+                    )
+                    .await;
+                }
+            });
+        }
+    }
+    let (mut parts, body) = resp.into_parts();
+    for name in NOT_FORWARDED {
+        if parts.status == StatusCode::SWITCHING_PROTOCOLS && *name == "connection" {
+            continue;
+        }
+        parts.headers.remove(*name);
+    }
+    Ok(Response::from_parts(parts, Body::new(body)).into_response())
+}
+
+/// Shuttles bytes between the local pipe (hyper's side) and the agent's TCP relay.
+async fn pump(mut local: DuplexStream, mut remote: AgentStream) {
+    let to_agent = remote.handle();
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    let mut reading = true;
+    loop {
+        tokio::select! {
+            n = local.read(&mut buf), if reading => match n {
+                Ok(n) if n > 0 => {
+                    if to_agent.send(ToAgent::Stdin(buf[..n].to_vec())).await.is_err() {
+                        return;
+                    }
+                }
+                _ => {
+                    reading = false;
+                    let _ = to_agent.send(ToAgent::CloseStdin).await;
+                }
+            },
+            msg = remote.recv() => match msg {
+                Ok(FromAgent::Stdout(data)) => {
+                    if local.write_all(&data).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(FromAgent::Closed) | Err(_) => {
+                    remote.mark_finished();
+                    let _ = local.shutdown().await;
+                    return;
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! The session's dev server: which port it listens on, and connections to it for the preview
+//! proxy (made by the agent inside the sandbox's own network namespace).
+
+use koder_agent_protocol::{AgentStream, FromAgent, ToAgent};
+use koder_auth::Identity;
+
+use crate::pool::lock;
+use crate::{Error, Manager};
+
+/// Where a session's preview goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Upstream {
+    pub port: u16,
+    pub pinned: bool,
+}
+
+impl Manager {
+    pub async fn listening_ports(&self, who: &Identity, id: &str) -> Result<Vec<u16>, Error> {
+        let live = self.live(who, id)?;
+        let mut s = match live.sandbox.agent().open(ToAgent::ListeningPorts).await {
+            Ok(s) => s,
+            Err(e) => return Err(self.agent_failed(id, e).await),
+        };
+        let answer = s.recv().await;
+        s.mark_finished();
+        match answer {
+            Ok(FromAgent::Ports(p)) => Ok(p),
+            Ok(_) => Err(Error::Internal(
+                "unexpected answer to a port listing".into(),
+            )),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+
+    /// The pinned port if it listens, else the lowest listening port; 503 when none.
+    pub async fn upstream(&self, who: &Identity, id: &str) -> Result<Upstream, Error> {
+        let pinned = *lock(&self.live(who, id)?.preview_port);
+        let ports = self.listening_ports(who, id).await?;
+        match pinned {
+            Some(port) if ports.contains(&port) => Ok(Upstream { port, pinned: true }),
+            Some(port) => Err(Error::PreviewNotListening(format!(
+                "nothing listens on the pinned port {port} yet"
+            ))),
+            None => ports
+                .first()
+                .map(|&port| Upstream {
+                    port,
+                    pinned: false,
+                })
+                .ok_or_else(|| {
+                    Error::PreviewNotListening(
+                        "no process listens on a TCP port in this session".into(),
+                    )
+                }),
+        }
+    }
+
+    /// Pins the preview to `port` (kept even while nothing listens there yet).
+    pub async fn pin_preview(
+        &self,
+        who: &Identity,
+        id: &str,
+        port: u16,
+    ) -> Result<Upstream, Error> {
+        if port == 0 {
+            return Err(Error::InvalidArgument("port must be 1..=65535".into()));
+        }
+        *lock(&self.live(who, id)?.preview_port) = Some(port);
+        self.upstream(who, id).await
+    }
+
+    /// A TCP connection to the session's upstream, relayed by the agent.
+    pub async fn connect_upstream(
+        &self,
+        who: &Identity,
+        id: &str,
+    ) -> Result<(Upstream, AgentStream), Error> {
+        let upstream = self.upstream(who, id).await?;
+        let live = self.live(who, id)?;
+        let mut s = match live
+            .sandbox
+            .agent()
+            .open(ToAgent::Connect {
+                port: upstream.port,
+            })
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => return Err(self.agent_failed(id, e).await),
+        };
+        match s.recv().await {
+            Ok(FromAgent::Connected) => Ok((upstream, s)),
+            Ok(_) => Err(Error::Internal("unexpected answer to a connect".into())),
+            Err(koder_agent_protocol::ClientError::Agent(e)) => {
+                Err(Error::PreviewNotListening(e.message))
+            }
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+}
