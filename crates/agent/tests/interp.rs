@@ -497,10 +497,8 @@ fn a_cancelled_run_is_interrupted_and_the_state_kept() {
             })
             .await
             .unwrap();
-        assert_eq!(
-            s.recv().await.unwrap(),
-            FromAgent::Stdout(b"sleeping\n".to_vec())
-        );
+        // The first output says the sleep has begun.
+        assert!(matches!(s.recv().await.unwrap(), FromAgent::Stdout(_)));
         drop(s);
         let began = Instant::now();
         let r = run(&h.client, &id, "kept").await.ok();

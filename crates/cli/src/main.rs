@@ -8,6 +8,8 @@ use std::process::ExitCode;
 use anyhow::{anyhow, bail, Context as _};
 use clap::{Args, CommandFactory as _, Parser, Subcommand};
 use futures::StreamExt as _;
+mod terminal;
+
 use koder_sdk::{types, Client, CreateSession, ExecRequest, ExecResult, Limits, Network};
 use tokio::io::AsyncReadExt as _;
 
@@ -92,8 +94,48 @@ enum Command {
     Health(OnlyOpts),
     /// Live resource use of a session (CPU, memory, pids, disk).
     Metrics(SessionArgs),
+    /// Open an interactive shell in a session (raw terminal, resizes follow the window).
+    Shell(SessionArgs),
+    /// Attach a terminal to a program in a session: `attach S -- top`.
+    Attach(AttachArgs),
+    /// Follow a background exec's output (replayed from the start), or list them.
+    Logs(LogsArgs),
+    /// Print file events below a directory in a session as they happen.
+    Watch(WatchArgs),
     /// Operator commands; need an admin key (--api-key or KSANDBOX_ADMIN_KEY).
     Admin(AdminArgs),
+}
+
+#[derive(Debug, Args)]
+struct AttachArgs {
+    session: String,
+    #[command(flatten)]
+    c: LocalOpts,
+    /// The program and its arguments (exec'd directly, no shell).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    cmd: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct LogsArgs {
+    session: String,
+    exec_id: Option<String>,
+    /// List the session's followed execs instead.
+    #[arg(long, conflicts_with = "exec_id")]
+    list: bool,
+    #[command(flatten)]
+    c: LocalOpts,
+}
+
+#[derive(Debug, Args)]
+struct WatchArgs {
+    session: String,
+    #[arg(default_value = "/workspace")]
+    path: String,
+    #[arg(short, long)]
+    recursive: bool,
+    #[command(flatten)]
+    c: LocalOpts,
 }
 
 #[derive(Debug, Args)]
@@ -225,6 +267,15 @@ struct ExecArgs {
     /// Run this command line with /bin/bash -c.
     #[arg(long, conflicts_with = "cmd")]
     shell: Option<String>,
+    /// Print output as it is produced (the default when stdout is a terminal).
+    #[arg(long, conflicts_with_all = ["no_stream", "background"])]
+    stream: bool,
+    /// Wait for the end and print everything at once.
+    #[arg(long)]
+    no_stream: bool,
+    /// Start in the background and print the exec id (see `ksandbox logs`).
+    #[arg(long)]
+    background: bool,
     #[command(flatten)]
     exec: ExecOpts,
     #[command(flatten)]
@@ -473,6 +524,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Admin(a) => cmd_admin(g, a).await,
+        Command::Shell(a) => cmd_shell(Ctx::new(g, &a.c)?, &a.session, &[]).await,
+        Command::Attach(a) => cmd_shell(Ctx::new(g, &a.c)?, &a.session, &a.cmd).await,
+        Command::Logs(a) => cmd_logs(Ctx::new(g, &a.c)?, a).await,
+        Command::Watch(a) => cmd_watch(Ctx::new(g, &a.c)?, a).await,
         Command::Health(a) => {
             let ctx = Ctx::new(g, &a.c)?;
             let ok = ctx.client.health().await;
@@ -782,8 +837,104 @@ async fn cmd_exec(ctx: Ctx, a: ExecArgs) -> anyhow::Result<i32> {
         None => req.cmd = Some(a.cmd),
     }
     apply_exec_opts(&mut req, &a.exec).await?;
-    let result = ctx.client.exec(&a.session, &req).await?;
-    report_exec(&result, ctx.json)
+    if a.background {
+        let exec_id = ctx.client.exec_background(&a.session, &req).await?;
+        println!("{exec_id}");
+        return Ok(0);
+    }
+    let streaming = a.stream
+        || (!a.no_stream && !ctx.json && std::io::IsTerminal::is_terminal(&std::io::stdout()));
+    if !streaming {
+        let result = ctx.client.exec(&a.session, &req).await?;
+        return report_exec(&result, ctx.json);
+    }
+    let events = ctx.client.exec_stream(&a.session, &req).await?;
+    print_stream(events).await
+}
+
+/// Copies streamed output to stdout/stderr as it arrives; the exit code is the exec's.
+async fn print_stream(
+    events: impl futures::Stream<Item = koder_sdk::Result<koder_sdk::live::ExecEvent>>,
+) -> anyhow::Result<i32> {
+    use koder_sdk::live::ExecEvent;
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        match event? {
+            ExecEvent::Stdout(b) => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(&b);
+                let _ = out.flush();
+            }
+            ExecEvent::Stderr(b) => {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(&b);
+                let _ = err.flush();
+            }
+            ExecEvent::Truncated { dropped_chunks } => {
+                eprintln!(
+                    "ksandbox: output skipped ({dropped_chunks} chunks) while this client lagged"
+                );
+            }
+            ExecEvent::Exit(result) => return report_exec(&result, false),
+            ExecEvent::Start { .. } => {}
+        }
+    }
+    bail!("the stream ended before the exec did")
+}
+
+async fn cmd_logs(ctx: Ctx, a: LogsArgs) -> anyhow::Result<i32> {
+    if a.list {
+        let execs = ctx.client.list_execs(&a.session).await?;
+        if ctx.json {
+            println!("{}", serde_json::to_string(&execs)?);
+        } else {
+            for e in execs {
+                let state = match e.state {
+                    types::ExecState::Running => "running".to_string(),
+                    types::ExecState::Exited => format!(
+                        "exited {}",
+                        e.result
+                            .as_ref()
+                            .and_then(|r| r.exit_code)
+                            .map_or("-".into(), |c| c.to_string())
+                    ),
+                };
+                println!("{}\t{state}\t{}", e.exec_id, e.command.join(" "));
+            }
+        }
+        return Ok(0);
+    }
+    let exec_id = a
+        .exec_id
+        .ok_or_else(|| anyhow!("name an exec id, or use --list"))?;
+    let events = ctx.client.follow_exec(&a.session, &exec_id).await?;
+    print_stream(events).await
+}
+
+async fn cmd_watch(ctx: Ctx, a: WatchArgs) -> anyhow::Result<i32> {
+    let events = ctx.client.watch(&a.session, &a.path, a.recursive).await?;
+    futures::pin_mut!(events);
+    while let Some(ev) = events.next().await {
+        let ev = ev?;
+        if ctx.json {
+            println!("{ev}");
+        } else {
+            let from = ev["from"]
+                .as_str()
+                .map(|f| format!(" (from {f})"))
+                .unwrap_or_default();
+            println!(
+                "{}\t{}{from}",
+                ev["type"].as_str().unwrap_or("?"),
+                ev["path"].as_str().unwrap_or("?")
+            );
+        }
+    }
+    Ok(0)
+}
+
+async fn cmd_shell(ctx: Ctx, session: &str, argv: &[String]) -> anyhow::Result<i32> {
+    terminal::run(&ctx.client, session, argv).await
 }
 
 /// `python` for `x.py`, and so on.

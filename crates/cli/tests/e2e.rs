@@ -295,6 +295,72 @@ fn e2e_sdk_and_cli_against_the_real_daemon() {
     drop(runtime);
     cli_flow(&daemon);
     admin_flow(&daemon);
+    live_flow(&daemon);
+}
+
+/// Streaming exec, background exec + logs, attach, watch.
+fn live_flow(daemon: &Daemon) {
+    let cli = daemon.cli(KEY1);
+    let id = cli.ok(&["create"]).stdout.trim().to_string();
+    let streamed = cli.ok(&[
+        "exec",
+        &id,
+        "--stream",
+        "--",
+        "sh",
+        "-c",
+        "echo a; sleep 0.5; echo b",
+    ]);
+    assert_eq!(streamed.stdout, "a\nb\n");
+
+    let exec_id = cli
+        .ok(&[
+            "exec",
+            &id,
+            "--background",
+            "--",
+            "sh",
+            "-c",
+            "echo bg; sleep 0.3; exit 4",
+        ])
+        .stdout
+        .trim()
+        .to_string();
+    let logs = cli.run(&["logs", &id, &exec_id]);
+    assert_eq!((logs.code, logs.stdout.as_str()), (4, "bg\n"), "{logs:?}");
+    let listed: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["logs", &id, "--list", "--json"]).stdout)
+            .expect("logs --list --json");
+    let bg = listed
+        .as_array()
+        .and_then(|l| l.iter().find(|e| e["exec_id"] == exec_id.as_str()))
+        .expect("background exec listed");
+    assert_eq!(
+        (bg["background"].as_bool(), bg["state"].as_str()),
+        (Some(true), Some("exited")),
+        "{bg}"
+    );
+
+    let attached = cli.run(&["attach", &id, "--", "/bin/echo", "from a pty"]);
+    assert_eq!(attached.code, 0, "{attached:?}");
+    assert!(attached.stdout.contains("from a pty"), "{attached:?}");
+
+    let mut watch = cli
+        .command(&["watch", &id, "/workspace"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ksandbox watch");
+    std::thread::sleep(Duration::from_millis(700));
+    cli.ok(&["exec", &id, "--", "mkdir", "/workspace/w"]);
+    let mut line = String::new();
+    let stdout = watch.stdout.take().expect("watch stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+        .expect("a watch line");
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(line, "created\t/workspace/w\n");
+    cli.ok(&["kill", &id]);
 }
 
 const ADMIN_KEY: &str = "e2e-admin-key-0123456789";

@@ -31,6 +31,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+pub mod live;
+
 pub use koder_api_types as types;
 pub use koder_api_types::{
     codes, CreateSession, EntryType, ExecRequest, ExecResult, FileEntry, FileList, Limits, Network,
