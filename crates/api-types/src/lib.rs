@@ -201,6 +201,9 @@ pub struct ExecRequest {
     /// Start and return 202 at once; follow with `GET .../execs/{exec_id}[/stream]`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub background: bool,
+    /// `root` (default) or `user` (uid 1000, home /home/user).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// 202 answer of a background exec.

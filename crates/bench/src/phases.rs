@@ -110,6 +110,14 @@ fn summary(samples: &[Duration]) -> Result<Summary> {
     Summary::of(samples).ok_or_else(|| anyhow!("no samples"))
 }
 
+/// "p50 … (= 0.33 × bwrap)".
+fn with_ratio(sum: &Summary, what: &str, base: Option<f64>) -> String {
+    match base {
+        Some(b) if b > 0.0 => format!("{} = {:.2} × {what}", sum.display(), sum.p50_ms / b),
+        _ => sum.display(),
+    }
+}
+
 fn ratio_target(what: &str, p50: f64, base: Option<f64>) -> (String, Status) {
     match base {
         Some(b) => {
@@ -209,9 +217,13 @@ pub async fn exec_latency(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
         Ok(sum) => {
             let (target, status) = ratio_target("bwrap", sum.p50_ms, ctx.base.bwrap_p50_ms);
             rows.push(
-                Row::info("exec_true", name, sum.display())
-                    .target(target, status)
-                    .data(json!(sum)),
+                Row::info(
+                    "exec_true",
+                    name,
+                    with_ratio(&sum, "bwrap", ctx.base.bwrap_p50_ms),
+                )
+                .target(target, status)
+                .data(json!(sum)),
             );
         }
         Err(e) => rows.push(Row::error("exec_true", name, &e)),
@@ -238,9 +250,13 @@ pub async fn warm_create(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
         Ok(sum) => {
             let (target, status) = ratio_target("bwrap", sum.p50_ms, ctx.base.bwrap_p50_ms);
             rows.push(
-                Row::info("create_warm", name, sum.display())
-                    .target(target, status)
-                    .data(json!(sum)),
+                Row::info(
+                    "create_warm",
+                    name,
+                    with_ratio(&sum, "bwrap", ctx.base.bwrap_p50_ms),
+                )
+                .target(target, status)
+                .data(json!(sum)),
             );
         }
         Err(e) => rows.push(Row::error("create_warm", name, &e)),

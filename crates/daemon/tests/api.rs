@@ -702,3 +702,70 @@ async fn dev_tenant_key_is_created_and_kept() {
     let (status, _) = d.json_as(&key, Method::GET, S, Value::Null).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_and_the_user_account() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    d.exec(&id, json!({"shell": "nohup sh -c 'while :; do echo x >> /tmp/tick; sleep 0.05; done' >/dev/null 2>&1 &"})).await;
+    let (status, s) = d
+        .json(Method::POST, &format!("{S}/{id}/pause"), Value::Null)
+        .await;
+    assert_eq!(
+        (status, s["state"].as_str()),
+        (StatusCode::OK, Some("paused")),
+        "{s}"
+    );
+    let (status, e) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/exec"),
+            json!({"shell": "true"}),
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&e)),
+        (StatusCode::CONFLICT, "SANDBOX-CONFLICT")
+    );
+    let (_, listed) = d.json(Method::GET, S, Value::Null).await;
+    assert_eq!(listed["sessions"][0]["state"], "paused");
+    let (status, s) = d
+        .json(Method::POST, &format!("{S}/{id}/resume"), Value::Null)
+        .await;
+    assert_eq!(
+        (status, s["state"].as_str()),
+        (StatusCode::OK, Some("running"))
+    );
+    let r = d.exec(&id, json!({"shell": "a=$(wc -l < /tmp/tick); sleep 0.3; b=$(wc -l < /tmp/tick); [ $b -gt $a ] && echo ticking"})).await;
+    assert_eq!(
+        r["stdout"], "ticking\n",
+        "background loop did not resume: {r}"
+    );
+
+    let r = d.exec(&id, json!({"shell": "id -u; echo $HOME; touch ~/mine && stat -c %u ~/mine", "user": "user"})).await;
+    assert_eq!(r["stdout"], "1000\n/home/user\n1000\n", "{r}");
+    let r = d
+        .exec(&id, json!({"shell": "touch /root/x", "user": "user"}))
+        .await;
+    assert_ne!(r["exit_code"], 0, "user wrote into /root");
+    let (status, _) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/exec"),
+            json!({"shell": "id", "user": "admin"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    d.json(Method::POST, &format!("{S}/{id}/pause"), Value::Null)
+        .await;
+    let (status, _) = d
+        .json(Method::DELETE, &format!("{S}/{id}"), Value::Null)
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::NO_CONTENT,
+        "a paused session can be deleted"
+    );
+}

@@ -1,9 +1,217 @@
-//! Code-interpreter routes under `/v1/sandbox/sessions/{id}/contexts` (being written).
+//! Code-interpreter routes under `/v1/sandbox/sessions/{id}/contexts` (API.md "Code
+//! interpreter"): stateful Python and Node contexts. The JSON shapes live here until they move
+//! to koder-api-types.
 
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{delete, post};
 use axum::Router;
+use koder_agent_protocol as proto;
+use koder_api_types::ErrorBody;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
+use crate::error::ApiError;
+use crate::extract::{Caller, Json};
 use crate::AppState;
+
+type ApiResult<T> = Result<T, ApiError>;
 
 pub fn router() -> Router<AppState> {
     Router::new()
+        .route("/{id}/contexts", post(create_context).get(list_contexts))
+        .route("/{id}/contexts/{cid}", delete(delete_context))
+        .route("/{id}/contexts/{cid}/restart", post(restart_context))
+        .route("/{id}/contexts/{cid}/run", post(run_code))
+}
+
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateContext {
+    /// "python" (default) or "node" (aliases: "py", "javascript", "js").
+    #[serde(default)]
+    pub language: Option<String>,
+}
+
+/// A code-interpreter context: one long-lived interpreter in the session's sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Context {
+    pub context_id: String,
+    pub language: String,
+    /// Runs so far in this interpreter (0 after a restart).
+    pub execution_count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ContextList {
+    /// In creation order.
+    pub contexts: Vec<Context>,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunCode {
+    pub code: String,
+    /// Default and maximum as for exec; on expiry the interpreter is killed and restarted.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// One displayable value in every representation it offered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RichOutput {
+    /// The value of the run's last expression (at most one per run).
+    pub is_main_result: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub markdown: Option<String>,
+    /// The value as JSON, where it has a JSON form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub json: Option<serde_json::Value>,
+    /// Base64 PNG (matplotlib figures, `_repr_png_`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub png: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub svg: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunError {
+    /// Exception class ("ValueError", "TypeError"); "TimeoutError" or "InterpreterDied" when
+    /// the interpreter was killed.
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunResult {
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// Rich outputs in display order (figures, displayed objects, the last value).
+    pub results: Vec<RichOutput>,
+    pub error: Option<RunError>,
+    pub execution_count: u64,
+    pub duration_ms: u64,
+    /// One of the exec verdict codes, or null for a run that ended by itself.
+    pub verdict: Option<String>,
+    /// The interpreter was killed (timeout, crash, OOM) and started afresh: state is lost.
+    pub restarted: bool,
+}
+
+fn context(c: proto::ContextInfo) -> Context {
+    Context {
+        context_id: c.context_id,
+        language: c.language,
+        execution_count: c.execution_count,
+    }
+}
+
+fn rich(r: proto::RichResult) -> RichOutput {
+    RichOutput {
+        is_main_result: r.is_main_result,
+        text: r.text,
+        html: r.html,
+        markdown: r.markdown,
+        // The interpreter serialised it; text that does not parse is dropped, not passed on.
+        json: r.json.and_then(|j| serde_json::from_str(&j).ok()),
+        png: r.png,
+        svg: r.svg,
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/contexts", tag = "interpreter",
+    params(("id" = String, Path)), request_body = CreateContext,
+    responses((status = 201, body = Context), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn create_context(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Json(req): Json<CreateContext>,
+) -> ApiResult<(StatusCode, axum::Json<Context>)> {
+    let language = req.language.as_deref().unwrap_or("python");
+    let info = s.manager.create_context(&who, &id, language).await?;
+    Ok((StatusCode::CREATED, axum::Json(context(info))))
+}
+
+#[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/contexts", tag = "interpreter",
+    params(("id" = String, Path)),
+    responses((status = 200, body = ContextList), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list_contexts(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<ContextList>> {
+    let all = s.manager.list_contexts(&who, &id).await?;
+    Ok(axum::Json(ContextList {
+        contexts: all.into_iter().map(context).collect(),
+    }))
+}
+
+#[utoipa::path(delete, path = "/v1/sandbox/sessions/{id}/contexts/{cid}", tag = "interpreter",
+    params(("id" = String, Path), ("cid" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn delete_context(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path((id, cid)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    s.manager.delete_context(&who, &id, &cid).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/contexts/{cid}/restart", tag = "interpreter",
+    params(("id" = String, Path), ("cid" = String, Path)),
+    responses((status = 200, body = Context), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn restart_context(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path((id, cid)): Path<(String, String)>,
+) -> ApiResult<axum::Json<Context>> {
+    let info = s.manager.restart_context(&who, &id, &cid).await?;
+    Ok(axum::Json(context(info)))
+}
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/contexts/{cid}/run", tag = "interpreter",
+    params(("id" = String, Path), ("cid" = String, Path, description = "a context id, or \"default\" for the session's Python context")),
+    request_body = RunCode,
+    responses((status = 200, body = RunResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 413, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn run_code(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path((id, cid)): Path<(String, String)>,
+    Json(req): Json<RunCode>,
+) -> ApiResult<axum::Json<RunResult>> {
+    let run = s
+        .manager
+        .run_in_context(&who, &id, &cid, req.code, req.timeout_ms)
+        .await?;
+    Ok(axum::Json(RunResult {
+        stdout: run.stdout,
+        stderr: run.stderr,
+        stdout_truncated: run.stdout_truncated,
+        stderr_truncated: run.stderr_truncated,
+        results: run.results.into_iter().map(rich).collect(),
+        error: run.error.map(|e| RunError {
+            name: e.name,
+            value: e.value,
+            traceback: e.traceback,
+        }),
+        execution_count: run.execution_count,
+        duration_ms: run.duration_ms,
+        verdict: run.verdict.map(String::from),
+        restarted: run.restarted,
+    }))
 }

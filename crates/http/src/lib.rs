@@ -45,7 +45,7 @@ pub struct AppState {
         routes::remove_file, routes::make_dir, routes::move_file, routes::session_metrics,
         live::list_execs, live::exec_status, live::exec_stream, live::exec_stdin, live::exec_signal,
         live::report_error, live::list_errors, terminal::terminal, watch::watch,
-        preview::upstream, preview::pin,
+        preview::upstream, preview::pin, routes::pause, routes::resume,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key
     ),
     modifiers(&BearerAuth)
@@ -101,6 +101,8 @@ pub fn router(state: AppState) -> Router {
         .route("/{id}/terminal", get(terminal::terminal))
         .route("/{id}/fs/watch", get(watch::watch))
         .route("/{id}/upstream", get(preview::upstream))
+        .route("/{id}/pause", post(routes::pause))
+        .route("/{id}/resume", post(routes::resume))
         .route("/{id}/preview", post(preview::pin))
         .route("/{id}/preview/", any(preview::proxy))
         .route("/{id}/preview/{*path}", any(preview::proxy))

@@ -265,3 +265,27 @@ pub async fn session_metrics(
 ) -> ApiResult<axum::Json<SessionMetrics>> {
     Ok(axum::Json(s.manager.metrics_of(&who, &id).await?))
 }
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/pause", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 501, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn pause(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Session>> {
+    Ok(axum::Json(s.manager.pause(&who, &id).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/resume", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn resume(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Session>> {
+    Ok(axum::Json(s.manager.resume(&who, &id).await?))
+}

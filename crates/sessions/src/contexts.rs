@@ -1,1 +1,248 @@
-//! Code-interpreter contexts of a session (being written).
+//! Code-interpreter contexts of a session (API.md "Code interpreter"): long-lived interpreters
+//! kept by the sandbox's agent, whose variables persist from one run to the next. The agent
+//! owns them; this layer adds tenancy, validation, output bounds and verdicts.
+
+use std::time::Instant;
+
+use koder_agent_protocol::{self as proto, ClientError, FromAgent, ToAgent};
+use koder_api_types::codes;
+use koder_auth::Identity;
+
+use crate::languages;
+use crate::manager::Live;
+use crate::{Error, Manager};
+
+/// Largest cell accepted: a run request must fit in one agent protocol frame.
+pub const MAX_CODE_BYTES: usize = 512 * 1024;
+const MAX_CONTEXT_ID: usize = 64;
+
+/// The result of one run in a context.
+#[derive(Debug, Clone, Default)]
+pub struct ContextRun {
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// Rich outputs in display order; the last expression's value has `is_main_result`.
+    pub results: Vec<proto::RichResult>,
+    pub error: Option<proto::RunError>,
+    pub execution_count: u64,
+    pub duration_ms: u64,
+    /// An exec verdict code, or none for a run that ended by itself.
+    pub verdict: Option<&'static str>,
+    /// The interpreter was killed and started afresh: the context's state is gone.
+    pub restarted: bool,
+}
+
+impl Manager {
+    pub async fn create_context(
+        &self,
+        who: &Identity,
+        id: &str,
+        language: &str,
+    ) -> Result<proto::ContextInfo, Error> {
+        let live = self.live(who, id)?;
+        let language = match languages::canonical(language)? {
+            l @ ("python" | "node") => l,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "contexts run python or node, not {other}"
+                )))
+            }
+        };
+        let msg = ToAgent::ContextCreate {
+            language: language.into(),
+        };
+        match self.ask(&live, id, msg).await? {
+            FromAgent::Context(info) => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn list_contexts(
+        &self,
+        who: &Identity,
+        id: &str,
+    ) -> Result<Vec<proto::ContextInfo>, Error> {
+        let live = self.live(who, id)?;
+        match self.ask(&live, id, ToAgent::ContextList).await? {
+            FromAgent::Contexts(all) => Ok(all),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn delete_context(&self, who: &Identity, id: &str, cid: &str) -> Result<(), Error> {
+        let live = self.live(who, id)?;
+        validate_context_id(cid)?;
+        let msg = ToAgent::ContextDelete {
+            context_id: cid.into(),
+        };
+        match self.ask(&live, id, msg).await? {
+            FromAgent::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn restart_context(
+        &self,
+        who: &Identity,
+        id: &str,
+        cid: &str,
+    ) -> Result<proto::ContextInfo, Error> {
+        let live = self.live(who, id)?;
+        validate_context_id(cid)?;
+        let msg = ToAgent::ContextRestart {
+            context_id: cid.into(),
+        };
+        match self.ask(&live, id, msg).await? {
+            FromAgent::Context(info) => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Runs `code` in context `cid` ("default" is a Python context made on first use).
+    pub async fn run_in_context(
+        &self,
+        who: &Identity,
+        id: &str,
+        cid: &str,
+        code: String,
+        timeout_ms: Option<u64>,
+    ) -> Result<ContextRun, Error> {
+        let live = self.live(who, id)?;
+        validate_context_id(cid)?;
+        if code.len() > MAX_CODE_BYTES {
+            return Err(Error::PayloadTooLarge(format!(
+                "code is limited to {MAX_CODE_BYTES} bytes"
+            )));
+        }
+        let timeout_ms = timeout_ms.unwrap_or(self.cfg.default_exec_timeout_ms);
+        if timeout_ms == 0 || timeout_ms > self.cfg.max_exec_timeout_ms {
+            return Err(Error::InvalidArgument(format!(
+                "timeout_ms must be 1..={}",
+                self.cfg.max_exec_timeout_ms
+            )));
+        }
+        let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
+        let rc = live.sandbox.resources();
+        let before = rc.and_then(|rc| rc.usage().ok());
+        let began = Instant::now();
+        let msg = ToAgent::ContextRun {
+            context_id: cid.into(),
+            code,
+            timeout_ms: Some(timeout_ms),
+        };
+        let mut stream = match live.sandbox.agent().open(msg).await {
+            Ok(s) => s,
+            Err(e) => return Err(self.agent_failed(id, e).await),
+        };
+        let mut run = ContextRun::default();
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let outcome = loop {
+            match stream.recv().await {
+                Ok(FromAgent::Stdout(d)) => {
+                    run.stdout_truncated |= append_bounded(&mut stdout, &d, limit)
+                }
+                Ok(FromAgent::Stderr(d)) => {
+                    run.stderr_truncated |= append_bounded(&mut stderr, &d, limit)
+                }
+                Ok(FromAgent::RunDone(outcome)) => {
+                    stream.mark_finished();
+                    break Some(outcome);
+                }
+                Ok(other) => return Err(unexpected(&other)),
+                // The sandbox went away mid-run: what was printed until then is the result of
+                // a killed run, as for exec.
+                Err(ClientError::Disconnected) => break None,
+                Err(e) => return Err(self.agent_failed(id, e).await),
+            }
+        };
+        // Decoded once at the end: a character split between two chunks stays whole.
+        run.stdout = String::from_utf8_lossy(&stdout).into_owned();
+        run.stderr = String::from_utf8_lossy(&stderr).into_owned();
+        let Some(outcome) = outcome else {
+            run.verdict = Some(codes::EXEC_KILLED);
+            run.duration_ms = began.elapsed().as_millis() as u64;
+            return Ok(run);
+        };
+        let after = rc.and_then(|rc| rc.usage().ok());
+        let oom = matches!((before, after), (Some(b), Some(a)) if a.oom_kills > b.oom_kills);
+        run.verdict = if outcome.timed_out {
+            Some(codes::EXEC_TIMEOUT)
+        } else if outcome.restarted && oom {
+            Some(codes::EXEC_KILLED_OOM)
+        } else if outcome.restarted {
+            Some(codes::EXEC_KILLED)
+        } else {
+            None
+        };
+        run.results = outcome.results;
+        run.error = outcome.error;
+        run.execution_count = outcome.execution_count;
+        run.duration_ms = outcome.duration_ms;
+        run.restarted = outcome.restarted;
+        Ok(run)
+    }
+
+    /// One request, one answer; agent errors become API errors.
+    async fn ask(&self, live: &Live, id: &str, msg: ToAgent) -> Result<FromAgent, Error> {
+        let answer = async {
+            let mut stream = live.sandbox.agent().open(msg).await?;
+            let answer = stream.recv().await;
+            stream.mark_finished();
+            answer
+        }
+        .await;
+        match answer {
+            Ok(m) => Ok(m),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+}
+
+/// Context ids are the agent's (hex) or "default"; anything else cannot exist.
+fn validate_context_id(cid: &str) -> Result<(), Error> {
+    let plausible = !cid.is_empty()
+        && cid.len() <= MAX_CONTEXT_ID
+        && cid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if plausible {
+        Ok(())
+    } else {
+        Err(Error::FileNotFound(format!("no context {cid:?}")))
+    }
+}
+
+/// Appends output up to `limit` bytes; true when something was cut.
+fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
+    let room = limit.saturating_sub(buf.len());
+    buf.extend_from_slice(&data[..data.len().min(room)]);
+    data.len() > room
+}
+
+fn unexpected(msg: &FromAgent) -> Error {
+    let shown: String = format!("{msg:?}").chars().take(80).collect();
+    Error::Internal(format!("sandbox agent: unexpected {shown}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_ids_and_bounded_output() {
+        assert!(validate_context_id("default").is_ok());
+        assert!(validate_context_id("0123abcd").is_ok());
+        for bad in ["", "../x", "a b", &"x".repeat(65)] {
+            assert!(matches!(
+                validate_context_id(bad),
+                Err(Error::FileNotFound(_))
+            ));
+        }
+        let mut s = Vec::new();
+        assert!(!append_bounded(&mut s, b"abc", 5));
+        assert!(append_bounded(&mut s, b"def", 5));
+        assert_eq!(s, b"abcde");
+    }
+}

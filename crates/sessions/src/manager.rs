@@ -45,6 +45,7 @@ pub(crate) struct Live {
     pub(crate) errors: Mutex<std::collections::VecDeque<ErrorEntry>>,
     /// Port pinned with `POST .../preview`; otherwise the upstream is auto-detected.
     pub(crate) preview_port: Mutex<Option<u16>>,
+    pub(crate) paused: Mutex<bool>,
 }
 
 pub const MAX_ERRORS: usize = 50;
@@ -239,6 +240,7 @@ impl Manager {
                 execs: Default::default(),
                 errors: Mutex::default(),
                 preview_port: Mutex::default(),
+                paused: Mutex::default(),
             }),
         );
         ticket.forget();
@@ -322,10 +324,52 @@ impl Manager {
         Ok(())
     }
 
+    /// Freezes every process of the session (state `paused`); execs are refused until resumed.
+    pub async fn pause(&self, who: &Identity, id: &str) -> Result<Session, Error> {
+        let live = self.live_any(who, id)?;
+        if *lock(&live.paused) {
+            return self.get(who, id).await;
+        }
+        let rc = live
+            .sandbox
+            .resources()
+            .ok_or_else(|| Error::NotImplemented("this runtime cannot pause sandboxes".into()))?;
+        rc.freeze()?;
+        self.store
+            .set_session_state(id, SessionState::Paused, None)
+            .await?;
+        *lock(&live.paused) = true;
+        self.get(who, id).await
+    }
+
+    /// Thaws a paused session; resuming a running one is a no-op.
+    pub async fn resume(&self, who: &Identity, id: &str) -> Result<Session, Error> {
+        let live = self.live_any(who, id)?;
+        if !*lock(&live.paused) {
+            return self.get(who, id).await;
+        }
+        let rc = live
+            .sandbox
+            .resources()
+            .ok_or_else(|| Error::NotImplemented("this runtime cannot pause sandboxes".into()))?;
+        rc.thaw()?;
+        self.store
+            .set_session_state(id, SessionState::Running, None)
+            .await?;
+        *lock(&live.paused) = false;
+        self.get(who, id).await
+    }
+
     /// Ends a session: its sandbox is destroyed and its record stopped. Idempotent.
     async fn end(&self, id: &str, reason: &str) {
         let live = lock(&self.live).remove(id);
         if let Some(live) = live {
+            // Frozen processes cannot even die: thaw before the kill.
+            if *lock(&live.paused) {
+                if let Some(rc) = live.sandbox.resources() {
+                    let _ = rc.thaw();
+                }
+            }
             if let Err(e) = live.sandbox.destroy().await {
                 tracing::error!(session = %id, error = %e, "sandbox teardown incomplete");
             }
@@ -424,7 +468,19 @@ impl Manager {
         }
     }
 
+    /// The tenant's running session; a paused one is a conflict (resume it first).
     pub(crate) fn live(&self, who: &Identity, id: &str) -> Result<Arc<Live>, Error> {
+        let live = self.live_any(who, id)?;
+        if *lock(&live.paused) {
+            return Err(Error::Conflict(
+                "the session is paused; resume it first".into(),
+            ));
+        }
+        Ok(live)
+    }
+
+    /// The tenant's live session, paused or not.
+    pub(crate) fn live_any(&self, who: &Identity, id: &str) -> Result<Arc<Live>, Error> {
         match lock(&self.live).get(id) {
             Some(l) if l.tenant_id == who.tenant_id => Ok(l.clone()),
             _ => Err(Error::NotFound),
@@ -579,8 +635,23 @@ impl Manager {
                 self.cfg.max_exec_timeout_ms
             )));
         }
+        let (uid, user_env) = match req.user.as_deref() {
+            None | Some("root") => (None, Vec::new()),
+            Some("user") => (
+                Some(SANDBOX_USER_ID),
+                vec![
+                    ("HOME".to_string(), "/home/user".to_string()),
+                    ("USER".to_string(), "user".to_string()),
+                ],
+            ),
+            Some(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown user {other:?}; root or user"
+                )))
+            }
+        };
         let mut env = live.env.clone();
-        for (k, v) in validate_env(&req.env)? {
+        for (k, v) in user_env.into_iter().chain(validate_env(&req.env)?) {
             env.retain(|(ek, _)| *ek != k);
             env.push((k, v));
         }
@@ -601,8 +672,8 @@ impl Manager {
             } else {
                 self.cfg.output_limit_bytes
             },
-            uid: None,
-            gid: None,
+            uid,
+            gid: uid,
         })
     }
 
@@ -923,6 +994,8 @@ fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
 }
 
 pub(crate) const SIGKILL: i32 = 9;
+/// Uid/gid of the sandbox's unprivileged `user` account.
+pub const SANDBOX_USER_ID: u32 = 1000;
 
 fn validate_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Error> {
     let mut size = 0;

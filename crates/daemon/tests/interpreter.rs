@@ -1,0 +1,382 @@
+//! The code interpreter of the real daemon over HTTP: stateful contexts in real sandboxes,
+//! rich results, verdicts, tenancy and typed errors. matplotlib and pandas come from
+//! scripts/setup.sh (the host image's /usr is the host's); their tests fail without them.
+
+mod common;
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+const S: &str = "/v1/sandbox/sessions";
+
+async fn new_context(d: &Daemon, id: &str, language: &str) -> String {
+    let (status, c) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/contexts"),
+            json!({ "language": language }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{c}");
+    assert_eq!(c["execution_count"], 0);
+    c["context_id"].as_str().expect("context id").to_string()
+}
+
+async fn run(d: &Daemon, id: &str, cid: &str, body: Value) -> Value {
+    let (status, r) = d
+        .json(Method::POST, &format!("{S}/{id}/contexts/{cid}/run"), body)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    r
+}
+
+/// The last expression's value.
+fn main_result(r: &Value) -> &Value {
+    r["results"]
+        .as_array()
+        .and_then(|all| all.iter().find(|x| x["is_main_result"] == true))
+        .unwrap_or(&Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contexts_keep_state_and_return_rich_results() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "python"})).await;
+    let cid = new_context(&d, &id, "python").await;
+
+    let r = run(&d, &id, &cid, json!({"code": "x = 41\nprint('set')"})).await;
+    assert_eq!(r["stdout"], "set\n");
+    assert_eq!(r["results"], json!([]));
+    assert!(r["error"].is_null() && r["verdict"].is_null(), "{r}");
+    assert_eq!(
+        (r["execution_count"].as_u64(), r["restarted"].as_bool()),
+        (Some(1), Some(false))
+    );
+    let r = run(&d, &id, &cid, json!({"code": "x + 1"})).await;
+    assert_eq!(main_result(&r)["text"], "42");
+    assert_eq!(
+        main_result(&r)["json"],
+        json!(42),
+        "json is a value, not a string"
+    );
+    let r = run(&d, &id, &cid, json!({"code": "{'a': [1, 2], 'x': x}"})).await;
+    assert_eq!(main_result(&r)["json"], json!({"a": [1, 2], "x": 41}));
+    assert_eq!(r["execution_count"], 3);
+
+    // Errors: a result with the exception, and the context lives on.
+    let r = run(
+        &d,
+        &id,
+        &cid,
+        json!({"code": "def f():\n    return 1 / 0\nf()"}),
+    )
+    .await;
+    assert_eq!(r["error"]["name"], "ZeroDivisionError", "{r}");
+    assert_eq!(r["error"]["value"], "division by zero");
+    let tb = r["error"]["traceback"].as_str().unwrap();
+    assert!(
+        tb.contains("return 1 / 0") && tb.contains("ZeroDivisionError"),
+        "{tb}"
+    );
+    assert!(r["verdict"].is_null() && r["restarted"] == false);
+    assert_eq!(
+        main_result(&run(&d, &id, &cid, json!({"code": "x"})).await)["text"],
+        "41"
+    );
+
+    // Rich outputs from the image's matplotlib and pandas.
+    let r = run(
+        &d,
+        &id,
+        &cid,
+        json!({"code": "import matplotlib.pyplot as plt\nplt.plot([1, 4, 9])\nplt.title('squares')\nplt.show()", "timeout_ms": 120000}),
+    )
+    .await;
+    assert!(r["error"].is_null(), "{r}");
+    let png = r["results"][0]["png"].as_str().expect("a PNG");
+    assert_eq!(b64decode(png)[..8], PNG_SIGNATURE);
+    let r = run(
+        &d,
+        &id,
+        &cid,
+        json!({"code": "import pandas as pd\npd.DataFrame({'n': [1, 2, 3]})"}),
+    )
+    .await;
+    assert!(r["error"].is_null(), "{r}");
+    assert!(
+        main_result(&r)["html"].as_str().unwrap().contains("<table"),
+        "{r}"
+    );
+
+    // The session's default Python context exists without being created.
+    let r = run(
+        &d,
+        &id,
+        "default",
+        json!({"code": "import sys\nsys.version_info[0]"}),
+    )
+    .await;
+    assert_eq!(main_result(&r)["text"], "3");
+    let r = run(
+        &d,
+        &id,
+        "default",
+        json!({"code": "sys.version_info[0] + 1"}),
+    )
+    .await;
+    assert_eq!(main_result(&r)["text"], "4");
+
+    // JavaScript keeps its top-level bindings too.
+    let js = new_context(&d, &id, "javascript").await;
+    run(&d, &id, &js, json!({"code": "let a = 1"})).await;
+    let r = run(&d, &id, &js, json!({"code": "console.log('js'); a + 1"})).await;
+    assert_eq!(
+        (r["stdout"].as_str(), &main_result(&r)["json"]),
+        (Some("js\n"), &json!(2))
+    );
+
+    let (status, list) = d
+        .json(Method::GET, &format!("{S}/{id}/contexts"), Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> = list["contexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["context_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [cid.as_str(), "default", js.as_str()]);
+    assert_eq!(list["contexts"][2]["language"], "node");
+    assert_eq!(list["contexts"][2]["execution_count"], 2);
+
+    let (status, _) = d
+        .json(
+            Method::DELETE,
+            &format!("{S}/{id}/contexts/{js}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, e) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/contexts/{js}/run"),
+            json!({"code": "a"}),
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&e)),
+        (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND")
+    );
+
+    let (status, c) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/contexts/{cid}/restart"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{c}");
+    assert_eq!(
+        (c["context_id"].as_str(), &c["execution_count"]),
+        (Some(cid.as_str()), &json!(0))
+    );
+    let r = run(&d, &id, &cid, json!({"code": "'x' in globals()"})).await;
+    assert_eq!(main_result(&r)["text"], "False");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_runs_get_verdicts_and_a_fresh_interpreter() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d
+        .create(json!({"language": "python", "limits": {"memory_mib": 128}}))
+        .await;
+    let cid = new_context(&d, &id, "python").await;
+    run(&d, &id, &cid, json!({"code": "state = 1"})).await;
+
+    let r = run(
+        &d,
+        &id,
+        &cid,
+        json!({"code": "print('spinning', flush=True)\nwhile True:\n    pass", "timeout_ms": 1000}),
+    )
+    .await;
+    assert_eq!(r["verdict"], "SANDBOX-EXEC-TIMEOUT", "{r}");
+    assert_eq!(
+        (r["restarted"].as_bool(), r["error"]["name"].as_str()),
+        (Some(true), Some("TimeoutError"))
+    );
+    assert_eq!(r["stdout"], "spinning\n", "output before the kill is kept");
+    let r = run(&d, &id, &cid, json!({"code": "'state' in globals()"})).await;
+    assert_eq!(main_result(&r)["text"], "False");
+    assert_eq!(r["execution_count"], 1);
+
+    let r = run(&d, &id, &cid, json!({"code": "import os\nos._exit(1)"})).await;
+    assert_eq!(r["verdict"], "SANDBOX-EXEC-KILLED", "{r}");
+    assert_eq!(r["restarted"], true);
+
+    let r = run(
+        &d,
+        &id,
+        &cid,
+        json!({"code": "hog = []\nwhile True:\n    hog.append(bytearray(16 << 20))"}),
+    )
+    .await;
+    assert_eq!(r["verdict"], "SANDBOX-EXEC-KILLED-OOM", "{r}");
+    assert_eq!(r["restarted"], true);
+    let r = run(&d, &id, &cid, json!({"code": "2 * 21"})).await;
+    assert_eq!(
+        main_result(&r)["text"],
+        "42",
+        "the context works after an OOM kill"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contexts_are_tenant_scoped_and_input_is_checked() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "python"})).await;
+    let cid = new_context(&d, &id, "py").await;
+    let base = format!("{S}/{id}/contexts");
+
+    // Another tenant sees nothing, exactly as for an unknown session.
+    for (method, path, body) in [
+        (Method::POST, base.clone(), json!({"language": "python"})),
+        (Method::GET, base.clone(), Value::Null),
+        (
+            Method::POST,
+            format!("{base}/{cid}/run"),
+            json!({"code": "1"}),
+        ),
+        (
+            Method::POST,
+            format!("{base}/default/run"),
+            json!({"code": "1"}),
+        ),
+        (Method::POST, format!("{base}/{cid}/restart"), Value::Null),
+        (Method::DELETE, format!("{base}/{cid}"), Value::Null),
+    ] {
+        let (status, e) = d.json_as(KEY2, method.clone(), &path, body).await;
+        assert_eq!(
+            (status, error_code(&e)),
+            (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND"),
+            "{method} {path}"
+        );
+    }
+    let (status, e) = d
+        .json(
+            Method::GET,
+            &format!("{S}/nosuchsession/contexts"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&e)),
+        (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND")
+    );
+    // The context is intact for its owner.
+    assert_eq!(
+        run(&d, &id, &cid, json!({"code": "1"})).await["execution_count"],
+        1
+    );
+
+    let bad_request = [
+        (base.clone(), json!({"language": "cobol"})),
+        (base.clone(), json!({"language": "bash"})),
+        (base.clone(), json!({"language": "python", "extra": 1})),
+        (format!("{base}/{cid}/run"), json!({})),
+        (format!("{base}/{cid}/run"), json!({"code": 1})),
+        (
+            format!("{base}/{cid}/run"),
+            json!({"code": "1", "timeout_ms": 0}),
+        ),
+        (
+            format!("{base}/{cid}/run"),
+            json!({"code": "1", "timeout_ms": 999_999_999_999u64}),
+        ),
+    ];
+    for (path, body) in bad_request {
+        let (status, e) = d.json(Method::POST, &path, body.clone()).await;
+        assert_eq!(
+            (status, error_code(&e)),
+            (StatusCode::BAD_REQUEST, "SANDBOX-INVALID-ARGUMENT"),
+            "{body}"
+        );
+    }
+    for path in [format!("{base}/nope/run"), format!("{base}/..%2Fx/run")] {
+        let (status, e) = d.json(Method::POST, &path, json!({"code": "1"})).await;
+        assert_eq!(
+            (status, error_code(&e)),
+            (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND"),
+            "{path}"
+        );
+    }
+    let (status, e) = d
+        .json(Method::DELETE, &format!("{base}/nope"), Value::Null)
+        .await;
+    assert_eq!(
+        (status, error_code(&e)),
+        (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND")
+    );
+
+    // Too much code: over the cell limit, and over the body limit.
+    for size in [600 * 1024, 2 << 20] {
+        let (status, e) = d
+            .json(
+                Method::POST,
+                &format!("{base}/{cid}/run"),
+                json!({"code": "#".repeat(size)}),
+            )
+            .await;
+        assert_eq!(
+            (status, error_code(&e)),
+            (StatusCode::PAYLOAD_TOO_LARGE, "SANDBOX-PAYLOAD-TOO-LARGE"),
+            "{size} bytes"
+        );
+    }
+    assert_eq!(
+        run(&d, &id, &cid, json!({"code": "2"})).await["execution_count"],
+        2
+    );
+
+    // A deleted session's contexts are gone with it.
+    let (status, _) = d
+        .json(Method::DELETE, &format!("{S}/{id}"), Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = d
+        .json(
+            Method::POST,
+            &format!("{base}/{cid}/run"),
+            json!({"code": "1"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a];
+
+fn b64decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|&c| c != b'=' && c != b'\n').collect();
+    let mut out = Vec::new();
+    for chunk in bytes.chunks(4) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            acc |= u32::from(val(c)) << (18 - 6 * i);
+        }
+        out.extend_from_slice(&acc.to_be_bytes()[1..1 + chunk.len() * 6 / 8]);
+    }
+    out
+}
