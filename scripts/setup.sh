@@ -11,6 +11,9 @@ declare -A NEED=(
   [util-linux]=/usr/bin/unshare
   [bubblewrap]=/usr/bin/bwrap     # one-shot sandbox baseline of the benchmark (scripts/bench.sh)
   [e2fsprogs]=/usr/sbin/mkfs.ext4  # per-session disk quota images
+  [nftables]=/usr/sbin/nft         # egress redirect inside sandboxes with network access
+  [python3-matplotlib]=/usr/lib/python3/dist-packages/matplotlib/__init__.py  # interpreter rich output
+  [python3-pandas]=/usr/lib/python3/dist-packages/pandas/__init__.py
 )
 
 missing=()

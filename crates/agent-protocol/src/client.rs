@@ -383,6 +383,48 @@ impl FileReader {
     }
 }
 
+/// Splices a byte stream with an agent relay stream (`Connect`, `EgressAttach`): what `io`
+/// reads goes to the agent as `Stdin`, the agent's `Stdout` is written to `io`; each side's
+/// end is passed on as a half-close.
+pub async fn relay<S>(io: S, mut stream: AgentStream)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let to_agent = stream.handle();
+    let (mut r, mut w) = tokio::io::split(io);
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    let mut reading = true;
+    loop {
+        tokio::select! {
+            n = r.read(&mut buf), if reading => match n {
+                Ok(n) if n > 0 => {
+                    if to_agent.send(ToAgent::Stdin(buf[..n].to_vec())).await.is_err() {
+                        return;
+                    }
+                }
+                _ => {
+                    reading = false;
+                    let _ = to_agent.send(ToAgent::CloseStdin).await;
+                }
+            },
+            msg = stream.recv() => match msg {
+                Ok(FromAgent::Stdout(data)) => {
+                    if w.write_all(&data).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(FromAgent::Closed) | Err(_) => {
+                    stream.mark_finished();
+                    let _ = w.shutdown().await;
+                    return;
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
 /// Sends follow-up messages on a stream someone else is reading.
 #[derive(Clone)]
 pub struct StreamHandle {

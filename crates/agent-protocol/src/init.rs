@@ -28,7 +28,14 @@ pub struct InitConfig {
     /// In-sandbox directories Landlock lets processes write below; everything else is read-only.
     pub writable_dirs: Vec<String>,
     pub rlimits: Rlimits,
+    /// Outgoing connections are redirected to the agent and decided by the daemon; without it
+    /// the sandbox has loopback only.
+    #[serde(default)]
+    pub egress: bool,
 }
+
+/// Where the agent listens for redirected TCP inside the sandbox.
+pub const EGRESS_PORT: u16 = 15001;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bind {

@@ -9,7 +9,7 @@ pub mod init;
 pub mod messages;
 
 pub use client::{
-    AgentClient, AgentStream, ClientError, ExecOutput, FileReader, FileWriter, StreamHandle,
+    relay, AgentClient, AgentStream, ClientError, ExecOutput, FileReader, FileWriter, StreamHandle,
 };
 pub use codec::{CodecError, FrameCodec};
 pub use messages::*;

@@ -81,6 +81,24 @@ pub enum ToAgent {
     Connect {
         port: u16,
     },
+    /// Subscribes to the sandbox's egress: `EgressConnect` for every outgoing TCP connection
+    /// and `DnsQuery` for every name lookup; the daemon answers on this same stream with
+    /// `EgressDeny` and `DnsAnswer` (an allowed connection is attached with `EgressAttach`).
+    EgressSubscribe,
+    /// Refuse (reset) the pending connection `conn`.
+    EgressDeny {
+        conn: u64,
+    },
+    /// Answer DNS query `id`; no addresses means NXDOMAIN.
+    DnsAnswer {
+        id: u64,
+        addrs: Vec<std::net::IpAddr>,
+    },
+    /// Relay the pending connection `conn` on this new stream: `Stdout` carries what the
+    /// sandbox sends (starting with the bytes peeked to find SNI/Host), `Stdin` what it gets.
+    EgressAttach {
+        conn: u64,
+    },
     /// New window size of the terminal on this stream.
     Resize {
         cols: u16,
@@ -130,6 +148,10 @@ impl ToAgent {
             ToAgent::PtyStart(_) => "PtyStart",
             ToAgent::Watch { .. } => "Watch",
             ToAgent::ListeningPorts => "ListeningPorts",
+            ToAgent::EgressSubscribe => "EgressSubscribe",
+            ToAgent::EgressDeny { .. } => "EgressDeny",
+            ToAgent::DnsAnswer { .. } => "DnsAnswer",
+            ToAgent::EgressAttach { .. } => "EgressAttach",
             ToAgent::Connect { .. } => "Connect",
             ToAgent::Resize { .. } => "Resize",
             ToAgent::ContextCreate { .. } => "ContextCreate",
@@ -149,6 +171,8 @@ impl ToAgent {
                 | ToAgent::CloseStdin
                 | ToAgent::Signal(_)
                 | ToAgent::Resize { .. }
+                | ToAgent::EgressDeny { .. }
+                | ToAgent::DnsAnswer { .. }
                 | ToAgent::FileChunk(_)
                 | ToAgent::FileEnd
                 | ToAgent::Cancel
@@ -185,6 +209,20 @@ pub enum FromAgent {
         from: Option<String>,
     },
     Ports(Vec<u16>),
+    /// A sandbox process connects to `ip:port`; `sni`/`host` are what its first bytes named.
+    EgressConnect {
+        conn: u64,
+        ip: std::net::IpAddr,
+        port: u16,
+        sni: Option<String>,
+        host: Option<String>,
+    },
+    DnsQuery {
+        id: u64,
+        name: String,
+        /// 1 = A, 28 = AAAA, other types are answered empty.
+        qtype: u16,
+    },
     Connected,
     Closed,
     Context(ContextInfo),

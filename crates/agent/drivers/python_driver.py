@@ -196,6 +196,19 @@ def _koder_driver():
                 except Exception:
                     pass
 
+    def find_matplotlibrc(origin):
+        # Debian's matplotlib reads its defaults from /etc/matplotlibrc, which a sandbox image
+        # built around the host's /usr may not carry; the copy under /usr does as well.
+        if "MATPLOTLIBRC" in os.environ or os.path.exists("/etc/matplotlibrc"):
+            return
+        candidates = ["/usr/share/matplotlib/mpl-data/matplotlibrc"]
+        if origin:
+            candidates.insert(0, os.path.join(os.path.dirname(origin), "mpl-data", "matplotlibrc"))
+        for path in candidates:
+            if os.path.isfile(path):
+                os.environ["MATPLOTLIBRC"] = path
+                return
+
     class MatplotlibHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def find_spec(self, name, path=None, target=None):
             if name == backend_name:
@@ -212,6 +225,7 @@ def _koder_driver():
             real_exec = spec.loader.exec_module
 
             def exec_module(module):
+                find_matplotlibrc(spec.origin)
                 real_exec(module)
                 if "MPLBACKEND" not in os.environ:
                     try:

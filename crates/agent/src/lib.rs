@@ -4,6 +4,7 @@
 //! answers the daemon: `exec` runs processes, `fs` does file operations inside the root only.
 
 pub mod confine;
+pub mod egress;
 pub mod exec;
 pub mod fs;
 pub mod interp;

@@ -47,6 +47,7 @@ fn init(config: &str) -> Result<Never, Box<dyn std::error::Error>> {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
     }
     quiet_stdio()?;
+    let egress = cfg.egress;
     let defaults = ExecDefaults {
         env: cfg.env.clone(),
         workdir: cfg.workdir.clone(),
@@ -62,6 +63,9 @@ fn init(config: &str) -> Result<Never, Box<dyn std::error::Error>> {
         std_listener.set_nonblocking(true)?;
         let listener = tokio::net::UnixListener::from_std(std_listener)?;
         let agent = Arc::new(Agent::new(reaper, fs, defaults, confinement));
+        if egress {
+            agent.egress.start().await?;
+        }
         serve_listener(agent, listener).await;
         Err::<Never, Box<dyn std::error::Error>>("listener stopped".into())
     })

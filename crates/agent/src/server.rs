@@ -33,6 +33,7 @@ pub struct Agent {
     pub defaults: ExecDefaults,
     pub confinement: Confinement,
     pub contexts: Contexts,
+    pub egress: Arc<crate::egress::Egress>,
     started: Instant,
     running_execs: AtomicU32,
 }
@@ -47,8 +48,9 @@ impl Agent {
         Self {
             reaper,
             fs: Arc::new(fs),
+            contexts: Contexts::with_defaults(&defaults),
             defaults,
-            contexts: Contexts::new(),
+            egress: Arc::default(),
             confinement,
             started: Instant::now(),
             running_execs: AtomicU32::new(0),
@@ -188,6 +190,10 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
         }
         ToAgent::DiskUsage => blocking(disk_usage).await,
         ToAgent::ListeningPorts => blocking(crate::net::listening_ports).await,
+        ToAgent::EgressSubscribe => return crate::egress::subscribe(&agent.egress, rx, out).await,
+        ToAgent::EgressAttach { conn } => {
+            return crate::egress::attach(&agent.egress, conn, rx, out).await
+        }
         ToAgent::Connect { port } => return crate::net::relay(port, rx, out).await,
         ToAgent::Watch { path, recursive } => {
             return crate::watch::run(fs, path, recursive, rx, out).await;

@@ -67,6 +67,9 @@ pub fn build_root(cfg: &InitConfig) -> Result<(), SetupError> {
         .map_err(std::io::Error::from)
         .step("set hostname")?;
     loopback_up().step("bring loopback up")?;
+    if cfg.egress {
+        crate::egress::prepare()?;
+    }
     std::env::set_current_dir(&cfg.workdir).step("enter workdir")?;
     Ok(())
 }

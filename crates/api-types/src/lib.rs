@@ -388,6 +388,33 @@ pub struct IssuedKey {
     pub api_key: String,
 }
 
+/// One network attempt of a sandbox (`GET /v1/sandbox/audit/network`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct AuditEntry {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub session_id: String,
+    /// `tcp` (a connection) or `dns` (a name lookup).
+    pub proto: String,
+    /// Destination address (or the looked-up name for `dns`).
+    pub dest: String,
+    pub port: u16,
+    /// TLS SNI / HTTP Host of a connection.
+    pub name: Option<String>,
+    pub allowed: bool,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct AuditPage {
+    /// Newest first.
+    pub entries: Vec<AuditEntry>,
+    /// Pass as `before` for the next (older) page; absent on the last page.
+    pub next_before: Option<i64>,
+}
+
 /// `POST .../files/mkdir`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

@@ -115,6 +115,8 @@ pub struct Settings {
     pub density_concurrency: usize,
     pub file_bytes: u64,
     pub warm_pool_bash: u64,
+    /// Pause after `sync` before each daemon phase.
+    pub settle_s: f64,
 }
 
 impl Settings {
@@ -135,6 +137,7 @@ impl Settings {
                 density_concurrency: 2,
                 file_bytes: 1 << 20,
                 warm_pool_bash: 2,
+                settle_s: 0.1,
             }
         } else {
             Settings {
@@ -152,6 +155,7 @@ impl Settings {
                 density_concurrency: 8,
                 file_bytes: 100 << 20,
                 warm_pool_bash: 2,
+                settle_s: 2.0,
             }
         };
         let scale = |n: usize| ((n as f64 * args.samples_scale).round() as usize).max(1);
@@ -276,6 +280,7 @@ async fn run(args: &Args) -> Result<Report> {
         Phase::Files,
     ];
     if pool_phases.iter().any(|&p| wants(p)) {
+        settle(&settings).await;
         progress("starting the daemon with a warm pool");
         let pool_toml = format!(
             "pool = {{ bash = {}, python = 1 }}\nreap_interval = 1.0\n",
@@ -326,6 +331,9 @@ async fn run(args: &Args) -> Result<Report> {
     }
 
     if wants(Phase::Create) || wants(Phase::Density) {
+        // The previous phases leave a writeback backlog (disk images, the big file, removed
+        // data dirs) that would otherwise be paid by this phase's creates and destroys.
+        settle(&settings).await;
         progress("starting the daemon with an empty pool");
         match Daemon::start(
             &daemon_bin,
@@ -371,6 +379,7 @@ async fn run(args: &Args) -> Result<Report> {
         build,
         machine: host::machine(),
         load_avg_1m_at_start: load,
+        load_avg_1m_at_end: host::loadavg(),
         settings: serde_json::to_value(&settings)?,
         rows,
     };
@@ -383,6 +392,16 @@ async fn run(args: &Args) -> Result<Report> {
         write_file(path, &serde_json::to_vec_pretty(&report)?)?;
     }
     Ok(report)
+}
+
+/// Flushes dirty data to disk and lets the machine calm down between phases.
+async fn settle(s: &Settings) {
+    let _ = tokio::task::spawn_blocking(|| {
+        // SAFETY: sync has no preconditions.
+        unsafe { libc::sync() };
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs_f64(s.settle_s)).await;
 }
 
 fn write_file(path: &std::path::Path, data: &[u8]) -> Result<()> {

@@ -454,6 +454,21 @@ async fn interp_run(ctx: &Ctx<'_>, client: &Client, sid: &str) -> Result<Option<
         return Ok(None);
     }
     check_run(status, &body)?;
+    // The first answer must show the value, so the timed runs measure real evaluations.
+    let v: Value = serde_json::from_slice(&body).context("context run answer")?;
+    let shows_two = v
+        .get("results")
+        .and_then(Value::as_array)
+        .is_some_and(|rs| {
+            rs.iter()
+                .any(|r| r.get("text").and_then(Value::as_str) == Some("2"))
+        })
+        || v.get("stdout")
+            .and_then(Value::as_str)
+            .is_some_and(|o| o.trim() == "2");
+    if !shows_two {
+        bail!("`1+1` did not answer 2: {}", truncate_json(&v));
+    }
     let samples = time_n(ctx.s.warmup, ctx.s.interp_samples, || async {
         let (status, body) = run().await?;
         check_run(status, &body)
@@ -466,6 +481,10 @@ async fn interp_run(ctx: &Ctx<'_>, client: &Client, sid: &str) -> Result<Option<
         .push(&cid);
     let _ = http.delete(delete).bearer_auth(&ctx.d.key).send().await;
     Ok(Some(summary(&samples)?))
+}
+
+fn truncate_json(v: &Value) -> String {
+    v.to_string().chars().take(200).collect()
 }
 
 fn check_run(status: reqwest::StatusCode, body: &[u8]) -> Result<()> {

@@ -106,6 +106,7 @@ pub struct Report {
     pub build: &'static str,
     pub machine: Machine,
     pub load_avg_1m_at_start: f64,
+    pub load_avg_1m_at_end: f64,
     pub settings: Value,
     pub rows: Vec<Row>,
 }
@@ -119,8 +120,15 @@ impl Report {
             self.mode, self.build, self.started_at, self.duration_s
         ));
         out.push_str(&format!(
-            "Machine: {} ({} cores), {:.1} GiB RAM, {}, Linux {}, cgroups {}; load average at start {:.2}\n\n",
-            m.cpu, m.cores, m.memory_gib, m.os, m.kernel, m.cgroups, self.load_avg_1m_at_start
+            "Machine: {} ({} cores), {:.1} GiB RAM, {}, Linux {}, cgroups {}; 1-min load average {:.2} at start, {:.2} at end\n\n",
+            m.cpu,
+            m.cores,
+            m.memory_gib,
+            m.os,
+            m.kernel,
+            m.cgroups,
+            self.load_avg_1m_at_start,
+            self.load_avg_1m_at_end
         ));
         out.push_str("| measurement | result | target | status |\n|---|---|---|---|\n");
         for r in &self.rows {

@@ -25,6 +25,8 @@ pub struct Config {
     pub auth: AuthConfig,
     pub sessions: SessionConfig,
     pub jail: JailSection,
+    /// Egress policy: internal (SSRF-exempt) ranges, static host names, resolver.
+    pub network: koder_netpolicy::NetConfig,
     /// Tenants and their plans/quotas, by tenant id.
     pub tenants: BTreeMap<String, TenantConfig>,
 }

@@ -54,12 +54,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let store = Store::open_sqlite(&data_dir.join("state.db")).await?;
     let keys = load_keys(&cfg, &store, data_dir).await?;
     let runtime = jail_runtime(&cfg)?;
-    let manager = koder_sessions::Manager::start(store, runtime, cfg.sessions.clone()).await?;
-    let app = koder_http::router(koder_http::AppState {
+    let mut sessions = cfg.sessions.clone();
+    sessions.network = cfg.network.clone();
+    let manager = koder_sessions::Manager::start(store, runtime, sessions).await?;
+    let state = koder_http::AppState {
         manager: manager.clone(),
         keys: Arc::new(RwLock::new(keys)),
         admin_keys: Arc::new(admin_keys(&cfg)?),
-    });
+    };
+    let e2b = koder_e2b::E2b::new(state.clone(), cfg.sessions.clone());
+    let app = koder_e2b::mount(koder_http::router(state), e2b);
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
         .await
         .with_context(|| format!("listening on {}", cfg.server.listen))?;

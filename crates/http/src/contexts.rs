@@ -215,3 +215,66 @@ pub async fn run_code(
         restarted: run.restarted,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use utoipa::OpenApi;
+
+    use super::*;
+
+    #[derive(OpenApi)]
+    #[openapi(paths(
+        create_context,
+        list_contexts,
+        delete_context,
+        restart_context,
+        run_code
+    ))]
+    struct Doc;
+
+    #[test]
+    fn openapi_describes_every_route_and_shape() {
+        let doc = serde_json::to_value(Doc::openapi()).unwrap();
+        let paths = doc["paths"].as_object().unwrap();
+        for p in [
+            "/v1/sandbox/sessions/{id}/contexts",
+            "/v1/sandbox/sessions/{id}/contexts/{cid}",
+            "/v1/sandbox/sessions/{id}/contexts/{cid}/restart",
+            "/v1/sandbox/sessions/{id}/contexts/{cid}/run",
+        ] {
+            assert!(paths.contains_key(p), "{p} missing");
+        }
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        for s in [
+            "Context",
+            "ContextList",
+            "CreateContext",
+            "RunCode",
+            "RunResult",
+            "RichOutput",
+            "RunError",
+        ] {
+            assert!(schemas.contains_key(s), "{s} missing");
+        }
+    }
+
+    #[test]
+    fn json_results_are_values() {
+        let r = rich(proto::RichResult {
+            is_main_result: true,
+            text: Some("{'a': 1}".into()),
+            json: Some(r#"{"a": 1}"#.into()),
+            ..Default::default()
+        });
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"is_main_result": true, "text": "{'a': 1}", "json": {"a": 1}})
+        );
+        let broken = rich(proto::RichResult {
+            json: Some("{not json".into()),
+            ..Default::default()
+        });
+        assert!(broken.json.is_none());
+    }
+}

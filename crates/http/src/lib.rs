@@ -1,6 +1,7 @@
 //! The REST transport (API.md): a thin axum adapter over the session manager.
 
 mod admin;
+mod audit;
 mod contexts;
 mod error;
 mod extract;
@@ -45,7 +46,9 @@ pub struct AppState {
         routes::remove_file, routes::make_dir, routes::move_file, routes::session_metrics,
         live::list_execs, live::exec_status, live::exec_stream, live::exec_stdin, live::exec_signal,
         live::report_error, live::list_errors, terminal::terminal, watch::watch,
-        preview::upstream, preview::pin, routes::pause, routes::resume,
+        preview::upstream, preview::pin, routes::pause, routes::resume, audit::network,
+        contexts::create_context, contexts::list_contexts, contexts::delete_context,
+        contexts::restart_context, contexts::run_code,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key
     ),
     modifiers(&BearerAuth)
@@ -117,6 +120,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .nest("/v1/sandbox/sessions", sessions)
         .nest("/v1/sandbox/admin", admin)
+        .route("/v1/sandbox/audit/network", get(audit::network))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -10,10 +10,9 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
-use koder_agent_protocol::{AgentStream, FromAgent, ToAgent, CHUNK_BYTES};
+use koder_agent_protocol::CHUNK_BYTES;
 use koder_sessions::preview::Upstream;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 use crate::error::ApiError;
 use crate::extract::{Caller, Json};
@@ -135,7 +134,7 @@ pub async fn proxy(
     let forwarded = Request::from_parts(parts, body);
 
     let (ours, theirs) = tokio::io::duplex(CHUNK_BYTES * 4);
-    tokio::spawn(pump(theirs, stream));
+    tokio::spawn(koder_agent_protocol::relay(theirs, stream));
     let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(ours))
         .await
         .map_err(|e| {
@@ -178,39 +177,4 @@ pub async fn proxy(
         parts.headers.remove(*name);
     }
     Ok(Response::from_parts(parts, Body::new(body)).into_response())
-}
-
-/// Shuttles bytes between the local pipe (hyper's side) and the agent's TCP relay.
-async fn pump(mut local: DuplexStream, mut remote: AgentStream) {
-    let to_agent = remote.handle();
-    let mut buf = vec![0u8; CHUNK_BYTES];
-    let mut reading = true;
-    loop {
-        tokio::select! {
-            n = local.read(&mut buf), if reading => match n {
-                Ok(n) if n > 0 => {
-                    if to_agent.send(ToAgent::Stdin(buf[..n].to_vec())).await.is_err() {
-                        return;
-                    }
-                }
-                _ => {
-                    reading = false;
-                    let _ = to_agent.send(ToAgent::CloseStdin).await;
-                }
-            },
-            msg = remote.recv() => match msg {
-                Ok(FromAgent::Stdout(data)) => {
-                    if local.write_all(&data).await.is_err() {
-                        return;
-                    }
-                }
-                Ok(FromAgent::Closed) | Err(_) => {
-                    remote.mark_finished();
-                    let _ = local.shutdown().await;
-                    return;
-                }
-                Ok(_) => {}
-            }
-        }
-    }
 }

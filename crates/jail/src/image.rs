@@ -11,7 +11,7 @@ use koder_agent_protocol::init::Bind;
 use koder_runtime::RuntimeError;
 
 /// Bumped whenever the generated content changes, so old trees are rebuilt.
-const HOST_IMAGE_VERSION: &str = "1";
+const HOST_IMAGE_VERSION: &str = "2";
 const MARKER: &str = ".koder-image";
 
 /// A ready-to-mount image: the lower layer and the host paths bound read-only over it.
@@ -148,6 +148,7 @@ fn build_host_layer(images_dir: &Path, layer: &Path) -> Result<(), RuntimeError>
         "ld.so.cache",
         "ld.so.conf",
         "ld.so.conf.d",
+        "matplotlibrc",
     ] {
         copy_public(&Path::new("/etc").join(public), &etc.join(public)).map_err(io(public))?;
     }

@@ -298,6 +298,7 @@ impl JailRuntime {
             workdir: "/workspace".into(),
             env,
             writable_dirs: WRITABLE_DIRS.iter().map(|d| d.to_string()).collect(),
+            egress: spec.egress,
             rlimits: Rlimits {
                 nofile: 65536,
                 // RLIMIT_NPROC counts per host uid, and each sandbox has its own uids. It is

@@ -21,6 +21,9 @@ pub struct SandboxSpec {
     pub limits: Limits,
     /// Added to the image's default environment for every exec.
     pub env: Vec<(String, String)>,
+    /// Route the sandbox's outgoing connections and lookups to the daemon for decision
+    /// (otherwise it has loopback only).
+    pub egress: bool,
 }
 
 pub const MAX_ID_LEN: usize = 64;

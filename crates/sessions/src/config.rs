@@ -25,6 +25,9 @@ pub struct SessionConfig {
     pub plans: BTreeMap<String, PlanConfig>,
     /// Ready sandboxes kept per language.
     pub pool: BTreeMap<String, usize>,
+    /// Egress policy settings (`[network]` of the daemon config).
+    #[serde(skip)]
+    pub network: koder_netpolicy::NetConfig,
     /// How often expired sessions are looked for.
     #[serde(with = "secs")]
     pub reap_interval: Duration,
@@ -54,6 +57,7 @@ impl Default for SessionConfig {
             plans: BTreeMap::new(),
             pool: BTreeMap::from([("bash".into(), 1), ("python".into(), 1), ("node".into(), 1)]),
             reap_interval: Duration::from_secs(1),
+            network: Default::default(),
         }
     }
 }

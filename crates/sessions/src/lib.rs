@@ -4,6 +4,7 @@
 
 pub mod config;
 mod contexts;
+mod egress;
 mod error;
 pub mod execs;
 pub mod languages;

@@ -179,18 +179,12 @@ impl Manager {
                 )))
             }
         };
-        let network = req.network.unwrap_or_default();
-        if network.mode != NetworkMode::None {
-            return Err(Error::NotImplemented(format!(
-                "network mode {:?} is not available yet; only \"none\"",
-                network.mode
-            )));
-        }
-        if !network.allow.is_empty() {
-            return Err(Error::InvalidArgument(
-                "network.allow needs mode \"allowlist\"".into(),
-            ));
-        }
+        let requested = req.network.unwrap_or_default();
+        let policy = crate::egress::policy_for(&requested, &self.cfg.network).await?;
+        let network = Network {
+            mode: requested.mode,
+            allow: policy.describe(),
+        };
         let env = validate_env(&req.env)?;
         validate_metadata(&req.metadata)?;
         let timeout_s =
@@ -206,7 +200,8 @@ impl Manager {
             .admit(&self.store, &tenant, self.now())
             .await?;
 
-        let (sandbox, source) = self.sandbox_for(language, &limits).await?;
+        let egress = network.mode != NetworkMode::None;
+        let (sandbox, source) = self.sandbox_for(language, &limits, egress).await?;
         let now = self.now();
         let record = SessionRecord {
             id: uuid::Uuid::new_v4().simple().to_string(),
@@ -244,6 +239,12 @@ impl Manager {
             }),
         );
         ticket.forget();
+        if egress {
+            let live = lock(&self.live).get(&record.id).cloned();
+            if let Some(live) = live {
+                crate::egress::start(self, &live, &record, policy).await;
+            }
+        }
         self.metrics.sessions_active.inc();
         self.metrics
             .sessions_created
@@ -262,9 +263,15 @@ impl Manager {
         &self,
         language: &str,
         limits: &Limits,
+        egress: bool,
     ) -> Result<(Arc<dyn Sandbox>, &'static str), Error> {
         let runtime_limits = to_runtime_limits(limits);
-        while let Some(sb) = self.pool.take(language, limits.disk_mib) {
+        // Warm sandboxes have no network; one with egress is always made for its session.
+        while let Some(sb) = self
+            .pool
+            .take(language, limits.disk_mib)
+            .filter(|_| !egress)
+        {
             let applied = match sb.resources() {
                 Some(rc) => rc.set_limits(&runtime_limits),
                 None => Ok(()),
@@ -282,6 +289,7 @@ impl Manager {
             image: "host".into(),
             limits: runtime_limits,
             env: Vec::new(),
+            egress,
         };
         Ok((self.runtime.create(spec).await?, "cold"))
     }

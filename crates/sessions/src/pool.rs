@@ -105,6 +105,7 @@ impl Pool {
             image: "host".into(),
             limits: self.limits,
             env: Vec::new(),
+            egress: false,
         };
         match self.runtime.create(spec).await {
             Ok(sb) => {

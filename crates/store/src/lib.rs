@@ -94,6 +94,24 @@ fn db_kind(e: &sqlx::Error) -> Option<ErrorKind> {
     }
 }
 
+/// One network attempt of a sandbox (an outgoing connection or a name lookup).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditRecord {
+    /// Assigned by the store (0 when inserting).
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub tenant_id: String,
+    pub session_id: String,
+    /// `tcp` or `dns`.
+    pub proto: String,
+    pub dest: String,
+    pub port: u16,
+    /// SNI, HTTP Host or the looked-up name.
+    pub name: Option<String>,
+    pub allowed: bool,
+    pub reason: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant {
     pub id: String,
@@ -348,6 +366,68 @@ impl Store {
     }
 
     // ---- sessions ----
+
+    /// Records one network attempt.
+    pub async fn insert_audit(&self, a: &AuditRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO network_audit (at_ms, tenant_id, session_id, proto, dest, port, name, allowed, reason) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(to_ms(a.at))
+        .bind(&a.tenant_id)
+        .bind(&a.session_id)
+        .bind(&a.proto)
+        .bind(&a.dest)
+        .bind(i64::from(a.port))
+        .bind(a.name.as_deref())
+        .bind(a.allowed)
+        .bind(&a.reason)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// A tenant's audit entries, newest first, optionally for one session and/or one verdict,
+    /// older than `before_id` (paging), at most `limit`.
+    pub async fn audit(
+        &self,
+        tenant_id: &str,
+        session_id: Option<&str>,
+        allowed: Option<bool>,
+        before_id: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<AuditRecord>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, at_ms, tenant_id, session_id, proto, dest, port, name, allowed, reason FROM network_audit \
+             WHERE tenant_id = $1 AND ($2 IS NULL OR session_id = $2) AND ($3 IS NULL OR allowed = $3) \
+             AND ($4 IS NULL OR id < $4) ORDER BY id DESC LIMIT $5",
+        )
+        .bind(tenant_id)
+        .bind(session_id)
+        .bind(allowed)
+        .bind(before_id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let port: i64 = r.try_get("port")?;
+                Ok(AuditRecord {
+                    id: r.try_get("id")?,
+                    at: from_ms(r.try_get("at_ms")?, "audit time")?,
+                    tenant_id: r.try_get("tenant_id")?,
+                    session_id: r.try_get("session_id")?,
+                    proto: r.try_get("proto")?,
+                    dest: r.try_get("dest")?,
+                    port: u16::try_from(port)
+                        .map_err(|_| StoreError::Corrupt(format!("audit port {port}")))?,
+                    name: r.try_get("name")?,
+                    allowed: r.try_get("allowed")?,
+                    reason: r.try_get("reason")?,
+                })
+            })
+            .collect()
+    }
 
     /// `Conflict` if a session with this id exists, `UnknownTenant` if the tenant does not.
     pub async fn insert_session(&self, s: &SessionRecord) -> Result<(), StoreError> {

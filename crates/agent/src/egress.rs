@@ -1,0 +1,436 @@
+//! Egress of a sandbox with network access. The sandbox keeps its own, otherwise empty network
+//! namespace: nftables inside it redirects every outgoing TCP connection to the agent and DNS
+//! to the agent's resolver; everything else leaving loopback is dropped. The agent only asks:
+//! the daemon decides each connection (allowlist, SSRF guard, audit) and dials it from the
+//! host, so the sandbox never has a route of its own to anything.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hickory_proto::op::{Message, MessageType, ResponseCode};
+use hickory_proto::rr::rdata::{A, AAAA};
+use hickory_proto::rr::{RData, Record, RecordType};
+use hickory_proto::serialize::binary::BinEncodable;
+use koder_agent_protocol::init::EGRESS_PORT;
+use koder_agent_protocol::{FromAgent, ToAgent, CHUNK_BYTES};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::lock;
+use crate::server::Outbox;
+use crate::setup::{SetupError, Step};
+
+/// How long the daemon has to decide a connection or answer a lookup.
+const DECISION_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long to wait for a client's first bytes (TLS ClientHello, HTTP request line).
+const PEEK_TIMEOUT: Duration = Duration::from_millis(500);
+const PEEK_BYTES: usize = 8 * 1024;
+
+/// The nftables ruleset of the sandbox's namespace. Connections the redirect caught keep
+/// their original (non-loopback) addresses in conntrack, so their packets are accepted by
+/// connection state; anything else that would leave loopback is dropped. Connections the redirect caught keep
+/// their original (non-loopback) addresses in conntrack, so their packets are accepted by
+/// connection state; anything else that would leave loopback is dropped.
+const RULES: &str = "
+table ip koder {
+  chain egress_nat {
+    type nat hook output priority -100; policy accept;
+    ip daddr 127.0.0.0/8 return
+    meta l4proto tcp redirect to :15001
+    udp dport 53 redirect to :53
+  }
+  chain egress_filter {
+    type filter hook output priority 0; policy drop;
+    ip daddr 127.0.0.0/8 accept
+    ct status dnat accept
+    ct state established,related accept
+  }
+}
+table ip6 koder6 {
+  chain egress_filter {
+    type filter hook output priority 0; policy drop;
+    ip6 daddr ::1 accept
+  }
+}
+";
+
+/// Run during set-up, while the agent still holds its capabilities: a default route (so
+/// connects reach the redirect instead of failing with ENETUNREACH) whose source is loopback
+/// (a source of 0.0.0.0 would leave replies undeliverable), then the ruleset. iproute2 and
+/// nftables from the image do it: the netlink encodings are theirs to keep right.
+pub fn prepare() -> Result<(), SetupError> {
+    run_tool(
+        "/usr/sbin/ip",
+        &["route", "add", "default", "dev", "lo", "src", "127.0.0.1"],
+        None,
+    )
+    .step("egress default route (package iproute2)")?;
+    run_tool("/usr/sbin/nft", &["-f", "-"], Some(RULES))
+        .step("load egress rules (package nftables)")
+}
+
+fn run_tool(program: &str, args: &[&str], input: Option<&str>) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .env_clear()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.unwrap_or_default().as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
+    }
+}
+
+/// Connections and lookups waiting for the daemon.
+#[derive(Default)]
+pub struct Egress {
+    subscriber: Mutex<Option<Outbox>>,
+    next: AtomicU64,
+    conns: Mutex<HashMap<u64, (TcpStream, Vec<u8>)>>,
+    lookups: Mutex<HashMap<u64, oneshot::Sender<Vec<IpAddr>>>>,
+}
+
+impl Egress {
+    /// Starts the redirect listener and the resolver (only in sandboxes set up with egress).
+    pub async fn start(self: &Arc<Self>) -> std::io::Result<()> {
+        let tcp = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, EGRESS_PORT))).await?;
+        let udp = Arc::new(UdpSocket::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 53))).await?);
+        let me = self.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = tcp.accept().await {
+                tokio::spawn(me.clone().intercept(conn));
+            }
+        });
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 1500];
+            while let Ok((n, from)) = udp.recv_from(&mut buf).await {
+                let query = buf[..n].to_vec();
+                tokio::spawn(me.clone().resolve(udp.clone(), query, from));
+            }
+        });
+        Ok(())
+    }
+
+    fn subscriber(&self) -> Option<Outbox> {
+        lock(&self.subscriber).clone()
+    }
+
+    async fn intercept(self: Arc<Self>, mut conn: TcpStream) {
+        let Some(dest) = original_destination(&conn) else {
+            return;
+        };
+        let Some(out) = self.subscriber() else { return };
+        let peeked = peek(&mut conn).await;
+        let (sni, host) = (parse_sni(&peeked), parse_host(&peeked));
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        lock(&self.conns).insert(id, (conn, peeked));
+        let ask = FromAgent::EgressConnect {
+            conn: id,
+            ip: IpAddr::V4(*dest.ip()),
+            port: dest.port(),
+            sni,
+            host,
+        };
+        if out.send(ask).await.is_err() {
+            lock(&self.conns).remove(&id);
+            return;
+        }
+        // Undecided connections do not linger.
+        tokio::time::sleep(DECISION_TIMEOUT).await;
+        lock(&self.conns).remove(&id);
+    }
+
+    async fn resolve(self: Arc<Self>, udp: Arc<UdpSocket>, query: Vec<u8>, from: SocketAddr) {
+        let Ok(msg) = Message::from_vec(&query) else {
+            return;
+        };
+        let Some(q) = msg.queries().first().cloned() else {
+            return;
+        };
+        let Some(out) = self.subscriber() else { return };
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.lookups).insert(id, tx);
+        let name = q.name().to_ascii().trim_end_matches('.').to_string();
+        let ask = FromAgent::DnsQuery {
+            id,
+            name,
+            qtype: u16::from(q.query_type()),
+        };
+        let addrs = if out.send(ask).await.is_ok() {
+            tokio::time::timeout(DECISION_TIMEOUT, rx)
+                .await
+                .ok()
+                .and_then(Result::ok)
+        } else {
+            None
+        };
+        lock(&self.lookups).remove(&id);
+        let mut reply = Message::new();
+        reply
+            .set_id(msg.id())
+            .set_message_type(MessageType::Response)
+            .set_op_code(msg.op_code())
+            .set_recursion_desired(msg.recursion_desired())
+            .set_recursion_available(true)
+            .add_query(q.clone());
+        let wanted: Vec<Record> = addrs
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|a| match (a, q.query_type()) {
+                (IpAddr::V4(v4), RecordType::A) => Some(RData::A(A(v4))),
+                (IpAddr::V6(v6), RecordType::AAAA) => Some(RData::AAAA(AAAA(v6))),
+                _ => None,
+            })
+            .map(|rdata| Record::from_rdata(q.name().clone(), 30, rdata))
+            .collect();
+        if wanted.is_empty() && !matches!(q.query_type(), RecordType::AAAA) {
+            reply.set_response_code(ResponseCode::NXDomain);
+        }
+        for r in wanted {
+            reply.add_answer(r);
+        }
+        if let Ok(bytes) = reply.to_bytes() {
+            let _ = udp.send_to(&bytes, from).await;
+        }
+    }
+}
+
+/// `EgressSubscribe`: this stream carries the sandbox's egress questions until it closes.
+pub async fn subscribe(egress: &Egress, mut rx: mpsc::Receiver<ToAgent>, out: Outbox) {
+    *lock(&egress.subscriber) = Some(out);
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            ToAgent::EgressDeny { conn } => {
+                if let Some((c, _)) = lock(&egress.conns).remove(&conn) {
+                    reset(c);
+                }
+            }
+            ToAgent::DnsAnswer { id, addrs } => {
+                if let Some(tx) = lock(&egress.lookups).remove(&id) {
+                    let _ = tx.send(addrs);
+                }
+            }
+            ToAgent::Cancel => break,
+            _ => {}
+        }
+    }
+    *lock(&egress.subscriber) = None;
+}
+
+/// `EgressAttach`: relays an allowed connection over this stream.
+pub async fn attach(egress: &Egress, conn: u64, mut rx: mpsc::Receiver<ToAgent>, out: Outbox) {
+    let Some((stream, peeked)) = lock(&egress.conns).remove(&conn) else {
+        let _ = out.send(FromAgent::Closed).await;
+        return;
+    };
+    if !peeked.is_empty() && out.send(FromAgent::Stdout(peeked)).await.is_err() {
+        return;
+    }
+    let (mut r, mut w) = stream.into_split();
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    let mut writing = true;
+    loop {
+        tokio::select! {
+            n = r.read(&mut buf) => match n {
+                Ok(n) if n > 0 => {
+                    if out.send(FromAgent::Stdout(buf[..n].to_vec())).await.is_err() {
+                        return;
+                    }
+                }
+                _ => break,
+            },
+            msg = rx.recv(), if writing => match msg {
+                Some(ToAgent::Stdin(data)) => {
+                    if w.write_all(&data).await.is_err() {
+                        break;
+                    }
+                }
+                Some(ToAgent::CloseStdin) => {
+                    writing = false;
+                    let _ = w.shutdown().await;
+                }
+                Some(ToAgent::Cancel) | None => return,
+                Some(_) => {}
+            }
+        }
+    }
+    let _ = out.send(FromAgent::Closed).await;
+}
+
+/// Closes with RST so the client sees "connection refused/reset" at once.
+fn reset(conn: TcpStream) {
+    let _ = conn.set_zero_linger();
+    drop(conn);
+}
+
+/// Where the connection was going before the redirect (SO_ORIGINAL_DST).
+fn original_destination(conn: &TcpStream) -> Option<SocketAddrV4> {
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    const SO_ORIGINAL_DST: libc::c_int = 80;
+    // SAFETY: getsockopt writes at most `len` bytes into `addr`, which we own.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_IP,
+            SO_ORIGINAL_DST,
+            &mut addr as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (rc == 0).then(|| {
+        SocketAddrV4::new(
+            Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
+            u16::from_be(addr.sin_port),
+        )
+    })
+}
+
+/// The client's first bytes, enough to read a ClientHello or request head; a server-speaks-
+/// first protocol sends nothing, which the timeout covers.
+async fn peek(conn: &mut TcpStream) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 2048];
+    let deadline = tokio::time::Instant::now() + PEEK_TIMEOUT;
+    while buf.len() < PEEK_BYTES && !complete(&buf) {
+        match tokio::time::timeout_at(deadline, conn.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => break,
+        }
+    }
+    buf
+}
+
+fn complete(buf: &[u8]) -> bool {
+    if buf.first() == Some(&0x16) && buf.len() >= 5 {
+        let len = usize::from(u16::from_be_bytes([buf[3], buf[4]]));
+        return buf.len() >= 5 + len;
+    }
+    buf.windows(4).any(|w| w == b"\r\n\r\n")
+}
+
+/// The server name of a TLS ClientHello. Hand-parsed with bounds checks at every step: only
+/// this one field is needed, from untrusted bytes, without pulling in a TLS stack.
+pub fn parse_sni(buf: &[u8]) -> Option<String> {
+    let rec = buf.get(5..)?;
+    if buf.first()? != &0x16 || rec.first()? != &0x01 {
+        return None; // not a handshake record carrying a ClientHello
+    }
+    let mut p = 4 + 2 + 32; // handshake header, version, random
+    let sid = usize::from(*rec.get(p)?);
+    p += 1 + sid;
+    let suites = usize::from(u16::from_be_bytes([*rec.get(p)?, *rec.get(p + 1)?]));
+    p += 2 + suites;
+    let comp = usize::from(*rec.get(p)?);
+    p += 1 + comp;
+    let ext_end = p + 2 + usize::from(u16::from_be_bytes([*rec.get(p)?, *rec.get(p + 1)?]));
+    p += 2;
+    while p + 4 <= ext_end {
+        let kind = u16::from_be_bytes([*rec.get(p)?, *rec.get(p + 1)?]);
+        let len = usize::from(u16::from_be_bytes([*rec.get(p + 2)?, *rec.get(p + 3)?]));
+        let body = rec.get(p + 4..p + 4 + len)?;
+        if kind == 0 {
+            // server_name list: u16 list len, then (u8 type, u16 len, name)
+            let name_len = usize::from(u16::from_be_bytes([*body.get(3)?, *body.get(4)?]));
+            let name = body.get(5..5 + name_len)?;
+            return std::str::from_utf8(name)
+                .ok()
+                .map(|s| s.to_ascii_lowercase());
+        }
+        p += 4 + len;
+    }
+    None
+}
+
+/// The `Host` of an HTTP/1 request head (without a port).
+pub fn parse_host(buf: &[u8]) -> Option<String> {
+    let head =
+        std::str::from_utf8(buf.get(..buf.windows(4).position(|w| w == b"\r\n\r\n")?)?).ok()?;
+    let value = head.lines().skip(1).find_map(|l| {
+        l.split_once(':')
+            .filter(|(k, _)| k.trim().eq_ignore_ascii_case("host"))
+            .map(|(_, v)| v.trim())
+    })?;
+    let host = match value.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => value.split(':').next()?,
+    };
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal ClientHello for `name`.
+    fn client_hello(name: &str) -> Vec<u8> {
+        let n = name.as_bytes();
+        let mut sni = vec![0, 0]; // extension type server_name
+        let list_len = (n.len() + 3) as u16;
+        sni.extend_from_slice(&(list_len + 2).to_be_bytes());
+        sni.extend_from_slice(&list_len.to_be_bytes());
+        sni.push(0);
+        sni.extend_from_slice(&(n.len() as u16).to_be_bytes());
+        sni.extend_from_slice(n);
+        let mut hello = vec![3, 3];
+        hello.extend_from_slice(&[0; 32]);
+        hello.push(0); // session id
+        hello.extend_from_slice(&[0, 2, 0x13, 0x01]); // one suite
+        hello.extend_from_slice(&[1, 0]); // no compression
+        hello.extend_from_slice(&(sni.len() as u16).to_be_bytes());
+        hello.extend_from_slice(&sni);
+        let mut hs = vec![1, 0];
+        hs.extend_from_slice(&(hello.len() as u16).to_be_bytes());
+        hs.extend_from_slice(&hello);
+        let mut rec = vec![0x16, 3, 1];
+        rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+        rec.extend_from_slice(&hs);
+        rec
+    }
+
+    #[test]
+    fn sni_is_read_and_garbage_is_not() {
+        let hello = client_hello("PyPI.org");
+        assert!(complete(&hello));
+        assert_eq!(parse_sni(&hello).as_deref(), Some("pypi.org"));
+        for cut in 0..hello.len() {
+            let _ = parse_sni(&hello[..cut]); // truncated input never panics
+        }
+        assert_eq!(parse_sni(b"GET / HTTP/1.1\r\n\r\n"), None);
+        let mut lying = hello.clone();
+        let at = lying.len() - 10;
+        lying[at] = 0xff; // a length pointing past the end
+        let _ = parse_sni(&lying);
+    }
+
+    #[test]
+    fn http_host_is_read() {
+        assert_eq!(
+            parse_host(b"GET / HTTP/1.1\r\nHost: Example.test:8080\r\n\r\n").as_deref(),
+            Some("example.test")
+        );
+        assert_eq!(
+            parse_host(b"GET / HTTP/1.1\r\nhost: [::1]:80\r\n\r\n").as_deref(),
+            Some("::1")
+        );
+        assert_eq!(parse_host(b"GET / HTTP/1.1\r\nX: y\r\n\r\n"), None);
+        assert_eq!(parse_host(b"GET / HTTP/1.1\r\nHost: a"), None);
+    }
+}

@@ -1,0 +1,682 @@
+//! The E2B control plane: sandboxes are sessions of the caller's tenant, authenticated by
+//! `X-API-KEY` with the same keys (and so the same tenancy) as the native API. Both SDK
+//! generations are served: `/sandboxes...` and `/v2/sandboxes...`.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use chrono::{DateTime, SecondsFormat, Utc};
+use koder_api_types::{CreateSession, Network, NetworkMode, Session, SessionState};
+use koder_auth::Identity;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::HttpError;
+use crate::{lock, E2b, ENVD_VERSION};
+
+const MAX_BODY: usize = 1 << 20;
+const MAX_PAGE: usize = 100;
+/// E2B's legacy `clientID` field; there is one "client" here, this daemon.
+const CLIENT_ID: &str = "koder-sandbox";
+
+/// E2B templates and the session languages they are: `base` is the bash image (which has
+/// python3 and node), `code-interpreter-v1` the Python one with its interpreter.
+pub const TEMPLATES: &[(&str, &str)] = &[
+    ("base", "bash"),
+    ("code-interpreter-v1", "python"),
+    ("code-interpreter", "python"),
+];
+
+pub fn template_language(template: &str) -> Result<&'static str, HttpError> {
+    TEMPLATES
+        .iter()
+        .find(|(t, _)| *t == template)
+        .map(|(_, l)| *l)
+        .ok_or_else(|| {
+            HttpError::bad_request(format!(
+                "template {template:?} not found; koder-sandbox has the templates base and code-interpreter-v1"
+            ))
+        })
+}
+
+/// The template a session answers to: sessions made natively show their language.
+pub fn template_of(language: &str) -> &str {
+    match language {
+        "bash" => "base",
+        "python" => "code-interpreter-v1",
+        other => other,
+    }
+}
+
+pub fn router() -> Router<E2b> {
+    Router::new()
+        .route("/sandboxes", post(create).get(list_v1))
+        .route("/v2/sandboxes", post(create).get(list_v2))
+        .route("/sandboxes/{id}", get(info).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+}
+
+/// The caller's tenant, from `X-API-KEY` (or a bearer key).
+pub struct ApiCaller(pub Identity);
+
+impl FromRequestParts<E2b> for ApiCaller {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, e2b: &E2b) -> Result<Self, HttpError> {
+        let keys = e2b.app().keys.read().unwrap_or_else(|e| e.into_inner());
+        let who = match parts.headers.get("x-api-key") {
+            Some(key) => key.to_str().ok().and_then(|k| keys.verify_key(k.trim())),
+            None => parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .and_then(|h| h.to_str().ok())
+                .and_then(|h| keys.authenticate(h)),
+        };
+        drop(keys);
+        if !parts.headers.contains_key("x-api-key")
+            && !parts.headers.contains_key(header::AUTHORIZATION)
+        {
+            return Err(HttpError::unauthorized("missing X-API-KEY"));
+        }
+        who.map(ApiCaller)
+            .ok_or_else(|| HttpError::unauthorized("invalid API key"))
+    }
+}
+
+/// A JSON body in E2B's error shape when malformed; an empty body is the default value.
+async fn body<T: DeserializeOwned + Default>(body: Body) -> Result<T, HttpError> {
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| HttpError::new(413, format!("request body larger than {MAX_BODY} bytes")))?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| HttpError::bad_request(format!("invalid request body: {e}")))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<u64>,
+    metadata: Option<BTreeMap<String, String>>,
+    env_vars: Option<BTreeMap<String, String>>,
+    auto_pause: Option<bool>,
+    #[serde(rename = "allow_internet_access", alias = "allowInternetAccess")]
+    allow_internet_access: Option<bool>,
+    network: Option<NetworkRules>,
+    mcp: Option<Value>,
+    volume_mounts: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct NetworkRules {
+    allow_out: Option<Vec<String>>,
+    deny_out: Option<Vec<String>>,
+}
+
+const ALL_TRAFFIC: &str = "0.0.0.0/0";
+
+/// E2B's network options in koder-sandbox terms. Internet access is off unless asked for
+/// (E2B's default is on): `allow_internet_access: true` asks for mode `open`, `allowOut` for an
+/// allowlist, which the manager grants or refuses as it supports those modes.
+fn network_of(
+    allow_internet: Option<bool>,
+    rules: Option<NetworkRules>,
+) -> Result<Network, HttpError> {
+    let rules = rules.unwrap_or_default();
+    let allow = rules.allow_out.unwrap_or_default();
+    let deny = rules.deny_out.unwrap_or_default();
+    if deny.iter().any(|d| d != ALL_TRAFFIC) {
+        return Err(HttpError::bad_request(format!(
+            "network.denyOut supports only {ALL_TRAFFIC:?}: koder-sandbox network policies are allowlists"
+        )));
+    }
+    if !allow.is_empty() {
+        return Ok(Network {
+            mode: NetworkMode::Allowlist,
+            allow,
+        });
+    }
+    let mode = match allow_internet {
+        Some(true) if deny.is_empty() => NetworkMode::Open,
+        _ => NetworkMode::None,
+    };
+    Ok(Network {
+        mode,
+        allow: Vec::new(),
+    })
+}
+
+async fn create(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    raw: Body,
+) -> Result<Response, HttpError> {
+    let req: NewSandbox = body(raw).await?;
+    let template = if req.template_id.is_empty() {
+        "base".to_string()
+    } else {
+        req.template_id
+    };
+    let language = template_language(&template)?;
+    if req.auto_pause == Some(true) {
+        return Err(HttpError::bad_request(
+            "autoPause is not supported: a koder-sandbox session ends at its timeout",
+        ));
+    }
+    if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
+        return Err(HttpError::bad_request(
+            "MCP gateways are not supported by koder-sandbox",
+        ));
+    }
+    if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(HttpError::bad_request(
+            "volume mounts are not supported by koder-sandbox",
+        ));
+    }
+    let session = e2b
+        .manager()
+        .create(
+            &who,
+            CreateSession {
+                language: Some(language.into()),
+                network: Some(network_of(req.allow_internet_access, req.network)?),
+                env: req.env_vars.unwrap_or_default(),
+                timeout_s: req.timeout,
+                metadata: req.metadata.unwrap_or_default(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(sandbox_json(&e2b, &session)),
+    )
+        .into_response())
+}
+
+/// `Sandbox`: what create and connect answer.
+fn sandbox_json(e2b: &E2b, s: &Session) -> Value {
+    json!({
+        "templateID": template_of(&s.language),
+        "sandboxID": s.id,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": e2b.envd_token(&s.id),
+        "domain": null,
+    })
+}
+
+fn time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn cpu_count(s: &Session) -> u64 {
+    match s.limits.cpu_millis {
+        Some(m) => u64::from(m).div_ceil(1000).max(1),
+        None => std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+    }
+}
+
+fn state_name(s: &Session) -> &'static str {
+    if s.state == SessionState::Paused {
+        "paused"
+    } else {
+        "running"
+    }
+}
+
+/// `ListedSandbox`.
+fn listed_json(s: &Session) -> Value {
+    json!({
+        "templateID": template_of(&s.language),
+        "alias": template_of(&s.language),
+        "sandboxID": s.id,
+        "clientID": CLIENT_ID,
+        "startedAt": time(s.created_at),
+        "endAt": time(s.expires_at),
+        "cpuCount": cpu_count(s),
+        "memoryMB": s.limits.memory_mib.unwrap_or(0),
+        "diskSizeMB": s.limits.disk_mib.unwrap_or(0),
+        "state": state_name(s),
+        "envdVersion": ENVD_VERSION,
+        "metadata": s.metadata,
+    })
+}
+
+/// `SandboxDetail`: the listing plus the access token and the network.
+fn detail_json(e2b: &E2b, s: &Session) -> Value {
+    let mut v = listed_json(s);
+    v["envdAccessToken"] = e2b.envd_token(&s.id).into();
+    v["allowInternetAccess"] = (s.network.mode != NetworkMode::None).into();
+    v["domain"] = Value::Null;
+    if s.network.mode == NetworkMode::Allowlist {
+        v["network"] = json!({"allowOut": s.network.allow});
+    }
+    v
+}
+
+/// The tenant's session while it is running or paused; an ended (or foreign) one is 404.
+async fn live_session(e2b: &E2b, who: &Identity, id: &str) -> Result<Session, HttpError> {
+    match e2b.manager().get(who, id).await {
+        Ok(s) if s.state != SessionState::Stopped => Ok(s),
+        Ok(_) | Err(koder_sessions::Error::NotFound) => {
+            Err(HttpError::not_found(format!("sandbox {id:?} not found")))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn info(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, HttpError> {
+    let s = live_session(&e2b, &who, &id).await?;
+    Ok(axum::Json(detail_json(&e2b, &s)))
+}
+
+async fn kill(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, HttpError> {
+    live_session(&e2b, &who, &id).await?;
+    e2b.manager().destroy(&who, &id).await?;
+    e2b.forget(&id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TimeoutBody {
+    timeout: Option<u64>,
+    duration: Option<u64>,
+}
+
+async fn set_timeout(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Path(id): Path<String>,
+    raw: Body,
+) -> Result<StatusCode, HttpError> {
+    let req: TimeoutBody = body(raw).await?;
+    let timeout = req
+        .timeout
+        .ok_or_else(|| HttpError::bad_request("timeout (seconds) is required"))?;
+    live_session(&e2b, &who, &id).await?;
+    e2b.manager().set_timeout(&who, &id, timeout).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The legacy keep-alive: the sandbox lives `duration` seconds from now.
+async fn refresh(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Path(id): Path<String>,
+    raw: Body,
+) -> Result<StatusCode, HttpError> {
+    let req: TimeoutBody = body(raw).await?;
+    live_session(&e2b, &who, &id).await?;
+    let duration = req.duration.unwrap_or(e2b.sessions_cfg().default_timeout_s);
+    e2b.manager().set_timeout(&who, &id, duration).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn pause(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, HttpError> {
+    let s = live_session(&e2b, &who, &id).await?;
+    if s.state == SessionState::Paused {
+        return Err(HttpError::new(
+            409,
+            format!("sandbox {id:?} is already paused"),
+        ));
+    }
+    e2b.manager().pause(&who, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Resumes a paused sandbox and extends its life to at least `timeout` seconds from now.
+async fn wake(
+    e2b: &E2b,
+    who: &Identity,
+    id: &str,
+    timeout: Option<u64>,
+) -> Result<Session, HttpError> {
+    let mut s = live_session(e2b, who, id).await?;
+    if s.state == SessionState::Paused {
+        s = e2b.manager().resume(who, id).await?;
+    }
+    if let Some(timeout) = timeout {
+        let wanted = Utc::now()
+            + chrono::Duration::seconds(i64::try_from(timeout).unwrap_or(i64::MAX / 1000));
+        // "The timeout only ever grows on connect" (E2B): a shorter one is left alone.
+        if wanted > s.expires_at {
+            s = e2b.manager().set_timeout(who, id, timeout).await?;
+        }
+    }
+    Ok(s)
+}
+
+async fn connect(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Path(id): Path<String>,
+    raw: Body,
+) -> Result<Response, HttpError> {
+    let req: TimeoutBody = body(raw).await?;
+    let s = wake(&e2b, &who, &id, req.timeout).await?;
+    Ok((StatusCode::OK, axum::Json(sandbox_json(&e2b, &s))).into_response())
+}
+
+/// Legacy resume: 409 when the sandbox is not paused.
+async fn resume(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Path(id): Path<String>,
+    raw: Body,
+) -> Result<Response, HttpError> {
+    let req: TimeoutBody = body(raw).await?;
+    let s = live_session(&e2b, &who, &id).await?;
+    if s.state != SessionState::Paused {
+        return Err(HttpError::new(409, format!("sandbox {id:?} is not paused")));
+    }
+    let s = wake(&e2b, &who, &id, req.timeout).await?;
+    Ok((StatusCode::CREATED, axum::Json(sandbox_json(&e2b, &s))).into_response())
+}
+
+/// Running and paused sandboxes matching the query, newest first (or `order=asc`).
+async fn matching(
+    e2b: &E2b,
+    who: &Identity,
+    params: &[(String, String)],
+) -> Result<Vec<Session>, HttpError> {
+    let mut states: Vec<String> = Vec::new();
+    let mut wanted_meta: Vec<(String, String)> = Vec::new();
+    let mut template = None;
+    let mut asc = false;
+    for (k, v) in params {
+        match k.as_str() {
+            "state" => states.extend(v.split(',').map(|s| s.trim().to_string())),
+            "metadata" => wanted_meta.extend(parse_metadata_query(v)?),
+            "template" => template = Some(v.clone()),
+            "order" => asc = v == "asc",
+            _ => {}
+        }
+    }
+    if let Some(bad) = states.iter().find(|s| *s != "running" && *s != "paused") {
+        return Err(HttpError::bad_request(format!(
+            "state {bad:?}: one of running, paused"
+        )));
+    }
+    let mut out: Vec<Session> = e2b
+        .manager()
+        .list(who)
+        .await?
+        .into_iter()
+        .filter(|s| s.state != SessionState::Stopped)
+        .filter(|s| states.is_empty() || states.iter().any(|st| st == state_name(s)))
+        .filter(|s| {
+            wanted_meta
+                .iter()
+                .all(|(k, v)| s.metadata.get(k) == Some(v))
+        })
+        .filter(|s| {
+            template
+                .as_deref()
+                .is_none_or(|t| t == template_of(&s.language))
+        })
+        .collect();
+    out.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+    if asc {
+        out.reverse();
+    }
+    Ok(out)
+}
+
+/// The SDK sends `metadata` as a URL-encoded query string of its own (`k=v&k2=v2`) whose keys
+/// and values it percent-encoded before: decoded as a query, then each key and value again.
+fn parse_metadata_query(q: &str) -> Result<Vec<(String, String)>, HttpError> {
+    let twice = |s: &str| percent_decode(&percent_decode(s)?);
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            Ok((twice(k)?, twice(v)?))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> Result<String, HttpError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| HttpError::bad_request("metadata: bad percent-encoding"))?;
+                out.push(hex);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| HttpError::bad_request("metadata: not UTF-8"))
+}
+
+async fn list_v1(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Result<axum::Json<Vec<Value>>, HttpError> {
+    let all = matching(&e2b, &who, &params).await?;
+    Ok(axum::Json(all.iter().map(listed_json).collect()))
+}
+
+/// One page; the `x-next-token` header names where the next starts (`<created ms>.<id>` of
+/// this page's last sandbox, so pages stay stable while sandboxes come and go).
+async fn list_v2(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Result<Response, HttpError> {
+    let param = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let limit = match param("limit") {
+        None => MAX_PAGE,
+        Some(l) => l
+            .parse::<usize>()
+            .ok()
+            .filter(|l| (1..=MAX_PAGE).contains(l))
+            .ok_or_else(|| HttpError::bad_request(format!("limit must be 1..={MAX_PAGE}")))?,
+    };
+    let asc = param("order") == Some("asc");
+    let mut all = matching(&e2b, &who, &params).await?;
+    if let Some(token) = param("nextToken").filter(|t| !t.is_empty()) {
+        let (ms, id) = token
+            .split_once('.')
+            .and_then(|(ms, id)| Some((ms.parse::<i64>().ok()?, id.to_string())))
+            .ok_or_else(|| HttpError::bad_request("invalid nextToken"))?;
+        all.retain(|s| {
+            let key = (s.created_at.timestamp_millis(), s.id.clone());
+            if asc {
+                key > (ms, id.clone())
+            } else {
+                key < (ms, id.clone())
+            }
+        });
+    }
+    let more = all.len() > limit;
+    all.truncate(limit);
+    let page: Vec<Value> = all.iter().map(listed_json).collect();
+    let mut resp = axum::Json(page).into_response();
+    if more {
+        if let Some(last) = all.last() {
+            let token = format!("{}.{}", last.created_at.timestamp_millis(), last.id);
+            if let Ok(v) = HeaderValue::from_str(&token) {
+                resp.headers_mut().insert("x-next-token", v);
+            }
+        }
+    }
+    Ok(resp)
+}
+
+/// The last CPU reading of a sandbox.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuSample {
+    at: Instant,
+    cpu_ms: u64,
+}
+
+/// The sandbox's resource use now, as a one-sample series: CPU over the time since the
+/// previous request (or since the start), memory and disk now. Page cache is not measured
+/// per session, so `memCache` is 0. A paused sandbox has no samples.
+async fn metrics(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Vec<Value>>, HttpError> {
+    let s = live_session(&e2b, &who, &id).await?;
+    if s.state == SessionState::Paused {
+        return Ok(axum::Json(Vec::new()));
+    }
+    let m = e2b.manager().metrics_of(&who, &id).await?;
+    let now = Instant::now();
+    let cpus = cpu_count(&s) as f64;
+    let previous = lock(&e2b.inner.cpu_samples).insert(
+        id.clone(),
+        CpuSample {
+            at: now,
+            cpu_ms: m.cpu_used_ms,
+        },
+    );
+    let (cpu_ms, wall_ms) = match previous {
+        Some(p) if now > p.at => (
+            m.cpu_used_ms.saturating_sub(p.cpu_ms) as f64,
+            now.duration_since(p.at).as_secs_f64() * 1000.0,
+        ),
+        _ => (
+            m.cpu_used_ms as f64,
+            (Utc::now() - s.created_at).num_milliseconds().max(1) as f64,
+        ),
+    };
+    let pct = (cpu_ms / (wall_ms * cpus) * 100.0).clamp(0.0, 100.0);
+    let at = Utc::now();
+    Ok(axum::Json(vec![json!({
+        "timestamp": time(at),
+        "timestampUnix": at.timestamp(),
+        "cpuCount": cpus as u64,
+        "cpuUsedPct": (pct * 100.0).round() / 100.0,
+        "memUsed": m.memory_current_kib * 1024,
+        "memTotal": m.memory_limit_kib.unwrap_or(0) * 1024,
+        "memCache": 0,
+        "diskUsed": m.disk_used_kib * 1024,
+        "diskTotal": m.disk_total_kib * 1024,
+    })]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_map_to_languages() {
+        assert_eq!(template_language("base").unwrap(), "bash");
+        assert_eq!(template_language("code-interpreter-v1").unwrap(), "python");
+        let e = template_language("desktop").unwrap_err();
+        assert_eq!(e.status.as_u16(), 400);
+        assert!(e.message.contains("desktop"));
+        assert_eq!(template_of("python"), "code-interpreter-v1");
+    }
+
+    #[test]
+    fn metadata_query_as_the_sdk_sends_it() {
+        // urlencode({quote("a b"): quote("c&d"), "k": "v"}), decoded once by the query parser.
+        let got = parse_metadata_query("a%2520b=c%2526d&k=v").unwrap();
+        assert_eq!(
+            got,
+            [
+                ("a b".to_string(), "c&d".to_string()),
+                ("k".into(), "v".into())
+            ]
+        );
+        assert!(parse_metadata_query("a=%zz").is_err());
+    }
+
+    #[test]
+    fn network_options() {
+        assert_eq!(network_of(None, None).unwrap().mode, NetworkMode::None);
+        assert_eq!(
+            network_of(Some(false), None).unwrap().mode,
+            NetworkMode::None
+        );
+        assert_eq!(
+            network_of(Some(true), None).unwrap().mode,
+            NetworkMode::Open
+        );
+        let deny_all = NetworkRules {
+            allow_out: None,
+            deny_out: Some(vec![ALL_TRAFFIC.into()]),
+        };
+        assert_eq!(
+            network_of(Some(true), Some(deny_all)).unwrap().mode,
+            NetworkMode::None
+        );
+        let allow = NetworkRules {
+            allow_out: Some(vec!["pypi.org".into()]),
+            deny_out: Some(vec![ALL_TRAFFIC.into()]),
+        };
+        let n = network_of(None, Some(allow)).unwrap();
+        assert_eq!(
+            (n.mode, n.allow),
+            (NetworkMode::Allowlist, vec!["pypi.org".to_string()])
+        );
+        let deny_some = NetworkRules {
+            allow_out: None,
+            deny_out: Some(vec!["10.0.0.0/8".into()]),
+        };
+        assert_eq!(
+            network_of(None, Some(deny_some))
+                .unwrap_err()
+                .status
+                .as_u16(),
+            400
+        );
+    }
+}

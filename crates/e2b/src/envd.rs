@@ -1,0 +1,288 @@
+//! What every envd request shares: which sandbox (`E2b-Sandbox-Id`), which tenant owns it,
+//! the envd access token, the acting user and how its paths resolve; the per-sandbox state
+//! E2B needs beyond the session manager; the envd router.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{FromRequestParts, Query};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use base64::Engine as _;
+use koder_api_types::SessionState;
+use koder_auth::Identity;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::error::HttpError;
+use crate::{lock, E2b};
+
+pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+/// The image's `user` account, which execs with `user: "user"` run as (koder-jail's
+/// `SANDBOX_USER_UID`).
+pub const SANDBOX_USER_UID: u32 = 1000;
+
+/// Users of an E2B sandbox: `user` (uid 1000, the default) and `root`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum User {
+    Root,
+    User,
+}
+
+impl User {
+    pub fn parse(name: &str) -> Result<Self, HttpError> {
+        match name {
+            "user" => Ok(User::User),
+            "root" => Ok(User::Root),
+            other => Err(HttpError::unauthorized(format!(
+                "invalid user {other:?}: this sandbox has the users \"user\" and \"root\""
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            User::Root => "root",
+            User::User => "user",
+        }
+    }
+
+    pub fn home(self) -> &'static str {
+        match self {
+            User::Root => "/root",
+            User::User => "/home/user",
+        }
+    }
+
+    /// Absolute, lexically normalised path of `path` as this user means it: relative paths
+    /// and `~` are below the user's home.
+    pub fn resolve(self, path: &str) -> String {
+        let joined = if path.is_empty() || path == "~" {
+            self.home().to_string()
+        } else if let Some(rest) = path.strip_prefix("~/") {
+            format!("{}/{rest}", self.home())
+        } else if path.starts_with('/') {
+            path.to_string()
+        } else {
+            format!("{}/{path}", self.home())
+        };
+        normalize(&joined)
+    }
+}
+
+/// `/a/./b/../c//d` → `/a/c/d`; `..` at the root stays at the root (as the agent resolves).
+pub fn normalize(abs: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in abs.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            other => parts.push(other),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// Parent directory and last component of a normalised path; `None` for the root.
+pub fn split_parent(abs: &str) -> Option<(&str, &str)> {
+    let (parent, name) = abs.rsplit_once('/')?;
+    if name.is_empty() {
+        return None;
+    }
+    Some((if parent.is_empty() { "/" } else { parent }, name))
+}
+
+/// E2B state of one sandbox that the session manager does not keep.
+#[derive(Default)]
+pub struct SandboxCtx {
+    pub procs: Mutex<HashMap<u32, crate::process::Proc>>,
+    pub watchers: Mutex<HashMap<String, crate::filesystem::Watcher>>,
+    /// The sandbox's default JavaScript context (the default Python one is the manager's).
+    pub js_context: tokio::sync::Mutex<Option<String>>,
+}
+
+impl E2b {
+    /// The envd access token of a sandbox, derived rather than stored: any daemon component
+    /// can check it and a restart (which ends every sandbox) invalidates all of them.
+    pub fn envd_token(&self, id: &str) -> String {
+        let mut h = Sha256::new();
+        h.update(b"koder-e2b envd access token\0");
+        h.update(self.inner.token_secret);
+        h.update(id.as_bytes());
+        hex::encode(h.finalize())
+    }
+
+    pub(crate) fn ctx(&self, id: &str) -> Arc<SandboxCtx> {
+        lock(&self.inner.sandboxes)
+            .entry(id.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Drops what E2B kept for a sandbox that ended; its watchers stop with it.
+    pub(crate) fn forget(&self, id: &str) {
+        let gone = lock(&self.inner.sandboxes).remove(id);
+        if let Some(ctx) = gone {
+            for (_, w) in lock(&ctx.watchers).drain() {
+                w.stop();
+            }
+        }
+        lock(&self.inner.cpu_samples).remove(id);
+    }
+}
+
+/// The sandbox an envd request is for, with the owning tenant's identity and the acting
+/// user. The envd access token must be present and match.
+pub struct Target {
+    pub who: Identity,
+    pub id: String,
+    pub user: User,
+    pub ctx: Arc<SandboxCtx>,
+    pub e2b: E2b,
+}
+
+/// As [`Target`], for the interpreter's context endpoints, to which the SDK sends no access
+/// token (it sends one to `/execute`): a token given must still match.
+pub struct LooseTarget(pub Target);
+
+impl FromRequestParts<E2b> for Target {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, e2b: &E2b) -> Result<Self, HttpError> {
+        target(parts, e2b, true).await
+    }
+}
+
+impl FromRequestParts<E2b> for LooseTarget {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, e2b: &E2b) -> Result<Self, HttpError> {
+        target(parts, e2b, false).await.map(LooseTarget)
+    }
+}
+
+async fn target(parts: &Parts, e2b: &E2b, token_required: bool) -> Result<Target, HttpError> {
+    let id = parts
+        .headers
+        .get(SANDBOX_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if id.is_empty() || id.len() > 128 {
+        return Err(HttpError::bad_request("E2b-Sandbox-Id must name a sandbox"));
+    }
+    let record = e2b
+        .manager()
+        .store()
+        .get_session(&id)
+        .await
+        .map_err(|e| HttpError::new(503, format!("state store: {e}")))?;
+    let Some(record) = record.filter(|r| r.state != SessionState::Stopped) else {
+        e2b.forget(&id);
+        return Err(HttpError::sandbox_gone(&id));
+    };
+    let token = parts
+        .headers
+        .get(ACCESS_TOKEN_HEADER)
+        .map(|v| v.as_bytes().to_vec());
+    match token {
+        Some(t) if bool::from(t.ct_eq(e2b.envd_token(&id).as_bytes())) => {}
+        Some(_) => {
+            return Err(HttpError::unauthorized(
+                "invalid X-Access-Token for this sandbox",
+            ))
+        }
+        None if token_required => {
+            return Err(HttpError::unauthorized(
+                "missing X-Access-Token: use the envdAccessToken of create or connect",
+            ))
+        }
+        None => {}
+    }
+    Ok(Target {
+        who: Identity {
+            tenant_id: record.tenant_id,
+        },
+        user: user_of(parts)?,
+        ctx: e2b.ctx(&id),
+        id,
+        e2b: e2b.clone(),
+    })
+}
+
+/// `Authorization: Basic base64("<user>:")` on RPCs, `?username=` on `/files`; `user` when
+/// neither is given (the default user of envd ≥ 0.4).
+fn user_of(parts: &Parts) -> Result<User, HttpError> {
+    if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
+        let basic = auth
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Basic "))
+            .ok_or_else(|| HttpError::unauthorized("Authorization must be Basic <user>:"))?;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(basic.trim())
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(|| HttpError::unauthorized("malformed Basic credentials"))?;
+        let name = decoded.split(':').next().unwrap_or("");
+        return User::parse(name);
+    }
+    let query: Query<HashMap<String, String>> =
+        Query::try_from_uri(&parts.uri).map_err(|e| HttpError::bad_request(e.body_text()))?;
+    match query.get("username").map(String::as_str) {
+        None | Some("") => Ok(User::User),
+        Some(name) => User::parse(name),
+    }
+}
+
+pub fn router() -> Router<E2b> {
+    Router::new()
+        .route("/health", get(health))
+        .route(
+            "/files",
+            get(crate::files::download).post(crate::files::upload),
+        )
+        .route("/process.Process/{method}", post(crate::process::rpc))
+        .route(
+            "/filesystem.Filesystem/{method}",
+            post(crate::filesystem::rpc),
+        )
+        .fallback(|| async { HttpError::not_found("no such envd endpoint") })
+}
+
+/// 204 while the sandbox runs; a gone sandbox is the extractor's 502.
+async fn health(_t: Target) -> impl IntoResponse {
+    StatusCode::NO_CONTENT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_resolve_against_the_users_home() {
+        assert_eq!(User::User.resolve("a/b.txt"), "/home/user/a/b.txt");
+        assert_eq!(User::Root.resolve("a"), "/root/a");
+        assert_eq!(User::User.resolve(""), "/home/user");
+        assert_eq!(User::User.resolve("~/x"), "/home/user/x");
+        assert_eq!(User::User.resolve("/tmp/../etc//./x"), "/etc/x");
+        assert_eq!(User::User.resolve("../../../.."), "/");
+        assert_eq!(split_parent("/a/b"), Some(("/a", "b")));
+        assert_eq!(split_parent("/a"), Some(("/", "a")));
+        assert_eq!(split_parent("/"), None);
+    }
+
+    #[test]
+    fn users() {
+        assert_eq!(User::parse("user").unwrap(), User::User);
+        assert_eq!(User::parse("root").unwrap().home(), "/root");
+        assert_eq!(User::parse("admin").unwrap_err().status.as_u16(), 401);
+    }
+}

@@ -1,0 +1,85 @@
+//! Errors of the plain-HTTP surfaces (control plane, `/files`, `/health`, interpreter): always
+//! `{"code": <http status>, "message"}`, the only shape the E2B SDK parses without crashing.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl HttpError {
+    pub fn new(status: u16, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(404, message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(401, message)
+    }
+
+    /// What E2B's proxy answers for a sandbox that does not exist (any more); the SDK keys
+    /// "sandbox not running" on the words "was not found".
+    pub fn sandbox_gone(id: &str) -> Self {
+        Self::new(502, format!("The sandbox {id} was not found"))
+    }
+}
+
+impl From<koder_sessions::Error> for HttpError {
+    fn from(e: koder_sessions::Error) -> Self {
+        let status = e.http_status();
+        if status == 500 {
+            tracing::error!(error = %e, "E2B request failed");
+        }
+        Self::new(status, e.to_string())
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let body = json!({"code": self.status.as_u16(), "message": self.message});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn body_is_code_and_message() {
+        let resp = HttpError::new(409, "already paused").into_response();
+        assert_eq!(resp.status(), StatusCode::CONFLICT);
+        let body = axum::body::to_bytes(resp.into_body(), 1024).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v, json!({"code": 409, "message": "already paused"}));
+    }
+
+    #[test]
+    fn manager_errors_keep_their_status() {
+        let e: HttpError = koder_sessions::Error::NotFound.into();
+        assert_eq!(e.status, StatusCode::NOT_FOUND);
+        let e: HttpError = koder_sessions::Error::FsQuotaExceeded("full".into()).into();
+        assert_eq!(e.status.as_u16(), 507);
+        assert!(HttpError::sandbox_gone("abc")
+            .message
+            .contains("was not found"));
+        assert_eq!(
+            HttpError::new(1, "x").status,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
+}

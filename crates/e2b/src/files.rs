@@ -1,0 +1,343 @@
+//! envd's `/files`: downloads (optionally gzip-encoded) and uploads as multipart (one file per
+//! part, the part's filename its path) or as a raw octet stream (optionally gzip-encoded),
+//! streamed through the manager without holding a whole file.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+
+use axum::body::Body;
+use axum::extract::Query;
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use flate2::write::{GzDecoder, GzEncoder};
+use futures::{Stream, StreamExt};
+use serde_json::{json, Value};
+
+use crate::connect::{Code, RpcError};
+use crate::envd::Target;
+use crate::error::HttpError;
+use crate::filesystem::{give_to_user, missing_ancestors};
+
+type Params = Query<HashMap<String, String>>;
+
+/// envd's file errors: a missing file 404, a directory or bad path 400, a full disk 507.
+fn http_error(e: koder_sessions::Error) -> HttpError {
+    match e {
+        koder_sessions::Error::Conflict(m) => HttpError::bad_request(m),
+        other => other.into(),
+    }
+}
+
+impl From<RpcError> for HttpError {
+    fn from(e: RpcError) -> Self {
+        let status = match e.code {
+            Code::NotFound => 404,
+            Code::InvalidArgument | Code::FailedPrecondition => 400,
+            Code::Unauthenticated => 401,
+            Code::PermissionDenied => 403,
+            Code::AlreadyExists => 409,
+            Code::ResourceExhausted => 507,
+            Code::Unavailable => 503,
+            _ => 500,
+        };
+        HttpError::new(status, e.message)
+    }
+}
+
+fn path_param(t: &Target, q: &Params) -> Result<String, HttpError> {
+    match q.get("path").map(String::as_str) {
+        None | Some("") => Err(HttpError::bad_request(
+            "the path query parameter is required",
+        )),
+        Some(p) => Ok(t.user.resolve(p)),
+    }
+}
+
+pub async fn download(t: Target, q: Params, headers: HeaderMap) -> Result<Response, HttpError> {
+    let path = path_param(&t, &q)?;
+    let reader = t
+        .e2b
+        .manager()
+        .download(&t.who, &t.id, &path)
+        .await
+        .map_err(http_error)?;
+    let gzip = headers
+        .get(header::ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|e| e.trim().starts_with("gzip")));
+    let chunks = futures::stream::unfold(reader, |mut r| async move {
+        match r.next_chunk().await {
+            Ok(Some(chunk)) => Some((Ok(Bytes::from(chunk)), r)),
+            Ok(None) => None,
+            // The status line is gone already: a broken body tells the client the transfer
+            // failed, rather than a silently short file.
+            Err(e) => Some((Err(std::io::Error::other(e.to_string())), r)),
+        }
+    });
+    let name = crate::envd::split_parent(&path).map_or("", |(_, n)| n);
+    let disposition = format!("attachment; filename={}", urlencode(name));
+    let mut resp = if gzip {
+        Body::from_stream(gzip_stream(chunks)).into_response()
+    } else {
+        Body::from_stream(chunks).into_response()
+    };
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Ok(v) = header::HeaderValue::from_str(&disposition) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    if gzip {
+        h.insert(
+            header::CONTENT_ENCODING,
+            header::HeaderValue::from_static("gzip"),
+        );
+    }
+    Ok(resp)
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+/// Compresses a body stream chunk by chunk, each chunk flushed so the client sees progress.
+fn gzip_stream<S>(inner: S) -> impl Stream<Item = Result<Bytes, std::io::Error>>
+where
+    S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+{
+    let enc = Some(GzEncoder::new(Vec::new(), flate2::Compression::fast()));
+    futures::stream::unfold((inner.boxed(), enc), |(mut inner, enc)| async move {
+        let mut enc = enc?;
+        match inner.next().await {
+            Some(Ok(chunk)) => {
+                let out = enc
+                    .write_all(&chunk)
+                    .and_then(|()| enc.flush())
+                    .map(|()| Bytes::from(std::mem::take(enc.get_mut())));
+                Some((out, (inner, Some(enc))))
+            }
+            Some(Err(e)) => Some((Err(e), (inner, None))),
+            None => Some((enc.finish().map(Bytes::from), (inner, None))),
+        }
+    })
+}
+
+/// Decompresses an upload stream; a corrupt or truncated gzip body fails the upload (which
+/// then leaves nothing behind).
+fn gunzip_stream<S, E>(inner: S) -> impl Stream<Item = Result<Bytes, String>> + Unpin + Send
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    let dec = Some(GzDecoder::new(Vec::new()));
+    Box::pin(futures::stream::unfold(
+        (inner.boxed(), dec),
+        |(mut inner, dec)| async move {
+            let mut dec = dec?;
+            match inner.next().await {
+                Some(Ok(chunk)) => {
+                    let out = dec
+                        .write_all(&chunk)
+                        .map(|()| Bytes::from(std::mem::take(dec.get_mut())))
+                        .map_err(|e| format!("gzip body: {e}"));
+                    let next = out.is_ok().then_some(dec);
+                    Some((out, (inner, next)))
+                }
+                Some(Err(e)) => Some((Err(e.to_string()), (inner, None))),
+                None => {
+                    let out = dec
+                        .try_finish()
+                        .map(|()| Bytes::from(std::mem::take(dec.get_mut())))
+                        .map_err(|e| format!("gzip body: {e}"));
+                    Some((out, (inner, None)))
+                }
+            }
+        },
+    ))
+}
+
+pub async fn upload(
+    t: Target,
+    q: Params,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<axum::Json<Vec<Value>>, HttpError> {
+    if headers
+        .keys()
+        .any(|k| k.as_str().starts_with("x-metadata-"))
+    {
+        return Err(HttpError::bad_request(
+            "file metadata (X-Metadata-* headers, stored as xattrs by E2B) is not supported by koder-sandbox",
+        ));
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let gzip = match headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+    {
+        None | Some("identity") => false,
+        Some(e) if e.eq_ignore_ascii_case("gzip") => true,
+        Some(other) => {
+            return Err(HttpError::bad_request(format!(
+                "Content-Encoding {other:?} is not supported; use gzip or none"
+            )))
+        }
+    };
+    if content_type.starts_with("multipart/form-data") {
+        if gzip {
+            return Err(HttpError::bad_request(
+                "gzip applies to octet-stream uploads, not multipart",
+            ));
+        }
+        let boundary = multer::parse_boundary(content_type)
+            .map_err(|e| HttpError::bad_request(format!("multipart: {e}")))?;
+        return upload_multipart(t, q, boundary, body).await.map(axum::Json);
+    }
+    let path = path_param(&t, &q)?;
+    let declared = if gzip {
+        None
+    } else {
+        headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let stream = body.into_data_stream();
+    let entry = if gzip {
+        store(&t, &path, declared, gunzip_stream(stream)).await?
+    } else {
+        store(&t, &path, declared, stream).await?
+    };
+    Ok(axum::Json(vec![entry]))
+}
+
+/// Each `file` part is one file: the `path` parameter names the first, the part's filename
+/// (relative to the user's home when not absolute) every other.
+async fn upload_multipart(
+    t: Target,
+    q: Params,
+    boundary: String,
+    body: Body,
+) -> Result<Vec<Value>, HttpError> {
+    let mut parts = multer::Multipart::new(body.into_data_stream(), boundary);
+    let mut path_param = q.get("path").filter(|p| !p.is_empty()).cloned();
+    let mut written = Vec::new();
+    while let Some(field) = parts
+        .next_field()
+        .await
+        .map_err(|e| HttpError::bad_request(format!("multipart: {e}")))?
+    {
+        if field.name() != Some("file") {
+            continue;
+        }
+        let target = match (path_param.take(), field.file_name()) {
+            (Some(p), _) => p,
+            (None, Some(name)) if !name.is_empty() => name.to_string(),
+            _ => {
+                return Err(HttpError::bad_request(
+                    "a multipart file part needs a filename (its path in the sandbox)",
+                ))
+            }
+        };
+        let path = t.user.resolve(&target);
+        written.push(store(&t, &path, None, Box::pin(field)).await?);
+    }
+    if written.is_empty() {
+        return Err(HttpError::bad_request(
+            "the multipart body holds no file part",
+        ));
+    }
+    Ok(written)
+}
+
+async fn store<S, E>(
+    t: &Target,
+    path: &str,
+    declared: Option<u64>,
+    body: S,
+) -> Result<Value, HttpError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let created = missing_ancestors(t, path).await?;
+    let entry = t
+        .e2b
+        .manager()
+        .upload(&t.who, &t.id, path, declared, body)
+        .await
+        .map_err(http_error)?;
+    let mut mine = vec![entry.path.clone()];
+    mine.extend(created);
+    give_to_user(t, &mine).await?;
+    Ok(json!({"name": entry.name, "type": "file", "path": entry.path}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flate2::read::GzDecoder as ReadDecoder;
+    use std::io::Read;
+
+    #[tokio::test]
+    async fn gzip_round_trip_through_the_streams() {
+        let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+            Ok(Bytes::from_static(b"hello ")),
+            Ok(Bytes::from_static(b"world")),
+        ];
+        let zipped: Vec<u8> = gzip_stream(futures::stream::iter(chunks))
+            .map(|c| c.unwrap())
+            .collect::<Vec<_>>()
+            .await
+            .concat();
+        let mut plain = String::new();
+        ReadDecoder::new(&zipped[..])
+            .read_to_string(&mut plain)
+            .unwrap();
+        assert_eq!(plain, "hello world");
+        let split: Vec<Result<Bytes, String>> = zipped
+            .chunks(3)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        let back: Vec<u8> = gunzip_stream(futures::stream::iter(split))
+            .map(|c| c.unwrap())
+            .collect::<Vec<_>>()
+            .await
+            .concat();
+        assert_eq!(back, b"hello world");
+    }
+
+    #[tokio::test]
+    async fn corrupt_or_truncated_gzip_fails() {
+        for body in [b"not gzip at all".to_vec(), {
+            let mut e = GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            e.write_all(b"some data here").unwrap();
+            let full = e.finish().unwrap();
+            full[..full.len() - 6].to_vec()
+        }] {
+            let items: Vec<Result<Bytes, String>> = vec![Ok(Bytes::from(body))];
+            let results: Vec<_> = gunzip_stream(futures::stream::iter(items)).collect().await;
+            assert!(results.iter().any(|r| r.is_err()), "{results:?}");
+        }
+    }
+
+    #[test]
+    fn rpc_errors_become_file_errors() {
+        let e: HttpError = RpcError::new(Code::NotFound, "x").into();
+        assert_eq!(e.status.as_u16(), 404);
+        let e: HttpError = RpcError::new(Code::ResourceExhausted, "full").into();
+        assert_eq!(e.status.as_u16(), 507);
+        assert_eq!(urlencode("a b/ü.txt"), "a%20b%2F%C3%BC.txt");
+    }
+}

@@ -1,0 +1,221 @@
+//! The code interpreter of `e2b-code-interpreter` (sandbox port 49999) over the manager's
+//! contexts: `POST /execute` answers NDJSON, `/contexts` manages contexts.
+//!
+//! A run's output is sent when the run ends: the manager's context runs are not streamed.
+
+use axum::body::Body;
+use axum::extract::Path;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::Router;
+use koder_agent_protocol::{ContextInfo, RichResult};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::envd::{LooseTarget, Target};
+use crate::error::HttpError;
+use crate::E2b;
+
+/// Where contexts run: the agent's working directory of jail sandboxes (contexts take no cwd).
+pub const CONTEXT_CWD: &str = "/workspace";
+/// E2B's default limit of one run (the SDK's `DEFAULT_TIMEOUT`), within the server maximum.
+const RUN_TIMEOUT_MS: u64 = 300_000;
+const MAX_BODY: usize = 1 << 20;
+
+pub fn router() -> Router<E2b> {
+    Router::new()
+        .route("/health", get(|| async { StatusCode::NO_CONTENT }))
+        .route("/execute", post(execute))
+        .route("/contexts", post(create_context).get(list_contexts))
+        .route("/contexts/{cid}", delete(delete_context))
+        .route("/contexts/{cid}/restart", post(restart_context))
+        .fallback(|| async { HttpError::not_found("no such code-interpreter endpoint") })
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ExecuteRequest {
+    code: String,
+    context_id: Option<String>,
+    language: Option<String>,
+    env_vars: Option<std::collections::BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CreateContextRequest {
+    language: Option<String>,
+    cwd: Option<String>,
+}
+
+async fn json_body<T: for<'de> Deserialize<'de> + Default>(body: Body) -> Result<T, HttpError> {
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| HttpError::new(413, format!("request body larger than {MAX_BODY} bytes")))?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&bytes).map_err(|e| HttpError::bad_request(format!("invalid JSON: {e}")))
+}
+
+/// The manager's language for an E2B one: Python and JavaScript have interpreters.
+fn language(name: Option<&str>) -> Result<&'static str, HttpError> {
+    match name.unwrap_or("python") {
+        "python" | "python3" | "py" => Ok("python"),
+        "js" | "javascript" | "node" | "nodejs" => Ok("node"),
+        other => Err(HttpError::bad_request(format!(
+            "language {other:?} is not available; python or javascript"
+        ))),
+    }
+}
+
+fn e2b_language(lang: &str) -> &str {
+    match lang {
+        "node" => "javascript",
+        other => other,
+    }
+}
+
+fn context_json(c: &ContextInfo) -> Value {
+    json!({"id": c.context_id, "language": e2b_language(&c.language), "cwd": CONTEXT_CWD})
+}
+
+async fn execute(t: Target, body: Body) -> Result<Response, HttpError> {
+    let req: ExecuteRequest = json_body(body).await?;
+    if req.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
+        return Err(HttpError::bad_request(
+            "env_vars per run are not supported by koder-sandbox contexts; set envs when creating the sandbox",
+        ));
+    }
+    let m = t.e2b.manager();
+    let cid = match (req.context_id, language(req.language.as_deref())?) {
+        (Some(cid), _) => cid,
+        (None, "python") => "default".to_string(),
+        (None, lang) => {
+            // One default context per language and sandbox, made on first use.
+            let mut slot = t.ctx.js_context.lock().await;
+            match slot.as_ref() {
+                Some(cid) => cid.clone(),
+                None => {
+                    let info = m.create_context(&t.who, &t.id, lang).await?;
+                    *slot = Some(info.context_id.clone());
+                    info.context_id
+                }
+            }
+        }
+    };
+    let limit = RUN_TIMEOUT_MS.min(t.e2b.sessions_cfg().max_exec_timeout_ms);
+    let run = m
+        .run_in_context(&t.who, &t.id, &cid, req.code, Some(limit))
+        .await?;
+    let now = || chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default();
+    let mut lines: Vec<Value> = Vec::new();
+    if !run.stdout.is_empty() {
+        lines.push(json!({"type": "stdout", "text": run.stdout, "timestamp": now()}));
+    }
+    if !run.stderr.is_empty() {
+        lines.push(json!({"type": "stderr", "text": run.stderr, "timestamp": now()}));
+    }
+    lines.extend(run.results.iter().map(result_line));
+    if let Some(e) = &run.error {
+        lines.push(
+            json!({"type": "error", "name": e.name, "value": e.value, "traceback": e.traceback}),
+        );
+    }
+    lines.push(json!({"type": "number_of_executions", "execution_count": run.execution_count}));
+    lines.push(json!({"type": "end_of_execution"}));
+    let mut out = String::new();
+    for l in lines {
+        out.push_str(&l.to_string());
+        out.push('\n');
+    }
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], out).into_response())
+}
+
+fn result_line(r: &RichResult) -> Value {
+    let mut v = json!({"type": "result", "is_main_result": r.is_main_result});
+    let fields = [
+        ("text", &r.text),
+        ("html", &r.html),
+        ("markdown", &r.markdown),
+        ("png", &r.png),
+        ("svg", &r.svg),
+    ];
+    for (k, val) in fields {
+        if let Some(s) = val {
+            v[k] = s.clone().into();
+        }
+    }
+    // The interpreter serialised it; text that does not parse is left out, not passed on.
+    if let Some(j) = r
+        .json
+        .as_deref()
+        .and_then(|j| serde_json::from_str::<Value>(j).ok())
+    {
+        v["json"] = j;
+    }
+    v
+}
+
+async fn create_context(
+    LooseTarget(t): LooseTarget,
+    body: Body,
+) -> Result<axum::Json<Value>, HttpError> {
+    let req: CreateContextRequest = json_body(body).await?;
+    if let Some(cwd) = req.cwd.as_deref().filter(|c| *c != CONTEXT_CWD) {
+        return Err(HttpError::bad_request(format!(
+            "contexts run in {CONTEXT_CWD}; cwd {cwd:?} is not supported"
+        )));
+    }
+    let lang = language(req.language.as_deref())?;
+    let info = t.e2b.manager().create_context(&t.who, &t.id, lang).await?;
+    Ok(axum::Json(context_json(&info)))
+}
+
+async fn list_contexts(LooseTarget(t): LooseTarget) -> Result<axum::Json<Vec<Value>>, HttpError> {
+    let all = t.e2b.manager().list_contexts(&t.who, &t.id).await?;
+    Ok(axum::Json(all.iter().map(context_json).collect()))
+}
+
+async fn delete_context(
+    LooseTarget(t): LooseTarget,
+    Path(cid): Path<String>,
+) -> Result<StatusCode, HttpError> {
+    t.e2b.manager().delete_context(&t.who, &t.id, &cid).await?;
+    let mut js = t.ctx.js_context.lock().await;
+    if js.as_deref() == Some(cid.as_str()) {
+        *js = None;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn restart_context(
+    LooseTarget(t): LooseTarget,
+    Path(cid): Path<String>,
+) -> Result<StatusCode, HttpError> {
+    t.e2b.manager().restart_context(&t.who, &t.id, &cid).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn languages_and_results() {
+        assert_eq!(language(None).unwrap(), "python");
+        assert_eq!(language(Some("js")).unwrap(), "node");
+        assert_eq!(language(Some("r")).unwrap_err().status.as_u16(), 400);
+        let r = RichResult {
+            is_main_result: true,
+            text: Some("2".into()),
+            json: Some("{\"a\": 1}".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            result_line(&r),
+            json!({"type": "result", "is_main_result": true, "text": "2", "json": {"a": 1}})
+        );
+    }
+}

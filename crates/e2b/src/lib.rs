@@ -1,0 +1,143 @@
+//! E2B compatibility (`../shared/E2B-COMPAT.md`): existing E2B code runs against koder-sandbox
+//! by pointing `E2B_API_URL` and `E2B_SANDBOX_URL` at the daemon and using a koder-sandbox key
+//! as `E2B_API_KEY`.
+//!
+//! Three surfaces share the daemon's HTTP port, all thin adapters over the session manager:
+//! - the control plane (`/sandboxes`, `/v2/sandboxes`, authenticated by `X-API-KEY`), where an
+//!   E2B sandbox is a koder-sandbox session of the same tenant ([`control`]);
+//! - envd, the in-sandbox agent E2B's SDK talks to, for requests carrying `E2b-Sandbox-Id`
+//!   and `E2b-Sandbox-Port: 49983`: Connect RPC process and filesystem services ([`process`],
+//!   [`filesystem`]) and the `/files` and `/health` endpoints ([`files`]);
+//! - the code interpreter on port 49999 (`/execute`, `/contexts`) ([`interpreter`]).
+
+pub mod connect;
+pub mod control;
+mod envd;
+mod error;
+mod files;
+mod filesystem;
+mod interpreter;
+mod process;
+mod proto;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use koder_http::AppState;
+use koder_sessions::{Manager, SessionConfig};
+use tower::ServiceExt as _;
+
+pub use error::HttpError;
+
+/// The port of envd inside an E2B sandbox, named by `E2b-Sandbox-Port`.
+pub const ENVD_PORT: &str = "49983";
+/// The port of the code interpreter inside an E2B sandbox.
+pub const INTERPRETER_PORT: &str = "49999";
+/// What envd version the SDK is told: 0.6.4 unlocks every feature the SDK gates on a version
+/// (stdin control, octet-stream uploads, recursive watch, entry info in watch events).
+pub const ENVD_VERSION: &str = "0.6.4";
+
+/// The E2B adapter's state: the native API's state plus what only E2B needs.
+#[derive(Clone)]
+pub struct E2b {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    app: AppState,
+    sessions: SessionConfig,
+    /// Keys the derivation of per-sandbox envd access tokens; new at every start, so tokens of
+    /// a previous run (whose sandboxes are gone anyway) never verify.
+    token_secret: [u8; 32],
+    /// Per-sandbox envd state: processes started through E2B, watchers, interpreter contexts.
+    sandboxes: Mutex<HashMap<String, Arc<envd::SandboxCtx>>>,
+    /// The previous CPU reading per sandbox, so a metrics sample reports current use.
+    cpu_samples: Mutex<HashMap<String, control::CpuSample>>,
+}
+
+impl E2b {
+    /// `sessions` is the configuration the manager runs with (timeouts the E2B defaults map to).
+    pub fn new(app: AppState, sessions: SessionConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                app,
+                sessions,
+                token_secret: rand::random(),
+                sandboxes: Mutex::default(),
+                cpu_samples: Mutex::default(),
+            }),
+        }
+    }
+
+    pub(crate) fn manager(&self) -> &Arc<Manager> {
+        &self.inner.app.manager
+    }
+
+    pub(crate) fn app(&self) -> &AppState {
+        &self.inner.app
+    }
+
+    pub(crate) fn sessions_cfg(&self) -> &SessionConfig {
+        &self.inner.sessions
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Adds the E2B surfaces to the native router: the control-plane paths beside the native
+/// ones, and every request carrying `E2b-Sandbox-Id` diverted to envd or the interpreter
+/// (those paths, `/files` or `/health`, would otherwise be the native API's 404).
+pub fn mount(native: Router, e2b: E2b) -> Router {
+    let dispatch = Dispatch {
+        envd: envd::router().with_state(e2b.clone()),
+        interpreter: interpreter::router().with_state(e2b.clone()),
+    };
+    native
+        .merge(control::router().with_state(e2b))
+        .layer(axum::middleware::from_fn_with_state(
+            dispatch,
+            by_sandbox_header,
+        ))
+}
+
+#[derive(Clone)]
+struct Dispatch {
+    envd: Router,
+    interpreter: Router,
+}
+
+async fn by_sandbox_header(State(d): State<Dispatch>, req: Request, next: Next) -> Response {
+    if !req.headers().contains_key(envd::SANDBOX_ID_HEADER) {
+        return next.run(req).await;
+    }
+    let port = req
+        .headers()
+        .get(envd::SANDBOX_PORT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or(ENVD_PORT)
+        .to_string();
+    let router = match port.as_str() {
+        ENVD_PORT => d.envd,
+        INTERPRETER_PORT => d.interpreter,
+        // Other in-sandbox ports would need a proxy to arbitrary ports, which sessions do not
+        // offer (the native preview proxy reaches one upstream). The SDK maps this message to
+        // "sandbox running, port not open".
+        other => {
+            return HttpError::new(
+                502,
+                format!("The sandbox is running but port is not open: koder-sandbox serves only ports {ENVD_PORT} and {INTERPRETER_PORT} through E2B routing, not {other}"),
+            )
+            .into_response()
+        }
+    };
+    match router.oneshot(req).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
+    }
+}

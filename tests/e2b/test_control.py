@@ -1,0 +1,150 @@
+"""Control plane: create/connect/kill/timeout/info/list (metadata, paging), pause and connect,
+metrics, errors in E2B's shape, tenancy, network."""
+
+import datetime
+import uuid
+
+import pytest
+from e2b import (AuthenticationException, NotFoundException, Sandbox, SandboxException,
+                 SandboxQuery, SandboxState)
+
+from conftest import OTHER_KEY, envd
+
+
+def test_list_filters_by_metadata_and_pages(fresh):
+    tag = uuid.uuid4().hex
+    a = fresh(metadata={"run": tag, "role": "a"})
+    b = fresh(metadata={"run": tag, "role": "b & c"})
+    fresh(metadata={"run": "someone-else"})
+    found = Sandbox.list(query=SandboxQuery(metadata={"run": tag})).next_items()
+    assert {s.sandbox_id for s in found} == {a.sandbox_id, b.sandbox_id}
+    assert {s.metadata["role"] for s in found} == {"a", "b & c"}
+    assert all(s.state == SandboxState.RUNNING and s.template_id == "base" for s in found)
+    only_b = Sandbox.list(query=SandboxQuery(metadata={"run": tag, "role": "b & c"})).next_items()
+    assert [s.sandbox_id for s in only_b] == [b.sandbox_id]
+    pages = Sandbox.list(query=SandboxQuery(metadata={"run": tag}), limit=1)
+    first = pages.next_items()
+    assert pages.has_next
+    second = pages.next_items()
+    assert [len(first), len(second)] == [1, 1]
+    assert {first[0].sandbox_id, second[0].sandbox_id} == {a.sandbox_id, b.sandbox_id}
+    assert not pages.has_next or pages.next_items() == []
+
+
+def test_timeout_and_info(fresh):
+    sb = fresh(timeout=60)
+    info = sb.get_info()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert 50 < (info.end_at - now).total_seconds() <= 61
+    sb.set_timeout(600)
+    info = sb.get_info()
+    assert 590 < (info.end_at - now).total_seconds() <= 601
+    assert info.memory_mb > 0 and info.cpu_count >= 1
+    assert info.envd_version == "0.6.4"
+
+
+def test_metrics(sandbox):
+    sandbox.commands.run("python3 -c 'sum(range(3_000_000))'")
+    [m] = sandbox.get_metrics()
+    assert m.cpu_count >= 1
+    assert 0 <= m.cpu_used_pct <= 100
+    assert 0 < m.mem_used <= m.mem_total
+    assert 0 < m.disk_used <= m.disk_total
+    assert abs(m.timestamp.timestamp() - datetime.datetime.now().timestamp()) < 60
+
+
+def test_pause_connect_resumes(fresh):
+    sb = fresh()
+    sb.files.write("state.txt", "kept")
+    assert sb.pause() is True
+    assert sb.get_info().state == SandboxState.PAUSED
+    assert Sandbox.pause(sb.sandbox_id) is False, "pausing twice is E2B's 409"
+    paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+    assert sb.sandbox_id in {s.sandbox_id for s in paused}
+    again = Sandbox.connect(sb.sandbox_id, timeout=120)
+    assert again.get_info().state == SandboxState.RUNNING
+    assert again.commands.run("cat state.txt").stdout == "kept"
+
+
+def test_kill_twice(fresh):
+    sb = fresh()
+    assert sb.kill() is True
+    assert Sandbox.kill(sb.sandbox_id) is False
+    assert sb.is_running() is False
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sb.sandbox_id)
+    with pytest.raises(Exception) as e:
+        sb.commands.run("true")
+    assert "was not found" in str(e.value)
+
+
+def test_unknown_template_is_400_in_e2b_shape(api):
+    r = api.post("/v2/sandboxes", json={"templateID": "desktop"})
+    assert r.status_code == 400
+    body = r.json()
+    assert body["code"] == 400 and "desktop" in body["message"]
+    with pytest.raises(SandboxException) as e:
+        Sandbox.create(template="no-such-template")
+    assert "no-such-template" in str(e.value)
+
+
+def test_bad_key_and_other_tenant(sandbox, api):
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="e2b_" + "0" * 40).next_items()
+    r = api.get("/v2/sandboxes", headers={"X-API-KEY": "nope"})
+    assert (r.status_code, r.json()["code"]) == (401, 401)
+    theirs = Sandbox.list(api_key=OTHER_KEY).next_items()
+    assert sandbox.sandbox_id not in {s.sandbox_id for s in theirs}
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sandbox.sandbox_id, api_key=OTHER_KEY)
+    assert Sandbox.kill(sandbox.sandbox_id, api_key=OTHER_KEY) is False
+    assert sandbox.is_running()
+
+
+def test_no_internet_means_network_none(fresh):
+    sb = fresh(allow_internet_access=False)
+    assert sb.get_info().allow_internet_access is False
+    assert sb.commands.run("ls /sys/class/net").stdout.split() == ["lo"]
+
+
+def test_internet_access_is_answered_honestly(fresh):
+    try:
+        sb = fresh(allow_internet_access=True)
+    except SandboxException as e:
+        # koder-sandbox refuses a network mode it cannot provide, saying so.
+        assert "network mode" in str(e).lower(), str(e)
+        return
+    assert sb.get_info().allow_internet_access is True
+
+
+def test_envd_requires_the_access_token(sandbox):
+    with envd(sandbox, token=False) as c:
+        r = c.get("/health")
+        assert (r.status_code, r.json()["code"]) == (401, 401)
+    with envd(sandbox) as c:
+        assert c.get("/health").status_code == 204
+        r = c.get("/health", headers={"X-Access-Token": "wrong"})
+        assert r.status_code == 401
+
+
+def test_legacy_endpoints(api):
+    r = api.post("/sandboxes", json={"templateID": "base", "metadata": {"gen": "old"}})
+    assert r.status_code == 201
+    sb = r.json()
+    assert sb["templateID"] == "base" and sb["envdVersion"] and sb["envdAccessToken"]
+    sid = sb["sandboxID"]
+    try:
+        assert sid in {s["sandboxID"] for s in api.get("/sandboxes").json()}
+        assert api.post(f"/sandboxes/{sid}/refreshes", json={"duration": 100}).status_code == 204
+        assert api.post(f"/sandboxes/{sid}/resume", json={}).status_code == 409
+        assert api.post(f"/sandboxes/{sid}/pause").status_code == 204
+        r = api.post(f"/sandboxes/{sid}/resume", json={"timeout": 100})
+        assert r.status_code == 201 and r.json()["sandboxID"] == sid
+        r = api.post(f"/v2/sandboxes/{sid}/connect", json={"timeout": 50})
+        assert r.status_code == 200
+        assert api.get(f"/sandboxes/{sid}").json()["state"] == "running"
+    finally:
+        assert api.delete(f"/sandboxes/{sid}").status_code == 204
+    r = api.delete(f"/sandboxes/{sid}")
+    assert (r.status_code, r.json()["code"]) == (404, 404)
+    assert api.post(f"/v2/sandboxes/{sid}/connect", json={}).status_code == 404

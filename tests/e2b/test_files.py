@@ -1,0 +1,140 @@
+"""files: write (str, bytes, stream, gzip, several), read (text, bytes, stream), list with
+depth, exists, get_info, make_dir, rename, remove, watch (sync and async)."""
+
+import asyncio
+import io
+import time
+
+import pytest
+from e2b import AsyncSandbox, FileNotFoundException, FileType
+from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+
+
+def test_write_and_read_text_and_bytes(sandbox):
+    info = sandbox.files.write("notes/hello.txt", "héllo\n")
+    assert (info.name, info.path, info.type) == ("hello.txt", "/home/user/notes/hello.txt", FileType.FILE)
+    assert sandbox.files.read("notes/hello.txt") == "héllo\n"
+    blob = bytes(range(256)) * 100
+    sandbox.files.write("/tmp/blob.bin", blob)
+    assert sandbox.files.read("/tmp/blob.bin", format="bytes") == bytearray(blob)
+
+
+def test_stream_write_and_stream_read(sandbox):
+    data = b"0123456789" * 50_000
+    sandbox.files.write("big.bin", io.BytesIO(data))
+    got = b"".join(sandbox.files.read("big.bin", format="stream"))
+    assert got == data
+
+
+def test_gzip_both_ways(sandbox):
+    text = "compress me " * 1000
+    sandbox.files.write("z.txt", text, gzip=True)
+    assert sandbox.files.read("z.txt", gzip=True) == text
+    assert sandbox.commands.run("wc -c < z.txt").stdout.strip() == str(len(text))
+
+
+def test_write_several_files_multipart(sandbox):
+    infos = sandbox.files.write_files([
+        {"path": "multi/a.txt", "data": "A"},
+        {"path": "/tmp/multi-b.txt", "data": b"B"},
+    ])
+    assert [i.path for i in infos] == ["/home/user/multi/a.txt", "/tmp/multi-b.txt"]
+    assert sandbox.commands.run("cat multi/a.txt /tmp/multi-b.txt").stdout == "AB"
+
+
+def test_written_files_belong_to_the_user(sandbox):
+    sandbox.files.write("owned/deep/file.txt", "x")
+    r = sandbox.commands.run("stat -c %U owned owned/deep owned/deep/file.txt; echo more >> owned/deep/file.txt; cat owned/deep/file.txt")
+    assert r.stdout == "user\nuser\nuser\nxmore\n"
+    sandbox.files.write("/tmp/rootfile.txt", "r", user="root")
+    assert sandbox.commands.run("stat -c %U /tmp/rootfile.txt").stdout == "root\n"
+
+
+def test_list_with_depth_exists_and_info(sandbox):
+    sandbox.files.write("tree/a/b/c.txt", "c")
+    sandbox.files.write("tree/top.txt", "top")
+    one = {e.path: e for e in sandbox.files.list("tree")}
+    assert set(one) == {"/home/user/tree/a", "/home/user/tree/top.txt"}
+    assert one["/home/user/tree/a"].type == FileType.DIR
+    assert one["/home/user/tree/top.txt"].size == 3
+    deep = {e.path for e in sandbox.files.list("tree", depth=3)}
+    assert "/home/user/tree/a/b/c.txt" in deep and "/home/user/tree/a/b" in deep
+    assert sandbox.files.exists("tree/a/b/c.txt") is True
+    assert sandbox.files.exists("tree/nope") is False
+    info = sandbox.files.get_info("tree/top.txt")
+    assert (info.name, info.type, info.size, info.mode, info.permissions) == \
+        ("top.txt", FileType.FILE, 3, 0o644, "-rw-r--r--")
+    assert abs(info.modified_time.timestamp() - time.time()) < 120
+    d = sandbox.files.get_info("tree")
+    assert d.type == FileType.DIR and d.permissions.startswith("d")
+    assert sandbox.files.get_info("/").type == FileType.DIR
+
+
+def test_make_dir_rename_remove(sandbox):
+    assert sandbox.files.make_dir("made/x/y") is True
+    assert sandbox.files.make_dir("made/x/y") is False
+    assert sandbox.commands.run("stat -c %U made/x/y; touch made/x/y/ok && echo ok").stdout == "user\nok\n"
+    sandbox.files.write("made/x/y/f.txt", "f")
+    moved = sandbox.files.rename("made/x/y/f.txt", "made/g.txt")
+    assert moved.path == "/home/user/made/g.txt" and moved.type == FileType.FILE
+    assert sandbox.files.read("made/g.txt") == "f"
+    assert sandbox.files.exists("made/x/y/f.txt") is False
+    sandbox.files.remove("made")
+    assert sandbox.files.exists("made") is False
+
+
+def test_missing_files_raise(sandbox):
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.read("does/not/exist.txt")
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.get_info("does/not/exist.txt")
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.list("does/not")
+
+
+def test_watch_sync(sandbox):
+    sandbox.files.make_dir("watched")
+    w = sandbox.files.watch_dir("watched", recursive=True)
+    try:
+        sandbox.files.write("watched/new.txt", "1")
+        sandbox.commands.run("mkdir -p watched/sub && echo x > watched/sub/inner.txt && mv watched/new.txt watched/renamed.txt")
+        seen = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            seen += [(e.name, e.type) for e in w.get_new_events()]
+            if ("renamed.txt", FilesystemEventType.CREATE) in seen and any(n == "sub/inner.txt" for n, _ in seen):
+                break
+            time.sleep(0.2)
+        assert ("new.txt", FilesystemEventType.CREATE) in seen, seen
+        assert ("new.txt", FilesystemEventType.RENAME) in seen, seen
+        assert ("renamed.txt", FilesystemEventType.CREATE) in seen, seen
+        assert any(n == "sub/inner.txt" for n, _ in seen), seen
+    finally:
+        w.stop()
+    with pytest.raises(Exception):
+        w.get_new_events()
+
+
+async def test_watch_async(sandbox):
+    sb = await AsyncSandbox.connect(sandbox.sandbox_id)
+    await sb.files.make_dir("awatched")
+    events = []
+    got_it = asyncio.Event()
+
+    def on_event(e):
+        events.append((e.name, e.type))
+        if e.name == "a.txt" and e.type == FilesystemEventType.WRITE:
+            got_it.set()
+
+    handle = await sb.files.watch_dir("awatched", on_event=on_event)
+    try:
+        await sb.commands.run("echo data > awatched/a.txt")
+        await asyncio.wait_for(got_it.wait(), 10)
+        assert ("a.txt", FilesystemEventType.CREATE) in events
+    finally:
+        await handle.stop()
+
+
+def test_watch_missing_dir_fails(sandbox):
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.watch_dir("no/such/dir")
