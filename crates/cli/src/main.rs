@@ -102,6 +102,8 @@ enum Command {
     Logs(LogsArgs),
     /// Print file events below a directory in a session as they happen.
     Watch(WatchArgs),
+    /// The network audit log: every connection attempt and lookup of your sandboxes.
+    Audit(AuditArgs),
     /// Operator commands; need an admin key (--api-key or KSANDBOX_ADMIN_KEY).
     Admin(AdminArgs),
 }
@@ -123,6 +125,23 @@ struct LogsArgs {
     /// List the session's followed execs instead.
     #[arg(long, conflicts_with = "exec_id")]
     list: bool,
+    #[command(flatten)]
+    c: LocalOpts,
+}
+
+#[derive(Debug, Args)]
+struct AuditArgs {
+    /// Only this session's attempts.
+    #[arg(long)]
+    session: Option<String>,
+    /// Only refused attempts.
+    #[arg(long, conflicts_with = "allowed")]
+    denied: bool,
+    /// Only allowed attempts.
+    #[arg(long)]
+    allowed: bool,
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
     #[command(flatten)]
     c: LocalOpts,
 }
@@ -528,6 +547,29 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Attach(a) => cmd_shell(Ctx::new(g, &a.c)?, &a.session, &a.cmd).await,
         Command::Logs(a) => cmd_logs(Ctx::new(g, &a.c)?, a).await,
         Command::Watch(a) => cmd_watch(Ctx::new(g, &a.c)?, a).await,
+        Command::Audit(a) => {
+            let ctx = Ctx::new(g, &a.c)?;
+            let verdict = (a.allowed || a.denied).then_some(a.allowed);
+            let page = ctx.client.network_audit(a.session.as_deref(), verdict, None, a.limit).await?;
+            if ctx.json {
+                println!("{}", serde_json::to_string(&page)?);
+            } else {
+                for e in page.entries {
+                    let verdict = if e.allowed { "allow" } else { "deny " };
+                    let name = e.name.map(|n| format!(" ({n})")).unwrap_or_default();
+                    println!(
+                        "{}\t{verdict}\t{}\t{}:{}{name}\t{}\t{}",
+                        e.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                        e.proto,
+                        e.dest,
+                        e.port,
+                        e.session_id,
+                        e.reason
+                    );
+                }
+            }
+            Ok(0)
+        }
         Command::Health(a) => {
             let ctx = Ctx::new(g, &a.c)?;
             let ok = ctx.client.health().await;

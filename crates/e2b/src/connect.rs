@@ -454,13 +454,16 @@ pub fn stream_response() -> (Sink, Response) {
 }
 
 /// A streaming call that failed before its first message: 200 with only the end envelope.
+/// The request body may be left unread, so the connection is not reused.
 pub fn stream_error(err: RpcError) -> Response {
-    (
+    let mut resp = (
         StatusCode::OK,
         [(header::CONTENT_TYPE, STREAM_CONTENT_TYPE)],
         end_frame(Some(&err)),
     )
-        .into_response()
+        .into_response();
+    crate::close_connection(&mut resp);
+    resp
 }
 
 #[cfg(test)]

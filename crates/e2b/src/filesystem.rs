@@ -24,6 +24,8 @@ use crate::proto::{
 /// Events a polled watcher keeps between two polls (older ones are dropped).
 const MAX_WATCHER_EVENTS: usize = 10_000;
 const WATCH_KEEPALIVE: Duration = Duration::from_secs(50);
+/// Names of the agent's in-progress uploads (koder-agent's `TEMP_PREFIX`).
+const UPLOAD_TEMP_PREFIX: &str = ".koder-upload-";
 
 pub async fn rpc(
     Path(method): Path<String>,
@@ -384,6 +386,13 @@ async fn relay_watch(sink: Sink, root: String, mut stream: AgentStream) {
 /// envd's (fsnotify's) events for one agent event: names relative to the watched directory;
 /// a rename is RENAME of the old name and CREATE of the new one.
 fn fs_events(root: &str, kind: FsEventKind, path: &str, from: Option<&str>) -> Vec<Value> {
+    // The agent writes uploads to a hidden temporary file renamed into place: envd writes
+    // in place, so only the final name is reported.
+    let temp = |p: &str| p.rsplit('/').next().unwrap_or(p).starts_with(UPLOAD_TEMP_PREFIX);
+    if temp(path) {
+        return Vec::new();
+    }
+    let from = from.filter(|f| !temp(f));
     let rel = |p: &str| -> String {
         let prefix = if root == "/" {
             "/".to_string()
@@ -426,6 +435,9 @@ mod tests {
         );
         let evs = fs_events("/", FsEventKind::Modified, "/x", None);
         assert_eq!(evs[0]["name"], "x");
+        assert!(fs_events("/d", FsEventKind::Created, "/d/.koder-upload-1-0-ab", None).is_empty());
+        let evs = fs_events("/d", FsEventKind::Renamed, "/d/f", Some("/d/.koder-upload-1-0-ab"));
+        assert_eq!(evs, vec![json!({"name": "f", "type": "EVENT_TYPE_CREATE"})]);
         let evs = fs_events("/d", FsEventKind::Renamed, "/d/new", Some("/d/old"));
         assert_eq!(
             evs,

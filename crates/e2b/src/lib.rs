@@ -136,8 +136,21 @@ async fn by_sandbox_header(State(d): State<Dispatch>, req: Request, next: Next) 
             .into_response()
         }
     };
-    match router.oneshot(req).await {
+    let mut resp = match router.oneshot(req).await {
         Ok(resp) => resp,
         Err(never) => match never {},
+    };
+    if resp.status().is_client_error() || resp.status().is_server_error() {
+        close_connection(&mut resp);
     }
+    resp
+}
+
+/// An answer given before the request body was read leaves hyper unable to reuse the
+/// connection, and a client that reused it anyway would fail its next request: say so.
+pub(crate) fn close_connection(resp: &mut Response) {
+    resp.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
 }

@@ -184,6 +184,31 @@ impl Client {
         }
     }
 
+    /// The tenant's network audit log, newest first (`GET /v1/sandbox/audit/network`).
+    pub async fn network_audit(
+        &self,
+        session: Option<&str>,
+        allowed: Option<bool>,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<types::AuditPage> {
+        let mut url = self.url(&["v1", "sandbox", "audit", "network"])?;
+        {
+            let mut q = url.query_pairs_mut();
+            if let Some(s) = session {
+                q.append_pair("session_id", s);
+            }
+            if let Some(a) = allowed {
+                q.append_pair("allowed", if a { "true" } else { "false" });
+            }
+            if let Some(b) = before {
+                q.append_pair("before", &b.to_string());
+            }
+            q.append_pair("limit", &limit.to_string());
+        }
+        decode(self.send(self.request(Method::GET, url)).await?).await
+    }
+
     /// The session's dev server (`GET .../upstream`).
     pub async fn upstream(&self, id: &str) -> Result<Value> {
         let url = self.session_url(id, &["upstream"])?;
