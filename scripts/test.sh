@@ -8,3 +8,4 @@ scripts/setup.sh
 cargo build --workspace --bins --locked
 cargo test --workspace --locked
 target/debug/koder-bench --smoke  # benchmark harness end to end, tiny counts, no timing asserted
+scripts/e2b-tests.sh  # the real E2B SDKs from PyPI against the daemon (tests/e2b)

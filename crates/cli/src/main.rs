@@ -550,7 +550,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Audit(a) => {
             let ctx = Ctx::new(g, &a.c)?;
             let verdict = (a.allowed || a.denied).then_some(a.allowed);
-            let page = ctx.client.network_audit(a.session.as_deref(), verdict, None, a.limit).await?;
+            let page = ctx
+                .client
+                .network_audit(a.session.as_deref(), verdict, None, a.limit)
+                .await?;
             if ctx.json {
                 println!("{}", serde_json::to_string(&page)?);
             } else {

@@ -360,8 +360,13 @@ fn live_flow(daemon: &Daemon) {
     let _ = watch.kill();
     let _ = watch.wait();
     assert_eq!(line, "created\t/workspace/w\n");
-    let audit: serde_json::Value = serde_json::from_str(&cli.ok(&["audit", "--json", "--denied"]).stdout).expect("audit --json");
-    assert!(audit["entries"].as_array().is_some_and(|e| e.is_empty()), "sessions without network leave no audit: {audit}");
+    let audit: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["audit", "--json", "--denied"]).stdout)
+            .expect("audit --json");
+    assert!(
+        audit["entries"].as_array().is_some_and(|e| e.is_empty()),
+        "sessions without network leave no audit: {audit}"
+    );
     cli.ok(&["kill", &id]);
 }
 

@@ -533,9 +533,19 @@ async fn malformed_requests_get_typed_errors() {
             "SANDBOX-RUNTIME-UNAVAILABLE-001",
         ),
         (
-            json!({"network": {"mode": "open"}}),
-            501,
-            "SANDBOX-NOT-IMPLEMENTED",
+            json!({"network": {"mode": "none", "allow": ["example.com"]}}),
+            400,
+            "SANDBOX-INVALID-ARGUMENT",
+        ),
+        (
+            json!({"network": {"mode": "allowlist", "allow": ["not a host!"]}}),
+            400,
+            "SANDBOX-INVALID-ARGUMENT",
+        ),
+        (
+            json!({"network": {"mode": "sideways"}}),
+            400,
+            "SANDBOX-INVALID-ARGUMENT",
         ),
     ] {
         let (s, v) = d.json(Method::POST, S, body.clone()).await;

@@ -388,7 +388,12 @@ async fn relay_watch(sink: Sink, root: String, mut stream: AgentStream) {
 fn fs_events(root: &str, kind: FsEventKind, path: &str, from: Option<&str>) -> Vec<Value> {
     // The agent writes uploads to a hidden temporary file renamed into place: envd writes
     // in place, so only the final name is reported.
-    let temp = |p: &str| p.rsplit('/').next().unwrap_or(p).starts_with(UPLOAD_TEMP_PREFIX);
+    let temp = |p: &str| {
+        p.rsplit('/')
+            .next()
+            .unwrap_or(p)
+            .starts_with(UPLOAD_TEMP_PREFIX)
+    };
     if temp(path) {
         return Vec::new();
     }
@@ -436,7 +441,12 @@ mod tests {
         let evs = fs_events("/", FsEventKind::Modified, "/x", None);
         assert_eq!(evs[0]["name"], "x");
         assert!(fs_events("/d", FsEventKind::Created, "/d/.koder-upload-1-0-ab", None).is_empty());
-        let evs = fs_events("/d", FsEventKind::Renamed, "/d/f", Some("/d/.koder-upload-1-0-ab"));
+        let evs = fs_events(
+            "/d",
+            FsEventKind::Renamed,
+            "/d/f",
+            Some("/d/.koder-upload-1-0-ab"),
+        );
         assert_eq!(evs, vec![json!({"name": "f", "type": "EVENT_TYPE_CREATE"})]);
         let evs = fs_events("/d", FsEventKind::Renamed, "/d/new", Some("/d/old"));
         assert_eq!(
