@@ -72,3 +72,28 @@ def test_unknown_sandbox_is_502_was_not_found(sandbox):
         r = c.get("/health", headers={"E2b-Sandbox-Id": "0" * 32})
     assert r.status_code == 502
     assert "was not found" in r.json()["message"]
+
+
+def test_keepalives_while_a_process_is_quiet(sandbox):
+    req = {"process": {"cmd": "/bin/sleep", "args": ["2.5"]}}
+    headers = {**STREAM, "Keepalive-Ping-Interval": "1"}
+    with envd(sandbox) as c:
+        got = frames(c.post(START, content=envelope(req), headers=headers).content)
+    kinds = [next(iter(m["event"])) for flags, m in got if flags == 0]
+    assert kinds[0] == "start" and kinds[-1] == "end"
+    assert kinds.count("keepalive") >= 2, kinds
+    assert got[-1] == (2, {})
+
+
+def test_client_streaming_input(sandbox):
+    h = sandbox.commands.run("cat", background=True, stdin=True)
+    body = envelope({"start": {"process": {"pid": h.pid}}})
+    body += envelope({"data": {"input": {"stdin": "aGVsbG8K"}}}) + envelope({"keepalive": {}})
+    with envd(sandbox) as c:
+        r = c.post("/process.Process/StreamInput", content=body, headers=STREAM)
+        assert r.status_code == 200
+        assert frames(r.content) == [(0, {}), (2, {})]
+        r = c.post("/process.Process/StreamInput", content=envelope({"data": {}}), headers=STREAM)
+        assert frames(r.content)[0][1]["error"]["code"] == "invalid_argument"
+    sandbox.commands.close_stdin(h.pid)
+    assert h.wait().stdout == "hello\n"

@@ -16,8 +16,8 @@ use hickory_proto::rr::rdata::{A, AAAA};
 use hickory_proto::rr::{RData, Record, RecordType};
 use hickory_proto::serialize::binary::BinEncodable;
 use koder_agent_protocol::init::EGRESS_PORT;
-use koder_agent_protocol::{FromAgent, ToAgent, CHUNK_BYTES};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use koder_agent_protocol::{FromAgent, ToAgent};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{mpsc, oneshot};
 
@@ -235,7 +235,7 @@ pub async fn subscribe(egress: &Egress, mut rx: mpsc::Receiver<ToAgent>, out: Ou
 }
 
 /// `EgressAttach`: relays an allowed connection over this stream.
-pub async fn attach(egress: &Egress, conn: u64, mut rx: mpsc::Receiver<ToAgent>, out: Outbox) {
+pub async fn attach(egress: &Egress, conn: u64, rx: mpsc::Receiver<ToAgent>, out: Outbox) {
     let Some((stream, peeked)) = lock(&egress.conns).remove(&conn) else {
         let _ = out.send(FromAgent::Closed).await;
         return;
@@ -243,35 +243,7 @@ pub async fn attach(egress: &Egress, conn: u64, mut rx: mpsc::Receiver<ToAgent>,
     if !peeked.is_empty() && out.send(FromAgent::Stdout(peeked)).await.is_err() {
         return;
     }
-    let (mut r, mut w) = stream.into_split();
-    let mut buf = vec![0u8; CHUNK_BYTES];
-    let mut writing = true;
-    loop {
-        tokio::select! {
-            n = r.read(&mut buf) => match n {
-                Ok(n) if n > 0 => {
-                    if out.send(FromAgent::Stdout(buf[..n].to_vec())).await.is_err() {
-                        return;
-                    }
-                }
-                _ => break,
-            },
-            msg = rx.recv(), if writing => match msg {
-                Some(ToAgent::Stdin(data)) => {
-                    if w.write_all(&data).await.is_err() {
-                        break;
-                    }
-                }
-                Some(ToAgent::CloseStdin) => {
-                    writing = false;
-                    let _ = w.shutdown().await;
-                }
-                Some(ToAgent::Cancel) | None => return,
-                Some(_) => {}
-            }
-        }
-    }
-    let _ = out.send(FromAgent::Closed).await;
+    crate::net::splice(stream, rx, out).await;
 }
 
 /// Closes with RST so the client sees "connection refused/reset" at once.

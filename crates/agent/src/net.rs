@@ -36,7 +36,7 @@ fn parse_listening(table: &str) -> impl Iterator<Item = u16> + '_ {
     })
 }
 
-pub async fn relay(port: u16, mut rx: mpsc::Receiver<ToAgent>, out: Outbox) {
+pub async fn relay(port: u16, rx: mpsc::Receiver<ToAgent>, out: Outbox) {
     let conn = match connect(port).await {
         Ok(c) => c,
         Err(e) => {
@@ -47,6 +47,12 @@ pub async fn relay(port: u16, mut rx: mpsc::Receiver<ToAgent>, out: Outbox) {
     if out.send(FromAgent::Connected).await.is_err() {
         return;
     }
+    splice(conn, rx, out).await;
+}
+
+/// Relays a TCP connection over an agent stream: what the peer sends goes out as `Stdout`,
+/// `Stdin` is written to it, `CloseStdin` half-closes it, and `Closed` tells its end.
+pub(crate) async fn splice(conn: TcpStream, mut rx: mpsc::Receiver<ToAgent>, out: Outbox) {
     let (mut r, mut w) = conn.into_split();
     let mut buf = vec![0u8; CHUNK_BYTES];
     let mut writing = true;

@@ -10,7 +10,7 @@ use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 use chrono::{DateTime, SecondsFormat, Utc};
 use koder_api_types::{CreateSession, Network, NetworkMode, Session, SessionState};
@@ -57,17 +57,71 @@ pub fn template_of(language: &str) -> &str {
 }
 
 pub fn router() -> Router<E2b> {
-    Router::new()
-        .route("/sandboxes", post(create).get(list_v1))
-        .route("/v2/sandboxes", post(create).get(list_v2))
-        .route("/sandboxes/{id}", get(info).delete(kill))
-        .route("/sandboxes/{id}/timeout", post(set_timeout))
-        .route("/sandboxes/{id}/refreshes", post(refresh))
-        .route("/sandboxes/{id}/pause", post(pause))
-        .route("/sandboxes/{id}/resume", post(resume))
-        .route("/sandboxes/{id}/connect", post(connect))
-        .route("/v2/sandboxes/{id}/connect", post(connect))
-        .route("/sandboxes/{id}/metrics", get(metrics))
+    let mut r = Router::new()
+        .route(
+            "/sandboxes",
+            post(create).get(list_v1).fallback(unsupported),
+        )
+        .route(
+            "/v2/sandboxes",
+            post(create).get(list_v2).fallback(unsupported),
+        )
+        .route(
+            "/sandboxes/{id}",
+            get(info).delete(kill).fallback(unsupported),
+        )
+        .route(
+            "/sandboxes/{id}/timeout",
+            post(set_timeout).fallback(unsupported),
+        )
+        .route(
+            "/sandboxes/{id}/refreshes",
+            post(refresh).fallback(unsupported),
+        )
+        .route("/sandboxes/{id}/pause", post(pause).fallback(unsupported))
+        .route("/sandboxes/{id}/resume", post(resume).fallback(unsupported))
+        .route(
+            "/sandboxes/{id}/connect",
+            post(connect).fallback(unsupported),
+        )
+        .route(
+            "/v2/sandboxes/{id}/connect",
+            post(connect).fallback(unsupported),
+        )
+        .route(
+            "/sandboxes/{id}/metrics",
+            get(metrics).fallback(unsupported),
+        );
+    // The rest of E2B's API (templates, snapshots, forks, volumes, logs...) answers in E2B's
+    // error shape too: the native 404 body would crash the SDK.
+    for prefix in UNSUPPORTED_PREFIXES {
+        r = r
+            .route(prefix, any(unsupported))
+            .route(&format!("{prefix}/{{*rest}}"), any(unsupported));
+    }
+    r
+}
+
+const UNSUPPORTED_PREFIXES: &[&str] = &[
+    "/sandboxes",
+    "/v2/sandboxes",
+    "/templates",
+    "/v2/templates",
+    "/v3/templates",
+    "/snapshots",
+    "/volumes",
+    "/secrets",
+    "/teams",
+];
+
+async fn unsupported(method: axum::http::Method, uri: axum::http::Uri) -> HttpError {
+    HttpError::new(
+        501,
+        format!(
+            "{method} {} is not supported by koder-sandbox's E2B API (sandboxes: create, connect, list, info, timeout, pause, metrics, kill)",
+            uri.path()
+        ),
+    )
 }
 
 /// The caller's tenant, from `X-API-KEY` (or a bearer key).

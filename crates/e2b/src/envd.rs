@@ -112,11 +112,7 @@ impl E2b {
     /// The envd access token of a sandbox, derived rather than stored: any daemon component
     /// can check it and a restart (which ends every sandbox) invalidates all of them.
     pub fn envd_token(&self, id: &str) -> String {
-        let mut h = Sha256::new();
-        h.update(b"koder-e2b envd access token\0");
-        h.update(self.inner.token_secret);
-        h.update(id.as_bytes());
-        hex::encode(h.finalize())
+        hex::encode(hmac_sha256(&self.inner.token_secret, id.as_bytes()))
     }
 
     pub(crate) fn ctx(&self, id: &str) -> Arc<SandboxCtx> {
@@ -136,6 +132,22 @@ impl E2b {
         }
         lock(&self.inner.cpu_samples).remove(id);
     }
+}
+
+/// HMAC-SHA256 (RFC 2104) with a key of at most one block.
+fn hmac_sha256(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
+    let mut block = [0u8; 64];
+    block[..32].copy_from_slice(key);
+    let pad = |byte: u8| block.map(|b| b ^ byte);
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(msg)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
 }
 
 /// The sandbox an envd request is for, with the owning tenant's identity and the acting
@@ -277,6 +289,18 @@ mod tests {
         assert_eq!(split_parent("/a/b"), Some(("/a", "b")));
         assert_eq!(split_parent("/a"), Some(("/", "a")));
         assert_eq!(split_parent("/"), None);
+    }
+
+    #[test]
+    fn hmac_matches_rfc_4231_shape() {
+        // RFC 4231 test case 2 uses a short key; with the key zero-padded to 32 bytes the
+        // HMAC is unchanged (keys are zero-padded to the block size either way).
+        let mut key = [0u8; 32];
+        key[..4].copy_from_slice(b"Jefe");
+        assert_eq!(
+            hex::encode(hmac_sha256(&key, b"what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
     }
 
     #[test]

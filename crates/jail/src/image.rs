@@ -43,6 +43,21 @@ pub const ROOT_DIRS: &[&str] = &[
     "srv",
 ];
 
+/// Directories created in each session's upper layer, owned by the sandbox's root, so that
+/// sandbox code can write below them although the image's copies belong to the host.
+pub const UPPER_DIRS: &[&str] = &[
+    "workspace",
+    "root",
+    "home",
+    "tmp",
+    "var",
+    "var/tmp",
+    "run",
+    "opt",
+    "mnt",
+    "srv",
+];
+
 /// In-sandbox directories that sandbox code may write below.
 pub const WRITABLE_DIRS: &[&str] = &[
     "/workspace",

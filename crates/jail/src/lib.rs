@@ -246,18 +246,7 @@ impl JailRuntime {
             }
         }
         let upper = parts.upper.clone();
-        for sub in [
-            "workspace",
-            "root",
-            "home",
-            "tmp",
-            "var",
-            "var/tmp",
-            "run",
-            "opt",
-            "mnt",
-            "srv",
-        ] {
+        for sub in image::UPPER_DIRS {
             std::fs::create_dir_all(upper.join(sub)).map_err(io(sub))?;
             chown(upper.join(sub), host_id(0), host_id(0)).map_err(io("ownership"))?;
         }
