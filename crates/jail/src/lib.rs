@@ -474,6 +474,7 @@ impl Runtime for JailRuntime {
         match self.start(&spec, slot, &mut parts).await {
             Ok(started) => Ok(Arc::new(JailSandbox {
                 id: spec.id,
+                has_cgroup: parts.cgroup.is_some(),
                 agent: started.agent,
                 state: tokio::sync::Mutex::new(Some(Live {
                     pidfd: started.pidfd,
@@ -536,6 +537,7 @@ struct Live {
 
 pub struct JailSandbox {
     id: String,
+    has_cgroup: bool,
     agent: AgentClient,
     state: tokio::sync::Mutex<Option<Live>>,
     slots: Slots,
@@ -565,8 +567,9 @@ impl Sandbox for JailSandbox {
         result
     }
 
+    /// Only with a cgroup (a rootless jail has none and says so at start-up).
     fn resources(&self) -> Option<&dyn ResourceControl> {
-        Some(self)
+        self.has_cgroup.then_some(self as &dyn ResourceControl)
     }
 }
 
@@ -687,7 +690,7 @@ fn teardown(parts: &Parts) -> Result<(), RuntimeError> {
     if let Err(e) = disk::remove(&parts.dir) {
         problems.push(format!("disk: {e}"));
     }
-    match std::fs::remove_dir_all(&parts.dir) {
+    match remove_tree(&parts.dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => problems.push(format!("layers: {e}")),
         _ => {}
     }
@@ -707,6 +710,31 @@ fn instance_hash(state_dir: &Path) -> u32 {
         .fold(0x811c_9dc5u32, |h, b| {
             (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
         })
+}
+
+/// `remove_dir_all`, also for trees with unreadable directories: overlayfs leaves a mode-000
+/// `work/work`, which only root could remove as it is; a rootless daemon owns it, so it makes
+/// its directories accessible again first.
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            open_up(dir);
+            std::fs::remove_dir_all(dir)
+        }
+        other => other,
+    }
+}
+
+fn open_up(dir: &Path) {
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            open_up(&entry.path());
+        }
+    }
 }
 
 fn sandboxes_dir(cfg: &JailConfig) -> PathBuf {
