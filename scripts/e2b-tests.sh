@@ -59,7 +59,8 @@ target/debug/koder-sandbox serve --config "$tmp/config.toml" --listen "127.0.0.1
   --data-dir "$tmp/data" --api-key "t1:$key1" --api-key "t2:$key2" >"$tmp/daemon.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break
+  /usr/bin/python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/healthz', timeout=1)" \
+    2>/dev/null && break
   kill -0 "$daemon" 2>/dev/null || { cat "$tmp/daemon.log"; exit 1; }
   sleep 0.1
 done

@@ -7,6 +7,7 @@ set -euo pipefail
 declare -A NEED=(
   [python3]=/usr/bin/python3      # interpreter used inside host-image sandboxes
   [nodejs]=/usr/bin/node          # ditto
+  [python3.11-venv]=/usr/lib/python3.11/ensurepip/__init__.py  # venv of the E2B SDK suite (scripts/e2b-tests.sh)
   [iproute2]=/usr/sbin/ip
   [util-linux]=/usr/bin/unshare
   [bubblewrap]=/usr/bin/bwrap     # one-shot sandbox baseline of the benchmark (scripts/bench.sh)

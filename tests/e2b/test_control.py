@@ -8,7 +8,7 @@ import pytest
 from e2b import (AuthenticationException, NotFoundException, Sandbox, SandboxException,
                  SandboxQuery, SandboxState)
 
-from conftest import OTHER_KEY, envd
+from conftest import API_KEY, OTHER_KEY, envd
 
 
 def test_list_filters_by_metadata_and_pages(fresh):
@@ -101,22 +101,28 @@ def test_bad_key_and_other_tenant(sandbox, api):
     assert sandbox.is_running()
 
 
-def test_no_internet_means_network_none(fresh):
+def test_no_internet_means_network_none(fresh, api):
     sb = fresh(allow_internet_access=False)
     assert sb.get_info().allow_internet_access is False
+    native = api.get(f"/v1/sandbox/sessions/{sb.sandbox_id}",
+                     headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert native["network"]["mode"] == "none"
     # The sandbox's network namespace holds nothing but loopback: network mode none.
     ifaces = sb.commands.run("awk -F: 'NR > 2 { gsub(/ /, \"\", $1); print $1 }' /proc/net/dev").stdout
     assert ifaces.split() == ["lo"]
 
 
-def test_internet_access_is_answered_honestly(fresh):
+def test_internet_access_is_answered_honestly(fresh, api):
     try:
         sb = fresh(allow_internet_access=True)
     except SandboxException as e:
-        # koder-sandbox refuses a network mode it cannot provide, saying so.
+        # A daemon without network mode "open" refuses it, saying so.
         assert "network mode" in str(e).lower(), str(e)
         return
     assert sb.get_info().allow_internet_access is True
+    native = api.get(f"/v1/sandbox/sessions/{sb.sandbox_id}",
+                     headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert native["network"]["mode"] == "open"
 
 
 def test_envd_requires_the_access_token(sandbox):
@@ -150,3 +156,14 @@ def test_legacy_endpoints(api):
     r = api.delete(f"/sandboxes/{sid}")
     assert (r.status_code, r.json()["code"]) == (404, 404)
     assert api.post(f"/v2/sandboxes/{sid}/connect", json={}).status_code == 404
+
+
+def test_unsupported_api_answers_in_e2b_shape(sandbox, api):
+    r = api.post(f"/sandboxes/{sandbox.sandbox_id}/snapshots", json={})
+    assert (r.status_code, r.json()["code"]) == (501, 501)
+    assert "not supported" in r.json()["message"]
+    assert api.put(f"/sandboxes/{sandbox.sandbox_id}", json={}).json()["code"] == 501
+    assert api.get("/templates").json()["code"] == 501
+    with pytest.raises(SandboxException) as e:
+        sandbox.create_snapshot()
+    assert "not supported" in str(e.value)

@@ -10,7 +10,7 @@ use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{get, post};
 use axum::Router;
 use chrono::{DateTime, SecondsFormat, Utc};
 use koder_api_types::{CreateSession, Network, NetworkMode, Session, SessionState};
@@ -57,7 +57,7 @@ pub fn template_of(language: &str) -> &str {
 }
 
 pub fn router() -> Router<E2b> {
-    let mut r = Router::new()
+    Router::new()
         .route(
             "/sandboxes",
             post(create).get(list_v1).fallback(unsupported),
@@ -91,28 +91,30 @@ pub fn router() -> Router<E2b> {
         .route(
             "/sandboxes/{id}/metrics",
             get(metrics).fallback(unsupported),
-        );
-    // The rest of E2B's API (templates, snapshots, forks, volumes, logs...) answers in E2B's
-    // error shape too: the native 404 body would crash the SDK.
-    for prefix in UNSUPPORTED_PREFIXES {
-        r = r
-            .route(prefix, any(unsupported))
-            .route(&format!("{prefix}/{{*rest}}"), any(unsupported));
-    }
-    r
+        )
+        // The rest of E2B's API (templates, snapshots, forks, volumes, logs...) answers in
+        // E2B's error shape too: the native 404 body would crash the SDK.
+        .fallback(unsupported)
 }
 
-const UNSUPPORTED_PREFIXES: &[&str] = &[
-    "/sandboxes",
-    "/v2/sandboxes",
-    "/templates",
-    "/v2/templates",
-    "/v3/templates",
-    "/snapshots",
-    "/volumes",
-    "/secrets",
-    "/teams",
-];
+/// Paths of E2B's API, served by this router rather than the native one.
+pub fn is_control_path(path: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "/sandboxes",
+        "/v2/sandboxes",
+        "/templates",
+        "/v2/templates",
+        "/v3/templates",
+        "/snapshots",
+        "/volumes",
+        "/secrets",
+        "/teams",
+    ];
+    PREFIXES.iter().any(|p| {
+        path.strip_prefix(p)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
+}
 
 async fn unsupported(method: axum::http::Method, uri: axum::http::Uri) -> HttpError {
     HttpError::new(
@@ -209,8 +211,10 @@ fn network_of(
             allow,
         });
     }
+    // E2B's default is internet access, and E2B code relies on it (`pip install`); the SSRF
+    // guard still keeps private and metadata ranges out of reach.
     let mode = match allow_internet {
-        Some(true) if deny.is_empty() => NetworkMode::Open,
+        Some(true) | None if deny.is_empty() => NetworkMode::Open,
         _ => NetworkMode::None,
     };
     Ok(Network {
@@ -670,6 +674,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn routes_do_not_overlap_and_paths_are_claimed() {
+        // axum refuses overlapping routes when the router is built, not when it compiles.
+        let _ = router();
+        for mine in [
+            "/sandboxes",
+            "/v2/sandboxes/x/connect",
+            "/templates/t",
+            "/volumes",
+        ] {
+            assert!(is_control_path(mine), "{mine}");
+        }
+        for native in ["/v1/sandbox/sessions", "/sandboxesx", "/healthz", "/"] {
+            assert!(!is_control_path(native), "{native}");
+        }
+    }
+
+    #[test]
     fn templates_map_to_languages() {
         assert_eq!(template_language("base").unwrap(), "bash");
         assert_eq!(template_language("code-interpreter-v1").unwrap(), "python");
@@ -695,7 +716,11 @@ mod tests {
 
     #[test]
     fn network_options() {
-        assert_eq!(network_of(None, None).unwrap().mode, NetworkMode::None);
+        assert_eq!(
+            network_of(None, None).unwrap().mode,
+            NetworkMode::Open,
+            "E2B default: internet on"
+        );
         assert_eq!(
             network_of(Some(false), None).unwrap().mode,
             NetworkMode::None

@@ -130,38 +130,53 @@ where
     })
 }
 
-/// Decompresses an upload stream; a corrupt or truncated gzip body fails the upload (which
-/// then leaves nothing behind).
+/// Compressed input fed to the decoder at a time: deflate expands at most ~1032:1, so one
+/// step's output stays near 1 MiB however hostile the body (a whole received chunk could
+/// otherwise inflate to hundreds of MiB at once).
+const GUNZIP_STEP: usize = 1024;
+
+/// Decompresses an upload stream in bounded steps; a corrupt or truncated gzip body fails the
+/// upload (which then leaves nothing behind).
 fn gunzip_stream<S, E>(inner: S) -> impl Stream<Item = Result<Bytes, String>> + Unpin + Send
 where
     S: Stream<Item = Result<Bytes, E>> + Send + 'static,
     E: std::fmt::Display,
 {
-    let dec = Some(GzDecoder::new(Vec::new()));
-    Box::pin(futures::stream::unfold(
-        (inner.boxed(), dec),
-        |(mut inner, dec)| async move {
-            let mut dec = dec?;
-            match inner.next().await {
-                Some(Ok(chunk)) => {
-                    let out = dec
-                        .write_all(&chunk)
-                        .map(|()| Bytes::from(std::mem::take(dec.get_mut())))
-                        .map_err(|e| format!("gzip body: {e}"));
-                    let next = out.is_ok().then_some(dec);
-                    Some((out, (inner, next)))
-                }
-                Some(Err(e)) => Some((Err(e.to_string()), (inner, None))),
+    struct State<I> {
+        inner: I,
+        dec: GzDecoder<Vec<u8>>,
+        pending: Bytes,
+    }
+    let start = State {
+        inner: inner.boxed(),
+        dec: GzDecoder::new(Vec::new()),
+        pending: Bytes::new(),
+    };
+    Box::pin(futures::stream::unfold(Some(start), |st| async move {
+        let mut st = st?;
+        if st.pending.is_empty() {
+            match st.inner.next().await {
+                Some(Ok(chunk)) => st.pending = chunk,
+                Some(Err(e)) => return Some((Err(e.to_string()), None)),
                 None => {
-                    let out = dec
+                    let out = st
+                        .dec
                         .try_finish()
-                        .map(|()| Bytes::from(std::mem::take(dec.get_mut())))
+                        .map(|()| Bytes::from(std::mem::take(st.dec.get_mut())))
                         .map_err(|e| format!("gzip body: {e}"));
-                    Some((out, (inner, None)))
+                    return Some((out, None));
                 }
             }
-        },
-    ))
+        }
+        let step = st.pending.split_to(st.pending.len().min(GUNZIP_STEP));
+        match st.dec.write_all(&step) {
+            Ok(()) => {
+                let out = Bytes::from(std::mem::take(st.dec.get_mut()));
+                Some((Ok(out), Some(st)))
+            }
+            Err(e) => Some((Err(format!("gzip body: {e}")), None)),
+        }
+    }))
 }
 
 pub async fn upload(
@@ -316,6 +331,27 @@ mod tests {
             .await
             .concat();
         assert_eq!(back, b"hello world");
+    }
+
+    #[tokio::test]
+    async fn a_gzip_bomb_inflates_in_bounded_steps() {
+        let mut e = GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(&vec![0u8; 64 << 20]).unwrap();
+        let bomb = e.finish().unwrap();
+        assert!(bomb.len() < 128 << 10);
+        let items: Vec<Result<Bytes, String>> = vec![Ok(Bytes::from(bomb))];
+        let mut total = 0;
+        let mut s = gunzip_stream(futures::stream::iter(items));
+        while let Some(piece) = s.next().await {
+            let piece = piece.unwrap();
+            assert!(
+                piece.len() <= 2 << 20,
+                "one step gave {} bytes",
+                piece.len()
+            );
+            total += piece.len();
+        }
+        assert_eq!(total, 64 << 20);
     }
 
     #[tokio::test]

@@ -90,30 +90,30 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Adds the E2B surfaces to the native router: the control-plane paths beside the native
-/// ones, and every request carrying `E2b-Sandbox-Id` diverted to envd or the interpreter
-/// (those paths, `/files` or `/health`, would otherwise be the native API's 404).
+/// Puts the E2B surfaces in front of the native router: requests carrying `E2b-Sandbox-Id` go
+/// to envd or the interpreter, E2B's API paths to the control plane, the rest to the native
+/// API. (None of E2B's paths is a native one.)
 pub fn mount(native: Router, e2b: E2b) -> Router {
     let dispatch = Dispatch {
         envd: envd::router().with_state(e2b.clone()),
         interpreter: interpreter::router().with_state(e2b.clone()),
+        control: control::router().with_state(e2b),
     };
-    native
-        .merge(control::router().with_state(e2b))
-        .layer(axum::middleware::from_fn_with_state(
-            dispatch,
-            by_sandbox_header,
-        ))
+    native.layer(axum::middleware::from_fn_with_state(dispatch, by_surface))
 }
 
 #[derive(Clone)]
 struct Dispatch {
     envd: Router,
     interpreter: Router,
+    control: Router,
 }
 
-async fn by_sandbox_header(State(d): State<Dispatch>, req: Request, next: Next) -> Response {
+async fn by_surface(State(d): State<Dispatch>, req: Request, next: Next) -> Response {
     if !req.headers().contains_key(envd::SANDBOX_ID_HEADER) {
+        if control::is_control_path(req.uri().path()) {
+            return serve(d.control, req).await;
+        }
         return next.run(req).await;
     }
     let port = req
@@ -136,6 +136,10 @@ async fn by_sandbox_header(State(d): State<Dispatch>, req: Request, next: Next) 
             .into_response()
         }
     };
+    serve(router, req).await
+}
+
+async fn serve(router: Router, req: Request) -> Response {
     let mut resp = match router.oneshot(req).await {
         Ok(resp) => resp,
         Err(never) => match never {},
