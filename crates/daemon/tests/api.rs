@@ -779,3 +779,31 @@ async fn pause_resume_and_the_user_account() {
         "a paused session can be deleted"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_mid_create_leaves_no_sandbox() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    for _ in 0..5 {
+        let r = d
+            .req(Method::POST, S, KEY1)
+            .json(&json!({"language": "python"}))
+            .timeout(Duration::from_millis(3))
+            .send()
+            .await;
+        assert!(r.is_err() || r.unwrap().status() == StatusCode::CREATED);
+    }
+    let sandboxes = d.data_dir().join("jail/sandboxes");
+    let (_, list) = d.json(Method::GET, S, Value::Null).await;
+    let recorded = list["sessions"].as_array().unwrap().len();
+    for _ in 0..100 {
+        if std::fs::read_dir(&sandboxes).unwrap().count() == recorded {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "{} sandboxes on disk for {recorded} recorded sessions",
+        std::fs::read_dir(&sandboxes).unwrap().count()
+    );
+}

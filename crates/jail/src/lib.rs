@@ -663,6 +663,12 @@ async fn kill_recorded_agent(dir: &Path, agent_bin: &Path) {
     }
     let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
     exited(&pidfd, Duration::from_secs(5)).await;
+    // If this very process started it (a start interrupted by shutdown), it is our zombie, and
+    // an unreaped zombie keeps a cgroup-v1 group busy; for anyone else's child this is ECHILD.
+    let _ = rustix::process::waitid(
+        rustix::process::WaitId::PidFd(pidfd.as_fd()),
+        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
+    );
 }
 
 /// Waits until the pidfd's process has exited (a pidfd turns readable then), at most `limit`.

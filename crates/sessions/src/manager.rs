@@ -202,6 +202,9 @@ impl Manager {
 
         let egress = network.mode != NetworkMode::None;
         let (sandbox, source) = self.sandbox_for(language, &limits, egress).await?;
+        // If this request is dropped (the client went away) before the session is recorded,
+        // the sandbox must not outlive it.
+        let guard = DestroyOnDrop(Some(sandbox.clone()));
         let now = self.now();
         let record = SessionRecord {
             id: uuid::Uuid::new_v4().simple().to_string(),
@@ -220,10 +223,7 @@ impl Manager {
             ended_at: None,
             end_reason: None,
         };
-        if let Err(e) = self.store.insert_session(&record).await {
-            let _ = sandbox.destroy().await;
-            return Err(e.into());
-        }
+        self.store.insert_session(&record).await?;
         lock(&self.live).insert(
             record.id.clone(),
             Arc::new(Live {
@@ -239,6 +239,7 @@ impl Manager {
             }),
         );
         ticket.forget();
+        guard.disarm();
         if egress {
             let live = lock(&self.live).get(&record.id).cloned();
             if let Some(live) = live {
@@ -291,7 +292,19 @@ impl Manager {
             env: Vec::new(),
             egress,
         };
-        Ok((self.runtime.create(spec).await?, "cold"))
+        // Started on its own task: a dropped request must not abandon a half-started sandbox,
+        // and one that finishes for nobody is destroyed.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let runtime = self.runtime.clone();
+        tokio::spawn(async move {
+            if let Err(Ok(orphan)) = tx.send(runtime.create(spec).await) {
+                let _ = orphan.destroy().await;
+            }
+        });
+        let created = rx
+            .await
+            .map_err(|_| Error::Internal("sandbox creation was interrupted".into()))??;
+        Ok((created, "cold"))
     }
 
     pub async fn list(&self, who: &Identity) -> Result<Vec<Session>, Error> {
@@ -868,6 +881,27 @@ fn tighter(a: &Limits, b: &Limits) -> Limits {
         memory_mib: min(a.memory_mib, b.memory_mib),
         disk_mib: min(a.disk_mib, b.disk_mib),
         pids: min(a.pids, b.pids),
+    }
+}
+
+/// Destroys a sandbox on drop unless disarmed (see `Manager::create`).
+struct DestroyOnDrop(Option<Arc<dyn Sandbox>>);
+
+impl DestroyOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for DestroyOnDrop {
+    fn drop(&mut self) {
+        if let Some(sb) = self.0.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = sb.destroy().await;
+                });
+            }
+        }
     }
 }
 
