@@ -93,14 +93,14 @@ pub struct JailRuntime {
 impl JailRuntime {
     /// Prepares the state directory and the `host` image and works out what this host lets the
     /// jail enforce. Fails with `Unavailable` when the host cannot run jails at all.
-    pub fn new(cfg: JailConfig) -> Result<Self, RuntimeError> {
+    pub fn new(mut cfg: JailConfig) -> Result<Self, RuntimeError> {
         let rootless = !rustix::process::geteuid().is_root();
-        check_agent(&cfg.agent_bin)?;
         for dir in [
             cfg.state_dir.clone(),
             sandboxes_dir(&cfg),
             run_dir(&cfg),
             cfg.state_dir.join("images"),
+            cfg.state_dir.join("bin"),
         ] {
             std::fs::create_dir_all(&dir)
                 .map_err(RuntimeError::io(format!("create {}", dir.display())))?;
@@ -111,6 +111,7 @@ impl JailRuntime {
         set_mode(&sandboxes_dir(&cfg), 0o711)?;
         set_mode(&run_dir(&cfg), 0o700)?;
         check_traversable(&cfg.state_dir)?;
+        cfg.agent_bin = install_agent(&cfg.agent_bin, &cfg.state_dir.join("bin"))?;
         let image = image::host_image(&cfg.state_dir.join("images"))?;
         let mut enforcement = Enforcement {
             enforced: vec![
@@ -654,8 +655,11 @@ async fn kill_recorded_agent(dir: &Path, agent_bin: &Path) {
     };
     // The pid may have been recycled: only kill a process running our agent binary.
     let exe = std::fs::read_link(format!("/proc/{}/exe", pid.as_raw_nonzero()));
+    // An agent started before the binary was replaced shows it as "... (deleted)".
     let ours = match (exe, std::fs::canonicalize(agent_bin)) {
-        (Ok(exe), Ok(bin)) => exe == bin,
+        (Ok(exe), Ok(bin)) => {
+            exe.to_string_lossy().trim_end_matches(" (deleted)") == bin.to_string_lossy()
+        }
         _ => false,
     };
     if !ours {
@@ -756,16 +760,32 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), RuntimeError> {
         .map_err(RuntimeError::io(format!("chmod {}", path.display())))
 }
 
-fn check_agent(bin: &Path) -> Result<(), RuntimeError> {
-    let meta = std::fs::metadata(bin)
-        .map_err(|e| RuntimeError::Unavailable(format!("agent binary {}: {e}", bin.display())))?;
-    if meta.permissions().mode() & 0o001 == 0 {
+/// Copies the agent into the state dir (world-executable, under a searchable path), so sandbox
+/// uids can exec it wherever it was built or installed (a build dir under /root, say). A fresh
+/// copy goes in by rename: agents still running keep the binary they started from.
+fn install_agent(source: &Path, bin_dir: &Path) -> Result<PathBuf, RuntimeError> {
+    let unavailable = |e: std::io::Error| {
+        RuntimeError::Unavailable(format!("agent binary {}: {e}", source.display()))
+    };
+    let meta = std::fs::metadata(source).map_err(unavailable)?;
+    if !meta.is_file() {
         return Err(RuntimeError::Unavailable(format!(
-            "agent binary {} must be executable by others (sandbox uids run it)",
-            bin.display()
+            "agent binary {} is not a file",
+            source.display()
         )));
     }
-    check_traversable(bin.parent().unwrap_or(Path::new("/")))
+    let target = bin_dir.join("koder-agent");
+    let same = std::fs::metadata(&target)
+        .is_ok_and(|t| t.len() == meta.len() && t.modified().ok() >= meta.modified().ok());
+    if !same {
+        let staging = bin_dir.join(format!(".koder-agent.{}", std::process::id()));
+        std::fs::copy(source, &staging).map_err(unavailable)?;
+        std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o755))
+            .map_err(unavailable)?;
+        std::fs::rename(&staging, &target).map_err(unavailable)?;
+    }
+    set_mode(bin_dir, 0o711)?;
+    Ok(target)
 }
 
 /// Sandbox uids reach their layers and the agent through these paths, so every ancestor must

@@ -141,8 +141,12 @@ impl Manager {
 
     /// Stops background tasks and destroys every sandbox (sessions end as "daemon shutdown").
     pub async fn shutdown(&self) {
-        for t in lock(&self.tasks).drain(..) {
+        let tasks: Vec<JoinHandle<()>> = lock(&self.tasks).drain(..).collect();
+        for t in tasks {
             t.abort();
+            // Abort lands at the task's next await; a warm sandbox start in the middle of its
+            // synchronous set-up must finish (or stop) before the final sweep below.
+            let _ = t.await;
         }
         let ids: Vec<String> = lock(&self.live).keys().cloned().collect();
         for id in ids {
