@@ -17,8 +17,6 @@ def test_interpreter_output_streams_while_running(code_sandbox):
     assert first_at[0] < 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="agent entries carry no uid/gid, so EntryInfo.owner and "
-                   ".group are empty (needs uid/gid in koder_agent_protocol::Entry)")
 def test_entry_owner_and_group(sandbox):
     sandbox.files.write("owned-info.txt", "x")
     info = sandbox.files.get_info("owned-info.txt")

@@ -309,6 +309,9 @@ pub struct Entry {
     /// Modification time, milliseconds since the Unix epoch.
     pub modified_ms: i64,
     pub symlink_target: Option<String>,
+    /// Owner inside the sandbox (0 = root, 1000 = user).
+    pub uid: u32,
+    pub gid: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

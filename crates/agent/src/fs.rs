@@ -695,6 +695,8 @@ fn entry_from(name: String, path: String, st: &Statx, symlink_target: Option<Str
         mode: u32::from(st.stx_mode) & 0o7777,
         modified_ms,
         symlink_target,
+        uid: st.stx_uid,
+        gid: st.stx_gid,
     }
 }
 

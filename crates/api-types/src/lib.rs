@@ -317,6 +317,11 @@ pub struct FileEntry {
     pub modified_at: DateTime<Utc>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// Owner inside the sandbox (0 = root, 1000 = user).
+    #[serde(default)]
+    pub uid: u32,
+    #[serde(default)]
+    pub gid: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -457,6 +462,8 @@ mod tests {
             mode: 0o755,
             modified_at: DateTime::from_timestamp(0, 0).unwrap(),
             symlink_target: None,
+            uid: 0,
+            gid: 0,
         };
         let v = serde_json::to_value(&entry).unwrap();
         assert_eq!(v["type"], "dir");

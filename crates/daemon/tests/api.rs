@@ -213,6 +213,11 @@ async fn files_round_trip_and_errors() {
     assert_eq!(resp.status(), StatusCode::CREATED);
     let entry: Value = resp.json().await.unwrap();
     assert_eq!(
+        (entry["uid"].as_u64(), entry["gid"].as_u64()),
+        (Some(0), Some(0)),
+        "owned by the sandbox's root: {entry}"
+    );
+    assert_eq!(
         (entry["type"].as_str(), entry["size"].as_u64()),
         (Some("file"), Some(payload.len() as u64))
     );

@@ -127,14 +127,14 @@ fn missing(abs: &str) -> RpcError {
 }
 
 async fn stat_by_exec(t: &Target, abs: &str) -> Result<FileEntry, RpcError> {
-    let script = r#"stat -c '%F|%a|%s|%Y' -- "$1" && { readlink -- "$1" || true; }"#;
+    let script = r#"stat -c '%F|%a|%s|%Y|%u|%g' -- "$1" && { readlink -- "$1" || true; }"#;
     let out = root_exec(t, script, &[abs]).await?;
     if out.exit_code != Some(0) {
         return Err(missing(abs));
     }
     let mut lines = out.stdout.lines();
     let fields: Vec<&str> = lines.next().unwrap_or("").split('|').collect();
-    let [kind, mode, size, mtime] = fields[..] else {
+    let [kind, mode, size, mtime, uid, gid] = fields[..] else {
         return Err(RpcError::new(Code::Internal, "unexpected stat output"));
     };
     let kind = match kind {
@@ -156,6 +156,8 @@ async fn stat_by_exec(t: &Target, abs: &str) -> Result<FileEntry, RpcError> {
             .next()
             .filter(|_| kind == EntryType::Symlink)
             .map(String::from),
+        uid: uid.parse().unwrap_or(0),
+        gid: gid.parse().unwrap_or(0),
     })
 }
 

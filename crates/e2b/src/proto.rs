@@ -176,8 +176,16 @@ pub struct WatcherRequest {
     pub watcher_id: String,
 }
 
-/// `EntryInfo` of filesystem answers. Owner and group stay empty: the agent's entries carry
-/// no uid/gid (see the crate's report on missing capabilities).
+/// The account name of a sandbox uid/gid, as E2B reports owners (`root`, `user`).
+fn account(id: u32) -> String {
+    match id {
+        0 => "root".into(),
+        1000 => "user".into(),
+        other => other.to_string(),
+    }
+}
+
+/// `EntryInfo` of filesystem answers.
 pub fn entry_info(e: &FileEntry) -> Value {
     let is_symlink = e.kind == EntryType::Symlink;
     let file_type = match e.kind {
@@ -193,8 +201,8 @@ pub fn entry_info(e: &FileEntry) -> Value {
         "size": e.size.to_string(),
         "mode": e.mode & 0o777,
         "permissions": permissions(e.kind, e.mode),
-        "owner": "",
-        "group": "",
+        "owner": account(e.uid),
+        "group": account(e.gid),
         "modifiedTime": e.modified_at.to_rfc3339_opts(SecondsFormat::Millis, true),
         "isSymlink": is_symlink,
     });
@@ -336,9 +344,15 @@ mod tests {
             modified_at: chrono::DateTime::from_timestamp_millis(1_700_000_000_123)
                 .unwrap_or_default(),
             symlink_target: None,
+            uid: 1000,
+            gid: 0,
         };
         let v = entry_info(&e);
         assert_eq!(v["type"], "FILE_TYPE_FILE");
+        assert_eq!(
+            (v["owner"].as_str(), v["group"].as_str()),
+            (Some("user"), Some("root"))
+        );
         assert_eq!(v["size"], "5000000000");
         assert_eq!(v["mode"], 0o644);
         assert_eq!(v["permissions"], "-rw-r--r--");

@@ -1139,5 +1139,7 @@ fn file_entry(e: Entry) -> FileEntry {
         mode: e.mode,
         modified_at: DateTime::from_timestamp_millis(e.modified_ms).unwrap_or_default(),
         symlink_target: e.symlink_target,
+        uid: e.uid,
+        gid: e.gid,
     }
 }
