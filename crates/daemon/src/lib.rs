@@ -67,7 +67,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
         .await
         .with_context(|| format!("listening on {}", cfg.server.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, "koder-sandbox serving");
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "koder-sandbox serving");
+    // On stdout for whoever started us (with `--listen 127.0.0.1:0` the port is only known now).
+    println!("koder-sandbox listening on http://{addr}");
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await;

@@ -65,10 +65,6 @@ impl Daemon {
 
     /// (Re)starts the process on the same data dir.
     pub async fn launch(&mut self) {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
         let config_path = self.dir.path().join("koder.toml");
         std::fs::write(
             &config_path,
@@ -82,12 +78,14 @@ impl Daemon {
         cmd.arg("serve")
             .arg("--config")
             .arg(&config_path)
+            // Port 0: the daemon picks a free port and prints it, so parallel tests never race
+            // for one.
             .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
+            .arg("127.0.0.1:0")
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
             .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if self.keys {
             cmd.arg("--api-key")
@@ -95,8 +93,10 @@ impl Daemon {
                 .arg("--api-key")
                 .arg(format!("t2:{KEY2}"));
         }
-        self.child = Some(cmd.spawn().expect("spawn daemon"));
-        self.base = format!("http://127.0.0.1:{port}");
+        let mut child = cmd.spawn().expect("spawn daemon");
+        let stdout = child.stdout.take().expect("daemon stdout");
+        self.child = Some(child);
+        self.base = listening_address(stdout).await;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(r) = self.http.get(format!("{}/healthz", self.base)).send().await {
@@ -222,4 +222,25 @@ impl Drop for Daemon {
 
 pub fn error_code(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("<no error code>")
+}
+
+/// The base URL the daemon prints once it listens (`koder-sandbox listening on http://...`).
+async fn listening_address(stdout: std::process::ChildStdout) -> String {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    // The reader keeps draining afterwards, so the daemon never writes into a closed pipe.
+    std::thread::spawn(move || {
+        let mut reader = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut reader, &mut line);
+        let _ = tx.send(line);
+        let _ = std::io::copy(&mut reader, &mut std::io::sink());
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), rx)
+        .await
+        .expect("daemon did not report its address within 30 s")
+        .expect("reading the daemon's stdout");
+    line.trim()
+        .strip_prefix("koder-sandbox listening on ")
+        .unwrap_or_else(|| panic!("unexpected daemon output: {line:?}"))
+        .to_string()
 }
