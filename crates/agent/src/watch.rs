@@ -36,6 +36,8 @@ struct Tree {
     watches: Watches,
     dirs: HashMap<WatchDescriptor, PathBuf>,
     recursive: bool,
+    /// Entries found in directories created while watching, to be reported as created.
+    early: Vec<String>,
 }
 
 impl Tree {
@@ -96,6 +98,7 @@ pub async fn run(
         watches,
         dirs: HashMap::new(),
         recursive,
+        early: Vec::new(),
     };
     tree.add(&root);
     if tree.dirs.is_empty() {
@@ -116,6 +119,9 @@ pub async fn run(
                 let Some(Ok(ev)) = ev else { return };
                 if let Some((kind, path, from)) = translate(&mut tree, &mut moved_from, ev) {
                     merge(&mut batch, path, kind, from);
+                    for early in std::mem::take(&mut tree.early) {
+                        merge(&mut batch, early, FsEventKind::Created, None);
+                    }
                     flush_at.get_or_insert_with(|| tokio::time::Instant::now() + DEBOUNCE);
                 }
             }
@@ -171,6 +177,9 @@ fn translate(
     if ev.mask.contains(EventMask::CREATE) {
         if is_dir && tree.recursive {
             tree.add(&path);
+            // Whatever appeared in the new directory before its watch existed would otherwise
+            // go unreported (the classic recursive-inotify race).
+            found_inside(&path, &mut tree.early);
         }
         Some((FsEventKind::Created, shown, None))
     } else if ev
@@ -191,6 +200,19 @@ fn translate(
         Some((FsEventKind::Renamed, shown, moved_from.remove(&ev.cookie)))
     } else {
         None
+    }
+}
+
+/// Paths below `dir` (recursively, not following links), as of now.
+fn found_inside(dir: &Path, out: &mut Vec<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        out.push(entry.path().to_string_lossy().into_owned());
+        if entry.file_type().is_ok_and(|t| t.is_dir()) && out.len() < MAX_DIRS {
+            found_inside(&entry.path(), out);
+        }
     }
 }
 
