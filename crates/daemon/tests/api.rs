@@ -317,8 +317,10 @@ async fn files_round_trip_and_errors() {
     assert!(answer.contains("SANDBOX-PAYLOAD-TOO-LARGE"), "{answer}");
     let stream =
         futures::stream::iter((0..90).map(|_| Ok::<_, std::io::Error>(vec![1u8; 100_000])));
-    let resp = d
-        .req(Method::PUT, &f, KEY1)
+    // Own client: the refused connection is closed by the server and must not be reused.
+    let resp = reqwest::Client::new()
+        .put(format!("{}{f}", d.base))
+        .bearer_auth(KEY1)
         .query(&[("path", "too-big")])
         .body(reqwest::Body::wrap_stream(stream))
         .send()
@@ -490,8 +492,11 @@ async fn malformed_requests_get_typed_errors() {
         "{{\"metadata\": {{\"k\": \"{}\"}}}}",
         "x".repeat(2 * 1024 * 1024)
     );
-    let resp = d
-        .req(Method::POST, S, KEY1)
+    // Its own client: the server answers 413 without reading the body and closes that
+    // connection, which must not be reused for the requests after it.
+    let resp = reqwest::Client::new()
+        .post(format!("{}{S}", d.base))
+        .bearer_auth(KEY1)
         .header("content-type", "application/json")
         .body(big)
         .send()

@@ -299,10 +299,13 @@ async fn disk_filler_hits_the_quota_and_uploads_get_507() {
     assert!(m["disk_used_kib"].as_u64().unwrap() * 1024 >= filled, "{m}");
 
     let f = format!("{S}/{id}/files");
-    let resp = d
-        .req(Method::PUT, &f, KEY1)
+    // Small enough to be written whole before the early 507 arrives, and sent on a client of
+    // its own since the server closes that connection.
+    let resp = reqwest::Client::new()
+        .put(format!("{}{f}", d.base))
+        .bearer_auth(KEY1)
         .query(&[("path", "/workspace/upload.bin")])
-        .body(vec![7u8; 8 * 1024 * 1024])
+        .body(vec![7u8; 3 * 1024 * 1024])
         .send()
         .await
         .unwrap();
