@@ -2,35 +2,13 @@
 //! the host (/usr/bin/python3, /usr/bin/node); matplotlib and pandas come from
 //! scripts/setup.sh, and the tests that use them fail, not skip, without them.
 
-use std::sync::{Arc, OnceLock};
+mod common;
+
 use std::time::{Duration, Instant};
 
-use koder_agent::confine::Confinement;
-use koder_agent::exec::{ExecDefaults, Reaper};
-use koder_agent::fs::Fs;
-use koder_agent::interp::{Contexts, MAX_CODE_BYTES, MAX_CONTEXTS};
-use koder_agent::server::{serve_connection, Agent};
+use common::{agent, connect, rt};
+use koder_agent::interp::{MAX_CODE_BYTES, MAX_CONTEXTS};
 use koder_agent_protocol::*;
-
-/// One runtime and one reaper for the whole binary: the reaper waits on any child, so two
-/// reapers in one process would steal each other's exit statuses.
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-    })
-}
-
-fn reaper() -> Arc<Reaper> {
-    static REAPER: OnceLock<Arc<Reaper>> = OnceLock::new();
-    REAPER
-        .get_or_init(|| rt().block_on(async { Reaper::start().unwrap() }))
-        .clone()
-}
 
 struct Harness {
     _root: tempfile::TempDir,
@@ -39,25 +17,8 @@ struct Harness {
 
 fn harness() -> Harness {
     let root = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(root.path().join("workspace")).unwrap();
-    let fs = Fs::new(root.path(), "/workspace").unwrap();
-    let defaults = ExecDefaults {
-        env: vec![
-            ("PATH".into(), "/usr/bin:/bin".into()),
-            ("HOME".into(), root.path().to_string_lossy().into_owned()),
-            ("LANG".into(), "C.UTF-8".into()),
-        ],
-        workdir: root.path().to_string_lossy().into_owned(),
-    };
-    let mut agent = Agent::new(reaper(), fs, defaults, Confinement::default());
-    agent.contexts = Contexts::with_defaults(&agent.defaults);
-    let agent = Arc::new(agent);
-    let client = rt().block_on(async move {
-        let (ours, theirs) = tokio::io::duplex(1 << 16);
-        tokio::spawn(serve_connection(agent, theirs));
-        let (r, w) = tokio::io::split(ours);
-        AgentClient::new(r, w)
-    });
+    let home = root.path().to_string_lossy().into_owned();
+    let client = connect(agent(root.path(), &[("HOME", &home), ("LANG", "C.UTF-8")]));
     Harness {
         _root: root,
         client,

@@ -2,60 +2,23 @@
 //! input (broken frames, stale streams, bad requests, floods). No namespaces needed: the agent's
 //! file root is a temp dir and execs run on the host.
 
-use std::sync::{Arc, OnceLock};
+mod common;
+
 use std::time::Duration;
 
-use koder_agent::confine::Confinement;
-use koder_agent::exec::{ExecDefaults, Reaper};
-use koder_agent::fs::Fs;
-use koder_agent::server::{serve_connection, Agent, MAX_STREAMS};
+use common::{agent, connect, rt};
+use koder_agent::server::{serve_connection, MAX_STREAMS};
 use koder_agent_protocol::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// One runtime and one reaper for the whole binary: the reaper waits on any child, so two
-/// reapers in one process would steal each other's exit statuses.
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-    })
-}
-
-fn reaper() -> Arc<Reaper> {
-    static REAPER: OnceLock<Arc<Reaper>> = OnceLock::new();
-    REAPER
-        .get_or_init(|| rt().block_on(async { Reaper::start().unwrap() }))
-        .clone()
-}
 
 struct Harness {
     root: tempfile::TempDir,
     client: AgentClient,
 }
 
-fn agent(root: &std::path::Path) -> Arc<Agent> {
-    std::fs::create_dir_all(root.join("workspace")).unwrap();
-    let fs = Fs::new(root, "/workspace").unwrap();
-    let defaults = ExecDefaults {
-        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-        workdir: root.to_string_lossy().into_owned(),
-    };
-    Arc::new(Agent::new(reaper(), fs, defaults, Confinement::default()))
-}
-
 fn harness() -> Harness {
     let root = tempfile::tempdir().unwrap();
-    let agent = agent(root.path());
-    let client = rt().block_on(async move {
-        let (ours, theirs) = tokio::io::duplex(1 << 16);
-        tokio::spawn(serve_connection(agent, theirs));
-        let (r, w) = tokio::io::split(ours);
-        AgentClient::new(r, w)
-    });
+    let client = connect(agent(root.path(), &[]));
     Harness { root, client }
 }
 
@@ -84,7 +47,7 @@ fn health_reports_protocol_version() {
 /// Sends raw bytes on a fresh connection and checks the server hangs up.
 fn server_hangs_up_on(bytes: Vec<u8>) {
     let root = tempfile::tempdir().unwrap();
-    let agent = agent(root.path());
+    let agent = agent(root.path(), &[]);
     rt().block_on(async move {
         let (mut ours, theirs) = tokio::io::duplex(1 << 16);
         let server = tokio::spawn(serve_connection(agent, theirs));
