@@ -198,6 +198,20 @@ async fn background_execs_replay_follow_stdin_and_signals() {
     let events = read_sse(resp).await;
     assert_eq!(stdout_of(&events), "hello world\n");
     assert_eq!(events.last().unwrap().data["exit_code"], 0);
+    // Over the per-request bound: a typed 413, on a connection of its own (the server does
+    // not read the rest of the body).
+    let big = reqwest::Client::new()
+        .post(format!("{}{S}/{id}/execs/{cat}/stdin", d.base))
+        .bearer_auth(KEY1)
+        .body(vec![b'x'; 1024 * 1024 + 4096])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        error_code(&big.json().await.unwrap()),
+        "SANDBOX-PAYLOAD-TOO-LARGE"
+    );
     let late = stdin("more", false).await.unwrap();
     assert_eq!(late.status(), StatusCode::CONFLICT);
 

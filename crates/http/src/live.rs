@@ -222,8 +222,19 @@ pub async fn exec_stdin(
     Caller(who): Caller,
     Path((id, exec_id)): Path<(String, String)>,
     Query(q): Query<StdinQuery>,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> ApiResult<StatusCode> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                413,
+                koder_api_types::codes::PAYLOAD_TOO_LARGE,
+                "stdin writes are limited to 1 MiB per request",
+            )
+        } else {
+            ApiError::invalid(e.body_text())
+        }
+    })?;
     s.manager
         .exec_stdin(&who, &id, &exec_id, body, q.close)
         .await?;
