@@ -10,6 +10,16 @@ use serde_json::{json, Value};
 
 const NOBODY: u32 = 65534;
 
+/// The daemon is stopped (SIGTERM, then waited for) however the test ends.
+struct Stopped(std::process::Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unprivileged_daemon_runs_sandboxes_and_says_what_it_cannot_enforce() {
     if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/usr/bin/setpriv").exists() {
@@ -31,31 +41,33 @@ async fn unprivileged_daemon_runs_sandboxes_and_says_what_it_cannot_enforce() {
         .local_addr()
         .unwrap()
         .port();
-    let mut child = Command::new("/usr/bin/setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(env!("CARGO_BIN_EXE_koder-sandbox"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--api-key",
-            "t1:key-one-1234",
-            "--data-dir",
-        ])
-        .arg(dir.path().join("data"))
-        .env("HOME", dir.path())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("setpriv");
+    let mut child = Stopped(
+        Command::new("/usr/bin/setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_koder-sandbox"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--api-key",
+                "t1:key-one-1234",
+                "--data-dir",
+            ])
+            .arg(dir.path().join("data"))
+            .env("HOME", dir.path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("setpriv"),
+    );
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(30);
     while http.get(format!("{base}/healthz")).send().await.is_err() {
         assert!(Instant::now() < deadline, "rootless daemon did not come up");
         assert!(
-            child.try_wait().unwrap().is_none(),
+            child.0.try_wait().unwrap().is_none(),
             "rootless daemon exited"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -105,15 +117,10 @@ async fn unprivileged_daemon_runs_sandboxes_and_says_what_it_cannot_enforce() {
         "no cgroup, no usage figures: said, not faked"
     );
 
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let _ = child.wait();
+    let mut stderr_pipe = child.0.stderr.take().unwrap();
+    drop(child); // SIGTERM and wait
     let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    stderr_pipe.read_to_string(&mut stderr).unwrap();
     for gap in [
         "NOT ENFORCED: memory, cpu and pids limits",
         "NOT ENFORCED: disk quota",
