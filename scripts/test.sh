@@ -4,8 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/setup-microvm.sh
 # Integration tests start the real agent binary, so every binary is built first.
 cargo build --workspace --bins --locked
+# The microVM guest (kernel + root disk), built once and kept in target/ (minutes the first time).
+export KODER_MICROVM_IMAGES="$PWD/target/microvm-images"
+target/debug/ksandbox image build --images-dir "$KODER_MICROVM_IMAGES"
 cargo test --workspace --locked
 target/debug/koder-bench --smoke  # benchmark harness end to end, tiny counts, no timing asserted
 scripts/e2b-tests.sh  # the real E2B SDKs from PyPI against the daemon (tests/e2b)

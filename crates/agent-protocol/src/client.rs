@@ -252,6 +252,32 @@ impl AgentClient {
         }
     }
 
+    /// MicroVM guests: applies limits to the guest's sandbox cgroup.
+    pub async fn guest_limits(&self, limits: GuestLimits) -> Result<()> {
+        self.done_op(ToAgent::GuestLimits(limits)).await
+    }
+
+    /// MicroVM guests: freezes or thaws every sandbox process.
+    pub async fn guest_freeze(&self, frozen: bool) -> Result<()> {
+        self.done_op(ToAgent::GuestFreeze(frozen)).await
+    }
+
+    pub async fn guest_usage(&self) -> Result<GuestUsage> {
+        let mut s = self.open(ToAgent::GuestUsage).await?;
+        match s.recv_final().await? {
+            FromAgent::GuestUsage(u) => Ok(u),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn done_op(&self, msg: ToAgent) -> Result<()> {
+        let mut s = self.open(msg).await?;
+        match s.recv_final().await? {
+            FromAgent::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     async fn entry_op(&self, msg: ToAgent) -> Result<Entry> {
         let mut s = self.open(msg).await?;
         match s.recv_final().await? {

@@ -50,3 +50,33 @@ pub struct Rlimits {
     pub nproc: u64,
     pub core: u64,
 }
+
+/// What a microVM's agent needs beyond the kernel: found at [`VM_CONFIG_PATH`] in the guest's
+/// initramfs (the runtime appends it to the shared base archive per VM).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmConfig {
+    pub hostname: String,
+    pub workdir: String,
+    pub env: Vec<(String, String)>,
+    pub writable_dirs: Vec<String>,
+    pub rlimits: Rlimits,
+    pub tmp_size_mib: u64,
+    /// The agent listens on this vsock port for the daemon's one connection.
+    pub vsock_port: u32,
+    pub limits: crate::messages::GuestLimits,
+    /// Serial numbers (`/sys/block/vdX/serial`) of the read-only image disk and of the scratch
+    /// disk holding the writable layer: QEMU sets them, Firecracker derives them from the
+    /// backing files, so the runtime says which to look for.
+    pub root_disk_serial: String,
+    pub scratch_disk_serial: String,
+}
+
+/// Where the guest agent reads its [`VmConfig`].
+pub const VM_CONFIG_PATH: &str = "/koder/config.json";
+/// Kernel modules to load before anything else, in order, one file name per line; the files
+/// sit next to it.
+pub const VM_MODULES_LIST: &str = "/koder/modules/order";
+/// Serial numbers QEMU gives the guest's disks: the read-only image and the session's scratch
+/// disk (the writable overlay layer).
+pub const VM_ROOT_DISK_SERIAL: &str = "koder-root";
+pub const VM_SCRATCH_DISK_SERIAL: &str = "koder-scratch";

@@ -122,8 +122,35 @@ pub enum ToAgent {
     ContextRestart {
         context_id: String,
     },
+    /// MicroVM guests only: limits of the guest cgroup every sandbox process runs in → `Done`.
+    GuestLimits(GuestLimits),
+    /// MicroVM guests only: the guest cgroup's figures → `GuestUsage`.
+    GuestUsage,
+    /// MicroVM guests only: freeze (`true`) or thaw the guest cgroup → `Done`.
+    GuestFreeze(bool),
     /// Abandon the operation on this stream (an upload is discarded, an exec is killed).
     Cancel,
+}
+
+/// Limits a microVM's agent applies to the cgroup its sandbox processes run in (the VM's own
+/// size is the outer bound); `None` leaves a limit as it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestLimits {
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u64>,
+    /// Thousandths of a vCPU per wall second.
+    pub cpu_millis: Option<u32>,
+}
+
+/// Counters of a microVM's sandbox cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestUsage {
+    pub memory_current_bytes: u64,
+    pub memory_peak_bytes: u64,
+    pub oom_kills: u64,
+    pub cpu_usage_us: u64,
+    pub pids_current: u64,
+    pub pids_max_hits: u64,
 }
 
 impl ToAgent {
@@ -159,6 +186,9 @@ impl ToAgent {
             ToAgent::ContextList => "ContextList",
             ToAgent::ContextDelete { .. } => "ContextDelete",
             ToAgent::ContextRestart { .. } => "ContextRestart",
+            ToAgent::GuestLimits(_) => "GuestLimits",
+            ToAgent::GuestUsage => "GuestUsage",
+            ToAgent::GuestFreeze(_) => "GuestFreeze",
             ToAgent::Cancel => "Cancel",
         }
     }
@@ -209,6 +239,7 @@ pub enum FromAgent {
         from: Option<String>,
     },
     Ports(Vec<u16>),
+    GuestUsage(GuestUsage),
     /// A sandbox process connects to `ip:port`; `sni`/`host` are what its first bytes named.
     EgressConnect {
         conn: u64,

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use koder_agent_protocol::init::InitConfig;
+use koder_agent_protocol::init::Rlimits;
 use landlock::{
     path_beneath_rules, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
     ABI,
@@ -47,13 +47,13 @@ const KEPT_CAPS: &[u32] = &[
     31, // SETFCAP
 ];
 
-pub fn confine(cfg: &InitConfig) -> Result<Confinement, SetupError> {
-    lower_rlimits(cfg)?;
+pub fn confine(rlimits: &Rlimits, writable_dirs: &[String]) -> Result<Confinement, SetupError> {
+    lower_rlimits(rlimits)?;
     drop_bounding_caps()?;
     rustix::thread::set_no_new_privs(true)
         .map_err(std::io::Error::from)
         .step("set no_new_privs")?;
-    let landlock_abi = apply_landlock(&cfg.writable_dirs)?;
+    let landlock_abi = apply_landlock(writable_dirs)?;
     apply_seccomp()?;
     Ok(Confinement {
         no_new_privs: true,
@@ -62,12 +62,12 @@ pub fn confine(cfg: &InitConfig) -> Result<Confinement, SetupError> {
     })
 }
 
-fn lower_rlimits(cfg: &InitConfig) -> Result<(), SetupError> {
+fn lower_rlimits(rlimits: &Rlimits) -> Result<(), SetupError> {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     for (res, want) in [
-        (Resource::Core, cfg.rlimits.core),
-        (Resource::Nofile, cfg.rlimits.nofile),
-        (Resource::Nproc, cfg.rlimits.nproc),
+        (Resource::Core, rlimits.core),
+        (Resource::Nofile, rlimits.nofile),
+        (Resource::Nproc, rlimits.nproc),
     ] {
         // Only ever lower: raising a hard limit needs CAP_SYS_RESOURCE on the host.
         let cur = getrlimit(res);

@@ -78,6 +78,10 @@ impl Reaper {
         &self,
         cmd: &mut Command,
     ) -> std::io::Result<(std::process::Child, oneshot::Receiver<Status>)> {
+        // SAFETY: join_sandbox_cgroup is async-signal-safe (one write to an open descriptor).
+        unsafe {
+            cmd.pre_exec(crate::guest::join_sandbox_cgroup);
+        }
         let mut waiters = lock(&self.waiters);
         let child = cmd.spawn()?;
         let (tx, rx) = oneshot::channel();

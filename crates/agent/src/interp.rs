@@ -1153,6 +1153,9 @@ unsafe fn exec_child(
     // The agent ignores SIGPIPE; an ignored disposition would survive exec.
     libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     libc::setsid();
+    if crate::guest::join_sandbox_cgroup().is_err() {
+        fail_child(fds.fail);
+    }
     let moves = [
         (fds.stdin, 0),
         (fds.stdout, 1),

@@ -7,6 +7,7 @@ pub mod confine;
 pub mod egress;
 pub mod exec;
 pub mod fs;
+pub mod guest;
 pub mod interp;
 pub mod net;
 pub mod pty;

@@ -8,11 +8,19 @@ use std::sync::Arc;
 use koder_agent::confine;
 use koder_agent::exec::{ExecDefaults, Reaper};
 use koder_agent::fs::Fs;
-use koder_agent::server::{serve_listener, Agent};
+use koder_agent::guest;
+use koder_agent::server::{serve_connection, serve_listener, Agent};
 use koder_agent::setup;
 use koder_agent_protocol::init::{InitConfig, LISTEN_FD};
 
 fn main() -> ExitCode {
+    if guest::is_guest_init() {
+        // PID 1 of a VM has nobody to report to but the console; returning panics the kernel,
+        // which ends the VM, which is what the runtime then sees.
+        let Err(e) = guest_init();
+        eprintln!("koder-agent: {e}");
+        return ExitCode::from(1);
+    }
     let args: Vec<String> = std::env::args().collect();
     let (Some("init"), Some(config)) = (args.get(1).map(String::as_str), args.get(2)) else {
         eprintln!("usage: koder-agent init <config-json>");
@@ -39,7 +47,7 @@ fn init(config: &str) -> Result<Never, Box<dyn std::error::Error>> {
     let cfg: InitConfig = serde_json::from_str(config)?;
     setup::build_root(&cfg)?;
     let fs = Fs::new(std::path::Path::new("/"), &cfg.workdir)?;
-    let confinement = confine::confine(&cfg)?;
+    let confinement = confine::confine(&cfg.rlimits, &cfg.writable_dirs)?;
     // Sandbox processes share our uid; only a non-dumpable agent keeps them out of /proc/1/mem
     // and friends even where ptrace rules would allow it.
     // SAFETY: prctl with integer arguments.
@@ -68,6 +76,48 @@ fn init(config: &str) -> Result<Never, Box<dyn std::error::Error>> {
         }
         serve_listener(agent, listener).await;
         Err::<Never, Box<dyn std::error::Error>>("listener stopped".into())
+    })
+}
+
+/// The agent as the kernel's init in a microVM: boots the guest, then serves the daemon's
+/// connections on vsock.
+fn guest_init() -> Result<Never, Box<dyn std::error::Error>> {
+    let (cfg, cgroup) = guest::boot()?;
+    let fs = Fs::new(std::path::Path::new("/"), &cfg.workdir)?;
+    let confinement = confine::confine(&cfg.rlimits, &cfg.writable_dirs)?;
+    // SAFETY: prctl with integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+    let defaults = ExecDefaults {
+        env: cfg.env.clone(),
+        workdir: cfg.workdir.clone(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(4)
+        .build()?;
+    runtime.block_on(async move {
+        let reaper = Reaper::start()?;
+        let listener = tokio_vsock::VsockListener::bind(tokio_vsock::VsockAddr::new(
+            tokio_vsock::VMADDR_CID_ANY,
+            cfg.vsock_port,
+        ))?;
+        let mut agent = Agent::new(reaper, fs, defaults, confinement);
+        agent.guest = Some(Arc::new(cgroup));
+        let agent = Arc::new(agent);
+        eprintln!("koder-agent: ready on vsock port {}", cfg.vsock_port);
+        loop {
+            match listener.accept().await {
+                Ok((conn, _)) => {
+                    tokio::spawn(serve_connection(agent.clone(), conn));
+                }
+                Err(e) => {
+                    eprintln!("koder-agent: vsock accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
     })
 }
 

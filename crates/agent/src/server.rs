@@ -34,6 +34,9 @@ pub struct Agent {
     pub confinement: Confinement,
     pub contexts: Contexts,
     pub egress: Arc<crate::egress::Egress>,
+    /// The sandbox cgroup when this agent is a microVM's init; `None` in a jail, whose cgroup
+    /// the host drives.
+    pub guest: Option<Arc<crate::guest::SandboxCgroup>>,
     started: Instant,
     running_execs: AtomicU32,
 }
@@ -51,6 +54,7 @@ impl Agent {
             contexts: Contexts::with_defaults(&defaults),
             defaults,
             egress: Arc::default(),
+            guest: None,
             confinement,
             started: Instant::now(),
             running_execs: AtomicU32::new(0),
@@ -189,6 +193,16 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
             blocking(move || fs.remove(&path, recursive).map(|()| FromAgent::Done)).await
         }
         ToAgent::DiskUsage => blocking(disk_usage).await,
+        ToAgent::GuestLimits(limits) => {
+            guest_op(agent, move |cg| {
+                cg.set_limits(&limits).map(|()| FromAgent::Done)
+            })
+            .await
+        }
+        ToAgent::GuestUsage => guest_op(agent, |cg| cg.usage().map(FromAgent::GuestUsage)).await,
+        ToAgent::GuestFreeze(frozen) => {
+            guest_op(agent, move |cg| cg.freeze(frozen).map(|()| FromAgent::Done)).await
+        }
         ToAgent::ListeningPorts => blocking(crate::net::listening_ports).await,
         ToAgent::EgressSubscribe => return crate::egress::subscribe(&agent.egress, rx, out).await,
         ToAgent::EgressAttach { conn } => {
@@ -301,6 +315,20 @@ fn disk_usage() -> Result<FromAgent, AgentError> {
         total_bytes: st.f_blocks.saturating_mul(block),
         used_bytes: st.f_blocks.saturating_sub(st.f_bfree).saturating_mul(block),
     })
+}
+
+/// Runs a cgroup operation of a microVM guest; a jail's agent has no cgroup of its own to drive.
+async fn guest_op(
+    agent: &Agent,
+    f: impl FnOnce(&crate::guest::SandboxCgroup) -> Result<FromAgent, AgentError> + Send + 'static,
+) -> Result<FromAgent, AgentError> {
+    let Some(cg) = agent.guest.clone() else {
+        return Err(AgentError::new(
+            ErrorCode::InvalidRequest,
+            "guest resource control exists only inside a microVM",
+        ));
+    };
+    blocking(move || f(&cg)).await
 }
 
 /// Runs filesystem work off the async thread; a panic there is reported, not propagated.

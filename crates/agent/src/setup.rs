@@ -51,16 +51,7 @@ pub fn build_root(cfg: &InitConfig) -> Result<(), SetupError> {
     }
     mount_proc(&root)?;
     mount_dev(&root)?;
-    let tmp = inside(&root, "/tmp");
-    let tmp_opts = format!("mode=1777,size={}m", cfg.tmp_size_mib.max(1));
-    mount(
-        Some("tmpfs"),
-        &tmp,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some(&tmp_opts),
-    )
-    .step("mount /tmp")?;
+    mount_tmp(&root, cfg.tmp_size_mib)?;
     std::fs::create_dir_all(inside(&root, &cfg.workdir)).step("create workdir")?;
     pivot_into(&root)?;
     rustix::system::sethostname(cfg.hostname.as_bytes())
@@ -127,7 +118,19 @@ fn remount_read_only(target: &Path) -> std::io::Result<()> {
     mount(None, target, None, flags, None)
 }
 
-fn mount_proc(root: &Path) -> Result<(), SetupError> {
+pub(crate) fn mount_tmp(root: &Path, size_mib: u64) -> Result<(), SetupError> {
+    let opts = format!("mode=1777,size={}m", size_mib.max(1));
+    mount(
+        Some("tmpfs"),
+        inside(root, "/tmp"),
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&opts),
+    )
+    .step("mount /tmp")
+}
+
+pub(crate) fn mount_proc(root: &Path) -> Result<(), SetupError> {
     let proc_dir = inside(root, "/proc");
     std::fs::create_dir_all(&proc_dir).step("create /proc")?;
     mount(
@@ -162,7 +165,7 @@ fn mount_proc(root: &Path) -> Result<(), SetupError> {
     Ok(())
 }
 
-fn mount_dev(root: &Path) -> Result<(), SetupError> {
+pub(crate) fn mount_dev(root: &Path) -> Result<(), SetupError> {
     let dev = inside(root, "/dev");
     std::fs::create_dir_all(&dev).step("create /dev")?;
     mount(
@@ -238,7 +241,7 @@ fn pivot_into(root: &Path) -> Result<(), SetupError> {
     std::env::set_current_dir("/").step("enter /")
 }
 
-fn loopback_up() -> std::io::Result<()> {
+pub(crate) fn loopback_up() -> std::io::Result<()> {
     // SAFETY: plain socket/ioctl calls on a zeroed ifreq we own; the fd is closed below.
     unsafe {
         let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
@@ -279,7 +282,7 @@ fn unshare(flags: libc::c_int) -> std::io::Result<()> {
 
 /// Thin `mount(2)`: the classic API takes the MS_* flag set the kernel documents, which rustix
 /// splits over several functions; one wrapper keeps each call site readable.
-fn mount(
+pub(crate) fn mount(
     source: Option<&str>,
     target: impl AsRef<Path>,
     fstype: Option<&str>,

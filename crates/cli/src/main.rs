@@ -106,6 +106,29 @@ enum Command {
     Audit(AuditArgs),
     /// Operator commands; need an admin key (--api-key or KSANDBOX_ADMIN_KEY).
     Admin(AdminArgs),
+    /// Build sandbox images on this host (runs locally, as root; no daemon needed).
+    #[command(subcommand)]
+    Image(ImageCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ImageCommand {
+    /// Build the `host` image and the microVM guest (kernel, boot modules, root disk).
+    /// Idempotent: an image of the current version is kept unless --force.
+    Build(ImageBuildArgs),
+}
+
+#[derive(Debug, Args)]
+struct ImageBuildArgs {
+    /// Images directory the daemon reads (`[microvm] images_dir`, default <data_dir>/images).
+    #[arg(long, default_value = "/var/lib/koder-sandbox/images")]
+    images_dir: std::path::PathBuf,
+    /// A linux-image-*.deb to use instead of downloading Debian's current cloud kernel.
+    #[arg(long)]
+    kernel_deb: Option<std::path::PathBuf>,
+    /// Rebuild even when an image of this version exists.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -543,6 +566,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Admin(a) => cmd_admin(g, a).await,
+        Command::Image(ImageCommand::Build(a)) => cmd_image_build(a).await,
         Command::Shell(a) => cmd_shell(Ctx::new(g, &a.c)?, &a.session, &[]).await,
         Command::Attach(a) => cmd_shell(Ctx::new(g, &a.c)?, &a.session, &a.cmd).await,
         Command::Logs(a) => cmd_logs(Ctx::new(g, &a.c)?, a).await,
@@ -1251,6 +1275,26 @@ async fn download_to_file(
         let _ = tokio::fs::remove_file(target).await;
     }
     copied
+}
+
+async fn cmd_image_build(a: ImageBuildArgs) -> anyhow::Result<i32> {
+    std::fs::create_dir_all(&a.images_dir)?;
+    let opts = koder_microvm::image::BuildOptions {
+        images_dir: a.images_dir.clone(),
+        kernel_deb: a.kernel_deb,
+        force: a.force,
+    };
+    let started = std::time::Instant::now();
+    // Minutes of blocking work (package download, mkfs of a few GiB).
+    let image = tokio::task::spawn_blocking(move || koder_microvm::image::build(&opts)).await??;
+    println!(
+        "microvm image ready in {:.1}s: kernel {} ({}), root disk {}",
+        started.elapsed().as_secs_f64(),
+        image.kernel_version,
+        image.vmlinux.display(),
+        image.rootfs.display()
+    );
+    Ok(0)
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub sessions: SessionConfig,
     pub jail: JailSection,
+    pub microvm: MicroVmSection,
     /// Egress policy: internal (SSRF-exempt) ranges, static host names, resolver.
     pub network: koder_netpolicy::NetConfig,
     /// Tenants and their plans/quotas, by tenant id.
@@ -64,6 +65,43 @@ pub struct JailSection {
     pub uid_base: Option<u32>,
     pub max_sandboxes: Option<u32>,
     pub cgroup_parent: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MicroVmSection {
+    /// Offer `runtime: "microvm"` when this host can run it (the reason is logged otherwise).
+    pub enabled: bool,
+    /// Where `ksandbox image build --microvm` put the guest kernel and root disk; default
+    /// `<data_dir>/images`.
+    pub images_dir: Option<PathBuf>,
+    /// `auto` (Firecracker with hardware KVM, else QEMU), `qemu` or `firecracker`.
+    pub backend: String,
+    pub qemu_bin: Option<PathBuf>,
+    pub vhost_vsock_bin: Option<PathBuf>,
+    pub firecracker_bin: Option<PathBuf>,
+    pub uid_base: Option<u32>,
+    pub max_vms: Option<u32>,
+    pub boot_timeout_s: Option<u64>,
+    /// Guest memory of a VM beyond its own overhead (sessions asking more get a bigger VM).
+    pub vm_memory_mib: Option<u64>,
+}
+
+impl Default for MicroVmSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            images_dir: None,
+            backend: "auto".into(),
+            qemu_bin: None,
+            vhost_vsock_bin: None,
+            firecracker_bin: None,
+            uid_base: None,
+            max_vms: None,
+            boot_timeout_s: None,
+            vm_memory_mib: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

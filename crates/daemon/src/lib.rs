@@ -12,6 +12,7 @@ use anyhow::{bail, Context};
 use chrono::Utc;
 use koder_auth::KeyRing;
 use koder_jail::{JailConfig, JailRuntime};
+use koder_microvm::{Backend, MicroVmConfig, MicroVmRuntime};
 use koder_runtime::Runtime;
 use koder_store::{Store, Tenant};
 
@@ -53,10 +54,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let store = Store::open_sqlite(&data_dir.join("state.db")).await?;
     let keys = load_keys(&cfg, &store, data_dir).await?;
-    let runtime = jail_runtime(&cfg)?;
+    let agent = agent_bin(&cfg)?;
+    let runtimes = koder_sessions::Runtimes {
+        jail: jail_runtime(&cfg, &agent)?,
+        microvm: microvm_runtime(&cfg, &agent),
+    };
     let mut sessions = cfg.sessions.clone();
     sessions.network = cfg.network.clone();
-    let manager = koder_sessions::Manager::start(store, runtime, sessions).await?;
+    let manager = koder_sessions::Manager::start_with_runtimes(
+        store,
+        runtimes,
+        sessions,
+        koder_sessions::quota::system_clock(),
+    )
+    .await?;
     let state = koder_http::AppState {
         manager: manager.clone(),
         keys: Arc::new(RwLock::new(keys)),
@@ -193,8 +204,8 @@ fn dev_key(data_dir: &Path) -> anyhow::Result<String> {
     Ok(key)
 }
 
-fn jail_runtime(cfg: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
-    let agent = match &cfg.jail.agent_bin {
+fn agent_bin(cfg: &Config) -> anyhow::Result<PathBuf> {
+    Ok(match &cfg.jail.agent_bin {
         Some(p) => p.clone(),
         None => match std::env::var_os("KODER_AGENT_BIN") {
             Some(p) => PathBuf::from(p),
@@ -203,7 +214,70 @@ fn jail_runtime(cfg: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
                 .context("daemon executable has no directory")?
                 .join("koder-agent"),
         },
+    })
+}
+
+/// The microVM runtime, or why this server does not offer it (logged; `runtime: "microvm"`
+/// then answers 503 with the reason).
+fn microvm_runtime(cfg: &Config, agent: &Path) -> Result<Arc<dyn Runtime>, String> {
+    let section = &cfg.microvm;
+    if !section.enabled {
+        return Err("disabled in the server configuration".into());
+    }
+    let images = section
+        .images_dir
+        .clone()
+        .unwrap_or_else(|| cfg.server.data_dir.join("images"));
+    let mut mc = MicroVmConfig::new(cfg.server.data_dir.join("microvm"), images, agent);
+    mc.backend = match section.backend.as_str() {
+        "auto" => Backend::Auto,
+        "qemu" => Backend::Qemu,
+        "firecracker" => Backend::Firecracker,
+        other => {
+            return Err(format!(
+                "unknown microvm backend {other:?}; one of auto, qemu, firecracker"
+            ))
+        }
     };
+    if let Some(v) = section.vm_memory_mib {
+        mc.vm_memory_mib = v;
+    }
+    for (slot, value) in [
+        (&mut mc.qemu_bin, &section.qemu_bin),
+        (&mut mc.vhost_vsock_bin, &section.vhost_vsock_bin),
+        (&mut mc.firecracker_bin, &section.firecracker_bin),
+    ] {
+        if let Some(v) = value {
+            *slot = v.clone();
+        }
+    }
+    if let Some(v) = section.uid_base {
+        mc.uid_base = v;
+    }
+    if let Some(v) = section.max_vms {
+        mc.max_vms = v;
+    }
+    if let Some(v) = section.boot_timeout_s {
+        mc.boot_timeout = std::time::Duration::from_secs(v);
+    }
+    match MicroVmRuntime::new(mc) {
+        Ok(rt) => {
+            for gap in &rt.enforcement().not_enforced {
+                eprintln!(
+                    "koder-sandbox: microvm: NOT ENFORCED: {} ({})",
+                    gap.what, gap.why
+                );
+            }
+            Ok(Arc::new(rt))
+        }
+        Err(e) => {
+            eprintln!("koder-sandbox: microvm runtime unavailable: {e}");
+            Err(e.to_string())
+        }
+    }
+}
+
+fn jail_runtime(cfg: &Config, agent: &Path) -> anyhow::Result<Arc<dyn Runtime>> {
     let mut jc = JailConfig::new(cfg.server.data_dir.join("jail"), agent);
     if let Some(v) = cfg.jail.uid_base {
         jc.uid_base = v;

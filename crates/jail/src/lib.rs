@@ -7,8 +7,7 @@
 //! `<parent>/<id>`. All mounts live in the sandbox's mount namespace and vanish with it.
 
 pub mod disk;
-mod image;
-mod slots;
+
 mod spawn;
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -27,8 +26,9 @@ use koder_runtime::{
 };
 use tokio::io::unix::AsyncFd;
 
-pub use image::{default_env, Image, WRITABLE_DIRS};
-use slots::Slots;
+use koder_image as image;
+pub use koder_image::{default_env, Image, WRITABLE_DIRS};
+use koder_runtime::slots::Slots;
 pub use spawn::IdMap;
 
 /// Ids inside a sandbox: 0..65536, like a normal Linux system.
@@ -574,8 +574,9 @@ impl Sandbox for JailSandbox {
     }
 }
 
+#[async_trait]
 impl ResourceControl for JailSandbox {
-    fn usage(&self) -> Result<Usage, RuntimeError> {
+    async fn usage(&self) -> Result<Usage, RuntimeError> {
         let s = self.with_cgroup(|cg| cg.stats())?;
         Ok(Usage {
             memory_current_bytes: s.memory_current_bytes,
@@ -587,20 +588,20 @@ impl ResourceControl for JailSandbox {
         })
     }
 
-    fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError> {
+    async fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError> {
         let limits = JailRuntime::cgroup_limits(limits);
         self.with_cgroup(|cg| cg.set_limits(&limits))
     }
 
-    fn reset_memory_peak(&self) -> Result<(), RuntimeError> {
+    async fn reset_memory_peak(&self) -> Result<(), RuntimeError> {
         self.with_cgroup(|cg| cg.reset_memory_peak())
     }
 
-    fn freeze(&self) -> Result<(), RuntimeError> {
+    async fn freeze(&self) -> Result<(), RuntimeError> {
         self.with_cgroup(|cg| cg.freeze())
     }
 
-    fn thaw(&self) -> Result<(), RuntimeError> {
+    async fn thaw(&self) -> Result<(), RuntimeError> {
         self.with_cgroup(|cg| cg.thaw())
     }
 }

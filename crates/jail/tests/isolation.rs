@@ -145,7 +145,7 @@ print("cgroupns", open("/proc/self/cgroup").read().strip().splitlines()[0].split
         );
     }
     // The cgroup limits the host set are what the cgroup still says.
-    let usage_before = sb.resources().unwrap().usage().unwrap();
+    let usage_before = sb.resources().unwrap().usage().await.unwrap();
     assert!(usage_before.pids_current >= 1);
     let escape = run(
         &sb,

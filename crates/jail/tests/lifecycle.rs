@@ -221,13 +221,13 @@ async fn freeze_stops_the_sandbox_until_thawed() {
     let env = runtime("freeze");
     let sb = sandbox(&env).await;
     let res = sb.resources().expect("jail offers resource control");
-    res.freeze().unwrap();
+    res.freeze().await.unwrap();
     let frozen = tokio::time::timeout(Duration::from_millis(300), sb.agent().health()).await;
     assert!(frozen.is_err(), "a frozen agent answered");
-    res.thaw().unwrap();
+    res.thaw().await.unwrap();
     let h = tokio::time::timeout(Duration::from_secs(5), sb.agent().health()).await;
     assert!(matches!(h, Ok(Ok(_))), "thawed agent silent: {h:?}");
-    let usage = res.usage().unwrap();
+    let usage = res.usage().await.unwrap();
     assert!(
         usage.memory_current_bytes > 0 && usage.pids_current >= 1,
         "{usage:?}"

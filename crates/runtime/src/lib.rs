@@ -7,6 +7,8 @@
 
 use std::sync::Arc;
 
+pub mod slots;
+
 use async_trait::async_trait;
 use koder_agent_protocol::{AgentClient, ClientError};
 use serde::{Deserialize, Serialize};
@@ -143,14 +145,16 @@ pub trait Sandbox: Send + Sync {
     }
 }
 
-/// Optional capability: live usage, peak reset and freeze/thaw (pause).
+/// Optional capability: live usage, peak reset and freeze/thaw (pause). Asynchronous because a
+/// microVM answers through its guest agent.
+#[async_trait]
 pub trait ResourceControl: Send + Sync {
-    fn usage(&self) -> Result<Usage, RuntimeError>;
+    async fn usage(&self) -> Result<Usage, RuntimeError>;
     /// Applies new limits to a running sandbox (warm-pool sandboxes learn theirs at hand-out).
-    fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError>;
-    fn reset_memory_peak(&self) -> Result<(), RuntimeError>;
-    fn freeze(&self) -> Result<(), RuntimeError>;
-    fn thaw(&self) -> Result<(), RuntimeError>;
+    async fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError>;
+    async fn reset_memory_peak(&self) -> Result<(), RuntimeError>;
+    async fn freeze(&self) -> Result<(), RuntimeError>;
+    async fn thaw(&self) -> Result<(), RuntimeError>;
 }
 
 /// Checks a sandbox id: it names host directories, sockets and cgroups.

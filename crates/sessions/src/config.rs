@@ -25,6 +25,8 @@ pub struct SessionConfig {
     pub plans: BTreeMap<String, PlanConfig>,
     /// Ready sandboxes kept per language.
     pub pool: BTreeMap<String, usize>,
+    /// Ready microVMs kept per language (each holds guest memory: keep it small).
+    pub microvm_pool: BTreeMap<String, usize>,
     /// Egress policy settings (`[network]` of the daemon config).
     #[serde(skip)]
     pub network: koder_netpolicy::NetConfig,
@@ -56,6 +58,7 @@ impl Default for SessionConfig {
             max_file_bytes: 1024 * 1024 * 1024,
             plans: BTreeMap::new(),
             pool: BTreeMap::from([("bash".into(), 1), ("python".into(), 1), ("node".into(), 1)]),
+            microvm_pool: BTreeMap::new(),
             reap_interval: Duration::from_secs(1),
             network: Default::default(),
         }

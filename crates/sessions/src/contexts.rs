@@ -125,7 +125,7 @@ impl Manager {
         }
         let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
         let rc = live.sandbox.resources();
-        let before = rc.and_then(|rc| rc.usage().ok());
+        let before = crate::manager::usage_of(rc).await;
         let began = Instant::now();
         let msg = ToAgent::ContextRun {
             context_id: cid.into(),
@@ -165,7 +165,7 @@ impl Manager {
             run.duration_ms = began.elapsed().as_millis() as u64;
             return Ok(run);
         };
-        let after = rc.and_then(|rc| rc.usage().ok());
+        let after = crate::manager::usage_of(rc).await;
         let oom = matches!((before, after), (Some(b), Some(a)) if a.oom_kills > b.oom_kills);
         run.verdict = if outcome.timed_out {
             Some(codes::EXEC_TIMEOUT)

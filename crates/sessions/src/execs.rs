@@ -245,7 +245,7 @@ impl Manager {
         live.execs.admit()?;
         let agent_req = self.exec_request(&live, req, background)?;
         let command = agent_req.argv.clone();
-        let meter = Meter::start(live.clone());
+        let meter = Meter::start(live.clone()).await;
         let stream = match live.sandbox.agent().exec(agent_req).await {
             Ok(s) => s,
             Err(e) => {
@@ -435,7 +435,7 @@ async fn consume(
             }
         }
     };
-    let (verdict, peak) = meter.finish(&exit, killed, &metrics);
+    let (verdict, peak) = meter.finish(&exit, killed, &metrics).await;
     exec.finish(ExecResult {
         exec_id: exec.id.clone(),
         exit_code: exit.exit_code,

@@ -16,6 +16,6 @@ pub mod quota;
 
 pub use config::SessionConfig;
 pub use error::Error;
-pub use manager::Manager;
+pub use manager::{Manager, Runtimes};
 pub use metrics::Metrics;
 pub use quota::{Clock, NO_ACCESS_PLAN};

@@ -50,12 +50,26 @@ pub(crate) struct Live {
 
 pub const MAX_ERRORS: usize = 50;
 
+/// The runtimes a manager can create sandboxes with. The jail is always there; the microVM
+/// runtime only where this host can run it (otherwise the reason it cannot).
+pub struct Runtimes {
+    pub jail: Arc<dyn Runtime>,
+    pub microvm: Result<Arc<dyn Runtime>, String>,
+}
+
+/// A runtime with its warm pool.
+struct Engine {
+    runtime: Arc<dyn Runtime>,
+    pool: Arc<Pool>,
+}
+
 pub struct Manager {
     store: Store,
     runtime: Arc<dyn Runtime>,
     pub(crate) cfg: SessionConfig,
     live: Mutex<HashMap<String, Arc<Live>>>,
     pool: Arc<Pool>,
+    microvm: Result<Engine, String>,
     metrics: Arc<Metrics>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     admission: Arc<Admission>,
@@ -83,17 +97,32 @@ impl Manager {
         cfg: SessionConfig,
         clock: Clock,
     ) -> Result<Arc<Self>, Error> {
+        let runtimes = Runtimes {
+            jail: runtime,
+            microvm: Err("the microvm runtime is not configured on this server".into()),
+        };
+        Self::start_with_runtimes(store, runtimes, cfg, clock).await
+    }
+
+    /// [`Manager::start`] with every runtime this server offers.
+    pub async fn start_with_runtimes(
+        store: Store,
+        runtimes: Runtimes,
+        cfg: SessionConfig,
+        clock: Clock,
+    ) -> Result<Arc<Self>, Error> {
+        let runtime = runtimes.jail;
         for stale in store.live_sessions().await? {
             store
                 .set_session_state(&stale.id, SessionState::Stopped, Some("daemon restarted"))
                 .await?;
         }
-        let report = runtime.reconcile().await?;
-        if !report.sandboxes_removed.is_empty() {
-            tracing::info!(
-                count = report.sandboxes_removed.len(),
-                "removed sandboxes left by a previous run"
-            );
+        let mut removed = runtime.reconcile().await?.sandboxes_removed.len();
+        if let Ok(vm) = &runtimes.microvm {
+            removed += vm.reconcile().await?.sandboxes_removed.len();
+        }
+        if removed > 0 {
+            tracing::info!(count = removed, "removed sandboxes left by a previous run");
         }
         let metrics = Arc::new(Metrics::new());
         let pool = Arc::new(Pool::new(
@@ -102,12 +131,22 @@ impl Manager {
             to_runtime_limits(&cfg.default_limits),
             metrics.clone(),
         ));
+        let microvm = runtimes.microvm.map(|runtime| Engine {
+            pool: Arc::new(Pool::new(
+                runtime.clone(),
+                cfg.microvm_pool.clone(),
+                to_runtime_limits(&cfg.default_limits),
+                metrics.clone(),
+            )),
+            runtime,
+        });
         let manager = Arc::new(Self {
             store,
             runtime,
             cfg,
             live: Mutex::default(),
             pool: pool.clone(),
+            microvm,
             metrics,
             tasks: Mutex::default(),
             admission: Arc::default(),
@@ -116,6 +155,10 @@ impl Manager {
         let reaper = tokio::spawn(Self::reap_forever(Arc::downgrade(&manager)));
         let filler = tokio::spawn(pool.run_filler());
         lock(&manager.tasks).extend([reaper, filler]);
+        if let Ok(vm) = &manager.microvm {
+            let filler = tokio::spawn(vm.pool.clone().run_filler());
+            lock(&manager.tasks).push(filler);
+        }
         Ok(manager)
     }
 
@@ -153,9 +196,15 @@ impl Manager {
             self.end(&id, "daemon shutdown").await;
         }
         self.pool.drain().await;
+        if let Ok(vm) = &self.microvm {
+            vm.pool.drain().await;
+        }
         // A warm sandbox whose start the abort above interrupted is only reachable this way.
-        if let Err(e) = self.runtime.reconcile().await {
-            tracing::error!(error = %e, "final sweep of sandboxes at shutdown");
+        let vm = self.microvm.as_ref().ok().map(|e| &e.runtime);
+        for runtime in std::iter::once(&self.runtime).chain(vm) {
+            if let Err(e) = runtime.reconcile().await {
+                tracing::error!(error = %e, "final sweep of sandboxes at shutdown");
+            }
         }
     }
 
@@ -172,11 +221,14 @@ impl Manager {
         };
         let runtime = match req.runtime.as_deref() {
             None | Some("jail") => "jail",
-            Some("microvm") => {
-                return Err(Error::RuntimeUnavailable(
-                    "the microvm runtime is not available on this host".into(),
-                ))
-            }
+            Some("microvm") => match &self.microvm {
+                Ok(_) => "microvm",
+                Err(why) => {
+                    return Err(Error::RuntimeUnavailable(format!(
+                        "the microvm runtime is not available on this server: {why}"
+                    )))
+                }
+            },
             Some(other) => {
                 return Err(Error::InvalidArgument(format!(
                     "unknown runtime {other:?}; one of jail, microvm"
@@ -205,7 +257,14 @@ impl Manager {
             .await?;
 
         let egress = network.mode != NetworkMode::None;
-        let (sandbox, source) = self.sandbox_for(language, &limits, egress).await?;
+        if egress && runtime == "microvm" {
+            return Err(Error::InvalidArgument(
+                "network modes open and allowlist are not available with runtime microvm (its \
+                 guests have no network device); use network mode none"
+                    .into(),
+            ));
+        }
+        let (sandbox, source) = self.sandbox_for(runtime, language, &limits, egress).await?;
         // If this request is dropped (the client went away) before the session is recorded,
         // the sandbox must not outlive it.
         let guard = DestroyOnDrop(Some(sandbox.clone()));
@@ -266,19 +325,20 @@ impl Manager {
     /// A warm sandbox with the session's limits applied, or a fresh one.
     async fn sandbox_for(
         &self,
+        runtime: &str,
         language: &str,
         limits: &Limits,
         egress: bool,
     ) -> Result<(Arc<dyn Sandbox>, &'static str), Error> {
+        let (runtime, pool) = match (&self.microvm, runtime) {
+            (Ok(vm), "microvm") => (vm.runtime.clone(), &vm.pool),
+            _ => (self.runtime.clone(), &self.pool),
+        };
         let runtime_limits = to_runtime_limits(limits);
         // Warm sandboxes have no network; one with egress is always made for its session.
-        while let Some(sb) = self
-            .pool
-            .take(language, limits.disk_mib)
-            .filter(|_| !egress)
-        {
+        while let Some(sb) = pool.take(language, limits.disk_mib).filter(|_| !egress) {
             let applied = match sb.resources() {
-                Some(rc) => rc.set_limits(&runtime_limits),
+                Some(rc) => rc.set_limits(&runtime_limits).await,
                 None => Ok(()),
             };
             match applied {
@@ -299,7 +359,6 @@ impl Manager {
         // Started on its own task: a dropped request must not abandon a half-started sandbox,
         // and one that finishes for nobody is destroyed.
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let runtime = self.runtime.clone();
         tokio::spawn(async move {
             if let Err(Ok(orphan)) = tx.send(runtime.create(spec).await) {
                 let _ = orphan.destroy().await;
@@ -359,7 +418,7 @@ impl Manager {
             .sandbox
             .resources()
             .ok_or_else(|| Error::NotImplemented("this runtime cannot pause sandboxes".into()))?;
-        rc.freeze()?;
+        rc.freeze().await?;
         self.store
             .set_session_state(id, SessionState::Paused, None)
             .await?;
@@ -377,7 +436,7 @@ impl Manager {
             .sandbox
             .resources()
             .ok_or_else(|| Error::NotImplemented("this runtime cannot pause sandboxes".into()))?;
-        rc.thaw()?;
+        rc.thaw().await?;
         self.store
             .set_session_state(id, SessionState::Running, None)
             .await?;
@@ -392,7 +451,7 @@ impl Manager {
             // Frozen processes cannot even die: thaw before the kill.
             if *lock(&live.paused) {
                 if let Some(rc) = live.sandbox.resources() {
-                    let _ = rc.thaw();
+                    let _ = rc.thaw().await;
                 }
             }
             if let Err(e) = live.sandbox.destroy().await {
@@ -572,7 +631,8 @@ impl Manager {
             .ok_or_else(|| {
                 Error::NotImplemented("this runtime does not report resource use".into())
             })?
-            .usage()?;
+            .usage()
+            .await?;
         let (disk_total, disk_used) = match live.sandbox.agent().disk_usage().await {
             Ok(d) => d,
             Err(e) => return Err(self.agent_failed(id, e).await),
@@ -598,7 +658,7 @@ impl Manager {
     ) -> Result<ExecResult, Error> {
         let live = self.live(who, id)?;
         let agent_req = self.exec_request(&live, req, false)?;
-        let meter = Meter::start(live.clone());
+        let meter = Meter::start(live.clone()).await;
         let outcome =
             collect_exec(live.sandbox.agent(), agent_req, self.cfg.output_limit_bytes).await;
         let mut out = match outcome {
@@ -608,7 +668,7 @@ impl Manager {
                 return Err(self.agent_failed(id, e).await);
             }
         };
-        let (verdict, peak_kib) = meter.finish(&out.exit, out.killed, &self.metrics);
+        let (verdict, peak_kib) = meter.finish(&out.exit, out.killed, &self.metrics).await;
         Ok(ExecResult {
             exec_id: uuid::Uuid::new_v4().simple().to_string(),
             exit_code: out.exit.exit_code,
@@ -909,6 +969,16 @@ impl Drop for DestroyOnDrop {
     }
 }
 
+/// Current usage where the runtime reports it; a failed reading counts as none.
+pub(crate) async fn usage_of(
+    rc: Option<&dyn koder_runtime::ResourceControl>,
+) -> Option<koder_runtime::Usage> {
+    match rc {
+        Some(rc) => rc.usage().await.ok(),
+        None => None,
+    }
+}
+
 /// Resource counters around one exec, for its verdict and peak memory.
 pub(crate) struct Meter {
     live: Arc<Live>,
@@ -918,12 +988,15 @@ pub(crate) struct Meter {
 }
 
 impl Meter {
-    pub(crate) fn start(live: Arc<Live>) -> Self {
+    pub(crate) async fn start(live: Arc<Live>) -> Self {
         let alone = live.running_execs.fetch_add(1, Ordering::SeqCst) == 0;
         let rc = live.sandbox.resources();
         // The cgroup's peak is per session: it only describes this exec when no other runs.
-        let peak_tracked = alone && rc.is_some_and(|rc| rc.reset_memory_peak().is_ok());
-        let before = rc.and_then(|rc| rc.usage().ok());
+        let peak_tracked = match rc {
+            Some(rc) if alone => rc.reset_memory_peak().await.is_ok(),
+            _ => false,
+        };
+        let before = usage_of(rc).await;
         Self {
             live,
             before,
@@ -938,13 +1011,13 @@ impl Meter {
     }
 
     /// The verdict (None for a normal exit) and the peak memory in KiB, if attributable.
-    pub(crate) fn finish(
+    pub(crate) async fn finish(
         self,
         exit: &proto::ExitInfo,
         killed: bool,
         metrics: &Metrics,
     ) -> (Option<&'static str>, Option<u64>) {
-        let after = self.live.sandbox.resources().and_then(|rc| rc.usage().ok());
+        let after = usage_of(self.live.sandbox.resources()).await;
         self.live.running_execs.fetch_sub(1, Ordering::SeqCst);
         let grew = |f: fn(&koder_runtime::Usage) -> u64| matches!((self.before, after), (Some(b), Some(a)) if f(&a) > f(&b));
         let verdict = if killed {

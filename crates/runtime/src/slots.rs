@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use koder_runtime::RuntimeError;
+use crate::RuntimeError;
 
 #[derive(Clone)]
 pub struct Slots {

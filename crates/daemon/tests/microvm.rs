@@ -1,0 +1,256 @@
+//! `runtime: "microvm"` through the normal API: real guests (QEMU `microvm`; TCG on hosts
+//! without usable hardware KVM, such as CI), booted from the image `ksandbox image build` made
+//! (`KODER_MICROVM_IMAGES`, default `target/microvm-images`; scripts/test.sh builds it).
+//! Two boots in all: guests are slow under TCG.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+const S: &str = "/v1/sandbox/sessions";
+
+fn images_dir() -> PathBuf {
+    std::env::var_os("KODER_MICROVM_IMAGES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/microvm-images")
+        })
+}
+
+fn microvm_config() -> String {
+    let images = images_dir();
+    assert!(
+        images.join("microvm/manifest.json").is_file(),
+        "no microvm image in {} (scripts/test.sh builds it: ksandbox image build --images-dir ...)",
+        images.display()
+    );
+    format!(
+        "{BASE_CONFIG}\n[microvm]\nimages_dir = \"{}\"\nbackend = \"qemu\"\nvm_memory_mib = 256\nboot_timeout_s = 120\n",
+        images.display()
+    )
+}
+
+/// Host processes whose command line mentions `needle` (this test's own data dir).
+fn processes_mentioning(needle: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+async fn wait_until_gone(needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = processes_mentioning(needle);
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "VMM processes left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(&microvm_config()).await;
+    let vms = d.data_dir().join("microvm/vms");
+
+    // Modes a guest without a network device cannot honour are refused before any boot.
+    let (status, e) = d
+        .json(
+            Method::POST,
+            S,
+            json!({"runtime": "microvm", "network": {"mode": "open"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{e}");
+    assert_eq!(e["error"]["code"], "SANDBOX-INVALID-ARGUMENT");
+
+    let (status, s) = d
+        .json(
+            Method::POST,
+            S,
+            json!({"runtime": "microvm", "language": "python", "limits": {"memory_mib": 96, "pids": 128}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{s}");
+    assert_eq!(s["runtime"], "microvm");
+    let id = s["id"].as_str().unwrap().to_string();
+
+    // Its own kernel: Debian's cloud kernel, not the host's.
+    let r = d
+        .exec(&id, json!({"shell": "uname -r; cat /proc/1/comm"}))
+        .await;
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.contains("cloud-amd64"), "not the guest kernel: {r}");
+    let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(!out.contains(host_release.trim()), "{r}");
+
+    let r = d
+        .exec(
+            &id,
+            json!({"code": "import sys; print(sys.version_info[:2], 6 * 7)"}),
+        )
+        .await;
+    assert_eq!(r["stdout"], "(3, 11) 42\n", "{r}");
+    let r = d
+        .exec(&id, json!({"cmd": ["/usr/bin/node", "-e", "console.log([1,2,3].map(x => x * 2).join(','))"]}))
+        .await;
+    assert_eq!(
+        (r["exit_code"].as_i64(), r["stdout"].as_str()),
+        (Some(0), Some("2,4,6\n")),
+        "{r}"
+    );
+
+    // Files in, moved, read back by guest code and out again.
+    let f = format!("{S}/{id}/files");
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let resp = d
+        .req(Method::PUT, &f, KEY1)
+        .query(&[("path", "/workspace/in.bin")])
+        .body(payload.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let (status, e) = d
+        .json(
+            Method::POST,
+            &format!("{f}/move"),
+            json!({"from": "/workspace/in.bin", "to": "/workspace/moved.bin"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{e}");
+    let r = d
+        .exec(&id, json!({"code": "import hashlib\nd = open('/workspace/moved.bin','rb').read()\nopen('/workspace/out.txt','w').write(hashlib.sha256(d).hexdigest())"}))
+        .await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let resp = d
+        .req(Method::GET, &f, KEY1)
+        .query(&[("path", "/workspace/out.txt")])
+        .send()
+        .await
+        .unwrap();
+    let digest = resp.text().await.unwrap();
+    use sha2::Digest;
+    assert_eq!(digest, hex::encode(sha2::Sha256::digest(&payload)));
+
+    // Verdicts come from inside the guest: the agent's timeout and the guest cgroup's OOM kill.
+    let r = d
+        .exec(
+            &id,
+            json!({"shell": "echo before; sleep 30", "timeout_ms": 1500}),
+        )
+        .await;
+    assert_eq!(r["verdict"], "SANDBOX-EXEC-TIMEOUT", "{r}");
+    assert_eq!(r["stdout"], "before\n");
+    let r = d
+        .exec(&id, json!({"code": "print('allocating', flush=True)\nchunks = []\nwhile True:\n    chunks.append(bytearray(8 * 1024 * 1024))"}))
+        .await;
+    assert_eq!(r["verdict"], "SANDBOX-EXEC-KILLED-OOM", "{r}");
+    assert_eq!(r["stdout"], "allocating\n");
+    let (status, m) = d
+        .json(Method::GET, &format!("{S}/{id}/metrics"), Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{m}");
+    assert!(m["oom_kills"].as_u64().unwrap() >= 1, "{m}");
+    assert_eq!(m["memory_limit_kib"], 96 * 1024, "{m}");
+    // The VM survives its process's OOM.
+    assert_eq!(
+        d.exec(&id, json!({"shell": "echo alive"})).await["stdout"],
+        "alive\n"
+    );
+
+    // Destroy: no VMM process, socket or directory of it remains.
+    let vm_dirs: Vec<PathBuf> = std::fs::read_dir(&vms)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(vm_dirs.len(), 1);
+    assert!(vm_dirs[0].join("vsock.sock").exists());
+    let needle = vm_dirs[0].to_string_lossy().into_owned();
+    assert!(
+        !processes_mentioning(&needle).is_empty(),
+        "no VMM process found"
+    );
+    let (status, _) = d
+        .json(Method::DELETE, &format!("{S}/{id}"), Value::Null)
+        .await;
+    assert!(status.is_success());
+    wait_until_gone(&needle).await;
+    assert!(!vm_dirs[0].exists(), "VM directory left behind");
+    let (status, e) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/exec"),
+            json!({"shell": "true"}),
+        )
+        .await;
+    assert!(status.is_client_error(), "{status} {e}");
+}
+
+/// A daemon that dies without cleaning up leaves running VMs; the next start kills them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_after_a_crash_removes_orphaned_vms() {
+    let Some(()) = root_or_skip() else { return };
+    let mut d = Daemon::start(&microvm_config()).await;
+    let id = d
+        .create(json!({"runtime": "microvm", "language": "bash"}))
+        .await;
+    assert_eq!(
+        d.exec(&id, json!({"shell": "echo up"})).await["stdout"],
+        "up\n"
+    );
+    let vms = d.data_dir().join("microvm/vms");
+    let needle = vms.to_string_lossy().into_owned();
+    d.crash();
+    assert!(
+        !processes_mentioning(&needle).is_empty(),
+        "the VM should outlive a crashed daemon"
+    );
+    d.launch().await;
+    wait_until_gone(&needle).await;
+    assert_eq!(std::fs::read_dir(&vms).unwrap().count(), 0);
+    let (status, _) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/exec"),
+            json!({"shell": "true"}),
+        )
+        .await;
+    assert!(status.is_client_error());
+}
+
+/// Without an image the runtime is unavailable, said with the reason and a typed 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn microvm_without_an_image_is_unavailable() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(&format!(
+        "{BASE_CONFIG}\n[microvm]\nimages_dir = \"/nonexistent/images\"\n"
+    ))
+    .await;
+    let (status, e) = d.json(Method::POST, S, json!({"runtime": "microvm"})).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{e}");
+    assert_eq!(e["error"]["code"], "SANDBOX-RUNTIME-UNAVAILABLE-001");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("image build"),
+        "{e}"
+    );
+}

@@ -1,0 +1,726 @@
+//! The microVM runtime: every sandbox is its own virtual machine (QEMU `microvm` or Firecracker)
+//! booting a distribution kernel whose init is the koder agent. The daemon talks to the agent
+//! over virtio-vsock with the same protocol a jail uses, so every API works unchanged; the
+//! guest's own cgroup, driven by the agent, carries the session's limits inside a VM sized to
+//! the server's maximum.
+//!
+//! Host side of one VM: a private directory `<state>/vms/<id>` (owned by the VM's unprivileged
+//! uid) with its initrd (shared base + its config), a sparse scratch disk (the guest's writable
+//! layer, sized to the disk quota), the vsock sockets and the console log; the VMM processes
+//! run as that uid. Destroying the VM kills them and removes the directory.
+
+pub mod firecracker;
+pub mod image;
+pub mod initrd;
+pub mod kernel;
+pub mod kvm;
+pub mod qemu;
+pub mod vmm;
+pub mod vsock;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use koder_agent_protocol::init::{Rlimits, VmConfig, VM_ROOT_DISK_SERIAL, VM_SCRATCH_DISK_SERIAL};
+use koder_agent_protocol::{AgentClient, GuestLimits};
+use koder_runtime::slots::Slots;
+use koder_runtime::{
+    validate_id, Enforcement, Limits, NotEnforced, ReconcileReport, ResourceControl, Runtime,
+    RuntimeError, Sandbox, SandboxSpec, Usage,
+};
+use tokio::process::Child;
+
+use crate::vmm::{Accel, Launch, Vmm};
+
+/// vsock port the guest agent listens on.
+pub const AGENT_VSOCK_PORT: u32 = 1024;
+/// Guest memory beyond the sandbox's own limit: kernel, page cache for the image, the agent.
+pub const GUEST_OVERHEAD_MIB: u64 = 160;
+const DEFAULT_DISK_MIB: u64 = 2048;
+
+/// Which VMM runs the guests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// Firecracker where it and hardware KVM are available, otherwise QEMU.
+    #[default]
+    Auto,
+    Qemu,
+    Firecracker,
+}
+
+#[derive(Debug, Clone)]
+pub struct MicroVmConfig {
+    /// This runtime's own directory: per-VM directories, the guest initrd.
+    pub state_dir: PathBuf,
+    /// Where `ksandbox image build --microvm` put the kernel and root disk (shared by daemons).
+    pub images_dir: PathBuf,
+    pub agent_bin: PathBuf,
+    pub backend: Backend,
+    pub qemu_bin: PathBuf,
+    pub vhost_vsock_bin: PathBuf,
+    pub firecracker_bin: PathBuf,
+    /// First host uid/gid of VMM processes; VM `n` runs as `uid_base + n`.
+    pub uid_base: u32,
+    pub max_vms: u32,
+    pub default_limits: Limits,
+    /// Memory every VM is sized for (more when its session asks for more), so a warm VM can take
+    /// most sessions' limits; untouched guest memory costs the host nothing.
+    pub vm_memory_mib: u64,
+    pub tmp_size_mib: u64,
+    /// From VMM start to a healthy agent; TCG boots take seconds.
+    pub boot_timeout: Duration,
+}
+
+impl MicroVmConfig {
+    pub fn new(
+        state_dir: impl Into<PathBuf>,
+        images_dir: impl Into<PathBuf>,
+        agent_bin: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            state_dir: state_dir.into(),
+            images_dir: images_dir.into(),
+            agent_bin: agent_bin.into(),
+            backend: Backend::Auto,
+            qemu_bin: "qemu-system-x86_64".into(),
+            vhost_vsock_bin: "vhost-device-vsock".into(),
+            firecracker_bin: "firecracker".into(),
+            uid_base: 150_000,
+            max_vms: 64,
+            default_limits: Limits {
+                cpu_millis: Some(1000),
+                memory_mib: Some(512),
+                pids: Some(256),
+                disk_mib: None,
+            },
+            vm_memory_mib: 1024,
+            tmp_size_mib: 256,
+            boot_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+pub struct MicroVmRuntime {
+    cfg: MicroVmConfig,
+    vmm: Box<dyn Vmm>,
+    accel: Accel,
+    image: image::VmImage,
+    initrd_base: PathBuf,
+    slots: Slots,
+    enforcement: Enforcement,
+    /// Host TSC frequency for the guest command line: a TCG guest that calibrates its TSC
+    /// itself hangs in one boot out of three.
+    tsc_khz: Option<u64>,
+}
+
+impl MicroVmRuntime {
+    /// Checks the VMM, the accelerator and the image, and packs the guest initrd around this
+    /// daemon's agent. `Unavailable` (with the reason) when this host cannot run microVMs.
+    pub fn new(cfg: MicroVmConfig) -> Result<Self, RuntimeError> {
+        let image =
+            image::load(&cfg.images_dir).map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
+        let (accel, no_kvm) = kvm::accel();
+        let vmm = select_vmm(&cfg)?;
+        for dir in [cfg.state_dir.clone(), vms_dir(&cfg)] {
+            std::fs::create_dir_all(&dir)
+                .map_err(RuntimeError::io(format!("create {}", dir.display())))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+                .map_err(RuntimeError::io(format!("chmod {}", dir.display())))?;
+        }
+        let initrd_base = cfg.state_dir.join("initrd-base.cpio");
+        let agent = guest_agent(&cfg.agent_bin, &cfg.state_dir)?;
+        initrd::write_base(&initrd_base, &agent, &image.modules)
+            .map_err(|e| RuntimeError::Unavailable(format!("guest initrd: {e}")))?;
+        std::fs::set_permissions(&initrd_base, std::fs::Permissions::from_mode(0o644))
+            .map_err(RuntimeError::io("chmod the initrd"))?;
+        let mut enforcement = Enforcement {
+            enforced: vec![
+                format!(
+                    "separate guest kernel ({}) per sandbox",
+                    image.kernel_version
+                ),
+                format!(
+                    "{} VMM processes under a per-VM unprivileged uid",
+                    vmm.name()
+                ),
+                "read-only root disk, per-VM scratch disk sized to the disk quota".into(),
+                "guest cgroup limits: memory, cpu, pids".into(),
+                "seccomp, landlock, no_new_privs inside the guest".into(),
+                "no network device (loopback only)".into(),
+            ],
+            not_enforced: Vec::new(),
+        };
+        match accel {
+            Accel::Kvm => enforcement
+                .enforced
+                .push("hardware virtualization (KVM)".into()),
+            Accel::Tcg => enforcement.not_enforced.push(NotEnforced {
+                what: "hardware virtualization".into(),
+                why: format!(
+                    "{}; guests run under QEMU's TCG emulator (isolated, but slow to boot and run)",
+                    no_kvm.unwrap_or_else(|| "KVM unusable".into())
+                ),
+            }),
+        }
+        Ok(Self {
+            slots: Slots::new(cfg.max_vms),
+            tsc_khz: host_tsc_khz(),
+            cfg,
+            vmm,
+            accel,
+            image,
+            initrd_base,
+            enforcement,
+        })
+    }
+
+    fn cmdline(&self) -> String {
+        let mut cmdline =
+            // reboot=k and panic=-1: a guest that panics or reboots ends its VMM (QEMU runs with
+            // -no-reboot); there is no PCI on either machine model.
+            "console=ttyS0 quiet panic=-1 reboot=k pci=off random.trust_cpu=on i8042.noaux i8042.nokbd"
+                .to_string();
+        if let Some(khz) = self.tsc_khz {
+            cmdline.push_str(&format!(" tsc_early_khz={khz}"));
+        }
+        cmdline
+    }
+
+    /// Boots a VM into `host` (whose directory exists and is empty) and connects to its agent.
+    async fn boot(
+        &self,
+        spec: &SandboxSpec,
+        host: &VmHost,
+    ) -> Result<(AgentClient, u64), RuntimeError> {
+        let dir = &host.dir;
+        let limits = merge(&spec.limits, &self.cfg.default_limits);
+        let capacity_mib = limits.memory_mib.unwrap_or(0).max(self.cfg.vm_memory_mib);
+        let vcpus = limits
+            .cpu_millis
+            .map_or(1, |m| m.div_ceil(1000))
+            .clamp(1, host_cpus());
+        let scratch = dir.join("scratch.ext4");
+        let disk_mib = limits.disk_mib.unwrap_or(DEFAULT_DISK_MIB);
+        let template = scratch_template(&self.cfg.state_dir, disk_mib).await?;
+        sparse_copy(&template, &scratch).await?;
+        let initrd = dir.join("initrd.cpio");
+        let serials = (
+            self.vmm
+                .disk_serial(&self.image.rootfs, VM_ROOT_DISK_SERIAL)?,
+            self.vmm.disk_serial(&scratch, VM_SCRATCH_DISK_SERIAL)?,
+        );
+        let vm_cfg = self.vm_config(spec, &limits, serials);
+        initrd::write_for_vm(&self.initrd_base, &vm_cfg, &initrd)
+            .map_err(|e| RuntimeError::Start(format!("guest initrd: {e}")))?;
+        for path in [dir, &scratch, &initrd] {
+            std::os::unix::fs::chown(path, Some(host.uid), Some(host.uid))
+                .map_err(RuntimeError::io(format!("chown {}", path.display())))?;
+        }
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(RuntimeError::io("chmod the VM directory"))?;
+        let launch = Launch {
+            dir: dir.clone(),
+            id: spec.id.clone(),
+            vmlinux: self.image.vmlinux.clone(),
+            initrd,
+            cmdline: self.cmdline(),
+            root_disk: self.image.rootfs.clone(),
+            scratch_disk: scratch,
+            vcpus,
+            memory_mib: capacity_mib + GUEST_OVERHEAD_MIB,
+            vsock_uds: dir.join("vsock.sock"),
+            uid: host.uid,
+            gid: self.vmm_gid(host.uid),
+            accel: self.accel,
+        };
+        let processes = self.vmm.start(&launch).await?;
+        record_pids(dir, &processes.children)?;
+        host.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(processes.children);
+        let agent = self.connect(&launch, host).await.map_err(|e| {
+            let console = console_tail(&launch.console_log());
+            RuntimeError::Start(format!("{e}; console: {console}"))
+        })?;
+        Ok((agent, capacity_mib))
+    }
+
+    /// With KVM the VMM must open /dev/kvm, usually `root:kvm 0660`: its group is the VMM's.
+    fn vmm_gid(&self, uid: u32) -> u32 {
+        use std::os::unix::fs::MetadataExt;
+        match self.accel {
+            Accel::Kvm => std::fs::metadata("/dev/kvm").map_or(uid, |m| m.gid()),
+            Accel::Tcg => uid,
+        }
+    }
+
+    /// Waits for the guest agent: connects until it answers a health check, the VMM dies or
+    /// the boot deadline passes.
+    async fn connect(&self, launch: &Launch, vm: &VmHost) -> Result<AgentClient, RuntimeError> {
+        let deadline = Instant::now() + self.cfg.boot_timeout;
+        loop {
+            if let Some(exited) = vm.exited_child() {
+                return Err(RuntimeError::Start(format!(
+                    "the VM stopped while booting ({exited})"
+                )));
+            }
+            if let Ok(stream) = vsock::connect(&launch.vsock_uds, AGENT_VSOCK_PORT).await {
+                let (r, w) = stream.into_split();
+                let agent = AgentClient::new(r, w);
+                if agent.health().await.is_ok() {
+                    return Ok(agent);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(RuntimeError::Start(format!(
+                    "the guest agent did not answer within {:?}",
+                    self.cfg.boot_timeout
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn vm_config(
+        &self,
+        spec: &SandboxSpec,
+        limits: &Limits,
+        serials: (String, String),
+    ) -> VmConfig {
+        let mut env = koder_image::default_env();
+        for (k, v) in &spec.env {
+            env.retain(|(key, _)| key != k);
+            env.push((k.clone(), v.clone()));
+        }
+        VmConfig {
+            hostname: "sandbox".into(),
+            workdir: "/workspace".into(),
+            env,
+            writable_dirs: koder_image::WRITABLE_DIRS
+                .iter()
+                .map(|d| d.to_string())
+                .collect(),
+            rlimits: Rlimits {
+                nofile: 4096,
+                nproc: limits.pids.unwrap_or(256).max(64) * 4,
+                core: 0,
+            },
+            tmp_size_mib: self.cfg.tmp_size_mib,
+            vsock_port: AGENT_VSOCK_PORT,
+            limits: guest_limits(limits),
+            root_disk_serial: serials.0,
+            scratch_disk_serial: serials.1,
+        }
+    }
+}
+
+fn select_vmm(cfg: &MicroVmConfig) -> Result<Box<dyn Vmm>, RuntimeError> {
+    let qemu = || -> Result<Box<dyn Vmm>, RuntimeError> {
+        Ok(Box::new(qemu::Qemu::new(
+            cfg.qemu_bin.clone(),
+            cfg.vhost_vsock_bin.clone(),
+            &cfg.state_dir.join("bin"),
+        )?))
+    };
+    match cfg.backend {
+        Backend::Qemu => qemu(),
+        Backend::Firecracker => Ok(Box::new(firecracker::Firecracker::new(
+            cfg.firecracker_bin.clone(),
+        )?)),
+        Backend::Auto => match firecracker::Firecracker::new(cfg.firecracker_bin.clone()) {
+            Ok(fc) => Ok(Box::new(fc)),
+            Err(_) => qemu(),
+        },
+    }
+}
+
+#[async_trait]
+impl Runtime for MicroVmRuntime {
+    fn name(&self) -> &'static str {
+        "microvm"
+    }
+
+    fn enforcement(&self) -> &Enforcement {
+        &self.enforcement
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
+        validate_id(&spec.id)?;
+        if spec.image != "host" && !spec.image.is_empty() {
+            return Err(RuntimeError::InvalidSpec(format!(
+                "unknown image {:?}; available: host",
+                spec.image
+            )));
+        }
+        if spec.egress {
+            return Err(RuntimeError::InvalidSpec(
+                "microvm sandboxes have network mode none only (no network device yet)".into(),
+            ));
+        }
+        let slot = self.slots.acquire()?;
+        let dir = vms_dir(&self.cfg).join(&spec.id);
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Err(e) = std::fs::create_dir(&dir) {
+            self.slots.release(slot);
+            return Err(RuntimeError::io(format!("create {}", dir.display()))(e));
+        }
+        let host = VmHost {
+            dir,
+            uid: self.cfg.uid_base + slot,
+            children: Mutex::default(),
+            slot: Mutex::new(Some(slot)),
+            slots: self.slots.clone(),
+        };
+        match self.boot(&spec, &host).await {
+            Ok((agent, memory_capacity_mib)) => Ok(Arc::new(MicroVm {
+                id: spec.id,
+                agent,
+                host,
+                memory_capacity_mib,
+            })),
+            Err(e) => {
+                let _ = host.teardown().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {
+        let mut report = ReconcileReport::default();
+        let Ok(entries) = std::fs::read_dir(vms_dir(&self.cfg)) else {
+            return Ok(report);
+        };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            kill_recorded(&dir);
+            std::fs::remove_dir_all(&dir)
+                .map_err(RuntimeError::io(format!("remove {}", dir.display())))?;
+            report
+                .sandboxes_removed
+                .push(entry.file_name().to_string_lossy().into_owned());
+        }
+        Ok(report)
+    }
+}
+
+pub struct MicroVm {
+    id: String,
+    agent: AgentClient,
+    host: VmHost,
+    /// Guest memory available to the sandbox: the most its memory limit can be.
+    memory_capacity_mib: u64,
+}
+
+/// The host side of one VM: its directory, VMM processes and uid slot.
+struct VmHost {
+    dir: PathBuf,
+    uid: u32,
+    children: Mutex<Vec<Child>>,
+    slot: Mutex<Option<u32>>,
+    slots: Slots,
+}
+
+impl VmHost {
+    fn exited_child(&self) -> Option<String> {
+        let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        children
+            .iter_mut()
+            .find_map(|c| c.try_wait().ok().flatten().map(|s| s.to_string()))
+    }
+
+    /// Kills the VMM processes, removes the directory and frees the uid; idempotent.
+    async fn teardown(&self) -> Result<(), RuntimeError> {
+        let children =
+            std::mem::take(&mut *self.children.lock().unwrap_or_else(|e| e.into_inner()));
+        kill_all(children).await;
+        let result = remove_dir(&self.dir);
+        // The uid is free only once nothing runs as it and its files are gone.
+        if let Some(slot) = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            self.slots.release(slot);
+        }
+        result
+    }
+}
+
+async fn kill_all(children: Vec<Child>) {
+    for mut child in children {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+}
+
+fn remove_dir(dir: &Path) -> Result<(), RuntimeError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(RuntimeError::Teardown(format!(
+            "remove {}: {e}",
+            dir.display()
+        ))),
+    }
+}
+
+#[async_trait]
+impl Sandbox for MicroVm {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn agent(&self) -> &AgentClient {
+        &self.agent
+    }
+
+    async fn destroy(&self) -> Result<(), RuntimeError> {
+        self.host.teardown().await
+    }
+
+    fn resources(&self) -> Option<&dyn ResourceControl> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ResourceControl for MicroVm {
+    async fn usage(&self) -> Result<Usage, RuntimeError> {
+        let u = self.agent.guest_usage().await?;
+        Ok(Usage {
+            memory_current_bytes: u.memory_current_bytes,
+            memory_peak_bytes: u.memory_peak_bytes,
+            oom_kills: u.oom_kills,
+            cpu_usage_us: u.cpu_usage_us,
+            pids_current: u.pids_current,
+            pids_max_hits: u.pids_max_hits,
+        })
+    }
+
+    async fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError> {
+        if let Some(mib) = limits.memory_mib.filter(|m| *m > self.memory_capacity_mib) {
+            return Err(RuntimeError::InvalidSpec(format!(
+                "memory limit {mib} MiB exceeds this VM's {} MiB",
+                self.memory_capacity_mib
+            )));
+        }
+        Ok(self.agent.guest_limits(guest_limits(limits)).await?)
+    }
+
+    async fn reset_memory_peak(&self) -> Result<(), RuntimeError> {
+        // cgroup v2 learned to reset memory.peak in Linux 6.12; the guest kernel is older.
+        Err(RuntimeError::Cgroup(
+            "the guest kernel cannot reset its memory peak".into(),
+        ))
+    }
+
+    async fn freeze(&self) -> Result<(), RuntimeError> {
+        Ok(self.agent.guest_freeze(true).await?)
+    }
+
+    async fn thaw(&self) -> Result<(), RuntimeError> {
+        Ok(self.agent.guest_freeze(false).await?)
+    }
+}
+
+fn guest_limits(limits: &Limits) -> GuestLimits {
+    GuestLimits {
+        memory_bytes: limits.memory_mib.map(|m| m.saturating_mul(1 << 20)),
+        pids: limits.pids,
+        cpu_millis: limits.cpu_millis,
+    }
+}
+
+fn merge(spec: &Limits, defaults: &Limits) -> Limits {
+    Limits {
+        cpu_millis: spec.cpu_millis.or(defaults.cpu_millis),
+        memory_mib: spec.memory_mib.or(defaults.memory_mib),
+        pids: spec.pids.or(defaults.pids),
+        disk_mib: spec.disk_mib.or(defaults.disk_mib),
+    }
+}
+
+fn vms_dir(cfg: &MicroVmConfig) -> PathBuf {
+    cfg.state_dir.join("vms")
+}
+
+fn host_cpus() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
+/// The host's TSC frequency from /proc/cpuinfo ("cpu MHz"), in kHz.
+fn host_tsc_khz() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 = info
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))?
+        .split(':')
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()?;
+    Some((mhz * 1000.0).round() as u64)
+}
+
+/// The agent binary to pack as the guest's init: a stripped copy when `strip` is available
+/// (debug builds carry tens of MiB of symbols that would sit in guest memory for nothing).
+fn guest_agent(agent: &Path, state_dir: &Path) -> Result<PathBuf, RuntimeError> {
+    if !agent.is_file() {
+        return Err(RuntimeError::Unavailable(format!(
+            "agent binary {} not found",
+            agent.display()
+        )));
+    }
+    let copy = state_dir.join("koder-agent.guest");
+    std::fs::copy(agent, &copy).map_err(RuntimeError::io("copy the agent"))?;
+    let stripped = std::process::Command::new("strip")
+        .arg("--strip-debug")
+        .arg(&copy)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        tracing::info!("strip unavailable; the guest initrd carries the agent's debug info");
+    }
+    Ok(copy)
+}
+
+/// An empty ext4 filesystem of `mib`, made once per size; VMs get sparse copies.
+async fn scratch_template(state_dir: &Path, mib: u64) -> Result<PathBuf, RuntimeError> {
+    let dir = state_dir.join("scratch-templates");
+    let path = dir.join(format!("{mib}.ext4"));
+    if path.is_file() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(&dir).map_err(RuntimeError::io("create the template dir"))?;
+    let tmp = dir.join(format!(
+        ".{mib}.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let file =
+        std::fs::File::create(&tmp).map_err(RuntimeError::io("create a scratch template"))?;
+    file.set_len(mib << 20)
+        .map_err(RuntimeError::io("size a scratch template"))?;
+    drop(file);
+    let out = tokio::process::Command::new("mkfs.ext4")
+        .args([
+            "-q",
+            "-F",
+            "-L",
+            "koder-scratch",
+            "-E",
+            "root_owner=0:0,lazy_itable_init=1",
+        ])
+        .arg(&tmp)
+        .output()
+        .await
+        .map_err(|e| RuntimeError::Start(format!("mkfs.ext4: {e}")))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(RuntimeError::Start(format!(
+            "mkfs.ext4: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    std::fs::rename(&tmp, &path).map_err(RuntimeError::io("install a scratch template"))?;
+    Ok(path)
+}
+
+/// Copies keeping holes: a fresh filesystem image is mostly holes.
+async fn sparse_copy(from: &Path, to: &Path) -> Result<(), RuntimeError> {
+    let out = tokio::process::Command::new("cp")
+        .arg("--sparse=always")
+        .arg(from)
+        .arg(to)
+        .output()
+        .await
+        .map_err(|e| RuntimeError::Start(format!("cp: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(RuntimeError::Start(format!(
+            "copy the scratch disk: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+const PIDS_FILE: &str = "vmm.pids";
+
+/// Records the VMM processes so a later daemon can kill them after a crash.
+fn record_pids(dir: &Path, children: &[Child]) -> Result<(), RuntimeError> {
+    let pids: Vec<String> = children
+        .iter()
+        .filter_map(|c| c.id())
+        .map(|p| p.to_string())
+        .collect();
+    std::fs::write(dir.join(PIDS_FILE), pids.join("\n"))
+        .map_err(RuntimeError::io("record VMM pids"))
+}
+
+/// Kills the recorded VMM processes of a VM directory a crashed daemon left, but only those
+/// that still are VMMs (a recycled pid may now be anyone's).
+fn kill_recorded(dir: &Path) {
+    let Ok(text) = std::fs::read_to_string(dir.join(PIDS_FILE)) else {
+        return;
+    };
+    for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        let name = exe
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let is_vmm = ["qemu-system-x86_64", "vhost-device-vsock", "firecracker"]
+            .iter()
+            .any(|v| name.starts_with(v));
+        if is_vmm {
+            // SAFETY: kill(2) with a pid we recorded and just re-identified.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// The last lines of the guest console, for boot failure reports.
+fn console_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(8).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_map_to_the_guest() {
+        let g = guest_limits(&Limits {
+            cpu_millis: Some(500),
+            memory_mib: Some(64),
+            pids: Some(10),
+            disk_mib: Some(100),
+        });
+        assert_eq!(g.memory_bytes, Some(64 << 20));
+        assert_eq!(g.cpu_millis, Some(500));
+        assert_eq!(g.pids, Some(10));
+        assert_eq!(guest_limits(&Limits::default()), GuestLimits::default());
+    }
+
+    #[test]
+    fn tsc_frequency_is_read() {
+        // Every x86 Linux host reports a clock in /proc/cpuinfo.
+        assert!(host_tsc_khz().is_some_and(|k| k > 100_000));
+    }
+
+    #[test]
+    fn console_tail_keeps_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.log");
+        let text: String = (0..20).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&p, text).unwrap();
+        assert_eq!(console_tail(&p).split(" | ").count(), 8);
+        assert!(console_tail(&p).ends_with("line 19"));
+        assert_eq!(console_tail(&dir.path().join("none")), "");
+    }
+}
