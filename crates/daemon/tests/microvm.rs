@@ -83,7 +83,7 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
         .json(
             Method::POST,
             S,
-            json!({"runtime": "microvm", "language": "python", "limits": {"memory_mib": 96, "pids": 128}}),
+            json!({"runtime": "microvm", "language": "python", "limits": {"memory_mib": 96, "pids": 128, "disk_mib": 64}}),
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{s}");
@@ -174,6 +174,62 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
         "alive\n"
     );
 
+    // The disk quota is the size of the guest's scratch disk.
+    let r = d
+        .exec(&id, json!({"shell": "dd if=/dev/zero of=/workspace/fill bs=1M count=100 2>&1; rm -f /workspace/fill"}))
+        .await;
+    assert!(
+        r["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("No space left on device"),
+        "{r}"
+    );
+
+    // Interpreter contexts keep state inside the guest.
+    let (status, c) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/contexts"),
+            json!({"language": "python"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{c}");
+    let run = format!(
+        "{S}/{id}/contexts/{}/run",
+        c["context_id"].as_str().unwrap()
+    );
+    d.json(Method::POST, &run, json!({"code": "x = 20"})).await;
+    let (status, r) = d
+        .json(Method::POST, &run, json!({"code": "print(x + 22)"}))
+        .await;
+    assert_eq!(
+        (status, r["stdout"].as_str()),
+        (StatusCode::OK, Some("42\n")),
+        "{r}"
+    );
+
+    // Pause freezes the guest's sandbox processes (the agent keeps answering), resume thaws.
+    d.exec(&id, json!({"shell": "nohup sh -c 'while :; do echo x >> /tmp/tick; sleep 0.05; done' >/dev/null 2>&1 &"})).await;
+    let (status, p) = d
+        .json(Method::POST, &format!("{S}/{id}/pause"), Value::Null)
+        .await;
+    assert_eq!(
+        (status, p["state"].as_str()),
+        (StatusCode::OK, Some("paused")),
+        "{p}"
+    );
+    let frozen_at = d
+        .json(Method::GET, &format!("{S}/{id}/metrics"), Value::Null)
+        .await
+        .1;
+    let (status, _) = d
+        .json(Method::POST, &format!("{S}/{id}/resume"), Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{frozen_at}");
+    let r = d.exec(&id, json!({"shell": "a=$(wc -l < /tmp/tick); sleep 0.5; b=$(wc -l < /tmp/tick); [ $b -gt $a ] && echo ticking"})).await;
+    assert_eq!(r["stdout"], "ticking\n", "{r}");
+
     // Destroy: no VMM process, socket or directory of it remains.
     let vm_dirs: Vec<PathBuf> = std::fs::read_dir(&vms)
         .unwrap()
@@ -203,28 +259,61 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
     assert!(status.is_client_error(), "{status} {e}");
 }
 
-/// A daemon that dies without cleaning up leaves running VMs; the next start kills them.
+/// A warm VM takes its session's limits at hand-out; a daemon that dies without cleaning up
+/// leaves running VMs, and the next start kills them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_after_a_crash_removes_orphaned_vms() {
+async fn warm_vm_then_restart_after_a_crash_removes_orphaned_vms() {
     let Some(()) = root_or_skip() else { return };
-    let mut d = Daemon::start(&microvm_config()).await;
+    let config = microvm_config().replace("pool = {}", "pool = {}\nmicrovm_pool = { bash = 1 }");
+    let mut d = Daemon::start(&config).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !d
+        .metrics()
+        .await
+        .contains("koder_pool_ready{language=\"bash\"} 1")
+    {
+        assert!(Instant::now() < deadline, "no warm VM within 120 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let id = d
-        .create(json!({"runtime": "microvm", "language": "bash"}))
+        .create(json!({"runtime": "microvm", "language": "bash", "limits": {"memory_mib": 64}}))
         .await;
+    assert!(d
+        .metrics()
+        .await
+        .contains("koder_sessions_created_total{source=\"pool\"} 1"));
+    // 100 MiB fit the VM (256 MiB) but not the limit the warm VM took at hand-out.
+    let r = d
+        .exec(
+            &id,
+            json!({"cmd": ["/usr/bin/python3", "-c", "x = b'x' * (100 << 20)"]}),
+        )
+        .await;
+    assert_eq!(r["verdict"], "SANDBOX-EXEC-KILLED-OOM", "{r}");
     assert_eq!(
         d.exec(&id, json!({"shell": "echo up"})).await["stdout"],
         "up\n"
     );
+    // The session's VM and the pool's replacement (booted or booting).
     let vms = d.data_dir().join("microvm/vms");
-    let needle = vms.to_string_lossy().into_owned();
+    let before: Vec<PathBuf> = std::fs::read_dir(&vms)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(!before.is_empty());
     d.crash();
     assert!(
-        !processes_mentioning(&needle).is_empty(),
-        "the VM should outlive a crashed daemon"
+        before
+            .iter()
+            .any(|dir| !processes_mentioning(&dir.to_string_lossy()).is_empty()),
+        "the session's VM should outlive a crashed daemon"
     );
     d.launch().await;
-    wait_until_gone(&needle).await;
-    assert_eq!(std::fs::read_dir(&vms).unwrap().count(), 0);
+    for dir in &before {
+        wait_until_gone(&dir.to_string_lossy()).await;
+        assert!(!dir.exists(), "{} left behind", dir.display());
+    }
     let (status, _) = d
         .json(
             Method::POST,
