@@ -38,6 +38,18 @@ impl Daemon {
         sessions_toml: &str,
         keep: bool,
     ) -> Result<Daemon> {
+        Self::start_with(bin, work_root, label, sessions_toml, "", keep).await
+    }
+
+    /// [`Daemon::start`] with more TOML tables (`extra_toml`) in its config.
+    pub async fn start_with(
+        bin: &Path,
+        work_root: &Path,
+        label: &str,
+        sessions_toml: &str,
+        extra_toml: &str,
+        keep: bool,
+    ) -> Result<Daemon> {
         let tag = format!("{}-{label}", std::process::id());
         let dir = work_root.join(format!("koder-bench-{tag}"));
         if dir.exists() {
@@ -66,7 +78,7 @@ impl Daemon {
         fs::write(
             &config,
             format!(
-                "[sessions]\n{sessions_toml}\n[jail]\ncgroup_parent = \"{}\"\n",
+                "[sessions]\n{sessions_toml}\n[jail]\ncgroup_parent = \"{}\"\n{extra_toml}\n",
                 d.cgroup_parent
             ),
         )?;

@@ -9,6 +9,7 @@
 
 mod daemon;
 mod host;
+mod microvm;
 mod phases;
 mod report;
 mod stats;
@@ -45,6 +46,8 @@ enum Phase {
     Density,
     /// File upload/download throughput.
     Files,
+    /// The microVM runtime: boot, warm hand-out, exec, memory per VM.
+    Microvm,
 }
 
 #[derive(Debug, Parser)]
@@ -96,6 +99,13 @@ struct Args {
     /// Keep the daemons' work dirs (logs, data) after the run.
     #[arg(long)]
     keep: bool,
+    /// The microVM image (`ksandbox image build --images-dir DIR`).
+    #[arg(
+        long,
+        env = "KODER_MICROVM_IMAGES",
+        default_value = "target/microvm-images"
+    )]
+    microvm_images: PathBuf,
 }
 
 /// Counts and sizes of one run.
@@ -115,6 +125,8 @@ pub struct Settings {
     pub density_concurrency: usize,
     pub file_bytes: u64,
     pub warm_pool_bash: u64,
+    /// Boots (and warm hand-outs) measured in the microVM phase.
+    pub microvm_samples: usize,
     /// Pause after `sync` before each daemon phase.
     pub settle_s: f64,
 }
@@ -137,6 +149,7 @@ impl Settings {
                 density_concurrency: 2,
                 file_bytes: 1 << 20,
                 warm_pool_bash: 2,
+                microvm_samples: 1,
                 settle_s: 0.1,
             }
         } else {
@@ -155,6 +168,7 @@ impl Settings {
                 density_concurrency: 8,
                 file_bytes: 100 << 20,
                 warm_pool_bash: 2,
+                microvm_samples: 5,
                 settle_s: 2.0,
             }
         };
@@ -362,6 +376,19 @@ async fn run(args: &Args) -> Result<Report> {
             }
             Err(e) => rows.push(Row::error("daemon_cold", "daemon with an empty pool", &e)),
         }
+    }
+    if wants(Phase::Microvm) {
+        settle(&settings).await;
+        progress("microVM runtime");
+        microvm::run(
+            &daemon_bin,
+            &args.work_root,
+            &args.microvm_images,
+            &settings,
+            args.keep,
+            &mut rows,
+        )
+        .await;
     }
     progress("done");
     rows.sort_by_key(|r| {

@@ -39,6 +39,11 @@ pub const ORDER: &[&str] = &[
     "density_teardown",
     "upload",
     "download",
+    "microvm_create_cold",
+    "microvm_create_warm",
+    "microvm_exec",
+    "microvm_python",
+    "microvm_memory",
 ];
 
 /// Host figures the targets are relative to.
