@@ -69,13 +69,22 @@ pub struct VmConfig {
     /// backing files, so the runtime says which to look for.
     pub root_disk_serial: String,
     pub scratch_disk_serial: String,
+    /// Network access mediated by the agent, as in a jail (the guest has no network device).
+    #[serde(default)]
+    pub egress: bool,
 }
+
+/// What the guest agent prints on its console once it listens on vsock; the runtime waits for
+/// it before the first connection.
+pub const VM_READY_LINE: &str = "koder-agent: ready on vsock port";
 
 /// Where the guest agent reads its [`VmConfig`].
 pub const VM_CONFIG_PATH: &str = "/koder/config.json";
 /// Kernel modules to load before anything else, in order, one file name per line; the files
 /// sit next to it.
 pub const VM_MODULES_LIST: &str = "/koder/modules/order";
+/// Modules loaded after those of [`VM_MODULES_LIST`] when the guest has egress.
+pub const VM_EGRESS_MODULES_LIST: &str = "/koder/modules/egress";
 /// Serial numbers QEMU gives the guest's disks: the read-only image and the session's scratch
 /// disk (the writable overlay layer).
 pub const VM_ROOT_DISK_SERIAL: &str = "koder-root";

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use koder_agent_protocol::init::{VmConfig, VM_CONFIG_PATH, VM_MODULES_LIST};
+use koder_agent_protocol::init::{
+    VmConfig, VM_CONFIG_PATH, VM_EGRESS_MODULES_LIST, VM_MODULES_LIST,
+};
 use koder_agent_protocol::{AgentError, ErrorCode, GuestLimits, GuestUsage};
 
 use crate::setup::{self, mount, SetupError, Step};
@@ -56,8 +58,11 @@ pub fn is_guest_init() -> bool {
 /// the sandbox cgroup.
 pub fn boot() -> Result<(VmConfig, SandboxCgroup), SetupError> {
     mount_kernel_filesystems()?;
-    load_modules()?;
+    load_modules(VM_MODULES_LIST)?;
     let cfg = read_config()?;
+    if cfg.egress {
+        load_modules(VM_EGRESS_MODULES_LIST)?;
+    }
     let root_disk = wait_for_disk(&cfg.root_disk_serial)?;
     let scratch_disk = wait_for_disk(&cfg.scratch_disk_serial)?;
     mount_root(&root_disk, &scratch_disk)?;
@@ -73,6 +78,9 @@ pub fn boot() -> Result<(VmConfig, SandboxCgroup), SetupError> {
         .map_err(std::io::Error::from)
         .step("set hostname")?;
     setup::loopback_up().step("bring loopback up")?;
+    if cfg.egress {
+        crate::egress::prepare()?;
+    }
     std::env::set_current_dir(&cfg.workdir).step("enter workdir")?;
     Ok((cfg, cgroup))
 }
@@ -92,11 +100,10 @@ fn mount_kernel_filesystems() -> Result<(), SetupError> {
     Ok(())
 }
 
-fn load_modules() -> Result<(), SetupError> {
-    let list = std::fs::read_to_string(VM_MODULES_LIST).step("read module list")?;
-    let dir = Path::new(VM_MODULES_LIST)
-        .parent()
-        .unwrap_or(Path::new("/"));
+/// Loads the modules `list` names, in order; the files sit next to it.
+fn load_modules(list: &str) -> Result<(), SetupError> {
+    let dir = Path::new(list).parent().unwrap_or(Path::new("/"));
+    let list = std::fs::read_to_string(list).step(format!("read module list {list}"))?;
     for name in list.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let file = std::fs::File::open(dir.join(name)).step(format!("open module {name}"))?;
         let params = CString::default();

@@ -11,7 +11,7 @@ use koder_agent::fs::Fs;
 use koder_agent::guest;
 use koder_agent::server::{serve_connection, serve_listener, Agent};
 use koder_agent::setup;
-use koder_agent_protocol::init::{InitConfig, LISTEN_FD};
+use koder_agent_protocol::init::{self, InitConfig, LISTEN_FD};
 
 fn main() -> ExitCode {
     if guest::is_guest_init() {
@@ -106,7 +106,10 @@ fn guest_init() -> Result<Never, Box<dyn std::error::Error>> {
         let mut agent = Agent::new(reaper, fs, defaults, confinement);
         agent.guest = Some(Arc::new(cgroup));
         let agent = Arc::new(agent);
-        eprintln!("koder-agent: ready on vsock port {}", cfg.vsock_port);
+        if cfg.egress {
+            agent.egress.start().await?;
+        }
+        eprintln!("{} {}", init::VM_READY_LINE, cfg.vsock_port);
         loop {
             match listener.accept().await {
                 Ok((conn, _)) => {

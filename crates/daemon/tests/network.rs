@@ -45,10 +45,14 @@ fn ip(args: &[&str]) {
 
 impl TestNet {
     fn up() -> TestNet {
-        let n = std::process::id() % 250;
-        let ns = format!("kt{}", std::process::id());
-        let host_if = format!("ktv{}", std::process::id() % 100_000);
-        let peer = format!("ktp{}", std::process::id() % 100_000);
+        // Tests of this binary run concurrently: each network gets its own names and subnet.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = std::process::id() % 10_000 * 10 + k;
+        let n = (std::process::id() + k * 97) % 250;
+        let ns = format!("kt{id}");
+        let host_if = format!("ktv{id}");
+        let peer = format!("ktp{id}");
         let prefix = format!("10.251.{n}");
         ip(&["netns", "add", &ns]);
         ip(&[
@@ -330,6 +334,67 @@ async fn allowlist_none_and_open_against_a_test_network() {
             .unwrap()
             .iter()
             .any(|e| e["dest"] == "169.254.169.254"),
+        "{audit}"
+    );
+}
+
+/// The same mediation inside a microVM: the guest has no network device; its agent redirects
+/// and reports connections and lookups over vsock, and the daemon decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn microvm_allowlist_is_mediated_through_the_guest_agent() {
+    let Some(()) = root_or_skip() else { return };
+    let net = TestNet::up();
+    let ip = net.server_ip();
+    let d = Daemon::start(&format!(
+        "{}\n{}",
+        config(&net, &format!("{ip}/32")),
+        microvm_section()
+    ))
+    .await;
+    let (status, s) = d
+        .json(
+            Method::POST,
+            S,
+            json!({"runtime": "microvm", "language": "python", "network": {"mode": "allowlist", "allow": ["pkg.test"]}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{s}");
+    let id = s["id"].as_str().unwrap().to_string();
+    let out = probe(
+        &d,
+        &id,
+        &format!(
+            "{HELPERS}\nimport os\nprint(','.join(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:])))\n\
+             print(resolve('pkg.test'))\nprint(http('http://pkg.test:8080/'))\nprint(resolve('other.test'))\n\
+             print(raw('{ip}', 8080, b'GET / HTTP/1.1\\r\\nHost: other.test\\r\\n\\r\\n'))"
+        ),
+    )
+    .await;
+    assert_eq!(
+        out[1], ip,
+        "allowlisted name resolves to its pinned address: {out:?}"
+    );
+    assert_eq!(out[2], "ok:pkg.test:8080", "{out:?}");
+    assert!(out[3].starts_with("nxdomain"), "{out:?}");
+    assert!(out[4].starts_with("refused"), "{out:?}");
+    let (_, audit) = d
+        .json(
+            Method::GET,
+            &format!("/v1/sandbox/audit/network?session_id={id}"),
+            Value::Null,
+        )
+        .await;
+    let entries = audit["entries"].as_array().unwrap();
+    assert!(
+        entries.iter().any(|e| e["proto"] == "tcp"
+            && e["allowed"] == true
+            && e["name"].as_str().unwrap_or("").contains("pkg.test")),
+        "{audit}"
+    );
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["proto"] == "dns" && e["allowed"] == false && e["dest"] == "other.test"),
         "{audit}"
     );
 }

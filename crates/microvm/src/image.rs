@@ -8,10 +8,10 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
-use crate::kernel::{self, GUEST_MODULES};
+use crate::kernel::{self, EGRESS_MODULES, GUEST_MODULES};
 
 /// Bumped when the image layout or content rules change, so old images are rebuilt.
-pub const IMAGE_VERSION: u32 = 1;
+pub const IMAGE_VERSION: u32 = 2;
 const MANIFEST: &str = "manifest.json";
 
 /// Large trees of the host's /usr a sandbox's languages do not use; the guest's root disk
@@ -56,6 +56,8 @@ struct Manifest {
     kernel_version: String,
     /// Module names in load order; the files are `modules/<name>.ko`.
     modules: Vec<String>,
+    /// Loaded after `modules` in guests with egress.
+    egress_modules: Vec<String>,
 }
 
 /// A built image, ready to boot.
@@ -68,6 +70,8 @@ pub struct VmImage {
     pub rootfs: PathBuf,
     /// (module name, file) in load order.
     pub modules: Vec<(String, PathBuf)>,
+    /// Loaded after `modules` when the guest has egress.
+    pub egress_modules: Vec<(String, PathBuf)>,
 }
 
 /// Where the image lives under an images directory.
@@ -85,20 +89,29 @@ pub fn load(images_dir: &Path) -> Result<VmImage, ImageError> {
     if manifest.version != IMAGE_VERSION {
         return Err(not_built());
     }
+    let files = |names: &[String]| -> Vec<(String, PathBuf)> {
+        names
+            .iter()
+            .map(|m| (m.clone(), dir.join("modules").join(format!("{m}.ko"))))
+            .collect()
+    };
     let image = VmImage {
         vmlinux: dir.join("vmlinux"),
         rootfs: dir.join("rootfs.ext4"),
-        modules: manifest
-            .modules
-            .iter()
-            .map(|m| (m.clone(), dir.join("modules").join(format!("{m}.ko"))))
-            .collect(),
+        modules: files(&manifest.modules),
+        egress_modules: files(&manifest.egress_modules),
         kernel_version: manifest.kernel_version,
         dir,
     };
     let complete = [&image.vmlinux, &image.rootfs]
         .into_iter()
-        .chain(image.modules.iter().map(|(_, p)| p))
+        .chain(
+            image
+                .modules
+                .iter()
+                .chain(&image.egress_modules)
+                .map(|(_, p)| p),
+        )
         .all(|p| p.is_file());
     if complete {
         Ok(image)
@@ -153,7 +166,12 @@ fn build_into(opts: &BuildOptions, dir: &Path, work: &Path) -> Result<(), ImageE
     std::fs::write(dir.join("vmlinux"), vmlinux).map_err(io("write vmlinux"))?;
     let modules_root = unpacked.join("lib/modules").join(&kernel_version);
     let modules = kernel::resolve_modules(&modules_root, GUEST_MODULES)?;
-    for (name, file) in &modules {
+    let egress_modules: Vec<(String, PathBuf)> =
+        kernel::resolve_modules(&modules_root, EGRESS_MODULES)?
+            .into_iter()
+            .filter(|(name, _)| !modules.iter().any(|(m, _)| m == name))
+            .collect();
+    for (name, file) in modules.iter().chain(&egress_modules) {
         let to = dir.join("modules").join(format!("{name}.ko"));
         std::fs::copy(file, &to).map_err(io(format!("copy module {name}")))?;
     }
@@ -162,6 +180,7 @@ fn build_into(opts: &BuildOptions, dir: &Path, work: &Path) -> Result<(), ImageE
         version: IMAGE_VERSION,
         kernel_version,
         modules: modules.into_iter().map(|(n, _)| n).collect(),
+        egress_modules: egress_modules.into_iter().map(|(n, _)| n).collect(),
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| io("encode manifest")(e.into()))?;
     // Written last: its presence says the rest is complete.
@@ -333,6 +352,7 @@ mod tests {
                 version,
                 kernel_version: "6.1.0-test".into(),
                 modules: vec!["virtio".into()],
+                egress_modules: vec![],
             })
             .unwrap()
         };

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cpio::NewcBuilder;
-use koder_agent_protocol::init::{VmConfig, VM_CONFIG_PATH, VM_MODULES_LIST};
+use koder_agent_protocol::init::{
+    VmConfig, VM_CONFIG_PATH, VM_EGRESS_MODULES_LIST, VM_MODULES_LIST,
+};
 
 const S_IFDIR: u32 = 0o040000;
 const S_IFREG: u32 = 0o100000;
@@ -100,12 +102,13 @@ impl<W: Write> Archive<W> {
     }
 }
 
-/// Writes the shared base archive: `/init` (the agent), its libraries, the console node and the
-/// boot modules with their load order.
+/// Writes the shared base archive: `/init` (the agent), its libraries, the console node, the
+/// boot modules and the egress modules, each set with its load order.
 pub fn write_base(
     out_path: &Path,
     agent: &Path,
     modules: &[(String, PathBuf)],
+    egress_modules: &[(String, PathBuf)],
 ) -> Result<(), InitrdError> {
     let tmp = out_path.with_extension("partial");
     let file = std::fs::File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
@@ -122,22 +125,8 @@ pub fn write_base(
         a.parents("dev/console").map_err(w)?;
         a.entry("dev/console", S_IFCHR | 0o600, &[], (5, 1))
             .map_err(w)?;
-        let modules_dir = Path::new(VM_MODULES_LIST)
-            .parent()
-            .unwrap_or(Path::new("/"))
-            .to_string_lossy()
-            .into_owned();
-        let mut order = String::new();
-        for (name, file) in modules {
-            let bytes = std::fs::read(file).map_err(io(format!("read {}", file.display())))?;
-            let file_name = format!("{name}.ko");
-            a.file(&format!("{modules_dir}/{file_name}"), 0o644, &bytes)
-                .map_err(w)?;
-            order.push_str(&file_name);
-            order.push('\n');
-        }
-        a.file(VM_MODULES_LIST, 0o644, order.as_bytes())
-            .map_err(w)?;
+        add_modules(&mut a, VM_MODULES_LIST, modules)?;
+        add_modules(&mut a, VM_EGRESS_MODULES_LIST, egress_modules)?;
         let mut out = a.finish().map_err(w)?;
         out.flush().map_err(w)?;
         Ok(())
@@ -147,6 +136,30 @@ pub fn write_base(
         return Err(e);
     }
     std::fs::rename(&tmp, out_path).map_err(io(format!("install {}", out_path.display())))
+}
+
+/// Adds `modules` next to `list`, and `list` naming them in load order.
+fn add_modules<W: Write>(
+    a: &mut Archive<W>,
+    list: &str,
+    modules: &[(String, PathBuf)],
+) -> Result<(), InitrdError> {
+    let w = |e| InitrdError::Io(format!("write module list {list}"), e);
+    let dir = Path::new(list)
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .to_string_lossy()
+        .into_owned();
+    let mut order = String::new();
+    for (name, file) in modules {
+        let bytes = std::fs::read(file).map_err(io(format!("read {}", file.display())))?;
+        let file_name = format!("{name}.ko");
+        a.file(&format!("{dir}/{file_name}"), 0o644, &bytes)
+            .map_err(w)?;
+        order.push_str(&file_name);
+        order.push('\n');
+    }
+    a.file(list, 0o644, order.as_bytes()).map_err(w)
 }
 
 /// A VM's own initrd: the base archive followed by one carrying its configuration.
@@ -258,9 +271,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let module = dir.path().join("virtio.ko");
         std::fs::write(&module, b"module bytes").unwrap();
+        let nft = dir.path().join("nf_tables.ko");
+        std::fs::write(&nft, b"nft bytes").unwrap();
         let agent = std::env::current_exe().unwrap();
         let base = dir.path().join("base.cpio");
-        write_base(&base, &agent, &[("virtio".into(), module)]).unwrap();
+        write_base(
+            &base,
+            &agent,
+            &[("virtio".into(), module)],
+            &[("nf_tables".into(), nft)],
+        )
+        .unwrap();
         let cfg = VmConfig {
             hostname: "sandbox".into(),
             workdir: "/workspace".into(),
@@ -276,6 +297,7 @@ mod tests {
             limits: Default::default(),
             root_disk_serial: "koder-root".into(),
             scratch_disk_serial: "koder-scratch".into(),
+            egress: true,
         };
         let vm = dir.path().join("vm.cpio");
         write_for_vm(&base, &cfg, &vm).unwrap();
@@ -290,6 +312,8 @@ mod tests {
         assert_eq!(find("dev/console").1, S_IFCHR | 0o600);
         assert_eq!(find("koder/modules/virtio.ko").2, b"module bytes");
         assert_eq!(find("koder/modules/order").2, b"virtio.ko\n");
+        assert_eq!(find("koder/modules/egress").2, b"nf_tables.ko\n");
+        assert_eq!(find("koder/modules/nf_tables.ko").2, b"nft bytes");
         let parsed: VmConfig = serde_json::from_slice(&find("koder/config.json").2).unwrap();
         assert_eq!(parsed, cfg);
         assert!(

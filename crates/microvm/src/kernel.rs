@@ -14,6 +14,10 @@ pub const GUEST_MODULES: &[&str] = &[
     "vmw_vsock_virtio_transport",
 ];
 
+/// Modules the agent's egress ruleset needs (NAT redirect to the agent, conntrack state),
+/// loaded only in guests of sessions with network access.
+pub const EGRESS_MODULES: &[&str] = &["nft_chain_nat", "nft_redir", "nft_ct"];
+
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
     #[error("no LZ4-compressed kernel found in {0} (only LZ4 bzImages are supported)")]

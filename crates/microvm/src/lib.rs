@@ -24,7 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use koder_agent_protocol::init::{Rlimits, VmConfig, VM_ROOT_DISK_SERIAL, VM_SCRATCH_DISK_SERIAL};
+use koder_agent_protocol::init::{
+    Rlimits, VmConfig, VM_READY_LINE, VM_ROOT_DISK_SERIAL, VM_SCRATCH_DISK_SERIAL,
+};
 use koder_agent_protocol::{AgentClient, GuestLimits};
 use koder_runtime::slots::Slots;
 use koder_runtime::{
@@ -40,6 +42,8 @@ pub const AGENT_VSOCK_PORT: u32 = 1024;
 /// Guest memory beyond the sandbox's own limit: kernel, page cache for the image, the agent.
 pub const GUEST_OVERHEAD_MIB: u64 = 160;
 const DEFAULT_DISK_MIB: u64 = 2048;
+/// One connect + handshake + health check of a booted guest.
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(5);
 
 /// Which VMM runs the guests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -132,7 +136,7 @@ impl MicroVmRuntime {
         }
         let initrd_base = cfg.state_dir.join("initrd-base.cpio");
         let agent = guest_agent(&cfg.agent_bin, &cfg.state_dir)?;
-        initrd::write_base(&initrd_base, &agent, &image.modules)
+        initrd::write_base(&initrd_base, &agent, &image.modules, &image.egress_modules)
             .map_err(|e| RuntimeError::Unavailable(format!("guest initrd: {e}")))?;
         std::fs::set_permissions(&initrd_base, std::fs::Permissions::from_mode(0o644))
             .map_err(RuntimeError::io("chmod the initrd"))?;
@@ -149,7 +153,8 @@ impl MicroVmRuntime {
                 "read-only root disk, per-VM scratch disk sized to the disk quota".into(),
                 "guest cgroup limits: memory, cpu, pids".into(),
                 "seccomp, landlock, no_new_privs inside the guest".into(),
-                "no network device (loopback only)".into(),
+                "no network device: loopback only, or egress mediated by the agent over vsock"
+                    .into(),
             ],
             not_enforced: Vec::new(),
         };
@@ -260,18 +265,29 @@ impl MicroVmRuntime {
 
     /// Waits for the guest agent: connects until it answers a health check, the VMM dies or
     /// the boot deadline passes.
+    ///
+    /// The first connection waits for the agent's line on the console: vhost-device-vsock
+    /// loses (and then stops reading) connections made before the guest's vsock driver is up,
+    /// and every attempt is bounded, so nothing here can hang past the deadline.
     async fn connect(&self, launch: &Launch, vm: &VmHost) -> Result<AgentClient, RuntimeError> {
         let deadline = Instant::now() + self.cfg.boot_timeout;
+        let console = launch.console_log();
         loop {
             if let Some(exited) = vm.exited_child() {
                 return Err(RuntimeError::Start(format!(
                     "the VM stopped while booting ({exited})"
                 )));
             }
-            if let Ok(stream) = vsock::connect(&launch.vsock_uds, AGENT_VSOCK_PORT).await {
-                let (r, w) = stream.into_split();
-                let agent = AgentClient::new(r, w);
-                if agent.health().await.is_ok() {
+            if agent_announced(&console) {
+                let attempt = async {
+                    let stream = vsock::connect(&launch.vsock_uds, AGENT_VSOCK_PORT)
+                        .await
+                        .ok()?;
+                    let (r, w) = stream.into_split();
+                    let agent = AgentClient::new(r, w);
+                    agent.health().await.ok().map(|_| agent)
+                };
+                if let Ok(Some(agent)) = tokio::time::timeout(CONNECT_ATTEMPT, attempt).await {
                     return Ok(agent);
                 }
             }
@@ -281,7 +297,7 @@ impl MicroVmRuntime {
                     self.cfg.boot_timeout
                 )));
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -314,6 +330,7 @@ impl MicroVmRuntime {
             limits: guest_limits(limits),
             root_disk_serial: serials.0,
             scratch_disk_serial: serials.1,
+            egress: spec.egress,
         }
     }
 }
@@ -355,11 +372,6 @@ impl Runtime for MicroVmRuntime {
                 "unknown image {:?}; available: host",
                 spec.image
             )));
-        }
-        if spec.egress {
-            return Err(RuntimeError::InvalidSpec(
-                "microvm sandboxes have network mode none only (no network device yet)".into(),
-            ));
         }
         let slot = self.slots.acquire()?;
         let dir = vms_dir(&self.cfg).join(&spec.id);
@@ -680,6 +692,20 @@ fn kill_recorded(dir: &Path) {
             }
         }
     }
+}
+
+/// Whether the guest agent said on the console that it listens. Only the kernel and the agent
+/// write there (sandbox code has no console device), and only the log's end is read.
+fn agent_announced(console: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(console) else {
+        return false;
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+    let mut tail = Vec::new();
+    let _ = f.take(64 * 1024).read_to_end(&mut tail);
+    String::from_utf8_lossy(&tail).contains(VM_READY_LINE)
 }
 
 /// The last lines of the guest console, for boot failure reports.

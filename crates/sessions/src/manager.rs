@@ -257,13 +257,6 @@ impl Manager {
             .await?;
 
         let egress = network.mode != NetworkMode::None;
-        if egress && runtime == "microvm" {
-            return Err(Error::InvalidArgument(
-                "network modes open and allowlist are not available with runtime microvm (its \
-                 guests have no network device); use network mode none"
-                    .into(),
-            ));
-        }
         let (sandbox, source) = self.sandbox_for(runtime, language, &limits, egress).await?;
         // If this request is dropped (the client went away) before the session is recorded,
         // the sandbox must not outlive it.

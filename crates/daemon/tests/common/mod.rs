@@ -34,6 +34,25 @@ pub struct Daemon {
     keys: bool,
 }
 
+/// The `[microvm]` table pointing at the image `ksandbox image build` made
+/// (`KODER_MICROVM_IMAGES`, default `target/microvm-images`; scripts/test.sh builds it).
+pub fn microvm_section() -> String {
+    let images = std::env::var_os("KODER_MICROVM_IMAGES")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/microvm-images")
+        });
+    assert!(
+        images.join("microvm/manifest.json").is_file(),
+        "no microvm image in {} (scripts/test.sh builds it: ksandbox image build --images-dir ...)",
+        images.display()
+    );
+    format!(
+        "[microvm]\nimages_dir = \"{}\"\nbackend = \"qemu\"\nvm_memory_mib = 256\nboot_timeout_s = 120\n",
+        images.display()
+    )
+}
+
 /// Test defaults: no warm pool (unless asked), fast reaper.
 pub const BASE_CONFIG: &str = "[sessions]\nreap_interval = 0.2\npool = {}\n";
 
