@@ -26,7 +26,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-if ! command -v vhost-device-vsock >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/vhost-device-vsock" ]; then
-  echo "setup-microvm: cargo install vhost-device-vsock $VHOST_VSOCK_VERSION"
-  cargo install --locked --quiet vhost-device-vsock --version "$VHOST_VSOCK_VERSION"
+# Into /usr/local/bin: on every PATH, and executable by the VMs' unprivileged uids.
+if ! command -v vhost-device-vsock >/dev/null 2>&1; then
+  echo "setup-microvm: cargo install vhost-device-vsock $VHOST_VSOCK_VERSION (a few minutes)"
+  cargo install --locked --quiet --root /usr/local vhost-device-vsock --version "$VHOST_VSOCK_VERSION"
 fi
