@@ -296,6 +296,27 @@ async fn warm_vm_then_restart_after_a_crash_removes_orphaned_vms() {
     assert!(status.is_client_error());
 }
 
+/// Firecracker needs hardware KVM; asked for where there is none, the runtime is unavailable
+/// and says why (never a stand-in VMM).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn firecracker_without_hardware_kvm_is_unavailable() {
+    let Some(()) = root_or_skip() else { return };
+    if koder_microvm::kvm::kvm_usable().is_ok() {
+        eprintln!("hardware KVM present: this host can run the Firecracker backend");
+        return;
+    }
+    let config = microvm_config().replace("backend = \"qemu\"", "backend = \"firecracker\"");
+    let d = Daemon::start(&config).await;
+    let (status, e) = d.json(Method::POST, S, json!({"runtime": "microvm"})).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{e}");
+    assert_eq!(e["error"]["code"], "SANDBOX-RUNTIME-UNAVAILABLE-001");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("firecracker") || message.contains("KVM"),
+        "{e}"
+    );
+}
+
 /// Without an image the runtime is unavailable, said with the reason and a typed 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn microvm_without_an_image_is_unavailable() {

@@ -118,6 +118,9 @@ pub struct MicroVmRuntime {
     /// Host TSC frequency for the guest command line: a TCG guest that calibrates its TSC
     /// itself hangs in one boot out of three.
     tsc_khz: Option<u64>,
+    /// Boots are CPU-bound (under TCG, seconds of it): more at once than there are host CPUs
+    /// only slows every one of them towards its deadline, so the rest wait their turn.
+    boot_permits: tokio::sync::Semaphore,
 }
 
 impl MicroVmRuntime {
@@ -173,6 +176,7 @@ impl MicroVmRuntime {
         Ok(Self {
             slots: Slots::new(cfg.max_vms),
             tsc_khz: host_tsc_khz(),
+            boot_permits: tokio::sync::Semaphore::new(host_cpus() as usize),
             cfg,
             vmm,
             accel,
@@ -241,6 +245,11 @@ impl MicroVmRuntime {
             gid: self.vmm_gid(host.uid),
             accel: self.accel,
         };
+        let _permit = self
+            .boot_permits
+            .acquire()
+            .await
+            .map_err(|_| RuntimeError::Unavailable("the runtime is shutting down".into()))?;
         let processes = self.vmm.start(&launch).await?;
         record_pids(dir, &processes.children)?;
         host.children
@@ -455,6 +464,17 @@ impl VmHost {
             self.slots.release(slot);
         }
         result
+    }
+}
+
+/// A VM dropped without `destroy` (a panic, a dropped future): its VMM processes die with their
+/// `Child` handles (`kill_on_drop`); the directory and the uid are released here.
+impl Drop for VmHost {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            self.slots.release(slot);
+        }
     }
 }
 
