@@ -488,6 +488,17 @@ async fn malformed_requests_get_typed_errors() {
         assert!(error_code(&v).starts_with("SANDBOX-"), "{v}");
         assert!(!v["error"]["message"].as_str().unwrap().is_empty());
     }
+    // A path segment that is not percent-encoded UTF-8 is bad input like any other.
+    for (method, path) in [
+        (Method::GET, format!("{S}/%FF")),
+        (Method::POST, format!("{S}/%C3%28/exec")),
+        (Method::GET, format!("{S}/%FF/execs/%FE")),
+    ] {
+        let resp = d.req(method, &path, KEY1).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{path}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(error_code(&v), "SANDBOX-INVALID-ARGUMENT", "{path}: {v}");
+    }
     let big = format!(
         "{{\"metadata\": {{\"k\": \"{}\"}}}}",
         "x".repeat(2 * 1024 * 1024)

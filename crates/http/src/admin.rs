@@ -1,6 +1,8 @@
 //! Operator endpoints (admin key only): tenants, their plan and quotas, and key issuance.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use crate::extract::Path;
 use axum::http::StatusCode;
 use chrono::Utc;
 use koder_api_types::{codes, ErrorBody, IssuedKey, PutTenant, TenantInfo, TenantList};

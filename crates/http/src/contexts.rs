@@ -2,7 +2,9 @@
 //! interpreter"): stateful Python and Node contexts. The JSON shapes live here until they move
 //! to koder-api-types.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use crate::extract::Path;
 use axum::http::StatusCode;
 use axum::routing::{delete, post};
 use axum::Router;

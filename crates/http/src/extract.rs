@@ -1,7 +1,7 @@
 //! Request extractors whose every failure is a typed JSON error (axum's own rejections answer
 //! in plain text).
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use koder_api_types::codes;
@@ -125,6 +125,28 @@ impl<T: DeserializeOwned + Send> FromRequestParts<AppState> for Query<T> {
             Ok(axum::extract::Query(v)) => Ok(Query(v)),
             Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(ApiError::invalid(
                 format!("invalid query: {}", source_text(&e)),
+            )),
+            Err(other) => Err(ApiError::invalid(other.body_text())),
+        }
+    }
+}
+
+/// Path parameters with typed errors (a segment that is not valid percent-encoded UTF-8 is a
+/// 400 like any other bad input, not axum's plain-text answer).
+pub struct Path<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for Path<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            Err(PathRejection::FailedToDeserializePathParams(e)) => Err(ApiError::invalid(
+                format!("invalid path parameter: {}", e.body_text()),
             )),
             Err(other) => Err(ApiError::invalid(other.body_text())),
         }

@@ -2,7 +2,9 @@
 
 use std::convert::Infallible;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use crate::extract::Path;
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use base64::Engine as _;

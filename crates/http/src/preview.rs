@@ -6,7 +6,9 @@
 //! client. The caller's credentials never reach the sandbox.
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
+
+use crate::extract::Path;
 use axum::http::{header, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;

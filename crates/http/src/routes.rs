@@ -2,7 +2,9 @@
 //! No business logic lives here.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use crate::extract::Path;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use koder_api_types::{

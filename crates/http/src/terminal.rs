@@ -3,7 +3,9 @@
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use crate::extract::Path;
 use axum::response::Response;
 use koder_agent_protocol::{AgentStream, FromAgent, ToAgent, CHUNK_BYTES};
 use serde::Deserialize;
