@@ -2,32 +2,17 @@
 # Installs what koder-sandbox and its tests need on a Debian host. Idempotent: installs only
 # what is missing, so it is cheap to run before every test run.
 set -euo pipefail
+cd "$(dirname "$0")"
 
-# Debian package -> a file that proves it is installed.
-declare -A NEED=(
-  [python3]=/usr/bin/python3      # interpreter used inside host-image sandboxes
-  [nodejs]=/usr/bin/node          # ditto
-  [python3.11-venv]=/usr/lib/python3.11/ensurepip/__init__.py  # venv of the E2B SDK suite (scripts/e2b-tests.sh)
-  [iproute2]=/usr/sbin/ip
-  [util-linux]=/usr/bin/unshare
-  [bubblewrap]=/usr/bin/bwrap     # one-shot sandbox baseline of the benchmark (scripts/bench.sh)
-  [e2fsprogs]=/usr/sbin/mkfs.ext4  # per-session disk quota images
-  [nftables]=/usr/sbin/nft         # egress redirect inside sandboxes with network access
-  [python3-matplotlib]=/usr/lib/python3/dist-packages/matplotlib/__init__.py  # interpreter rich output
-  [python3-pandas]=/usr/lib/python3/dist-packages/pandas/__init__.py
-)
-
-missing=()
-for pkg in "${!NEED[@]}"; do
-  [ -e "${NEED[$pkg]}" ] || missing+=("$pkg")
-done
-
-if [ "${#missing[@]}" -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "setup: missing packages ${missing[*]}; run this script as root to install them" >&2
-    exit 1
-  fi
-  echo "setup: installing ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-fi
+# Debian package = a file that proves it is installed.
+./install-missing.sh \
+  python3=/usr/bin/python3 `# interpreter used inside host-image sandboxes` \
+  nodejs=/usr/bin/node `# ditto` \
+  python3.11-venv=/usr/lib/python3.11/ensurepip/__init__.py `# venv of the E2B SDK suite (scripts/e2b-tests.sh)` \
+  iproute2=/usr/sbin/ip \
+  util-linux=/usr/bin/unshare \
+  bubblewrap=/usr/bin/bwrap `# one-shot sandbox baseline of the benchmark (scripts/bench.sh)` \
+  e2fsprogs=/usr/sbin/mkfs.ext4 `# per-session disk quota images` \
+  nftables=/usr/sbin/nft `# egress redirect inside sandboxes with network access` \
+  python3-matplotlib=/usr/lib/python3/dist-packages/matplotlib/__init__.py `# interpreter rich output` \
+  python3-pandas=/usr/lib/python3/dist-packages/pandas/__init__.py

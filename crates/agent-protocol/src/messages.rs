@@ -142,7 +142,7 @@ pub struct GuestLimits {
     pub cpu_millis: Option<u32>,
 }
 
-/// Counters of a microVM's sandbox cgroup.
+/// Counters of a sandbox's cgroup (for a microVM, the guest's; `koder_runtime::Usage` too).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuestUsage {
     pub memory_current_bytes: u64,

@@ -5,7 +5,7 @@ use std::os::fd::FromRawFd;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use koder_agent::confine;
+use koder_agent::confine::{self, Confinement};
 use koder_agent::exec::{ExecDefaults, Reaper};
 use koder_agent::fs::Fs;
 use koder_agent::guest;
@@ -46,24 +46,10 @@ fn init(config: &str) -> Result<Never, Box<dyn std::error::Error>> {
     }
     let cfg: InitConfig = serde_json::from_str(config)?;
     setup::build_root(&cfg)?;
-    let fs = Fs::new(std::path::Path::new("/"), &cfg.workdir)?;
-    let confinement = confine::confine(&cfg.rlimits, &cfg.writable_dirs)?;
-    // Sandbox processes share our uid; only a non-dumpable agent keeps them out of /proc/1/mem
-    // and friends even where ptrace rules would allow it.
-    // SAFETY: prctl with integer arguments.
-    unsafe {
-        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
-    }
+    let (fs, confinement, defaults, runtime) =
+        confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs)?;
     quiet_stdio()?;
     let egress = cfg.egress;
-    let defaults = ExecDefaults {
-        env: cfg.env.clone(),
-        workdir: cfg.workdir.clone(),
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .max_blocking_threads(4)
-        .build()?;
     runtime.block_on(async move {
         let reaper = Reaper::start()?;
         // SAFETY: the runtime placed a bound, listening unix socket on LISTEN_FD for us alone.
@@ -79,24 +65,39 @@ fn init(config: &str) -> Result<Never, Box<dyn std::error::Error>> {
     })
 }
 
-/// The agent as the kernel's init in a microVM: boots the guest, then serves the daemon's
-/// connections on vsock.
-fn guest_init() -> Result<Never, Box<dyn std::error::Error>> {
-    let (cfg, cgroup) = guest::boot()?;
-    let fs = Fs::new(std::path::Path::new("/"), &cfg.workdir)?;
-    let confinement = confine::confine(&cfg.rlimits, &cfg.writable_dirs)?;
+/// What every agent does once its root is built: raise the walls around itself (and so around
+/// everything it will start), then make the single-threaded runtime it serves from.
+fn confined(
+    workdir: &str,
+    env: &[(String, String)],
+    rlimits: &init::Rlimits,
+    writable_dirs: &[String],
+) -> Result<(Fs, Confinement, ExecDefaults, tokio::runtime::Runtime), Box<dyn std::error::Error>> {
+    let fs = Fs::new(std::path::Path::new("/"), workdir)?;
+    let confinement = confine::confine(rlimits, writable_dirs)?;
+    // Sandbox processes share our uid; only a non-dumpable agent keeps them out of /proc/1/mem
+    // and friends even where ptrace rules would allow it.
     // SAFETY: prctl with integer arguments.
     unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
     }
     let defaults = ExecDefaults {
-        env: cfg.env.clone(),
-        workdir: cfg.workdir.clone(),
+        env: env.to_vec(),
+        workdir: workdir.to_string(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(4)
         .build()?;
+    Ok((fs, confinement, defaults, runtime))
+}
+
+/// The agent as the kernel's init in a microVM: boots the guest, then serves the daemon's
+/// connections on vsock.
+fn guest_init() -> Result<Never, Box<dyn std::error::Error>> {
+    let (cfg, cgroup) = guest::boot()?;
+    let (fs, confinement, defaults, runtime) =
+        confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs)?;
     runtime.block_on(async move {
         let reaper = Reaper::start()?;
         let listener = tokio_vsock::VsockListener::bind(tokio_vsock::VsockAddr::new(

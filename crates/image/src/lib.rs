@@ -81,6 +81,17 @@ const HOSTS: &str = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost 
 const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n";
 const RESOLV: &str = "# koder-sandbox: name resolution follows the session's network policy\n";
 
+/// Checks that a sandbox spec names an image this host has (`host`; empty means `host`).
+pub fn require_known(name: &str) -> Result<(), RuntimeError> {
+    if name.is_empty() || name == "host" {
+        Ok(())
+    } else {
+        Err(RuntimeError::InvalidSpec(format!(
+            "unknown image {name:?}; available: host"
+        )))
+    }
+}
+
 /// Builds (once per version) and returns the `host` image under `images_dir`.
 pub fn host_image(images_dir: &Path) -> Result<Image, RuntimeError> {
     let layer = images_dir.join("host");

@@ -453,12 +453,7 @@ impl Runtime for JailRuntime {
 
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
         validate_id(&spec.id)?;
-        if spec.image != "host" && !spec.image.is_empty() {
-            return Err(RuntimeError::InvalidSpec(format!(
-                "unknown image {:?}",
-                spec.image
-            )));
-        }
+        image::require_known(&spec.image)?;
         let slot = self.slots.acquire()?;
         let mut parts = Parts::new(
             sandboxes_dir(&self.cfg).join(&spec.id),

@@ -376,12 +376,7 @@ impl Runtime for MicroVmRuntime {
 
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
         validate_id(&spec.id)?;
-        if spec.image != "host" && !spec.image.is_empty() {
-            return Err(RuntimeError::InvalidSpec(format!(
-                "unknown image {:?}; available: host",
-                spec.image
-            )));
-        }
+        koder_image::require_known(&spec.image)?;
         let slot = self.slots.acquire()?;
         let dir = vms_dir(&self.cfg).join(&spec.id);
         let _ = std::fs::remove_dir_all(&dir);
@@ -518,15 +513,7 @@ impl Sandbox for MicroVm {
 #[async_trait]
 impl ResourceControl for MicroVm {
     async fn usage(&self) -> Result<Usage, RuntimeError> {
-        let u = self.agent.guest_usage().await?;
-        Ok(Usage {
-            memory_current_bytes: u.memory_current_bytes,
-            memory_peak_bytes: u.memory_peak_bytes,
-            oom_kills: u.oom_kills,
-            cpu_usage_us: u.cpu_usage_us,
-            pids_current: u.pids_current,
-            pids_max_hits: u.pids_max_hits,
-        })
+        Ok(self.agent.guest_usage().await?)
     }
 
     async fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError> {

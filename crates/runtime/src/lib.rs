@@ -40,16 +40,9 @@ pub struct Limits {
     pub disk_mib: Option<u64>,
 }
 
-/// Live resource figures of a sandbox.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    pub memory_current_bytes: u64,
-    pub memory_peak_bytes: u64,
-    pub oom_kills: u64,
-    pub cpu_usage_us: u64,
-    pub pids_current: u64,
-    pub pids_max_hits: u64,
-}
+/// Live resource figures of a sandbox: the same counters whether a host cgroup (jail) or the
+/// guest agent's cgroup (microVM) reports them.
+pub use koder_agent_protocol::GuestUsage as Usage;
 
 /// Which protections a runtime could put in force on this host, stated at start-up instead of
 /// pretending (a rootless jail cannot enforce cgroup limits, for example).
