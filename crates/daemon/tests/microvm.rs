@@ -9,8 +9,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::*;
+use futures::SinkExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
 
 const S: &str = "/v1/sandbox/sessions";
 
@@ -201,6 +203,18 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
     assert_eq!(status, StatusCode::OK, "{frozen_at}");
     let r = d.exec(&id, json!({"shell": "a=$(wc -l < /tmp/tick); sleep 0.5; b=$(wc -l < /tmp/tick); [ $b -gt $a ] && echo ticking"})).await;
     assert_eq!(r["stdout"], "ticking\n", "{r}");
+
+    // A terminal: a PTY inside the guest, served by the same agent.
+    let mut ws = connect(&d, &id, "").await;
+    ws.send(Message::Binary(b"tty; echo $((6 * 7))x\n".to_vec().into()))
+        .await
+        .unwrap();
+    let out = read_until(&mut ws, "42x").await;
+    assert!(out.contains("/dev/pts/"), "{out}");
+    ws.send(Message::Binary(b"exit 4\n".to_vec().into()))
+        .await
+        .unwrap();
+    assert_eq!(exit_message(&mut ws).await["exit_code"], 4);
 
     // Destroy: no VMM process, socket or directory of it remains.
     let vm_dirs: Vec<PathBuf> = std::fs::read_dir(&vms)

@@ -11,60 +11,6 @@ use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn connect(d: &Daemon, id: &str, query: &str) -> Socket {
-    let url = format!(
-        "{}/v1/sandbox/sessions/{id}/terminal{query}",
-        d.base.replace("http://", "ws://")
-    );
-    let mut req = url.into_client_request().unwrap();
-    req.headers_mut()
-        .insert("authorization", format!("Bearer {KEY1}").parse().unwrap());
-    tokio_tungstenite::connect_async(req)
-        .await
-        .expect("websocket")
-        .0
-}
-
-/// Reads until the terminal output contains `needle`; returns everything read.
-async fn read_until(ws: &mut Socket, needle: &str) -> String {
-    let mut out = String::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !out.contains(needle) {
-        let msg = tokio::time::timeout_at(deadline, ws.next())
-            .await
-            .unwrap_or_else(|_| panic!("no {needle:?} in {out:?}"));
-        match msg {
-            Some(Ok(Message::Binary(b))) => out.push_str(&String::from_utf8_lossy(&b)),
-            Some(Ok(Message::Text(t))) => out.push_str(&t),
-            Some(Ok(_)) => {}
-            other => panic!("terminal ended early ({other:?}); output so far: {out:?}"),
-        }
-    }
-    out
-}
-
-/// The JSON control message announcing the exit.
-async fn exit_message(ws: &mut Socket) -> Value {
-    loop {
-        match tokio::time::timeout(Duration::from_secs(10), ws.next())
-            .await
-            .expect("exit message")
-        {
-            Some(Ok(Message::Text(t))) => {
-                let v: Value = serde_json::from_str(&t).unwrap();
-                if v["type"] == "exit" {
-                    return v;
-                }
-            }
-            Some(Ok(_)) => {}
-            other => panic!("closed without an exit message: {other:?}"),
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shell_sees_resizes_and_reports_its_exit() {
     let Some(()) = root_or_skip() else { return };

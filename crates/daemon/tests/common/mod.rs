@@ -7,8 +7,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde_json::Value;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
 
 pub const KEY1: &str = "key-one-1234";
 pub const KEY2: &str = "key-two-5678";
@@ -262,4 +265,60 @@ async fn listening_address(stdout: std::process::ChildStdout) -> String {
         .strip_prefix("koder-sandbox listening on ")
         .unwrap_or_else(|| panic!("unexpected daemon output: {line:?}"))
         .to_string()
+}
+
+/// A WebSocket to one of a session's live endpoints.
+pub type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Opens the session's terminal WebSocket (`query` starts with `?` or is empty).
+pub async fn connect(d: &Daemon, id: &str, query: &str) -> Socket {
+    let url = format!(
+        "{}/v1/sandbox/sessions/{id}/terminal{query}",
+        d.base.replace("http://", "ws://")
+    );
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {KEY1}").parse().unwrap());
+    tokio_tungstenite::connect_async(req)
+        .await
+        .expect("websocket")
+        .0
+}
+
+/// Reads until the terminal output contains `needle`; returns everything read.
+pub async fn read_until(ws: &mut Socket, needle: &str) -> String {
+    let mut out = String::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !out.contains(needle) {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("no {needle:?} in {out:?}"));
+        match msg {
+            Some(Ok(Message::Binary(b))) => out.push_str(&String::from_utf8_lossy(&b)),
+            Some(Ok(Message::Text(t))) => out.push_str(&t),
+            Some(Ok(_)) => {}
+            other => panic!("terminal ended early ({other:?}); output so far: {out:?}"),
+        }
+    }
+    out
+}
+
+/// The JSON control message announcing the exit.
+pub async fn exit_message(ws: &mut Socket) -> Value {
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(10), ws.next())
+            .await
+            .expect("exit message")
+        {
+            Some(Ok(Message::Text(t))) => {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if v["type"] == "exit" {
+                    return v;
+                }
+            }
+            Some(Ok(_)) => {}
+            other => panic!("closed without an exit message: {other:?}"),
+        }
+    }
 }
