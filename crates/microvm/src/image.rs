@@ -194,21 +194,20 @@ fn tempdir_in(parent: &Path) -> Result<PathBuf, ImageError> {
     Ok(dir)
 }
 
-/// Downloads the package Debian's cloud-kernel meta package currently depends on.
+/// Downloads the package Debian's cloud-kernel meta package currently depends on, refreshing
+/// the package lists once if that fails (a fresh machine may have none, an old one stale ones).
 fn download_kernel(work: &Path) -> Result<PathBuf, ImageError> {
-    let deps = output(
-        Command::new("apt-cache").args(["depends", KERNEL_META_PACKAGE]),
-        "apt-cache depends",
-    )?;
-    let package = deps
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("Depends: "))
-        .find(|p| p.starts_with("linux-image-"))
-        .ok_or_else(|| ImageError::Tool {
-            what: "find the cloud kernel package".into(),
-            detail: format!("{KERNEL_META_PACKAGE} names no linux-image dependency"),
-        })?
-        .to_string();
+    fetch_kernel(work).or_else(|_| {
+        run(
+            Command::new("apt-get").args(["update", "-qq"]),
+            "apt-get update",
+        )?;
+        fetch_kernel(work)
+    })
+}
+
+fn fetch_kernel(work: &Path) -> Result<PathBuf, ImageError> {
+    let package = kernel_package()?;
     run(
         Command::new("apt-get")
             .args(["download", "-q", &package])
@@ -223,6 +222,21 @@ fn download_kernel(work: &Path) -> Result<PathBuf, ImageError> {
         .ok_or_else(|| ImageError::Tool {
             what: "apt-get download".into(),
             detail: format!("no .deb for {package}"),
+        })
+}
+
+fn kernel_package() -> Result<String, ImageError> {
+    let deps = output(
+        Command::new("apt-cache").args(["depends", KERNEL_META_PACKAGE]),
+        "apt-cache depends",
+    )?;
+    deps.lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+        .find(|p| p.starts_with("linux-image-"))
+        .map(str::to_string)
+        .ok_or_else(|| ImageError::Tool {
+            what: "find the cloud kernel package".into(),
+            detail: format!("{KERNEL_META_PACKAGE} names no linux-image dependency"),
         })
 }
 
