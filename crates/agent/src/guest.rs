@@ -171,12 +171,14 @@ fn mount_root(root_disk: &Path, scratch_disk: &Path) -> Result<(), SetupError> {
         Some("noload"),
     )
     .step("mount image disk")?;
+    // noinit_itable: the fresh filesystem's inode tables are flagged uninitialised already;
+    // zeroing them in the background would only cost an idle guest CPU and the host disk.
     mount(
         Some(&scratch_disk.to_string_lossy()),
         SCRATCH_MNT,
         Some("ext4"),
         libc::MS_NODEV,
-        None,
+        Some("noinit_itable"),
     )
     .step("mount scratch disk")?;
     let upper = Path::new(SCRATCH_MNT).join("upper");

@@ -153,6 +153,20 @@ pub trait Cgroup: Send + Sync {
     fn destroy(&self) -> Result<()>;
 }
 
+/// A prefix for the cgroup names of one runtime instance, derived from its state directory:
+/// daemons (or test runs) sharing a cgroup parent then never reconcile each other's cgroups.
+pub fn instance_prefix(state_dir: &std::path::Path) -> String {
+    let path = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    let hash = path
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0x811c_9dc5u32, |h, b| {
+            (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+        });
+    format!("{hash:08x}-")
+}
+
 /// Checks that `name` is a single safe path component.
 pub fn validate_name(name: &str) -> Result<()> {
     let bad = |reason| {

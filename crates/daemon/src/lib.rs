@@ -239,6 +239,9 @@ fn microvm_runtime(cfg: &Config, agent: &Path) -> Result<Arc<dyn Runtime>, Strin
             ))
         }
     };
+    if let Some(v) = &cfg.jail.cgroup_parent {
+        mc.cgroup_parent = Some(v.clone());
+    }
     if let Some(v) = section.vm_memory_mib {
         mc.vm_memory_mib = v;
     }

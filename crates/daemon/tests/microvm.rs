@@ -35,6 +35,20 @@ fn processes_mentioning(needle: &str) -> Vec<i32> {
     pids
 }
 
+/// The memory cgroup directory of a process (v1 `memory` hierarchy, else the v2 tree).
+fn memory_cgroup_of(pid: i32) -> PathBuf {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next().unwrap(), parts.next().unwrap());
+        if controllers.split(',').any(|c| c == "memory") {
+            return PathBuf::from(format!("/sys/fs/cgroup/memory{path}"));
+        }
+    }
+    let path = text.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
+    PathBuf::from(format!("/sys/fs/cgroup{path}"))
+}
+
 async fn wait_until_gone(needle: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -225,16 +239,26 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
     assert_eq!(vm_dirs.len(), 1);
     assert!(vm_dirs[0].join("vsock.sock").exists());
     let needle = vm_dirs[0].to_string_lossy().into_owned();
-    assert!(
-        !processes_mentioning(&needle).is_empty(),
-        "no VMM process found"
-    );
+    let vmm = processes_mentioning(&needle);
+    assert!(!vmm.is_empty(), "no VMM process found");
+    // The VMM processes sit in a host cgroup capping them: guest RAM (256 MiB + 160 MiB
+    // overhead) plus 320 MiB for QEMU itself.
+    let cgroups: Vec<PathBuf> = vmm.iter().map(|p| memory_cgroup_of(*p)).collect();
+    assert!(cgroups.windows(2).all(|w| w[0] == w[1]), "{cgroups:?}");
+    let limit: u64 = std::fs::read_to_string(cgroups[0].join("memory.limit_in_bytes"))
+        .or_else(|_| std::fs::read_to_string(cgroups[0].join("memory.max")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(limit, (256 + 160 + 320) << 20, "{}", cgroups[0].display());
     let (status, _) = d
         .json(Method::DELETE, &format!("{S}/{id}"), Value::Null)
         .await;
     assert!(status.is_success());
     wait_until_gone(&needle).await;
     assert!(!vm_dirs[0].exists(), "VM directory left behind");
+    assert!(!cgroups[0].exists(), "VMM cgroup left behind");
     let (status, e) = d
         .json(
             Method::POST,

@@ -177,7 +177,7 @@ impl JailRuntime {
             tracing::warn!(what = %n.what, why = %n.why, "jail runtime cannot enforce");
         }
         Ok(Self {
-            cgroup_prefix: format!("{:08x}-", instance_hash(&cfg.state_dir)),
+            cgroup_prefix: koder_cgroups::instance_prefix(&cfg.state_dir),
             disks,
             slots: Slots::new(cfg.max_sandboxes),
             cfg,
@@ -705,17 +705,6 @@ fn teardown(parts: &Parts) -> Result<(), RuntimeError> {
     } else {
         Err(RuntimeError::Teardown(problems.join("; ")))
     }
-}
-
-/// FNV-1a of the canonical state dir: stable across restarts, distinct between daemons.
-fn instance_hash(state_dir: &Path) -> u32 {
-    let path = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
-    path.as_os_str()
-        .as_encoded_bytes()
-        .iter()
-        .fold(0x811c_9dc5u32, |h, b| {
-            (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
-        })
 }
 
 /// `remove_dir_all`, also for trees with unreadable directories: overlayfs leaves a mode-000

@@ -28,6 +28,7 @@ use koder_agent_protocol::init::{
     Rlimits, VmConfig, VM_READY_LINE, VM_ROOT_DISK_SERIAL, VM_SCRATCH_DISK_SERIAL,
 };
 use koder_agent_protocol::{AgentClient, GuestLimits};
+use koder_cgroups::{Cgroup, CgroupDriver};
 use koder_runtime::slots::Slots;
 use koder_runtime::{
     validate_id, Enforcement, Limits, NotEnforced, ReconcileReport, ResourceControl, Runtime,
@@ -42,6 +43,11 @@ pub const AGENT_VSOCK_PORT: u32 = 1024;
 /// Guest memory beyond the sandbox's own limit: kernel, page cache for the image, the agent.
 pub const GUEST_OVERHEAD_MIB: u64 = 160;
 const DEFAULT_DISK_MIB: u64 = 2048;
+/// Host memory a VMM needs beyond its guest's RAM (QEMU's mappings and heap, the TCG
+/// translation cache, vhost-device-vsock).
+const VMM_OVERHEAD_MIB: u64 = 320;
+/// Threads of one VM's VMM processes (QEMU's vCPU, I/O and RCU threads, the vsock backend's).
+const VMM_PIDS: u64 = 256;
 /// One connect + handshake + health check of a booted guest.
 const CONNECT_ATTEMPT: Duration = Duration::from_secs(5);
 
@@ -76,6 +82,9 @@ pub struct MicroVmConfig {
     pub tmp_size_mib: u64,
     /// From VMM start to a healthy agent; TCG boots take seconds.
     pub boot_timeout: Duration,
+    /// Host cgroup directory holding one cgroup per VM for its VMM processes (memory, CPU and
+    /// pids caps on the host side); `None`, or a host without usable cgroups, goes without.
+    pub cgroup_parent: Option<String>,
 }
 
 impl MicroVmConfig {
@@ -103,6 +112,7 @@ impl MicroVmConfig {
             vm_memory_mib: 1024,
             tmp_size_mib: 256,
             boot_timeout: Duration::from_secs(60),
+            cgroup_parent: Some("koder-sandbox".into()),
         }
     }
 }
@@ -121,6 +131,10 @@ pub struct MicroVmRuntime {
     /// Boots are CPU-bound (under TCG, seconds of it): more at once than there are host CPUs
     /// only slows every one of them towards its deadline, so the rest wait their turn.
     boot_permits: tokio::sync::Semaphore,
+    cgroups: Option<Box<dyn CgroupDriver>>,
+    /// Prefix of this runtime's cgroup names (from its state dir: daemons sharing a parent
+    /// never reconcile each other's VMs).
+    cgroup_prefix: String,
 }
 
 impl MicroVmRuntime {
@@ -161,6 +175,7 @@ impl MicroVmRuntime {
             ],
             not_enforced: Vec::new(),
         };
+        let cgroups = host_cgroups(&cfg, &mut enforcement);
         match accel {
             Accel::Kvm => enforcement
                 .enforced
@@ -177,6 +192,8 @@ impl MicroVmRuntime {
             slots: Slots::new(cfg.max_vms),
             tsc_khz: host_tsc_khz(),
             boot_permits: tokio::sync::Semaphore::new(host_cpus() as usize),
+            cgroups,
+            cgroup_prefix: koder_cgroups::instance_prefix(&cfg.state_dir),
             cfg,
             vmm,
             accel,
@@ -192,7 +209,9 @@ impl MicroVmRuntime {
             // -no-reboot); there is no PCI on either machine model.
             "console=ttyS0 quiet panic=-1 reboot=k pci=off random.trust_cpu=on i8042.noaux i8042.nokbd"
                 .to_string();
-        if let Some(khz) = self.tsc_khz {
+        // Only for TCG: under KVM the guest learns its TSC from the hypervisor, and "cpu MHz"
+        // of a frequency-scaling host is no TSC frequency to impose on it.
+        if let (Accel::Tcg, Some(khz)) = (self.accel, self.tsc_khz) {
             cmdline.push_str(&format!(" tsc_early_khz={khz}"));
         }
         cmdline
@@ -250,17 +269,61 @@ impl MicroVmRuntime {
             .acquire()
             .await
             .map_err(|_| RuntimeError::Unavailable("the runtime is shutting down".into()))?;
+        // Owned by `host` at once, so a failure from here on tears all of it down.
+        *host.cgroup.lock().unwrap_or_else(|e| e.into_inner()) =
+            self.host_cgroup(&spec.id, launch.memory_mib, vcpus)?;
         let processes = self.vmm.start(&launch).await?;
-        record_pids(dir, &processes.children)?;
+        let pids: Vec<u32> = processes.children.iter().filter_map(|c| c.id()).collect();
         host.children
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .extend(processes.children);
+        record_pids(dir, &pids)?;
+        if let Some(cg) = host
+            .cgroup
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            for pid in &pids {
+                cg.add_process(*pid)
+                    .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
+            }
+        }
         let agent = self.connect(&launch, host).await.map_err(|e| {
             let console = console_tail(&launch.console_log());
             RuntimeError::Start(format!("{e}; console: {console}"))
         })?;
         Ok((agent, capacity_mib))
+    }
+
+    /// The host cgroup of a VM's VMM processes: guest memory plus what QEMU itself needs (its
+    /// mappings, heap, TCG translation cache), the vCPUs plus half a core for its I/O threads.
+    fn host_cgroup(
+        &self,
+        id: &str,
+        guest_mib: u64,
+        vcpus: u32,
+    ) -> Result<Option<Box<dyn Cgroup>>, RuntimeError> {
+        let Some(driver) = &self.cgroups else {
+            return Ok(None);
+        };
+        let cg_err = |e: koder_cgroups::CgroupError| RuntimeError::Cgroup(e.to_string());
+        let cg = driver
+            .create(&format!("{}{id}", self.cgroup_prefix))
+            .map_err(cg_err)?;
+        let limits = koder_cgroups::Limits {
+            memory_max_bytes: Some((guest_mib + VMM_OVERHEAD_MIB) << 20),
+            cpu: Some(koder_cgroups::CpuQuota::from_millis(
+                u64::from(vcpus) * 1000 + 500,
+            )),
+            pids_max: Some(VMM_PIDS),
+        };
+        if let Err(e) = cg.set_limits(&limits) {
+            let _ = cg.destroy();
+            return Err(cg_err(e));
+        }
+        Ok(Some(cg))
     }
 
     /// With KVM the VMM must open /dev/kvm, usually `root:kvm 0660`: its group is the VMM's.
@@ -344,6 +407,33 @@ impl MicroVmRuntime {
     }
 }
 
+/// The cgroup driver for VMM processes, saying in `enforcement` whether there is one.
+fn host_cgroups(
+    cfg: &MicroVmConfig,
+    enforcement: &mut Enforcement,
+) -> Option<Box<dyn CgroupDriver>> {
+    let parent = cfg.cgroup_parent.as_deref()?;
+    let why = if !rustix::process::geteuid().is_root() {
+        "the daemon is not root".to_string()
+    } else {
+        match koder_cgroups::detect(parent) {
+            Ok(driver) => {
+                enforcement.enforced.push(format!(
+                    "host cgroup {:?} per VM: memory, cpu and pids of its VMM processes",
+                    driver.version()
+                ));
+                return Some(Box::new(driver));
+            }
+            Err(e) => e.to_string(),
+        }
+    };
+    enforcement.not_enforced.push(NotEnforced {
+        what: "host cgroup limits of VMM processes".into(),
+        why,
+    });
+    None
+}
+
 fn select_vmm(cfg: &MicroVmConfig) -> Result<Box<dyn Vmm>, RuntimeError> {
     let qemu = || -> Result<Box<dyn Vmm>, RuntimeError> {
         Ok(Box::new(qemu::Qemu::new(
@@ -388,6 +478,7 @@ impl Runtime for MicroVmRuntime {
             dir,
             uid: self.cfg.uid_base + slot,
             children: Mutex::default(),
+            cgroup: Mutex::default(),
             slot: Mutex::new(Some(slot)),
             slots: self.slots.clone(),
         };
@@ -407,6 +498,18 @@ impl Runtime for MicroVmRuntime {
 
     async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {
         let mut report = ReconcileReport::default();
+        // The cgroups first: destroying one kills whatever VMM still runs in it.
+        if let Some(driver) = &self.cgroups {
+            let names = driver
+                .list()
+                .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
+            for name in names.iter().filter(|n| n.starts_with(&self.cgroup_prefix)) {
+                if let Ok(cg) = driver.open(name) {
+                    cg.destroy()
+                        .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
+                }
+            }
+        }
         let Ok(entries) = std::fs::read_dir(vms_dir(&self.cfg)) else {
             return Ok(report);
         };
@@ -436,6 +539,8 @@ struct VmHost {
     dir: PathBuf,
     uid: u32,
     children: Mutex<Vec<Child>>,
+    /// The host cgroup of the VMM processes, once they run.
+    cgroup: Mutex<Option<Box<dyn Cgroup>>>,
     slot: Mutex<Option<u32>>,
     slots: Slots,
 }
@@ -453,7 +558,14 @@ impl VmHost {
         let children =
             std::mem::take(&mut *self.children.lock().unwrap_or_else(|e| e.into_inner()));
         kill_all(children).await;
-        let result = remove_dir(&self.dir);
+        let cgroup = self.cgroup.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let cgroup_result = match cgroup {
+            Some(cg) => cg
+                .destroy()
+                .map_err(|e| RuntimeError::Teardown(format!("VMM cgroup: {e}"))),
+            None => Ok(()),
+        };
+        let result = remove_dir(&self.dir).and(cgroup_result);
         // The uid is free only once nothing runs as it and its files are gone.
         if let Some(slot) = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
             self.slots.release(slot);
@@ -463,11 +575,14 @@ impl VmHost {
 }
 
 /// A VM dropped without `destroy` (a panic, a dropped future): its VMM processes die with their
-/// `Child` handles (`kill_on_drop`); the directory and the uid are released here.
+/// `Child` handles (`kill_on_drop`) and its cgroup; the directory and the uid are released.
 impl Drop for VmHost {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = std::fs::remove_dir_all(&self.dir);
+            if let Some(cg) = self.cgroup.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = cg.destroy();
+            }
             self.slots.release(slot);
         }
     }
@@ -667,12 +782,8 @@ async fn sparse_copy(from: &Path, to: &Path) -> Result<(), RuntimeError> {
 const PIDS_FILE: &str = "vmm.pids";
 
 /// Records the VMM processes so a later daemon can kill them after a crash.
-fn record_pids(dir: &Path, children: &[Child]) -> Result<(), RuntimeError> {
-    let pids: Vec<String> = children
-        .iter()
-        .filter_map(|c| c.id())
-        .map(|p| p.to_string())
-        .collect();
+fn record_pids(dir: &Path, pids: &[u32]) -> Result<(), RuntimeError> {
+    let pids: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
     std::fs::write(dir.join(PIDS_FILE), pids.join("\n"))
         .map_err(RuntimeError::io("record VMM pids"))
 }
