@@ -274,8 +274,12 @@ fn microvm_runtime(cfg: &Config, agent: &Path) -> Result<Arc<dyn Runtime>, Strin
             Ok(Arc::new(rt))
         }
         Err(e) => {
-            eprintln!("koder-sandbox: microvm runtime unavailable: {e}");
-            Err(e.to_string())
+            let why = match e {
+                koder_runtime::RuntimeError::Unavailable(why) => why,
+                other => other.to_string(),
+            };
+            eprintln!("koder-sandbox: microvm runtime unavailable: {why}");
+            Err(why)
         }
     }
 }
