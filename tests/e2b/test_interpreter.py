@@ -1,5 +1,7 @@
 """e2b-code-interpreter: state across runs, errors, contexts (Python and JavaScript)."""
 
+import time
+
 import pytest
 
 
@@ -45,3 +47,20 @@ def test_unsupported_language_is_an_error(code_sandbox):
     with pytest.raises(Exception) as e:
         code_sandbox.run_code("print(1)", language="r")
     assert "not available" in str(e.value)
+
+
+def test_interpreter_output_streams_while_running(code_sandbox):
+    first_at = []
+    started = time.monotonic()
+    execution = code_sandbox.run_code(
+        "import time\nprint('a', flush=True)\ntime.sleep(1.5)\nprint('b')",
+        on_stdout=lambda m: first_at.append(time.monotonic() - started))
+    assert first_at and first_at[0] < 1.0, first_at
+    assert "".join(execution.logs.stdout) == "a\nb\n"
+
+
+def test_run_code_with_envs_for_that_run_only(code_sandbox):
+    ex = code_sandbox.run_code("import os; os.environ['ONLY_THIS_RUN']", envs={"ONLY_THIS_RUN": "1"})
+    assert ex.text == "'1'"
+    ex = code_sandbox.run_code("import os; os.environ.get('ONLY_THIS_RUN')")
+    assert ex.text is None

@@ -113,6 +113,8 @@ pub enum ToAgent {
         context_id: String,
         code: String,
         timeout_ms: Option<u64>,
+        /// Set for this run only; the context's environment is as before once it ends.
+        env: Vec<(String, String)>,
     },
     ContextList,
     ContextDelete {

@@ -217,6 +217,10 @@
     const run = { n, used: 0, count: 0, interrupt: null };
     current = run;
     let error = null;
+    // Variables of this run only: set for it, put back as they were once it ends.
+    const env = req.env && typeof req.env === 'object' ? req.env : {};
+    const saved = Object.keys(env).map((k) => [k, Object.prototype.hasOwnProperty.call(process.env, k) ? process.env[k] : undefined]);
+    for (const [k, v] of Object.entries(env)) process.env[k] = String(v);
     try {
       let value = compile(String(req.code ?? ''), n).runInThisContext();
       if (isThenable(value)) {
@@ -229,6 +233,10 @@
     } catch (e) {
       error = describe(e);
     } finally {
+      for (const [k, v] of saved) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
       run.interrupt = null;
       current = null;
       emit({ ev: 'done', n, error });

@@ -308,6 +308,10 @@ def _koder_driver():
         code = request.get("code", "")
         state.run = Run(n)
         error = None
+        # Variables of this run only: set for it, put back as they were once it ends.
+        env = request.get("env") or {}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             try:
                 state.interruptible = True
@@ -320,6 +324,11 @@ def _koder_driver():
             flush_figures()
             flush_std()
         finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
             state.run = None
             emit({"ev": "done", "n": n, "error": error})
 

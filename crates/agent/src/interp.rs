@@ -271,6 +271,7 @@ impl Contexts {
         id: &str,
         code: String,
         timeout_ms: Option<u64>,
+        env: &[(String, String)],
         rx: &mut mpsc::Receiver<ToAgent>,
         out: &Outbox,
     ) -> Result<RunOutcome, AgentError> {
@@ -278,6 +279,16 @@ impl Contexts {
             return Err(AgentError::new(
                 ErrorCode::TooLarge,
                 format!("code is limited to {MAX_CODE_BYTES} bytes"),
+            ));
+        }
+        // The interpreter could not take such a variable (and must not die trying).
+        if env
+            .iter()
+            .any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0'))
+        {
+            return Err(AgentError::new(
+                ErrorCode::InvalidRequest,
+                "environment names must be non-empty without '=' and no NUL bytes anywhere",
             ));
         }
         let ctx = self.get(id)?;
@@ -298,7 +309,7 @@ impl Contexts {
         };
         let n = ctx.count.fetch_add(1, Ordering::SeqCst) + 1;
         let timeout = timeout_ms.map(Duration::from_millis);
-        let end = interp.run(n, &code, timeout, rx, out).await?;
+        let end = interp.run(n, &code, env, timeout, rx, out).await?;
         let mut outcome = RunOutcome {
             results: end.results.list,
             error: end.error,
@@ -401,8 +412,9 @@ pub async fn handle(
             context_id,
             code,
             timeout_ms,
+            env,
         } => contexts
-            .run(&context_id, code, timeout_ms, &mut rx, &out)
+            .run(&context_id, code, timeout_ms, &env, &mut rx, &out)
             .await
             .map(FromAgent::RunDone),
         other => Err(AgentError::new(
@@ -532,6 +544,7 @@ struct DriverError {
 struct Request<'a> {
     code: &'a str,
     n: u64,
+    env: std::collections::BTreeMap<&'a str, &'a str>,
 }
 
 /// One running interpreter. Dropping it kills its process group.
@@ -690,11 +703,13 @@ impl Interp {
         &mut self,
         n: u64,
         code: &str,
+        env: &[(String, String)],
         timeout: Option<Duration>,
         rx: &mut mpsc::Receiver<ToAgent>,
         out: &Outbox,
     ) -> Result<RunEnd, AgentError> {
-        let mut request = serde_json::to_vec(&Request { code, n })
+        let env = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut request = serde_json::to_vec(&Request { code, n, env })
             .map_err(|e| AgentError::new(ErrorCode::InvalidRequest, format!("code: {e}")))?;
         request.push(b'\n');
         // Whatever background work printed since the last run is not this run's output.

@@ -83,12 +83,26 @@ async fn try_run(
     code: &str,
     timeout_ms: Option<u64>,
 ) -> Result<Ran, ClientError> {
+    try_run_with_env(client, cid, code, timeout_ms, &[]).await
+}
+
+async fn try_run_with_env(
+    client: &AgentClient,
+    cid: &str,
+    code: &str,
+    timeout_ms: Option<u64>,
+    env: &[(&str, &str)],
+) -> Result<Ran, ClientError> {
     let began = Instant::now();
     let mut s = client
         .open(ToAgent::ContextRun {
             context_id: cid.into(),
             code: code.into(),
             timeout_ms,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         })
         .await?;
     let mut ran = Ran::default();
@@ -287,6 +301,42 @@ fn an_interpreter_that_dies_mid_run_is_restarted() {
     });
 }
 
+/// Variables given with a run exist for that run only; what the context had before comes back.
+#[test]
+fn per_run_environment_is_set_and_restored() {
+    let h = harness();
+    rt().block_on(async {
+        for (language, set_before, read) in [
+            (
+                "python",
+                "import os; os.environ['KEPT'] = 'before'",
+                "import os; print(os.environ.get('ONLY_RUN'), os.environ.get('KEPT'))",
+            ),
+            (
+                "javascript",
+                "process.env.KEPT = 'before'",
+                "console.log(String(process.env.ONLY_RUN), String(process.env.KEPT))",
+            ),
+        ] {
+            let id = create(&h.client, language).await.context_id;
+            run(&h.client, &id, set_before).await.ok();
+            let env = [("ONLY_RUN", "1"), ("KEPT", "during")];
+            let r = try_run_with_env(&h.client, &id, read, Some(30_000), &env)
+                .await
+                .unwrap()
+                .ok();
+            let null = if language == "python" {
+                "None"
+            } else {
+                "undefined"
+            };
+            assert_eq!(r.stdout, "1 during\n", "{language}");
+            let r = run(&h.client, &id, read).await.ok();
+            assert_eq!(r.stdout, format!("{null} before\n"), "{language}");
+        }
+    });
+}
+
 #[test]
 fn node_keeps_let_bindings_between_runs() {
     let h = harness();
@@ -455,6 +505,7 @@ fn a_cancelled_run_is_interrupted_and_the_state_kept() {
                 context_id: id.clone(),
                 code: "import time\nprint('sleeping', flush=True)\ntime.sleep(60)".into(),
                 timeout_ms: Some(120_000),
+                env: Vec::new(),
             })
             .await
             .unwrap();
@@ -516,6 +567,13 @@ fn bad_requests_get_typed_errors() {
         .await;
         assert_eq!(agent_code(r), ErrorCode::NotFound);
         let id = create(&h.client, "python").await.context_id;
+        for bad in [("", "x"), ("A=B", "x"), ("A", "nul\0")] {
+            assert_eq!(
+                agent_code(try_run_with_env(&h.client, &id, "1", None, &[bad]).await),
+                ErrorCode::InvalidRequest,
+                "{bad:?}"
+            );
+        }
         let big = "#".repeat(MAX_CODE_BYTES + 1);
         assert_eq!(
             agent_code(try_run(&h.client, &id, &big, None).await),

@@ -185,6 +185,27 @@ async fn contexts_keep_state_and_return_rich_results() {
     );
     let r = run(&d, &id, &cid, json!({"code": "'x' in globals()"})).await;
     assert_eq!(main_result(&r)["text"], "False");
+
+    // Variables for one run only; bad names are typed errors.
+    let read = "import os\nprint(os.environ.get('ONLY_RUN'))";
+    let r = run(
+        &d,
+        &id,
+        &cid,
+        json!({"code": read, "env": {"ONLY_RUN": "yes"}}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "yes\n", "{r}");
+    let r = run(&d, &id, &cid, json!({"code": read})).await;
+    assert_eq!(r["stdout"], "None\n", "{r}");
+    let (status, e) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/contexts/{cid}/run"),
+            json!({"code": "1", "env": {"A=B": "x"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,8 +10,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
 use koder_agent_protocol::{ContextInfo, RichResult};
+use koder_sessions::{ContextRun, RunOutput, RunRequest};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
 
 use crate::envd::{LooseTarget, Target};
 use crate::error::HttpError;
@@ -81,14 +83,18 @@ fn context_json(c: &ContextInfo) -> Value {
     json!({"id": c.context_id, "language": e2b_language(&c.language), "cwd": CONTEXT_CWD})
 }
 
+/// What the run task reports to the streaming response.
+enum RunEvent {
+    Output(RunOutput),
+    Done(Result<ContextRun, koder_sessions::Error>),
+}
+
+/// Streams the run as E2B's NDJSON: output lines as printed, then results, error, count and
+/// the end marker. An error before anything ran (unknown context, bad input) is the HTTP answer
+/// itself, as E2B gives it.
 async fn execute(t: Target, body: Body) -> Result<Response, HttpError> {
     let req: ExecuteRequest = json_body(body).await?;
-    if req.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(HttpError::bad_request(
-            "env_vars per run are not supported by koder-sandbox contexts; set envs when creating the sandbox",
-        ));
-    }
-    let m = t.e2b.manager();
+    let m = t.e2b.manager().clone();
     let cid = match (req.context_id, language(req.language.as_deref())?) {
         (Some(cid), _) => cid,
         (None, "python") => "default".to_string(),
@@ -105,32 +111,86 @@ async fn execute(t: Target, body: Body) -> Result<Response, HttpError> {
             }
         }
     };
-    let limit = RUN_TIMEOUT_MS.min(t.e2b.sessions_cfg().max_exec_timeout_ms);
-    let run = m
-        .run_in_context(&t.who, &t.id, &cid, req.code, Some(limit))
-        .await?;
+    let run = RunRequest {
+        code: req.code,
+        timeout_ms: Some(RUN_TIMEOUT_MS.min(t.e2b.sessions_cfg().max_exec_timeout_ms)),
+        env: req.env_vars.unwrap_or_default(),
+    };
+    let (events, mut rx) = mpsc::channel::<RunEvent>(64);
+    tokio::spawn(async move {
+        let (out_tx, mut out_rx) = mpsc::channel(64);
+        let forward_to = events.clone();
+        let forward = tokio::spawn(async move {
+            while let Some(o) = out_rx.recv().await {
+                if forward_to.send(RunEvent::Output(o)).await.is_err() {
+                    break; // the client left; the run goes on without an audience
+                }
+            }
+        });
+        let result = m
+            .run_in_context(&t.who, &t.id, &cid, run, Some(out_tx))
+            .await;
+        let _ = forward.await;
+        let _ = events.send(RunEvent::Done(result)).await;
+    });
+    let first = rx
+        .recv()
+        .await
+        .ok_or_else(|| HttpError::new(500, "the run ended without a result"))?;
+    let first = match first {
+        RunEvent::Done(Err(e)) => return Err(e.into()),
+        other => other,
+    };
+    let lines = futures::stream::unfold((Some(first), rx), |(pending, mut rx)| async move {
+        let event = match pending {
+            Some(e) => e,
+            None => rx.recv().await?,
+        };
+        Some((
+            Ok::<_, std::convert::Infallible>(event_lines(event)),
+            (None, rx),
+        ))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+fn event_lines(event: RunEvent) -> String {
     let now = || chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default();
     let mut lines: Vec<Value> = Vec::new();
-    if !run.stdout.is_empty() {
-        lines.push(json!({"type": "stdout", "text": run.stdout, "timestamp": now()}));
+    match event {
+        RunEvent::Output(RunOutput::Stdout(text)) if !text.is_empty() => {
+            lines.push(json!({"type": "stdout", "text": text, "timestamp": now()}));
+        }
+        RunEvent::Output(RunOutput::Stderr(text)) if !text.is_empty() => {
+            lines.push(json!({"type": "stderr", "text": text, "timestamp": now()}));
+        }
+        RunEvent::Output(_) => {}
+        RunEvent::Done(Ok(run)) => {
+            lines.extend(run.results.iter().map(result_line));
+            if let Some(e) = &run.error {
+                lines.push(json!({"type": "error", "name": e.name, "value": e.value, "traceback": e.traceback}));
+            }
+            lines.push(
+                json!({"type": "number_of_executions", "execution_count": run.execution_count}),
+            );
+            lines.push(json!({"type": "end_of_execution"}));
+        }
+        // Failed after output went out: said in the stream, since the status is sent.
+        RunEvent::Done(Err(e)) => {
+            lines.push(json!({"type": "error", "name": "SandboxError", "value": e.to_string(), "traceback": ""}));
+            lines.push(json!({"type": "end_of_execution"}));
+        }
     }
-    if !run.stderr.is_empty() {
-        lines.push(json!({"type": "stderr", "text": run.stderr, "timestamp": now()}));
-    }
-    lines.extend(run.results.iter().map(result_line));
-    if let Some(e) = &run.error {
-        lines.push(
-            json!({"type": "error", "name": e.name, "value": e.value, "traceback": e.traceback}),
-        );
-    }
-    lines.push(json!({"type": "number_of_executions", "execution_count": run.execution_count}));
-    lines.push(json!({"type": "end_of_execution"}));
     let mut out = String::new();
     for l in lines {
         out.push_str(&l.to_string());
         out.push('\n');
     }
-    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], out).into_response())
+    out
 }
 
 fn result_line(r: &RichResult) -> Value {

@@ -1,15 +1,13 @@
 //! Operator endpoints (admin key only): tenants, their plan and quotas, and key issuance.
 
 use axum::extract::State;
-
-use crate::extract::Path;
 use axum::http::StatusCode;
 use chrono::Utc;
 use koder_api_types::{codes, ErrorBody, IssuedKey, PutTenant, TenantInfo, TenantList};
 use koder_store::Tenant;
 
 use crate::error::ApiError;
-use crate::extract::{AdminCaller, Json};
+use crate::extract::{AdminCaller, Json, Path};
 use crate::AppState;
 
 type ApiResult<T> = Result<T, ApiError>;

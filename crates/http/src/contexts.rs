@@ -3,18 +3,17 @@
 //! to koder-api-types.
 
 use axum::extract::State;
-
-use crate::extract::Path;
 use axum::http::StatusCode;
 use axum::routing::{delete, post};
 use axum::Router;
 use koder_agent_protocol as proto;
 use koder_api_types::ErrorBody;
+use koder_sessions::RunRequest;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::error::ApiError;
-use crate::extract::{Caller, Json};
+use crate::extract::{Caller, Json, Path};
 use crate::AppState;
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -57,6 +56,9 @@ pub struct RunCode {
     /// Default and maximum as for exec; on expiry the interpreter is killed and restarted.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Environment variables set for this run only.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// One displayable value in every representation it offered.
@@ -198,7 +200,17 @@ pub async fn run_code(
 ) -> ApiResult<axum::Json<RunResult>> {
     let run = s
         .manager
-        .run_in_context(&who, &id, &cid, req.code, req.timeout_ms)
+        .run_in_context(
+            &who,
+            &id,
+            &cid,
+            RunRequest {
+                code: req.code,
+                timeout_ms: req.timeout_ms,
+                env: req.env,
+            },
+            None,
+        )
         .await?;
     Ok(axum::Json(RunResult {
         stdout: run.stdout,

@@ -3,8 +3,6 @@
 use std::convert::Infallible;
 
 use axum::extract::State;
-
-use crate::extract::Path;
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use base64::Engine as _;
@@ -19,7 +17,7 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::error::ApiError;
-use crate::extract::{Caller, Json, Query};
+use crate::extract::{Caller, Json, Path, Query};
 use crate::AppState;
 
 type ApiResult<T> = Result<T, ApiError>;

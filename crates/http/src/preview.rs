@@ -7,8 +7,6 @@
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-
-use crate::extract::Path;
 use axum::http::{header, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
@@ -17,7 +15,7 @@ use koder_sessions::preview::Upstream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
-use crate::extract::{Caller, Json};
+use crate::extract::{Caller, Json, Path};
 use crate::AppState;
 
 type ApiResult<T> = Result<T, ApiError>;

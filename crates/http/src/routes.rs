@@ -3,8 +3,6 @@
 
 use axum::body::Body;
 use axum::extract::State;
-
-use crate::extract::Path;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use koder_api_types::{
@@ -14,7 +12,7 @@ use koder_api_types::{
 use serde::Deserialize;
 
 use crate::error::ApiError;
-use crate::extract::{Caller, Json, Query};
+use crate::extract::{Caller, Json, Path, Query};
 use crate::AppState;
 
 type ApiResult<T> = Result<T, ApiError>;

@@ -4,15 +4,13 @@
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
-
-use crate::extract::Path;
 use axum::response::Response;
 use koder_agent_protocol::{AgentStream, FromAgent, ToAgent, CHUNK_BYTES};
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::ApiError;
-use crate::extract::{Caller, Query};
+use crate::extract::{Caller, Path, Query};
 use crate::AppState;
 
 /// Terminal size before the client's first resize.

@@ -4,8 +4,6 @@
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
-
-use crate::extract::Path;
 use axum::response::Response;
 use chrono::Utc;
 use koder_agent_protocol::{AgentStream, FromAgent, FsEventKind};
@@ -13,7 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::ApiError;
-use crate::extract::{Caller, Query};
+use crate::extract::{Caller, Path, Query};
 use crate::AppState;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

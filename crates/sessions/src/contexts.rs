@@ -16,6 +16,22 @@ use crate::{Error, Manager};
 pub const MAX_CODE_BYTES: usize = 512 * 1024;
 const MAX_CONTEXT_ID: usize = 64;
 
+/// What to run in a context.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    pub code: String,
+    pub timeout_ms: Option<u64>,
+    /// Set for this run only.
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+/// Output of a run as it is printed, for callers that stream it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOutput {
+    Stdout(String),
+    Stderr(String),
+}
+
 /// The result of one run in a context.
 #[derive(Debug, Clone, Default)]
 pub struct ContextRun {
@@ -100,17 +116,25 @@ impl Manager {
         }
     }
 
-    /// Runs `code` in context `cid` ("default" is a Python context made on first use).
+    /// Runs code in context `cid` ("default" is a Python context made on first use). With
+    /// `live`, output is also sent there as it is printed (the result still carries all of it,
+    /// bounded); a receiver that went away does not stop the run.
     pub async fn run_in_context(
         &self,
         who: &Identity,
         id: &str,
         cid: &str,
-        code: String,
-        timeout_ms: Option<u64>,
+        req: RunRequest,
+        live_output: Option<tokio::sync::mpsc::Sender<RunOutput>>,
     ) -> Result<ContextRun, Error> {
+        let RunRequest {
+            code,
+            timeout_ms,
+            env,
+        } = req;
         let live = self.live(who, id)?;
         validate_context_id(cid)?;
+        let env = crate::manager::validate_env(&env)?;
         if code.len() > MAX_CODE_BYTES {
             return Err(Error::PayloadTooLarge(format!(
                 "code is limited to {MAX_CODE_BYTES} bytes"
@@ -131,6 +155,7 @@ impl Manager {
             context_id: cid.into(),
             code,
             timeout_ms: Some(timeout_ms),
+            env,
         };
         let mut stream = match live.sandbox.agent().open(msg).await {
             Ok(s) => s,
@@ -138,12 +163,19 @@ impl Manager {
         };
         let mut run = ContextRun::default();
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let mut forward = live_output.map(|tx| (tx, Utf8Chunks::default(), Utf8Chunks::default()));
         let outcome = loop {
             match stream.recv().await {
                 Ok(FromAgent::Stdout(d)) => {
+                    if let Some((tx, out, _)) = &mut forward {
+                        let _ = tx.send(RunOutput::Stdout(out.push(&d))).await;
+                    }
                     run.stdout_truncated |= append_bounded(&mut stdout, &d, limit)
                 }
                 Ok(FromAgent::Stderr(d)) => {
+                    if let Some((tx, _, err)) = &mut forward {
+                        let _ = tx.send(RunOutput::Stderr(err.push(&d))).await;
+                    }
                     run.stderr_truncated |= append_bounded(&mut stderr, &d, limit)
                 }
                 Ok(FromAgent::RunDone(outcome)) => {
@@ -215,6 +247,44 @@ fn validate_context_id(cid: &str) -> Result<(), Error> {
 }
 
 /// Appends output up to `limit` bytes; true when something was cut.
+/// Decodes UTF-8 arriving in chunks: a character split between two chunks comes out whole with
+/// the second one; invalid bytes become U+FFFD. (std decodes whole buffers only.)
+#[derive(Default)]
+struct Utf8Chunks {
+    carry: Vec<u8>,
+}
+
+impl Utf8Chunks {
+    fn push(&mut self, data: &[u8]) -> String {
+        self.carry.extend_from_slice(data);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.carry) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.carry.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let (good, rest) = self.carry.split_at(e.valid_up_to());
+                    out.push_str(&String::from_utf8_lossy(good));
+                    match e.error_len() {
+                        // An incomplete character at the end: wait for the rest of it.
+                        None => {
+                            self.carry = rest.to_vec();
+                            return out;
+                        }
+                        Some(bad) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            self.carry = rest[bad..].to_vec();
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
     let room = limit.saturating_sub(buf.len());
     buf.extend_from_slice(&data[..data.len().min(room)]);
@@ -229,6 +299,19 @@ fn unexpected(msg: &FromAgent) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn utf8_split_between_chunks() {
+        let mut d = Utf8Chunks::default();
+        let text = "a€b";
+        let bytes = text.as_bytes();
+        assert_eq!(d.push(&bytes[..2]), "a");
+        assert_eq!(d.push(&bytes[2..4]), "€");
+        assert_eq!(d.push(&bytes[4..]), "b");
+        assert_eq!(d.push(b"x\xffy"), "x\u{fffd}y");
+        assert_eq!(d.push(b"\xe2\x82"), "");
+        assert_eq!(d.push(b"\xac!"), "€!");
+    }
 
     #[test]
     fn context_ids_and_bounded_output() {

@@ -4,6 +4,7 @@
 
 pub mod config;
 mod contexts;
+pub use contexts::{ContextRun, RunOutput, RunRequest};
 mod egress;
 mod error;
 pub mod execs;

@@ -1109,7 +1109,7 @@ pub(crate) const SIGKILL: i32 = 9;
 /// Uid/gid of the sandbox's unprivileged `user` account.
 pub const SANDBOX_USER_ID: u32 = 1000;
 
-fn validate_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Error> {
+pub(crate) fn validate_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Error> {
     let mut size = 0;
     for (k, v) in env {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
