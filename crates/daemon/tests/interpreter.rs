@@ -434,3 +434,41 @@ fn b64decode(s: &str) -> Vec<u8> {
     }
     out
 }
+
+/// With `Accept: text/event-stream` a run's output arrives as printed, then its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_runs_stream_as_server_sent_events() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "python"})).await;
+    let sent = std::time::Instant::now();
+    let resp = d
+        .req(Method::POST, &format!("{S}/{id}/contexts/default/run"), KEY1)
+        .header("accept", "text/event-stream")
+        .json(&json!({"code": "import time\nprint('a', flush=True)\ntime.sleep(1.5)\nprint('b')\n6 * 7"}))
+        .send()
+        .await
+        .unwrap();
+    let events = read_sse(resp).await;
+    let first = events.iter().find(|e| e.name == "stdout").unwrap();
+    let result = events.last().unwrap();
+    assert_eq!(result.name, "result", "{events:?}");
+    assert!(first.at.duration_since(sent) < std::time::Duration::from_millis(1200));
+    assert!(result.at.duration_since(sent) >= std::time::Duration::from_millis(1500));
+    assert_eq!(stdout_of(&events), "a\nb\n");
+    assert_eq!(result.data["results"][0]["text"], "42", "{}", result.data);
+    assert!(
+        result.data.get("stdout").is_none(),
+        "output is not sent twice"
+    );
+
+    // Failing before the run starts is the HTTP answer itself.
+    let resp = d
+        .req(Method::POST, &format!("{S}/{id}/contexts/nope/run"), KEY1)
+        .header("accept", "text/event-stream")
+        .json(&json!({"code": "1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+}

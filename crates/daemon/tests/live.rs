@@ -12,62 +12,6 @@ use serde_json::{json, Value};
 
 const S: &str = "/v1/sandbox/sessions";
 
-/// One parsed SSE event.
-#[derive(Debug)]
-struct Sse {
-    name: String,
-    data: Value,
-    at: Instant,
-}
-
-/// Reads SSE events until `exit` (or the stream ends).
-async fn read_sse(resp: reqwest::Response) -> Vec<Sse> {
-    assert_eq!(resp.status(), StatusCode::OK);
-    assert!(resp.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .starts_with("text/event-stream"));
-    let mut body = resp.bytes_stream();
-    let mut buf = String::new();
-    let mut events = Vec::new();
-    while let Some(chunk) = body.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-        while let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
-            let mut name = String::from("message");
-            let mut data = String::new();
-            for line in block.lines() {
-                if let Some(n) = line.strip_prefix("event:") {
-                    name = n.trim().to_string();
-                } else if let Some(d) = line.strip_prefix("data:") {
-                    data.push_str(d.trim_start());
-                }
-            }
-            if data.is_empty() {
-                continue; // keep-alive comment
-            }
-            let done = name == "exit";
-            events.push(Sse {
-                name,
-                data: serde_json::from_str(&data).unwrap(),
-                at: Instant::now(),
-            });
-            if done {
-                return events;
-            }
-        }
-    }
-    events
-}
-
-fn stdout_of(events: &[Sse]) -> String {
-    events
-        .iter()
-        .filter(|e| e.name == "stdout")
-        .filter_map(|e| e.data["data"].as_str())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_output_arrives_as_it_is_produced() {
     let Some(()) = root_or_skip() else { return };

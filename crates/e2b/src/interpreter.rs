@@ -10,10 +10,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
 use koder_agent_protocol::{ContextInfo, RichResult};
-use koder_sessions::{ContextRun, RunOutput, RunRequest};
+use koder_sessions::{RunEvent, RunOutput, RunRequest};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use crate::envd::{LooseTarget, Target};
 use crate::error::HttpError;
@@ -83,12 +82,6 @@ fn context_json(c: &ContextInfo) -> Value {
     json!({"id": c.context_id, "language": e2b_language(&c.language), "cwd": CONTEXT_CWD})
 }
 
-/// What the run task reports to the streaming response.
-enum RunEvent {
-    Output(RunOutput),
-    Done(Result<ContextRun, koder_sessions::Error>),
-}
-
 /// Streams the run as E2B's NDJSON: output lines as printed, then results, error, count and
 /// the end marker. An error before anything ran (unknown context, bad input) is the HTTP answer
 /// itself, as E2B gives it.
@@ -116,23 +109,7 @@ async fn execute(t: Target, body: Body) -> Result<Response, HttpError> {
         timeout_ms: Some(RUN_TIMEOUT_MS.min(t.e2b.sessions_cfg().max_exec_timeout_ms)),
         env: req.env_vars.unwrap_or_default(),
     };
-    let (events, mut rx) = mpsc::channel::<RunEvent>(64);
-    tokio::spawn(async move {
-        let (out_tx, mut out_rx) = mpsc::channel(64);
-        let forward_to = events.clone();
-        let forward = tokio::spawn(async move {
-            while let Some(o) = out_rx.recv().await {
-                if forward_to.send(RunEvent::Output(o)).await.is_err() {
-                    break; // the client left; the run goes on without an audience
-                }
-            }
-        });
-        let result = m
-            .run_in_context(&t.who, &t.id, &cid, run, Some(out_tx))
-            .await;
-        let _ = forward.await;
-        let _ = events.send(RunEvent::Done(result)).await;
-    });
+    let mut rx = m.run_in_context_streamed(t.who.clone(), t.id.clone(), cid, run);
     let first = rx
         .recv()
         .await

@@ -3,13 +3,17 @@
 //! to koder-api-types.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
 use axum::Router;
 use koder_agent_protocol as proto;
 use koder_api_types::ErrorBody;
-use koder_sessions::RunRequest;
+use koder_sessions::{RunEvent, RunOutput, RunRequest};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::convert::Infallible;
 use utoipa::ToSchema;
 
 use crate::error::ApiError;
@@ -189,30 +193,73 @@ pub async fn restart_context(
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/contexts/{cid}/run", tag = "interpreter",
     params(("id" = String, Path), ("cid" = String, Path, description = "a context id, or \"default\" for the session's Python context")),
     request_body = RunCode,
-    responses((status = 200, body = RunResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+    responses((status = 200, body = RunResult),
+              (status = 200, content_type = "text/event-stream", description = "with Accept: text/event-stream: stdout and stderr events as printed, then a result event (the RunResult without its output)"),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 413, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn run_code(
     State(s): State<AppState>,
     Caller(who): Caller,
     Path((id, cid)): Path<(String, String)>,
+    headers: HeaderMap,
     Json(req): Json<RunCode>,
-) -> ApiResult<axum::Json<RunResult>> {
-    let run = s
-        .manager
-        .run_in_context(
-            &who,
-            &id,
-            &cid,
-            RunRequest {
-                code: req.code,
-                timeout_ms: req.timeout_ms,
-                env: req.env,
-            },
-            None,
-        )
-        .await?;
-    Ok(axum::Json(RunResult {
+) -> ApiResult<Response> {
+    let req = RunRequest {
+        code: req.code,
+        timeout_ms: req.timeout_ms,
+        env: req.env,
+    };
+    if crate::live::wants_sse(&headers) {
+        let mut rx = s.manager.run_in_context_streamed(who, id, cid, req);
+        // Anything that fails before the run started is the HTTP answer itself.
+        let first = rx.recv().await.ok_or_else(|| {
+            ApiError::new(
+                500,
+                koder_api_types::codes::INTERNAL,
+                "the run ended without a result",
+            )
+        })?;
+        let first = match first {
+            RunEvent::Done(Err(e)) => return Err(e.into()),
+            other => other,
+        };
+        let events = futures::stream::unfold((Some(first), rx), |(pending, mut rx)| async move {
+            let event = match pending {
+                Some(e) => e,
+                None => rx.recv().await?,
+            };
+            Some((Ok::<_, Infallible>(sse_event(event)), (None, rx)))
+        });
+        return Ok(Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response());
+    }
+    let run = s.manager.run_in_context(&who, &id, &cid, req, None).await?;
+    Ok(axum::Json(run_result(run)).into_response())
+}
+
+fn sse_event(event: RunEvent) -> Event {
+    use crate::live::json_event;
+    match event {
+        RunEvent::Output(RunOutput::Stdout(text)) => json_event("stdout", json!({ "data": text })),
+        RunEvent::Output(RunOutput::Stderr(text)) => json_event("stderr", json!({ "data": text })),
+        RunEvent::Done(Ok(run)) => {
+            json_event("result", crate::live::without_output(&run_result(run)))
+        }
+        // Output already went out with a 200: the failure is said in the stream.
+        RunEvent::Done(Err(e)) => {
+            let e = ApiError::from(e);
+            json_event(
+                "error",
+                json!({"error": {"code": e.code, "message": e.message}}),
+            )
+        }
+    }
+}
+
+fn run_result(run: koder_sessions::ContextRun) -> RunResult {
+    RunResult {
         stdout: run.stdout,
         stderr: run.stderr,
         stdout_truncated: run.stdout_truncated,
@@ -227,7 +274,7 @@ pub async fn run_code(
         duration_ms: run.duration_ms,
         verdict: run.verdict.map(String::from),
         restarted: run.restarted,
-    }))
+    }
 }
 
 #[cfg(test)]

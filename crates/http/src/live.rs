@@ -109,12 +109,25 @@ impl Relay {
     }
 }
 
-fn json_event(name: &str, data: Value) -> Event {
+/// Whether the client asked for Server-Sent Events.
+pub(crate) fn wants_sse(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"))
+}
+
+pub(crate) fn json_event(name: &str, data: Value) -> Event {
     Event::default().event(name).data(data.to_string())
 }
 
 /// The result without its output (which the stream already carried).
 fn exit_payload(r: &ExecResult) -> Value {
+    without_output(r)
+}
+
+/// A result as JSON without `stdout`/`stderr`, for the closing event of a stream that carried them.
+pub(crate) fn without_output(r: &impl serde::Serialize) -> Value {
     let mut v = serde_json::to_value(r).unwrap_or_default();
     if let Some(obj) = v.as_object_mut() {
         obj.remove("stdout");

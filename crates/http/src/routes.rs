@@ -102,11 +102,7 @@ pub async fn exec(
         let exec_id = s.manager.exec_background(&who, &id, req).await?;
         return Ok((StatusCode::ACCEPTED, axum::Json(ExecStarted { exec_id })).into_response());
     }
-    let wants_sse = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("text/event-stream"));
-    if wants_sse {
+    if crate::live::wants_sse(&headers) {
         let follow = s.manager.exec_streamed(&who, &id, req).await?;
         return Ok(crate::live::sse(follow).into_response());
     }

@@ -2,11 +2,13 @@
 //! kept by the sandbox's agent, whose variables persist from one run to the next. The agent
 //! owns them; this layer adds tenancy, validation, output bounds and verdicts.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use koder_agent_protocol::{self as proto, ClientError, FromAgent, ToAgent};
 use koder_api_types::codes;
 use koder_auth::Identity;
+use tokio::sync::mpsc;
 
 use crate::languages;
 use crate::manager::Live;
@@ -32,6 +34,13 @@ pub enum RunOutput {
     Stderr(String),
 }
 
+/// What a streamed run reports: its output as printed, then its result.
+#[derive(Debug)]
+pub enum RunEvent {
+    Output(RunOutput),
+    Done(Result<ContextRun, Error>),
+}
+
 /// The result of one run in a context.
 #[derive(Debug, Clone, Default)]
 pub struct ContextRun {
@@ -51,6 +60,26 @@ pub struct ContextRun {
 }
 
 impl Manager {
+    /// Starts a run whose output (as printed) and then result arrive on the returned channel.
+    /// The run goes on to its end if the receiver is dropped (it is not cancelled).
+    pub fn run_in_context_streamed(
+        self: &Arc<Self>,
+        who: Identity,
+        id: String,
+        cid: String,
+        req: RunRequest,
+    ) -> mpsc::Receiver<RunEvent> {
+        let (events, rx) = mpsc::channel(64);
+        let manager = self.clone();
+        tokio::spawn(async move {
+            let result = manager
+                .run_in_context(&who, &id, &cid, req, Some(events.clone()))
+                .await;
+            let _ = events.send(RunEvent::Done(result)).await;
+        });
+        rx
+    }
+
     pub async fn create_context(
         &self,
         who: &Identity,
@@ -125,7 +154,7 @@ impl Manager {
         id: &str,
         cid: &str,
         req: RunRequest,
-        live_output: Option<tokio::sync::mpsc::Sender<RunOutput>>,
+        live_output: Option<mpsc::Sender<RunEvent>>,
     ) -> Result<ContextRun, Error> {
         let RunRequest {
             code,
@@ -168,13 +197,17 @@ impl Manager {
             match stream.recv().await {
                 Ok(FromAgent::Stdout(d)) => {
                     if let Some((tx, out, _)) = &mut forward {
-                        let _ = tx.send(RunOutput::Stdout(out.push(&d))).await;
+                        let _ = tx
+                            .send(RunEvent::Output(RunOutput::Stdout(out.push(&d))))
+                            .await;
                     }
                     run.stdout_truncated |= append_bounded(&mut stdout, &d, limit)
                 }
                 Ok(FromAgent::Stderr(d)) => {
                     if let Some((tx, _, err)) = &mut forward {
-                        let _ = tx.send(RunOutput::Stderr(err.push(&d))).await;
+                        let _ = tx
+                            .send(RunEvent::Output(RunOutput::Stderr(err.push(&d))))
+                            .await;
                     }
                     run.stderr_truncated |= append_bounded(&mut stderr, &d, limit)
                 }
