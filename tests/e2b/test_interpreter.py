@@ -64,3 +64,10 @@ def test_run_code_with_envs_for_that_run_only(code_sandbox):
     assert ex.text == "'1'"
     ex = code_sandbox.run_code("import os; os.environ.get('ONLY_THIS_RUN')")
     assert ex.text is None
+
+
+def test_context_in_another_directory(code_sandbox):
+    ctx = code_sandbox.create_code_context(cwd="/tmp")
+    assert ctx.cwd == "/tmp"
+    ex = code_sandbox.run_code("import os; os.getcwd()", context=ctx)
+    assert ex.text == "'/tmp'"

@@ -107,6 +107,10 @@ pub enum ToAgent {
     /// Starts a long-lived interpreter (code-interpreter context) → `Context`.
     ContextCreate {
         language: String,
+        /// Working directory of the interpreter (default: the sandbox's workdir).
+        cwd: Option<String>,
+        /// Added to the sandbox's environment for this context's interpreter.
+        env: Vec<(String, String)>,
     },
     /// Runs code in a context: `Stdout`/`Stderr` as printed, then `RunDone`.
     ContextRun {
@@ -361,6 +365,7 @@ pub struct ContextInfo {
     pub context_id: String,
     pub language: String,
     pub execution_count: u64,
+    pub cwd: String,
 }
 
 /// The end of one `ContextRun`.

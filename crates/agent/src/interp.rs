@@ -153,14 +153,20 @@ impl Contexts {
         }
     }
 
-    async fn create(&self, language: &str) -> Result<ContextInfo, AgentError> {
+    async fn create(
+        &self,
+        language: &str,
+        cwd: Option<String>,
+        env: Vec<(String, String)>,
+    ) -> Result<ContextInfo, AgentError> {
         let lang = Lang::parse(language).ok_or_else(|| {
             AgentError::new(
                 ErrorCode::InvalidRequest,
                 format!("contexts run python or node, not {language:?}"),
             )
         })?;
-        let ctx = self.insert(new_id(), lang)?;
+        let setup = self.setup(cwd, env)?;
+        let ctx = self.insert(new_id(), lang, setup)?;
         // Nobody else can have the slot yet: the context was just made.
         let Ok(mut slot) = ctx.slot.try_lock() else {
             return Err(AgentError::new(ErrorCode::Io, "new context is busy"));
@@ -173,7 +179,28 @@ impl Contexts {
         Ok(ctx.info())
     }
 
-    fn insert(&self, id: String, lang: Lang) -> Result<Arc<Context>, AgentError> {
+    /// The environment and directory a context's interpreter starts with: the sandbox's, with
+    /// the request's additions.
+    fn setup(&self, cwd: Option<String>, env: Vec<(String, String)>) -> Result<Setup, AgentError> {
+        if !valid_env(&env) {
+            return Err(bad_env());
+        }
+        let cwd = cwd.unwrap_or_else(|| self.workdir.clone());
+        if !cwd.starts_with('/') || cwd.contains('\0') || !Path::new(&cwd).is_dir() {
+            return Err(AgentError::new(
+                ErrorCode::InvalidRequest,
+                format!("cwd {cwd:?} is not an existing absolute directory"),
+            ));
+        }
+        let mut merged = self.env.clone();
+        for (k, v) in env {
+            merged.retain(|(key, _)| *key != k);
+            merged.push((k, v));
+        }
+        Ok(Setup { env: merged, cwd })
+    }
+
+    fn insert(&self, id: String, lang: Lang, setup: Setup) -> Result<Arc<Context>, AgentError> {
         let mut map = lock(&self.map);
         if let Some(existing) = map.get(&id) {
             return Ok(existing.clone());
@@ -193,6 +220,7 @@ impl Contexts {
             generation: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
             slot: tokio::sync::Mutex::new(None),
+            setup,
         });
         map.insert(id, ctx.clone());
         Ok(ctx)
@@ -211,7 +239,8 @@ impl Contexts {
             return Ok(ctx.clone());
         }
         if id == DEFAULT_CONTEXT {
-            return self.insert(id.into(), Lang::Python);
+            let setup = self.setup(None, Vec::new())?;
+            return self.insert(id.into(), Lang::Python, setup);
         }
         Err(not_found(id))
     }
@@ -254,7 +283,7 @@ impl Contexts {
             drop(old);
         }
         ctx.count.store(0, Ordering::SeqCst);
-        let interp = Interp::start(ctx.lang, &self.env, &self.workdir).await?;
+        let interp = Interp::start(ctx.lang, &ctx.setup.env, &ctx.setup.cwd).await?;
         ctx.generation.fetch_add(1, Ordering::SeqCst);
         ctx.pgid.store(interp.pid, Ordering::SeqCst);
         if ctx.deleted.load(Ordering::SeqCst) {
@@ -282,14 +311,8 @@ impl Contexts {
             ));
         }
         // The interpreter could not take such a variable (and must not die trying).
-        if env
-            .iter()
-            .any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0'))
-        {
-            return Err(AgentError::new(
-                ErrorCode::InvalidRequest,
-                "environment names must be non-empty without '=' and no NUL bytes anywhere",
-            ));
+        if !valid_env(env) {
+            return Err(bad_env());
         }
         let ctx = self.get(id)?;
         let mut slot = ctx.slot.lock().await;
@@ -379,6 +402,25 @@ struct Context {
     deleted: AtomicBool,
     /// The interpreter; held for the whole of a run, so runs of one context queue up.
     slot: tokio::sync::Mutex<Option<Interp>>,
+    setup: Setup,
+}
+
+/// What a context's interpreter starts with, every time it (re)starts.
+struct Setup {
+    env: Vec<(String, String)>,
+    cwd: String,
+}
+
+fn valid_env(env: &[(String, String)]) -> bool {
+    env.iter()
+        .all(|(k, v)| !k.is_empty() && !k.contains(['=', '\0']) && !v.contains('\0'))
+}
+
+fn bad_env() -> AgentError {
+    AgentError::new(
+        ErrorCode::InvalidRequest,
+        "environment names must be non-empty without '=' and no NUL bytes anywhere",
+    )
 }
 
 impl Context {
@@ -387,6 +429,7 @@ impl Context {
             context_id: self.id.clone(),
             language: self.lang.name().into(),
             execution_count: self.count.load(Ordering::SeqCst),
+            cwd: self.setup.cwd.clone(),
         }
     }
 }
@@ -398,9 +441,10 @@ pub async fn handle(
     out: Outbox,
 ) {
     let answer = match msg {
-        ToAgent::ContextCreate { language } => {
-            contexts.create(&language).await.map(FromAgent::Context)
-        }
+        ToAgent::ContextCreate { language, cwd, env } => contexts
+            .create(&language, cwd, env)
+            .await
+            .map(FromAgent::Context),
         ToAgent::ContextList => Ok(FromAgent::Contexts(contexts.list())),
         ToAgent::ContextDelete { context_id } => {
             contexts.delete(&context_id).map(|()| FromAgent::Done)

@@ -32,15 +32,16 @@ async fn one(client: &AgentClient, msg: ToAgent) -> Result<FromAgent, ClientErro
     m
 }
 
+fn create_msg(language: &str) -> ToAgent {
+    ToAgent::ContextCreate {
+        language: language.into(),
+        cwd: None,
+        env: Vec::new(),
+    }
+}
+
 async fn create(client: &AgentClient, language: &str) -> ContextInfo {
-    match one(
-        client,
-        ToAgent::ContextCreate {
-            language: language.into(),
-        },
-    )
-    .await
-    {
+    match one(client, create_msg(language)).await {
         Ok(FromAgent::Context(info)) => info,
         other => panic!("create {language}: {other:?}"),
     }
@@ -301,6 +302,56 @@ fn an_interpreter_that_dies_mid_run_is_restarted() {
     });
 }
 
+/// A context can start in another directory with more variables, for good (restarts too).
+#[test]
+fn contexts_take_a_cwd_and_an_environment() {
+    let h = harness();
+    rt().block_on(async {
+        let msg = ToAgent::ContextCreate {
+            language: "python".into(),
+            cwd: Some("/tmp".into()),
+            env: vec![("CTX_VAR".into(), "x".into())],
+        };
+        let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
+            panic!("create failed");
+        };
+        assert_eq!(info.cwd, "/tmp");
+        let read = "import os; print(os.getcwd(), os.environ['CTX_VAR'])";
+        assert_eq!(
+            run(&h.client, &info.context_id, read).await.ok().stdout,
+            "/tmp x\n"
+        );
+        one(
+            &h.client,
+            ToAgent::ContextRestart {
+                context_id: info.context_id.clone(),
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            run(&h.client, &info.context_id, read).await.ok().stdout,
+            "/tmp x\n"
+        );
+        for (cwd, env) in [
+            (Some("relative"), vec![]),
+            (Some("/nonexistent-dir"), vec![]),
+            (None, vec![("A=B".to_string(), "x".to_string())]),
+        ] {
+            let msg = ToAgent::ContextCreate {
+                language: "python".into(),
+                cwd: cwd.map(String::from),
+                env,
+            };
+            assert_eq!(
+                agent_code(one(&h.client, msg).await),
+                ErrorCode::InvalidRequest,
+                "{cwd:?}"
+            );
+        }
+    });
+}
+
 /// Variables given with a run exist for that run only; what the context had before comes back.
 #[test]
 fn per_run_environment_is_set_and_restored() {
@@ -546,13 +597,7 @@ fn the_default_context_is_python_and_made_on_first_use() {
 fn bad_requests_get_typed_errors() {
     let h = harness();
     rt().block_on(async {
-        let r = one(
-            &h.client,
-            ToAgent::ContextCreate {
-                language: "cobol".into(),
-            },
-        )
-        .await;
+        let r = one(&h.client, create_msg("cobol")).await;
         assert_eq!(agent_code(r), ErrorCode::InvalidRequest);
         assert_eq!(
             agent_code(try_run(&h.client, "nope", "1", None).await),
@@ -582,13 +627,7 @@ fn bad_requests_get_typed_errors() {
         for _ in 1..MAX_CONTEXTS {
             create(&h.client, "python").await;
         }
-        let r = one(
-            &h.client,
-            ToAgent::ContextCreate {
-                language: "python".into(),
-            },
-        )
-        .await;
+        let r = one(&h.client, create_msg("python")).await;
         assert_eq!(agent_code(r), ErrorCode::InvalidRequest);
         assert_eq!(list(&h.client).await.len(), MAX_CONTEXTS);
     });

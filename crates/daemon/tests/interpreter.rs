@@ -472,3 +472,42 @@ async fn context_runs_stream_as_server_sent_events() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
 }
+
+/// A context can start in another directory with its own variables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contexts_take_a_cwd_and_an_environment() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "python"})).await;
+    let (status, c) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/contexts"),
+            json!({"language": "python", "cwd": "/tmp", "env": {"CTX_VAR": "x"}}),
+        )
+        .await;
+    assert_eq!(
+        (status, c["cwd"].as_str()),
+        (StatusCode::CREATED, Some("/tmp")),
+        "{c}"
+    );
+    let cid = c["context_id"].as_str().unwrap();
+    let r = run(
+        &d,
+        &id,
+        cid,
+        json!({"code": "import os; print(os.getcwd(), os.environ['CTX_VAR'])"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "/tmp x\n", "{r}");
+    for body in [
+        json!({"cwd": "relative"}),
+        json!({"cwd": "/no/such/dir"}),
+        json!({"env": {"": "x"}}),
+    ] {
+        let (status, e) = d
+            .json(Method::POST, &format!("{S}/{id}/contexts"), body.clone())
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {e}");
+    }
+}

@@ -3,6 +3,8 @@
 //!
 //! A run's output is sent when the run ends: the manager's context runs are not streamed.
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::extract::Path;
 use axum::http::{header, StatusCode};
@@ -10,16 +12,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
 use koder_agent_protocol::{ContextInfo, RichResult};
-use koder_sessions::{RunEvent, RunOutput, RunRequest};
+use koder_sessions::{ContextOptions, RunEvent, RunOutput, RunRequest};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
 
 use crate::envd::{LooseTarget, Target};
 use crate::error::HttpError;
 use crate::E2b;
 
-/// Where contexts run: the agent's working directory of jail sandboxes (contexts take no cwd).
-pub const CONTEXT_CWD: &str = "/workspace";
 /// E2B's default limit of one run (the SDK's `DEFAULT_TIMEOUT`), within the server maximum.
 const RUN_TIMEOUT_MS: u64 = 300_000;
 const MAX_BODY: usize = 1 << 20;
@@ -79,7 +80,7 @@ fn e2b_language(lang: &str) -> &str {
 }
 
 fn context_json(c: &ContextInfo) -> Value {
-    json!({"id": c.context_id, "language": e2b_language(&c.language), "cwd": CONTEXT_CWD})
+    json!({"id": c.context_id, "language": e2b_language(&c.language), "cwd": c.cwd})
 }
 
 /// Streams the run as E2B's NDJSON: output lines as printed, then results, error, count and
@@ -97,7 +98,9 @@ async fn execute(t: Target, body: Body) -> Result<Response, HttpError> {
             match slot.as_ref() {
                 Some(cid) => cid.clone(),
                 None => {
-                    let info = m.create_context(&t.who, &t.id, lang).await?;
+                    let info = m
+                        .create_context(&t.who, &t.id, lang, ContextOptions::default())
+                        .await?;
                     *slot = Some(info.context_id.clone());
                     info.context_id
                 }
@@ -119,13 +122,10 @@ async fn execute(t: Target, body: Body) -> Result<Response, HttpError> {
         other => other,
     };
     let lines = futures::stream::unfold((Some(first), rx), |(pending, mut rx)| async move {
-        let event = match pending {
-            Some(e) => e,
-            None => rx.recv().await?,
-        };
+        let (event, pending) = next_batch(pending, &mut rx).await?;
         Some((
             Ok::<_, std::convert::Infallible>(event_lines(event)),
-            (None, rx),
+            (pending, rx),
         ))
     });
     Ok((
@@ -133,6 +133,48 @@ async fn execute(t: Target, body: Body) -> Result<Response, HttpError> {
         Body::from_stream(lines),
     )
         .into_response())
+}
+
+/// How long output of one stream is gathered into one line: Jupyter kernels (E2B's) batch what
+/// a cell prints the same way, so `print()` — text, then newline — arrives as one message.
+const OUTPUT_BATCH: Duration = Duration::from_millis(50);
+/// A batch goes out at this size whatever the time.
+const OUTPUT_BATCH_BYTES: usize = 64 * 1024;
+
+/// The next event to send, with consecutive output of one stream merged; also the event that
+/// ended the batch, if one did.
+async fn next_batch(
+    pending: Option<RunEvent>,
+    rx: &mut mpsc::Receiver<RunEvent>,
+) -> Option<(RunEvent, Option<RunEvent>)> {
+    let first = match pending {
+        Some(e) => e,
+        None => rx.recv().await?,
+    };
+    let RunEvent::Output(first) = first else {
+        return Some((first, None));
+    };
+    let (stdout, mut text) = match first {
+        RunOutput::Stdout(t) => (true, t),
+        RunOutput::Stderr(t) => (false, t),
+    };
+    let batch = |stdout: bool, text: String| {
+        RunEvent::Output(if stdout {
+            RunOutput::Stdout(text)
+        } else {
+            RunOutput::Stderr(text)
+        })
+    };
+    let deadline = tokio::time::Instant::now() + OUTPUT_BATCH;
+    while text.len() < OUTPUT_BATCH_BYTES {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(RunEvent::Output(RunOutput::Stdout(t)))) if stdout => text.push_str(&t),
+            Ok(Some(RunEvent::Output(RunOutput::Stderr(t)))) if !stdout => text.push_str(&t),
+            Ok(Some(other)) => return Some((batch(stdout, text), Some(other))),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    Some((batch(stdout, text), None))
 }
 
 fn event_lines(event: RunEvent) -> String {
@@ -200,13 +242,16 @@ async fn create_context(
     body: Body,
 ) -> Result<axum::Json<Value>, HttpError> {
     let req: CreateContextRequest = json_body(body).await?;
-    if let Some(cwd) = req.cwd.as_deref().filter(|c| *c != CONTEXT_CWD) {
-        return Err(HttpError::bad_request(format!(
-            "contexts run in {CONTEXT_CWD}; cwd {cwd:?} is not supported"
-        )));
-    }
     let lang = language(req.language.as_deref())?;
-    let info = t.e2b.manager().create_context(&t.who, &t.id, lang).await?;
+    let opts = ContextOptions {
+        cwd: req.cwd,
+        ..Default::default()
+    };
+    let info = t
+        .e2b
+        .manager()
+        .create_context(&t.who, &t.id, lang, opts)
+        .await?;
     Ok(axum::Json(context_json(&info)))
 }
 
@@ -238,6 +283,27 @@ async fn restart_context(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn output_of_one_stream_is_batched() {
+        let (tx, mut rx) = mpsc::channel(16);
+        for ev in [
+            RunEvent::Output(RunOutput::Stderr("before".into())),
+            RunEvent::Output(RunOutput::Stderr("\n".into())),
+            RunEvent::Output(RunOutput::Stdout("out".into())),
+        ] {
+            tx.send(ev).await.unwrap();
+        }
+        let (first, pending) = next_batch(None, &mut rx).await.unwrap();
+        assert!(matches!(first, RunEvent::Output(RunOutput::Stderr(ref t)) if t == "before\n"));
+        assert!(matches!(pending, Some(RunEvent::Output(RunOutput::Stdout(ref t))) if t == "out"));
+        // Nothing more within the batch window: the batch goes out as it is.
+        let (second, pending) = next_batch(pending, &mut rx).await.unwrap();
+        assert!(matches!(second, RunEvent::Output(RunOutput::Stdout(ref t)) if t == "out"));
+        assert!(pending.is_none());
+        drop(tx);
+        assert!(next_batch(None, &mut rx).await.is_none());
+    }
 
     #[test]
     fn languages_and_results() {

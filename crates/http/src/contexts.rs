@@ -10,7 +10,7 @@ use axum::routing::{delete, post};
 use axum::Router;
 use koder_agent_protocol as proto;
 use koder_api_types::ErrorBody;
-use koder_sessions::{RunEvent, RunOutput, RunRequest};
+use koder_sessions::{ContextOptions, RunEvent, RunOutput, RunRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::convert::Infallible;
@@ -36,6 +36,12 @@ pub struct CreateContext {
     /// "python" (default) or "node" (aliases: "py", "javascript", "js").
     #[serde(default)]
     pub language: Option<String>,
+    /// Working directory of the interpreter (an existing absolute path; default the session's).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Environment variables of this context's interpreter, beyond the session's.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// A code-interpreter context: one long-lived interpreter in the session's sandbox.
@@ -45,6 +51,8 @@ pub struct Context {
     pub language: String,
     /// Runs so far in this interpreter (0 after a restart).
     pub execution_count: u64,
+    /// Working directory the interpreter started in.
+    pub cwd: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -118,6 +126,7 @@ fn context(c: proto::ContextInfo) -> Context {
         context_id: c.context_id,
         language: c.language,
         execution_count: c.execution_count,
+        cwd: c.cwd,
     }
 }
 
@@ -145,7 +154,11 @@ pub async fn create_context(
     Json(req): Json<CreateContext>,
 ) -> ApiResult<(StatusCode, axum::Json<Context>)> {
     let language = req.language.as_deref().unwrap_or("python");
-    let info = s.manager.create_context(&who, &id, language).await?;
+    let opts = ContextOptions {
+        cwd: req.cwd,
+        env: req.env,
+    };
+    let info = s.manager.create_context(&who, &id, language, opts).await?;
     Ok((StatusCode::CREATED, axum::Json(context(info))))
 }
 

@@ -18,6 +18,14 @@ use crate::{Error, Manager};
 pub const MAX_CODE_BYTES: usize = 512 * 1024;
 const MAX_CONTEXT_ID: usize = 64;
 
+/// Where a new context's interpreter runs and what it has in its environment beyond the
+/// session's.
+#[derive(Debug, Clone, Default)]
+pub struct ContextOptions {
+    pub cwd: Option<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
 /// What to run in a context.
 #[derive(Debug, Clone, Default)]
 pub struct RunRequest {
@@ -80,13 +88,23 @@ impl Manager {
         rx
     }
 
+    /// A new context; `opts` sets where and with which extra variables its interpreter runs.
     pub async fn create_context(
         &self,
         who: &Identity,
         id: &str,
         language: &str,
+        opts: ContextOptions,
     ) -> Result<proto::ContextInfo, Error> {
         let live = self.live(who, id)?;
+        let env = crate::manager::validate_env(&opts.env)?;
+        if let Some(cwd) = opts.cwd.as_deref() {
+            if !cwd.starts_with('/') || cwd.len() > proto::MAX_PATH_BYTES || cwd.contains('\0') {
+                return Err(Error::InvalidArgument(format!(
+                    "cwd {cwd:?} must be an absolute path"
+                )));
+            }
+        }
         let language = match languages::canonical(language)? {
             l @ ("python" | "node") => l,
             other => {
@@ -97,6 +115,8 @@ impl Manager {
         };
         let msg = ToAgent::ContextCreate {
             language: language.into(),
+            cwd: opts.cwd,
+            env,
         };
         match self.ask(&live, id, msg).await? {
             FromAgent::Context(info) => Ok(info),

@@ -4,7 +4,7 @@
 
 pub mod config;
 mod contexts;
-pub use contexts::{ContextRun, RunEvent, RunOutput, RunRequest};
+pub use contexts::{ContextOptions, ContextRun, RunEvent, RunOutput, RunRequest};
 mod egress;
 mod error;
 pub mod execs;
