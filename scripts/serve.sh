@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # Builds koder-sandbox and starts the daemon with embedded defaults (SQLite state, local data
-# dir, host image). Extra arguments go to `koder-sandbox serve` (e.g. --listen, --api-key).
+# dir, host image; as root also the microVM guest image). Extra arguments go to
+# `koder-sandbox serve` (e.g. --listen, --api-key).
 # Run as root for full isolation; unprivileged it runs rootless and says what it cannot enforce.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 # The daemon finds the agent binary next to itself, so both are built together.
 cargo build --release --bins --locked
+if [ "$(id -u)" -eq 0 ]; then
+  # runtime "microvm": QEMU, vhost-device-vsock and the guest kernel + root disk (about a minute
+  # the first time, then nothing). Without them the daemon still serves jails and says why.
+  if ! { scripts/setup-microvm.sh &&
+         target/release/ksandbox image build --images-dir /var/lib/koder-sandbox/images; }; then
+    echo "serve: microVM runtime not prepared; sessions with runtime \"microvm\" will answer 503" >&2
+  fi
+fi
 exec target/release/koder-sandbox serve "$@"
