@@ -143,8 +143,8 @@ impl MicroVmRuntime {
     pub fn new(cfg: MicroVmConfig) -> Result<Self, RuntimeError> {
         let image =
             image::load(&cfg.images_dir).map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
-        let (accel, no_kvm) = kvm::accel();
-        let vmm = select_vmm(&cfg)?;
+        let (accel, no_kvm) = vmm_accel(kvm::accel());
+        let vmm = select_vmm(&cfg, no_kvm.as_deref())?;
         for dir in [cfg.state_dir.clone(), vms_dir(&cfg)] {
             std::fs::create_dir_all(&dir)
                 .map_err(RuntimeError::io(format!("create {}", dir.display())))?;
@@ -407,6 +407,34 @@ impl MicroVmRuntime {
     }
 }
 
+/// KVM as the VMM processes will find it: they run as an unprivileged uid in `/dev/kvm`'s
+/// group, so a device only root may open leaves them TCG.
+fn vmm_accel(host: (Accel, Option<String>)) -> (Accel, Option<String>) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata("/dev/kvm").map_or(0, |m| m.permissions().mode());
+    accel_for_device_mode(host, mode)
+}
+
+fn accel_for_device_mode(
+    (accel, why): (Accel, Option<String>),
+    mode: u32,
+) -> (Accel, Option<String>) {
+    if accel != Accel::Kvm {
+        return (accel, why);
+    }
+    if mode & 0o060 == 0o060 || mode & 0o006 == 0o006 {
+        (Accel::Kvm, None)
+    } else {
+        (
+            Accel::Tcg,
+            Some(format!(
+                "/dev/kvm (mode {:o}) is not open to its group, which VMM processes run in",
+                mode & 0o777
+            )),
+        )
+    }
+}
+
 /// The cgroup driver for VMM processes, saying in `enforcement` whether there is one.
 fn host_cgroups(
     cfg: &MicroVmConfig,
@@ -434,7 +462,9 @@ fn host_cgroups(
     None
 }
 
-fn select_vmm(cfg: &MicroVmConfig) -> Result<Box<dyn Vmm>, RuntimeError> {
+/// The backend: Firecracker (KVM only) where asked or, for `auto`, where it and usable KVM
+/// exist; QEMU otherwise. `no_kvm` says why KVM is not usable, if it is not.
+fn select_vmm(cfg: &MicroVmConfig, no_kvm: Option<&str>) -> Result<Box<dyn Vmm>, RuntimeError> {
     let qemu = || -> Result<Box<dyn Vmm>, RuntimeError> {
         Ok(Box::new(qemu::Qemu::new(
             cfg.qemu_bin.clone(),
@@ -442,15 +472,20 @@ fn select_vmm(cfg: &MicroVmConfig) -> Result<Box<dyn Vmm>, RuntimeError> {
             &cfg.state_dir.join("bin"),
         )?))
     };
+    let firecracker = || -> Result<Box<dyn Vmm>, RuntimeError> {
+        if let Some(why) = no_kvm {
+            return Err(RuntimeError::Unavailable(format!(
+                "firecracker needs hardware KVM: {why}"
+            )));
+        }
+        Ok(Box::new(firecracker::Firecracker::new(
+            cfg.firecracker_bin.clone(),
+        )?))
+    };
     match cfg.backend {
         Backend::Qemu => qemu(),
-        Backend::Firecracker => Ok(Box::new(firecracker::Firecracker::new(
-            cfg.firecracker_bin.clone(),
-        )?)),
-        Backend::Auto => match firecracker::Firecracker::new(cfg.firecracker_bin.clone()) {
-            Ok(fc) => Ok(Box::new(fc)),
-            Err(_) => qemu(),
-        },
+        Backend::Firecracker => firecracker(),
+        Backend::Auto => firecracker().or_else(|_| qemu()),
     }
 }
 
@@ -849,6 +884,18 @@ mod tests {
         assert_eq!(g.cpu_millis, Some(500));
         assert_eq!(g.pids, Some(10));
         assert_eq!(guest_limits(&Limits::default()), GuestLimits::default());
+    }
+
+    #[test]
+    fn kvm_only_where_the_vmm_uid_can_open_it() {
+        let kvm = (Accel::Kvm, None);
+        assert_eq!(accel_for_device_mode(kvm.clone(), 0o20660).0, Accel::Kvm);
+        assert_eq!(accel_for_device_mode(kvm.clone(), 0o20666).0, Accel::Kvm);
+        let (accel, why) = accel_for_device_mode(kvm, 0o20600);
+        assert_eq!(accel, Accel::Tcg);
+        assert!(why.unwrap().contains("600"));
+        let tcg = (Accel::Tcg, Some("pvm".to_string()));
+        assert_eq!(accel_for_device_mode(tcg.clone(), 0o20666), tcg);
     }
 
     #[test]
