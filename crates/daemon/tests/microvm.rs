@@ -343,7 +343,17 @@ async fn firecracker_without_hardware_kvm_is_unavailable() {
         eprintln!("hardware KVM present: this host can run the Firecracker backend");
         return;
     }
-    let config = microvm_config().replace("backend = \"qemu\"", "backend = \"firecracker\"");
+    let config = microvm_config()
+        .lines()
+        .map(|l| {
+            if l.starts_with("backend") {
+                "backend = \"firecracker\""
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     let d = Daemon::start(&config).await;
     let (status, e) = d.json(Method::POST, S, json!({"runtime": "microvm"})).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{e}");

@@ -38,7 +38,8 @@ pub struct Daemon {
 }
 
 /// The `[microvm]` table pointing at the image `ksandbox image build` made
-/// (`KODER_MICROVM_IMAGES`, default `target/microvm-images`; scripts/test.sh builds it).
+/// (`KODER_MICROVM_IMAGES`, default `target/microvm-images`; scripts/test.sh builds it), with
+/// the backend `KODER_MICROVM_BACKEND` names (default qemu; firecracker on a KVM host).
 pub fn microvm_section() -> String {
     let images = std::env::var_os("KODER_MICROVM_IMAGES")
         .map(std::path::PathBuf::from)
@@ -50,8 +51,9 @@ pub fn microvm_section() -> String {
         "no microvm image in {} (scripts/test.sh builds it: ksandbox image build --images-dir ...)",
         images.display()
     );
+    let backend = std::env::var("KODER_MICROVM_BACKEND").unwrap_or_else(|_| "qemu".into());
     format!(
-        "[microvm]\nimages_dir = \"{}\"\nbackend = \"qemu\"\nvm_memory_mib = 256\nboot_timeout_s = 120\n",
+        "[microvm]\nimages_dir = \"{}\"\nbackend = \"{backend}\"\nvm_memory_mib = 256\nboot_timeout_s = 120\n",
         images.display()
     )
 }
