@@ -48,6 +48,8 @@ const DEFAULT_DISK_MIB: u64 = 2048;
 const VMM_OVERHEAD_MIB: u64 = 320;
 /// Threads of one VM's VMM processes (QEMU's vCPU, I/O and RCU threads, the vsock backend's).
 const VMM_PIDS: u64 = 256;
+/// How much of the end of a console log is read.
+const CONSOLE_TAIL_BYTES: u64 = 64 * 1024;
 /// One connect + handshake + health check of a booted guest.
 const CONNECT_ATTEMPT: Duration = Duration::from_secs(5);
 
@@ -206,8 +208,10 @@ impl MicroVmRuntime {
     fn cmdline(&self) -> String {
         let mut cmdline =
             // reboot=k and panic=-1: a guest that panics or reboots ends its VMM (QEMU runs with
-            // -no-reboot); there is no PCI on either machine model.
-            "console=ttyS0 quiet panic=-1 reboot=k pci=off random.trust_cpu=on i8042.noaux i8042.nokbd"
+            // -no-reboot); there is no PCI on either machine model. loglevel=1: only emergencies
+            // (a panic) reach the console, not the per-OOM-kill lines a sandbox could cause
+            // without end, so the host-side log stays small.
+            "console=ttyS0 loglevel=1 panic=-1 reboot=k pci=off random.trust_cpu=on i8042.noaux i8042.nokbd"
                 .to_string();
         // Only for TCG: under KVM the guest learns its TSC from the hypervisor, and "cpu MHz"
         // of a frequency-scaling host is no TSC frequency to impose on it.
@@ -847,23 +851,28 @@ fn kill_recorded(dir: &Path) {
     }
 }
 
-/// Whether the guest agent said on the console that it listens. Only the kernel and the agent
-/// write there (sandbox code has no console device), and only the log's end is read.
-fn agent_announced(console: &Path) -> bool {
+/// The end of the guest console log (at most [`CONSOLE_TAIL_BYTES`]): only the kernel and the
+/// agent write there (sandbox code has no console device), and only the end is ever needed.
+fn console_end(console: &Path) -> String {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut f) = std::fs::File::open(console) else {
-        return false;
+        return String::new();
     };
     let len = f.metadata().map_or(0, |m| m.len());
-    let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(CONSOLE_TAIL_BYTES)));
     let mut tail = Vec::new();
-    let _ = f.take(64 * 1024).read_to_end(&mut tail);
-    String::from_utf8_lossy(&tail).contains(VM_READY_LINE)
+    let _ = f.take(CONSOLE_TAIL_BYTES).read_to_end(&mut tail);
+    String::from_utf8_lossy(&tail).into_owned()
+}
+
+/// Whether the guest agent said on the console that it listens.
+fn agent_announced(console: &Path) -> bool {
+    console_end(console).contains(VM_READY_LINE)
 }
 
 /// The last lines of the guest console, for boot failure reports.
-fn console_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+fn console_tail(console: &Path) -> String {
+    let text = console_end(console);
     let lines: Vec<&str> = text.lines().rev().take(8).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }

@@ -178,10 +178,6 @@ impl Manager {
         self.pool.depth(language)
     }
 
-    pub fn runtime(&self) -> &Arc<dyn Runtime> {
-        &self.runtime
-    }
-
     /// Stops background tasks and destroys every sandbox (sessions end as "daemon shutdown").
     pub async fn shutdown(&self) {
         let tasks: Vec<JoinHandle<()>> = lock(&self.tasks).drain(..).collect();
