@@ -1,4 +1,4 @@
-//! The REST API's JSON shapes (contract: `../shared/API.md`). snake_case, RFC 3339 UTC times,
+//! The REST API's JSON shapes (contract: `docs/API.md`). snake_case, RFC 3339 UTC times,
 //! sizes and durations explicit in field names. Requests reject unknown fields so a typo is a
 //! 400, not a silently ignored option.
 

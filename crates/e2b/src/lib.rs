@@ -1,4 +1,4 @@
-//! E2B compatibility (`../shared/E2B-COMPAT.md`): existing E2B code runs against koder-sandbox
+//! E2B compatibility (`docs/E2B-COMPAT.md`): existing E2B code runs against koder-sandbox
 //! by pointing `E2B_API_URL` and `E2B_SANDBOX_URL` at the daemon and using a koder-sandbox key
 //! as `E2B_API_KEY`.
 //!

@@ -1,4 +1,4 @@
-//! Rust client for the koder-sandbox REST API (contract: `shared/API.md`).
+//! Rust client for the koder-sandbox REST API (contract: `docs/API.md`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), koder_sdk::Error> {
