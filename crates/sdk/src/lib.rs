@@ -22,11 +22,14 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
 use reqwest::{header, Method, Response, StatusCode, Url};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -46,6 +49,8 @@ pub const DEFAULT_URL: &str = "http://127.0.0.1:7070";
 pub const ENV_URL: &str = "KSANDBOX_URL";
 /// Environment variable holding the API key (bearer token).
 pub const ENV_API_KEY: &str = "KSANDBOX_API_KEY";
+/// Environment variable naming a PEM file of extra trusted CA certificates.
+pub const ENV_CA_CERT: &str = "KSANDBOX_CA_CERT";
 
 /// Chunk size used when streaming a local reader into an upload.
 const UPLOAD_CHUNK: usize = 64 * 1024;
@@ -79,6 +84,13 @@ pub enum Error {
     /// The base URL given to [`Client::new`] is unusable.
     #[error("invalid base URL {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },
+    /// A CA certificate given to [`ClientBuilder`] is unusable.
+    #[error("TLS configuration: {0}")]
+    Tls(String),
+    /// An event stream ended (or was cut off mid-event) before its final `exit` event, so the
+    /// exec's outcome is unknown.
+    #[error("the event stream ended before the exec's exit event")]
+    StreamEnded,
 }
 
 impl Error {
@@ -174,17 +186,105 @@ pub struct Client {
     http: reqwest::Client,
     base: Url,
     api_key: Option<String>,
+    /// The TLS settings of `wss://` connections (terminal, file watch), which do not go
+    /// through `http`; the same roots as `http` trusts.
+    ws_tls: Arc<rustls::ClientConfig>,
+}
+
+/// Builds a [`Client`] with more than a URL and a key: extra trusted CA certificates for a
+/// daemon behind a private CA.
+///
+/// ```no_run
+/// # fn demo() -> Result<(), koder_sdk::Error> {
+/// let client = koder_sdk::Client::builder("https://sandbox.internal:7443")
+///     .api_key("ksk_...")
+///     .add_ca_file("/etc/koder/ca.pem")?
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    base_url: String,
+    api_key: String,
+    extra_roots: Vec<CertificateDer<'static>>,
+}
+
+impl ClientBuilder {
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = key.into();
+        self
+    }
+
+    /// Trusts every certificate of a PEM bundle, on top of the public (webpki) roots.
+    pub fn add_ca_pem(mut self, pem: &[u8]) -> Result<Self> {
+        let certs = CertificateDer::pem_slice_iter(pem)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Tls(format!("CA certificate PEM: {e}")))?;
+        if certs.is_empty() {
+            return Err(Error::Tls("no certificate in the CA PEM".into()));
+        }
+        self.extra_roots.extend(certs);
+        Ok(self)
+    }
+
+    /// [`ClientBuilder::add_ca_pem`] with the contents of a file.
+    pub fn add_ca_file(self, path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let pem = std::fs::read(path)
+            .map_err(|e| Error::Tls(format!("reading CA certificate {}: {e}", path.display())))?;
+        self.add_ca_pem(&pem)
+            .map_err(|e| Error::Tls(format!("{}: {e}", path.display())))
+    }
+
+    pub fn build(self) -> Result<Client> {
+        let mut http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
+        for der in &self.extra_roots {
+            let cert = reqwest::Certificate::from_der(der)
+                .map_err(|e| Error::Tls(format!("CA certificate: {e}")))?;
+            http = http.add_root_certificate(cert);
+        }
+        let http = http.build().map_err(Error::Transport)?;
+        let ws_tls = websocket_tls(&self.extra_roots)?;
+        let mut client = Client::with_http_client(self.base_url, self.api_key, http)?;
+        client.ws_tls = ws_tls;
+        Ok(client)
+    }
+}
+
+/// rustls settings with the public roots plus `extra`; the provider is named explicitly so
+/// that no process-wide default has to be installed.
+fn websocket_tls(extra: &[CertificateDer<'static>]) -> Result<Arc<rustls::ClientConfig>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    for cert in extra {
+        roots
+            .add(cert.clone())
+            .map_err(|e| Error::Tls(format!("CA certificate: {e}")))?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::Tls(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(Arc::new(config))
 }
 
 impl Client {
     /// `base_url` like `http://127.0.0.1:7070` (a path prefix is kept); an empty `api_key`
     /// sends no `Authorization` header.
     pub fn new(base_url: impl AsRef<str>, api_key: impl Into<String>) -> Result<Self> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(Error::Transport)?;
-        Self::with_http_client(base_url, api_key, http)
+        Self::builder(base_url.as_ref()).api_key(api_key).build()
+    }
+
+    /// A [`ClientBuilder`] for `base_url` (no API key until [`ClientBuilder::api_key`]).
+    pub fn builder(base_url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder {
+            base_url: base_url.into(),
+            api_key: String::new(),
+            extra_roots: Vec::new(),
+        }
     }
 
     /// Like [`Client::new`] with a caller-configured `reqwest::Client`.
@@ -212,17 +312,23 @@ impl Client {
             http,
             base,
             api_key: (!api_key.is_empty()).then_some(api_key),
+            ws_tls: websocket_tls(&[])?,
         })
     }
 
-    /// `KSANDBOX_URL` (default `http://127.0.0.1:7070`) and `KSANDBOX_API_KEY`.
+    /// `KSANDBOX_URL` (default `http://127.0.0.1:7070`), `KSANDBOX_API_KEY` and
+    /// `KSANDBOX_CA_CERT`.
     pub fn from_env() -> Result<Self> {
         let url = std::env::var(ENV_URL)
             .ok()
             .filter(|u| !u.trim().is_empty())
             .unwrap_or_else(|| DEFAULT_URL.to_string());
         let key = std::env::var(ENV_API_KEY).unwrap_or_default();
-        Self::new(url, key)
+        let mut builder = Self::builder(url).api_key(key);
+        if let Some(ca) = std::env::var_os(ENV_CA_CERT).filter(|c| !c.is_empty()) {
+            builder = builder.add_ca_file(ca)?;
+        }
+        builder.build()
     }
 
     pub fn base_url(&self) -> &Url {

@@ -2,8 +2,10 @@
 //! the dev-server upstream and the error ring.
 
 use base64::Engine as _;
+use eventsource_stream::{EventStreamError, Eventsource as _};
 use futures::{Stream, StreamExt};
 use reqwest::{header, Method};
+use serde::Deserialize;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
@@ -173,7 +175,10 @@ impl Client {
                 .map_err(|_| Error::Decode("API key is not a valid header value".into()))?;
             req.headers_mut().insert("authorization", value);
         }
-        match tokio_tungstenite::connect_async(req).await {
+        let connector = tokio_tungstenite::Connector::Rustls(self.ws_tls.clone());
+        match tokio_tungstenite::connect_async_tls_with_config(req, None, false, Some(connector))
+            .await
+        {
             Ok((socket, _)) => Ok(socket),
             Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
                 let status = resp.status().as_u16();
@@ -238,104 +243,212 @@ impl Client {
 
 /// Parses a `text/event-stream` body into exec events.
 fn sse_events(resp: reqwest::Response) -> impl Stream<Item = Result<ExecEvent>> {
-    let body = resp.bytes_stream();
-    futures::stream::unfold(
-        (body, String::new(), false),
-        |(mut body, mut buf, mut done)| async move {
-            loop {
-                if done {
-                    return None;
-                }
-                if let Some(end) = buf.find("\n\n") {
-                    let block: String = buf.drain(..end + 2).collect();
-                    match parse_block(&block) {
-                        Some(Ok(ev)) => {
-                            done = matches!(ev, ExecEvent::Exit(_));
-                            return Some((Ok(ev), (body, buf, done)));
-                        }
-                        Some(Err(e)) => return Some((Err(e), (body, buf, true))),
-                        None => continue,
-                    }
-                }
-                match body.next().await {
-                    Some(Ok(chunk)) => buf.push_str(&String::from_utf8_lossy(&chunk)),
-                    Some(Err(e)) => return Some((Err(Error::Transport(e)), (body, buf, true))),
-                    None => return None,
-                }
-            }
-        },
-    )
+    exec_events(resp.bytes_stream())
 }
 
-fn parse_block(block: &str) -> Option<Result<ExecEvent>> {
-    let mut name = "message";
-    let mut data = String::new();
-    for line in block.lines() {
-        if let Some(n) = line.strip_prefix("event:") {
-            name = n.trim();
-        } else if let Some(d) = line.strip_prefix("data:") {
-            data.push_str(d.strip_prefix(' ').unwrap_or(d));
+/// The exec events of an SSE body. The stream ends after `exit`; a body that ends before it
+/// (closed connection, an event cut off) yields [`Error::StreamEnded`] instead of ending
+/// quietly, since the exec's outcome is then unknown.
+fn exec_events<S, B>(body: S) -> impl Stream<Item = Result<ExecEvent>>
+where
+    S: Stream<Item = std::result::Result<B, reqwest::Error>>,
+    B: AsRef<[u8]>,
+{
+    let events = Box::pin(body.eventsource());
+    futures::stream::unfold(Some(events), |state| async move {
+        let mut events = state?;
+        loop {
+            let item = match events.next().await {
+                None => Err(Error::StreamEnded),
+                Some(Err(EventStreamError::Transport(e))) => Err(Error::Transport(e)),
+                Some(Err(e)) => Err(Error::Decode(format!("event stream: {e}"))),
+                Some(Ok(event)) => match exec_event(&event.event, &event.data) {
+                    Some(item) => item,
+                    None => continue, // an event type this client does not know
+                },
+            };
+            let more = matches!(item, Ok(ref ev) if !matches!(ev, ExecEvent::Exit(_)));
+            return Some((item, more.then_some(events)));
         }
+    })
+}
+
+#[derive(Deserialize)]
+struct StartData {
+    exec_id: String,
+}
+
+#[derive(Deserialize)]
+struct ChunkData {
+    data: Option<String>,
+    data_b64: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct TruncatedData {
+    dropped_chunks: u64,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(name: &str, data: &str) -> Result<T> {
+    serde_json::from_str(data).map_err(|e| Error::Decode(format!("SSE {name} event: {e}")))
+}
+
+fn chunk_bytes(name: &str, data: &str) -> Result<Vec<u8>> {
+    match parse::<ChunkData>(name, data)? {
+        ChunkData {
+            data: Some(text), ..
+        } => Ok(text.into_bytes()),
+        ChunkData {
+            data_b64: Some(b64),
+            ..
+        } => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| Error::Decode(format!("SSE {name} event: data_b64: {e}"))),
+        _ => Err(Error::Decode(format!(
+            "SSE {name} event has neither data nor data_b64"
+        ))),
     }
-    if data.is_empty() {
-        return None; // a keep-alive comment
-    }
-    let v: Value = match serde_json::from_str(&data) {
-        Ok(v) => v,
-        Err(e) => return Some(Err(Error::Decode(format!("SSE data: {e}")))),
-    };
-    let bytes = |v: &Value| -> Vec<u8> {
-        match (v["data"].as_str(), v["data_b64"].as_str()) {
-            (Some(text), _) => text.as_bytes().to_vec(),
-            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .unwrap_or_default(),
-            _ => Vec::new(),
-        }
-    };
-    Some(Ok(match name {
-        "start" => ExecEvent::Start {
-            exec_id: v["exec_id"].as_str().unwrap_or_default().to_string(),
-        },
-        "stdout" => ExecEvent::Stdout(bytes(&v)),
-        "stderr" => ExecEvent::Stderr(bytes(&v)),
-        "truncated" => ExecEvent::Truncated {
-            dropped_chunks: v["dropped_chunks"].as_u64().unwrap_or(0),
-        },
-        "exit" => {
-            let mut v = v;
-            if let Some(o) = v.as_object_mut() {
-                o.entry("stdout").or_insert(Value::String(String::new()));
-                o.entry("stderr").or_insert(Value::String(String::new()));
-            }
-            match serde_json::from_value(v) {
-                Ok(r) => ExecEvent::Exit(r),
-                Err(e) => return Some(Err(Error::Decode(format!("exit event: {e}")))),
-            }
-        }
+}
+
+/// One SSE event as an exec event; `None` for event types outside the contract.
+fn exec_event(name: &str, data: &str) -> Option<Result<ExecEvent>> {
+    Some(match name {
+        "start" => parse::<StartData>(name, data).map(|s| ExecEvent::Start { exec_id: s.exec_id }),
+        "stdout" => chunk_bytes(name, data).map(ExecEvent::Stdout),
+        "stderr" => chunk_bytes(name, data).map(ExecEvent::Stderr),
+        "truncated" => parse::<TruncatedData>(name, data).map(|t| ExecEvent::Truncated {
+            dropped_chunks: t.dropped_chunks,
+        }),
+        "exit" => exit_result(data).map(ExecEvent::Exit),
         _ => return None,
-    }))
+    })
+}
+
+/// The `exit` event carries the result without its output (that came as events).
+fn exit_result(data: &str) -> Result<types::ExecResult> {
+    let mut v: Value = parse("exit", data)?;
+    if let Some(o) = v.as_object_mut() {
+        o.entry("stdout").or_insert(Value::String(String::new()));
+        o.entry("stderr").or_insert(Value::String(String::new()));
+    }
+    serde_json::from_value(v).map_err(|e| Error::Decode(format!("SSE exit event: {e}")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
-    #[test]
-    fn sse_blocks() {
-        assert!(parse_block(": keep-alive\n\n").is_none());
-        let ev = parse_block("event: stdout\ndata: {\"data\":\"hé\"}\n\n")
-            .unwrap()
-            .unwrap();
-        assert_eq!(ev, ExecEvent::Stdout("hé".as_bytes().to_vec()));
-        let ev = parse_block("event: stderr\ndata: {\"data_b64\":\"//4=\"}\n\n")
-            .unwrap()
-            .unwrap();
-        assert_eq!(ev, ExecEvent::Stderr(vec![0xff, 0xfe]));
-        let exit = "event: exit\ndata: {\"exec_id\":\"e\",\"exit_code\":3,\"signal\":null,\"stdout_truncated\":false,\"stderr_truncated\":false,\"duration_ms\":5,\"peak_memory_kib\":null,\"verdict\":null}\n\n";
-        let ExecEvent::Exit(r) = parse_block(exit).unwrap().unwrap() else {
-            panic!("not an exit")
-        };
-        assert_eq!(r.exit_code, Some(3));
+    const EXIT: &str = "event: exit\ndata: {\"exec_id\":\"e\",\"exit_code\":3,\"signal\":null,\"stdout_truncated\":false,\"stderr_truncated\":false,\"duration_ms\":5,\"peak_memory_kib\":null,\"verdict\":null}\n\n";
+
+    /// Runs the parser over a body delivered in exactly these chunks.
+    async fn events(chunks: &[&[u8]]) -> Vec<Result<ExecEvent>> {
+        let body = futures::stream::iter(
+            chunks
+                .iter()
+                .map(|c| Ok::<_, reqwest::Error>(Bytes::copy_from_slice(c)))
+                .collect::<Vec<_>>(),
+        );
+        exec_events(body).collect().await
+    }
+
+    fn ok(items: Vec<Result<ExecEvent>>) -> Vec<ExecEvent> {
+        items
+            .into_iter()
+            .map(|i| i.expect("no error expected"))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn multibyte_character_split_across_chunks() {
+        let full = "event: stdout\ndata: {\"data\":\"h\u{e9}\u{1F600}\"}\n\n";
+        let bytes = full.as_bytes();
+        // Cut inside the 4-byte emoji and inside the 2-byte é.
+        let e = full.find('\u{e9}').expect("é") + 1;
+        let smile = full.find('\u{1F600}').expect("emoji") + 2;
+        let got = events(&[
+            &bytes[..e],
+            &bytes[e..smile],
+            &bytes[smile..],
+            EXIT.as_bytes(),
+        ])
+        .await;
+        let got = ok(got);
+        assert_eq!(
+            got[0],
+            ExecEvent::Stdout("h\u{e9}\u{1F600}".as_bytes().to_vec())
+        );
+        assert!(matches!(got[1], ExecEvent::Exit(ref r) if r.exit_code == Some(3)));
+    }
+
+    #[tokio::test]
+    async fn multi_line_data_is_joined_with_newlines() {
+        // JSON allows a line break between tokens; the SSE spec joins data lines with "\n".
+        let body = "event: stdout\ndata: {\"data\":\ndata: \"x\"}\n\n";
+        let got = ok(events(&[body.as_bytes(), EXIT.as_bytes()]).await);
+        assert_eq!(got[0], ExecEvent::Stdout(b"x".to_vec()));
+        // Joined without the "\n" these two lines would read as the number 12.
+        let body = "event: truncated\ndata: {\"dropped_chunks\":1\ndata: 2}\n\n";
+        let got = events(&[body.as_bytes(), EXIT.as_bytes()]).await;
+        assert!(matches!(got[..], [Err(Error::Decode(_))]), "{got:?}");
+    }
+
+    #[tokio::test]
+    async fn crlf_line_endings_and_comments() {
+        let body = ": keep-alive\r\n\r\nevent: start\r\ndata: {\"exec_id\":\"e1\"}\r\n\r\n:ping\n\nevent: stderr\r\ndata: {\"data_b64\":\"//4=\"}\r";
+        let exit = EXIT.replace('\n', "\r\n");
+        // The CR of a CRLF at the end of one chunk, its LF at the start of the next.
+        let got = ok(events(&[body.as_bytes(), b"\n\r\n", exit.as_bytes()]).await);
+        assert_eq!(
+            got[..2],
+            [
+                ExecEvent::Start {
+                    exec_id: "e1".into()
+                },
+                ExecEvent::Stderr(vec![0xff, 0xfe]),
+            ]
+        );
+        assert!(matches!(got[2], ExecEvent::Exit(_)), "{got:?}");
+        assert_eq!(got.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn unknown_events_are_skipped_and_exit_ends_the_stream() {
+        let body = format!("event: novelty\ndata: {{}}\n\nevent: truncated\ndata: {{\"dropped_chunks\":4}}\n\n{EXIT}event: stdout\ndata: {{\"data\":\"after\"}}\n\n");
+        let got = ok(events(&[body.as_bytes()]).await);
+        assert_eq!(got[0], ExecEvent::Truncated { dropped_chunks: 4 });
+        assert!(matches!(got[1], ExecEvent::Exit(_)));
+        assert_eq!(got.len(), 2, "nothing after exit: {got:?}");
+    }
+
+    #[tokio::test]
+    async fn an_event_cut_off_by_the_end_of_the_body_is_an_error() {
+        let cut = &EXIT[..EXIT.len() - 1]; // the blank line that dispatches it is missing
+        let body = format!("event: stdout\ndata: {{\"data\":\"a\"}}\n\n{cut}");
+        let got = events(&[body.as_bytes()]).await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(
+            got[0].as_ref().ok(),
+            Some(&ExecEvent::Stdout(b"a".to_vec()))
+        );
+        assert!(matches!(got[1], Err(Error::StreamEnded)), "{got:?}");
+        let got = events(&[]).await;
+        assert!(matches!(got[..], [Err(Error::StreamEnded)]), "{got:?}");
+    }
+
+    #[tokio::test]
+    async fn malformed_events_are_decode_errors() {
+        for body in [
+            "event: stdout\ndata: {\"data_b64\":\"***\"}\n\n",
+            "event: stdout\ndata: {}\n\n",
+            "event: start\ndata: {\"id\":1}\n\n",
+            "event: exit\ndata: [1]\n\n",
+        ] {
+            let got = events(&[body.as_bytes(), EXIT.as_bytes()]).await;
+            assert!(
+                matches!(got[..], [Err(Error::Decode(_))]),
+                "{body}: {got:?}"
+            );
+        }
     }
 }

@@ -3,8 +3,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use futures::StreamExt as _;
+use koder_sdk::live::ExecEvent;
 use koder_sdk::{Client, CreateSession, Error, ExecRequest};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
 #[derive(Debug, Clone)]
@@ -24,10 +26,26 @@ impl Recorded {
     }
 }
 
+#[derive(Default)]
 struct Canned {
     status: u16,
     content_type: &'static str,
     body: Vec<u8>,
+    /// When set, the body goes out as these HTTP chunks, each written and flushed on its own.
+    chunks: Option<Vec<Vec<u8>>>,
+    /// With `chunks`: close the connection instead of sending the final empty chunk.
+    cut_off: bool,
+}
+
+/// An SSE answer sent in exactly these chunks.
+fn sse(chunks: &[&[u8]], cut_off: bool) -> Canned {
+    Canned {
+        status: 200,
+        content_type: "text/event-stream",
+        chunks: Some(chunks.iter().map(|c| c.to_vec()).collect()),
+        cut_off,
+        ..Canned::default()
+    }
 }
 
 fn json(status: u16, body: &str) -> Canned {
@@ -35,6 +53,7 @@ fn json(status: u16, body: &str) -> Canned {
         status,
         content_type: "application/json",
         body: body.as_bytes().to_vec(),
+        ..Canned::default()
     }
 }
 
@@ -47,22 +66,46 @@ struct Mock {
 
 impl Mock {
     async fn start(handler: impl Fn(&Recorded) -> Canned + Send + Sync + 'static) -> Mock {
+        Self::serve(None, handler).await
+    }
+
+    /// An `https://` mock presenting `tls`'s certificate.
+    async fn start_tls(
+        tls: Arc<rustls::ServerConfig>,
+        handler: impl Fn(&Recorded) -> Canned + Send + Sync + 'static,
+    ) -> Mock {
+        Self::serve(Some(tokio_rustls::TlsAcceptor::from(tls)), handler).await
+    }
+
+    async fn serve(
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        handler: impl Fn(&Recorded) -> Canned + Send + Sync + 'static,
+    ) -> Mock {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let handler: Handler = Arc::new(handler);
         let seen2 = seen.clone();
+        let scheme = if tls.is_some() { "https" } else { "http" };
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let handler = handler.clone();
                 let seen = seen2.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let _ = serve_conn(stream, handler, seen).await;
+                    // A refused handshake just ends the connection: the client reports it.
+                    let _ = match tls {
+                        Some(acceptor) => match acceptor.accept(stream).await {
+                            Ok(stream) => serve_conn(stream, handler, seen).await,
+                            Err(e) => Err(e),
+                        },
+                        None => serve_conn(stream, handler, seen).await,
+                    };
                 });
             }
         });
         Mock {
-            url: format!("http://{addr}"),
+            url: format!("{scheme}://{addr}"),
             seen,
         }
     }
@@ -77,12 +120,15 @@ impl Mock {
     }
 }
 
-async fn serve_conn(
-    stream: tokio::net::TcpStream,
+async fn serve_conn<S>(
+    stream: S,
     handler: Handler,
     seen: Arc<Mutex<Vec<Recorded>>>,
-) -> std::io::Result<()> {
-    let (read, mut write) = stream.into_split();
+) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (read, mut write) = tokio::io::split(stream);
     let mut reader = BufReader::new(read);
     loop {
         let mut line = String::new();
@@ -136,14 +182,35 @@ async fn serve_conn(
         };
         let canned = handler(&rec);
         seen.lock().expect("lock").push(rec);
+        let Some(chunks) = &canned.chunks else {
+            let head = format!(
+                "HTTP/1.1 {} X\r\ncontent-type: {}\r\ncontent-length: {}\r\n\r\n",
+                canned.status,
+                canned.content_type,
+                canned.body.len()
+            );
+            write.write_all(head.as_bytes()).await?;
+            write.write_all(&canned.body).await?;
+            write.flush().await?;
+            continue;
+        };
         let head = format!(
-            "HTTP/1.1 {} X\r\ncontent-type: {}\r\ncontent-length: {}\r\n\r\n",
-            canned.status,
-            canned.content_type,
-            canned.body.len()
+            "HTTP/1.1 {} X\r\ncontent-type: {}\r\ntransfer-encoding: chunked\r\n\r\n",
+            canned.status, canned.content_type
         );
         write.write_all(head.as_bytes()).await?;
-        write.write_all(&canned.body).await?;
+        for chunk in chunks {
+            write
+                .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                .await?;
+            write.write_all(chunk).await?;
+            write.write_all(b"\r\n").await?;
+            write.flush().await?;
+        }
+        if canned.cut_off {
+            return write.shutdown().await;
+        }
+        write.write_all(b"0\r\n\r\n").await?;
         write.flush().await?;
     }
 }
@@ -193,6 +260,7 @@ async fn api_errors_are_typed() {
                 status: 502,
                 content_type: "text/html",
                 body: b"<html>bad gateway</html>".to_vec(),
+                ..Canned::default()
             }
         } else {
             json(200, "{not json")
@@ -238,11 +306,13 @@ async fn file_paths_are_query_encoded() {
             status: 200,
             content_type: "application/octet-stream",
             body: b"abc".to_vec(),
+            ..Canned::default()
         },
         "DELETE" => Canned {
             status: 204,
             content_type: "text/plain",
             body: Vec::new(),
+            ..Canned::default()
         },
         _ => json(201, ENTRY),
     })
@@ -317,6 +387,7 @@ async fn streaming_upload_and_download() {
                 status: 200,
                 content_type: "application/octet-stream",
                 body: served.clone(),
+                ..Canned::default()
             }
         }
     })
@@ -374,6 +445,7 @@ async fn exec_and_session_calls() {
                 status: 204,
                 content_type: "text/plain",
                 body: Vec::new(),
+                ..Canned::default()
             }
         } else if rec.target == "/v1/sandbox/sessions" {
             json(200, &format!(r#"{{"sessions":[{SESSION}]}}"#))
@@ -382,6 +454,7 @@ async fn exec_and_session_calls() {
                 status: 200,
                 content_type: "text/plain",
                 body: b"ok".to_vec(),
+                ..Canned::default()
             }
         } else {
             json(200, SESSION)
@@ -433,4 +506,174 @@ async fn exec_and_session_calls() {
     let rec = mock.last();
     assert_eq!(rec.method, "DELETE");
     assert_eq!(rec.target, "/v1/sandbox/sessions/s-1");
+}
+
+const EXIT_EVENT: &str = "event: exit\r\ndata: {\"exec_id\":\"e1\",\"exit_code\":0,\"signal\":null,\"stdout_truncated\":false,\"stderr_truncated\":false,\"duration_ms\":5,\"peak_memory_kib\":null,\"verdict\":null}\r\n\r\n";
+
+fn run_echo() -> ExecRequest {
+    ExecRequest {
+        cmd: Some(vec!["echo".into()]),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn exec_stream_over_http_chunks() {
+    // "é" split between two HTTP chunks, a data field over two lines, CRLF, a keep-alive.
+    let stdout = "event: stdout\r\ndata: {\"data\":\r\ndata: \"caf\u{e9}\"}\r\n\r\n";
+    let cut = stdout.find('\u{e9}').expect("é") + 1;
+    let first =
+        ": keep-alive\r\n\r\nevent: start\r\ndata: {\"exec_id\":\"e1\"}\r\n\r\n".to_string();
+    let (a, b) = stdout.as_bytes().split_at(cut);
+    let chunks: Vec<Vec<u8>> = vec![
+        first.into_bytes(),
+        a.to_vec(),
+        b.to_vec(),
+        EXIT_EVENT.into(),
+    ];
+    let mock = Mock::start(move |_| {
+        let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+        sse(&refs, false)
+    })
+    .await;
+    let client = Client::new(&mock.url, "k").expect("client");
+    let events: Vec<_> = client
+        .exec_stream("s1", &run_echo())
+        .await
+        .expect("stream")
+        .collect()
+        .await;
+    let events: Vec<ExecEvent> = events.into_iter().map(|e| e.expect("event")).collect();
+    assert_eq!(
+        events[..2],
+        [
+            ExecEvent::Start {
+                exec_id: "e1".into()
+            },
+            ExecEvent::Stdout("caf\u{e9}".as_bytes().to_vec()),
+        ]
+    );
+    assert!(matches!(&events[2], ExecEvent::Exit(r) if r.exit_code == Some(0)));
+    assert_eq!(events.len(), 3);
+    assert_eq!(mock.last().header("accept"), Some("text/event-stream"));
+}
+
+#[tokio::test]
+async fn exec_stream_cut_off_is_an_error() {
+    let partial = &EXIT_EVENT[..EXIT_EVENT.len() - 2];
+    let mock = Mock::start(move |rec| {
+        let cut_off = rec.target.contains("closed");
+        sse(
+            &[
+                b"event: stdout\ndata: {\"data\":\"a\"}\n\n",
+                partial.as_bytes(),
+            ],
+            cut_off,
+        )
+    })
+    .await;
+    let client = Client::new(&mock.url, "k").expect("client");
+    for (session, transport) in [("closed", true), ("ended", false)] {
+        let events: Vec<_> = client
+            .follow_exec(session, "e1")
+            .await
+            .expect("stream")
+            .collect()
+            .await;
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(
+            events[0].as_ref().ok(),
+            Some(&ExecEvent::Stdout(b"a".to_vec()))
+        );
+        match &events[1] {
+            Err(Error::Transport(_)) if transport => {}
+            Err(Error::StreamEnded) if !transport => {}
+            other => panic!("{session}: {other:?}"),
+        }
+    }
+}
+
+/// A private CA and a server certificate for 127.0.0.1 signed by it.
+fn private_ca() -> (String, Arc<rustls::ServerConfig>) {
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::new()).expect("CA params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).expect("CA cert");
+    let key = rcgen::KeyPair::generate().expect("server key");
+    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("params");
+    let cert = params.signed_by(&key, &ca).expect("server cert");
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .expect("server config");
+    (ca.pem(), Arc::new(config))
+}
+
+#[tokio::test]
+async fn https_with_a_private_ca() {
+    let (ca_pem, tls) = private_ca();
+    let mock = Mock::start_tls(tls, |_| {
+        json(200, &format!(r#"{{"sessions":[{SESSION}]}}"#))
+    })
+    .await;
+    assert!(mock.url.starts_with("https://127.0.0.1:"), "{}", mock.url);
+
+    let trusting = Client::builder(&mock.url)
+        .api_key("k")
+        .add_ca_pem(ca_pem.as_bytes())
+        .expect("CA PEM")
+        .build()
+        .expect("client");
+    let sessions = trusting.list_sessions().await.expect("list over https");
+    assert_eq!(sessions[0].id, "s-1");
+    assert_eq!(mock.last().header("authorization"), Some("Bearer k"));
+
+    // The same daemon without the CA: the certificate is refused, nothing is sent.
+    let before = mock.seen.lock().expect("lock").len();
+    let err = Client::new(&mock.url, "k")
+        .expect("client")
+        .list_sessions()
+        .await
+        .expect_err("untrusted certificate");
+    assert!(matches!(err, Error::Transport(_)), "{err:?}");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+    assert_eq!(mock.seen.lock().expect("lock").len(), before);
+
+    // Through a file, as the CLI's --ca-cert gives it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("ca.pem");
+    std::fs::write(&file, &ca_pem).expect("write CA");
+    let from_file = Client::builder(&mock.url)
+        .add_ca_file(&file)
+        .expect("CA file")
+        .build()
+        .expect("client");
+    assert_eq!(from_file.list_sessions().await.expect("list").len(), 1);
+}
+
+#[test]
+fn unusable_ca_certificates_are_refused() {
+    let builder = Client::builder("https://127.0.0.1:1");
+    for pem in [
+        &b""[..],
+        b"not a certificate",
+        b"-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n",
+    ] {
+        let err = builder.clone().add_ca_pem(pem).expect_err("bad PEM");
+        assert!(matches!(err, Error::Tls(_)), "{err:?}");
+    }
+    let err = builder
+        .add_ca_file("/nonexistent/ca.pem")
+        .expect_err("missing file");
+    assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
 }
