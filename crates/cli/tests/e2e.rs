@@ -393,9 +393,24 @@ fn admin_flow(daemon: &Daemon) {
         "--max-sessions",
         "1",
     ]);
-    assert!(
-        set.stdout.starts_with("e2e-co\tstandard\tsessions 0/1"),
-        "{set:?}"
+    let row: Vec<&str> = set
+        .stdout
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert!(set.stdout.starts_with("ID"), "{set:?}");
+    assert_eq!(row[..3], ["e2e-co", "standard", "0/1"], "{set:?}");
+    let got: serde_json::Value = serde_json::from_str(
+        &admin
+            .ok(&["admin", "tenant", "get", "e2e-co", "--json"])
+            .stdout,
+    )
+    .expect("tenant get --json");
+    assert_eq!(
+        (got["plan"].as_str(), got["max_sessions"].as_u64()),
+        (Some("standard"), Some(1))
     );
     let key = admin
         .ok(&["admin", "tenant", "key", "e2e-co"])
@@ -408,7 +423,12 @@ fn admin_flow(daemon: &Daemon) {
     let over = co.run(&["create"]);
     assert!(over.stderr.contains("SANDBOX-QUOTA-SESSIONS"), "{over:?}");
     let metrics: serde_json::Value =
-        serde_json::from_str(&co.ok(&["metrics", &id]).stdout).expect("metrics JSON");
+        serde_json::from_str(&co.ok(&["metrics", &id, "--json"]).stdout).expect("metrics JSON");
+    let table = co.ok(&["metrics", &id]).stdout;
+    assert!(
+        table.lines().any(|l| l.starts_with("pids_current")),
+        "{table}"
+    );
     assert!(
         metrics["pids_current"].as_u64().unwrap_or(0) >= 1,
         "{metrics}"
@@ -835,7 +855,40 @@ fn cli_flow(daemon: &Daemon) {
     );
     assert!(!missing.exists(), "a failed cp must not leave a file");
     cli.ok(&["mkdir", &id, "/workspace/d/e"]);
-    cli.ok(&["cp", up_s, &format!("{id}:/workspace/d/e/f.bin")]);
+    let out = cli.ok(&["--json", "cp", up_s, &format!("{id}:/workspace/d/e/f.bin")]);
+    let entry: serde_json::Value = serde_json::from_str(&out.stdout).expect("cp --json");
+    assert_eq!(entry["size"].as_u64(), Some(data.len() as u64), "{entry}");
+    let listed: serde_json::Value = serde_json::from_str(
+        &cli.ok(&["files", &id, "/workspace/d", "--depth", "2", "--json"])
+            .stdout,
+    )
+    .expect("files --json");
+    let paths: Vec<&str> = listed["entries"]
+        .as_array()
+        .map(|e| e.iter().filter_map(|e| e["path"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(paths.len(), 2, "{listed}");
+    assert!(paths.contains(&"/workspace/d/e/f.bin"), "{listed}");
+    let table = cli
+        .ok(&["files", &id, "/workspace/d", "--depth", "2"])
+        .stdout;
+    assert!(table.starts_with("TYPE"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("file") && l.ends_with("/workspace/d/e/f.bin")),
+        "{table}"
+    );
+    let info: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["info", &id, "--json"]).stdout).expect("info --json");
+    assert_eq!(info["id"].as_str(), Some(id.as_str()));
+    let table = cli.ok(&["info", &id]).stdout;
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().eq(["language", "python"])),
+        "{table}"
+    );
     assert_ne!(cli.run(&["rm", &id, "/workspace/d"]).code, 0);
     cli.ok(&["rm", &id, "-r", "/workspace/d"]);
 

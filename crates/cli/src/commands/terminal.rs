@@ -2,12 +2,13 @@
 
 use std::io::IsTerminal;
 
-use anyhow::{anyhow, Context as _};
 use futures::{SinkExt, StreamExt};
 use koder_sdk::Client;
 use rustix::termios::{self, Termios};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
+
+use crate::error::{CliError, IoContext as _, Result};
 
 /// Puts stdin in raw mode for as long as it lives (keys go to the remote side as typed).
 struct RawMode {
@@ -15,15 +16,19 @@ struct RawMode {
 }
 
 impl RawMode {
-    fn enable() -> anyhow::Result<Option<RawMode>> {
+    fn enable() -> Result<Option<RawMode>> {
         let stdin = std::io::stdin();
         if !stdin.is_terminal() {
             return Ok(None);
         }
-        let saved = termios::tcgetattr(&stdin).context("reading terminal settings")?;
+        let saved = termios::tcgetattr(&stdin)
+            .map_err(std::io::Error::from)
+            .doing(|| "reading terminal settings".into())?;
         let mut raw = saved.clone();
         raw.make_raw();
-        termios::tcsetattr(&stdin, termios::OptionalActions::Flush, &raw).context("raw mode")?;
+        termios::tcsetattr(&stdin, termios::OptionalActions::Flush, &raw)
+            .map_err(std::io::Error::from)
+            .doing(|| "raw mode".into())?;
         Ok(Some(RawMode { saved }))
     }
 }
@@ -51,8 +56,12 @@ fn resize_message((cols, rows): (u16, u16)) -> Message {
     )
 }
 
+fn connection_lost(e: tokio_tungstenite::tungstenite::Error) -> CliError {
+    CliError::msg(format!("terminal connection: {e}"))
+}
+
 /// Runs until the remote program exits; returns its exit code (128+signal when killed).
-pub async fn run(client: &Client, session: &str, argv: &[String]) -> anyhow::Result<i32> {
+pub async fn run(client: &Client, session: &str, argv: &[String]) -> Result<i32> {
     let (cols, rows) = window_size().unwrap_or((80, 24));
     let socket = client.terminal(session, argv, cols, rows).await?;
     let _raw = RawMode::enable()?;
@@ -65,12 +74,12 @@ pub async fn run(client: &Client, session: &str, argv: &[String]) -> anyhow::Res
     loop {
         tokio::select! {
             n = stdin.read(&mut buf), if stdin_open => match n {
-                Ok(n) if n > 0 => to_remote.send(Message::Binary(buf[..n].to_vec().into())).await?,
+                Ok(n) if n > 0 => to_remote.send(Message::Binary(buf[..n].to_vec().into())).await.map_err(connection_lost)?,
                 _ => stdin_open = false,
             },
             _ = winch.recv() => {
                 if let Some(size) = window_size() {
-                    to_remote.send(resize_message(size)).await?;
+                    to_remote.send(resize_message(size)).await.map_err(connection_lost)?;
                 }
             }
             msg = from_remote.next() => match msg {
@@ -86,13 +95,13 @@ pub async fn run(client: &Client, session: &str, argv: &[String]) -> anyhow::Res
                             let signal = v["signal"].as_i64().map(|s| 128 + s as i32);
                             return Ok(code.or(signal).unwrap_or(1));
                         }
-                        Some("error") => return Err(anyhow!("terminal: {}", v["message"].as_str().unwrap_or("error"))),
+                        Some("error") => return Err(CliError::msg(format!("terminal: {}", v["message"].as_str().unwrap_or("error")))),
                         _ => {}
                     }
                 }
                 Some(Ok(Message::Close(_))) | None => return Ok(0),
                 Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(anyhow!("terminal connection: {e}")),
+                Some(Err(e)) => return Err(connection_lost(e)),
             }
         }
     }

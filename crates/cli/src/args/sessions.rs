@@ -1,0 +1,73 @@
+use clap::Args;
+
+use super::{parse_kv, LocalOpts};
+
+#[derive(Debug, Args)]
+pub struct SessionArgs {
+    pub session: String,
+    #[command(flatten)]
+    pub c: LocalOpts,
+}
+
+/// Session settings shared by `create` and `run`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct SessionOpts {
+    /// Session lifetime in seconds.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+    #[arg(long, value_name = "MIB")]
+    pub memory_mib: Option<u64>,
+    /// CPU quota in thousandths of a core.
+    #[arg(long, value_name = "N")]
+    pub cpu_millis: Option<u32>,
+    #[arg(long, value_name = "MIB")]
+    pub disk_mib: Option<u64>,
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+    /// Image name instead of a language.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// `jail` or `microvm` (default: the server's).
+    #[arg(long)]
+    pub runtime: Option<String>,
+    /// Network mode: none, open or allowlist.
+    #[arg(long, value_parser = ["none", "open", "allowlist"])]
+    pub network: Option<String>,
+    /// Allowed destination for `--network allowlist` (host, CIDR, `:port` suffix); repeatable.
+    #[arg(long = "allow", value_name = "DEST")]
+    pub allow: Vec<String>,
+    /// Session metadata; repeatable.
+    #[arg(long = "meta", value_name = "K=V", value_parser = parse_kv)]
+    pub meta: Vec<(String, String)>,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// python, node or bash.
+    #[arg(long, short = 'l')]
+    pub language: Option<String>,
+    /// Session environment variable; repeatable.
+    #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_kv)]
+    pub env: Vec<(String, String)>,
+    #[command(flatten)]
+    pub session: SessionOpts,
+    #[command(flatten)]
+    pub c: LocalOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct KillArgs {
+    #[arg(required = true)]
+    pub sessions: Vec<String>,
+    #[command(flatten)]
+    pub c: LocalOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct TimeoutArgs {
+    pub session: String,
+    /// Seconds from now.
+    pub secs: u64,
+    #[command(flatten)]
+    pub c: LocalOpts,
+}

@@ -1,0 +1,55 @@
+//! admin tenant ls/get/set/key.
+
+use koder_sdk::types;
+
+use super::Ctx;
+use crate::args::{AdminArgs, AdminCommand, GlobalOpts, LocalOpts, TenantCommand};
+use crate::error::Result;
+use crate::output;
+
+/// The admin key: explicit `--api-key`, else KSANDBOX_ADMIN_KEY, else KSANDBOX_API_KEY.
+fn admin_ctx(g: &GlobalOpts, local: &LocalOpts) -> Result<Ctx> {
+    let mut local = local.clone();
+    if local.api_key.is_none() {
+        local.api_key = std::env::var("KSANDBOX_ADMIN_KEY")
+            .ok()
+            .filter(|k| !k.is_empty());
+    }
+    Ctx::new(g, &local)
+}
+
+fn print_tenant(ctx: &Ctx, t: &types::TenantInfo) -> Result<()> {
+    ctx.out
+        .print(t, |t| output::tenants_table(std::slice::from_ref(t)))
+}
+
+pub async fn run(g: &GlobalOpts, a: AdminArgs) -> Result<i32> {
+    let AdminCommand::Tenant(cmd) = a.what;
+    match cmd {
+        TenantCommand::Ls(o) => {
+            let ctx = admin_ctx(g, &o.c)?;
+            let tenants = ctx.client.admin_tenants().await?;
+            ctx.out.print(&tenants, |t| output::tenants_table(t))?;
+        }
+        TenantCommand::Get(t) => {
+            let ctx = admin_ctx(g, &t.c)?;
+            print_tenant(&ctx, &ctx.client.admin_tenant(&t.tenant).await?)?;
+        }
+        TenantCommand::Set(t) => {
+            let ctx = admin_ctx(g, &t.c)?;
+            let req = types::PutTenant {
+                name: t.name,
+                plan: t.plan,
+                max_sessions: t.max_sessions,
+                daily_session_minutes: t.daily_session_minutes,
+            };
+            print_tenant(&ctx, &ctx.client.admin_put_tenant(&t.tenant, &req).await?)?;
+        }
+        TenantCommand::Key(t) => {
+            let ctx = admin_ctx(g, &t.c)?;
+            let issued = ctx.client.admin_issue_key(&t.tenant).await?;
+            ctx.out.print(&issued, |k| k.api_key.clone())?;
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,84 @@
+//! What each subcommand does, one module per command group; `dispatch` picks it.
+
+mod admin;
+mod exec;
+mod files;
+mod image;
+mod live;
+mod sessions;
+mod terminal;
+
+use koder_sdk::Client;
+
+use crate::args::{ClientCommand as Command, GlobalOpts, LocalOpts};
+use crate::error::Result;
+use crate::output::Output;
+
+/// A command's client and output settings, from the global and the local options.
+pub struct Ctx {
+    pub client: Client,
+    pub out: Output,
+}
+
+impl Ctx {
+    pub fn new(global: &GlobalOpts, local: &LocalOpts) -> Result<Ctx> {
+        let url = [&local.url, &global.url]
+            .into_iter()
+            .flatten()
+            .find(|u| !u.trim().is_empty())
+            .map_or(koder_sdk::DEFAULT_URL, String::as_str);
+        let key = [&local.api_key, &global.api_key]
+            .into_iter()
+            .flatten()
+            .find(|k| !k.is_empty())
+            .map_or("", String::as_str);
+        let ca = [&local.ca_cert, &global.ca_cert]
+            .into_iter()
+            .flatten()
+            .find(|c| !c.as_os_str().is_empty());
+        let mut builder = Client::builder(url).api_key(key);
+        if let Some(ca) = ca {
+            builder = builder.add_ca_file(ca)?;
+        }
+        Ok(Ctx {
+            client: builder.build()?,
+            out: Output {
+                json: global.json || local.json,
+            },
+        })
+    }
+}
+
+/// Runs a client command; returns the exit status.
+pub async fn dispatch(g: &GlobalOpts, command: Command) -> Result<i32> {
+    match command {
+        Command::Create(a) => sessions::create(Ctx::new(g, &a.c)?, a).await,
+        Command::Ls(a) => sessions::ls(Ctx::new(g, &a.c)?).await,
+        Command::Info(a) => sessions::info(Ctx::new(g, &a.c)?, &a.session).await,
+        Command::Kill(a) => sessions::kill(Ctx::new(g, &a.c)?, &a.sessions).await,
+        Command::Timeout(a) => sessions::timeout(Ctx::new(g, &a.c)?, &a.session, a.secs).await,
+        Command::Metrics(a) => sessions::metrics(Ctx::new(g, &a.c)?, &a.session).await,
+        Command::Health(a) => sessions::health(Ctx::new(g, &a.c)?).await,
+        Command::Exec(a) => exec::exec(Ctx::new(g, &a.c)?, a).await,
+        Command::Run(a) => exec::run(Ctx::new(g, &a.c)?, a).await,
+        Command::Cp(a) => files::cp(Ctx::new(g, &a.c)?, a).await,
+        Command::Rm(a) => files::rm(Ctx::new(g, &a.c)?, a).await,
+        Command::Files(a) => files::list(Ctx::new(g, &a.c)?, a).await,
+        Command::Mkdir(a) => files::mkdir(Ctx::new(g, &a.c)?, a).await,
+        Command::Mv(a) => files::mv(Ctx::new(g, &a.c)?, a).await,
+        Command::Shell(a) => live::terminal(Ctx::new(g, &a.c)?, &a.session, &[]).await,
+        Command::Attach(a) => live::terminal(Ctx::new(g, &a.c)?, &a.session, &a.cmd).await,
+        Command::Logs(a) => live::logs(Ctx::new(g, &a.c)?, a).await,
+        Command::Watch(a) => live::watch(Ctx::new(g, &a.c)?, a).await,
+        Command::Audit(a) => live::audit(Ctx::new(g, &a.c)?, a).await,
+        Command::Admin(a) => admin::run(g, a).await,
+        Command::Image(a) => image::run(a).await,
+    }
+}
+
+#[cfg(test)]
+pub(crate) use exec::infer_language;
+#[cfg(test)]
+pub(crate) use files::{parse_loc, remote_basename, Loc};
+#[cfg(test)]
+pub(crate) use sessions::create_request;

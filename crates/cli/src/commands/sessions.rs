@@ -1,0 +1,103 @@
+//! create, ls, info, kill, timeout, metrics, health.
+
+use koder_sdk::{types, CreateSession, Limits, Network};
+
+use super::Ctx;
+use crate::args::{usage_error, CreateArgs, SessionOpts};
+use crate::error::Result;
+use crate::output::{self, print_line};
+
+pub(crate) fn create_request(
+    language: Option<String>,
+    env: &[(String, String)],
+    opts: &SessionOpts,
+) -> CreateSession {
+    let limits = Limits {
+        cpu_millis: opts.cpu_millis,
+        memory_mib: opts.memory_mib,
+        disk_mib: opts.disk_mib,
+        pids: opts.pids,
+    };
+    let network = opts.network.as_deref().map(|mode| Network {
+        mode: match mode {
+            "open" => types::NetworkMode::Open,
+            "allowlist" => types::NetworkMode::Allowlist,
+            _ => types::NetworkMode::None,
+        },
+        allow: opts.allow.clone(),
+    });
+    CreateSession {
+        language,
+        image: opts.image.clone(),
+        runtime: opts.runtime.clone(),
+        limits: (limits != Limits::default()).then_some(limits),
+        network,
+        env: env.iter().cloned().collect(),
+        timeout_s: opts.timeout,
+        metadata: opts.meta.iter().cloned().collect(),
+    }
+}
+
+/// `--allow` only means something with `--network allowlist`.
+pub(super) fn check_allowlist(sub: &str, opts: &SessionOpts) {
+    if !opts.allow.is_empty() && opts.network.as_deref() != Some("allowlist") {
+        usage_error(
+            sub,
+            clap::error::ErrorKind::ArgumentConflict,
+            "--allow needs --network allowlist",
+        );
+    }
+}
+
+pub async fn create(ctx: Ctx, a: CreateArgs) -> Result<i32> {
+    check_allowlist("create", &a.session);
+    let req = create_request(a.language, &a.env, &a.session);
+    let session = ctx.client.create_session(&req).await?;
+    // Just the id for people, so that `id=$(ksandbox create)` works.
+    ctx.out.print(session.info(), |s| s.id.clone())?;
+    Ok(0)
+}
+
+pub async fn ls(ctx: Ctx) -> Result<i32> {
+    let sessions = ctx.client.list_sessions().await?;
+    ctx.out.print(&sessions, |s| output::sessions_table(s))?;
+    Ok(0)
+}
+
+pub async fn info(ctx: Ctx, id: &str) -> Result<i32> {
+    let info = ctx.client.get_session(id).await?;
+    ctx.out.print(&info, output::session_table)?;
+    Ok(0)
+}
+
+pub async fn kill(ctx: Ctx, ids: &[String]) -> Result<i32> {
+    for id in ids {
+        ctx.client.destroy_session(id).await?;
+    }
+    Ok(0)
+}
+
+pub async fn timeout(ctx: Ctx, id: &str, secs: u64) -> Result<i32> {
+    let info = ctx.client.set_timeout(id, secs).await?;
+    ctx.out.print(&info, |s| {
+        s.expires_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    })?;
+    Ok(0)
+}
+
+pub async fn metrics(ctx: Ctx, id: &str) -> Result<i32> {
+    let m = ctx.client.session_metrics(id).await?;
+    ctx.out.print(&m, output::metrics_table)?;
+    Ok(0)
+}
+
+pub async fn health(ctx: Ctx) -> Result<i32> {
+    let ok = ctx.client.health().await;
+    if ctx.out.json {
+        print_line(&serde_json::json!({ "ok": ok }).to_string());
+    } else {
+        print_line(if ok { "ok" } else { "unreachable" });
+    }
+    Ok(if ok { 0 } else { 1 })
+}

@@ -1,0 +1,50 @@
+//! Rendering: borderless tables for people by default, JSON with `--json`.
+
+mod exec;
+mod tables;
+
+use std::io::Write as _;
+
+use serde::Serialize;
+
+#[cfg(test)]
+pub use exec::exit_status;
+pub use exec::{print_result, print_stream};
+pub use tables::{
+    audit_table, execs_table, files_table, metrics_table, session_table, sessions_table,
+    tenants_table,
+};
+
+/// How a command prints what it got.
+#[derive(Debug, Clone, Copy)]
+pub struct Output {
+    pub json: bool,
+}
+
+impl Output {
+    /// `value` as one JSON line with `--json`, else the human rendering `human` makes of it.
+    pub fn print<T: Serialize + ?Sized>(
+        &self,
+        value: &T,
+        human: impl FnOnce(&T) -> String,
+    ) -> crate::error::Result<()> {
+        let text = if self.json {
+            serde_json::to_string(value)?
+        } else {
+            human(value)
+        };
+        print_line(&text);
+        Ok(())
+    }
+}
+
+/// Writes `text` and a newline; a closed stdout (`| head`) is not an error of the command.
+pub fn print_line(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", text.trim_end_matches('\n'));
+    let _ = out.flush();
+}
+
+pub fn format_time(t: &chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S").to_string()
+}

@@ -1,0 +1,191 @@
+//! The human tables, one function per kind of answer.
+
+use comfy_table::{presets, CellAlignment, Table};
+use koder_sdk::types;
+
+use super::format_time;
+
+/// A borderless table (columns two spaces apart), like `ps` or `docker ps`: easy to read and
+/// to cut with `awk`.
+fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> String {
+    let mut t = Table::new();
+    t.load_preset(presets::NOTHING);
+    t.set_header(header.iter().copied());
+    for row in rows {
+        t.add_row(row);
+    }
+    for column in t.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    t.trim_fmt()
+}
+
+/// Two columns: field, value.
+fn fields(rows: Vec<(&str, String)>) -> String {
+    let mut t = Table::new();
+    t.load_preset(presets::NOTHING);
+    for (k, v) in rows {
+        t.add_row(vec![k.to_string(), v]);
+    }
+    for column in t.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    if let Some(c) = t.column_mut(0) {
+        c.set_cell_alignment(CellAlignment::Left);
+    }
+    t.trim_fmt()
+}
+
+fn or_dash<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+pub fn sessions_table(sessions: &[types::Session]) -> String {
+    table(
+        &["ID", "LANGUAGE", "STATE", "CREATED", "EXPIRES"],
+        sessions.iter().map(|s| {
+            vec![
+                s.id.clone(),
+                s.language.clone(),
+                s.state.as_str().to_string(),
+                format_time(&s.created_at),
+                format_time(&s.expires_at),
+            ]
+        }),
+    )
+}
+
+pub fn session_table(s: &types::Session) -> String {
+    let limits = &s.limits;
+    let meta: Vec<String> = s.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    fields(vec![
+        ("id", s.id.clone()),
+        ("tenant", s.tenant_id.clone()),
+        ("language", s.language.clone()),
+        ("image", s.image.clone()),
+        ("runtime", s.runtime.clone()),
+        ("state", s.state.as_str().to_string()),
+        ("created", format_time(&s.created_at)),
+        ("expires", format_time(&s.expires_at)),
+        ("cpu_millis", or_dash(limits.cpu_millis)),
+        ("memory_mib", or_dash(limits.memory_mib)),
+        ("disk_mib", or_dash(limits.disk_mib)),
+        ("pids", or_dash(limits.pids)),
+        ("network", network(&s.network)),
+        ("metadata", meta.join(" ")),
+    ])
+}
+
+fn network(n: &types::Network) -> String {
+    let mode = match n.mode {
+        types::NetworkMode::None => "none",
+        types::NetworkMode::Open => "open",
+        types::NetworkMode::Allowlist => "allowlist",
+    };
+    if n.allow.is_empty() {
+        mode.to_string()
+    } else {
+        format!("{mode} {}", n.allow.join(" "))
+    }
+}
+
+pub fn files_table(list: &types::FileList) -> String {
+    table(
+        &["TYPE", "SIZE", "MODE", "MODIFIED", "PATH"],
+        list.entries.iter().map(|e| {
+            let kind = match e.kind {
+                types::EntryType::File => "file",
+                types::EntryType::Dir => "dir",
+                types::EntryType::Symlink => "symlink",
+                types::EntryType::Other => "other",
+            };
+            let path = match &e.symlink_target {
+                Some(t) => format!("{} -> {t}", e.path),
+                None => e.path.clone(),
+            };
+            vec![
+                kind.to_string(),
+                e.size.to_string(),
+                format!("{:04o}", e.mode & 0o7777),
+                format_time(&e.modified_at),
+                path,
+            ]
+        }),
+    )
+}
+
+pub fn metrics_table(m: &types::SessionMetrics) -> String {
+    fields(vec![
+        ("cpu_used_ms", m.cpu_used_ms.to_string()),
+        ("memory_current_kib", m.memory_current_kib.to_string()),
+        ("memory_peak_kib", m.memory_peak_kib.to_string()),
+        ("memory_limit_kib", or_dash(m.memory_limit_kib)),
+        ("oom_kills", m.oom_kills.to_string()),
+        ("pids_current", m.pids_current.to_string()),
+        ("pids_limit", or_dash(m.pids_limit)),
+        ("disk_used_kib", m.disk_used_kib.to_string()),
+        ("disk_total_kib", m.disk_total_kib.to_string()),
+    ])
+}
+
+pub fn tenants_table(tenants: &[types::TenantInfo]) -> String {
+    table(
+        &["ID", "PLAN", "SESSIONS", "MINUTES TODAY", "NAME"],
+        tenants.iter().map(|t| {
+            vec![
+                t.id.clone(),
+                t.plan.clone(),
+                format!("{}/{}", t.live_sessions, or_dash(t.max_sessions)),
+                format!(
+                    "{}/{}",
+                    t.session_minutes_today,
+                    or_dash(t.daily_session_minutes)
+                ),
+                t.name.clone(),
+            ]
+        }),
+    )
+}
+
+pub fn execs_table(execs: &[types::ExecStatus]) -> String {
+    table(
+        &["EXEC", "STATE", "EXIT", "STARTED", "COMMAND"],
+        execs.iter().map(|e| {
+            let (state, exit) = match e.state {
+                types::ExecState::Running => ("running", "-".to_string()),
+                types::ExecState::Exited => (
+                    "exited",
+                    or_dash(e.result.as_ref().and_then(|r| r.exit_code)),
+                ),
+            };
+            vec![
+                e.exec_id.clone(),
+                state.to_string(),
+                exit,
+                format_time(&e.started_at),
+                e.command.join(" "),
+            ]
+        }),
+    )
+}
+
+pub fn audit_table(page: &types::AuditPage) -> String {
+    table(
+        &["AT", "VERDICT", "PROTO", "DESTINATION", "SESSION", "REASON"],
+        page.entries.iter().map(|e| {
+            let name = e
+                .name
+                .as_ref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
+            vec![
+                format_time(&e.at),
+                if e.allowed { "allow" } else { "deny" }.to_string(),
+                e.proto.clone(),
+                format!("{}:{}{name}", e.dest, e.port),
+                e.session_id.clone(),
+                e.reason.clone(),
+            ]
+        }),
+    )
+}

@@ -1,0 +1,200 @@
+//! Command-line parsing and the pure helpers behind the commands.
+
+use std::path::{Path, PathBuf};
+
+use clap::{CommandFactory as _, Parser as _};
+use koder_sdk::ExecResult;
+
+use crate::args::{Cli, ClientCommand, Command};
+use crate::commands::{create_request, infer_language, parse_loc, remote_basename, Ctx, Loc};
+use crate::output::exit_status;
+
+fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(std::iter::once("ksandbox").chain(args.iter().copied()))
+}
+
+#[test]
+fn clap_definition_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn exec_forms() {
+    let cli = parse(&["exec", "s1", "--cwd", "/tmp", "--", "sh", "-c", "exit 3"]).unwrap();
+    let Command::Client(ClientCommand::Exec(a)) = cli.command else {
+        panic!("not exec")
+    };
+    assert_eq!(a.cmd, ["sh", "-c", "exit 3"]);
+    assert_eq!(a.exec.cwd.as_deref(), Some("/tmp"));
+
+    let cli = parse(&["exec", "s1", "ls", "-la", "--json"]).unwrap();
+    let Command::Client(ClientCommand::Exec(a)) = cli.command else {
+        panic!("not exec")
+    };
+    assert_eq!(a.cmd, ["ls", "-la", "--json"]);
+    assert!(!a.c.json);
+
+    let cli = parse(&["--json", "exec", "s1", "--shell", "echo hi", "-e", "A=b=c"]).unwrap();
+    assert!(cli.global.json);
+    let Command::Client(ClientCommand::Exec(a)) = cli.command else {
+        panic!("not exec")
+    };
+    assert_eq!(a.shell.as_deref(), Some("echo hi"));
+    assert_eq!(a.exec.env, [("A".to_string(), "b=c".to_string())]);
+
+    assert!(parse(&["exec", "s1"]).is_err());
+    assert!(parse(&["exec", "s1", "--shell", "x", "--", "ls"]).is_err());
+    assert!(parse(&["exec", "s1", "--env", "novalue", "--", "ls"]).is_err());
+}
+
+#[test]
+fn local_options_override_global_ones() {
+    let cli = parse(&[
+        "--url",
+        "http://a:1",
+        "ls",
+        "--url",
+        "http://b:2",
+        "--api-key",
+        "k",
+    ])
+    .unwrap();
+    let Command::Client(ClientCommand::Ls(a)) = &cli.command else {
+        panic!("not ls")
+    };
+    let ctx = Ctx::new(&cli.global, &a.c).unwrap();
+    assert_eq!(ctx.client.base_url().as_str(), "http://b:2/");
+    assert!(!ctx.out.json);
+    let cli = parse(&["ls", "--json"]).unwrap();
+    let Command::Client(ClientCommand::Ls(a)) = &cli.command else {
+        panic!("not ls")
+    };
+    assert!(Ctx::new(&cli.global, &a.c).unwrap().out.json);
+}
+
+#[test]
+fn serve_takes_the_daemon_flags() {
+    let cli = parse(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:9999",
+        "--api-key",
+        "t1:k1",
+        "--api-key",
+        "t2:k2",
+    ])
+    .unwrap();
+    let Command::Serve(args) = cli.command else {
+        panic!("not serve")
+    };
+    assert_eq!(args.api_keys, ["t1:k1", "t2:k2"]);
+}
+
+#[test]
+fn run_and_create_forms() {
+    let cli = parse(&["run", "python", "-c", "print(1)"]).unwrap();
+    let Command::Client(ClientCommand::Run(a)) = cli.command else {
+        panic!("not run")
+    };
+    assert_eq!(a.language.as_deref(), Some("python"));
+    assert_eq!(a.code.as_deref(), Some("print(1)"));
+
+    let cli = parse(&["run", "--file", "x.py"]).unwrap();
+    let Command::Client(ClientCommand::Run(a)) = cli.command else {
+        panic!("not run")
+    };
+    assert_eq!(a.language, None);
+    assert_eq!(a.file, Some(PathBuf::from("x.py")));
+
+    let cli = parse(&["run", "bash", "--", "ls", "-la"]).unwrap();
+    let Command::Client(ClientCommand::Run(a)) = cli.command else {
+        panic!("not run")
+    };
+    assert_eq!(a.args, ["ls", "-la"]);
+    assert!(parse(&["run", "python", "-c", "1", "--", "ls"]).is_err());
+
+    let cli = parse(&[
+        "create",
+        "--language",
+        "python",
+        "--timeout",
+        "60",
+        "--memory-mib",
+        "256",
+        "--env",
+        "A=1",
+        "--meta",
+        "owner=me",
+    ])
+    .unwrap();
+    let Command::Client(ClientCommand::Create(a)) = cli.command else {
+        panic!("not create")
+    };
+    let req = create_request(a.language, &a.env, &a.session);
+    assert_eq!(
+        serde_json::to_value(&req).unwrap(),
+        serde_json::json!({"language": "python", "limits": {"memory_mib": 256},
+            "env": {"A": "1"}, "timeout_s": 60, "metadata": {"owner": "me"}})
+    );
+    assert!(parse(&["kill", "a", "b"]).is_ok());
+    assert!(parse(&["destroy", "a"]).is_ok());
+    assert!(parse(&["rm", "s1", "-r", "/workspace/d"]).is_ok());
+    assert!(parse(&["rm", "s1"]).is_err());
+}
+
+#[test]
+fn cp_locations() {
+    assert_eq!(
+        parse_loc("s123:/workspace/a.py"),
+        Loc::Remote {
+            session: "s123".into(),
+            path: "/workspace/a.py".into()
+        }
+    );
+    assert_eq!(
+        parse_loc("s1:out.txt"),
+        Loc::Remote {
+            session: "s1".into(),
+            path: "/workspace/out.txt".into()
+        }
+    );
+    assert_eq!(parse_loc("./a:b"), Loc::Local("./a:b".into()));
+    assert_eq!(parse_loc("a.py"), Loc::Local("a.py".into()));
+    assert_eq!(parse_loc(":x"), Loc::Local(":x".into()));
+    assert_eq!(parse_loc("-"), Loc::Stdio);
+    assert_eq!(remote_basename("/workspace/out.txt"), Some("out.txt"));
+    assert_eq!(remote_basename("/"), None);
+}
+
+#[test]
+fn languages_and_exit_statuses() {
+    assert_eq!(infer_language(Path::new("a/b.py")), Some("python"));
+    assert_eq!(infer_language(Path::new("b.js")), Some("node"));
+    assert_eq!(infer_language(Path::new("b.sh")), Some("bash"));
+    assert_eq!(infer_language(Path::new("b.rb")), None);
+    assert_eq!(infer_language(Path::new("Makefile")), None);
+
+    let mut r = ExecResult {
+        exec_id: "e".into(),
+        exit_code: Some(3),
+        signal: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        duration_ms: 1,
+        peak_memory_kib: None,
+        verdict: None,
+    };
+    assert_eq!(exit_status(&r), 3);
+    r.exit_code = None;
+    r.signal = Some(9);
+    r.verdict = Some("SANDBOX-EXEC-TIMEOUT".into());
+    assert_eq!(exit_status(&r), 137);
+    r.exit_code = Some(0);
+    assert_eq!(exit_status(&r), 1);
+    r.signal = None;
+    r.exit_code = None;
+    r.verdict = None;
+    assert_eq!(exit_status(&r), 1);
+}
