@@ -198,3 +198,52 @@ fn languages_and_exit_statuses() {
     r.verdict = None;
     assert_eq!(exit_status(&r), 1);
 }
+
+#[test]
+fn ca_cert_option_is_read() {
+    let cli = parse(&["ls", "--ca-cert", "/nonexistent/ca.pem"]).unwrap();
+    let Command::Client(ClientCommand::Ls(a)) = &cli.command else {
+        panic!("not ls")
+    };
+    let err = Ctx::new(&cli.global, &a.c).err().expect("missing CA file");
+    assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.pem");
+    std::fs::write(&bad, "not a certificate").unwrap();
+    let cli = parse(&["--ca-cert", bad.to_str().unwrap(), "ls"]).unwrap();
+    let Command::Client(ClientCommand::Ls(a)) = &cli.command else {
+        panic!("not ls")
+    };
+    assert!(matches!(
+        Ctx::new(&cli.global, &a.c),
+        Err(crate::error::CliError::Sdk(koder_sdk::Error::Tls(_)))
+    ));
+}
+
+#[test]
+fn tables_align_columns() {
+    let list: koder_sdk::FileList = serde_json::from_value(serde_json::json!({"entries": [
+        {"name": "a", "path": "/w/a", "type": "file", "size": 12345, "mode": 420,
+         "modified_at": "2025-01-01T00:00:00Z"},
+        {"name": "l", "path": "/w/l", "type": "symlink", "size": 1, "mode": 511,
+         "modified_at": "2025-01-01T00:00:00Z", "symlink_target": "a"}]}))
+    .unwrap();
+    let table = crate::output::files_table(&list);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["TYPE", "SIZE", "MODE", "MODIFIED", "PATH"]
+    );
+    assert!(lines[2].starts_with("symlink  1 "), "{table}");
+    assert!(lines[2].ends_with("/w/l -> a"), "{table}");
+    let path_col = lines[0].find("PATH").unwrap();
+    assert!(
+        lines
+            .iter()
+            .skip(1)
+            .all(|l| l[path_col..].starts_with("/w/")),
+        "{table}"
+    );
+    assert!(lines.iter().all(|l| !l.ends_with(' ')), "{table}");
+}
