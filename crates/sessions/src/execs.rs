@@ -15,7 +15,7 @@ use koder_api_types::{ExecRequest, ExecResult, ExecState, ExecStatus};
 use koder_auth::Identity;
 use tokio::sync::broadcast;
 
-use crate::manager::{Meter, SIGKILL};
+use crate::manager::{exec_deadline, Meter, SIGKILL};
 use crate::pool::lock;
 use crate::{Error, Manager};
 
@@ -245,6 +245,7 @@ impl Manager {
         live.execs.admit()?;
         let agent_req = self.exec_request(&live, req, background)?;
         let command = agent_req.argv.clone();
+        let deadline = tokio::time::Instant::now() + exec_deadline(agent_req.timeout_ms);
         let meter = Meter::start(live.clone()).await;
         let stream = match live.sandbox.agent().exec(agent_req).await {
             Ok(s) => s,
@@ -278,7 +279,7 @@ impl Manager {
             exec.clone(),
             meter,
             self.metrics_handle(),
-            limit,
+            (limit, deadline),
         ));
         Ok(exec)
     }
@@ -415,17 +416,21 @@ async fn consume(
     exec: Arc<FollowedExec>,
     meter: Meter,
     metrics: Arc<crate::Metrics>,
-    limit: usize,
+    (limit, deadline): (usize, tokio::time::Instant),
 ) {
     let started = std::time::Instant::now();
     let (exit, killed) = loop {
-        match stream.recv().await {
+        // Past the deadline the agent is wedged: the exec ends as killed (the drop cancels it).
+        let next = tokio::time::timeout_at(deadline, stream.recv())
+            .await
+            .unwrap_or(Err(ClientError::Disconnected));
+        match next {
             Ok(FromAgent::Started { pid }) => lock(&exec.state).pid = Some(pid),
             Ok(FromAgent::Stdout(d)) => exec.record(ExecEvent::Stdout(Bytes::from(d)), limit),
             Ok(FromAgent::Stderr(d)) => exec.record(ExecEvent::Stderr(Bytes::from(d)), limit),
             Ok(FromAgent::Exited(exit)) => break (exit, false),
             Ok(_) => {}
-            Err(ClientError::Disconnected) | Err(_) => {
+            Err(_) => {
                 let exit = proto::ExitInfo {
                     signal: Some(SIGKILL),
                     duration_ms: started.elapsed().as_millis() as u64,

@@ -1,0 +1,236 @@
+//! Regression tests for issue 14 (security findings), daemon side, through the real daemon.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+const S: &str = "/v1/sandbox/sessions";
+
+/// The agent pid files of every sandbox the daemon runs (`<data>/.../sandboxes/<id>/agent.pid`).
+fn agent_pid_files(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.file_name().is_some_and(|n| n == "agent.pid") {
+            found.push(path);
+        } else if e.file_type().is_ok_and(|t| t.is_dir() && !t.is_symlink()) {
+            found.extend(agent_pid_files(&path));
+        }
+    }
+    found
+}
+
+/// Sandbox cgroups under the daemon's parent, in every controller hierarchy.
+fn sandbox_cgroups(d: &Daemon) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
+    if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+        roots.extend(controllers.flatten().map(|c| c.path()));
+    }
+    for root in roots {
+        if let Ok(children) = std::fs::read_dir(root.join(&d.cgroup_parent)) {
+            found.extend(
+                children
+                    .flatten()
+                    .filter(|c| c.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|c| c.path()),
+            );
+        }
+    }
+    found
+}
+
+/// SIGKILLs the agent of the daemon's only sandbox, as a crash inside it would; returns the
+/// sandbox's directory.
+fn kill_only_agent(d: &Daemon) -> PathBuf {
+    let pids = agent_pid_files(&d.data_dir());
+    assert_eq!(pids.len(), 1, "one sandbox expected: {pids:?}");
+    let pid: i32 = std::fs::read_to_string(&pids[0])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(pid > 1);
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    pids[0].parent().unwrap().to_path_buf()
+}
+
+/// Polls the session until it is stopped; returns its view and how long that took.
+async fn until_stopped(d: &Daemon, id: &str) -> (Value, Duration) {
+    let began = Instant::now();
+    loop {
+        let (status, v) = d.json(Method::GET, &format!("{S}/{id}"), Value::Null).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        if v["state"] == "stopped" {
+            return (v, began.elapsed());
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(3),
+            "session still {} 3 s after its agent died",
+            v["state"]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_dead_agent_stops_its_session_at_once_and_frees_its_sandbox() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "bash"})).await;
+    assert_eq!(
+        d.exec(&id, json!({"shell": "echo up"})).await["stdout"],
+        "up\n"
+    );
+    assert!(!sandbox_cgroups(&d).is_empty());
+
+    let sandbox_dir = kill_only_agent(&d);
+    let (session, took) = until_stopped(&d, &id).await;
+    assert!(
+        took <= Duration::from_secs(1),
+        "stopped only after {took:?}"
+    );
+    assert_eq!(session["end_reason"], "agent exited");
+
+    // Every later operation fails at once with the typed error, not a hang or a 404.
+    let probes = [
+        (
+            Method::POST,
+            format!("{S}/{id}/exec"),
+            json!({"shell": "true", "timeout_ms": 5000}),
+        ),
+        (
+            Method::GET,
+            format!("{S}/{id}/files?path=/tmp"),
+            Value::Null,
+        ),
+        (Method::GET, format!("{S}/{id}/metrics"), Value::Null),
+        (Method::POST, format!("{S}/{id}/contexts"), json!({})),
+    ];
+    for (method, path, body) in probes {
+        let began = Instant::now();
+        let (status, v) = tokio::time::timeout(Duration::from_secs(5), d.json(method, &path, body))
+            .await
+            .unwrap_or_else(|_| panic!("{path} hung on a dead session"));
+        assert_eq!(
+            (status, error_code(&v)),
+            (StatusCode::GONE, "SANDBOX-SESSION-STOPPED"),
+            "{path}: {v}"
+        );
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("agent exited"));
+        assert!(began.elapsed() < Duration::from_secs(2), "{path} slow");
+    }
+    // Another tenant still cannot tell the session exists.
+    let (status, v) = d
+        .json_as(
+            KEY2,
+            Method::POST,
+            &format!("{S}/{id}/exec"),
+            json!({"shell": "true"}),
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND")
+    );
+
+    assert!(
+        !sandbox_dir.exists(),
+        "sandbox dir left: {}",
+        sandbox_dir.display()
+    );
+    assert_eq!(sandbox_cgroups(&d), Vec::<PathBuf>::new());
+    assert!(d
+        .metrics()
+        .await
+        .lines()
+        .any(|l| l.contains("agent exited") && !l.ends_with(" 0")));
+    // The quota slot came back: a new session works.
+    let again = d.create(json!({"language": "bash"})).await;
+    assert_eq!(
+        d.exec(&again, json!({"shell": "echo ok"})).await["stdout"],
+        "ok\n"
+    );
+}
+
+#[tokio::test]
+async fn an_exec_running_when_the_agent_dies_ends_at_once() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "bash"})).await;
+    let running = {
+        let (http, url) = (d.http.clone(), format!("{}{S}/{id}/exec", d.base));
+        tokio::spawn(async move {
+            let resp = http
+                .post(url)
+                .bearer_auth(KEY1)
+                .json(&json!({"shell": "echo started; sleep 60", "timeout_ms": 120000}))
+                .send()
+                .await
+                .unwrap();
+            (resp.status(), resp.json::<Value>().await.unwrap())
+        })
+    };
+    // The exec is running once its process is in the sandbox.
+    let began = Instant::now();
+    while !std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        std::fs::read_to_string(p.path().join("cmdline"))
+            .is_ok_and(|c| c.starts_with("sleep\x0060\x00"))
+    }) {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "exec never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    kill_only_agent(&d);
+    let (status, v) = tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("the running exec hung after its agent died")
+        .unwrap();
+    // Output printed before the death is kept, and the exec says it was killed.
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["verdict"], "SANDBOX-EXEC-KILLED");
+    assert_eq!(v["stdout"], "started\n");
+    until_stopped(&d, &id).await;
+}
+
+#[tokio::test]
+async fn a_dead_warm_sandbox_is_discarded_never_handed_out() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start("[sessions]\nreap_interval = 0.2\npool = {bash = 1}\n").await;
+    let began = Instant::now();
+    while agent_pid_files(&d.data_dir()).len() != 1 {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "pool never filled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dead_dir = kill_only_agent(&d);
+    // The pool drops it (its directory goes) and starts a replacement.
+    let began = Instant::now();
+    while dead_dir.exists() {
+        assert!(
+            began.elapsed() < Duration::from_secs(3),
+            "dead warm sandbox kept"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let id = d.create(json!({"language": "bash"})).await;
+    assert_eq!(
+        d.exec(&id, json!({"shell": "echo alive"})).await["stdout"],
+        "alive\n"
+    );
+}
