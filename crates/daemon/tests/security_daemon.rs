@@ -234,3 +234,179 @@ async fn a_dead_warm_sandbox_is_discarded_never_handed_out() {
         "alive\n"
     );
 }
+
+/// An E2B sandbox of the key's tenant: (id, envd access token).
+async fn e2b_sandbox(d: &Daemon, key: &str, template: &str) -> (String, String) {
+    let resp = d
+        .http
+        .post(format!("{}/v2/sandboxes", d.base))
+        .header("X-API-KEY", key)
+        .json(&json!({"templateID": template}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["trafficAccessToken"], v["envdAccessToken"]);
+    (
+        v["sandboxID"].as_str().unwrap().into(),
+        v["envdAccessToken"].as_str().unwrap().into(),
+    )
+}
+
+/// Every envd and interpreter route: (port, method, path, content type, body). `{cid}` is a
+/// context of the sandbox.
+const IN_SANDBOX_ROUTES: &[(&str, &str, &str, &str, &str)] = &[
+    ("49983", "GET", "/health", "", ""),
+    ("49983", "GET", "/files?path=/etc/hostname", "", ""),
+    (
+        "49983",
+        "POST",
+        "/files?path=/tmp/up.txt",
+        "application/octet-stream",
+        "data",
+    ),
+    (
+        "49983",
+        "POST",
+        "/process.Process/List",
+        "application/json",
+        "{}",
+    ),
+    (
+        "49983",
+        "POST",
+        "/filesystem.Filesystem/Stat",
+        "application/json",
+        r#"{"path":"/tmp"}"#,
+    ),
+    (
+        "49983",
+        "POST",
+        "/filesystem.Filesystem/ListDir",
+        "application/json",
+        r#"{"path":"/tmp","depth":1}"#,
+    ),
+    ("49983", "GET", "/no-such-endpoint", "", ""),
+    ("49999", "GET", "/health", "", ""),
+    ("49999", "POST", "/contexts", "application/json", "{}"),
+    ("49999", "GET", "/contexts", "", ""),
+    ("49999", "POST", "/contexts/{cid}/restart", "", ""),
+    (
+        "49999",
+        "POST",
+        "/execute",
+        "application/json",
+        r#"{"code":"1+1"}"#,
+    ),
+    ("49999", "DELETE", "/contexts/{cid}", "", ""),
+];
+
+async fn in_sandbox(
+    d: &Daemon,
+    sandbox: &str,
+    route: &(&str, &str, &str, &str, &str),
+    cid: &str,
+    credential: Option<(&str, &str)>,
+) -> (StatusCode, String) {
+    let (port, method, path, content_type, body) = *route;
+    let mut rb = d
+        .http
+        .request(
+            method.parse().unwrap(),
+            format!("{}{}", d.base, path.replace("{cid}", cid)),
+        )
+        .header("E2b-Sandbox-Id", sandbox)
+        .header("E2b-Sandbox-Port", port)
+        .header("connect-protocol-version", "1");
+    if !content_type.is_empty() {
+        rb = rb
+            .header("content-type", content_type)
+            .body(body.to_string());
+    }
+    if let Some((name, value)) = credential {
+        rb = rb.header(name, value);
+    }
+    let resp = rb.send().await.unwrap();
+    (resp.status(), resp.text().await.unwrap())
+}
+
+/// A refusal carries E2B's error shape and nothing of the sandbox.
+fn refused(status: StatusCode, body: &str, expected: StatusCode, what: &str) {
+    assert_eq!(status, expected, "{what}: {body}");
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("{what}: {body}"));
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["code", "message"], "{what}: {body}");
+    assert_eq!(v["code"], expected.as_u16(), "{what}");
+}
+
+#[tokio::test]
+async fn every_envd_and_interpreter_route_needs_the_sandboxes_credential() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let (mine, my_token) = e2b_sandbox(&d, KEY1, "code-interpreter-v1").await;
+    let (_theirs, their_token) = e2b_sandbox(&d, KEY2, "base").await;
+    // A context to aim the context routes at: refused requests must leave it alone.
+    let (_, created) = in_sandbox(
+        &d,
+        &mine,
+        &IN_SANDBOX_ROUTES[8],
+        "",
+        Some(("X-Access-Token", &my_token)),
+    )
+    .await;
+    let cid = serde_json::from_str::<Value>(&created).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    for route in IN_SANDBOX_ROUTES {
+        let what = format!("{} {} :{}", route.1, route.2, route.0);
+        let denied: [(Option<(&str, &str)>, StatusCode); 5] = [
+            (None, StatusCode::UNAUTHORIZED),
+            (
+                Some(("X-Access-Token", &their_token)),
+                StatusCode::UNAUTHORIZED,
+            ),
+            (
+                Some(("E2B-Traffic-Access-Token", "0000")),
+                StatusCode::UNAUTHORIZED,
+            ),
+            (Some(("X-API-KEY", "not-a-key")), StatusCode::UNAUTHORIZED),
+            // Another tenant's key: the sandbox does not exist for it.
+            (Some(("X-API-KEY", KEY2)), StatusCode::BAD_GATEWAY),
+        ];
+        for (credential, expected) in denied {
+            let (status, body) = in_sandbox(&d, &mine, route, &cid, credential).await;
+            refused(
+                status,
+                &body,
+                expected,
+                &format!("{what} with {credential:?}"),
+            );
+        }
+        for credential in [
+            ("X-Access-Token", my_token.as_str()),
+            ("E2B-Traffic-Access-Token", my_token.as_str()),
+            ("X-API-KEY", KEY1),
+        ] {
+            let (status, body) = in_sandbox(&d, &mine, route, &cid, Some(credential)).await;
+            let expected_missing = route.2 == "/no-such-endpoint"
+                || (route.1 == "DELETE" && credential.0 != "X-Access-Token");
+            if expected_missing {
+                // Past authentication: the route itself answers (an unknown endpoint, or the
+                // context the first credential's DELETE already removed).
+                assert_eq!(
+                    status,
+                    StatusCode::NOT_FOUND,
+                    "{what} with {credential:?}: {body}"
+                );
+            } else {
+                assert!(
+                    status.is_success(),
+                    "{what} with {credential:?}: {status} {body}"
+                );
+            }
+        }
+    }
+}

@@ -3,6 +3,7 @@
 mod admin;
 mod audit;
 mod contexts;
+pub mod credentials;
 mod error;
 mod extract;
 mod live;
