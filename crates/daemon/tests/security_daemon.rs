@@ -410,3 +410,85 @@ async fn every_envd_and_interpreter_route_needs_the_sandboxes_credential() {
         }
     }
 }
+
+/// Answers every request with the headers it got, as JSON (stdlib only).
+const HEADER_ECHO: &str = r#"
+import http.server, json
+class Echo(http.server.BaseHTTPRequestHandler):
+    def reply(self):
+        body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = reply
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), Echo).serve_forever()
+"#;
+
+#[tokio::test]
+async fn the_preview_proxy_forwards_no_credential_to_sandbox_code() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "python"})).await;
+    let resp = d
+        .req(Method::PUT, &format!("{S}/{id}/files"), KEY1)
+        .query(&[("path", "/tmp/echo.py")])
+        .body(HEADER_ECHO)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let (status, _) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/exec"),
+            json!({"cmd": ["/usr/bin/python3", "/tmp/echo.py"], "background": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let began = Instant::now();
+    while d
+        .json(Method::GET, &format!("{S}/{id}/upstream"), Value::Null)
+        .await
+        .0
+        != StatusCode::OK
+    {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "echo server never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let resp = d
+        .req(Method::GET, &format!("{S}/{id}/preview/page"), KEY1)
+        .header("X-API-KEY", KEY1)
+        .header("X-Access-Token", "secret-token")
+        .header("E2B-Traffic-Access-Token", "secret-token")
+        .header("Cookie", "daemon_session=secret")
+        .header("Proxy-Authorization", "Basic c2VjcmV0Og==")
+        .header("Connection", "keep-alive, x-hop-secret")
+        .header("X-Hop-Secret", "secret")
+        .header("X-App-Header", "kept")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let seen: Value = resp.json().await.unwrap();
+    assert_eq!(seen["x-app-header"], "kept", "{seen}");
+    let leaked: Vec<(&String, &Value)> = seen
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, v)| {
+            ["authorization", "x-hop-secret", "connection"].contains(&k.as_str())
+                || koder_http::credentials::ALL.contains(&k.as_str())
+                || v.as_str()
+                    .is_some_and(|v| v.contains("secret") || v.contains(KEY1))
+        })
+        .collect();
+    assert!(leaked.is_empty(), "reached the sandbox: {leaked:?}");
+}
