@@ -9,6 +9,7 @@ pub mod exec;
 pub mod fs;
 pub mod guest;
 pub mod interp;
+pub mod killall;
 pub mod net;
 pub mod pty;
 pub mod server;
