@@ -120,3 +120,129 @@ async fn kill_all_recovers_a_fork_bombed_sandbox() {
     assert_eq!(stdout.trim(), "False");
     sb.destroy().await.unwrap();
 }
+
+/// Lists the process's own descriptors, then says whether any of them is a listening socket
+/// it could accept an agent connection on.
+const FD_PROBE: &str = r#"
+import os, socket
+fds = sorted(int(f) for f in os.listdir("/proc/self/fd"))
+listening = []
+for fd in fds:
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        continue
+    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        listening.append(fd)
+    s.close()
+print("fds", fds)
+print("listening", listening)
+"#;
+
+fn probe_cmd() -> String {
+    format!("/usr/bin/python3 -c '{FD_PROBE}'")
+}
+
+/// The probe's answer: its fd list without the one `listdir` had open, and the listeners.
+fn probe_result(stdout: &str) -> (String, String) {
+    let line = |key: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in {stdout:?}"))
+            .trim()
+            .to_string()
+    };
+    (line("fds "), line("listening "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_processes_hold_only_their_own_descriptors() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("fds");
+    let sb = sandbox(&env).await;
+    // Exec: 0-2, plus 3 for the directory listdir holds while listing.
+    let out = run(&sb, &probe_cmd()).await;
+    let (fds, listening) = probe_result(&text(&out.stdout));
+    assert_eq!(fds, "[0, 1, 2, 3]", "{}", text(&out.stderr));
+    assert_eq!(listening, "[]");
+    // A shell's children inherit nothing more either.
+    let ls = run(&sb, "ls /proc/self/fd | tr '\\n' ' '").await;
+    assert_eq!(text(&ls.stdout).trim(), "0 1 2 3");
+    // Interpreter: it holds only what its driver and Python opened (no listener), and what
+    // user code starts from it inherits nothing beyond stdio.
+    let ctx = new_context(sb.agent(), "python").await;
+    let (stdout, _) = run_in(sb.agent(), &ctx, FD_PROBE).await;
+    let (_, listening) = probe_result(&stdout);
+    assert_eq!(listening, "[]");
+    let child = "import subprocess; print(subprocess.run(['/usr/bin/ls', '/proc/self/fd'], \
+                 capture_output=True, close_fds=False, text=True).stdout.split())";
+    let (stdout, _) = run_in(sb.agent(), &ctx, child).await;
+    assert_eq!(stdout.trim(), "['0', '1', '2', '3']");
+    sb.destroy().await.unwrap();
+}
+
+/// Address families outside the allowlist fail as if the kernel lacked them.
+const FAMILY_PROBE: &str = r#"
+import socket
+def attempt(family, kind, proto=0):
+    try:
+        socket.socket(family, kind, proto).close()
+        return "ok"
+    except OSError as e:
+        return str(e.errno)
+print("vsock", attempt(socket.AF_VSOCK, socket.SOCK_STREAM))
+print("packet", attempt(socket.AF_PACKET, socket.SOCK_DGRAM))
+print("alg", attempt(socket.AF_ALG, socket.SOCK_SEQPACKET))
+print("netlink-generic", attempt(socket.AF_NETLINK, socket.SOCK_RAW, 16))
+print("netlink-route", attempt(socket.AF_NETLINK, socket.SOCK_RAW, 0))
+print("inet", attempt(socket.AF_INET, socket.SOCK_STREAM))
+print("inet6", attempt(socket.AF_INET6, socket.SOCK_DGRAM))
+print("unix", attempt(socket.AF_UNIX, socket.SOCK_STREAM))
+try:
+    socket.socketpair(socket.AF_UNIX)
+    print("pair ok")
+except OSError as e:
+    print("pair", e.errno)
+"#;
+
+/// What [`FAMILY_PROBE`] must print: EAFNOSUPPORT (97) for the refused families.
+pub const FAMILY_VERDICTS: &[&str] = &[
+    "vsock 97",
+    "packet 97",
+    "alg 97",
+    "netlink-generic 97",
+    "netlink-route ok",
+    "inet ok",
+    "inet6 ok",
+    "unix ok",
+    "pair ok",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_allowed_address_families_open() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("families");
+    for egress in [false, true] {
+        let sb = env
+            .runtime
+            .create(SandboxSpec {
+                id: format!("fam{}-{egress}", std::process::id()),
+                image: "host".into(),
+                egress,
+                ..Default::default()
+            })
+            .await
+            .expect("create");
+        let out = run(&sb, &format!("/usr/bin/python3 -c '{FAMILY_PROBE}'")).await;
+        let stdout = text(&out.stdout);
+        let got: Vec<&str> = stdout.lines().collect();
+        assert_eq!(
+            got,
+            FAMILY_VERDICTS,
+            "egress {egress}: {}",
+            text(&out.stderr)
+        );
+        sb.destroy().await.unwrap();
+    }
+}
