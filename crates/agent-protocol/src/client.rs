@@ -313,6 +313,15 @@ impl AgentClient {
         }
     }
 
+    /// Kills every process in the sandbox except the agent; returns how many were signalled.
+    pub async fn kill_all(&self) -> Result<u32> {
+        let mut s = self.open(ToAgent::KillAll).await?;
+        match s.recv_final().await? {
+            FromAgent::KilledAll { processes } => Ok(processes),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     async fn done_op(&self, msg: ToAgent) -> Result<()> {
         let mut s = self.open(msg).await?;
         match s.recv_final().await? {
