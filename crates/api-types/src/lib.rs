@@ -173,6 +173,13 @@ pub struct SessionList {
     pub sessions: Vec<Session>,
 }
 
+/// `POST /v1/sandbox/sessions/{id}/kill-processes`: how many sandbox processes were killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct KilledProcesses {
+    pub killed: u32,
+}
+
 /// `POST /v1/sandbox/sessions/{id}/timeout`
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

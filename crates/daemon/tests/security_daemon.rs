@@ -492,3 +492,136 @@ async fn the_preview_proxy_forwards_no_credential_to_sandbox_code() {
         .collect();
     assert!(leaked.is_empty(), "reached the sandbox: {leaked:?}");
 }
+
+async fn context_run(d: &Daemon, id: &str, cid: &str, code: &str) -> Value {
+    let path = format!("{S}/{id}/contexts/{cid}/run");
+    let (status, r) = d.json(Method::POST, &path, json!({ "code": code })).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_processes_recovers_a_fork_bombed_session_and_keeps_it() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d
+        .create(json!({"language": "python", "limits": {"pids": 48}}))
+        .await;
+    let (status, ctx) = d
+        .json(Method::POST, &format!("{S}/{id}/contexts"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{ctx}");
+    let cid = ctx["context_id"].as_str().unwrap().to_string();
+    assert!(context_run(&d, &id, &cid, "x = 41").await["error"].is_null());
+    let (status, bg) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/exec"),
+            json!({"cmd": ["sleep", "600"], "background": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{bg}");
+    let exec_id = bg["exec_id"].as_str().unwrap().to_string();
+
+    let started = d
+        .exec(
+            &id,
+            json!({"shell": "setsid bash -c 'f(){ f | f & }; f' </dev/null >/dev/null 2>&1 & echo started"}),
+        )
+        .await;
+    assert_eq!(started["stdout"], "started\n");
+    // Saturated: nothing can be started any more.
+    let began = Instant::now();
+    loop {
+        let (status, v) = d
+            .json(
+                Method::POST,
+                &format!("{S}/{id}/exec"),
+                json!({"shell": "echo hi"}),
+            )
+            .await;
+        if status != StatusCode::OK || v["stdout"] != "hi\n" {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the fork bomb never saturated pids"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Another tenant can neither kill them nor learn the session exists.
+    let (status, v) = d
+        .json_as(
+            KEY2,
+            Method::POST,
+            &format!("{S}/{id}/kill-processes"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND")
+    );
+
+    let (status, v) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/kill-processes"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(v["killed"].as_u64().unwrap() >= 10, "{v}");
+
+    assert_eq!(
+        d.exec(&id, json!({"shell": "echo back"})).await["stdout"],
+        "back\n"
+    );
+    let (_, session) = d.json(Method::GET, &format!("{S}/{id}"), Value::Null).await;
+    assert_eq!(session["state"], "running");
+    // The followed exec ended, as killed.
+    let began = Instant::now();
+    let status = loop {
+        let (_, st) = d
+            .json(
+                Method::GET,
+                &format!("{S}/{id}/execs/{exec_id}"),
+                Value::Null,
+            )
+            .await;
+        if st["state"] == "exited" {
+            break st;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "followed exec still running: {st}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        status["result"]["verdict"], "SANDBOX-EXEC-KILLED",
+        "{status}"
+    );
+    // The interpreter died with the rest and comes back, without its state.
+    let again = context_run(&d, &id, &cid, "print('x' in globals())").await;
+    assert_eq!(again["stdout"], "False\n", "{again}");
+
+    // The E2B control-plane extension does the same, with the tenant's key only.
+    let e2b = |key: &str| {
+        d.http
+            .post(format!("{}/sandboxes/{id}/kill-processes", d.base))
+            .header("X-API-KEY", key)
+            .send()
+    };
+    let resp = e2b(KEY2).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let resp = e2b(KEY1).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["killed"].is_u64(), "{v}");
+    assert_eq!(
+        d.exec(&id, json!({"shell": "echo still"})).await["stdout"],
+        "still\n"
+    );
+}

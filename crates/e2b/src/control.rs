@@ -80,6 +80,11 @@ pub fn router() -> Router<E2b> {
             post(refresh).fallback(unsupported),
         )
         .route("/sandboxes/{id}/pause", post(pause).fallback(unsupported))
+        // koder-sandbox extension (E2B has no such call): see docs/API-ADDITIONS.md.
+        .route(
+            "/sandboxes/{id}/kill-processes",
+            post(kill_processes).fallback(unsupported),
+        )
         .route("/sandboxes/{id}/resume", post(resume).fallback(unsupported))
         .route(
             "/sandboxes/{id}/connect",
@@ -423,6 +428,17 @@ async fn pause(
     }
     e2b.manager().pause(&who, &id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Kills every process of a running sandbox, keeping the sandbox: `{"killed": n}`.
+async fn kill_processes(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, HttpError> {
+    live_session(&e2b, &who, &id).await?;
+    let killed = e2b.manager().kill_processes(&who, &id).await?;
+    Ok(axum::Json(json!({ "killed": killed })))
 }
 
 /// Resumes a paused sandbox and extends its life to at least `timeout` seconds from now.

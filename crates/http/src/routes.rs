@@ -6,8 +6,8 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use koder_api_types::{
-    CreateSession, ErrorBody, ExecRequest, ExecResult, ExecStarted, FileEntry, FileList, MakeDir,
-    MoveFile, Session, SessionList, SessionMetrics, SetTimeout,
+    CreateSession, ErrorBody, ExecRequest, ExecResult, ExecStarted, FileEntry, FileList,
+    KilledProcesses, MakeDir, MoveFile, Session, SessionList, SessionMetrics, SetTimeout,
 };
 use serde::Deserialize;
 
@@ -272,6 +272,21 @@ pub async fn pause(
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Session>> {
     Ok(axum::Json(s.manager.pause(&who, &id).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/kill-processes", tag = "sessions",
+    description = "Kills every process in the session (a fork bomb, runaway children) and keeps the session running. Followed execs end with verdict SANDBOX-EXEC-KILLED; interpreter contexts restart on their next run.",
+    params(("id" = String, Path)),
+    responses((status = 200, body = KilledProcesses), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody, description = "the session is paused"),
+              (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn kill_processes(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<KilledProcesses>> {
+    let killed = s.manager.kill_processes(&who, &id).await?;
+    Ok(axum::Json(KilledProcesses { killed }))
 }
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/resume", tag = "sessions",

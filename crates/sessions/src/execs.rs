@@ -68,6 +68,8 @@ pub(crate) struct FollowedExec {
     handle: StreamHandle,
     state: Mutex<State>,
     events: broadcast::Sender<ExecEvent>,
+    /// Set when the session's processes were all killed while this one ran.
+    killed: std::sync::atomic::AtomicBool,
 }
 
 struct State {
@@ -91,6 +93,15 @@ impl Registry {
             .get(exec_id)
             .cloned()
             .ok_or_else(|| Error::FileNotFound(format!("no exec {exec_id:?} in this session")))
+    }
+
+    /// Marks every running exec as killed on purpose, before its processes are.
+    pub(crate) fn mark_running_killed(&self) {
+        for e in lock(&self.execs).values() {
+            if lock(&e.state).result.is_none() {
+                e.killed.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
     }
 
     /// Makes room for one more: too many running is a conflict, old finished ones are dropped.
@@ -271,6 +282,7 @@ impl Manager {
                 result: None,
             }),
             events,
+            killed: Default::default(),
         });
         lock(&live.execs.execs).insert(exec.id.clone(), exec.clone());
         let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
@@ -440,6 +452,7 @@ async fn consume(
             }
         }
     };
+    let killed = killed || exec.killed.load(std::sync::atomic::Ordering::SeqCst);
     let (verdict, peak) = meter.finish(&exit, killed, &metrics).await;
     exec.finish(ExecResult {
         exec_id: exec.id.clone(),

@@ -428,6 +428,18 @@ impl Manager {
         self.get(who, id).await
     }
 
+    /// Kills every process of the session but keeps the session (a fork bomb leaves no room
+    /// to start even a `kill`). Followed execs end as killed; interpreter contexts restart on
+    /// their next run. Returns how many processes were signalled.
+    pub async fn kill_processes(&self, who: &Identity, id: &str) -> Result<u32, Error> {
+        let live = self.live(who, id)?;
+        live.execs.mark_running_killed();
+        match live.sandbox.agent().kill_all().await {
+            Ok(n) => Ok(n),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+
     /// Thaws a paused session; resuming a running one is a no-op.
     pub async fn resume(&self, who: &Identity, id: &str) -> Result<Session, Error> {
         let live = self.live_any(who, id)?;
