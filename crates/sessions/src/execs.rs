@@ -317,7 +317,7 @@ impl Manager {
             Ok(s) => s,
             Err(e) => return Err(self.agent_failed(id, e).await),
         };
-        match stream.recv().await {
+        match crate::manager::first_answer(&mut stream).await {
             Ok(FromAgent::Started { .. }) => Ok(stream),
             Ok(_) => Err(Error::Internal("terminal did not start".into())),
             Err(e) => Err(self.agent_failed(id, e).await),
@@ -346,7 +346,7 @@ impl Manager {
             Ok(s) => s,
             Err(e) => return Err(self.agent_failed(id, e).await),
         };
-        match stream.recv().await {
+        match crate::manager::first_answer(&mut stream).await {
             Ok(FromAgent::Done) => Ok(stream),
             Ok(_) => Err(Error::Internal("watch did not start".into())),
             Err(e) => Err(self.agent_failed(id, e).await),

@@ -1185,6 +1185,12 @@ pub(crate) fn exec_deadline(timeout_ms: Option<u64>) -> Duration {
     }
 }
 
+/// The first answer on a stream that starts a long-lived operation (terminal, watch, preview
+/// connection), within the one-shot deadline.
+pub(crate) async fn first_answer(s: &mut proto::AgentStream) -> Result<FromAgent, ClientError> {
+    within(proto::client::REQUEST_DEADLINE, s.recv()).await
+}
+
 /// `fut`, or a timeout error once `deadline` has passed (dropping `fut` cancels its streams).
 pub(crate) async fn within<T>(
     deadline: Duration,
