@@ -4,7 +4,8 @@ hostile framing against the real daemon."""
 import json
 import struct
 
-from conftest import envd
+from conftest import API_KEY, envd
+from e2b import Sandbox
 
 START = "/process.Process/Start"
 STREAM = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
@@ -68,10 +69,22 @@ def test_hostile_envelopes(sandbox):
 
 
 def test_unknown_sandbox_is_502_was_not_found(sandbox):
-    with envd(sandbox) as c:
-        r = c.get("/health", headers={"E2b-Sandbox-Id": "0" * 32})
+    # What the SDK meets: a sandbox that ended, asked with its own token.
+    gone = Sandbox.create()
+    gone.kill()
+    with envd(gone) as c:
+        r = c.get("/health")
     assert r.status_code == 502
     assert "was not found" in r.json()["message"]
+    # With an API key, an unknown id answers the same.
+    with envd(sandbox, token=False) as c:
+        r = c.get("/health", headers={"E2b-Sandbox-Id": "0" * 32, "X-API-KEY": API_KEY})
+    assert r.status_code == 502
+    assert "was not found" in r.json()["message"]
+    # Another sandbox's token is no credential for this one.
+    with envd(sandbox) as c:
+        r = c.get("/health", headers={"E2b-Sandbox-Id": "0" * 32})
+    assert r.status_code == 401
 
 
 def test_keepalives_while_a_process_is_quiet(sandbox):

@@ -14,6 +14,7 @@ use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::sync::CancellationToken;
 
 use crate::codec::{CodecError, FrameCodec};
 use crate::messages::*;
@@ -22,6 +23,9 @@ use crate::messages::*;
 pub enum ClientError {
     #[error("agent connection closed")]
     Disconnected,
+    /// The agent did not answer within [`REQUEST_DEADLINE`] (it may be wedged or starved).
+    #[error("the sandbox agent did not answer within {0:?}")]
+    Timeout(std::time::Duration),
     #[error(transparent)]
     Agent(#[from] AgentError),
     #[error("agent protocol violation: {0}")]
@@ -35,10 +39,24 @@ type Result<T> = std::result::Result<T, ClientError>;
 /// Frames a stream may have queued before the connection reader waits for its consumer.
 const STREAM_QUEUE: usize = 32;
 
+/// How long a one-shot request (health, file operations, usage...) may wait for its answer.
+pub const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 struct Shared {
     next_stream: AtomicU64,
     streams: Mutex<HashMap<u64, mpsc::Sender<FromAgent>>>,
     outgoing: mpsc::Sender<Frame<ToAgent>>,
+    /// Cancelled, under the `streams` lock, once either direction of the connection ends: a
+    /// stream opened afterwards would wait for an answer no reader will ever deliver.
+    closed: CancellationToken,
+}
+
+impl Shared {
+    fn close(&self) {
+        let mut streams = lock(&self.streams);
+        self.closed.cancel();
+        streams.clear();
+    }
 }
 
 /// A cheap-to-clone handle on one agent connection.
@@ -67,14 +85,19 @@ impl AgentClient {
             next_stream: AtomicU64::new(1),
             streams: Mutex::new(HashMap::new()),
             outgoing,
+            closed: CancellationToken::new(),
         });
         let mut sink = FramedWrite::new(writer, FrameCodec::<FromAgent, ToAgent>::default());
+        let weak = Arc::downgrade(&shared);
         tokio::spawn(async move {
             while let Some(frame) = out_rx.recv().await {
                 if let Err(e) = sink.send(frame).await {
                     tracing::debug!(error = %e, "agent connection write failed");
                     break;
                 }
+            }
+            if let Some(shared) = weak.upgrade() {
+                shared.close();
             }
         });
         let weak = Arc::downgrade(&shared);
@@ -101,17 +124,33 @@ impl AgentClient {
                 }
             }
             if let Some(shared) = weak.upgrade() {
-                lock(&shared.streams).clear();
+                shared.close();
             }
         });
         Self { shared }
+    }
+
+    /// Whether the connection has ended (the agent exited or broke the protocol).
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.is_cancelled()
+    }
+
+    /// Resolves once the connection has ended; holds no reference to the connection.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.shared.closed.clone().cancelled_owned()
     }
 
     /// Opens a new stream and sends its first message.
     pub async fn open(&self, first: ToAgent) -> Result<AgentStream> {
         let id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        lock(&self.shared.streams).insert(id, tx);
+        {
+            let mut streams = lock(&self.shared.streams);
+            if self.shared.closed.is_cancelled() {
+                return Err(ClientError::Disconnected);
+            }
+            streams.insert(id, tx);
+        }
         let stream = AgentStream {
             id,
             client: self.clone(),
@@ -176,7 +215,11 @@ impl AgentClient {
         };
         // The first message tells whether the open worked, so errors surface here and a caller
         // can still choose its response status.
-        reader.first = Some(reader.recv_chunk().await?);
+        reader.first = Some(
+            tokio::time::timeout(REQUEST_DEADLINE, reader.recv_chunk())
+                .await
+                .map_err(|_| ClientError::Timeout(REQUEST_DEADLINE))??,
+        );
         Ok(reader)
     }
 
@@ -270,6 +313,15 @@ impl AgentClient {
         }
     }
 
+    /// Kills every process in the sandbox except the agent; returns how many were signalled.
+    pub async fn kill_all(&self) -> Result<u32> {
+        let mut s = self.open(ToAgent::KillAll).await?;
+        match s.recv_final().await? {
+            FromAgent::KilledAll { processes } => Ok(processes),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     async fn done_op(&self, msg: ToAgent) -> Result<()> {
         let mut s = self.open(msg).await?;
         match s.recv_final().await? {
@@ -336,9 +388,11 @@ impl AgentStream {
         }
     }
 
-    /// Receives the single answer of a one-shot request.
+    /// Receives the single answer of a one-shot request, waiting at most [`REQUEST_DEADLINE`].
     async fn recv_final(&mut self) -> Result<FromAgent> {
-        let m = self.recv().await?;
+        let m = tokio::time::timeout(REQUEST_DEADLINE, self.recv())
+            .await
+            .map_err(|_| ClientError::Timeout(REQUEST_DEADLINE))??;
         self.finished = true;
         Ok(m)
     }
@@ -519,4 +573,63 @@ fn unexpected(msg: &FromAgent) -> ClientError {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding this lock cannot leave the map inconsistent, so poisoning is ignored.
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client whose agent end is handed to the test.
+    fn pair() -> (AgentClient, tokio::io::DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(64 * 1024);
+        let (r, w) = tokio::io::split(ours);
+        (AgentClient::new(r, w), theirs)
+    }
+
+    #[tokio::test]
+    async fn a_closed_connection_fails_pending_and_later_operations_at_once() {
+        let (client, agent) = pair();
+        let pending = tokio::spawn({
+            let client = client.clone();
+            async move { client.health().await }
+        });
+        tokio::task::yield_now().await;
+        drop(agent);
+        client.closed().await;
+        assert!(client.is_closed());
+        assert!(matches!(
+            pending.await.unwrap(),
+            Err(ClientError::Disconnected)
+        ));
+        // Every kind of later operation, not only the one that was waiting.
+        assert!(matches!(
+            client.health().await,
+            Err(ClientError::Disconnected)
+        ));
+        assert!(matches!(
+            client.stat("/").await,
+            Err(ClientError::Disconnected)
+        ));
+        assert!(matches!(
+            client.open(ToAgent::ListeningPorts).await,
+            Err(ClientError::Disconnected)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_agent_answers_one_shot_requests_with_a_timeout() {
+        // The agent end stays open and reads nothing back: a wedged agent.
+        let (client, _agent) = pair();
+        let started = tokio::time::Instant::now();
+        assert!(matches!(
+            client.disk_usage().await,
+            Err(ClientError::Timeout(_))
+        ));
+        assert!(started.elapsed() >= REQUEST_DEADLINE);
+        assert!(matches!(
+            client.open_read("/f", 1).await,
+            Err(ClientError::Timeout(_))
+        ));
+        assert!(!client.is_closed());
+    }
 }

@@ -134,6 +134,10 @@ pub enum ToAgent {
     GuestUsage,
     /// MicroVM guests only: freeze (`true`) or thaw the guest cgroup → `Done`.
     GuestFreeze(bool),
+    /// SIGKILL every process of the sandbox but the agent (a fork bomb, runaway background
+    /// jobs); the session lives on and interpreter contexts restart on their next use →
+    /// `KilledAll`.
+    KillAll,
     /// Abandon the operation on this stream (an upload is discarded, an exec is killed).
     Cancel,
 }
@@ -195,6 +199,7 @@ impl ToAgent {
             ToAgent::GuestLimits(_) => "GuestLimits",
             ToAgent::GuestUsage => "GuestUsage",
             ToAgent::GuestFreeze(_) => "GuestFreeze",
+            ToAgent::KillAll => "KillAll",
             ToAgent::Cancel => "Cancel",
         }
     }
@@ -246,6 +251,10 @@ pub enum FromAgent {
     },
     Ports(Vec<u16>),
     GuestUsage(GuestUsage),
+    /// Answer to `KillAll`: how many processes were signalled.
+    KilledAll {
+        processes: u32,
+    },
     /// A sandbox process connects to `ip:port`; `sni`/`host` are what its first bytes named.
     EgressConnect {
         conn: u64,

@@ -199,6 +199,59 @@ const NAMESPACE_FLAGS: &[libc::c_int] = &[
     libc::CLONE_NEWCGROUP,
 ];
 
+/// The only address families a socket may have: local, IP, and netlink for what `ip`, `ss` and
+/// glibc's interface queries need. Everything else (vsock to the VM host, packet, key, alg,
+/// bluetooth, can, tipc, xdp, rds, ...) is kernel attack surface or a channel past the
+/// sandbox's network policy. An allowlist, so families a newer kernel adds stay refused.
+const ALLOWED_FAMILIES: &[libc::c_int] = &[
+    libc::AF_UNIX,
+    libc::AF_INET,
+    libc::AF_INET6,
+    libc::AF_NETLINK,
+];
+
+/// Netlink protocols allowed: routing (addresses, links, routes) and socket diagnostics.
+/// Generic netlink, netfilter, audit, uevents and the rest stay refused.
+const ALLOWED_NETLINK: &[libc::c_int] = &[libc::NETLINK_ROUTE, libc::NETLINK_SOCK_DIAG];
+
+/// `socket(2)`/`socketpair(2)` outside [`ALLOWED_FAMILIES`] (or netlink outside
+/// [`ALLOWED_NETLINK`]) fail with EAFNOSUPPORT, as on a kernel without that family, so
+/// programs take their usual fallback. The agent is under it too: the guest binds its vsock
+/// listener before confining itself, and nothing after needs another family.
+fn family_filter() -> Result<SeccompFilter, seccompiler::BackendError> {
+    let arg_ne = |arg: u8, v: libc::c_int| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, v as u64)
+    };
+    // Conditions of one rule AND together, rules OR: "family is none of these", or "netlink
+    // with none of these protocols".
+    let other_family = SeccompRule::new(
+        ALLOWED_FAMILIES
+            .iter()
+            .map(|&f| arg_ne(0, f))
+            .collect::<Result<Vec<_>, _>>()?,
+    )?;
+    let mut netlink = vec![SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::AF_NETLINK as u64,
+    )?];
+    for &p in ALLOWED_NETLINK {
+        netlink.push(arg_ne(2, p)?);
+    }
+    let other_netlink = SeccompRule::new(netlink)?;
+    let rules = vec![other_family, other_netlink];
+    SeccompFilter::new(
+        BTreeMap::from([
+            (libc::SYS_socket, rules.clone()),
+            (libc::SYS_socketpair, rules),
+        ]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EAFNOSUPPORT as u32),
+        TargetArch::x86_64,
+    )
+}
+
 fn build_filters() -> Result<Vec<seccompiler::BpfProgram>, seccompiler::BackendError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
@@ -230,7 +283,11 @@ fn build_filters() -> Result<Vec<seccompiler::BpfProgram>, seccompiler::BackendE
         SeccompAction::Errno(libc::ENOSYS as u32),
         TargetArch::x86_64,
     )?;
-    Ok(vec![deny.try_into()?, clone3.try_into()?])
+    Ok(vec![
+        deny.try_into()?,
+        clone3.try_into()?,
+        family_filter()?.try_into()?,
+    ])
 }
 
 fn apply_seccomp() -> Result<(), SetupError> {
@@ -252,7 +309,7 @@ mod tests {
     #[test]
     fn filters_compile() {
         let filters = build_filters().expect("filters build");
-        assert_eq!(filters.len(), 2);
+        assert_eq!(filters.len(), 3);
         assert!(filters.iter().all(|f| !f.is_empty()));
     }
 

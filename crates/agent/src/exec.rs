@@ -78,9 +78,10 @@ impl Reaper {
         &self,
         cmd: &mut Command,
     ) -> std::io::Result<(std::process::Child, oneshot::Receiver<Status>)> {
-        // SAFETY: join_sandbox_cgroup is async-signal-safe (one write to an open descriptor).
+        // SAFETY: before_exec is async-signal-safe (a write and a close_range). std has put the
+        // child's stdio on 0-2 by the time pre_exec hooks run; nothing else may pass.
         unsafe {
-            cmd.pre_exec(crate::guest::join_sandbox_cgroup);
+            cmd.pre_exec(|| crate::child::before_exec(3));
         }
         let mut waiters = lock(&self.waiters);
         let child = cmd.spawn()?;

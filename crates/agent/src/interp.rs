@@ -1212,9 +1212,6 @@ unsafe fn exec_child(
     // The agent ignores SIGPIPE; an ignored disposition would survive exec.
     libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     libc::setsid();
-    if crate::guest::join_sandbox_cgroup().is_err() {
-        fail_child(fds.fail);
-    }
     let moves = [
         (fds.stdin, 0),
         (fds.stdout, 1),
@@ -1227,14 +1224,10 @@ unsafe fn exec_child(
             fail_child(fds.fail);
         }
     }
-    // Anything else the agent holds (its listener, other sandboxes' pipes) must not reach
-    // untrusted code.
-    libc::syscall(
-        libc::SYS_close_range,
-        5u32,
-        u32::MAX,
-        libc::CLOSE_RANGE_CLOEXEC,
-    );
+    // Requests and events on 3/4 are the interpreter's explicit hand-over; nothing else passes.
+    if crate::child::before_exec(5).is_err() {
+        fail_child(fds.fail);
+    }
     if libc::chdir(cwd) != 0 {
         fail_child(fds.fail);
     }

@@ -3,12 +3,14 @@
 //! `setup` builds the root inside fresh namespaces, `confine` raises the walls, then `server`
 //! answers the daemon: `exec` runs processes, `fs` does file operations inside the root only.
 
+pub mod child;
 pub mod confine;
 pub mod egress;
 pub mod exec;
 pub mod fs;
 pub mod guest;
 pub mod interp;
+pub mod killall;
 pub mod net;
 pub mod pty;
 pub mod server;

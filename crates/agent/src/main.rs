@@ -39,11 +39,13 @@ fn main() -> ExitCode {
 enum Never {}
 
 fn init(config: &str) -> Result<Never, Box<dyn std::error::Error>> {
-    // Whatever the runtime's process had open without CLOEXEC must not reach untrusted code.
+    // Whatever the runtime's process had open must not reach untrusted code: everything above
+    // the listener is closed, and the listener itself never survives an exec.
     // SAFETY: close_range on fds above the listener; nothing in this process uses them.
     unsafe {
         libc::syscall(libc::SYS_close_range, LISTEN_FD as u32 + 1, u32::MAX, 0u32);
     }
+    koder_agent::child::mark_cloexec_from(LISTEN_FD)?;
     let cfg: InitConfig = serde_json::from_str(config)?;
     setup::build_root(&cfg)?;
     let (fs, confinement, defaults, runtime) =
@@ -96,14 +98,14 @@ fn confined(
 /// connections on vsock.
 fn guest_init() -> Result<Never, Box<dyn std::error::Error>> {
     let (cfg, cgroup) = guest::boot()?;
+    // Bound before the walls go up: the seccomp filter refuses AF_VSOCK sockets to everyone in
+    // the guest, the agent included, so sandbox processes can never reach the host's vsock.
+    let vsock = vsock::VsockListener::bind_with_cid_port(vsock::VMADDR_CID_ANY, cfg.vsock_port)?;
     let (fs, confinement, defaults, runtime) =
         confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs)?;
     runtime.block_on(async move {
         let reaper = Reaper::start()?;
-        let listener = tokio_vsock::VsockListener::bind(tokio_vsock::VsockAddr::new(
-            tokio_vsock::VMADDR_CID_ANY,
-            cfg.vsock_port,
-        ))?;
+        let listener = tokio_vsock::VsockListener::from(std::os::fd::OwnedFd::from(vsock));
         let mut agent = Agent::new(reaper, fs, defaults, confinement);
         agent.guest = Some(Arc::new(cgroup));
         let agent = Arc::new(agent);

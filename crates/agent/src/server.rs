@@ -203,6 +203,9 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
         ToAgent::GuestFreeze(frozen) => {
             guest_op(agent, move |cg| cg.freeze(frozen).map(|()| FromAgent::Done)).await
         }
+        ToAgent::KillAll => crate::killall::kill_all()
+            .await
+            .map(|processes| FromAgent::KilledAll { processes }),
         ToAgent::ListeningPorts => blocking(crate::net::listening_ports).await,
         ToAgent::EgressSubscribe => return crate::egress::subscribe(&agent.egress, rx, out).await,
         ToAgent::EgressAttach { conn } => {

@@ -324,3 +324,22 @@ fn a_flood_of_streams_is_capped() {
         assert!(h.client.health().await.is_ok());
     });
 }
+
+#[test]
+fn kill_all_refuses_unless_the_agent_is_init() {
+    // Off init, kill(-1) would reach processes outside any sandbox (this test runs on the host).
+    let h = harness();
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    assert_eq!(
+        code(rt().block_on(h.client.kill_all())),
+        ErrorCode::InvalidRequest
+    );
+    let alive = std::path::Path::new(&format!("/proc/{}", sleeper.id())).exists();
+    let _ = sleeper.kill();
+    // The agent's reaper may collect the status first; either way the child is gone.
+    let _ = sleeper.wait();
+    assert!(alive, "kill_all reached a process outside any sandbox");
+}

@@ -28,6 +28,10 @@ pub mod codes {
     pub const NOT_IMPLEMENTED: &str = "SANDBOX-NOT-IMPLEMENTED";
     pub const INTERNAL: &str = "SANDBOX-INTERNAL";
     pub const UNSUPPORTED_MEDIA_TYPE: &str = "SANDBOX-UNSUPPORTED-MEDIA-TYPE";
+    /// 410: the session ended under the request because its sandbox died (agent exited).
+    pub const SESSION_STOPPED: &str = "SANDBOX-SESSION-STOPPED";
+    /// 504: the sandbox's agent did not answer in time.
+    pub const AGENT_TIMEOUT: &str = "SANDBOX-AGENT-TIMEOUT";
 
     /// Exec verdicts (inside an exec result, not HTTP errors).
     pub const EXEC_KILLED_OOM: &str = "SANDBOX-EXEC-KILLED-OOM";
@@ -158,12 +162,22 @@ pub struct Session {
     pub limits: Limits,
     pub network: Network,
     pub metadata: BTreeMap<String, String>,
+    /// Why a stopped session ended: `deleted`, `expired`, `agent exited` (its sandbox died)...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct SessionList {
     pub sessions: Vec<Session>,
+}
+
+/// `POST /v1/sandbox/sessions/{id}/kill-processes`: how many sandbox processes were killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct KilledProcesses {
+    pub killed: u32,
 }
 
 /// `POST /v1/sandbox/sessions/{id}/timeout`

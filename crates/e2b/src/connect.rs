@@ -118,7 +118,10 @@ impl From<koder_sessions::Error> for RpcError {
             | E::FsQuotaExceeded(_)
             | E::QuotaSessions(_)
             | E::QuotaMinutes(_) => Code::ResourceExhausted,
-            E::RuntimeUnavailable(_) | E::PreviewNotListening(_) => Code::Unavailable,
+            E::RuntimeUnavailable(_) | E::PreviewNotListening(_) | E::SessionStopped(_) => {
+                Code::Unavailable
+            }
+            E::AgentTimeout(_) => Code::DeadlineExceeded,
             E::NotImplemented(_) => Code::Unimplemented,
             E::Internal(_) => Code::Internal,
         };

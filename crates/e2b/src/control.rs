@@ -8,13 +8,14 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use chrono::{DateTime, SecondsFormat, Utc};
 use koder_api_types::{CreateSession, Network, NetworkMode, Session, SessionState};
 use koder_auth::Identity;
+use koder_http::credentials;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -79,6 +80,11 @@ pub fn router() -> Router<E2b> {
             post(refresh).fallback(unsupported),
         )
         .route("/sandboxes/{id}/pause", post(pause).fallback(unsupported))
+        // koder-sandbox extension (E2B has no such call): see docs/API-ADDITIONS.md.
+        .route(
+            "/sandboxes/{id}/kill-processes",
+            post(kill_processes).fallback(unsupported),
+        )
         .route("/sandboxes/{id}/resume", post(resume).fallback(unsupported))
         .route(
             "/sandboxes/{id}/connect",
@@ -133,24 +139,30 @@ impl FromRequestParts<E2b> for ApiCaller {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, e2b: &E2b) -> Result<Self, HttpError> {
-        let keys = e2b.app().keys.read().unwrap_or_else(|e| e.into_inner());
-        let who = match parts.headers.get("x-api-key") {
-            Some(key) => key.to_str().ok().and_then(|k| keys.verify_key(k.trim())),
-            None => parts
-                .headers
-                .get(header::AUTHORIZATION)
-                .and_then(|h| h.to_str().ok())
-                .and_then(|h| keys.authenticate(h)),
-        };
-        drop(keys);
-        if !parts.headers.contains_key("x-api-key")
-            && !parts.headers.contains_key(header::AUTHORIZATION)
-        {
-            return Err(HttpError::unauthorized("missing X-API-KEY"));
+        if let Some(key) = parts.headers.get(credentials::API_KEY) {
+            return verify_api_key(e2b, key).map(ApiCaller);
         }
-        who.map(ApiCaller)
+        let bearer = parts
+            .headers
+            .get(credentials::AUTHORIZATION)
+            .ok_or_else(|| HttpError::unauthorized("missing X-API-KEY"))?;
+        let keys = e2b.app().keys.read().unwrap_or_else(|e| e.into_inner());
+        bearer
+            .to_str()
+            .ok()
+            .and_then(|h| keys.authenticate(h))
+            .map(ApiCaller)
             .ok_or_else(|| HttpError::unauthorized("invalid API key"))
     }
+}
+
+/// The tenant of an `X-API-KEY` value; an unknown key is 401.
+pub(crate) fn verify_api_key(e2b: &E2b, key: &HeaderValue) -> Result<Identity, HttpError> {
+    let keys = e2b.app().keys.read().unwrap_or_else(|e| e.into_inner());
+    key.to_str()
+        .ok()
+        .and_then(|k| keys.verify_key(k.trim()))
+        .ok_or_else(|| HttpError::unauthorized("invalid API key"))
 }
 
 /// A JSON body in E2B's error shape when malformed; an empty body is the default value.
@@ -279,6 +291,8 @@ fn sandbox_json(e2b: &E2b, s: &Session) -> Value {
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": e2b.envd_token(&s.id),
+        // The interpreter SDK authenticates its context calls with this one.
+        "trafficAccessToken": e2b.envd_token(&s.id),
         "domain": null,
     })
 }
@@ -324,6 +338,7 @@ fn listed_json(s: &Session) -> Value {
 fn detail_json(e2b: &E2b, s: &Session) -> Value {
     let mut v = listed_json(s);
     v["envdAccessToken"] = e2b.envd_token(&s.id).into();
+    v["trafficAccessToken"] = e2b.envd_token(&s.id).into();
     v["allowInternetAccess"] = (s.network.mode != NetworkMode::None).into();
     v["domain"] = Value::Null;
     if s.network.mode == NetworkMode::Allowlist {
@@ -413,6 +428,17 @@ async fn pause(
     }
     e2b.manager().pause(&who, &id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Kills every process of a running sandbox, keeping the sandbox: `{"killed": n}`.
+async fn kill_processes(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, HttpError> {
+    live_session(&e2b, &who, &id).await?;
+    let killed = e2b.manager().kill_processes(&who, &id).await?;
+    Ok(axum::Json(json!({ "killed": killed })))
 }
 
 /// Resumes a paused sandbox and extends its life to at least `timeout` seconds from now.

@@ -7,13 +7,14 @@ use std::sync::{Arc, Mutex};
 
 use axum::extract::{FromRequestParts, Query};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use base64::Engine as _;
 use koder_api_types::SessionState;
 use koder_auth::Identity;
+use koder_http::credentials;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -22,7 +23,6 @@ use crate::{lock, E2b};
 
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
-pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 /// The image's `user` account, which execs with `user: "user"` run as (koder-jail's
 /// `SANDBOX_USER_UID`).
 pub const SANDBOX_USER_UID: u32 = 1000;
@@ -150,8 +150,74 @@ fn hmac_sha256(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
         .into()
 }
 
-/// The sandbox an envd request is for, with the owning tenant's identity and the acting
-/// user. The envd access token must be present and match.
+/// Who may act on the sandbox an envd or interpreter request names. Established once per
+/// request by [`authenticate`], in front of both routers (`crate::by_surface`), so no route
+/// can be served without it.
+#[derive(Clone)]
+pub(crate) struct Authenticated {
+    who: Identity,
+    id: String,
+}
+
+/// The sandbox's access token (`X-Access-Token`, or `E2B-Traffic-Access-Token` as the
+/// interpreter SDK sends it) or an API key of the owning tenant (`X-API-KEY`). Without either
+/// 401, a wrong token 401; a sandbox that is unknown, ended or another tenant's answers as
+/// gone, so a key cannot probe other tenants' ids.
+pub(crate) async fn authenticate(
+    headers: &HeaderMap,
+    e2b: &E2b,
+) -> Result<Authenticated, HttpError> {
+    let id = headers
+        .get(SANDBOX_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if id.is_empty() || id.len() > 128 {
+        return Err(HttpError::bad_request("E2b-Sandbox-Id must name a sandbox"));
+    }
+    let token = [credentials::ACCESS_TOKEN, credentials::TRAFFIC_ACCESS_TOKEN]
+        .iter()
+        .find_map(|h| headers.get(*h));
+    let tenant =
+        match (token, headers.get(credentials::API_KEY)) {
+            (Some(t), _) => {
+                if !bool::from(t.as_bytes().ct_eq(e2b.envd_token(&id).as_bytes())) {
+                    return Err(HttpError::unauthorized(
+                        "invalid access token for this sandbox",
+                    ));
+                }
+                None
+            }
+            (None, Some(key)) => Some(crate::control::verify_api_key(e2b, key)?.tenant_id),
+            (None, None) => return Err(HttpError::unauthorized(
+                "missing X-Access-Token (the envdAccessToken of create or connect) or X-API-KEY",
+            )),
+        };
+    let record = e2b
+        .manager()
+        .store()
+        .get_session(&id)
+        .await
+        .map_err(|e| HttpError::new(503, format!("state store: {e}")))?;
+    let record = record.filter(|r| {
+        r.state != SessionState::Stopped && tenant.as_ref().is_none_or(|t| *t == r.tenant_id)
+    });
+    let Some(record) = record else {
+        if tenant.is_none() {
+            // Only a holder of the sandbox's own token may end E2B's state for it.
+            e2b.forget(&id);
+        }
+        return Err(HttpError::sandbox_gone(&id));
+    };
+    Ok(Authenticated {
+        who: Identity {
+            tenant_id: record.tenant_id,
+        },
+        id,
+    })
+}
+
+/// The sandbox an envd or interpreter request is for, as authenticated, with the acting user.
 pub struct Target {
     pub who: Identity,
     pub id: String,
@@ -160,73 +226,22 @@ pub struct Target {
     pub e2b: E2b,
 }
 
-/// As [`Target`], for the interpreter's context endpoints, to which the SDK sends no access
-/// token (it sends one to `/execute`): a token given must still match.
-pub struct LooseTarget(pub Target);
-
 impl FromRequestParts<E2b> for Target {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, e2b: &E2b) -> Result<Self, HttpError> {
-        target(parts, e2b, true).await
+        let Some(auth) = parts.extensions.get::<Authenticated>().cloned() else {
+            // Routers are only reachable through `by_surface`, which authenticates first.
+            return Err(HttpError::new(500, "request reached envd unauthenticated"));
+        };
+        Ok(Target {
+            who: auth.who,
+            user: user_of(parts)?,
+            ctx: e2b.ctx(&auth.id),
+            id: auth.id,
+            e2b: e2b.clone(),
+        })
     }
-}
-
-impl FromRequestParts<E2b> for LooseTarget {
-    type Rejection = HttpError;
-
-    async fn from_request_parts(parts: &mut Parts, e2b: &E2b) -> Result<Self, HttpError> {
-        target(parts, e2b, false).await.map(LooseTarget)
-    }
-}
-
-async fn target(parts: &Parts, e2b: &E2b, token_required: bool) -> Result<Target, HttpError> {
-    let id = parts
-        .headers
-        .get(SANDBOX_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    if id.is_empty() || id.len() > 128 {
-        return Err(HttpError::bad_request("E2b-Sandbox-Id must name a sandbox"));
-    }
-    let record = e2b
-        .manager()
-        .store()
-        .get_session(&id)
-        .await
-        .map_err(|e| HttpError::new(503, format!("state store: {e}")))?;
-    let Some(record) = record.filter(|r| r.state != SessionState::Stopped) else {
-        e2b.forget(&id);
-        return Err(HttpError::sandbox_gone(&id));
-    };
-    let token = parts
-        .headers
-        .get(ACCESS_TOKEN_HEADER)
-        .map(|v| v.as_bytes().to_vec());
-    match token {
-        Some(t) if bool::from(t.ct_eq(e2b.envd_token(&id).as_bytes())) => {}
-        Some(_) => {
-            return Err(HttpError::unauthorized(
-                "invalid X-Access-Token for this sandbox",
-            ))
-        }
-        None if token_required => {
-            return Err(HttpError::unauthorized(
-                "missing X-Access-Token: use the envdAccessToken of create or connect",
-            ))
-        }
-        None => {}
-    }
-    Ok(Target {
-        who: Identity {
-            tenant_id: record.tenant_id,
-        },
-        user: user_of(parts)?,
-        ctx: e2b.ctx(&id),
-        id,
-        e2b: e2b.clone(),
-    })
 }
 
 /// `Authorization: Basic base64("<user>:")` on RPCs, `?username=` on `/files`; `user` when

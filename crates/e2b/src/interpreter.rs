@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::envd::{LooseTarget, Target};
+use crate::envd::Target;
 use crate::error::HttpError;
 use crate::E2b;
 
@@ -27,7 +27,7 @@ const MAX_BODY: usize = 1 << 20;
 
 pub fn router() -> Router<E2b> {
     Router::new()
-        .route("/health", get(|| async { StatusCode::NO_CONTENT }))
+        .route("/health", get(|_: Target| async { StatusCode::NO_CONTENT }))
         .route("/execute", post(execute))
         .route("/contexts", post(create_context).get(list_contexts))
         .route("/contexts/{cid}", delete(delete_context))
@@ -237,10 +237,7 @@ fn result_line(r: &RichResult) -> Value {
     v
 }
 
-async fn create_context(
-    LooseTarget(t): LooseTarget,
-    body: Body,
-) -> Result<axum::Json<Value>, HttpError> {
+async fn create_context(t: Target, body: Body) -> Result<axum::Json<Value>, HttpError> {
     let req: CreateContextRequest = json_body(body).await?;
     let lang = language(req.language.as_deref())?;
     let opts = ContextOptions {
@@ -255,15 +252,12 @@ async fn create_context(
     Ok(axum::Json(context_json(&info)))
 }
 
-async fn list_contexts(LooseTarget(t): LooseTarget) -> Result<axum::Json<Vec<Value>>, HttpError> {
+async fn list_contexts(t: Target) -> Result<axum::Json<Vec<Value>>, HttpError> {
     let all = t.e2b.manager().list_contexts(&t.who, &t.id).await?;
     Ok(axum::Json(all.iter().map(context_json).collect()))
 }
 
-async fn delete_context(
-    LooseTarget(t): LooseTarget,
-    Path(cid): Path<String>,
-) -> Result<StatusCode, HttpError> {
+async fn delete_context(t: Target, Path(cid): Path<String>) -> Result<StatusCode, HttpError> {
     t.e2b.manager().delete_context(&t.who, &t.id, &cid).await?;
     let mut js = t.ctx.js_context.lock().await;
     if js.as_deref() == Some(cid.as_str()) {
@@ -272,10 +266,7 @@ async fn delete_context(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn restart_context(
-    LooseTarget(t): LooseTarget,
-    Path(cid): Path<String>,
-) -> Result<StatusCode, HttpError> {
+async fn restart_context(t: Target, Path(cid): Path<String>) -> Result<StatusCode, HttpError> {
     t.e2b.manager().restart_context(&t.who, &t.id, &cid).await?;
     Ok(StatusCode::NO_CONTENT)
 }

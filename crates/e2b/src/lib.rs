@@ -97,7 +97,8 @@ pub fn mount(native: Router, e2b: E2b) -> Router {
     let dispatch = Dispatch {
         envd: envd::router().with_state(e2b.clone()),
         interpreter: interpreter::router().with_state(e2b.clone()),
-        control: control::router().with_state(e2b),
+        control: control::router().with_state(e2b.clone()),
+        e2b,
     };
     native.layer(axum::middleware::from_fn_with_state(dispatch, by_surface))
 }
@@ -107,9 +108,10 @@ struct Dispatch {
     envd: Router,
     interpreter: Router,
     control: Router,
+    e2b: E2b,
 }
 
-async fn by_surface(State(d): State<Dispatch>, req: Request, next: Next) -> Response {
+async fn by_surface(State(d): State<Dispatch>, mut req: Request, next: Next) -> Response {
     if !req.headers().contains_key(envd::SANDBOX_ID_HEADER) {
         if control::is_control_path(req.uri().path()) {
             return serve(d.control, req).await;
@@ -136,6 +138,18 @@ async fn by_surface(State(d): State<Dispatch>, req: Request, next: Next) -> Resp
             .into_response()
         }
     };
+    // Every in-sandbox surface, whatever the route (even an unknown one), is authenticated
+    // here, before a router sees the request.
+    match envd::authenticate(req.headers(), &d.e2b).await {
+        Ok(auth) => {
+            req.extensions_mut().insert(auth);
+        }
+        Err(e) => {
+            let mut resp = e.into_response();
+            close_connection(&mut resp);
+            return resp;
+        }
+    }
     serve(router, req).await
 }
 

@@ -145,7 +145,7 @@ fn rich(r: proto::RichResult) -> RichOutput {
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/contexts", tag = "interpreter",
     params(("id" = String, Path)), request_body = CreateContext,
-    responses((status = 201, body = Context), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 201, body = Context), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn create_context(
     State(s): State<AppState>,
@@ -164,7 +164,7 @@ pub async fn create_context(
 
 #[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/contexts", tag = "interpreter",
     params(("id" = String, Path)),
-    responses((status = 200, body = ContextList), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = ContextList), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list_contexts(
     State(s): State<AppState>,
@@ -179,7 +179,7 @@ pub async fn list_contexts(
 
 #[utoipa::path(delete, path = "/v1/sandbox/sessions/{id}/contexts/{cid}", tag = "interpreter",
     params(("id" = String, Path), ("cid" = String, Path)),
-    responses((status = 204), (status = 404, body = ErrorBody)),
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn delete_context(
     State(s): State<AppState>,
@@ -192,7 +192,7 @@ pub async fn delete_context(
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/contexts/{cid}/restart", tag = "interpreter",
     params(("id" = String, Path), ("cid" = String, Path)),
-    responses((status = 200, body = Context), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = Context), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn restart_context(
     State(s): State<AppState>,
@@ -208,7 +208,7 @@ pub async fn restart_context(
     request_body = RunCode,
     responses((status = 200, body = RunResult),
               (status = 200, content_type = "text/event-stream", description = "with Accept: text/event-stream: stdout and stderr events as printed, then a result event (the RunResult without its output)"),
-              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody),
               (status = 413, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn run_code(

@@ -3,6 +3,7 @@
 mod admin;
 mod audit;
 mod contexts;
+pub mod credentials;
 mod error;
 mod extract;
 mod live;
@@ -46,7 +47,7 @@ pub struct AppState {
         routes::remove_file, routes::make_dir, routes::move_file, routes::session_metrics,
         live::list_execs, live::exec_status, live::exec_stream, live::exec_stdin, live::exec_signal,
         live::report_error, live::list_errors, terminal::terminal, watch::watch,
-        preview::upstream, preview::pin, routes::pause, routes::resume, audit::network,
+        preview::upstream, preview::pin, routes::pause, routes::resume, routes::kill_processes, audit::network,
         contexts::create_context, contexts::list_contexts, contexts::delete_context,
         contexts::restart_context, contexts::run_code,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key
@@ -106,6 +107,7 @@ pub fn router(state: AppState) -> Router {
         .route("/{id}/upstream", get(preview::upstream))
         .route("/{id}/pause", post(routes::pause))
         .route("/{id}/resume", post(routes::resume))
+        .route("/{id}/kill-processes", post(routes::kill_processes))
         .route("/{id}/preview", post(preview::pin))
         .route("/{id}/preview/", any(preview::proxy))
         .route("/{id}/preview/{*path}", any(preview::proxy))

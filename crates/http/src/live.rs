@@ -178,7 +178,7 @@ impl Utf8Splitter {
 
 #[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/execs", tag = "exec",
     params(("id" = String, Path)),
-    responses((status = 200, body = ExecList), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = ExecList), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list_execs(
     State(s): State<AppState>,
@@ -192,7 +192,7 @@ pub async fn list_execs(
 
 #[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/execs/{exec_id}", tag = "exec",
     params(("id" = String, Path), ("exec_id" = String, Path)),
-    responses((status = 200, body = ExecStatus), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = ExecStatus), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn exec_status(
     State(s): State<AppState>,
@@ -207,7 +207,7 @@ pub async fn exec_status(
 #[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/execs/{exec_id}/stream", tag = "exec",
     params(("id" = String, Path), ("exec_id" = String, Path)),
     responses((status = 200, content_type = "text/event-stream", description = "replay, then live events"),
-              (status = 404, body = ErrorBody)),
+              (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn exec_stream(
     State(s): State<AppState>,
@@ -228,7 +228,7 @@ pub struct StdinQuery {
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/execs/{exec_id}/stdin", tag = "exec",
     params(("id" = String, Path), ("exec_id" = String, Path), StdinQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody), (status = 409, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn exec_stdin(
     State(s): State<AppState>,
@@ -256,7 +256,7 @@ pub async fn exec_stdin(
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/execs/{exec_id}/signal", tag = "exec",
     params(("id" = String, Path), ("exec_id" = String, Path)), request_body = SignalRequest,
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody), (status = 409, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn exec_signal(
     State(s): State<AppState>,
@@ -272,7 +272,7 @@ pub async fn exec_signal(
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/errors", tag = "sessions",
     params(("id" = String, Path)), request_body = ReportError,
-    responses((status = 201, body = ErrorEntry), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 201, body = ErrorEntry), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn report_error(
     State(s): State<AppState>,
@@ -288,7 +288,7 @@ pub async fn report_error(
 
 #[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/errors", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 200, body = ErrorList), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = ErrorList), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list_errors(
     State(s): State<AppState>,

@@ -75,9 +75,8 @@ pub async fn pin(
     Ok(axum::Json(info(&id, u)))
 }
 
-/// Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus the caller's own
-/// credentials, which are for the daemon only.
-const NOT_FORWARDED: &[&str] = &[
+/// Headers that describe one hop, not the message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-authenticate",
@@ -86,8 +85,39 @@ const NOT_FORWARDED: &[&str] = &[
     "te",
     "trailer",
     "transfer-encoding",
-    "authorization",
+    "upgrade",
 ];
+
+/// Removes what must not cross the proxy: hop-by-hop headers, those the `Connection` header
+/// names, and (towards the sandbox) every credential the daemon understands. An upgrade keeps
+/// `Connection: upgrade` and `Upgrade`, which are what ask for the protocol switch.
+fn strip(headers: &mut axum::http::HeaderMap, credentials: bool, upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        if !(upgrade && name == header::UPGRADE) {
+            headers.remove(name);
+        }
+    }
+    for name in HOP_BY_HOP {
+        if !(upgrade && (*name == "connection" || *name == "upgrade")) {
+            headers.remove(*name);
+        }
+    }
+    if credentials {
+        for name in crate::credentials::ALL {
+            headers.remove(*name);
+        }
+    }
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
 
 pub async fn proxy(
     State(s): State<AppState>,
@@ -117,12 +147,7 @@ pub async fn proxy(
     parts.uri = target
         .parse::<Uri>()
         .map_err(|_| ApiError::invalid("preview path is not a valid URI path"))?;
-    for name in NOT_FORWARDED {
-        if upgrade && *name == "connection" {
-            continue; // `Connection: upgrade` is what asks the upstream to switch protocols
-        }
-        parts.headers.remove(*name);
-    }
+    strip(&mut parts.headers, true, upgrade);
     if let Ok(host) = HeaderValue::from_str(&format!("127.0.0.1:{}", upstream.port)) {
         parts.headers.insert(header::HOST, host);
     }
@@ -170,11 +195,59 @@ pub async fn proxy(
         }
     }
     let (mut parts, body) = resp.into_parts();
-    for name in NOT_FORWARDED {
-        if parts.status == StatusCode::SWITCHING_PROTOCOLS && *name == "connection" {
-            continue;
-        }
-        parts.headers.remove(*name);
-    }
+    let switched = parts.status == StatusCode::SWITCHING_PROTOCOLS;
+    strip(&mut parts.headers, false, switched);
     Ok(Response::from_parts(parts, Body::new(body)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> axum::http::HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn credentials_and_hop_by_hop_headers_never_reach_the_sandbox() {
+        let mut h = headers(&[
+            ("authorization", "Bearer k"),
+            ("x-api-key", "k"),
+            ("x-access-token", "t"),
+            ("e2b-traffic-access-token", "t"),
+            ("cookie", "session=1"),
+            ("proxy-authorization", "Basic x"),
+            ("connection", "keep-alive, x-secret-hop"),
+            ("x-secret-hop", "1"),
+            ("te", "trailers"),
+            ("accept", "text/html"),
+        ]);
+        strip(&mut h, true, false);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["accept"]);
+        for name in crate::credentials::ALL {
+            assert!(!h.contains_key(*name), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_upgrade_keeps_what_asks_for_it() {
+        let mut h = headers(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("cookie", "a=b"),
+        ]);
+        strip(&mut h, true, true);
+        assert_eq!(h["connection"], "upgrade");
+        assert_eq!(h["upgrade"], "websocket");
+        assert!(!h.contains_key("cookie"));
+    }
 }

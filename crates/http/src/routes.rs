@@ -6,8 +6,8 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use koder_api_types::{
-    CreateSession, ErrorBody, ExecRequest, ExecResult, ExecStarted, FileEntry, FileList, MakeDir,
-    MoveFile, Session, SessionList, SessionMetrics, SetTimeout,
+    CreateSession, ErrorBody, ExecRequest, ExecResult, ExecStarted, FileEntry, FileList,
+    KilledProcesses, MakeDir, MoveFile, Session, SessionList, SessionMetrics, SetTimeout,
 };
 use serde::Deserialize;
 
@@ -70,7 +70,7 @@ pub async fn delete_session(
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/timeout", tag = "sessions",
     params(("id" = String, Path)), request_body = SetTimeout,
-    responses((status = 200, body = Session), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+    responses((status = 200, body = Session), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody),
               (status = 409, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn set_timeout(
@@ -89,7 +89,7 @@ pub async fn set_timeout(
     responses((status = 200, body = ExecResult),
               (status = 202, body = ExecStarted, description = "background: true"),
               (status = 200, content_type = "text/event-stream", description = "with Accept: text/event-stream: start, stdout, stderr, exit events"),
-              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn exec(
     State(s): State<AppState>,
@@ -139,7 +139,7 @@ fn one() -> u32 {
 #[utoipa::path(put, path = "/v1/sandbox/sessions/{id}/files", tag = "files",
     params(("id" = String, Path), PathQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 201, body = FileEntry), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+    responses((status = 201, body = FileEntry), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody), (status = 413, body = ErrorBody),
               (status = 507, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn upload(
@@ -163,7 +163,7 @@ pub async fn upload(
 
 #[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/files", tag = "files",
     params(("id" = String, Path), PathQuery),
-    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 404, body = ErrorBody)),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn download(
     State(s): State<AppState>,
@@ -190,7 +190,7 @@ pub async fn download(
 
 #[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/files/list", tag = "files",
     params(("id" = String, Path), ListQuery),
-    responses((status = 200, body = FileList), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = FileList), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list_files(
     State(s): State<AppState>,
@@ -205,7 +205,7 @@ pub async fn list_files(
 
 #[utoipa::path(delete, path = "/v1/sandbox/sessions/{id}/files", tag = "files",
     params(("id" = String, Path), RemoveQuery),
-    responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody), (status = 409, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn remove_file(
     State(s): State<AppState>,
@@ -221,7 +221,7 @@ pub async fn remove_file(
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/files/mkdir", tag = "files",
     params(("id" = String, Path)), request_body = MakeDir,
-    responses((status = 201, body = FileEntry), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    responses((status = 201, body = FileEntry), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody), (status = 409, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn make_dir(
     State(s): State<AppState>,
@@ -237,7 +237,7 @@ pub async fn make_dir(
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/files/move", tag = "files",
     params(("id" = String, Path)), request_body = MoveFile,
-    responses((status = 200, body = FileEntry), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    responses((status = 200, body = FileEntry), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody), (status = 409, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn move_file(
     State(s): State<AppState>,
@@ -252,7 +252,7 @@ pub async fn move_file(
 
 #[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/metrics", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 200, body = SessionMetrics), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = SessionMetrics), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn session_metrics(
     State(s): State<AppState>,
@@ -264,7 +264,7 @@ pub async fn session_metrics(
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/pause", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 501, body = ErrorBody)),
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody), (status = 501, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn pause(
     State(s): State<AppState>,
@@ -274,9 +274,24 @@ pub async fn pause(
     Ok(axum::Json(s.manager.pause(&who, &id).await?))
 }
 
+#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/kill-processes", tag = "sessions",
+    description = "Kills every process in the session (a fork bomb, runaway children) and keeps the session running. Followed execs end with verdict SANDBOX-EXEC-KILLED; interpreter contexts restart on their next run.",
+    params(("id" = String, Path)),
+    responses((status = 200, body = KilledProcesses), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody, description = "the session is paused"),
+              (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn kill_processes(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<KilledProcesses>> {
+    let killed = s.manager.kill_processes(&who, &id).await?;
+    Ok(axum::Json(KilledProcesses { killed }))
+}
+
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/resume", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 200, body = Session), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn resume(
     State(s): State<AppState>,

@@ -213,8 +213,13 @@ impl Manager {
         let mut run = ContextRun::default();
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
         let mut forward = live_output.map(|tx| (tx, Utf8Chunks::default(), Utf8Chunks::default()));
+        let budget = crate::manager::exec_deadline(Some(timeout_ms));
+        let deadline = tokio::time::Instant::now() + budget;
         let outcome = loop {
-            match stream.recv().await {
+            let next = tokio::time::timeout_at(deadline, stream.recv())
+                .await
+                .unwrap_or(Err(ClientError::Timeout(budget)));
+            match next {
                 Ok(FromAgent::Stdout(d)) => {
                     if let Some((tx, out, _)) = &mut forward {
                         let _ = tx
@@ -271,12 +276,12 @@ impl Manager {
 
     /// One request, one answer; agent errors become API errors.
     async fn ask(&self, live: &Live, id: &str, msg: ToAgent) -> Result<FromAgent, Error> {
-        let answer = async {
+        let answer = crate::manager::within(crate::manager::exec_deadline(None), async {
             let mut stream = live.sandbox.agent().open(msg).await?;
             let answer = stream.recv().await;
             stream.mark_finished();
             answer
-        }
+        })
         .await;
         match answer {
             Ok(m) => Ok(m),

@@ -34,6 +34,11 @@ pub enum Error {
     PreviewNotListening(String),
     #[error("{0}")]
     NotImplemented(String),
+    /// The session's sandbox died; the message carries the reason it was stopped with.
+    #[error("session stopped: {0}")]
+    SessionStopped(String),
+    #[error("{0}")]
+    AgentTimeout(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -53,6 +58,8 @@ impl Error {
             Error::RuntimeUnavailable(_) => codes::RUNTIME_UNAVAILABLE,
             Error::PreviewNotListening(_) => codes::PREVIEW_NOT_LISTENING,
             Error::NotImplemented(_) => codes::NOT_IMPLEMENTED,
+            Error::SessionStopped(_) => codes::SESSION_STOPPED,
+            Error::AgentTimeout(_) => codes::AGENT_TIMEOUT,
             Error::Internal(_) => codes::INTERNAL,
         }
     }
@@ -69,6 +76,8 @@ impl Error {
             Error::PlanRequired(_) => 402,
             Error::RuntimeUnavailable(_) | Error::PreviewNotListening(_) => 503,
             Error::NotImplemented(_) => 501,
+            Error::SessionStopped(_) => 410,
+            Error::AgentTimeout(_) => 504,
             Error::Internal(_) => 500,
         }
     }
@@ -101,7 +110,10 @@ impl From<ClientError> for Error {
     fn from(e: ClientError) -> Self {
         match e {
             ClientError::Agent(a) => a.into(),
-            ClientError::Disconnected => Error::Conflict("the sandbox is no longer running".into()),
+            ClientError::Disconnected => Error::SessionStopped(crate::manager::AGENT_EXITED.into()),
+            ClientError::Timeout(d) => {
+                Error::AgentTimeout(format!("the sandbox did not answer within {d:?}"))
+            }
             other => Error::Internal(format!("sandbox agent: {other}")),
         }
     }

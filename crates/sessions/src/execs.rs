@@ -15,7 +15,7 @@ use koder_api_types::{ExecRequest, ExecResult, ExecState, ExecStatus};
 use koder_auth::Identity;
 use tokio::sync::broadcast;
 
-use crate::manager::{Meter, SIGKILL};
+use crate::manager::{exec_deadline, Meter, SIGKILL};
 use crate::pool::lock;
 use crate::{Error, Manager};
 
@@ -68,6 +68,8 @@ pub(crate) struct FollowedExec {
     handle: StreamHandle,
     state: Mutex<State>,
     events: broadcast::Sender<ExecEvent>,
+    /// Set when the session's processes were all killed while this one ran.
+    killed: std::sync::atomic::AtomicBool,
 }
 
 struct State {
@@ -91,6 +93,15 @@ impl Registry {
             .get(exec_id)
             .cloned()
             .ok_or_else(|| Error::FileNotFound(format!("no exec {exec_id:?} in this session")))
+    }
+
+    /// Marks every running exec as killed on purpose, before its processes are.
+    pub(crate) fn mark_running_killed(&self) {
+        for e in lock(&self.execs).values() {
+            if lock(&e.state).result.is_none() {
+                e.killed.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
     }
 
     /// Makes room for one more: too many running is a conflict, old finished ones are dropped.
@@ -245,6 +256,7 @@ impl Manager {
         live.execs.admit()?;
         let agent_req = self.exec_request(&live, req, background)?;
         let command = agent_req.argv.clone();
+        let deadline = tokio::time::Instant::now() + exec_deadline(agent_req.timeout_ms);
         let meter = Meter::start(live.clone()).await;
         let stream = match live.sandbox.agent().exec(agent_req).await {
             Ok(s) => s,
@@ -270,6 +282,7 @@ impl Manager {
                 result: None,
             }),
             events,
+            killed: Default::default(),
         });
         lock(&live.execs.execs).insert(exec.id.clone(), exec.clone());
         let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
@@ -278,7 +291,7 @@ impl Manager {
             exec.clone(),
             meter,
             self.metrics_handle(),
-            limit,
+            (limit, deadline),
         ));
         Ok(exec)
     }
@@ -304,7 +317,7 @@ impl Manager {
             Ok(s) => s,
             Err(e) => return Err(self.agent_failed(id, e).await),
         };
-        match stream.recv().await {
+        match crate::manager::first_answer(&mut stream).await {
             Ok(FromAgent::Started { .. }) => Ok(stream),
             Ok(_) => Err(Error::Internal("terminal did not start".into())),
             Err(e) => Err(self.agent_failed(id, e).await),
@@ -333,7 +346,7 @@ impl Manager {
             Ok(s) => s,
             Err(e) => return Err(self.agent_failed(id, e).await),
         };
-        match stream.recv().await {
+        match crate::manager::first_answer(&mut stream).await {
             Ok(FromAgent::Done) => Ok(stream),
             Ok(_) => Err(Error::Internal("watch did not start".into())),
             Err(e) => Err(self.agent_failed(id, e).await),
@@ -415,17 +428,21 @@ async fn consume(
     exec: Arc<FollowedExec>,
     meter: Meter,
     metrics: Arc<crate::Metrics>,
-    limit: usize,
+    (limit, deadline): (usize, tokio::time::Instant),
 ) {
     let started = std::time::Instant::now();
     let (exit, killed) = loop {
-        match stream.recv().await {
+        // Past the deadline the agent is wedged: the exec ends as killed (the drop cancels it).
+        let next = tokio::time::timeout_at(deadline, stream.recv())
+            .await
+            .unwrap_or(Err(ClientError::Disconnected));
+        match next {
             Ok(FromAgent::Started { pid }) => lock(&exec.state).pid = Some(pid),
             Ok(FromAgent::Stdout(d)) => exec.record(ExecEvent::Stdout(Bytes::from(d)), limit),
             Ok(FromAgent::Stderr(d)) => exec.record(ExecEvent::Stderr(Bytes::from(d)), limit),
             Ok(FromAgent::Exited(exit)) => break (exit, false),
             Ok(_) => {}
-            Err(ClientError::Disconnected) | Err(_) => {
+            Err(_) => {
                 let exit = proto::ExitInfo {
                     signal: Some(SIGKILL),
                     duration_ms: started.elapsed().as_millis() as u64,
@@ -435,6 +452,7 @@ async fn consume(
             }
         }
     };
+    let killed = killed || exec.killed.load(std::sync::atomic::Ordering::SeqCst);
     let (verdict, peak) = meter.finish(&exit, killed, &metrics).await;
     exec.finish(ExecResult {
         exec_id: exec.id.clone(),

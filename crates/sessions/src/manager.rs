@@ -1,10 +1,11 @@
 //! The session manager: the one owner of session lifecycle. Every API (REST, and later gRPC and
 //! E2B) calls these methods, so tenancy, limits and state transitions are decided once.
 
+use std::collections::VecDeque;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
@@ -32,6 +33,14 @@ const MAX_METADATA_ENTRIES: usize = 64;
 const MAX_METADATA_KEY: usize = 256;
 const MAX_METADATA_VALUE: usize = 2048;
 const MAX_ENV_BYTES: usize = 128 * 1024;
+
+/// The end reason of a session whose agent went away (killed, crashed, or the VM died).
+pub const AGENT_EXITED: &str = "agent exited";
+/// Sessions whose sandbox died remembered for a typed 410 on later calls; older ones are 404.
+const MAX_DIED: usize = 1024;
+/// How much longer than its own timeout an exec may take before the daemon gives up on the
+/// agent (the agent enforces the timeout itself; this only catches a wedged agent).
+pub(crate) const EXEC_GRACE: Duration = Duration::from_secs(10);
 
 /// A running session's in-memory half (the store holds the rest).
 pub(crate) struct Live {
@@ -64,6 +73,7 @@ struct Engine {
 }
 
 pub struct Manager {
+    me: Weak<Self>,
     store: Store,
     runtime: Arc<dyn Runtime>,
     pub(crate) cfg: SessionConfig,
@@ -74,6 +84,8 @@ pub struct Manager {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     admission: Arc<Admission>,
     clock: Clock,
+    /// (session, tenant) of sessions ended because their sandbox died, newest last.
+    died: Mutex<VecDeque<(String, String)>>,
 }
 
 /// Every how many reaper ticks the session-minutes budgets of tenants are checked.
@@ -140,7 +152,8 @@ impl Manager {
             )),
             runtime,
         });
-        let manager = Arc::new(Self {
+        let manager = Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             store,
             runtime,
             cfg,
@@ -151,6 +164,7 @@ impl Manager {
             tasks: Mutex::default(),
             admission: Arc::default(),
             clock,
+            died: Mutex::default(),
         });
         let reaper = tokio::spawn(Self::reap_forever(Arc::downgrade(&manager)));
         let filler = tokio::spawn(pool.run_filler());
@@ -276,20 +290,19 @@ impl Manager {
             end_reason: None,
         };
         self.store.insert_session(&record).await?;
-        lock(&self.live).insert(
-            record.id.clone(),
-            Arc::new(Live {
-                sandbox,
-                tenant_id: record.tenant_id.clone(),
-                language: language.into(),
-                env,
-                running_execs: AtomicU32::new(0),
-                execs: Default::default(),
-                errors: Mutex::default(),
-                preview_port: Mutex::default(),
-                paused: Mutex::default(),
-            }),
-        );
+        let live = Arc::new(Live {
+            sandbox,
+            tenant_id: record.tenant_id.clone(),
+            language: language.into(),
+            env,
+            running_execs: AtomicU32::new(0),
+            execs: Default::default(),
+            errors: Mutex::default(),
+            preview_port: Mutex::default(),
+            paused: Mutex::default(),
+        });
+        lock(&self.live).insert(record.id.clone(), live.clone());
+        self.watch_agent(record.id.clone(), &live);
         ticket.forget();
         guard.disarm();
         if egress {
@@ -415,6 +428,18 @@ impl Manager {
         self.get(who, id).await
     }
 
+    /// Kills every process of the session but keeps the session (a fork bomb leaves no room
+    /// to start even a `kill`). Followed execs end as killed; interpreter contexts restart on
+    /// their next run. Returns how many processes were signalled.
+    pub async fn kill_processes(&self, who: &Identity, id: &str) -> Result<u32, Error> {
+        let live = self.live(who, id)?;
+        live.execs.mark_running_killed();
+        match live.sandbox.agent().kill_all().await {
+            Ok(n) => Ok(n),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+
     /// Thaws a paused session; resuming a running one is a no-op.
     pub async fn resume(&self, who: &Identity, id: &str) -> Result<Session, Error> {
         let live = self.live_any(who, id)?;
@@ -433,9 +458,49 @@ impl Manager {
         self.get(who, id).await
     }
 
+    /// Ends the session the moment its agent connection closes, so a dead sandbox gives back
+    /// its cgroup, layers and quota slot at once instead of looking alive until used.
+    fn watch_agent(&self, id: String, live: &Arc<Live>) {
+        let closed = live.sandbox.agent().closed();
+        let (me, watched) = (self.me.clone(), Arc::downgrade(live));
+        tokio::spawn(async move {
+            closed.await;
+            let (Some(me), Some(watched)) = (me.upgrade(), watched.upgrade()) else {
+                return;
+            };
+            me.died(&id, &watched).await;
+        });
+    }
+
+    /// Ends `id` as died if `watched` is still its live half (an ordinary end that destroyed
+    /// the sandbox also closes the connection, and must keep its own reason).
+    async fn died(&self, id: &str, watched: &Arc<Live>) {
+        let live = {
+            let mut all = lock(&self.live);
+            match all.get(id) {
+                Some(l) if Arc::ptr_eq(l, watched) => all.remove(id),
+                _ => None,
+            }
+        };
+        let Some(live) = live else { return };
+        {
+            let mut died = lock(&self.died);
+            if died.len() >= MAX_DIED {
+                died.pop_front();
+            }
+            died.push_back((id.to_string(), live.tenant_id.clone()));
+        }
+        tracing::warn!(session = %id, "sandbox agent exited; stopping the session");
+        self.finish_end(id, Some(live), AGENT_EXITED).await;
+    }
+
     /// Ends a session: its sandbox is destroyed and its record stopped. Idempotent.
     async fn end(&self, id: &str, reason: &str) {
         let live = lock(&self.live).remove(id);
+        self.finish_end(id, live, reason).await;
+    }
+
+    async fn finish_end(&self, id: &str, live: Option<Arc<Live>>, reason: &str) {
         if let Some(live) = live {
             // Frozen processes cannot even die: thaw before the kill.
             if *lock(&live.paused) {
@@ -552,18 +617,31 @@ impl Manager {
         Ok(live)
     }
 
-    /// The tenant's live session, paused or not.
+    /// The tenant's live session, paused or not. A session whose sandbox died is a 410 with
+    /// the reason, so a caller can tell a crash from a session it never had.
     pub(crate) fn live_any(&self, who: &Identity, id: &str) -> Result<Arc<Live>, Error> {
         match lock(&self.live).get(id) {
-            Some(l) if l.tenant_id == who.tenant_id => Ok(l.clone()),
-            _ => Err(Error::NotFound),
+            Some(l) if l.tenant_id == who.tenant_id => return Ok(l.clone()),
+            _ => {}
+        }
+        let died = lock(&self.died)
+            .iter()
+            .any(|(s, t)| s == id && *t == who.tenant_id);
+        if died {
+            Err(Error::SessionStopped(AGENT_EXITED.into()))
+        } else {
+            Err(Error::NotFound)
         }
     }
 
-    /// Maps an agent failure to an API error; a vanished agent ends its session.
+    /// Maps an agent failure to an API error; a vanished agent ends its session (the watcher
+    /// does too: whichever comes first).
     pub(crate) async fn agent_failed(&self, id: &str, e: ClientError) -> Error {
         if matches!(e, ClientError::Disconnected) {
-            self.end(id, "sandbox died").await;
+            let live = lock(&self.live).get(id).cloned();
+            if let Some(live) = live.filter(|l| l.sandbox.agent().is_closed()) {
+                self.died(id, &live).await;
+            }
         }
         e.into()
     }
@@ -648,8 +726,12 @@ impl Manager {
         let live = self.live(who, id)?;
         let agent_req = self.exec_request(&live, req, false)?;
         let meter = Meter::start(live.clone()).await;
-        let outcome =
-            collect_exec(live.sandbox.agent(), agent_req, self.cfg.output_limit_bytes).await;
+        let deadline = exec_deadline(agent_req.timeout_ms);
+        let outcome = within(
+            deadline,
+            collect_exec(live.sandbox.agent(), agent_req, self.cfg.output_limit_bytes),
+        )
+        .await;
         let mut out = match outcome {
             Ok(out) => out,
             Err(e) => {
@@ -1095,6 +1177,30 @@ async fn collect_exec(
     }
 }
 
+/// How long the daemon waits for an exec of `timeout_ms` (none: the server's one-shot deadline).
+pub(crate) fn exec_deadline(timeout_ms: Option<u64>) -> Duration {
+    match timeout_ms {
+        Some(ms) => Duration::from_millis(ms) + EXEC_GRACE,
+        None => proto::client::REQUEST_DEADLINE,
+    }
+}
+
+/// The first answer on a stream that starts a long-lived operation (terminal, watch, preview
+/// connection), within the one-shot deadline.
+pub(crate) async fn first_answer(s: &mut proto::AgentStream) -> Result<FromAgent, ClientError> {
+    within(proto::client::REQUEST_DEADLINE, s.recv()).await
+}
+
+/// `fut`, or a timeout error once `deadline` has passed (dropping `fut` cancels its streams).
+pub(crate) async fn within<T>(
+    deadline: Duration,
+    fut: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    tokio::time::timeout(deadline, fut)
+        .await
+        .unwrap_or(Err(ClientError::Timeout(deadline)))
+}
+
 fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
     let room = limit.saturating_sub(buf.len());
     buf.extend_from_slice(&data[..data.len().min(room)]);
@@ -1184,6 +1290,7 @@ fn view(r: &SessionRecord) -> Session {
             allow: r.network.allow.clone(),
         },
         metadata: r.metadata.clone(),
+        end_reason: r.end_reason.clone(),
     }
 }
 

@@ -48,7 +48,11 @@ impl Pool {
         let taken = {
             let mut ready = lock(&self.ready);
             let queue = ready.get_mut(language)?;
-            let sb = queue.pop_front();
+            // A dead one not yet removed by its watcher stays for the watcher to destroy.
+            let sb = queue
+                .iter()
+                .position(|sb| !sb.agent().is_closed())
+                .and_then(|at| queue.remove(at));
             self.metrics
                 .pool_ready
                 .with_label_values(&[language])
@@ -82,7 +86,7 @@ impl Pool {
     }
 
     /// Starts one sandbox for the language furthest below its target.
-    async fn fill_one(&self) -> Fill {
+    async fn fill_one(self: &Arc<Self>) -> Fill {
         let language = {
             let ready = lock(&self.ready);
             self.targets
@@ -109,6 +113,7 @@ impl Pool {
         };
         match self.runtime.create(spec).await {
             Ok(sb) => {
+                self.watch(&language, &sb);
                 let mut ready = lock(&self.ready);
                 let queue = ready.entry(language.clone()).or_default();
                 queue.push_back(sb);
@@ -124,6 +129,44 @@ impl Pool {
                 Fill::Failed
             }
         }
+    }
+
+    /// A warm sandbox whose agent dies is taken out and destroyed at once: it is never handed
+    /// out, and its resources do not wait for the next create.
+    fn watch(self: &Arc<Self>, language: &str, sb: &Arc<dyn Sandbox>) {
+        let closed = sb.agent().closed();
+        let (pool, watched, language) = (
+            Arc::downgrade(self),
+            Arc::downgrade(sb),
+            language.to_string(),
+        );
+        tokio::spawn(async move {
+            closed.await;
+            let (Some(pool), Some(watched)) = (pool.upgrade(), watched.upgrade()) else {
+                return;
+            };
+            if pool.remove(&language, &watched) {
+                tracing::warn!(%language, "warm sandbox died; discarding it");
+                pool.metrics.pool_failures.inc();
+                let _ = watched.destroy().await;
+                pool.wake.notify_one();
+            }
+        });
+    }
+
+    /// Takes `sb` out of the ready queue; false if it was no longer there (handed out, drained).
+    fn remove(&self, language: &str, sb: &Arc<dyn Sandbox>) -> bool {
+        let mut ready = lock(&self.ready);
+        let Some(queue) = ready.get_mut(language) else {
+            return false;
+        };
+        let before = queue.len();
+        queue.retain(|q| !Arc::ptr_eq(q, sb));
+        self.metrics
+            .pool_ready
+            .with_label_values(&[language])
+            .set(queue.len() as i64);
+        queue.len() != before
     }
 
     /// Destroys every ready sandbox (shutdown).

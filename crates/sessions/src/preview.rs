@@ -21,7 +21,7 @@ impl Manager {
             Ok(s) => s,
             Err(e) => return Err(self.agent_failed(id, e).await),
         };
-        let answer = s.recv().await;
+        let answer = crate::manager::first_answer(&mut s).await;
         s.mark_finished();
         match answer {
             Ok(FromAgent::Ports(p)) => Ok(p),
@@ -88,7 +88,7 @@ impl Manager {
             Ok(s) => s,
             Err(e) => return Err(self.agent_failed(id, e).await),
         };
-        match s.recv().await {
+        match crate::manager::first_answer(&mut s).await {
             Ok(FromAgent::Connected) => Ok((upstream, s)),
             Ok(_) => Err(Error::Internal("unexpected answer to a connect".into())),
             Err(koder_agent_protocol::ClientError::Agent(e)) => {

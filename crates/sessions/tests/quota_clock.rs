@@ -20,6 +20,8 @@ struct MemoryRuntime {
 struct MemorySandbox {
     id: String,
     agent: AgentClient,
+    /// The agent's end of the connection: a sandbox whose agent hung up would be ended.
+    _peer: tokio::io::DuplexStream,
 }
 
 #[async_trait]
@@ -44,11 +46,12 @@ impl Runtime for MemoryRuntime {
         &self.enforcement
     }
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
-        let (a, _b) = tokio::io::duplex(64);
+        let (a, peer) = tokio::io::duplex(64);
         let (r, w) = tokio::io::split(a);
         Ok(Arc::new(MemorySandbox {
             id: spec.id,
             agent: AgentClient::new(r, w),
+            _peer: peer,
         }))
     }
     async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {

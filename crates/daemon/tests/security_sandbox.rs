@@ -1,0 +1,122 @@
+//! Issue 14, sandbox side, through the real daemon: what reaches sandbox processes
+//! (descriptors, address families), for jails and microVM guests.
+
+mod common;
+
+use common::*;
+use futures::SinkExt;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+const S: &str = "/v1/sandbox/sessions";
+
+/// Prints the process's descriptors and those of them that are listening sockets.
+const FD_PROBE: &str = "import os, socket
+fds = sorted(int(f) for f in os.listdir('/proc/self/fd'))
+def listening(fd):
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return False
+    with s:
+        return bool(s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+print('fds', fds, 'listening', [fd for fd in fds if listening(fd)])
+";
+
+/// Opens one socket of each kind; refused families print their errno.
+const FAMILY_PROBE: &str = "import socket
+def attempt(*args):
+    try:
+        socket.socket(*args).close()
+        return 'ok'
+    except OSError as e:
+        return str(e.errno)
+print(attempt(socket.AF_VSOCK, socket.SOCK_STREAM), attempt(socket.AF_PACKET, socket.SOCK_DGRAM),
+      attempt(socket.AF_INET, socket.SOCK_STREAM), attempt(socket.AF_UNIX, socket.SOCK_STREAM))
+";
+
+/// vsock and packet refused (EAFNOSUPPORT), inet and unix work.
+const FAMILY_VERDICT: &str = "97 97 ok ok\n";
+
+/// 0-2 and the directory `listdir` holds, no listener.
+const EXEC_FDS: &str = "fds [0, 1, 2, 3] listening []\n";
+
+async fn python(d: &Daemon, id: &str, code: &str) -> String {
+    let r = d.exec(id, json!({ "code": code })).await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    r["stdout"].as_str().unwrap_or_default().to_string()
+}
+
+async fn context_run(d: &Daemon, id: &str, cid: &str, code: &str) -> String {
+    let path = format!("{S}/{id}/contexts/{cid}/run");
+    let (status, r): (StatusCode, Value) =
+        d.json(Method::POST, &path, json!({ "code": code })).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    r["stdout"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jail_processes_get_only_their_own_descriptors_and_families() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "python"})).await;
+    assert_eq!(python(&d, &id, FD_PROBE).await, EXEC_FDS);
+    let r = d
+        .exec(&id, json!({"shell": "ls /proc/self/fd | tr '\\n' ' '"}))
+        .await;
+    assert_eq!(r["stdout"], "0 1 2 3 ", "{r}");
+    assert_eq!(python(&d, &id, FAMILY_PROBE).await, FAMILY_VERDICT);
+
+    // The terminal's shell: the pty on 0-2 and bash's own copy of it on 255.
+    let mut ws = connect(&d, &id, "").await;
+    ws.send(Message::Binary(
+        b"ls /proc/$$/fd >/tmp/fds; e=E; echo FD$(tr '\\n' , </tmp/fds)${e}ND\n"
+            .to_vec()
+            .into(),
+    ))
+    .await
+    .unwrap();
+    let out = read_until(&mut ws, "END\r\n").await;
+    assert!(out.contains("FD0,1,2,255,END"), "{out:?}");
+
+    // An interpreter context: no listener in the interpreter, nothing inherited by its children.
+    let (status, c) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/contexts"),
+            json!({"language": "python"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{c}");
+    let cid = c["context_id"].as_str().unwrap();
+    assert!(context_run(&d, &id, cid, FD_PROBE)
+        .await
+        .ends_with("listening []\n"));
+    let child = "import subprocess; print(subprocess.run(['/usr/bin/ls', '/proc/self/fd'], \
+                 capture_output=True, close_fds=False, text=True).stdout.split())";
+    assert_eq!(
+        context_run(&d, &id, cid, child).await,
+        "['0', '1', '2', '3']\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn microvm_processes_get_only_their_own_descriptors_and_no_vsock() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(&format!("{BASE_CONFIG}\n{}", microvm_section())).await;
+    let (status, s) = d
+        .json(
+            Method::POST,
+            S,
+            json!({"runtime": "microvm", "language": "python", "limits": {"memory_mib": 96}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{s}");
+    let id = s["id"].as_str().unwrap();
+    assert_eq!(python(&d, id, FD_PROBE).await, EXEC_FDS);
+    assert_eq!(python(&d, id, FAMILY_PROBE).await, FAMILY_VERDICT);
+    // The agent still serves over its vsock listener after refusing new vsock sockets.
+    let r = d.exec(id, json!({"shell": "echo still-served"})).await;
+    assert_eq!(r["stdout"], "still-served\n", "{r}");
+}

@@ -1,0 +1,25 @@
+//! Every request header the daemon takes a credential from, in one list: the authenticating
+//! extractors (native and E2B) name their headers from here, and the preview proxy strips the
+//! whole list, so a credential added to one cannot reach sandbox code through the other. The
+//! daemon takes no credential from the query string.
+
+/// Native API keys (`Bearer`), E2B keys as `Bearer`, and envd's `Basic <user>:`.
+pub const AUTHORIZATION: &str = "authorization";
+/// E2B control-plane and envd/interpreter API keys.
+pub const API_KEY: &str = "x-api-key";
+/// A sandbox's envd access token (E2B).
+pub const ACCESS_TOKEN: &str = "x-access-token";
+/// The same token as the E2B code-interpreter SDK sends it.
+pub const TRAFFIC_ACCESS_TOKEN: &str = "e2b-traffic-access-token";
+
+/// Never forwarded into a sandbox. Cookies and proxy credentials are not the daemon's, but a
+/// caller's browser or proxy sends them for the daemon's origin: they are not the sandbox's
+/// either.
+pub const ALL: &[&str] = &[
+    AUTHORIZATION,
+    API_KEY,
+    ACCESS_TOKEN,
+    TRAFFIC_ACCESS_TOKEN,
+    "cookie",
+    "proxy-authorization",
+];
