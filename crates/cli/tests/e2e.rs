@@ -962,6 +962,22 @@ fn cli_flow(daemon: &Daemon) {
     );
     assert_eq!(cli.run(&["exec", &id]).code, 2);
 
+    // kill-processes: a background sleeper dies, the session stays and still runs commands.
+    cli.ok(&["exec", &id, "--background", "--", "sleep", "300"]);
+    let out = cli.ok(&["--json", "kill-processes", &id]);
+    let killed: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert!(killed["killed"].as_u64() >= Some(1), "{out:?}");
+    let out = cli.ok(&["exec", &id, "--shell", "pgrep -c sleep; true"]);
+    assert_eq!(out.stdout.trim(), "0", "{out:?}");
+    let out = cli.run(&["kill-processes", &id]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("processes killed"), "{out:?}");
+    let out = daemon.cli(KEY2).run(&["kill-processes", &id]);
+    assert!(
+        out.stderr.starts_with("error: SANDBOX-NOT-FOUND: "),
+        "{out:?}"
+    );
+
     // kill / destroy.
     cli.ok(&["kill", &id]);
     cli.ok(&["destroy", &id2]);

@@ -433,6 +433,15 @@ impl Client {
         decode(self.send(self.request(Method::GET, url)).await?).await
     }
 
+    /// `POST /v1/sandbox/sessions/{id}/kill-processes`: SIGKILLs every process in the session
+    /// (a fork bomb, a wedged tree) and keeps the session; returns how many were signalled.
+    pub async fn kill_processes(&self, id: &str) -> Result<u32> {
+        let url = self.session_url(id, &["kill-processes"])?;
+        let killed: types::KilledProcesses =
+            decode(self.send(self.request(Method::POST, url)).await?).await?;
+        Ok(killed.killed)
+    }
+
     // ---- admin (the client's key must be an admin key) ----
 
     fn admin_url(&self, rest: &[&str]) -> Result<Url> {
@@ -688,6 +697,11 @@ impl Session {
 
     pub async fn exec(&self, req: &ExecRequest) -> Result<ExecResult> {
         self.client.exec(&self.info.id, req).await
+    }
+
+    /// Kills every process in the session and keeps it; see [`Client::kill_processes`].
+    pub async fn kill_processes(&self) -> Result<u32> {
+        self.client.kill_processes(&self.info.id).await
     }
 
     /// Runs an argv (no shell).

@@ -114,6 +114,8 @@ pub enum ClientCommand {
     Mkdir(MkdirArgs),
     /// Move or rename a file in a session.
     Mv(MvArgs),
+    /// Kill every process in a session (a fork bomb, a wedged tree) and keep the session.
+    KillProcesses(SessionArgs),
     /// Set a session's remaining lifetime.
     Timeout(TimeoutArgs),
     /// Check that the daemon answers (GET /healthz).

@@ -56,6 +56,7 @@ pub async fn dispatch(g: &GlobalOpts, command: Command) -> Result<i32> {
         Command::Ls(a) => sessions::ls(Ctx::new(g, &a.c)?).await,
         Command::Info(a) => sessions::info(Ctx::new(g, &a.c)?, &a.session).await,
         Command::Kill(a) => sessions::kill(Ctx::new(g, &a.c)?, &a.sessions).await,
+        Command::KillProcesses(a) => sessions::kill_processes(Ctx::new(g, &a.c)?, &a.session).await,
         Command::Timeout(a) => sessions::timeout(Ctx::new(g, &a.c)?, &a.session, a.secs).await,
         Command::Metrics(a) => sessions::metrics(Ctx::new(g, &a.c)?, &a.session).await,
         Command::Health(a) => sessions::health(Ctx::new(g, &a.c)?).await,

@@ -1,4 +1,4 @@
-//! create, ls, info, kill, timeout, metrics, health.
+//! create, ls, info, kill, kill-processes, timeout, metrics, health.
 
 use koder_sdk::{types, CreateSession, Limits, Network};
 
@@ -74,6 +74,15 @@ pub async fn kill(ctx: Ctx, ids: &[String]) -> Result<i32> {
     for id in ids {
         ctx.client.destroy_session(id).await?;
     }
+    Ok(0)
+}
+
+pub async fn kill_processes(ctx: Ctx, id: &str) -> Result<i32> {
+    let killed = ctx.client.kill_processes(id).await?;
+    ctx.out
+        .print(&serde_json::json!({ "killed": killed }), |_| {
+            format!("{killed} processes killed")
+        })?;
     Ok(0)
 }
 

@@ -65,6 +65,10 @@ pub fn session_table(s: &types::Session) -> String {
         ("image", s.image.clone()),
         ("runtime", s.runtime.clone()),
         ("state", s.state.as_str().to_string()),
+        (
+            "end_reason",
+            s.end_reason.clone().unwrap_or_else(|| "-".into()),
+        ),
         ("created", format_time(&s.created_at)),
         ("expires", format_time(&s.expires_at)),
         ("cpu_millis", or_dash(limits.cpu_millis)),
