@@ -2,9 +2,16 @@
 //!
 //! `clone3` is called directly because no maintained crate offers fork-like clone with
 //! CLONE_PIDFD and namespace flags from a multi-threaded process. The child only makes
-//! async-signal-safe syscalls (read, setresuid, setsid, dup2, execve, _exit) on memory prepared before the
-//! clone: it waits on a pipe until the parent has written its uid/gid maps and placed it in its
-//! cgroup, then execs the agent, which does all the real set-up single-threaded.
+//! async-signal-safe syscalls (close, prctl, read, setresuid, setsid, dup2, close_range, execve,
+//! _exit) on memory prepared before the clone: it waits on a pipe until the parent has written
+//! its uid/gid maps and placed it in its cgroup, then execs the agent, which does all the real
+//! set-up single-threaded.
+//!
+//! Until its exec the child is a copy of the daemon holding every descriptor the daemon had
+//! (its HTTP listener among them), so it must never outlive a daemon that dies in that window:
+//! it closes its copy of the pipe's write end first (a dead parent then reads as end-of-file,
+//! not as a wait forever) and asks for SIGKILL when the creating thread dies. Only fds 0-3
+//! survive its exec.
 
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -89,7 +96,10 @@ pub fn spawn_agent(
     let null = high(null.into()).map_err(io("dup /dev/null"))?;
     let listener = high(listener).map_err(io("dup listener"))?;
     let stderr_w = high(stderr_w).map_err(io("dup stderr pipe"))?;
-    let sync_rfd = sync_r.as_raw_fd();
+    let sync = SyncFds {
+        read: sync_r.as_raw_fd(),
+        write: sync_w.as_raw_fd(),
+    };
     let err_wfd = err_w.as_raw_fd();
 
     let mut pidfd: RawFd = -1;
@@ -112,7 +122,7 @@ pub fn spawn_agent(
         // SAFETY: see above; this never returns.
         unsafe {
             child(
-                sync_rfd,
+                sync,
                 err_wfd,
                 [
                     null.as_raw_fd(),
@@ -140,7 +150,11 @@ pub fn spawn_agent(
 
     let released = write_id_maps(pid, ids, rootless)
         .and_then(|()| place(pid))
-        .and_then(|()| release(sync_w, err_r));
+        .and_then(|()| {
+            #[cfg(debug_assertions)]
+            crash_point("jail-before-release");
+            release(sync_w, err_r)
+        });
     if let Err(e) = released {
         kill_and_reap(&pidfd);
         return Err(e);
@@ -152,10 +166,32 @@ pub fn spawn_agent(
     })
 }
 
+/// Test hook, debug builds only: `KODER_TEST_CRASH_AT=<point>` in the daemon's environment
+/// makes the whole process abort at that point, so tests can crash a daemon exactly there.
+/// Points: `jail-before-release` (a child cloned and placed, not yet released to exec).
+#[cfg(debug_assertions)]
+fn crash_point(point: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if AT
+        .get_or_init(|| std::env::var("KODER_TEST_CRASH_AT").ok())
+        .as_deref()
+        == Some(point)
+    {
+        std::process::abort();
+    }
+}
+
+/// The release pipe as the child sees it right after the clone.
+#[derive(Clone, Copy)]
+struct SyncFds {
+    read: RawFd,
+    write: RawFd,
+}
+
 /// # Safety
 /// Only to be called in the child of a fork-like clone; never returns.
 unsafe fn child(
-    sync_r: RawFd,
+    sync: SyncFds,
     err_w: RawFd,
     std_fds: [RawFd; 4],
     rootless: bool,
@@ -163,9 +199,20 @@ unsafe fn child(
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
 ) -> ! {
+    // Only the parent may hold the write end, or its death would never read as end-of-file.
+    libc::close(sync.write);
+    // The creating thread blocks until the exec (or our death), so its exit means the daemon
+    // is going: die with it. Credential changes below clear this again, which is fine.
+    libc::prctl(
+        libc::PR_SET_PDEATHSIG,
+        libc::SIGKILL as libc::c_ulong,
+        0,
+        0,
+        0,
+    );
     let mut byte = 0u8;
     loop {
-        let n = libc::read(sync_r, (&mut byte as *mut u8).cast(), 1);
+        let n = libc::read(sync.read, (&mut byte as *mut u8).cast(), 1);
         if n == 1 {
             break;
         }
@@ -192,6 +239,16 @@ unsafe fn child(
         }
     }
     debug_assert_eq!(std_fds.len() as i32, LISTEN_FD + 1);
+    // Whatever else the daemon had open stays with the daemon, CLOEXEC or not.
+    if libc::syscall(
+        libc::SYS_close_range,
+        (LISTEN_FD + 1) as u32,
+        u32::MAX,
+        libc::CLOSE_RANGE_CLOEXEC,
+    ) < 0
+    {
+        report_and_exit(err_w);
+    }
     libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
     report_and_exit(err_w)
 }
