@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use koder_agent_protocol::init::LISTEN_FD;
+use koder_agent_protocol::init::{CONFIG_FD, LISTEN_FD};
 use koder_runtime::RuntimeError;
 
 /// A contiguous uid/gid range of the host the sandbox's ids map onto.
@@ -63,7 +63,8 @@ const NAMESPACES: u64 = (libc::CLONE_NEWUSER
 /// onto 0..=3 can never overwrite one it still has to dup.
 const HIGH_FD: RawFd = 10;
 
-/// Starts `agent init <config>` in new namespaces, with `listener` as its fd 3.
+/// Starts `agent init` in new namespaces, with `listener` as its fd 3 and `config_json` to
+/// read on fd 4.
 ///
 /// `place` runs after the child exists but before it may run (write maps, join cgroups); if it
 /// fails the child is killed and reaped.
@@ -79,7 +80,7 @@ pub fn spawn_agent(
         CString::new(s).map_err(|_| RuntimeError::InvalidSpec("NUL byte in agent argument".into()))
     };
     let path = cstr(&agent.to_string_lossy())?;
-    let args = [cstr("koder-agent")?, cstr("init")?, cstr(config_json)?];
+    let args = [cstr("koder-agent")?, cstr("init")?];
     let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
@@ -96,6 +97,8 @@ pub fn spawn_agent(
     let null = high(null.into()).map_err(io("dup /dev/null"))?;
     let listener = high(listener).map_err(io("dup listener"))?;
     let stderr_w = high(stderr_w).map_err(io("dup stderr pipe"))?;
+    let config = high(config_file(config_json).map_err(io("agent config memfd"))?)
+        .map_err(io("dup agent config"))?;
     let sync = SyncFds {
         read: sync_r.as_raw_fd(),
         write: sync_w.as_raw_fd(),
@@ -129,6 +132,7 @@ pub fn spawn_agent(
                     null.as_raw_fd(),
                     stderr_w.as_raw_fd(),
                     listener.as_raw_fd(),
+                    config.as_raw_fd(),
                 ],
                 rootless,
                 &path,
@@ -146,7 +150,7 @@ pub fn spawn_agent(
     let pid = pid as i32;
     // SAFETY: CLONE_PIDFD stored a fresh descriptor we now own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    drop((sync_r, err_w, stderr_w, listener, null));
+    drop((sync_r, err_w, stderr_w, listener, null, config));
 
     let released = write_id_maps(pid, ids, rootless)
         .and_then(|()| place(pid))
@@ -193,7 +197,7 @@ struct SyncFds {
 unsafe fn child(
     sync: SyncFds,
     err_w: RawFd,
-    std_fds: [RawFd; 4],
+    std_fds: [RawFd; 5],
     rootless: bool,
     path: &CString,
     argv: &[*const libc::c_char],
@@ -238,11 +242,12 @@ unsafe fn child(
             report_and_exit(err_w);
         }
     }
-    debug_assert_eq!(std_fds.len() as i32, LISTEN_FD + 1);
+    debug_assert_eq!(std_fds.len() as i32, CONFIG_FD + 1);
+    debug_assert_eq!(LISTEN_FD + 1, CONFIG_FD);
     // Whatever else the daemon had open stays with the daemon, CLOEXEC or not.
     if libc::syscall(
         libc::SYS_close_range,
-        (LISTEN_FD + 1) as u32,
+        (CONFIG_FD + 1) as u32,
         u32::MAX,
         libc::CLOSE_RANGE_CLOEXEC,
     ) < 0
@@ -303,6 +308,23 @@ pub fn kill_and_reap(pidfd: &OwnedFd) {
         rustix::process::WaitId::PidFd(pidfd.as_fd()),
         rustix::process::WaitIdOptions::EXITED,
     );
+}
+
+/// The agent's configuration in an anonymous, sealed file read from its start: the agent
+/// reads it from [`CONFIG_FD`] and closes it.
+fn config_file(json: &str) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(
+        "koder-agent-config",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )?;
+    std::fs::File::from(fd.try_clone()?).write_all(json.as_bytes())?;
+    rustix::fs::seek(&fd, rustix::fs::SeekFrom::Start(0))?;
+    rustix::fs::fcntl_add_seals(
+        &fd,
+        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+    )?;
+    Ok(fd)
 }
 
 fn cloexec_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
