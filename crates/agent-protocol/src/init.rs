@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 /// File descriptor on which the agent finds its already-bound listening socket.
 pub const LISTEN_FD: i32 = 3;
 
+/// File descriptor from which the agent reads its [`InitConfig`] (JSON) once at start: not in
+/// argv, where the sandbox (`/proc/1/cmdline`) and every host `ps` could read it.
+pub const CONFIG_FD: i32 = 4;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InitConfig {
     pub hostname: String,

@@ -1,5 +1,6 @@
-//! `koder-agent init <config-json>`: started by a runtime as PID 1 of a new sandbox, with its
-//! listening socket on fd 3. Builds and confines the sandbox, then serves the daemon forever.
+//! `koder-agent init`: started by a runtime as PID 1 of a new sandbox, with its listening
+//! socket on fd 3 and its configuration (JSON) to read on fd 4. Builds and confines the
+//! sandbox, then serves the daemon forever.
 
 use std::os::fd::FromRawFd;
 use std::process::ExitCode;
@@ -11,7 +12,7 @@ use koder_agent::fs::Fs;
 use koder_agent::guest;
 use koder_agent::server::{serve_connection, serve_listener, Agent};
 use koder_agent::setup;
-use koder_agent_protocol::init::{self, InitConfig, LISTEN_FD};
+use koder_agent_protocol::init::{self, InitConfig, CONFIG_FD, LISTEN_FD};
 
 fn main() -> ExitCode {
     if guest::is_guest_init() {
@@ -22,11 +23,11 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     let args: Vec<String> = std::env::args().collect();
-    let (Some("init"), Some(config)) = (args.get(1).map(String::as_str), args.get(2)) else {
-        eprintln!("usage: koder-agent init <config-json>");
+    if args.get(1).map(String::as_str) != Some("init") || args.len() != 2 {
+        eprintln!("usage: koder-agent init  (configuration on fd {CONFIG_FD})");
         return ExitCode::from(2);
-    };
-    match init(config) {
+    }
+    match init() {
         Ok(never) => match never {},
         Err(e) => {
             // stderr is a pipe the runtime reads while the sandbox starts.
@@ -38,7 +39,8 @@ fn main() -> ExitCode {
 
 enum Never {}
 
-fn init(config: &str) -> Result<Never, Box<dyn std::error::Error>> {
+fn init() -> Result<Never, Box<dyn std::error::Error>> {
+    let cfg = read_config()?;
     // Whatever the runtime's process had open must not reach untrusted code: everything above
     // the listener is closed, and the listener itself never survives an exec.
     // SAFETY: close_range on fds above the listener; nothing in this process uses them.
@@ -46,7 +48,6 @@ fn init(config: &str) -> Result<Never, Box<dyn std::error::Error>> {
         libc::syscall(libc::SYS_close_range, LISTEN_FD as u32 + 1, u32::MAX, 0u32);
     }
     koder_agent::child::mark_cloexec_from(LISTEN_FD)?;
-    let cfg: InitConfig = serde_json::from_str(config)?;
     setup::build_root(&cfg)?;
     let (fs, confinement, defaults, runtime) =
         confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs)?;
@@ -65,6 +66,17 @@ fn init(config: &str) -> Result<Never, Box<dyn std::error::Error>> {
         serve_listener(agent, listener).await;
         Err::<Never, Box<dyn std::error::Error>>("listener stopped".into())
     })
+}
+
+/// Reads the configuration the runtime handed over on [`CONFIG_FD`], and closes it.
+fn read_config() -> Result<InitConfig, Box<dyn std::error::Error>> {
+    use std::io::Read;
+    // SAFETY: the runtime placed the configuration file on CONFIG_FD for us alone; taking
+    // ownership closes it once read.
+    let mut file = unsafe { std::fs::File::from_raw_fd(CONFIG_FD) };
+    let mut raw = String::new();
+    file.read_to_string(&mut raw)?;
+    Ok(serde_json::from_str(&raw)?)
 }
 
 /// What every agent does once its root is built: raise the walls around itself (and so around

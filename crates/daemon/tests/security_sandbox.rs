@@ -120,3 +120,53 @@ async fn microvm_processes_get_only_their_own_descriptors_and_no_vsock() {
     let r = d.exec(id, json!({"shell": "echo still-served"})).await;
     assert_eq!(r["stdout"], "still-served\n", "{r}");
 }
+
+/// A free loopback address: bound and released, so the daemon can take it (a later restart
+/// must get the very same one back).
+fn free_address() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_crash_mid_create_leaves_no_copy_of_the_daemon() {
+    let Some(()) = root_or_skip() else { return };
+    let mut d = Daemon::start(BASE_CONFIG).await;
+    d.stop();
+    let listen = free_address();
+    d.launch_at(&listen, &[("KODER_TEST_CRASH_AT", "jail-before-release")])
+        .await;
+    // The create's clone3 child is placed and waiting for release when the daemon aborts.
+    let create = d
+        .req(Method::POST, S, KEY1)
+        .json(&json!({}))
+        .timeout(std::time::Duration::from_secs(30))
+        .send()
+        .await;
+    assert!(create.is_err(), "the daemon answered instead of crashing");
+    let status = d.wait_exit(std::time::Duration::from_secs(30));
+    assert!(status.is_some(), "the daemon did not reach its crash point");
+
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_koder-sandbox"));
+    let data = d.data_dir().display().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !processes_of(binary, &data).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a copy of the daemon outlived it: {:?}",
+            processes_of(binary, &data)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Same address: nothing holds the old listener any more.
+    d.launch_at(&listen, &[]).await;
+    let id = d.create(json!({})).await;
+    let r = d.exec(&id, json!({"shell": "echo served"})).await;
+    assert_eq!(r["stdout"], "served\n", "{r}");
+    let ours = d.child.as_ref().map(|c| c.id() as i32);
+    let strays: Vec<i32> = processes_of(binary, &data)
+        .into_iter()
+        .filter(|p| Some(*p) != ours)
+        .collect();
+    assert!(strays.is_empty(), "{strays:?}");
+}

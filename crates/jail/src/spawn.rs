@@ -2,16 +2,23 @@
 //!
 //! `clone3` is called directly because no maintained crate offers fork-like clone with
 //! CLONE_PIDFD and namespace flags from a multi-threaded process. The child only makes
-//! async-signal-safe syscalls (read, setresuid, setsid, dup2, execve, _exit) on memory prepared before the
-//! clone: it waits on a pipe until the parent has written its uid/gid maps and placed it in its
-//! cgroup, then execs the agent, which does all the real set-up single-threaded.
+//! async-signal-safe syscalls (close, prctl, read, setresuid, setsid, dup2, close_range, execve,
+//! _exit) on memory prepared before the clone: it waits on a pipe until the parent has written
+//! its uid/gid maps and placed it in its cgroup, then execs the agent, which does all the real
+//! set-up single-threaded.
+//!
+//! Until its exec the child is a copy of the daemon holding every descriptor the daemon had
+//! (its HTTP listener among them), so it must never outlive a daemon that dies in that window:
+//! it closes its copy of the pipe's write end first (a dead parent then reads as end-of-file,
+//! not as a wait forever) and asks for SIGKILL when the creating thread dies. Only fds 0-3
+//! survive its exec.
 
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use koder_agent_protocol::init::LISTEN_FD;
+use koder_agent_protocol::init::{CONFIG_FD, LISTEN_FD};
 use koder_runtime::RuntimeError;
 
 /// A contiguous uid/gid range of the host the sandbox's ids map onto.
@@ -56,7 +63,8 @@ const NAMESPACES: u64 = (libc::CLONE_NEWUSER
 /// onto 0..=3 can never overwrite one it still has to dup.
 const HIGH_FD: RawFd = 10;
 
-/// Starts `agent init <config>` in new namespaces, with `listener` as its fd 3.
+/// Starts `agent init` in new namespaces, with `listener` as its fd 3 and `config_json` to
+/// read on fd 4.
 ///
 /// `place` runs after the child exists but before it may run (write maps, join cgroups); if it
 /// fails the child is killed and reaped.
@@ -72,7 +80,7 @@ pub fn spawn_agent(
         CString::new(s).map_err(|_| RuntimeError::InvalidSpec("NUL byte in agent argument".into()))
     };
     let path = cstr(&agent.to_string_lossy())?;
-    let args = [cstr("koder-agent")?, cstr("init")?, cstr(config_json)?];
+    let args = [cstr("koder-agent")?, cstr("init")?];
     let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
@@ -89,7 +97,12 @@ pub fn spawn_agent(
     let null = high(null.into()).map_err(io("dup /dev/null"))?;
     let listener = high(listener).map_err(io("dup listener"))?;
     let stderr_w = high(stderr_w).map_err(io("dup stderr pipe"))?;
-    let sync_rfd = sync_r.as_raw_fd();
+    let config = high(config_file(config_json).map_err(io("agent config memfd"))?)
+        .map_err(io("dup agent config"))?;
+    let sync = SyncFds {
+        read: sync_r.as_raw_fd(),
+        write: sync_w.as_raw_fd(),
+    };
     let err_wfd = err_w.as_raw_fd();
 
     let mut pidfd: RawFd = -1;
@@ -112,13 +125,14 @@ pub fn spawn_agent(
         // SAFETY: see above; this never returns.
         unsafe {
             child(
-                sync_rfd,
+                sync,
                 err_wfd,
                 [
                     null.as_raw_fd(),
                     null.as_raw_fd(),
                     stderr_w.as_raw_fd(),
                     listener.as_raw_fd(),
+                    config.as_raw_fd(),
                 ],
                 rootless,
                 &path,
@@ -136,11 +150,15 @@ pub fn spawn_agent(
     let pid = pid as i32;
     // SAFETY: CLONE_PIDFD stored a fresh descriptor we now own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    drop((sync_r, err_w, stderr_w, listener, null));
+    drop((sync_r, err_w, stderr_w, listener, null, config));
 
     let released = write_id_maps(pid, ids, rootless)
         .and_then(|()| place(pid))
-        .and_then(|()| release(sync_w, err_r));
+        .and_then(|()| {
+            #[cfg(debug_assertions)]
+            crash_point("jail-before-release");
+            release(sync_w, err_r)
+        });
     if let Err(e) = released {
         kill_and_reap(&pidfd);
         return Err(e);
@@ -152,20 +170,53 @@ pub fn spawn_agent(
     })
 }
 
+/// Test hook, debug builds only: `KODER_TEST_CRASH_AT=<point>` in the daemon's environment
+/// makes the whole process abort at that point, so tests can crash a daemon exactly there.
+/// Points: `jail-before-release` (a child cloned and placed, not yet released to exec).
+#[cfg(debug_assertions)]
+fn crash_point(point: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if AT
+        .get_or_init(|| std::env::var("KODER_TEST_CRASH_AT").ok())
+        .as_deref()
+        == Some(point)
+    {
+        std::process::abort();
+    }
+}
+
+/// The release pipe as the child sees it right after the clone.
+#[derive(Clone, Copy)]
+struct SyncFds {
+    read: RawFd,
+    write: RawFd,
+}
+
 /// # Safety
 /// Only to be called in the child of a fork-like clone; never returns.
 unsafe fn child(
-    sync_r: RawFd,
+    sync: SyncFds,
     err_w: RawFd,
-    std_fds: [RawFd; 4],
+    std_fds: [RawFd; 5],
     rootless: bool,
     path: &CString,
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
 ) -> ! {
+    // Only the parent may hold the write end, or its death would never read as end-of-file.
+    libc::close(sync.write);
+    // The creating thread blocks until the exec (or our death), so its exit means the daemon
+    // is going: die with it. Credential changes below clear this again, which is fine.
+    libc::prctl(
+        libc::PR_SET_PDEATHSIG,
+        libc::SIGKILL as libc::c_ulong,
+        0,
+        0,
+        0,
+    );
     let mut byte = 0u8;
     loop {
-        let n = libc::read(sync_r, (&mut byte as *mut u8).cast(), 1);
+        let n = libc::read(sync.read, (&mut byte as *mut u8).cast(), 1);
         if n == 1 {
             break;
         }
@@ -191,7 +242,18 @@ unsafe fn child(
             report_and_exit(err_w);
         }
     }
-    debug_assert_eq!(std_fds.len() as i32, LISTEN_FD + 1);
+    debug_assert_eq!(std_fds.len() as i32, CONFIG_FD + 1);
+    debug_assert_eq!(LISTEN_FD + 1, CONFIG_FD);
+    // Whatever else the daemon had open stays with the daemon, CLOEXEC or not.
+    if libc::syscall(
+        libc::SYS_close_range,
+        (CONFIG_FD + 1) as u32,
+        u32::MAX,
+        libc::CLOSE_RANGE_CLOEXEC,
+    ) < 0
+    {
+        report_and_exit(err_w);
+    }
     libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
     report_and_exit(err_w)
 }
@@ -246,6 +308,23 @@ pub fn kill_and_reap(pidfd: &OwnedFd) {
         rustix::process::WaitId::PidFd(pidfd.as_fd()),
         rustix::process::WaitIdOptions::EXITED,
     );
+}
+
+/// The agent's configuration in an anonymous, sealed file read from its start: the agent
+/// reads it from [`CONFIG_FD`] and closes it.
+fn config_file(json: &str) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(
+        "koder-agent-config",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )?;
+    std::fs::File::from(fd.try_clone()?).write_all(json.as_bytes())?;
+    rustix::fs::seek(&fd, rustix::fs::SeekFrom::Start(0))?;
+    rustix::fs::fcntl_add_seals(
+        &fd,
+        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+    )?;
+    Ok(fd)
 }
 
 fn cloexec_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {

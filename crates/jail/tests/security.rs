@@ -246,3 +246,28 @@ async fn only_allowed_address_families_open() {
         sb.destroy().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_command_line_carries_no_configuration() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("cmdline");
+    let sb = sandbox(&env).await;
+    let state = env.dir.path().display().to_string();
+    let inside = run(&sb, "tr '\\0' ' ' </proc/1/cmdline").await;
+    assert_eq!(text(&inside.stdout).trim(), "koder-agent init");
+    let pid: i32 = std::fs::read_to_string(
+        env.dir
+            .path()
+            .join("sandboxes")
+            .join(sb.id())
+            .join("agent.pid"),
+    )
+    .expect("agent pid")
+    .trim()
+    .parse()
+    .expect("pid");
+    let host = std::fs::read(format!("/proc/{pid}/cmdline")).expect("host cmdline");
+    let host = String::from_utf8_lossy(&host);
+    assert!(!host.contains('{') && !host.contains(&state), "{host}");
+    sb.destroy().await.unwrap();
+}

@@ -114,6 +114,7 @@ impl Firecracker {
             // Keeps a ^C aimed at the daemon's process group from reaching the VM behind the
             // daemon's back.
             .process_group(0);
+        crate::vmm::stdio_only(&mut cmd);
         Ok(cmd)
     }
 }

@@ -141,6 +141,7 @@ fn unprivileged(mut cmd: Command, launch: &Launch) -> Result<Command, RuntimeErr
         .stdout(Stdio::null())
         .kill_on_drop(true)
         .process_group(0);
+    crate::vmm::stdio_only(&mut cmd);
     Ok(cmd)
 }
 

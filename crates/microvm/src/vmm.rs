@@ -65,3 +65,25 @@ pub trait Vmm: Send + Sync {
         Ok(label.to_string())
     }
 }
+
+/// A VMM gets its stdio and nothing else the daemon holds (its HTTP listener, agent
+/// connections, other VMs' sockets), whatever flags a descriptor was opened with: a VMM
+/// outlives a crashed daemon until reconciliation, and must not keep its port or its files.
+pub fn stdio_only(cmd: &mut tokio::process::Command) {
+    // SAFETY: close_range only changes descriptor flags and is async-signal-safe; pre_exec
+    // hooks run after std has placed the child's stdio on 0-2.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            ) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}

@@ -381,3 +381,69 @@ pub fn stdout_of(events: &[Sse]) -> String {
         .filter_map(|e| e.data["data"].as_str())
         .collect()
 }
+
+impl Daemon {
+    /// Like [`Daemon::launch`], on a fixed `listen` address and with extra environment (test
+    /// hooks such as `KODER_TEST_CRASH_AT`), for restart tests that need the same port back.
+    pub async fn launch_at(&mut self, listen: &str, env: &[(&str, &str)]) {
+        let config_path = self.dir.path().join("koder.toml");
+        std::fs::write(
+            &config_path,
+            format!(
+                "{}\n[jail]\ncgroup_parent = \"{}\"\n",
+                self.config, self.cgroup_parent
+            ),
+        )
+        .expect("write config");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_koder-sandbox"));
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--listen")
+            .arg(listen)
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if self.keys {
+            cmd.arg("--api-key").arg(format!("t1:{KEY1}"));
+        }
+        let mut child = cmd.spawn().expect("spawn daemon");
+        let stdout = child.stdout.take().expect("daemon stdout");
+        self.child = Some(child);
+        self.base = listening_address(stdout).await;
+    }
+
+    /// Waits (bounded) for the daemon process to end on its own, e.g. at a crash point.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+/// Host processes running `exe` whose command line mentions `needle`.
+pub fn processes_of(exe: &std::path::Path, needle: &str) -> Vec<i32> {
+    let exe = std::fs::canonicalize(exe).unwrap_or_else(|_| exe.to_path_buf());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let runs = std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == exe);
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            runs && String::from_utf8_lossy(&cmdline).contains(needle)
+        })
+        .collect()
+}
