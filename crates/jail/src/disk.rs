@@ -21,27 +21,20 @@ use std::ffi::CStr;
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
+use koder_hostkit::mode::set_mode;
 use koder_runtime::RuntimeError;
-use rustix::fs::SeekFrom;
 use rustix::io::Errno;
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 
-/// Smallest disk: mkfs.ext4 with our options accepts down to 256 KiB, so 1 MiB is the smallest
-/// whole-MiB size (it has room for ~240 blocks and 64 inodes).
-pub const MIN_SIZE_MIB: u64 = 1;
-/// Largest disk: 1 TiB. Its template holds ~16 MiB of metadata, copied per sandbox.
-pub const MAX_SIZE_MIB: u64 = 1 << 20;
+pub use koder_hostkit::ext4::{Templates as DiskTemplates, MAX_SIZE_MIB, MIN_SIZE_MIB};
 
 /// The sandbox's image file, relative to its directory.
 pub const IMAGE_NAME: &str = "disk.img";
 /// Where the image is mounted on the host, relative to the sandbox's directory.
 pub const MOUNT_NAME: &str = "disk";
-
-const MIB: u64 = 1024 * 1024;
 
 /// `LO_FLAGS_*`, `LOOP_*` ioctls and their structs from `<linux/loop.h>`; libc lacks them.
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
@@ -98,65 +91,6 @@ const MAX_STACKED_MOUNTS: usize = 8;
 /// reported by the write that does not fit, and builds keep their speed.
 const MOUNT_OPTIONS: &CStr = c"noinit_itable,nobarrier,errors=remount-ro";
 
-/// Builds and caches one empty ext4 image per size.
-#[derive(Debug, Clone)]
-pub struct DiskTemplates {
-    dir: PathBuf,
-}
-
-impl DiskTemplates {
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
-    }
-
-    /// The template for `size_mib`, built on first use. Builds go to a temporary name and are
-    /// renamed into place, so concurrent callers and crashes never see a partial template.
-    pub fn template(&self, size_mib: u64) -> Result<PathBuf, RuntimeError> {
-        let bytes = check_size(size_mib)?;
-        let path = self.dir.join(format!("disk-{size_mib}m.img"));
-        if is_template(&path, bytes) {
-            return Ok(path);
-        }
-        std::fs::create_dir_all(&self.dir)
-            .map_err(RuntimeError::io(format!("create {}", self.dir.display())))?;
-        remove_stale_builds(&self.dir);
-        static BUILD: AtomicU64 = AtomicU64::new(0);
-        let tmp = self.dir.join(format!(
-            "disk-{size_mib}m.img.tmp.{}.{}",
-            std::process::id(),
-            BUILD.fetch_add(1, Ordering::Relaxed)
-        ));
-        let mut guard = RemoveOnDrop(Some(tmp.clone()));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(RuntimeError::io(format!("create {}", tmp.display())))?;
-        file.set_len(bytes)
-            .map_err(RuntimeError::io(format!("size {}", tmp.display())))?;
-        run_mkfs(&tmp)?;
-        if !is_template(&tmp, bytes) {
-            return Err(RuntimeError::Unavailable(format!(
-                "mkfs.ext4 did not produce an ext4 image of {size_mib} MiB at {}",
-                tmp.display()
-            )));
-        }
-        // A template renamed into place before its blocks reach the disk could turn into zeros
-        // after a host crash and break every later sandbox of this size.
-        file.sync_all()
-            .map_err(RuntimeError::io(format!("sync {}", tmp.display())))?;
-        std::fs::rename(&tmp, &path)
-            .map_err(RuntimeError::io(format!("install {}", path.display())))?;
-        guard.0 = None;
-        if let Ok(dir) = File::open(&self.dir) {
-            let _ = dir.sync_all();
-        }
-        tracing::debug!(template = %path.display(), "built disk template");
-        Ok(path)
-    }
-}
-
 /// A sandbox's mounted disk. Dropping it changes nothing: the mount lives until
 /// [`Disk::detach_host_mount`] (and the sandbox's end) or [`remove`].
 #[derive(Debug, Clone)]
@@ -184,29 +118,12 @@ impl Disk {
         size_mib: u64,
         owner: Option<(u32, u32)>,
     ) -> Result<Disk, RuntimeError> {
-        let bytes = check_size(size_mib)?;
-        let template = templates.template(size_mib)?;
         let image = dir.join(IMAGE_NAME);
         let mount_point = dir.join(MOUNT_NAME);
 
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&image)
-            .map_err(RuntimeError::io(format!("create {}", image.display())))?;
+        let file = templates.instantiate(size_mib, &image)?;
         // Armed only now: an image that already existed is not ours to delete.
         let mut undo = Undo(Some(dir.to_path_buf()));
-        file.set_len(bytes)
-            .map_err(RuntimeError::io(format!("size {}", image.display())))?;
-        let src = File::open(&template)
-            .map_err(RuntimeError::io(format!("open {}", template.display())))?;
-        copy_sparse(&src, &file, bytes).map_err(RuntimeError::io(format!(
-            "copy template to {}",
-            image.display()
-        )))?;
-        drop(src);
 
         // Holding the device open keeps AUTOCLEAR from firing until the mount holds it; if
         // anything below fails, closing it releases the device.
@@ -301,163 +218,6 @@ pub fn remove(dir: &Path) -> Result<(), RuntimeError> {
     } else {
         Err(RuntimeError::Teardown(problems.join("; ")))
     }
-}
-
-fn check_size(size_mib: u64) -> Result<u64, RuntimeError> {
-    if (MIN_SIZE_MIB..=MAX_SIZE_MIB).contains(&size_mib) {
-        Ok(size_mib * MIB)
-    } else {
-        Err(RuntimeError::InvalidSpec(format!(
-            "disk size {size_mib} MiB is outside {MIN_SIZE_MIB}..={MAX_SIZE_MIB} MiB"
-        )))
-    }
-}
-
-/// A usable template has the expected size and an ext4 superblock magic; anything else (a
-/// foreign file, damage after a crash) gets rebuilt.
-fn is_template(path: &Path, bytes: u64) -> bool {
-    const MAGIC_OFFSET: u64 = 1024 + 56;
-    let Ok(file) = File::open(path) else {
-        return false;
-    };
-    let Ok(meta) = file.metadata() else {
-        return false;
-    };
-    let mut magic = [0u8; 2];
-    meta.is_file()
-        && meta.len() == bytes
-        && file.read_exact_at(&mut magic, MAGIC_OFFSET).is_ok()
-        && u16::from_le_bytes(magic) == 0xEF53
-}
-
-fn run_mkfs(image: &Path) -> Result<(), RuntimeError> {
-    let mkfs = find_mkfs().ok_or_else(|| {
-        RuntimeError::Unavailable("mkfs.ext4 not found (install e2fsprogs)".into())
-    })?;
-    // No journal: the filesystem is scratch space thrown away with the sandbox. Lazy init and
-    // nodiscard keep mkfs from writing (or punching) the whole file. -T default keeps 4 KiB
-    // blocks for small sizes too, where mke2fs would otherwise pick 1 KiB "small"/"floppy".
-    let out = std::process::Command::new(&mkfs)
-        .args([
-            "-q",
-            "-F",
-            "-O",
-            "^has_journal",
-            "-E",
-            "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
-            "-m",
-            "0",
-            "-T",
-            "default",
-        ])
-        .arg(image)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(RuntimeError::io(format!("run {}", mkfs.display())))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    Err(RuntimeError::Unavailable(format!(
-        "{} {} failed ({}): {}",
-        mkfs.display(),
-        image.display(),
-        out.status,
-        stderr.trim()
-    )))
-}
-
-/// The daemon may run with a PATH that lacks the sbin directories.
-fn find_mkfs() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
-        .map(|d| d.join("mkfs.ext4"))
-        .find(|p| p.is_file())
-}
-
-/// Temporary templates left by processes that died mid-build.
-fn remove_stale_builds(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some((_, rest)) = name.split_once(".img.tmp.") else {
-            continue;
-        };
-        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<i32>().ok()) else {
-            continue;
-        };
-        // A running builder (any pid still alive) keeps its file; a recycled pid only delays
-        // the clean-up.
-        let alive = rustix::process::Pid::from_raw(pid)
-            .is_some_and(|p| rustix::process::test_kill_process(p) != Err(Errno::SRCH));
-        if !alive {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
-/// Copies the first `len` bytes of `src` into `dst` (already sized, all holes) extent by
-/// extent, so holes stay holes.
-fn copy_sparse(src: &File, dst: &File, len: u64) -> io::Result<()> {
-    let mut offset = 0u64;
-    while offset < len {
-        let start = match rustix::fs::seek(src, SeekFrom::Data(offset)) {
-            Ok(start) => start,
-            Err(Errno::NXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let end = rustix::fs::seek(src, SeekFrom::Hole(start))?.min(len);
-        copy_range(src, dst, start, end)?;
-        offset = end;
-    }
-    Ok(())
-}
-
-fn copy_range(src: &File, dst: &File, start: u64, end: u64) -> io::Result<()> {
-    const CHUNK: u64 = 1 << 30;
-    let mut pos = start;
-    while pos < end {
-        let want = (end - pos).min(CHUNK) as usize;
-        let (mut off_in, mut off_out) = (pos, pos);
-        match rustix::fs::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), want) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    ErrorKind::UnexpectedEof,
-                    "template shorter than its size",
-                ))
-            }
-            Ok(n) => pos += n as u64,
-            // Templates and sandboxes on different filesystems, or a filesystem without
-            // copy_file_range: copy through userspace.
-            Err(Errno::XDEV | Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => {
-                return copy_range_buffered(src, dst, pos, end)
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
-fn copy_range_buffered(src: &File, dst: &File, start: u64, end: u64) -> io::Result<()> {
-    let mut buf = vec![0u8; 1 << 20];
-    let mut pos = start;
-    while pos < end {
-        let want = (end - pos).min(buf.len() as u64) as usize;
-        let n = src.read_at(&mut buf[..want], pos)?;
-        if n == 0 {
-            return Err(io::Error::new(
-                ErrorKind::UnexpectedEof,
-                "template shorter than its size",
-            ));
-        }
-        dst.write_all_at(&buf[..n], pos)?;
-        pos += n as u64;
-    }
-    Ok(())
 }
 
 /// Attaches `file` to a free loop device with autoclear; returns the open device (keep it open
@@ -590,11 +350,6 @@ fn prepare_root(
     Ok((upper, work))
 }
 
-fn set_mode(path: &Path, mode: u32) -> Result<(), RuntimeError> {
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(RuntimeError::io(format!("chmod {}", path.display())))
-}
-
 /// Lazily unmounts everything stacked at `path`; returns how many mounts went.
 fn unmount_all(path: &Path) -> io::Result<usize> {
     for n in 0..MAX_STACKED_MOUNTS {
@@ -619,17 +374,6 @@ impl Drop for Undo {
             if let Err(e) = remove(&dir) {
                 tracing::warn!(dir = %dir.display(), error = %e, "cleanup after failed disk creation");
             }
-        }
-    }
-}
-
-/// Deletes a temporary file unless disarmed.
-struct RemoveOnDrop(Option<PathBuf>);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
-            let _ = std::fs::remove_file(path);
         }
     }
 }

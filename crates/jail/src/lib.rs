@@ -20,11 +20,13 @@ use async_trait::async_trait;
 use koder_agent_protocol::init::{InitConfig, Rlimits};
 use koder_agent_protocol::AgentClient;
 use koder_cgroups::{Cgroup, CgroupDriver, CpuQuota};
+use koder_hostkit::install::install_executable;
+use koder_hostkit::mode::{check_traversable, set_mode};
+use koder_hostkit::reap::{self, ExeMatch};
 use koder_runtime::{
     validate_id, Enforcement, Limits, NotEnforced, ReconcileReport, ResourceControl, Runtime,
     RuntimeError, Sandbox, SandboxSpec, Usage,
 };
-use tokio::io::unix::AsyncFd;
 
 use koder_image as image;
 pub use koder_image::{default_env, Image, WRITABLE_DIRS};
@@ -33,6 +35,8 @@ pub use spawn::IdMap;
 
 /// Ids inside a sandbox: 0..65536, like a normal Linux system.
 pub const SANDBOX_IDS: u32 = 65536;
+/// The agent's host pid, in its sandbox directory, for reconciliation after a crash.
+const AGENT_PID_FILE: &str = "agent.pid";
 /// RLIMIT_NPROC of sandbox processes.
 const NPROC_BACKSTOP: u64 = 8192;
 
@@ -111,7 +115,11 @@ impl JailRuntime {
         set_mode(&sandboxes_dir(&cfg), 0o711)?;
         set_mode(&run_dir(&cfg), 0o700)?;
         check_traversable(&cfg.state_dir)?;
-        cfg.agent_bin = install_agent(&cfg.agent_bin, &cfg.state_dir.join("bin"))?;
+        // Sandbox uids exec the agent, wherever it was built or installed (a build dir under
+        // /root, say); agents still running keep the binary they started from.
+        let bin_dir = cfg.state_dir.join("bin");
+        cfg.agent_bin = install_executable(&cfg.agent_bin, &bin_dir, "koder-agent")?;
+        set_mode(&bin_dir, 0o711)?;
         let image = image::host_image(&cfg.state_dir.join("images"))?;
         let mut enforcement = Enforcement {
             enforced: vec![
@@ -356,8 +364,7 @@ impl JailRuntime {
                 return Err(e);
             }
         }
-        std::fs::write(parts.dir.join("agent.pid"), spawned.pid.to_string())
-            .map_err(RuntimeError::io("record agent pid"))?;
+        reap::record(&parts.dir.join(AGENT_PID_FILE), &[spawned.pid])?;
         let ready = tokio::time::timeout(
             self.cfg.start_timeout,
             wait_ready(spawned.stderr, &parts.socket),
@@ -512,7 +519,10 @@ impl Runtime for JailRuntime {
         names.dedup();
         for id in names.into_iter().filter(|n| validate_id(n).is_ok()) {
             let dir = sandboxes_dir(&self.cfg).join(&id);
-            kill_recorded_agent(&dir, &self.cfg.agent_bin).await;
+            // After a daemon crash the agent is no longer our child: killing it (PID 1) takes
+            // its whole pid namespace.
+            let agent = ExeMatch::Path(self.cfg.agent_bin.clone());
+            reap::kill_recorded(&dir.join(AGENT_PID_FILE), &agent).await;
             let cgroup = match &self.cgroups {
                 Some(d) => d.open(&self.cgroup_name(&id)).ok(),
                 None => None,
@@ -635,54 +645,8 @@ async fn wait_exit(pidfd: &OwnedFd) {
     if let Ok(Some(_)) = reap() {
         return;
     }
-    exited(pidfd, Duration::from_secs(5)).await;
+    reap::wait_exited(pidfd, Duration::from_secs(5)).await;
     let _ = reap();
-}
-
-/// After a daemon crash the agent is no longer our child: find it by the recorded pid, check it
-/// really is our agent, kill it and wait until its pid namespace is gone.
-async fn kill_recorded_agent(dir: &Path, agent_bin: &Path) {
-    let Some(pid) = std::fs::read_to_string(dir.join("agent.pid"))
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-    else {
-        return;
-    };
-    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
-        return;
-    };
-    let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
-        return;
-    };
-    // The pid may have been recycled: only kill a process running our agent binary.
-    let exe = std::fs::read_link(format!("/proc/{}/exe", pid.as_raw_nonzero()));
-    // An agent started before the binary was replaced shows it as "... (deleted)".
-    let ours = match (exe, std::fs::canonicalize(agent_bin)) {
-        (Ok(exe), Ok(bin)) => {
-            exe.to_string_lossy().trim_end_matches(" (deleted)") == bin.to_string_lossy()
-        }
-        _ => false,
-    };
-    if !ours {
-        return;
-    }
-    let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
-    exited(&pidfd, Duration::from_secs(5)).await;
-    // If this very process started it (a start interrupted by shutdown), it is our zombie, and
-    // an unreaped zombie keeps a cgroup-v1 group busy; for anyone else's child this is ECHILD.
-    let _ = rustix::process::waitid(
-        rustix::process::WaitId::PidFd(pidfd.as_fd()),
-        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
-    );
-}
-
-/// Waits until the pidfd's process has exited (a pidfd turns readable then), at most `limit`.
-async fn exited(pidfd: &OwnedFd, limit: Duration) {
-    let Ok(own) = pidfd.try_clone() else { return };
-    // SAFETY: `own` is a duplicate owned by the AsyncFd; nothing else closes it.
-    if let Ok(fd) = unsafe { AsyncFd::register(own) } {
-        let _ = tokio::time::timeout(limit, fd.readable()).await;
-    }
 }
 
 /// Removes every host-side trace of a sandbox; idempotent.
@@ -743,58 +707,4 @@ fn sandboxes_dir(cfg: &JailConfig) -> PathBuf {
 
 fn run_dir(cfg: &JailConfig) -> PathBuf {
     cfg.state_dir.join("run")
-}
-
-fn set_mode(path: &Path, mode: u32) -> Result<(), RuntimeError> {
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(RuntimeError::io(format!("chmod {}", path.display())))
-}
-
-/// Copies the agent into the state dir (world-executable, under a searchable path), so sandbox
-/// uids can exec it wherever it was built or installed (a build dir under /root, say). A fresh
-/// copy goes in by rename: agents still running keep the binary they started from.
-fn install_agent(source: &Path, bin_dir: &Path) -> Result<PathBuf, RuntimeError> {
-    let unavailable = |e: std::io::Error| {
-        RuntimeError::Unavailable(format!("agent binary {}: {e}", source.display()))
-    };
-    let meta = std::fs::metadata(source).map_err(unavailable)?;
-    if !meta.is_file() {
-        return Err(RuntimeError::Unavailable(format!(
-            "agent binary {} is not a file",
-            source.display()
-        )));
-    }
-    let target = bin_dir.join("koder-agent");
-    let same = std::fs::metadata(&target)
-        .is_ok_and(|t| t.len() == meta.len() && t.modified().ok() >= meta.modified().ok());
-    if !same {
-        let staging = bin_dir.join(format!(".koder-agent.{}", std::process::id()));
-        std::fs::copy(source, &staging).map_err(unavailable)?;
-        std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o755))
-            .map_err(unavailable)?;
-        std::fs::rename(&staging, &target).map_err(unavailable)?;
-    }
-    set_mode(bin_dir, 0o711)?;
-    Ok(target)
-}
-
-/// Sandbox uids reach their layers and the agent through these paths, so every ancestor must
-/// be searchable by others.
-fn check_traversable(path: &Path) -> Result<(), RuntimeError> {
-    let abs = std::fs::canonicalize(path)
-        .map_err(RuntimeError::io(format!("resolve {}", path.display())))?;
-    for dir in abs.ancestors() {
-        let mode = std::fs::metadata(dir)
-            .map_err(RuntimeError::io(format!("stat {}", dir.display())))?
-            .permissions()
-            .mode();
-        if mode & 0o001 == 0 {
-            return Err(RuntimeError::Unavailable(format!(
-                "{} is not searchable by sandbox uids (mode {:o}); choose a state dir and agent path under world-searchable directories",
-                dir.display(),
-                mode & 0o7777
-            )));
-        }
-    }
-    Ok(())
 }

@@ -18,7 +18,6 @@ pub mod qemu;
 pub mod vmm;
 pub mod vsock;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +28,9 @@ use koder_agent_protocol::init::{
 };
 use koder_agent_protocol::{AgentClient, GuestLimits};
 use koder_cgroups::{Cgroup, CgroupDriver};
+use koder_hostkit::ext4;
+use koder_hostkit::mode::set_mode;
+use koder_hostkit::reap::{self, ExeMatch};
 use koder_runtime::slots::Slots;
 use koder_runtime::{
     validate_id, Enforcement, Limits, NotEnforced, ReconcileReport, ResourceControl, Runtime,
@@ -125,6 +127,8 @@ pub struct MicroVmRuntime {
     accel: Accel,
     image: image::VmImage,
     initrd_base: PathBuf,
+    /// Empty ext4 filesystems, one per disk size, that scratch disks are copied from.
+    scratch_templates: ext4::Templates,
     slots: Slots,
     enforcement: Enforcement,
     /// Host TSC frequency for the guest command line: a TCG guest that calibrates its TSC
@@ -150,15 +154,13 @@ impl MicroVmRuntime {
         for dir in [cfg.state_dir.clone(), vms_dir(&cfg)] {
             std::fs::create_dir_all(&dir)
                 .map_err(RuntimeError::io(format!("create {}", dir.display())))?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
-                .map_err(RuntimeError::io(format!("chmod {}", dir.display())))?;
+            set_mode(&dir, 0o711)?;
         }
         let initrd_base = cfg.state_dir.join("initrd-base.cpio");
         let agent = guest_agent(&cfg.agent_bin, &cfg.state_dir)?;
         initrd::write_base(&initrd_base, &agent, &image.modules, &image.egress_modules)
             .map_err(|e| RuntimeError::Unavailable(format!("guest initrd: {e}")))?;
-        std::fs::set_permissions(&initrd_base, std::fs::Permissions::from_mode(0o644))
-            .map_err(RuntimeError::io("chmod the initrd"))?;
+        set_mode(&initrd_base, 0o644)?;
         let mut enforcement = Enforcement {
             enforced: vec![
                 format!(
@@ -192,6 +194,7 @@ impl MicroVmRuntime {
         }
         Ok(Self {
             slots: Slots::new(cfg.max_vms),
+            scratch_templates: ext4::Templates::new(cfg.state_dir.join("scratch-templates")),
             tsc_khz: host_tsc_khz(),
             boot_permits: tokio::sync::Semaphore::new(host_cpus() as usize),
             cgroups,
@@ -203,6 +206,16 @@ impl MicroVmRuntime {
             initrd_base,
             enforcement,
         })
+    }
+
+    /// `dest` as a sparse copy of the empty ext4 filesystem of `mib` (built on first use).
+    async fn scratch_disk(&self, mib: u64, dest: &Path) -> Result<(), RuntimeError> {
+        let templates = self.scratch_templates.clone();
+        let dest = dest.to_path_buf();
+        // mkfs and the copy block for a while: not on a worker other VMs' requests wait for.
+        tokio::task::spawn_blocking(move || templates.instantiate(mib, &dest).map(drop))
+            .await
+            .map_err(|e| RuntimeError::Start(format!("scratch disk task: {e}")))?
     }
 
     fn cmdline(&self) -> String {
@@ -236,8 +249,7 @@ impl MicroVmRuntime {
             .clamp(1, host_cpus());
         let scratch = dir.join("scratch.ext4");
         let disk_mib = limits.disk_mib.unwrap_or(DEFAULT_DISK_MIB);
-        let template = scratch_template(&self.cfg.state_dir, disk_mib).await?;
-        sparse_copy(&template, &scratch).await?;
+        self.scratch_disk(disk_mib, &scratch).await?;
         let initrd = dir.join("initrd.cpio");
         let serials = (
             self.vmm
@@ -251,8 +263,7 @@ impl MicroVmRuntime {
             std::os::unix::fs::chown(path, Some(host.uid), Some(host.uid))
                 .map_err(RuntimeError::io(format!("chown {}", path.display())))?;
         }
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(RuntimeError::io("chmod the VM directory"))?;
+        set_mode(dir, 0o700)?;
         let launch = Launch {
             dir: dir.clone(),
             id: spec.id.clone(),
@@ -282,7 +293,7 @@ impl MicroVmRuntime {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .extend(processes.children);
-        record_pids(dir, &pids)?;
+        reap::record(&dir.join(PIDS_FILE), &pids)?;
         if let Some(cg) = host
             .cgroup
             .lock()
@@ -554,7 +565,7 @@ impl Runtime for MicroVmRuntime {
         };
         for entry in entries.flatten() {
             let dir = entry.path();
-            kill_recorded(&dir);
+            reap::kill_recorded(&dir.join(PIDS_FILE), &vmm_executables()).await;
             std::fs::remove_dir_all(&dir)
                 .map_err(RuntimeError::io(format!("remove {}", dir.display())))?;
             report
@@ -757,98 +768,17 @@ fn guest_agent(agent: &Path, state_dir: &Path) -> Result<PathBuf, RuntimeError> 
     Ok(copy)
 }
 
-/// An empty ext4 filesystem of `mib`, made once per size; VMs get sparse copies.
-async fn scratch_template(state_dir: &Path, mib: u64) -> Result<PathBuf, RuntimeError> {
-    let dir = state_dir.join("scratch-templates");
-    let path = dir.join(format!("{mib}.ext4"));
-    if path.is_file() {
-        return Ok(path);
-    }
-    std::fs::create_dir_all(&dir).map_err(RuntimeError::io("create the template dir"))?;
-    let tmp = dir.join(format!(
-        ".{mib}.{}.{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let file =
-        std::fs::File::create(&tmp).map_err(RuntimeError::io("create a scratch template"))?;
-    file.set_len(mib << 20)
-        .map_err(RuntimeError::io("size a scratch template"))?;
-    drop(file);
-    let out = tokio::process::Command::new("mkfs.ext4")
-        .args([
-            "-q",
-            "-F",
-            "-L",
-            "koder-scratch",
-            "-E",
-            "root_owner=0:0,lazy_itable_init=1",
-        ])
-        .arg(&tmp)
-        .output()
-        .await
-        .map_err(|e| RuntimeError::Start(format!("mkfs.ext4: {e}")))?;
-    if !out.status.success() {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(RuntimeError::Start(format!(
-            "mkfs.ext4: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    std::fs::rename(&tmp, &path).map_err(RuntimeError::io("install a scratch template"))?;
-    Ok(path)
-}
-
-/// Copies keeping holes: a fresh filesystem image is mostly holes.
-async fn sparse_copy(from: &Path, to: &Path) -> Result<(), RuntimeError> {
-    let out = tokio::process::Command::new("cp")
-        .arg("--sparse=always")
-        .arg(from)
-        .arg(to)
-        .output()
-        .await
-        .map_err(|e| RuntimeError::Start(format!("cp: {e}")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(RuntimeError::Start(format!(
-            "copy the scratch disk: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
-    }
-}
-
+/// The VMM processes of a VM, recorded so a later daemon can kill them after a crash.
 const PIDS_FILE: &str = "vmm.pids";
 
-/// Records the VMM processes so a later daemon can kill them after a crash.
-fn record_pids(dir: &Path, pids: &[u32]) -> Result<(), RuntimeError> {
-    let pids: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
-    std::fs::write(dir.join(PIDS_FILE), pids.join("\n"))
-        .map_err(RuntimeError::io("record VMM pids"))
-}
-
-/// Kills the recorded VMM processes of a VM directory a crashed daemon left, but only those
-/// that still are VMMs (a recycled pid may now be anyone's).
-fn kill_recorded(dir: &Path) {
-    let Ok(text) = std::fs::read_to_string(dir.join(PIDS_FILE)) else {
-        return;
-    };
-    for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
-        let name = exe
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let is_vmm = ["qemu-system-x86_64", "vhost-device-vsock", "firecracker"]
-            .iter()
-            .any(|v| name.starts_with(v));
-        if is_vmm {
-            // SAFETY: kill(2) with a pid we recorded and just re-identified.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
-        }
-    }
+/// What a recorded VMM pid must still be running to be killed: their paths are configurable
+/// (and vhost-device-vsock is a copy), their names are not.
+fn vmm_executables() -> ExeMatch {
+    ExeMatch::NamePrefix(
+        ["qemu-system-x86_64", "vhost-device-vsock", "firecracker"]
+            .map(String::from)
+            .to_vec(),
+    )
 }
 
 /// The end of the guest console log (at most [`CONSOLE_TAIL_BYTES`]): only the kernel and the

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use koder_agent_protocol::init::{VM_ROOT_DISK_SERIAL, VM_SCRATCH_DISK_SERIAL};
+use koder_hostkit::install::install_executable;
+use koder_hostkit::mode::set_mode;
 use koder_runtime::RuntimeError;
 use tokio::process::{Child, Command};
 
@@ -46,30 +48,12 @@ impl Qemu {
 
 /// Copies `program` into `bin_dir` (world-executable) unless an identical copy is there.
 fn install_program(program: &Path, bin_dir: &Path) -> Result<PathBuf, RuntimeError> {
-    use std::os::unix::fs::PermissionsExt;
     let name = program
         .file_name()
+        .and_then(|n| n.to_str())
         .ok_or_else(|| RuntimeError::Unavailable(format!("{} is no program", program.display())))?;
-    let target = bin_dir.join(name);
-    let src = std::fs::metadata(program)
-        .map_err(RuntimeError::io(format!("stat {}", program.display())))?;
-    let same = std::fs::metadata(&target)
-        .is_ok_and(|t| t.len() == src.len() && t.modified().ok() >= src.modified().ok());
-    if !same {
-        std::fs::create_dir_all(bin_dir).map_err(RuntimeError::io("create the bin dir"))?;
-        let staging = bin_dir.join(format!(
-            ".{}.{}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
-        std::fs::copy(program, &staging)
-            .map_err(RuntimeError::io(format!("copy {}", program.display())))?;
-        std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o755))
-            .map_err(RuntimeError::io("chmod a VMM program"))?;
-        std::fs::rename(&staging, &target).map_err(RuntimeError::io("install a VMM program"))?;
-    }
-    std::fs::set_permissions(bin_dir, std::fs::Permissions::from_mode(0o755))
-        .map_err(RuntimeError::io("chmod the bin dir"))?;
+    let target = install_executable(program, bin_dir, name)?;
+    set_mode(bin_dir, 0o755)?;
     Ok(target)
 }
 
