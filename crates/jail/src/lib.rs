@@ -675,18 +675,23 @@ impl ResourceControl for JailSandbox {
         self.with_cgroup(|cg| cg.reset_memory_peak())
     }
 
+    /// The whole sandbox, agent included (the freezer is hierarchical): a paused session
+    /// stops entirely, as it did before the agent had a leaf of its own.
     async fn freeze(&self) -> Result<(), RuntimeError> {
-        self.with_cgroup(|cg| cg.freeze())
+        self.with_cgroups(|top, _| {
+            top.freeze()
+                .map_err(|e| RuntimeError::Cgroup(e.to_string()))
+        })
     }
 
     async fn thaw(&self) -> Result<(), RuntimeError> {
-        self.with_cgroup(|cg| cg.thaw())
+        self.with_cgroups(|top, _| top.thaw().map_err(|e| RuntimeError::Cgroup(e.to_string())))
     }
 }
 
 impl JailSandbox {
-    /// Runs `f` on the workload's cgroup: usage, peaks, OOM and pids counters and freezing are
-    /// about sandbox processes, not the agent.
+    /// Runs `f` on the workload's cgroup: usage, peaks, OOM and pids counters are about sandbox
+    /// processes, not the agent.
     fn with_cgroup<T>(
         &self,
         f: impl FnOnce(&dyn Cgroup) -> koder_cgroups::Result<T>,
