@@ -655,14 +655,21 @@ impl Sandbox for JailSandbox {
 
 #[async_trait]
 impl ResourceControl for JailSandbox {
+    /// What the session occupies now (memory, tasks) is the whole sandbox's, agent included,
+    /// as the session's figures always were; peaks and OOM/pids counters, from which exec
+    /// verdicts come, are the workload's.
     async fn usage(&self) -> Result<Usage, RuntimeError> {
-        let s = self.with_cgroup(|cg| cg.stats())?;
+        let (all, s) = self.with_cgroups(|top, workload| {
+            let stats =
+                |cg: &dyn Cgroup| cg.stats().map_err(|e| RuntimeError::Cgroup(e.to_string()));
+            Ok((stats(top)?, stats(workload)?))
+        })?;
         Ok(Usage {
-            memory_current_bytes: s.memory_current_bytes,
+            memory_current_bytes: all.memory_current_bytes,
             memory_peak_bytes: s.memory_peak_bytes,
             oom_kills: s.oom_kills,
             cpu_usage_us: s.cpu_usage_us,
-            pids_current: s.pids_current,
+            pids_current: all.pids_current,
             pids_max_hits: s.pids_max_hits,
         })
     }

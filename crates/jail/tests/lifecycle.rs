@@ -244,8 +244,10 @@ async fn freeze_stops_the_sandbox_until_thawed() {
     res.thaw().await.unwrap();
     let h = tokio::time::timeout(Duration::from_secs(5), sb.agent().health()).await;
     assert!(matches!(h, Ok(Ok(_))), "thawed agent silent: {h:?}");
-    // Usage is the workload's, which holds no process between execs (the agent has its own leaf).
     let usage = res.usage().await.unwrap();
-    assert_eq!(usage.pids_current, 0, "{usage:?}");
+    assert!(
+        usage.memory_current_bytes > 0 && usage.pids_current >= 1,
+        "{usage:?}"
+    );
     sb.destroy().await.unwrap();
 }
