@@ -1,7 +1,7 @@
 //! How a runtime tells the agent to build its sandbox before serving.
 //!
-//! The jail runtime passes this as JSON on the agent's command line; the agent is then PID 1 of
-//! fresh namespaces and turns it into mounts, confinement and a listening socket.
+//! The jail runtime passes this as JSON on a sealed memfd ([`CONFIG_FD`]); the agent is then
+//! PID 1 of fresh namespaces and turns it into mounts, confinement and a listening socket.
 
 use serde::{Deserialize, Serialize};
 
@@ -11,6 +11,15 @@ pub const LISTEN_FD: i32 = 3;
 /// File descriptor from which the agent reads its [`InitConfig`] (JSON) once at start: not in
 /// argv, where the sandbox (`/proc/1/cmdline`) and every host `ps` could read it.
 pub const CONFIG_FD: i32 = 4;
+
+/// First of [`InitConfig::workload_cgroup_fds`] descriptors, each a `cgroup.procs` file of the
+/// sandbox's workload cgroup (one per cgroup-v1 hierarchy, one on v2) opened for writing by the
+/// runtime: every process the agent starts writes `0` into each before exec, so sandbox code
+/// runs in the workload group while the agent stays above it, outside its OOM domain.
+pub const WORKLOAD_CGROUP_FD: i32 = 5;
+/// At most one per v1 controller hierarchy the runtime uses (memory, cpu, cpuacct, pids,
+/// freezer).
+pub const MAX_WORKLOAD_CGROUP_FDS: u32 = 5;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InitConfig {
@@ -36,6 +45,10 @@ pub struct InitConfig {
     /// the sandbox has loopback only.
     #[serde(default)]
     pub egress: bool,
+    /// How many workload `cgroup.procs` descriptors sit from [`WORKLOAD_CGROUP_FD`] on; 0 when
+    /// the runtime has no cgroups (rootless).
+    #[serde(default)]
+    pub workload_cgroup_fds: u32,
 }
 
 /// Where the agent listens for redirected TCP inside the sandbox.

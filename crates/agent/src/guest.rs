@@ -11,7 +11,6 @@ use std::ffi::CString;
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use koder_agent_protocol::init::{
@@ -29,25 +28,6 @@ const SANDBOX_CGROUP: &str = "sandbox";
 /// Virtio devices appear while their driver's module loads, but their block nodes a moment
 /// later; a boot that has not found its disks by then is broken.
 const DISK_WAIT: Duration = Duration::from_secs(10);
-
-/// `cgroup.procs` of the sandbox group, open for writing, or -1 outside a guest. Process-wide on
-/// purpose: every child the agent forks joins the group before it execs, from code that must be
-/// async-signal-safe (no locks, no allocation), so it is a plain integer.
-static SANDBOX_PROCS_FD: AtomicI32 = AtomicI32::new(-1);
-
-/// Called in a freshly forked child before exec: moves it into the sandbox cgroup. A no-op
-/// outside a guest. Async-signal-safe.
-pub fn join_sandbox_cgroup() -> std::io::Result<()> {
-    let fd = SANDBOX_PROCS_FD.load(Ordering::Relaxed);
-    if fd < 0 {
-        return Ok(());
-    }
-    // SAFETY: write(2) of a 1-byte static buffer to a descriptor the agent keeps open forever.
-    if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
 
 /// True when this process is the kernel's init inside a koder guest.
 pub fn is_guest_init() -> bool {
@@ -226,7 +206,6 @@ pub struct SandboxCgroup {
     pids_events: OwnedFd,
     cpu_stat: OwnedFd,
     freeze: OwnedFd,
-    _procs: OwnedFd,
 }
 
 impl SandboxCgroup {
@@ -264,9 +243,10 @@ impl SandboxCgroup {
             pids_events: open("pids.events", false)?,
             cpu_stat: open("cpu.stat", false)?,
             freeze: open("cgroup.freeze", true)?,
-            _procs: open("cgroup.procs", true)?,
         };
-        SANDBOX_PROCS_FD.store(cg._procs.as_raw_fd(), Ordering::Relaxed);
+        crate::child::set_workload_cgroup(vec![open("cgroup.procs", true)?])
+            .map_err(std::io::Error::other)
+            .step("keep the sandbox cgroup")?;
         cg.set_limits(limits)
             .map_err(|e| std::io::Error::other(e.message))
             .step("apply guest limits")?;

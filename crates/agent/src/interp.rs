@@ -38,6 +38,19 @@ use crate::server::Outbox;
 const PYTHON_DRIVER: &str = include_str!("../drivers/python_driver.py");
 const NODE_DRIVER: &str = include_str!("../drivers/node_driver.js");
 
+/// Where an interpreter finds its driver's source: a sealed memfd, read once (at offset 0) and
+/// closed by a one-line bootstrap, so no source sits in any process's command line.
+const DRIVER_FD: RawFd = 5;
+/// The bootstraps read at most this much (1 MiB, `1<<20` in them).
+const MAX_DRIVER: usize = 1 << 20;
+const _: () = assert!(PYTHON_DRIVER.len() < MAX_DRIVER && NODE_DRIVER.len() < MAX_DRIVER);
+/// A fresh globals dict: the bootstrap's own names stay out of the driver's.
+const PYTHON_BOOT: &str =
+    "import os;d=os.pread(5,1<<20,0);os.close(5);exec(compile(d,'koder-driver','exec'),{})";
+/// Indirect eval runs the driver in the global scope (with `require`), not the bootstrap's.
+const NODE_BOOT: &str = "(0,eval)((f=>{const b=Buffer.alloc(1<<20),n=f.readSync(5,b,0,b.length,0);\
+                         f.closeSync(5);return b.toString('utf8',0,n)})(require('fs')))";
+
 /// Contexts one sandbox may hold; each is a resident interpreter.
 pub const MAX_CONTEXTS: usize = 16;
 /// Largest cell accepted (a request must also fit in one protocol frame).
@@ -99,8 +112,15 @@ impl Lang {
     fn args(self) -> &'static [&'static str] {
         match self {
             // -u: user output reaches the pipe as it is printed, not when a buffer fills.
-            Lang::Python => &["-u", "-c", PYTHON_DRIVER],
-            Lang::Node => &["-e", NODE_DRIVER],
+            Lang::Python => &["-u", "-c", PYTHON_BOOT],
+            Lang::Node => &["-e", NODE_BOOT],
+        }
+    }
+
+    fn driver(self) -> &'static str {
+        match self {
+            Lang::Python => PYTHON_DRIVER,
+            Lang::Node => NODE_DRIVER,
         }
     }
 }
@@ -644,10 +664,13 @@ impl Interp {
             .map(|(k, v)| cstr(format!("{k}={v}").as_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
         let cwd = cstr(workdir.as_bytes())?;
-        let forked = tokio::task::spawn_blocking(move || fork_exec(&prog, &argv, &envp, &cwd))
-            .await
-            .map_err(|e| spawn_err(format!("interpreter start failed: {e}")))?
-            .map_err(|e| spawn_err(format!("cannot start {}: {e}", lang.program())))?;
+        let driver = driver_file(lang.driver())
+            .map_err(|e| spawn_err(format!("driver source file: {e}")))?;
+        let forked =
+            tokio::task::spawn_blocking(move || fork_exec(&prog, &argv, &envp, &cwd, &driver))
+                .await
+                .map_err(|e| spawn_err(format!("interpreter start failed: {e}")))?
+                .map_err(|e| spawn_err(format!("cannot start {}: {e}", lang.program())))?;
         let guard = GroupGuard(forked.pid);
         let io = |e: std::io::Error| spawn_err(format!("interpreter pipes: {e}"));
         let mut interp = Interp {
@@ -1101,8 +1124,28 @@ fn high_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     ))
 }
 
-/// Forks and execs the interpreter with requests on fd 3, events on fd 4, output pipes on
-/// fds 1/2 and an empty stdin, in a new session. A plain fork rather than `Command`: the agent's
+/// The driver's source in an anonymous, sealed file: the interpreter reads it from
+/// [`DRIVER_FD`].
+fn driver_file(source: &str) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(
+        "koder-driver",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )?;
+    let mut written = 0;
+    while written < source.len() {
+        written += rustix::io::write(&fd, &source.as_bytes()[written..])?;
+    }
+    rustix::fs::fcntl_add_seals(
+        &fd,
+        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+    )?;
+    // Above the fds the child moves its hand-overs onto, like the pipes.
+    Ok(rustix::io::fcntl_dupfd_cloexec(&fd, 10)?)
+}
+
+/// Forks and execs the interpreter with requests on fd 3, events on fd 4, its driver's source on
+/// fd 5, output pipes on fds 1/2 and an empty stdin, in a new session. A plain fork rather than `Command`: the agent's
 /// reaper collects every child's status, so nothing here may wait for the child (std's spawn
 /// does when exec fails), and `Command` cannot place descriptors at fixed numbers without
 /// `pre_exec`. Exec failures come back through a close-on-exec pipe instead.
@@ -1111,6 +1154,7 @@ fn fork_exec(
     argv: &[CString],
     envp: &[CString],
     cwd: &CString,
+    driver: &OwnedFd,
 ) -> std::io::Result<Forked> {
     let (req_r, req_w) = high_pipe()?;
     let (ev_r, ev_w) = high_pipe()?;
@@ -1134,6 +1178,7 @@ fn fork_exec(
         stderr: err_w.as_raw_fd(),
         requests: req_r.as_raw_fd(),
         events: ev_w.as_raw_fd(),
+        driver: driver.as_raw_fd(),
         fail: fail_w.as_raw_fd(),
     };
     // SAFETY: the child only makes async-signal-safe calls on memory prepared before the fork
@@ -1192,6 +1237,7 @@ struct ChildFds {
     stderr: RawFd,
     requests: RawFd,
     events: RawFd,
+    driver: RawFd,
     fail: RawFd,
 }
 
@@ -1218,14 +1264,16 @@ unsafe fn exec_child(
         (fds.stderr, 2),
         (fds.requests, 3),
         (fds.events, 4),
+        (fds.driver, DRIVER_FD),
     ];
     for (from, to) in moves {
         if libc::dup2(from, to) < 0 {
             fail_child(fds.fail);
         }
     }
-    // Requests and events on 3/4 are the interpreter's explicit hand-over; nothing else passes.
-    if crate::child::before_exec(5).is_err() {
+    // Requests, events and the driver on 3-5 are the interpreter's explicit hand-over (the
+    // bootstrap closes 5); nothing else passes.
+    if crate::child::before_exec(DRIVER_FD + 1).is_err() {
         fail_child(fds.fail);
     }
     if libc::chdir(cwd) != 0 {

@@ -1,8 +1,9 @@
 //! `koder-agent init`: started by a runtime as PID 1 of a new sandbox, with its listening
-//! socket on fd 3 and its configuration (JSON) to read on fd 4. Builds and confines the
+//! socket on fd 3, its configuration (JSON) to read on fd 4 and the workload cgroup's
+//! `cgroup.procs` files from fd 5 on. Builds and confines the
 //! sandbox, then serves the daemon forever.
 
-use std::os::fd::FromRawFd;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -12,7 +13,9 @@ use koder_agent::fs::Fs;
 use koder_agent::guest;
 use koder_agent::server::{serve_connection, serve_listener, Agent};
 use koder_agent::setup;
-use koder_agent_protocol::init::{self, InitConfig, CONFIG_FD, LISTEN_FD};
+use koder_agent_protocol::init::{
+    self, InitConfig, CONFIG_FD, LISTEN_FD, MAX_WORKLOAD_CGROUP_FDS, WORKLOAD_CGROUP_FD,
+};
 
 fn main() -> ExitCode {
     if guest::is_guest_init() {
@@ -41,13 +44,20 @@ enum Never {}
 
 fn init() -> Result<Never, Box<dyn std::error::Error>> {
     let cfg = read_config()?;
+    let workload = take_workload_cgroup(cfg.workload_cgroup_fds)?;
     // Whatever the runtime's process had open must not reach untrusted code: everything above
-    // the listener is closed, and the listener itself never survives an exec.
-    // SAFETY: close_range on fds above the listener; nothing in this process uses them.
+    // the hand-overs is closed, and the listener and cgroup files never survive an exec.
+    // SAFETY: close_range on fds above the hand-overs; nothing in this process uses them.
     unsafe {
-        libc::syscall(libc::SYS_close_range, LISTEN_FD as u32 + 1, u32::MAX, 0u32);
+        libc::syscall(
+            libc::SYS_close_range,
+            (WORKLOAD_CGROUP_FD as u32).saturating_add(cfg.workload_cgroup_fds),
+            u32::MAX,
+            0u32,
+        );
     }
     koder_agent::child::mark_cloexec_from(LISTEN_FD)?;
+    koder_agent::child::set_workload_cgroup(workload)?;
     setup::build_root(&cfg)?;
     let (fs, confinement, defaults, runtime) =
         confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs)?;
@@ -66,6 +76,24 @@ fn init() -> Result<Never, Box<dyn std::error::Error>> {
         serve_listener(agent, listener).await;
         Err::<Never, Box<dyn std::error::Error>>("listener stopped".into())
     })
+}
+
+/// The workload cgroup's `cgroup.procs` files the runtime handed over from
+/// [`WORKLOAD_CGROUP_FD`] on.
+fn take_workload_cgroup(count: u32) -> Result<Vec<OwnedFd>, Box<dyn std::error::Error>> {
+    if count > MAX_WORKLOAD_CGROUP_FDS {
+        return Err(format!("{count} workload cgroup descriptors announced").into());
+    }
+    let fds = WORKLOAD_CGROUP_FD..WORKLOAD_CGROUP_FD + count as i32;
+    fds.map(|fd| {
+        // SAFETY: F_GETFD only reads the descriptor's flags.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            return Err(format!("workload cgroup descriptor {fd} is not open").into());
+        }
+        // SAFETY: the runtime placed this open file here for us alone; we take sole ownership.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    })
+    .collect()
 }
 
 /// Reads the configuration the runtime handed over on [`CONFIG_FD`], and closes it.

@@ -44,8 +44,7 @@ pub fn build_root(cfg: &InitConfig) -> Result<(), SetupError> {
     unshare(libc::CLONE_NEWCGROUP).step("unshare cgroup namespace")?;
     mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None).step("make mounts private")?;
 
-    let root = PathBuf::from(&cfg.root_target);
-    mount_overlay(cfg, &root)?;
+    let root = mount_overlay(cfg)?;
     for bind in &cfg.ro_binds {
         bind_read_only(Path::new(&bind.source), &inside(&root, &bind.target))?;
     }
@@ -65,22 +64,45 @@ pub fn build_root(cfg: &InitConfig) -> Result<(), SetupError> {
     Ok(())
 }
 
-fn mount_overlay(cfg: &InitConfig, root: &Path) -> Result<(), SetupError> {
+/// Mounts the root overlay and returns where. overlayfs shows its layer options in mountinfo as
+/// they were given, and sandbox processes read that, so no host path may be among them: the
+/// overlay is mounted from a staging tmpfs on `root_target` whose symlinks stand for the host's
+/// layers, with relative names. The staging tmpfs exists only in this mount namespace and goes
+/// with the old root after the pivot.
+fn mount_overlay(cfg: &InitConfig) -> Result<PathBuf, SetupError> {
+    let staging = PathBuf::from(&cfg.root_target);
+    mount(
+        Some("tmpfs"),
+        &staging,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        Some("mode=700,size=64k"),
+    )
+    .step("mount overlay staging")?;
+    let mut lower = Vec::with_capacity(cfg.image_layers.len());
+    for (i, layer) in cfg.image_layers.iter().enumerate() {
+        let name = format!("l{i}");
+        symlink(layer, staging.join(&name)).step("stage image layer")?;
+        lower.push(name);
+    }
+    symlink(&cfg.upper_dir, staging.join("u")).step("stage upper layer")?;
+    symlink(&cfg.work_dir, staging.join("w")).step("stage work dir")?;
+    std::fs::create_dir(staging.join("r")).step("create root mount point")?;
+    std::env::set_current_dir(&staging).step("enter overlay staging")?;
     // `userxattr`: an overlay mounted inside a user namespace may not use trusted.* xattrs.
     let opts = format!(
-        "lowerdir={},upperdir={},workdir={},userxattr",
-        cfg.image_layers.join(":"),
-        cfg.upper_dir,
-        cfg.work_dir
+        "lowerdir={},upperdir=u,workdir=w,userxattr",
+        lower.join(":")
     );
     mount(
         Some("overlay"),
-        root,
+        "r",
         Some("overlay"),
         libc::MS_NOSUID,
         Some(&opts),
     )
-    .step("mount root overlay")
+    .step("mount root overlay")?;
+    Ok(staging.join("r"))
 }
 
 fn bind_read_only(source: &Path, target: &Path) -> Result<(), SetupError> {

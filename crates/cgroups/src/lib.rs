@@ -4,7 +4,9 @@
 //! hybrid hosts) and a v2 backend ([`V2Driver`]). [`detect`] picks the right
 //! one from `/proc/self/mountinfo`. All sandbox cgroups live one level below
 //! a single parent directory (e.g. `koder-sandbox`) so a restarted daemon can
-//! find and reap leftovers with [`CgroupDriver::list`].
+//! find and reap leftovers with [`CgroupDriver::list`]. A sandbox cgroup may
+//! have child groups of its own ([`Cgroup::create_child`]), e.g. to keep a
+//! supervisor out of its workload's OOM domain.
 
 mod error;
 mod fsutil;
@@ -139,6 +141,20 @@ pub trait Cgroup: Send + Sync {
     /// single one on v2), e.g. for `clone3(CLONE_INTO_CGROUP)` or debugging.
     fn paths(&self) -> Vec<PathBuf>;
     fn add_process(&self, pid: u32) -> Result<()>;
+    /// The `cgroup.procs` files, one per distinct hierarchy: a process that
+    /// writes `0` into each of them moves itself into this group.
+    fn procs_files(&self) -> Vec<PathBuf> {
+        self.paths()
+            .into_iter()
+            .map(|p| p.join("cgroup.procs"))
+            .collect()
+    }
+    /// Creates the child group `name` (a single path component). On v2 this
+    /// delegates the controllers to it, which the kernel only allows while
+    /// this group holds no processes: make children before adding any.
+    fn create_child(&self, name: &str) -> Result<Box<dyn Cgroup>>;
+    /// Opens an existing child group, as [`CgroupDriver::open`] does.
+    fn open_child(&self, name: &str) -> Result<Box<dyn Cgroup>>;
     fn set_limits(&self, limits: &Limits) -> Result<()>;
     fn stats(&self) -> Result<Stats>;
     /// Restarts peak-memory tracking. `Unsupported` where the kernel can't.
@@ -149,7 +165,9 @@ pub trait Cgroup: Send + Sync {
     /// SIGKILLs every process and waits until the group is empty.
     fn kill_all(&self) -> Result<()>;
     fn pids(&self) -> Result<Vec<u32>>;
-    /// `kill_all`, then removes the directories. Idempotent.
+    /// Destroys every child group first (a group with children cannot be
+    /// removed, and `kill_all` only sees this group's own members), then
+    /// `kill_all` and removes the directories. Idempotent.
     fn destroy(&self) -> Result<()>;
 }
 

@@ -129,30 +129,10 @@ impl CgroupDriver for V1Driver {
         for p in self.parent_dirs.distinct() {
             fsutil::mkdir(&p)?;
         }
-        let dirs = self.parent_dirs.join(name);
-        let mut made: Vec<PathBuf> = Vec::new();
-        for d in dirs.distinct() {
-            let res = match fsutil::mkdir(&d) {
-                Ok(true) => {
-                    made.push(d);
-                    continue;
-                }
-                Ok(false) => Err(CgroupError::AlreadyExists { path: d }),
-                Err(e) => Err(e),
-            };
-            // Don't leave a half-created cgroup behind for reconciliation
-            // to trip over.
-            for m in made.iter().rev() {
-                if let Err(e) = fsutil::rmdir(m, RMDIR_TIMEOUT) {
-                    debug!(error = %e, "rollback of partial cgroup failed");
-                }
-            }
-            return res;
-        }
-        Ok(Box::new(V1Cgroup {
-            name: name.to_string(),
-            dirs,
-        }))
+        Ok(Box::new(V1Cgroup::make(
+            name.to_string(),
+            self.parent_dirs.join(name),
+        )?))
     }
 
     fn open(&self, name: &str) -> Result<Box<dyn Cgroup>> {
@@ -186,6 +166,38 @@ pub(crate) struct V1Cgroup {
 }
 
 impl V1Cgroup {
+    /// Creates `dirs` in every hierarchy, all or none.
+    fn make(name: String, dirs: Dirs) -> Result<V1Cgroup> {
+        let mut made: Vec<PathBuf> = Vec::new();
+        for d in dirs.distinct() {
+            let failure = match fsutil::mkdir(&d) {
+                Ok(true) => {
+                    made.push(d);
+                    continue;
+                }
+                Ok(false) => CgroupError::AlreadyExists { path: d },
+                Err(e) => e,
+            };
+            // Don't leave a half-created cgroup behind for reconciliation
+            // to trip over.
+            for m in made.iter().rev() {
+                if let Err(e) = fsutil::rmdir(m, RMDIR_TIMEOUT) {
+                    debug!(error = %e, "rollback of partial cgroup failed");
+                }
+            }
+            return Err(failure);
+        }
+        Ok(V1Cgroup { name, dirs })
+    }
+
+    fn child(&self, name: &str) -> Result<V1Cgroup> {
+        validate_name(name)?;
+        Ok(V1Cgroup {
+            name: format!("{}/{name}", self.name),
+            dirs: self.dirs.join(name),
+        })
+    }
+
     fn freezer_state(&self) -> PathBuf {
         self.dirs.freezer.join("freezer.state")
     }
@@ -286,6 +298,21 @@ impl Cgroup for V1Cgroup {
         self.dirs.distinct()
     }
 
+    fn create_child(&self, name: &str) -> Result<Box<dyn Cgroup>> {
+        let child = self.child(name)?;
+        Ok(Box::new(V1Cgroup::make(child.name, child.dirs)?))
+    }
+
+    fn open_child(&self, name: &str) -> Result<Box<dyn Cgroup>> {
+        let child = self.child(name)?;
+        if !child.dirs.distinct().iter().any(|d| d.is_dir()) {
+            return Err(CgroupError::NotFound {
+                path: child.dirs.memory,
+            });
+        }
+        Ok(Box::new(child))
+    }
+
     fn add_process(&self, pid: u32) -> Result<()> {
         fsutil::check_pid(pid)?;
         let pid = pid.to_string();
@@ -380,6 +407,17 @@ impl Cgroup for V1Cgroup {
     }
 
     fn destroy(&self) -> Result<()> {
+        // Union over hierarchies, like `list`: a crash mid-create can leave
+        // a child in only some of them.
+        let mut children = Vec::new();
+        for d in self.dirs.distinct() {
+            fsutil::list_child_dirs(&d, &mut children)?;
+        }
+        children.sort();
+        children.dedup();
+        for name in children {
+            self.child(&name)?.destroy()?;
+        }
         self.kill_all()?;
         for d in self.dirs.distinct() {
             fsutil::rmdir(&d, RMDIR_TIMEOUT)?;
@@ -603,6 +641,60 @@ mod tests {
         cg.reset_memory_peak().expect("reset");
         let mem = dir(&roots, V1Controller::Memory, "box");
         assert_eq!(read(&mem.join("memory.max_usage_in_bytes")), "0");
+    }
+
+    #[test]
+    fn children_in_every_hierarchy_and_destroyed_first() {
+        for comount in [false, true] {
+            let (_tmp, driver, roots) = setup(comount);
+            let cg = driver.create("box").expect("create");
+            let child = cg.create_child("workload").expect("child");
+            assert_eq!(child.name(), "box/workload");
+            for c in V1Controller::ALL {
+                assert!(dir(&roots, c, "box/workload").is_dir(), "{c:?}");
+            }
+            let procs = child.procs_files();
+            assert_eq!(procs.len(), if comount { 4 } else { 5 });
+            assert!(procs
+                .iter()
+                .all(|p| p.ends_with("box/workload/cgroup.procs")));
+            assert_eq!(
+                cg.create_child("workload").err().expect("dup").code(),
+                "cgroup_already_exists"
+            );
+            assert_eq!(
+                cg.create_child("../x").err().expect("bad").code(),
+                "cgroup_invalid_name"
+            );
+            assert_eq!(
+                cg.open_child("nope").err().expect("missing").code(),
+                "cgroup_not_found"
+            );
+            // Children are a level below the sandboxes' groups.
+            assert_eq!(driver.list().expect("list"), vec!["box"]);
+            // A reconciling daemon opens only the top group; destroy removes the child too.
+            driver
+                .open("box")
+                .expect("open")
+                .destroy()
+                .expect("destroy");
+            for c in V1Controller::ALL {
+                assert!(!dir(&roots, c, "box").exists(), "{c:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn partial_child_is_rolled_back() {
+        let (_tmp, driver, roots) = setup(false);
+        let cg = driver.create("box").expect("create");
+        fs::create_dir(dir(&roots, V1Controller::Pids, "box/workload")).expect("mkdir");
+        assert_eq!(
+            cg.create_child("workload").err().expect("leftover").code(),
+            "cgroup_already_exists"
+        );
+        assert!(!dir(&roots, V1Controller::Memory, "box/workload").exists());
+        assert!(cg.open_child("workload").is_ok());
     }
 
     #[test]

@@ -130,6 +130,14 @@ impl V2Cgroup {
         }
     }
 
+    fn child(&self, name: &str) -> Result<V2Cgroup> {
+        validate_name(name)?;
+        Ok(V2Cgroup::new(
+            &format!("{}/{name}", self.name),
+            self.dir.join(name),
+        ))
+    }
+
     fn frozen(&self) -> Result<bool> {
         let path = self.dir.join("cgroup.events");
         Ok(fsutil::read_keyed(&path, "frozen")? == Some(1))
@@ -181,6 +189,24 @@ impl Cgroup for V2Cgroup {
 
     fn paths(&self) -> Vec<PathBuf> {
         vec![self.dir.clone()]
+    }
+
+    fn create_child(&self, name: &str) -> Result<Box<dyn Cgroup>> {
+        let child = self.child(name)?;
+        // Fails with EBUSY once this group has members (no internal processes).
+        enable_controllers(&self.dir)?;
+        if !fsutil::mkdir(&child.dir)? {
+            return Err(CgroupError::AlreadyExists { path: child.dir });
+        }
+        Ok(Box::new(child))
+    }
+
+    fn open_child(&self, name: &str) -> Result<Box<dyn Cgroup>> {
+        let child = self.child(name)?;
+        if !child.dir.is_dir() {
+            return Err(CgroupError::NotFound { path: child.dir });
+        }
+        Ok(Box::new(child))
     }
 
     fn add_process(&self, pid: u32) -> Result<()> {
@@ -331,6 +357,11 @@ impl Cgroup for V2Cgroup {
     }
 
     fn destroy(&self) -> Result<()> {
+        let mut children = Vec::new();
+        fsutil::list_child_dirs(&self.dir, &mut children)?;
+        for name in children {
+            self.open_child(&name)?.destroy()?;
+        }
         self.kill_all()?;
         *self.peak_fd.lock().unwrap_or_else(PoisonError::into_inner) = None;
         fsutil::rmdir(&self.dir, RMDIR_TIMEOUT)
@@ -507,6 +538,49 @@ mod tests {
             cg.add_process(0).expect_err("pid 0").code(),
             "cgroup_invalid_pid"
         );
+    }
+
+    #[test]
+    fn children_get_the_controllers_and_go_first() {
+        let (_tmp, driver, root) = setup();
+        let cg = driver.create("box").expect("create");
+        let dir = cg.paths().remove(0);
+        write(&dir.join("cgroup.subtree_control"), "\n");
+        let agent = cg.create_child("agent").expect("agent");
+        // The controllers are delegated once, before the first child exists.
+        assert_eq!(
+            read(&dir.join("cgroup.subtree_control")),
+            "+memory +cpu +pids"
+        );
+        write(&dir.join("cgroup.subtree_control"), "memory cpu pids\n");
+        let workload = cg.create_child("workload").expect("workload");
+        assert_eq!(
+            read(&dir.join("cgroup.subtree_control")),
+            "memory cpu pids\n"
+        );
+        assert_eq!(workload.name(), "box/workload");
+        assert_eq!(
+            workload.procs_files(),
+            vec![root.join("koder-sandbox/box/workload/cgroup.procs")]
+        );
+        assert_eq!(agent.name(), "box/agent");
+        assert_eq!(
+            cg.create_child("agent").err().expect("dup").code(),
+            "cgroup_already_exists"
+        );
+        assert_eq!(
+            cg.open_child("gone").err().expect("missing").code(),
+            "cgroup_not_found"
+        );
+        assert_eq!(driver.list().expect("list"), vec!["box"]);
+        // A plain directory keeps its files; the kernel's would vanish with rmdir.
+        fs::remove_file(dir.join("cgroup.subtree_control")).expect("rm");
+        driver
+            .open("box")
+            .expect("open")
+            .destroy()
+            .expect("destroy");
+        assert!(!dir.exists());
     }
 
     #[test]

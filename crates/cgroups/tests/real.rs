@@ -301,6 +301,75 @@ fn pids_limit_refuses_forks() {
     child.0.wait().expect("wait");
 }
 
+/// A supervisor in one child group survives the OOM of a workload in its sibling, the kill is
+/// counted where it happened, and a process joins a group through its `cgroup.procs` files.
+#[test]
+fn oom_stays_in_the_workload_child() {
+    let Some(driver) = driver_or_skip("oom_stays_in_the_workload_child") else {
+        return;
+    };
+    let python = "/usr/bin/python3";
+    if !Path::new(python).exists() {
+        eprintln!("SKIP oom_stays_in_the_workload_child: {python} missing");
+        return;
+    }
+    let name = format!("t{}-nested", std::process::id());
+    let guard = Guard(driver.create(&name).expect("create"));
+    let top = &*guard.0;
+    top.set_limits(&Limits {
+        memory_max_bytes: Some(96 * MIB),
+        pids_max: Some(40),
+        ..Limits::default()
+    })
+    .expect("top limits");
+    let agent = top.create_child("agent").expect("agent child");
+    let workload = top.create_child("workload").expect("workload child");
+    workload
+        .set_limits(&Limits {
+            memory_max_bytes: Some(32 * MIB),
+            cpu: Some(CpuQuota::from_millis(500)),
+            pids_max: Some(8),
+        })
+        .expect("workload limits");
+
+    let mut supervisor = spawn_gated(&["sleep", "30"]);
+    agent
+        .add_process(supervisor.0.id())
+        .expect("add supervisor");
+    release(&mut supervisor);
+
+    // The hog moves itself, the way the agent's children do before exec.
+    let mut join = String::new();
+    for f in workload.procs_files() {
+        join.push_str(&format!("echo 0 > '{}' && ", f.display()));
+    }
+    let mut hog = ChildGuard(
+        Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!(
+                "{join}exec {python} -c 'a = bytearray(200 * 1024 * 1024)'"
+            ))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn hog"),
+    );
+    let status = hog.0.wait().expect("wait hog");
+    assert_eq!(status.signal(), Some(nix::libc::SIGKILL), "{status:?}");
+    assert!(workload.stats().expect("stats").oom_kills >= 1);
+    assert_eq!(agent.stats().expect("stats").oom_kills, 0);
+    assert_eq!(supervisor.0.try_wait().expect("try_wait"), None);
+    assert_eq!(agent.pids().expect("pids"), vec![supervisor.0.id()]);
+
+    // The top group's own destroy takes the children (and their members) with it.
+    let paths: Vec<PathBuf> = [top.paths(), agent.paths(), workload.paths()].concat();
+    top.destroy().expect("destroy");
+    for p in &paths {
+        assert!(!p.exists(), "{} still exists", p.display());
+    }
+    let status = supervisor.0.wait().expect("wait supervisor");
+    assert_eq!(status.signal(), Some(nix::libc::SIGKILL), "{status:?}");
+}
+
 /// On hybrid hosts the controller-less cgroup2 mount still has the core
 /// freezer and cgroup.kill, so the v2 process-control paths get real
 /// kernel coverage even here.

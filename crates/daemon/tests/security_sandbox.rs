@@ -170,3 +170,156 @@ async fn a_daemon_crash_mid_create_leaves_no_copy_of_the_daemon() {
         .collect();
     assert!(strays.is_empty(), "{strays:?}");
 }
+
+async fn session_status(d: &Daemon, id: &str) -> Value {
+    let (status, s) = d.json(Method::GET, &format!("{S}/{id}"), Value::Null).await;
+    assert_eq!(status, StatusCode::OK, "{s}");
+    s["state"].clone()
+}
+
+/// Issue 14 item 7: tmpfs pages are charged to the writer's cgroup and outlive it, so filling a
+/// tmpfs used to OOM-kill the agent (the biggest process in the group) and end the session.
+/// The agent now sits outside the workload's OOM domain. The sandbox comes from the warm pool
+/// (started with the default 512 MiB), so this also proves the hand-out limits the workload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filling_a_tmpfs_is_an_oom_verdict_and_the_session_lives_on() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start("[sessions]\nreap_interval = 0.2\npool = { python = 1 }\n").await;
+    let ready = "koder_pool_ready{language=\"python\"} 1";
+    for _ in 0..100 {
+        if d.metrics().await.contains(ready) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let id = d
+        .create(json!({"language": "python", "limits": {"memory_mib": 64}}))
+        .await;
+    assert!(d
+        .metrics()
+        .await
+        .contains("koder_sessions_created_total{source=\"pool\"} 1"));
+    // 200 MiB fit /tmp (256 MiB) but not the 64 MiB memory limit; /dev/shm (64 MiB) may run out
+    // of space first, which is the other acceptable ending.
+    for (file, may_be_full) in [("/tmp/fill", false), ("/dev/shm/fill", true)] {
+        let r = d
+            .exec(
+                &id,
+                json!({"cmd": ["/usr/bin/dd", "if=/dev/zero", format!("of={file}"), "bs=1M", "count=200"]}),
+            )
+            .await;
+        let full = r["stderr"]
+            .as_str()
+            .is_some_and(|e| e.contains("No space left"));
+        if !(may_be_full && full) {
+            assert_eq!(r["verdict"], "SANDBOX-EXEC-KILLED-OOM", "{file}: {r}");
+        }
+        assert_eq!(session_status(&d, &id).await, "running", "{file}");
+        // The file keeps its pages charged to the workload until it goes; the agent removes it.
+        let path = format!("{S}/{id}/files?path={file}");
+        let status = d
+            .req(Method::DELETE, &path, KEY1)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, StatusCode::NO_CONTENT, "{file}");
+        let r = d.exec(&id, json!({"shell": "echo alive"})).await;
+        assert_eq!(r["stdout"], "alive\n", "{file}: {r}");
+    }
+    // A plain memory hog still gets its verdict.
+    let r = d
+        .exec(&id, json!({"code": "x = bytearray(300 * 1024 * 1024)"}))
+        .await;
+    assert_eq!(r["verdict"], "SANDBOX-EXEC-KILLED-OOM", "{r}");
+    assert_eq!(session_status(&d, &id).await, "running");
+}
+
+/// Strings of the interpreter drivers' sources that no command line may carry.
+const DRIVER_MARKERS: [&str; 2] = ["ctl_in = os.fdopen", "require('net')"];
+
+/// Every command line inside the sandbox, NUL-separated arguments joined by spaces.
+const CMDLINES: &str = "import os
+for p in os.listdir('/proc'):
+    if p.isdigit():
+        try:
+            print(open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode())
+        except OSError:
+            pass
+";
+
+/// Issue 14 item 8: nothing a sandbox process can read names a host path (mountinfo carried the
+/// overlay's host layer paths), and no command line carries an interpreter driver's source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_host_paths_or_driver_sources_are_visible() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "python"})).await;
+    for lang in ["python", "node"] {
+        let (status, c) = d
+            .json(
+                Method::POST,
+                &format!("{S}/{id}/contexts"),
+                json!({"language": lang}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{c}");
+        let cid = c["context_id"].as_str().unwrap();
+        // Starts the interpreter.
+        context_run(&d, &id, cid, "1").await;
+    }
+    let mountinfo = d
+        .exec(
+            &id,
+            json!({"cmd": ["/usr/bin/cat", "/proc/self/mountinfo"]}),
+        )
+        .await["stdout"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let cmdlines = python(&d, &id, CMDLINES).await;
+    assert!(
+        cmdlines.contains("koder-driver"),
+        "no interpreter seen: {cmdlines}"
+    );
+    let data_dir = d.data_dir().to_string_lossy().into_owned();
+    for (what, text) in [("mountinfo", &mountinfo), ("cmdlines", &cmdlines)] {
+        // The overlay's own option is `upperdir=`; its value must not name the layer.
+        for needle in [data_dir.as_str(), "/sandboxes/", "/upper", "=upper"] {
+            assert!(!text.contains(needle), "{what} names {needle}:\n{text}");
+        }
+        for marker in DRIVER_MARKERS {
+            assert!(!text.contains(marker), "{what} carries driver source");
+        }
+    }
+    assert!(mountinfo.contains("lowerdir="), "{mountinfo}");
+
+    // On the host: the agent's command line is bare, and no process shows a driver's source.
+    let data_dir = d.data_dir();
+    let agents: Vec<Vec<u8>> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|p| {
+            std::fs::read_link(p.path().join("exe"))
+                .is_ok_and(|exe| exe.starts_with(&data_dir) && exe.ends_with("koder-agent"))
+        })
+        .map(|p| std::fs::read(p.path().join("cmdline")).unwrap_or_default())
+        .collect();
+    assert!(!agents.is_empty(), "no agent of this daemon found");
+    for cmdline in agents {
+        assert_eq!(cmdline, b"koder-agent\0init\0");
+    }
+    let ps = std::process::Command::new("ps")
+        .args(["-e", "-ww", "-o", "args="])
+        .output()
+        .unwrap();
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    assert!(
+        ps.contains("koder-driver"),
+        "no interpreter seen on the host"
+    );
+    for marker in DRIVER_MARKERS {
+        assert!(!ps.contains(marker), "host ps shows driver source");
+    }
+    assert!(!ps.contains("\"root_target\""), "host ps shows agent JSON");
+}

@@ -4,7 +4,10 @@
 //!
 //! Host-side state per sandbox: a directory `<state>/sandboxes/<id>` (writable layer), a socket
 //! `<state>/run/<id>.sock` (the agent channel; the sandbox cannot see it), and a cgroup
-//! `<parent>/<id>`. All mounts live in the sandbox's mount namespace and vanish with it.
+//! `<parent>/<id>` (the session's limits plus the agent's headroom) with two leaves: `agent`
+//! (the agent alone) and `workload` (every sandbox process, under the session's limits), so an
+//! OOM kill in the workload never takes the agent. All mounts live in the sandbox's mount
+//! namespace and vanish with it.
 
 pub mod disk;
 
@@ -39,6 +42,15 @@ pub const SANDBOX_IDS: u32 = 65536;
 const AGENT_PID_FILE: &str = "agent.pid";
 /// RLIMIT_NPROC of sandbox processes.
 const NPROC_BACKSTOP: u64 = 8192;
+
+/// What the sandbox's top cgroup allows beyond the session's limits, for the agent: its leaf
+/// sits beside the workload's, so the workload hits its own limits first.
+const AGENT_MEMORY_HEADROOM: u64 = 64 * 1024 * 1024;
+const AGENT_PIDS_HEADROOM: u64 = 32;
+/// Leaves of a sandbox's cgroup. Both are leaves on v1 too: one layout on both versions, and
+/// v2 forbids processes in a group whose controllers are delegated to children.
+const AGENT_CGROUP: &str = "agent";
+const WORKLOAD_CGROUP: &str = "workload";
 
 /// The unprivileged uid the sandbox's `user` account (1000) maps from.
 pub const SANDBOX_USER_UID: u32 = 1000;
@@ -277,7 +289,7 @@ impl JailRuntime {
         Ok(())
     }
 
-    fn init_config(&self, spec: &SandboxSpec, parts: &Parts) -> InitConfig {
+    fn init_config(&self, spec: &SandboxSpec, parts: &Parts, cgroup_fds: usize) -> InitConfig {
         let dir = &parts.dir;
         let s = |p: PathBuf| p.to_string_lossy().into_owned();
         let mut env = self.image.env.clone();
@@ -305,17 +317,28 @@ impl JailRuntime {
                 nproc: NPROC_BACKSTOP,
                 core: 0,
             },
+            workload_cgroup_fds: cgroup_fds as u32,
         }
     }
 
-    fn cgroup_limits(limits: &Limits) -> koder_cgroups::Limits {
-        koder_cgroups::Limits {
-            memory_max_bytes: limits.memory_mib.map(|m| m.saturating_mul(1024 * 1024)),
-            cpu: limits
-                .cpu_millis
-                .map(|m| CpuQuota::from_millis(u64::from(m))),
-            pids_max: limits.pids,
-        }
+    /// Creates the sandbox's cgroup with its two leaves under `limits`; the top group goes into
+    /// `parts` at once, so teardown finds it whatever fails next. Returns the agent's leaf.
+    fn create_cgroups(
+        &self,
+        driver: &dyn CgroupDriver,
+        id: &str,
+        limits: &Limits,
+        parts: &mut Parts,
+    ) -> Result<Box<dyn Cgroup>, RuntimeError> {
+        let cg_err = |e: koder_cgroups::CgroupError| RuntimeError::Cgroup(e.to_string());
+        let top = parts
+            .cgroup
+            .insert(driver.create(&self.cgroup_name(id)).map_err(cg_err)?);
+        let agent = top.create_child(AGENT_CGROUP).map_err(cg_err)?;
+        let workload = top.create_child(WORKLOAD_CGROUP).map_err(cg_err)?;
+        apply_limits(&**top, &*workload, limits)?;
+        parts.workload = Some(workload);
+        Ok(agent)
     }
 
     async fn start(
@@ -327,24 +350,25 @@ impl JailRuntime {
         let ids = self.ids_for(slot);
         let limits = self.effective_limits(spec.limits);
         self.prepare_layers(parts, ids, limits.disk_mib)?;
-        if let Some(driver) = &self.cgroups {
-            let cg = driver
-                .create(&self.cgroup_name(&spec.id))
-                .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
-            cg.set_limits(&Self::cgroup_limits(&limits))
-                .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
-            parts.cgroup = Some(cg);
-        }
+        let agent_cgroup = match &self.cgroups {
+            Some(driver) => Some(self.create_cgroups(&**driver, &spec.id, &limits, parts)?),
+            None => None,
+        };
+        let cgroup_procs = match &parts.workload {
+            Some(workload) => open_procs_files(&**workload)?,
+            None => Vec::new(),
+        };
         let _ = std::fs::remove_file(&parts.socket);
         let listener = std::os::unix::net::UnixListener::bind(&parts.socket)
             .map_err(RuntimeError::io("bind agent socket"))?;
-        let config = serde_json::to_string(&self.init_config(spec, parts))
+        let config = serde_json::to_string(&self.init_config(spec, parts, cgroup_procs.len()))
             .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
-        let cgroup = parts.cgroup.as_deref();
+        let cgroup = agent_cgroup.as_deref();
         let spawned = spawn::spawn_agent(
             &self.cfg.agent_bin,
             &config,
             OwnedFd::from(listener),
+            cgroup_procs,
             ids,
             self.rootless,
             |pid| match cgroup {
@@ -387,11 +411,65 @@ impl JailRuntime {
     }
 }
 
+fn cgroup_limits(limits: &Limits) -> koder_cgroups::Limits {
+    koder_cgroups::Limits {
+        memory_max_bytes: limits.memory_mib.map(|m| m.saturating_mul(1024 * 1024)),
+        cpu: limits
+            .cpu_millis
+            .map(|m| CpuQuota::from_millis(u64::from(m))),
+        pids_max: limits.pids,
+    }
+}
+
+/// The session's `limits` on the workload, plus headroom on the top group. The CPU quota is the
+/// workload's alone: v1 refuses a child quota above its parent's, which would make every raise
+/// order-dependent, and the agent's CPU follows the daemon's requests anyway.
+fn apply_limits(
+    top: &dyn Cgroup,
+    workload: &dyn Cgroup,
+    limits: &Limits,
+) -> Result<(), RuntimeError> {
+    let session = cgroup_limits(limits);
+    let with_headroom = koder_cgroups::Limits {
+        memory_max_bytes: session
+            .memory_max_bytes
+            .map(|m| m.saturating_add(AGENT_MEMORY_HEADROOM)),
+        cpu: None,
+        pids_max: session
+            .pids_max
+            .map(|p| p.saturating_add(AGENT_PIDS_HEADROOM)),
+    };
+    // Workload first: lowering it reclaims there, so the top group's lower limit then fits.
+    workload
+        .set_limits(&session)
+        .and_then(|()| top.set_limits(&with_headroom))
+        .map_err(|e| RuntimeError::Cgroup(e.to_string()))
+}
+
+/// The workload's `cgroup.procs` files, opened by the daemon (the sandbox's uids could not) for
+/// the agent to move its children with.
+fn open_procs_files(workload: &dyn Cgroup) -> Result<Vec<OwnedFd>, RuntimeError> {
+    workload
+        .procs_files()
+        .iter()
+        .map(|path| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map(OwnedFd::from)
+                .map_err(RuntimeError::io(format!("open {}", path.display())))
+        })
+        .collect()
+}
+
 /// Host-side resources of one sandbox, released in reverse order by `teardown`.
 struct Parts {
     dir: PathBuf,
     socket: PathBuf,
+    /// The sandbox's top cgroup; destroying it takes its leaves with it.
     cgroup: Option<Box<dyn Cgroup>>,
+    /// Its `workload` leaf, which resource control and verdicts look at.
+    workload: Option<Box<dyn Cgroup>>,
     /// The writable layer: on `disk` when there is one.
     upper: PathBuf,
     work: PathBuf,
@@ -406,6 +484,7 @@ impl Parts {
             dir,
             socket,
             cgroup,
+            workload: None,
             disk: None,
         }
     }
@@ -586,50 +665,75 @@ impl Sandbox for JailSandbox {
 
 #[async_trait]
 impl ResourceControl for JailSandbox {
+    /// What the session occupies now (memory, tasks) is the whole sandbox's, agent included,
+    /// as the session's figures always were; peaks and OOM/pids counters, from which exec
+    /// verdicts come, are the workload's.
     async fn usage(&self) -> Result<Usage, RuntimeError> {
-        let s = self.with_cgroup(|cg| cg.stats())?;
+        let (all, s) = self.with_cgroups(|top, workload| {
+            let stats =
+                |cg: &dyn Cgroup| cg.stats().map_err(|e| RuntimeError::Cgroup(e.to_string()));
+            Ok((stats(top)?, stats(workload)?))
+        })?;
         Ok(Usage {
-            memory_current_bytes: s.memory_current_bytes,
+            memory_current_bytes: all.memory_current_bytes,
             memory_peak_bytes: s.memory_peak_bytes,
             oom_kills: s.oom_kills,
             cpu_usage_us: s.cpu_usage_us,
-            pids_current: s.pids_current,
+            pids_current: all.pids_current,
             pids_max_hits: s.pids_max_hits,
         })
     }
 
     async fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError> {
-        let limits = JailRuntime::cgroup_limits(limits);
-        self.with_cgroup(|cg| cg.set_limits(&limits))
+        self.with_cgroups(|top, workload| apply_limits(top, workload, limits))
     }
 
     async fn reset_memory_peak(&self) -> Result<(), RuntimeError> {
         self.with_cgroup(|cg| cg.reset_memory_peak())
     }
 
+    /// The whole sandbox, agent included (the freezer is hierarchical): a paused session
+    /// stops entirely, as it did before the agent had a leaf of its own.
     async fn freeze(&self) -> Result<(), RuntimeError> {
-        self.with_cgroup(|cg| cg.freeze())
+        self.with_cgroups(|top, _| {
+            top.freeze()
+                .map_err(|e| RuntimeError::Cgroup(e.to_string()))
+        })
     }
 
     async fn thaw(&self) -> Result<(), RuntimeError> {
-        self.with_cgroup(|cg| cg.thaw())
+        self.with_cgroups(|top, _| top.thaw().map_err(|e| RuntimeError::Cgroup(e.to_string())))
     }
 }
 
 impl JailSandbox {
+    /// Runs `f` on the workload's cgroup: usage, peaks, OOM and pids counters are about sandbox
+    /// processes, not the agent.
     fn with_cgroup<T>(
         &self,
         f: impl FnOnce(&dyn Cgroup) -> koder_cgroups::Result<T>,
+    ) -> Result<T, RuntimeError> {
+        self.with_cgroups(|_, workload| {
+            f(workload).map_err(|e| RuntimeError::Cgroup(e.to_string()))
+        })
+    }
+
+    /// Runs `f` on the top group and the workload's leaf.
+    fn with_cgroups<T>(
+        &self,
+        f: impl FnOnce(&dyn Cgroup, &dyn Cgroup) -> Result<T, RuntimeError>,
     ) -> Result<T, RuntimeError> {
         let state = self
             .state
             .try_lock()
             .map_err(|_| RuntimeError::Unavailable("sandbox is being destroyed".into()))?;
-        let cg = state
-            .as_ref()
-            .and_then(|l| l.parts.cgroup.as_deref())
-            .ok_or_else(|| RuntimeError::Unavailable("no cgroup for this sandbox".into()))?;
-        f(cg).map_err(|e| RuntimeError::Cgroup(e.to_string()))
+        let parts = state.as_ref().map(|l| &l.parts);
+        match parts.and_then(|p| p.cgroup.as_deref().zip(p.workload.as_deref())) {
+            Some((top, workload)) => f(top, workload),
+            None => Err(RuntimeError::Unavailable(
+                "no cgroup for this sandbox".into(),
+            )),
+        }
     }
 }
 

@@ -10,15 +10,15 @@
 //! Until its exec the child is a copy of the daemon holding every descriptor the daemon had
 //! (its HTTP listener among them), so it must never outlive a daemon that dies in that window:
 //! it closes its copy of the pipe's write end first (a dead parent then reads as end-of-file,
-//! not as a wait forever) and asks for SIGKILL when the creating thread dies. Only fds 0-3
-//! survive its exec.
+//! not as a wait forever) and asks for SIGKILL when the creating thread dies. Only its stdio,
+//! the listener (3), the config (4) and the workload cgroup files (5..) survive its exec.
 
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use koder_agent_protocol::init::{CONFIG_FD, LISTEN_FD};
+use koder_agent_protocol::init::{CONFIG_FD, LISTEN_FD, WORKLOAD_CGROUP_FD};
 use koder_runtime::RuntimeError;
 
 /// A contiguous uid/gid range of the host the sandbox's ids map onto.
@@ -63,8 +63,8 @@ const NAMESPACES: u64 = (libc::CLONE_NEWUSER
 /// onto 0..=3 can never overwrite one it still has to dup.
 const HIGH_FD: RawFd = 10;
 
-/// Starts `agent init` in new namespaces, with `listener` as its fd 3 and `config_json` to
-/// read on fd 4.
+/// Starts `agent init` in new namespaces, with `listener` as its fd 3, `config_json` to
+/// read on fd 4 and `cgroup_procs` from fd 5 on.
 ///
 /// `place` runs after the child exists but before it may run (write maps, join cgroups); if it
 /// fails the child is killed and reaped.
@@ -72,6 +72,7 @@ pub fn spawn_agent(
     agent: &Path,
     config_json: &str,
     listener: OwnedFd,
+    cgroup_procs: Vec<OwnedFd>,
     ids: IdMap,
     rootless: bool,
     place: impl FnOnce(i32) -> Result<(), RuntimeError>,
@@ -99,6 +100,27 @@ pub fn spawn_agent(
     let stderr_w = high(stderr_w).map_err(io("dup stderr pipe"))?;
     let config = high(config_file(config_json).map_err(io("agent config memfd"))?)
         .map_err(io("dup agent config"))?;
+    let cgroup_procs = cgroup_procs
+        .into_iter()
+        .map(high)
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(io("dup workload cgroup files"))?;
+    // Built before the clone: the child must not allocate.
+    let mut handed = vec![
+        null.as_raw_fd(),
+        null.as_raw_fd(),
+        stderr_w.as_raw_fd(),
+        listener.as_raw_fd(),
+        config.as_raw_fd(),
+    ];
+    handed.extend(cgroup_procs.iter().map(AsRawFd::as_raw_fd));
+    // Sources sit at HIGH_FD and above, so the child's dup2 onto 0.. never clobbers one.
+    if handed.len() > HIGH_FD as usize {
+        return Err(RuntimeError::Start(format!(
+            "{} descriptors to hand the agent, at most {HIGH_FD}",
+            handed.len()
+        )));
+    }
     let sync = SyncFds {
         read: sync_r.as_raw_fd(),
         write: sync_w.as_raw_fd(),
@@ -123,23 +145,7 @@ pub fn spawn_agent(
     };
     if pid == 0 {
         // SAFETY: see above; this never returns.
-        unsafe {
-            child(
-                sync,
-                err_wfd,
-                [
-                    null.as_raw_fd(),
-                    null.as_raw_fd(),
-                    stderr_w.as_raw_fd(),
-                    listener.as_raw_fd(),
-                    config.as_raw_fd(),
-                ],
-                rootless,
-                &path,
-                &argv,
-                &envp,
-            )
-        }
+        unsafe { child(sync, err_wfd, &handed, rootless, &path, &argv, &envp) }
     }
     if pid < 0 {
         return Err(RuntimeError::Start(format!(
@@ -150,7 +156,15 @@ pub fn spawn_agent(
     let pid = pid as i32;
     // SAFETY: CLONE_PIDFD stored a fresh descriptor we now own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    drop((sync_r, err_w, stderr_w, listener, null, config));
+    drop((
+        sync_r,
+        err_w,
+        stderr_w,
+        listener,
+        null,
+        config,
+        cgroup_procs,
+    ));
 
     let released = write_id_maps(pid, ids, rootless)
         .and_then(|()| place(pid))
@@ -197,7 +211,7 @@ struct SyncFds {
 unsafe fn child(
     sync: SyncFds,
     err_w: RawFd,
-    std_fds: [RawFd; 5],
+    handed: &[RawFd],
     rootless: bool,
     path: &CString,
     argv: &[*const libc::c_char],
@@ -237,17 +251,17 @@ unsafe fn child(
         report_and_exit(err_w);
     }
     libc::setsid();
-    for (target, &source) in std_fds.iter().enumerate() {
+    for (target, &source) in handed.iter().enumerate() {
         if libc::dup2(source, target as RawFd) < 0 {
             report_and_exit(err_w);
         }
     }
-    debug_assert_eq!(std_fds.len() as i32, CONFIG_FD + 1);
     debug_assert_eq!(LISTEN_FD + 1, CONFIG_FD);
+    debug_assert_eq!(CONFIG_FD + 1, WORKLOAD_CGROUP_FD);
     // Whatever else the daemon had open stays with the daemon, CLOEXEC or not.
     if libc::syscall(
         libc::SYS_close_range,
-        (CONFIG_FD + 1) as u32,
+        handed.len() as u32,
         u32::MAX,
         libc::CLOSE_RANGE_CLOEXEC,
     ) < 0

@@ -31,21 +31,29 @@ fn cgroup_dirs(parent: &str, id: &str) -> Vec<PathBuf> {
     found
 }
 
-/// Host pids in the sandbox's cgroup.
-fn cgroup_pids(parent: &str, id: &str) -> Vec<i32> {
-    let procs = cgroup_dirs(parent, id)
-        .into_iter()
-        .find(|d| {
-            d.starts_with("/sys/fs/cgroup/pids")
-                || d.parent().and_then(|p| p.parent())
-                    == Some(std::path::Path::new("/sys/fs/cgroup"))
-        })
-        .and_then(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
-        .unwrap_or_default();
-    procs
+/// The pids hierarchy's directory of the sandbox's cgroup.
+fn pids_dir(parent: &str, id: &str) -> Option<PathBuf> {
+    cgroup_dirs(parent, id).into_iter().find(|d| {
+        d.starts_with("/sys/fs/cgroup/pids")
+            || d.parent().and_then(|p| p.parent()) == Some(std::path::Path::new("/sys/fs/cgroup"))
+    })
+}
+
+/// Host pids in one of the sandbox's cgroup leaves (`agent`, `workload`).
+fn leaf_pids(parent: &str, id: &str, leaf: &str) -> Vec<i32> {
+    pids_dir(parent, id)
+        .and_then(|d| std::fs::read_to_string(d.join(leaf).join("cgroup.procs")).ok())
+        .unwrap_or_default()
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect()
+}
+
+/// Host pids in the sandbox's cgroup: the agent's leaf and the workload's.
+fn cgroup_pids(parent: &str, id: &str) -> Vec<i32> {
+    let mut pids = leaf_pids(parent, id, "agent");
+    pids.extend(leaf_pids(parent, id, "workload"));
+    pids
 }
 
 fn alive(pid: i32) -> bool {
@@ -87,6 +95,15 @@ async fn destroy_leaves_no_process_cgroup_mount_or_file() {
         pids.len() >= 3,
         "agent and two sleeps expected, got {pids:?}"
     );
+    // The agent alone sits above the workload, whose limits bind sandbox processes.
+    let agent = leaf_pids(&parent, &id, "agent");
+    assert_eq!(agent.len(), 1, "{agent:?}");
+    assert!(leaf_pids(&parent, &id, "workload").len() >= 2);
+    let top = pids_dir(&parent, &id).unwrap();
+    let read = |p: PathBuf| std::fs::read_to_string(p).unwrap().trim().to_string();
+    assert_eq!(read(top.join("cgroup.procs")), "");
+    let session: u64 = read(top.join("workload/pids.max")).parse().unwrap();
+    assert_eq!(read(top.join("pids.max")), (session + 32).to_string());
     assert!(!cgroup_dirs(&parent, &id).is_empty());
     let sandbox_dir = env.dir.path().join("sandboxes").join(&id);
     let socket = env.dir.path().join("run").join(format!("{id}.sock"));
