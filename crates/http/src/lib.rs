@@ -142,8 +142,7 @@ async fn healthz() -> impl IntoResponse {
 /// traffic.
 async fn readyz(State(s): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     s.manager
-        .store()
-        .list_tenants()
+        .ready()
         .await
         .map_err(|e| ApiError::new(503, codes::RUNTIME_UNAVAILABLE, format!("state store: {e}")))?;
     Ok(axum::Json(serde_json::json!({"status": "ready"})))

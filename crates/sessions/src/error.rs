@@ -15,6 +15,8 @@ pub enum Error {
     #[error("{0}")]
     FileNotFound(String),
     #[error("{0}")]
+    TenantNotFound(String),
+    #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
     PermissionDenied(String),
@@ -47,7 +49,7 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::InvalidArgument(_) => codes::INVALID_ARGUMENT,
-            Error::NotFound | Error::FileNotFound(_) => codes::NOT_FOUND,
+            Error::NotFound | Error::FileNotFound(_) | Error::TenantNotFound(_) => codes::NOT_FOUND,
             Error::Conflict(_) => codes::CONFLICT,
             Error::PermissionDenied(_) => codes::PERMISSION_DENIED,
             Error::PayloadTooLarge(_) => codes::PAYLOAD_TOO_LARGE,
@@ -67,7 +69,7 @@ impl Error {
     pub fn http_status(&self) -> u16 {
         match self {
             Error::InvalidArgument(_) => 400,
-            Error::NotFound | Error::FileNotFound(_) => 404,
+            Error::NotFound | Error::FileNotFound(_) | Error::TenantNotFound(_) => 404,
             Error::Conflict(_) => 409,
             Error::PermissionDenied(_) => 403,
             Error::PayloadTooLarge(_) => 413,
