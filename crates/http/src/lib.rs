@@ -24,7 +24,7 @@ use koder_auth::KeyRing;
 use koder_sessions::Manager;
 use utoipa::OpenApi;
 
-pub use error::ApiError;
+pub use error::{status_of, ApiError};
 
 /// Largest JSON request body (uploads stream and are bounded separately).
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
