@@ -41,6 +41,60 @@ pub mod codes {
     pub const EXEC_KILLED: &str = "SANDBOX-EXEC-KILLED";
 }
 
+/// The stable codes of failed requests, shared by every layer: domain errors carry one, each
+/// transport maps it to its wire (an HTTP status, a Connect code). `as_str` is the
+/// `SANDBOX-...` string of the REST error body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    Auth,
+    NotFound,
+    InvalidArgument,
+    QuotaSessions,
+    QuotaMinutes,
+    PlanRequired,
+    RuntimeUnavailable,
+    PreviewNotListening,
+    PayloadTooLarge,
+    FsQuotaExceeded,
+    Conflict,
+    PermissionDenied,
+    NotImplemented,
+    Internal,
+    UnsupportedMediaType,
+    SessionStopped,
+    AgentTimeout,
+}
+
+impl ErrorCode {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Auth => codes::AUTH,
+            ErrorCode::NotFound => codes::NOT_FOUND,
+            ErrorCode::InvalidArgument => codes::INVALID_ARGUMENT,
+            ErrorCode::QuotaSessions => codes::QUOTA_SESSIONS,
+            ErrorCode::QuotaMinutes => codes::QUOTA_MINUTES,
+            ErrorCode::PlanRequired => codes::PLAN_REQUIRED,
+            ErrorCode::RuntimeUnavailable => codes::RUNTIME_UNAVAILABLE,
+            ErrorCode::PreviewNotListening => codes::PREVIEW_NOT_LISTENING,
+            ErrorCode::PayloadTooLarge => codes::PAYLOAD_TOO_LARGE,
+            ErrorCode::FsQuotaExceeded => codes::FS_QUOTA_EXCEEDED,
+            ErrorCode::Conflict => codes::CONFLICT,
+            ErrorCode::PermissionDenied => codes::PERMISSION_DENIED,
+            ErrorCode::NotImplemented => codes::NOT_IMPLEMENTED,
+            ErrorCode::Internal => codes::INTERNAL,
+            ErrorCode::UnsupportedMediaType => codes::UNSUPPORTED_MEDIA_TYPE,
+            ErrorCode::SessionStopped => codes::SESSION_STOPPED,
+            ErrorCode::AgentTimeout => codes::AGENT_TIMEOUT,
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Every non-2xx answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

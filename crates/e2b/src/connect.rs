@@ -111,7 +111,7 @@ impl From<koder_sessions::Error> for RpcError {
         use koder_sessions::Error as E;
         let code = match &e {
             E::InvalidArgument(_) => Code::InvalidArgument,
-            E::NotFound | E::FileNotFound(_) => Code::NotFound,
+            E::NotFound | E::FileNotFound(_) | E::TenantNotFound(_) => Code::NotFound,
             E::Conflict(_) => Code::FailedPrecondition,
             E::PermissionDenied(_) | E::PlanRequired(_) => Code::PermissionDenied,
             E::PayloadTooLarge(_)

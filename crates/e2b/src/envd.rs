@@ -12,7 +12,6 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use base64::Engine as _;
-use koder_api_types::SessionState;
 use koder_auth::Identity;
 use koder_http::credentials;
 use sha2::{Digest, Sha256};
@@ -23,10 +22,6 @@ use crate::{lock, E2b};
 
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
-/// The image's `user` account, which execs with `user: "user"` run as (koder-jail's
-/// `SANDBOX_USER_UID`).
-pub const SANDBOX_USER_UID: u32 = 1000;
-
 /// Users of an E2B sandbox: `user` (uid 1000, the default) and `root`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum User {
@@ -193,28 +188,20 @@ pub(crate) async fn authenticate(
                 "missing X-Access-Token (the envdAccessToken of create or connect) or X-API-KEY",
             )),
         };
-    let record = e2b
+    let owner = e2b
         .manager()
-        .store()
-        .get_session(&id)
+        .owner_of_active(&id)
         .await
-        .map_err(|e| HttpError::new(503, format!("state store: {e}")))?;
-    let record = record.filter(|r| {
-        r.state != SessionState::Stopped && tenant.as_ref().is_none_or(|t| *t == r.tenant_id)
-    });
-    let Some(record) = record else {
+        .map_err(|e| HttpError::new(503, e.to_string()))?
+        .filter(|o| tenant.as_ref().is_none_or(|t| *t == o.tenant_id));
+    let Some(who) = owner else {
         if tenant.is_none() {
             // Only a holder of the sandbox's own token may end E2B's state for it.
             e2b.forget(&id);
         }
         return Err(HttpError::sandbox_gone(&id));
     };
-    Ok(Authenticated {
-        who: Identity {
-            tenant_id: record.tenant_id,
-        },
-        id,
-    })
+    Ok(Authenticated { who, id })
 }
 
 /// The sandbox an envd or interpreter request is for, as authenticated, with the acting user.

@@ -40,7 +40,7 @@ impl HttpError {
 
 impl From<koder_sessions::Error> for HttpError {
     fn from(e: koder_sessions::Error) -> Self {
-        let status = e.http_status();
+        let status = koder_http::status_of(e.code());
         if status == 500 {
             tracing::error!(error = %e, "E2B request failed");
         }

@@ -17,7 +17,6 @@ use serde_json::{json, Value};
 use crate::connect::{Code, RpcError};
 use crate::envd::Target;
 use crate::error::HttpError;
-use crate::filesystem::{give_to_user, missing_ancestors};
 
 type Params = Query<HashMap<String, String>>;
 
@@ -286,16 +285,12 @@ where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let created = missing_ancestors(t, path).await?;
     let entry = t
         .e2b
         .manager()
-        .upload(&t.who, &t.id, path, declared, body)
+        .upload(&t.who, &t.id, path, declared, body, Some(t.user.name()))
         .await
         .map_err(http_error)?;
-    let mut mine = vec![entry.path.clone()];
-    mine.extend(created);
-    give_to_user(t, &mine).await?;
     Ok(json!({"name": entry.name, "type": "file", "path": entry.path}))
 }
 

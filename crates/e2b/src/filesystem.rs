@@ -1,7 +1,7 @@
 //! envd's `filesystem.Filesystem` service over the session manager's file operations.
 //!
-//! The manager acts as the sandbox's root; for the `user` account, what it creates is then
-//! handed to uid 1000 (see [`give_to_user`]) so the user's processes can change it, as on E2B.
+//! What the acting account creates belongs to it (uid 1000 for `user`), so the user's processes
+//! can change it, as on E2B.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,12 +10,12 @@ use axum::body::Body;
 use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use koder_agent_protocol::{AgentStream, FromAgent, FsEventKind};
 use koder_api_types::{EntryType, ExecRequest, FileEntry};
+use koder_sessions::{FsEventKind, Watch};
 use serde_json::{json, Value};
 
 use crate::connect::{self, Code, RpcError, Sink};
-use crate::envd::{split_parent, Target, User, SANDBOX_USER_UID};
+use crate::envd::{split_parent, Target};
 use crate::lock;
 use crate::proto::{
     entry_info, ListDirRequest, MoveRequest, PathRequest, WatchRequest, WatcherRequest,
@@ -183,51 +183,6 @@ async fn root_exec(
     Ok(t.e2b.manager().exec(&t.who, &t.id, req).await?)
 }
 
-/// Ancestors of `abs` (nearest first) that do not exist yet, so what an upload or a mkdir
-/// creates can be handed to the user afterwards (root keeps what it creates: none are
-/// looked for). The user's home always exists.
-pub async fn missing_ancestors(t: &Target, abs: &str) -> Result<Vec<String>, RpcError> {
-    let mut out = Vec::new();
-    if t.user == User::Root {
-        return Ok(out);
-    }
-    let mut cur = abs;
-    while let Some((parent, _)) = split_parent(cur) {
-        if parent == "/"
-            || parent == t.user.home()
-            || t.user.home().starts_with(&format!("{parent}/"))
-        {
-            break;
-        }
-        match stat(t, parent).await {
-            Ok(_) => break,
-            Err(e) if e.code == Code::NotFound => out.push(parent.to_string()),
-            Err(e) => return Err(e),
-        }
-        cur = parent;
-    }
-    Ok(out)
-}
-
-/// Makes `paths` belong to the `user` account when it is the one acting (the manager creates
-/// files as root). A no-op for root.
-pub async fn give_to_user(t: &Target, paths: &[String]) -> Result<(), RpcError> {
-    if t.user != User::User || paths.is_empty() {
-        return Ok(());
-    }
-    let owner = format!("{SANDBOX_USER_UID}:{SANDBOX_USER_UID}");
-    let mut args = vec![owner.as_str(), "--"];
-    args.extend(paths.iter().map(String::as_str));
-    let out = root_exec(t, r#"chown -h "$@""#, &args).await?;
-    if out.exit_code != Some(0) {
-        return Err(RpcError::new(
-            Code::Internal,
-            format!("handing the new entries to user: {}", out.stderr.trim()),
-        ));
-    }
-    Ok(())
-}
-
 async fn make_dir(t: Target, r: PathRequest) -> Result<Value, RpcError> {
     let path = t.user.resolve(&r.path);
     match stat(&t, &path).await {
@@ -240,18 +195,15 @@ async fn make_dir(t: Target, r: PathRequest) -> Result<Value, RpcError> {
         Err(e) if e.code == Code::NotFound => {}
         Err(e) => return Err(e),
     }
-    let mut created = missing_ancestors(&t, &path).await?;
     let entry = t
         .e2b
         .manager()
-        .make_dir(&t.who, &t.id, &path)
+        .make_dir(&t.who, &t.id, &path, Some(t.user.name()))
         .await
         .map_err(|e| match e {
             koder_sessions::Error::Conflict(m) => RpcError::new(Code::AlreadyExists, m),
             other => other.into(),
         })?;
-    created.insert(0, path);
-    give_to_user(&t, &created).await?;
     Ok(json!({"entry": entry_info(&entry)}))
 }
 
@@ -302,37 +254,36 @@ fn no_watcher(id: &str) -> RpcError {
     RpcError::new(Code::NotFound, format!("watcher {id:?} not found"))
 }
 
-async fn open_watch(t: &Target, r: &WatchRequest) -> Result<(String, AgentStream), RpcError> {
+async fn open_watch(t: &Target, r: &WatchRequest) -> Result<(String, Watch), RpcError> {
     let path = t.user.resolve(&r.path);
     let entry = stat(t, &path).await?;
     if entry.kind != EntryType::Dir {
         return Err(RpcError::invalid(format!("{path:?} is not a directory")));
     }
-    let stream = t
+    let watch = t
         .e2b
         .manager()
         .watch(&t.who, &t.id, &path, r.recursive)
         .await?;
-    Ok((path, stream))
+    Ok((path, watch))
 }
 
 async fn create_watcher(t: Target, r: WatchRequest) -> Result<Value, RpcError> {
-    let (root, mut stream) = open_watch(&t, &r).await?;
+    let (root, mut watch) = open_watch(&t, &r).await?;
     let buf = Arc::new(Mutex::new(WatchBuf::default()));
     let sink = buf.clone();
     let task = tokio::spawn(async move {
         loop {
-            match stream.recv().await {
-                Ok(FromAgent::FsEvent { kind, path, from }) => {
+            match watch.next().await {
+                Ok(event) => {
                     let mut b = lock(&sink);
-                    for ev in fs_events(&root, kind, &path, from.as_deref()) {
+                    for ev in fs_events(&root, event.kind, &event.path, event.from.as_deref()) {
                         if b.events.len() >= MAX_WATCHER_EVENTS {
                             b.events.remove(0);
                         }
                         b.events.push(ev);
                     }
                 }
-                Ok(_) => {}
                 Err(e) => {
                     lock(&sink).error = Some(RpcError::new(
                         Code::Unavailable,
@@ -349,13 +300,13 @@ async fn create_watcher(t: Target, r: WatchRequest) -> Result<Value, RpcError> {
 }
 
 async fn watch_dir(t: Target, r: WatchRequest) -> Result<Response, RpcError> {
-    let (root, stream) = open_watch(&t, &r).await?;
+    let (root, watch) = open_watch(&t, &r).await?;
     let (sink, resp) = connect::stream_response();
-    tokio::spawn(relay_watch(sink, root, stream));
+    tokio::spawn(relay_watch(sink, root, watch));
     Ok(resp)
 }
 
-async fn relay_watch(sink: Sink, root: String, mut stream: AgentStream) {
+async fn relay_watch(sink: Sink, root: String, mut watch: Watch) {
     if !sink.send(&json!({"start": {}})).await {
         return;
     }
@@ -365,15 +316,14 @@ async fn relay_watch(sink: Sink, root: String, mut stream: AgentStream) {
     );
     loop {
         tokio::select! {
-            got = stream.recv() => match got {
-                Ok(FromAgent::FsEvent { kind, path, from }) => {
-                    for ev in fs_events(&root, kind, &path, from.as_deref()) {
+            got = watch.next() => match got {
+                Ok(event) => {
+                    for ev in fs_events(&root, event.kind, &event.path, event.from.as_deref()) {
                         if !sink.send(&json!({"filesystem": ev})).await {
                             return;
                         }
                     }
                 }
-                Ok(_) => {}
                 Err(e) => {
                     sink.end(Some(RpcError::new(Code::Unavailable, format!("the watch ended: {e}")))).await;
                     return;

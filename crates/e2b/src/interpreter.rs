@@ -11,7 +11,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
-use koder_agent_protocol::{ContextInfo, RichResult};
+use koder_sessions::{ContextInfo, RichResult};
 use koder_sessions::{ContextOptions, RunEvent, RunOutput, RunRequest};
 use serde::Deserialize;
 use serde_json::{json, Value};

@@ -8,9 +8,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
 use axum::Router;
-use koder_agent_protocol as proto;
 use koder_api_types::ErrorBody;
-use koder_sessions::{ContextOptions, RunEvent, RunOutput, RunRequest};
+use koder_sessions::{ContextInfo, ContextOptions, RichResult, RunEvent, RunOutput, RunRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::convert::Infallible;
@@ -121,7 +120,7 @@ pub struct RunResult {
     pub restarted: bool,
 }
 
-fn context(c: proto::ContextInfo) -> Context {
+fn context(c: ContextInfo) -> Context {
     Context {
         context_id: c.context_id,
         language: c.language,
@@ -130,7 +129,7 @@ fn context(c: proto::ContextInfo) -> Context {
     }
 }
 
-fn rich(r: proto::RichResult) -> RichOutput {
+fn rich(r: RichResult) -> RichOutput {
     RichOutput {
         is_main_result: r.is_main_result,
         text: r.text,
@@ -334,7 +333,7 @@ mod tests {
 
     #[test]
     fn json_results_are_values() {
-        let r = rich(proto::RichResult {
+        let r = rich(RichResult {
             is_main_result: true,
             text: Some("{'a': 1}".into()),
             json: Some(r#"{"a": 1}"#.into()),
@@ -345,7 +344,7 @@ mod tests {
             v,
             serde_json::json!({"is_main_result": true, "text": "{'a': 1}", "json": {"a": 1}})
         );
-        let broken = rich(proto::RichResult {
+        let broken = rich(RichResult {
             json: Some("{not json".into()),
             ..Default::default()
         });

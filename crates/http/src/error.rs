@@ -2,7 +2,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use koder_api_types::{codes, ErrorBody, ErrorDetail};
+use koder_api_types::{codes, ErrorBody, ErrorCode, ErrorDetail};
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -29,12 +29,34 @@ impl ApiError {
     }
 }
 
+/// The HTTP status of an API error code (API.md "Errors").
+pub fn status_of(code: ErrorCode) -> u16 {
+    match code {
+        ErrorCode::InvalidArgument => 400,
+        ErrorCode::Auth => 401,
+        ErrorCode::PlanRequired => 402,
+        ErrorCode::PermissionDenied => 403,
+        ErrorCode::NotFound => 404,
+        ErrorCode::Conflict => 409,
+        ErrorCode::SessionStopped => 410,
+        ErrorCode::PayloadTooLarge => 413,
+        ErrorCode::UnsupportedMediaType => 415,
+        ErrorCode::QuotaSessions | ErrorCode::QuotaMinutes => 429,
+        ErrorCode::Internal => 500,
+        ErrorCode::NotImplemented => 501,
+        ErrorCode::RuntimeUnavailable | ErrorCode::PreviewNotListening => 503,
+        ErrorCode::AgentTimeout => 504,
+        ErrorCode::FsQuotaExceeded => 507,
+    }
+}
+
 impl From<koder_sessions::Error> for ApiError {
     fn from(e: koder_sessions::Error) -> Self {
-        if e.http_status() == 500 {
+        let code = e.code();
+        if code == ErrorCode::Internal {
             tracing::error!(error = %e, "request failed");
         }
-        Self::new(e.http_status(), e.code(), e.to_string())
+        Self::new(status_of(code), code.as_str(), e.to_string())
     }
 }
 
@@ -55,5 +77,46 @@ impl IntoResponse for ApiError {
             );
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use koder_sessions::Error;
+
+    #[test]
+    fn domain_errors_keep_their_code_and_status() {
+        let cases = [
+            (
+                Error::InvalidArgument("x".into()),
+                400,
+                codes::INVALID_ARGUMENT,
+            ),
+            (Error::PlanRequired("x".into()), 402, codes::PLAN_REQUIRED),
+            (Error::NotFound, 404, codes::NOT_FOUND),
+            (Error::TenantNotFound("x".into()), 404, codes::NOT_FOUND),
+            (
+                Error::SessionStopped("x".into()),
+                410,
+                codes::SESSION_STOPPED,
+            ),
+            (Error::QuotaMinutes("x".into()), 429, codes::QUOTA_MINUTES),
+            (
+                Error::PreviewNotListening("x".into()),
+                503,
+                codes::PREVIEW_NOT_LISTENING,
+            ),
+            (Error::AgentTimeout("x".into()), 504, codes::AGENT_TIMEOUT),
+            (
+                Error::FsQuotaExceeded("x".into()),
+                507,
+                codes::FS_QUOTA_EXCEEDED,
+            ),
+        ];
+        for (e, status, code) in cases {
+            let api = ApiError::from(e);
+            assert_eq!((api.status.as_u16(), api.code), (status, code));
+        }
     }
 }

@@ -24,7 +24,7 @@ use koder_auth::KeyRing;
 use koder_sessions::Manager;
 use utoipa::OpenApi;
 
-pub use error::ApiError;
+pub use error::{status_of, ApiError};
 
 /// Largest JSON request body (uploads stream and are bounded separately).
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
@@ -142,8 +142,7 @@ async fn healthz() -> impl IntoResponse {
 /// traffic.
 async fn readyz(State(s): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     s.manager
-        .store()
-        .list_tenants()
+        .ready()
         .await
         .map_err(|e| ApiError::new(503, codes::RUNTIME_UNAVAILABLE, format!("state store: {e}")))?;
     Ok(axum::Json(serde_json::json!({"status": "ready"})))

@@ -10,8 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
-use koder_agent_protocol::CHUNK_BYTES;
-use koder_sessions::preview::Upstream;
+use koder_sessions::Upstream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
@@ -135,7 +134,7 @@ pub async fn proxy(
         }
     }
     let id = id.ok_or_else(|| ApiError::invalid("missing session id"))?;
-    let (upstream, stream) = s.manager.connect_upstream(&who, &id).await?;
+    let (upstream, conn) = s.manager.connect_upstream(&who, &id).await?;
     let upgrade = req.headers().contains_key(header::UPGRADE);
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
 
@@ -158,9 +157,7 @@ pub async fn proxy(
     );
     let forwarded = Request::from_parts(parts, body);
 
-    let (ours, theirs) = tokio::io::duplex(CHUNK_BYTES * 4);
-    tokio::spawn(koder_agent_protocol::relay(theirs, stream));
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(ours))
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(conn))
         .await
         .map_err(|e| {
             ApiError::new(

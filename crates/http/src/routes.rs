@@ -156,7 +156,7 @@ pub async fn upload(
         .and_then(|v| v.parse::<u64>().ok());
     let entry = s
         .manager
-        .upload(&who, &id, &q.path, declared, body.into_data_stream())
+        .upload(&who, &id, &q.path, declared, body.into_data_stream(), None)
         .await?;
     Ok((StatusCode::CREATED, axum::Json(entry)))
 }
@@ -231,7 +231,7 @@ pub async fn make_dir(
 ) -> ApiResult<(StatusCode, axum::Json<FileEntry>)> {
     Ok((
         StatusCode::CREATED,
-        axum::Json(s.manager.make_dir(&who, &id, &req.path).await?),
+        axum::Json(s.manager.make_dir(&who, &id, &req.path, None).await?),
     ))
 }
 

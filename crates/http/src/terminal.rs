@@ -5,7 +5,7 @@ use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::Response;
-use koder_agent_protocol::{AgentStream, FromAgent, ToAgent, CHUNK_BYTES};
+use koder_sessions::{Terminal, TerminalEvent, TerminalSpec};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -67,28 +67,30 @@ pub async fn terminal(
     s.manager.get(&who, &id).await?;
     let ws = crate::extract::websocket(ws)?;
     // The process starts before the upgrade, so a bad command is a plain HTTP error.
-    let stream = s
-        .manager
-        .terminal(&who, &id, argv, cwd, (cols, rows))
-        .await?;
-    Ok(ws.on_upgrade(move |socket| bridge(socket, stream)))
+    let spec = TerminalSpec {
+        argv,
+        cwd,
+        cols,
+        rows,
+        ..Default::default()
+    };
+    let term = s.manager.terminal(&who, &id, spec).await?;
+    Ok(ws.on_upgrade(move |socket| bridge(socket, term)))
 }
 
-async fn bridge(mut socket: WebSocket, mut stream: AgentStream) {
-    let to_agent = stream.handle();
+async fn bridge(mut socket: WebSocket, mut term: Terminal) {
+    let input = term.input();
     loop {
         tokio::select! {
             incoming = socket.recv() => match incoming {
                 Some(Ok(Message::Binary(data))) => {
-                    for chunk in data.chunks(CHUNK_BYTES) {
-                        if to_agent.send(ToAgent::Stdin(chunk.to_vec())).await.is_err() {
-                            return;
-                        }
+                    if input.write(&data).await.is_err() {
+                        return;
                     }
                 }
                 Some(Ok(Message::Text(text))) => match serde_json::from_str::<Control>(&text) {
                     Ok(Control::Resize { cols, rows }) => {
-                        let _ = to_agent.send(ToAgent::Resize { cols, rows }).await;
+                        let _ = input.resize(cols, rows).await;
                     }
                     Err(e) => {
                         let err = json!({"type": "error", "message": format!("bad control message: {e}")});
@@ -99,21 +101,20 @@ async fn bridge(mut socket: WebSocket, mut stream: AgentStream) {
                 // Client gone: dropping the stream kills the terminal's process.
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
             },
-            event = stream.recv() => match event {
-                Ok(FromAgent::Stdout(data) | FromAgent::Stderr(data)) => {
-                    if socket.send(Message::Binary(data.into())).await.is_err() {
+            event = term.next() => match event {
+                TerminalEvent::Output(data) => {
+                    if socket.send(Message::Binary(data)).await.is_err() {
                         return;
                     }
                 }
-                Ok(FromAgent::Exited(exit)) => {
-                    let msg = json!({"type": "exit", "exit_code": exit.exit_code, "signal": exit.signal});
+                TerminalEvent::Exit { exit_code, signal } => {
+                    let msg = json!({"type": "exit", "exit_code": exit_code, "signal": signal});
                     let _ = socket.send(Message::Text(msg.to_string().into())).await;
                     let _ = socket.send(Message::Close(Some(CloseFrame { code: 1000, reason: "exited".into() }))).await;
                     return;
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    let msg = json!({"type": "error", "message": e.to_string()});
+                TerminalEvent::Lost(why) => {
+                    let msg = json!({"type": "error", "message": why});
                     let _ = socket.send(Message::Text(msg.to_string().into())).await;
                     let _ = socket.send(Message::Close(Some(CloseFrame { code: 1011, reason: "sandbox error".into() }))).await;
                     return;

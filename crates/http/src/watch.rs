@@ -6,7 +6,7 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::Response;
 use chrono::Utc;
-use koder_agent_protocol::{AgentStream, FromAgent, FsEventKind};
+use koder_sessions::{FsEventKind, Watch};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -39,34 +39,33 @@ pub async fn watch(
     // Watching starts before the upgrade: a missing directory is a plain HTTP error.
     s.manager.get(&who, &id).await?;
     let ws = crate::extract::websocket(ws)?;
-    let stream = s.manager.watch(&who, &id, &q.path, q.recursive).await?;
-    Ok(ws.on_upgrade(move |socket| relay(socket, stream)))
+    let watch = s.manager.watch(&who, &id, &q.path, q.recursive).await?;
+    Ok(ws.on_upgrade(move |socket| relay(socket, watch)))
 }
 
-async fn relay(mut socket: WebSocket, mut stream: AgentStream) {
+async fn relay(mut socket: WebSocket, mut watch: Watch) {
     loop {
         tokio::select! {
             incoming = socket.recv() => match incoming {
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
                 Some(Ok(_)) => {}
             },
-            event = stream.recv() => match event {
-                Ok(FromAgent::FsEvent { kind, path, from }) => {
-                    let kind = match kind {
+            event = watch.next() => match event {
+                Ok(ev) => {
+                    let kind = match ev.kind {
                         FsEventKind::Created => "created",
                         FsEventKind::Modified => "modified",
                         FsEventKind::Deleted => "deleted",
                         FsEventKind::Renamed => "renamed",
                     };
-                    let mut msg = json!({"type": kind, "path": path, "at": Utc::now()});
-                    if let Some(from) = from {
+                    let mut msg = json!({"type": kind, "path": ev.path, "at": Utc::now()});
+                    if let Some(from) = ev.from {
                         msg["from"] = from.into();
                     }
                     if socket.send(Message::Text(msg.to_string().into())).await.is_err() {
                         return;
                     }
                 }
-                Ok(_) => {}
                 Err(e) => {
                     let msg = json!({"type": "error", "message": e.to_string()});
                     let _ = socket.send(Message::Text(msg.to_string().into())).await;

@@ -55,7 +55,7 @@ pub(crate) async fn start(
         }
     };
     let ctx = Ctx {
-        store: manager.store().clone(),
+        store: manager.store.clone(),
         cfg: manager.cfg.network.clone(),
         tenant_id: record.tenant_id.clone(),
         session_id: record.id.clone(),
@@ -196,7 +196,7 @@ impl Manager {
             return Err(Error::InvalidArgument("limit must be 1..=1000".into()));
         }
         Ok(self
-            .store()
+            .store
             .audit(&who.tenant_id, session_id, allowed, before, limit)
             .await?)
     }

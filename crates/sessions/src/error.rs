@@ -1,7 +1,8 @@
-//! Failures of session operations, each with its stable API code and HTTP status.
+//! Failures of session operations, each with its stable API code (the transports map codes
+//! to their wire; runtime, store and agent errors are mapped into these here).
 
-use koder_agent_protocol::{AgentError, ClientError, ErrorCode};
-use koder_api_types::codes;
+use koder_agent_protocol::{AgentError, ClientError, ErrorCode as AgentCode};
+use koder_api_types::ErrorCode;
 use koder_runtime::RuntimeError;
 use koder_store::StoreError;
 
@@ -14,6 +15,8 @@ pub enum Error {
     NotFound,
     #[error("{0}")]
     FileNotFound(String),
+    #[error("{0}")]
+    TenantNotFound(String),
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
@@ -44,41 +47,26 @@ pub enum Error {
 }
 
 impl Error {
-    pub fn code(&self) -> &'static str {
+    /// The stable API code; transports derive their wire status from it.
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Error::InvalidArgument(_) => codes::INVALID_ARGUMENT,
-            Error::NotFound | Error::FileNotFound(_) => codes::NOT_FOUND,
-            Error::Conflict(_) => codes::CONFLICT,
-            Error::PermissionDenied(_) => codes::PERMISSION_DENIED,
-            Error::PayloadTooLarge(_) => codes::PAYLOAD_TOO_LARGE,
-            Error::FsQuotaExceeded(_) => codes::FS_QUOTA_EXCEEDED,
-            Error::QuotaSessions(_) => codes::QUOTA_SESSIONS,
-            Error::QuotaMinutes(_) => codes::QUOTA_MINUTES,
-            Error::PlanRequired(_) => codes::PLAN_REQUIRED,
-            Error::RuntimeUnavailable(_) => codes::RUNTIME_UNAVAILABLE,
-            Error::PreviewNotListening(_) => codes::PREVIEW_NOT_LISTENING,
-            Error::NotImplemented(_) => codes::NOT_IMPLEMENTED,
-            Error::SessionStopped(_) => codes::SESSION_STOPPED,
-            Error::AgentTimeout(_) => codes::AGENT_TIMEOUT,
-            Error::Internal(_) => codes::INTERNAL,
-        }
-    }
-
-    pub fn http_status(&self) -> u16 {
-        match self {
-            Error::InvalidArgument(_) => 400,
-            Error::NotFound | Error::FileNotFound(_) => 404,
-            Error::Conflict(_) => 409,
-            Error::PermissionDenied(_) => 403,
-            Error::PayloadTooLarge(_) => 413,
-            Error::FsQuotaExceeded(_) => 507,
-            Error::QuotaSessions(_) | Error::QuotaMinutes(_) => 429,
-            Error::PlanRequired(_) => 402,
-            Error::RuntimeUnavailable(_) | Error::PreviewNotListening(_) => 503,
-            Error::NotImplemented(_) => 501,
-            Error::SessionStopped(_) => 410,
-            Error::AgentTimeout(_) => 504,
-            Error::Internal(_) => 500,
+            Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Error::NotFound | Error::FileNotFound(_) | Error::TenantNotFound(_) => {
+                ErrorCode::NotFound
+            }
+            Error::Conflict(_) => ErrorCode::Conflict,
+            Error::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            Error::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            Error::FsQuotaExceeded(_) => ErrorCode::FsQuotaExceeded,
+            Error::QuotaSessions(_) => ErrorCode::QuotaSessions,
+            Error::QuotaMinutes(_) => ErrorCode::QuotaMinutes,
+            Error::PlanRequired(_) => ErrorCode::PlanRequired,
+            Error::RuntimeUnavailable(_) => ErrorCode::RuntimeUnavailable,
+            Error::PreviewNotListening(_) => ErrorCode::PreviewNotListening,
+            Error::NotImplemented(_) => ErrorCode::NotImplemented,
+            Error::SessionStopped(_) => ErrorCode::SessionStopped,
+            Error::AgentTimeout(_) => ErrorCode::AgentTimeout,
+            Error::Internal(_) => ErrorCode::Internal,
         }
     }
 }
@@ -123,18 +111,18 @@ impl From<AgentError> for Error {
     fn from(a: AgentError) -> Self {
         let m = a.message;
         match a.code {
-            ErrorCode::NotFound => Error::FileNotFound(m),
-            ErrorCode::AlreadyExists
-            | ErrorCode::NotADirectory
-            | ErrorCode::IsADirectory
-            | ErrorCode::DirectoryNotEmpty => Error::Conflict(m),
-            ErrorCode::PermissionDenied => Error::PermissionDenied(m),
-            ErrorCode::InvalidPath | ErrorCode::InvalidRequest | ErrorCode::SpawnFailed => {
+            AgentCode::NotFound => Error::FileNotFound(m),
+            AgentCode::AlreadyExists
+            | AgentCode::NotADirectory
+            | AgentCode::IsADirectory
+            | AgentCode::DirectoryNotEmpty => Error::Conflict(m),
+            AgentCode::PermissionDenied => Error::PermissionDenied(m),
+            AgentCode::InvalidPath | AgentCode::InvalidRequest | AgentCode::SpawnFailed => {
                 Error::InvalidArgument(m)
             }
-            ErrorCode::NoSpace => Error::FsQuotaExceeded(m),
-            ErrorCode::TooLarge => Error::PayloadTooLarge(m),
-            ErrorCode::Io => Error::Internal(m),
+            AgentCode::NoSpace => Error::FsQuotaExceeded(m),
+            AgentCode::TooLarge => Error::PayloadTooLarge(m),
+            AgentCode::Io => Error::Internal(m),
         }
     }
 }

@@ -296,63 +296,6 @@ impl Manager {
         Ok(exec)
     }
 
-    /// Starts `argv` (default: a login shell) on a terminal and returns its stream once it runs.
-    pub async fn terminal(
-        &self,
-        who: &Identity,
-        id: &str,
-        argv: Vec<String>,
-        cwd: Option<String>,
-        (cols, rows): (u16, u16),
-    ) -> Result<proto::AgentStream, Error> {
-        let live = self.live(who, id)?;
-        let req = proto::PtyRequest {
-            argv,
-            env: live.env.clone(),
-            cwd,
-            cols,
-            rows,
-        };
-        let mut stream = match live.sandbox.agent().open(ToAgent::PtyStart(req)).await {
-            Ok(s) => s,
-            Err(e) => return Err(self.agent_failed(id, e).await),
-        };
-        match crate::manager::first_answer(&mut stream).await {
-            Ok(FromAgent::Started { .. }) => Ok(stream),
-            Ok(_) => Err(Error::Internal("terminal did not start".into())),
-            Err(e) => Err(self.agent_failed(id, e).await),
-        }
-    }
-
-    /// Watches a directory in the sandbox; the stream yields `FsEvent`s once watching.
-    pub async fn watch(
-        &self,
-        who: &Identity,
-        id: &str,
-        path: &str,
-        recursive: bool,
-    ) -> Result<proto::AgentStream, Error> {
-        let live = self.live(who, id)?;
-        if path.is_empty() || path.contains('\0') || path.len() > proto::MAX_PATH_BYTES {
-            return Err(Error::InvalidArgument(
-                "path must be a directory path".into(),
-            ));
-        }
-        let first = ToAgent::Watch {
-            path: path.into(),
-            recursive,
-        };
-        let mut stream = match live.sandbox.agent().open(first).await {
-            Ok(s) => s,
-            Err(e) => return Err(self.agent_failed(id, e).await),
-        };
-        match crate::manager::first_answer(&mut stream).await {
-            Ok(FromAgent::Done) => Ok(stream),
-            Ok(_) => Err(Error::Internal("watch did not start".into())),
-            Err(e) => Err(self.agent_failed(id, e).await),
-        }
-    }
-
     pub async fn list_execs(&self, who: &Identity, id: &str) -> Result<Vec<ExecStatus>, Error> {
         let live = self.live(who, id)?;
         let mut all: Vec<ExecStatus> = lock(&live.execs.execs)

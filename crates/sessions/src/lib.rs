@@ -1,22 +1,29 @@
 //! Sessions: create (from the warm pool), limits, timeouts, exec and files, tenancy, expiry and
-//! reconciliation after a restart. Transports (REST now; gRPC and E2B later) are thin adapters
-//! over [`Manager`].
+//! reconciliation after a restart. Transports (REST, E2B, later gRPC/MCP) are thin adapters
+//! over [`Manager`]: they see domain types and errors only, never the agent protocol.
 
 pub mod config;
-mod contexts;
-pub use contexts::{ContextOptions, ContextRun, RunEvent, RunOutput, RunRequest};
 mod egress;
 mod error;
 pub mod execs;
 pub mod languages;
+mod live;
 mod manager;
 pub mod metrics;
 mod pool;
-pub mod preview;
 pub mod quota;
+mod tenants;
 
 pub use config::SessionConfig;
 pub use error::Error;
+pub use live::contexts::{
+    ContextInfo, ContextOptions, ContextRun, RichResult, RunError, RunEvent, RunOutput, RunRequest,
+};
+pub use live::preview::{Upstream, UpstreamConn};
+pub use live::{
+    FsEvent, FsEventKind, Terminal, TerminalEnded, TerminalEvent, TerminalInput, TerminalSpec,
+    Watch,
+};
 pub use manager::{Manager, Runtimes};
 pub use metrics::Metrics;
 pub use quota::{Clock, NO_ACCESS_PLAN};

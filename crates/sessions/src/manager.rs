@@ -74,7 +74,7 @@ struct Engine {
 
 pub struct Manager {
     me: Weak<Self>,
-    store: Store,
+    pub(crate) store: Store,
     runtime: Arc<dyn Runtime>,
     pub(crate) cfg: SessionConfig,
     live: Mutex<HashMap<String, Arc<Live>>>,
@@ -184,8 +184,23 @@ impl Manager {
         self.metrics.clone()
     }
 
-    pub fn store(&self) -> &Store {
-        &self.store
+    /// Whether the daemon can record sessions (its state store answers).
+    pub async fn ready(&self) -> Result<(), Error> {
+        self.store.list_tenants().await?;
+        Ok(())
+    }
+
+    /// The tenant of session `id` if it has not stopped, for transports that authenticate with
+    /// a credential of the session itself (E2B's access token) rather than the tenant's key.
+    pub async fn owner_of_active(&self, id: &str) -> Result<Option<Identity>, Error> {
+        Ok(self
+            .store
+            .get_session(id)
+            .await?
+            .filter(|r| r.state != SessionState::Stopped)
+            .map(|r| Identity {
+                tenant_id: r.tenant_id,
+            }))
     }
 
     pub fn pool_depth(&self, language: &str) -> usize {
@@ -791,23 +806,8 @@ impl Manager {
                 self.cfg.max_exec_timeout_ms
             )));
         }
-        let (uid, user_env) = match req.user.as_deref() {
-            None | Some("root") => (None, Vec::new()),
-            Some("user") => (
-                Some(SANDBOX_USER_ID),
-                vec![
-                    ("HOME".to_string(), "/home/user".to_string()),
-                    ("USER".to_string(), "user".to_string()),
-                ],
-            ),
-            Some(other) => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown user {other:?}; root or user"
-                )))
-            }
-        };
-        let mut env = live.env.clone();
-        for (k, v) in user_env.into_iter().chain(validate_env(&req.env)?) {
+        let (uid, mut env) = account(req.user.as_deref(), live.env.clone())?;
+        for (k, v) in validate_env(&req.env)? {
             env.retain(|(ek, _)| *ek != k);
             env.push((k, v));
         }
@@ -833,6 +833,8 @@ impl Manager {
         })
     }
 
+    /// Writes a file atomically from `body`, creating missing parents. What it creates belongs
+    /// to `user`'s account (`root` when `None`); a replaced file keeps its owner.
     pub async fn upload<S, E>(
         &self,
         who: &Identity,
@@ -840,6 +842,7 @@ impl Manager {
         path: &str,
         declared_len: Option<u64>,
         mut body: S,
+        user: Option<&str>,
     ) -> Result<FileEntry, Error>
     where
         S: Stream<Item = Result<Bytes, E>> + Unpin,
@@ -853,6 +856,7 @@ impl Manager {
             )));
         }
         validate_path(path)?;
+        let owner = owner_of(user)?;
         let agent = live.sandbox.agent();
         let mut writer = match agent
             .write_file(proto::WriteFileRequest {
@@ -860,6 +864,7 @@ impl Manager {
                 mode: None,
                 create_parents: true,
                 max_bytes: Some(max),
+                owner,
             })
             .await
         {
@@ -930,10 +935,18 @@ impl Manager {
         }
     }
 
-    pub async fn make_dir(&self, who: &Identity, id: &str, path: &str) -> Result<FileEntry, Error> {
+    /// `mkdir -p`; what it creates belongs to `user`'s account (`root` when `None`).
+    pub async fn make_dir(
+        &self,
+        who: &Identity,
+        id: &str,
+        path: &str,
+        user: Option<&str>,
+    ) -> Result<FileEntry, Error> {
         let live = self.live(who, id)?;
         validate_path(path)?;
-        match live.sandbox.agent().make_dir(path).await {
+        let owner = owner_of(user)?;
+        match live.sandbox.agent().make_dir(path, owner).await {
             Ok(e) => Ok(file_entry(e)),
             Err(e) => Err(self.agent_failed(id, e).await),
         }
@@ -1210,6 +1223,33 @@ fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
 pub(crate) const SIGKILL: i32 = 9;
 /// Uid/gid of the sandbox's unprivileged `user` account.
 pub const SANDBOX_USER_ID: u32 = 1000;
+
+/// An environment in the agent's order (later entries win).
+pub(crate) type Env = Vec<(String, String)>;
+
+/// The sandbox uid a process runs as (`None`: the sandbox's root) and `env` with that
+/// account's HOME and USER in it.
+pub(crate) fn account(user: Option<&str>, mut env: Env) -> Result<(Option<u32>, Env), Error> {
+    match user {
+        None | Some("root") => Ok((None, env)),
+        Some("user") => {
+            for (k, v) in [("HOME", "/home/user"), ("USER", "user")] {
+                env.retain(|(ek, _)| ek != k);
+                env.push((k.to_string(), v.to_string()));
+            }
+            Ok((Some(SANDBOX_USER_ID), env))
+        }
+        Some(other) => Err(Error::InvalidArgument(format!(
+            "unknown user {other:?}; root or user"
+        ))),
+    }
+}
+
+/// The sandbox (uid, gid) what `user` creates belongs to; `None` for root.
+fn owner_of(user: Option<&str>) -> Result<Option<(u32, u32)>, Error> {
+    let (uid, _) = account(user, Vec::new())?;
+    Ok(uid.map(|u| (u, u)))
+}
 
 pub(crate) fn validate_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Error> {
     let mut size = 0;

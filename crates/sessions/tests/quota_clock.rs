@@ -128,7 +128,6 @@ async fn minutes_budget_stops_sessions_and_resets_at_midnight() {
         matches!(refused, Err(Error::QuotaMinutes(_))),
         "{refused:?}"
     );
-    assert_eq!(refused.unwrap_err().http_status(), 429);
 
     f.manager.enforce_minutes().await;
     for s in [&first, &second] {
@@ -162,7 +161,6 @@ async fn concurrent_session_cap_and_plan_tier() {
         matches!(refused, Err(Error::PlanRequired(_))),
         "{refused:?}"
     );
-    assert_eq!(refused.unwrap_err().http_status(), 402);
 }
 
 #[tokio::test]

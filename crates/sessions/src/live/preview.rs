@@ -1,11 +1,15 @@
 //! The session's dev server: which port it listens on, and connections to it for the preview
 //! proxy (made by the agent inside the sandbox's own network namespace).
 
-use koder_agent_protocol::{AgentStream, FromAgent, ToAgent};
+use koder_agent_protocol::{FromAgent, ToAgent, CHUNK_BYTES};
 use koder_auth::Identity;
 
 use crate::pool::lock;
 use crate::{Error, Manager};
+
+/// The bytes of one connection to a session's upstream, both ways; shutting down the write
+/// half closes the connection's sending side, dropping it closes the connection.
+pub type UpstreamConn = tokio::io::DuplexStream;
 
 /// Where a session's preview goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,12 +73,12 @@ impl Manager {
         self.upstream(who, id).await
     }
 
-    /// A TCP connection to the session's upstream, relayed by the agent.
+    /// A TCP connection to the session's upstream (made by the agent inside the sandbox).
     pub async fn connect_upstream(
         &self,
         who: &Identity,
         id: &str,
-    ) -> Result<(Upstream, AgentStream), Error> {
+    ) -> Result<(Upstream, UpstreamConn), Error> {
         let upstream = self.upstream(who, id).await?;
         let live = self.live(who, id)?;
         let mut s = match live
@@ -89,7 +93,11 @@ impl Manager {
             Err(e) => return Err(self.agent_failed(id, e).await),
         };
         match crate::manager::first_answer(&mut s).await {
-            Ok(FromAgent::Connected) => Ok((upstream, s)),
+            Ok(FromAgent::Connected) => {
+                let (ours, theirs) = tokio::io::duplex(CHUNK_BYTES * 4);
+                tokio::spawn(koder_agent_protocol::relay(theirs, s));
+                Ok((upstream, ours))
+            }
             Ok(_) => Err(Error::Internal("unexpected answer to a connect".into())),
             Err(koder_agent_protocol::ClientError::Agent(e)) => {
                 Err(Error::PreviewNotListening(e.message))

@@ -49,6 +49,95 @@ pub enum RunEvent {
     Done(Result<ContextRun, Error>),
 }
 
+/// A context: one long-lived interpreter in the session's sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContextInfo {
+    pub context_id: String,
+    pub language: String,
+    /// Runs so far in this interpreter (0 after a restart).
+    pub execution_count: u64,
+    /// Working directory the interpreter started in.
+    pub cwd: String,
+}
+
+/// One displayable value in the representations it offers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RichResult {
+    /// The value of the cell's last expression (others are displayed objects, figures).
+    pub is_main_result: bool,
+    pub text: Option<String>,
+    pub html: Option<String>,
+    pub markdown: Option<String>,
+    /// JSON text, as the interpreter serialised it.
+    pub json: Option<String>,
+    /// base64 PNG.
+    pub png: Option<String>,
+    pub svg: Option<String>,
+}
+
+/// The exception a run raised.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunError {
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
+}
+
+impl From<proto::ContextInfo> for ContextInfo {
+    fn from(c: proto::ContextInfo) -> Self {
+        let proto::ContextInfo {
+            context_id,
+            language,
+            execution_count,
+            cwd,
+        } = c;
+        Self {
+            context_id,
+            language,
+            execution_count,
+            cwd,
+        }
+    }
+}
+
+impl From<proto::RichResult> for RichResult {
+    fn from(r: proto::RichResult) -> Self {
+        let proto::RichResult {
+            is_main_result,
+            text,
+            html,
+            markdown,
+            json,
+            png,
+            svg,
+        } = r;
+        Self {
+            is_main_result,
+            text,
+            html,
+            markdown,
+            json,
+            png,
+            svg,
+        }
+    }
+}
+
+impl From<proto::RunError> for RunError {
+    fn from(e: proto::RunError) -> Self {
+        let proto::RunError {
+            name,
+            value,
+            traceback,
+        } = e;
+        Self {
+            name,
+            value,
+            traceback,
+        }
+    }
+}
+
 /// The result of one run in a context.
 #[derive(Debug, Clone, Default)]
 pub struct ContextRun {
@@ -57,8 +146,8 @@ pub struct ContextRun {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     /// Rich outputs in display order; the last expression's value has `is_main_result`.
-    pub results: Vec<proto::RichResult>,
-    pub error: Option<proto::RunError>,
+    pub results: Vec<RichResult>,
+    pub error: Option<RunError>,
     pub execution_count: u64,
     pub duration_ms: u64,
     /// An exec verdict code, or none for a run that ended by itself.
@@ -95,7 +184,7 @@ impl Manager {
         id: &str,
         language: &str,
         opts: ContextOptions,
-    ) -> Result<proto::ContextInfo, Error> {
+    ) -> Result<ContextInfo, Error> {
         let live = self.live(who, id)?;
         let env = crate::manager::validate_env(&opts.env)?;
         if let Some(cwd) = opts.cwd.as_deref() {
@@ -119,19 +208,15 @@ impl Manager {
             env,
         };
         match self.ask(&live, id, msg).await? {
-            FromAgent::Context(info) => Ok(info),
+            FromAgent::Context(info) => Ok(info.into()),
             other => Err(unexpected(&other)),
         }
     }
 
-    pub async fn list_contexts(
-        &self,
-        who: &Identity,
-        id: &str,
-    ) -> Result<Vec<proto::ContextInfo>, Error> {
+    pub async fn list_contexts(&self, who: &Identity, id: &str) -> Result<Vec<ContextInfo>, Error> {
         let live = self.live(who, id)?;
         match self.ask(&live, id, ToAgent::ContextList).await? {
-            FromAgent::Contexts(all) => Ok(all),
+            FromAgent::Contexts(all) => Ok(all.into_iter().map(Into::into).collect()),
             other => Err(unexpected(&other)),
         }
     }
@@ -153,14 +238,14 @@ impl Manager {
         who: &Identity,
         id: &str,
         cid: &str,
-    ) -> Result<proto::ContextInfo, Error> {
+    ) -> Result<ContextInfo, Error> {
         let live = self.live(who, id)?;
         validate_context_id(cid)?;
         let msg = ToAgent::ContextRestart {
             context_id: cid.into(),
         };
         match self.ask(&live, id, msg).await? {
-            FromAgent::Context(info) => Ok(info),
+            FromAgent::Context(info) => Ok(info.into()),
             other => Err(unexpected(&other)),
         }
     }
@@ -266,8 +351,8 @@ impl Manager {
         } else {
             None
         };
-        run.results = outcome.results;
-        run.error = outcome.error;
+        run.results = outcome.results.into_iter().map(Into::into).collect();
+        run.error = outcome.error.map(Into::into);
         run.execution_count = outcome.execution_count;
         run.duration_ms = outcome.duration_ms;
         run.restarted = outcome.restarted;

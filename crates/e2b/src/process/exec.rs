@@ -1,0 +1,177 @@
+//! Processes without a terminal: background execs of the session manager, whose output it
+//! buffers, so a stream can leave and re-join with `Connect`.
+
+use std::time::Duration;
+
+use axum::response::Response;
+use bytes::Bytes;
+use koder_api_types::{codes, ExecRequest, ExecResult};
+use koder_sessions::execs::{ExecEvent, Follow};
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use super::{data_event, end_event, keepalive_event, start_event, stream_lost, Kind, Proc};
+use crate::connect::{self, Code, RpcError, Sink};
+use crate::envd::Target;
+use crate::lock;
+use crate::proto::ProcessConfig;
+
+/// How long a new process may take to report its pid.
+const START_WAIT: Duration = Duration::from_secs(10);
+
+/// Starts `cfg` as a background exec of the manager and streams it.
+pub(super) async fn start(
+    t: Target,
+    cfg: ProcessConfig,
+    tag: Option<String>,
+    stdin: bool,
+    limit_ms: u64,
+    keepalive: Duration,
+) -> Result<Response, RpcError> {
+    let m = t.e2b.manager();
+    let argv = std::iter::once(cfg.cmd.clone())
+        .chain(cfg.args.iter().cloned())
+        .collect();
+    let exec = ExecRequest {
+        cmd: Some(argv),
+        env: cfg.envs.clone(),
+        cwd: Some(t.user.resolve(cfg.cwd.as_deref().unwrap_or(""))),
+        timeout_ms: Some(limit_ms),
+        background: true,
+        user: Some(t.user.name().into()),
+        ..Default::default()
+    };
+    let exec_id = m.exec_background(&t.who, &t.id, exec).await?;
+    // Subscribing before anything else is what guarantees no output is missed.
+    let follow = m.follow_exec(&t.who, &t.id, &exec_id).await?;
+    if !stdin {
+        // envd gives a process without `stdin` an empty, closed one. Failing here only means
+        // the process already ended.
+        let _ = m
+            .exec_stdin(&t.who, &t.id, &exec_id, Bytes::new(), true)
+            .await;
+    }
+    let pid = wait_for_pid(&t, &exec_id, &cfg.cmd).await?;
+    lock(&t.ctx.procs).insert(
+        pid,
+        Proc {
+            config: cfg,
+            tag,
+            kind: Kind::Exec(exec_id),
+        },
+    );
+    let (sink, resp) = connect::stream_response();
+    tokio::spawn(relay(sink, pid, follow, keepalive, true));
+    Ok(resp)
+}
+
+/// The exec's pid once the agent reported it started. The manager records it as the first
+/// event of the exec arrives (its background API does not return it).
+async fn wait_for_pid(t: &Target, exec_id: &str, cmd: &str) -> Result<u32, RpcError> {
+    let deadline = tokio::time::Instant::now() + START_WAIT;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let st = t.e2b.manager().exec_status(&t.who, &t.id, exec_id).await?;
+        if let Some(pid) = st.pid {
+            return Ok(pid);
+        }
+        if st.result.is_some() {
+            return Err(RpcError::invalid(format!(
+                "{cmd:?} could not be started (no such program, or the working directory does not exist)"
+            )));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(RpcError::new(
+                Code::DeadlineExceeded,
+                "the process did not start in time",
+            ));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+fn exec_end(r: &ExecResult) -> (Value, Option<RpcError>) {
+    let why = r
+        .verdict
+        .as_ref()
+        .map(|v| format!("{v}: {}", verdict_text(v)));
+    let timed_out = r.verdict.as_deref() == Some(codes::EXEC_TIMEOUT);
+    let deadline = timed_out.then(|| {
+        RpcError::new(
+            Code::DeadlineExceeded,
+            "the process ran past its timeout and was killed",
+        )
+    });
+    (end_event(r.exit_code, r.signal, why), deadline)
+}
+
+fn verdict_text(code: &str) -> &'static str {
+    match code {
+        codes::EXEC_TIMEOUT => "killed at its timeout",
+        codes::EXEC_KILLED_OOM => "killed out of memory",
+        codes::EXEC_KILLED_PIDS => "hit the process limit",
+        codes::EXEC_KILLED_CPU => "killed for CPU use",
+        _ => "killed",
+    }
+}
+
+/// Streams an exec's events: start, output (the retained past too when `with_past`), then the
+/// end event. Leaving the stream leaves the process running.
+pub(super) async fn relay(sink: Sink, pid: u32, follow: Follow, every: Duration, with_past: bool) {
+    if !sink.send(&start_event(pid)).await {
+        return;
+    }
+    let past = follow
+        .replay
+        .into_iter()
+        .filter(|e| with_past || matches!(e, ExecEvent::Exit(_)));
+    let mut live = follow.live;
+    let mut past = past.collect::<Vec<_>>().into_iter();
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        let event = match past.next() {
+            Some(e) => e,
+            None => {
+                let Some(rx) = live.as_mut() else {
+                    sink.end(Some(stream_lost())).await;
+                    return;
+                };
+                tokio::select! {
+                    got = rx.recv() => match got {
+                        Ok(e) => e,
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            tracing::warn!(pid, missed = n, "E2B process stream fell behind; output dropped");
+                            continue;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => {
+                            sink.end(Some(stream_lost())).await;
+                            return;
+                        }
+                    },
+                    _ = tick.tick() => {
+                        if !sink.send(&keepalive_event()).await {
+                            return;
+                        }
+                        continue;
+                    }
+                    () = sink.closed() => return,
+                }
+            }
+        };
+        let sent = match event {
+            ExecEvent::Stdout(b) => sink.send(&data_event("stdout", &b)).await,
+            ExecEvent::Stderr(b) => sink.send(&data_event("stderr", &b)).await,
+            ExecEvent::Exit(r) => {
+                let (end, err) = exec_end(&r);
+                if sink.send(&end).await {
+                    sink.end(err).await;
+                }
+                return;
+            }
+        };
+        if !sent {
+            return;
+        }
+    }
+}
