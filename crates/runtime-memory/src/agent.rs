@@ -132,6 +132,7 @@ impl State {
             mode: None,
             create_parents: true,
             max_bytes: None,
+            owner: None,
         };
         if let Ok(path) = self.prepare_write(&req) {
             self.commit(path, data.to_vec(), None);

@@ -125,6 +125,7 @@ async fn files_live_in_the_sandbox_map() {
         mode: Some(0o600),
         create_parents,
         max_bytes: Some(10),
+        owner: None,
     };
 
     let mut w = agent.write_file(upload("notes.txt", false)).await.unwrap();
