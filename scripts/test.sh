@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup-microvm.sh
+# Style is part of the suite: formatting and every clippy warning fail it.
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests start the real agent binary, so every binary is built first.
 cargo build --workspace --bins --locked
 # The microVM guest (kernel + root disk), built once and kept in target/ (minutes the first time).

@@ -530,25 +530,42 @@ async fn kill_processes_recovers_a_fork_bombed_session_and_keeps_it() {
         )
         .await;
     assert_eq!(started["stdout"], "started\n");
-    // Saturated: nothing can be started any more.
+    // Saturated: the workload holds as many tasks as its pids limit allows (the agent, in a leaf
+    // of its own, can still start a process there, but nothing in it can fork any more).
     let began = Instant::now();
     loop {
-        let (status, v) = d
-            .json(
-                Method::POST,
-                &format!("{S}/{id}/exec"),
-                json!({"shell": "echo hi"}),
-            )
+        let (status, m) = d
+            .json(Method::GET, &format!("{S}/{id}/metrics"), Value::Null)
             .await;
-        if status != StatusCode::OK || v["stdout"] != "hi\n" {
+        assert_eq!(status, StatusCode::OK, "{m}");
+        if m["pids_current"].as_u64() >= m["pids_limit"].as_u64() {
             break;
         }
         assert!(
             began.elapsed() < Duration::from_secs(20),
-            "the fork bomb never saturated pids"
+            "the fork bomb never saturated pids: {m}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A bomb task that fails to fork exits and frees its slot for a moment, so a fork of ours
+    // may win one: EAGAIN must come within a few attempts.
+    let fork =
+        "import os\ntry:\n    os.fork() or os._exit(0)\nexcept OSError as e:\n    print(e.errno)";
+    let refused = async {
+        for _ in 0..50 {
+            let out = d
+                .exec(&id, json!({"cmd": ["/usr/bin/python3", "-c", fork]}))
+                .await;
+            if out["stdout"] == "11\n" {
+                return true;
+            }
+        }
+        false
+    };
+    assert!(
+        refused.await,
+        "forks in the saturated session kept succeeding"
+    );
 
     // Another tenant can neither kill them nor learn the session exists.
     let (status, v) = d
