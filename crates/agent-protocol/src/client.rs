@@ -270,8 +270,12 @@ impl AgentClient {
         self.entry_op(ToAgent::Stat { path: path.into() }).await
     }
 
-    pub async fn make_dir(&self, path: &str) -> Result<Entry> {
-        self.entry_op(ToAgent::MakeDir { path: path.into() }).await
+    pub async fn make_dir(&self, path: &str, owner: Option<(u32, u32)>) -> Result<Entry> {
+        self.entry_op(ToAgent::MakeDir {
+            path: path.into(),
+            owner,
+        })
+        .await
     }
 
     pub async fn rename(&self, from: &str, to: &str) -> Result<Entry> {

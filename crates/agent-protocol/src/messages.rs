@@ -51,9 +51,10 @@ pub enum ToAgent {
     Stat {
         path: String,
     },
-    /// `mkdir -p`.
+    /// `mkdir -p`; the directories it creates belong to `owner` (sandbox uid, gid) if given.
     MakeDir {
         path: String,
+        owner: Option<(u32, u32)>,
     },
     Remove {
         path: String,
@@ -307,6 +308,9 @@ pub struct PtyRequest {
     pub cwd: Option<String>,
     pub cols: u16,
     pub rows: u16,
+    /// Sandbox uid/gid to run as (default 0, the sandbox's own root), as for an exec.
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -335,6 +339,9 @@ pub struct WriteFileRequest {
     pub create_parents: bool,
     /// Abort with `TooLarge` once more than this many bytes arrived.
     pub max_bytes: Option<u64>,
+    /// Sandbox `(uid, gid)` owning a new file (default: the agent's, root). A replaced file
+    /// keeps its owner.
+    pub owner: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

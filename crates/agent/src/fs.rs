@@ -47,6 +47,8 @@ const OPENAT2_RETRIES: usize = 64;
 pub const MAX_LIST_DEPTH: u32 = 128;
 /// Permission bits of a new file when the request names none.
 const DEFAULT_FILE_MODE: u32 = 0o644;
+/// Sandbox uids and gids that exist (the size of a sandbox's id map).
+const MAPPED_IDS: u32 = 65536;
 /// Permission bits of directories created by `make_dir` / `create_parents`.
 const DIR_MODE: u32 = 0o755;
 /// Bits a request may set on a file: no setuid, no setgid.
@@ -132,10 +134,12 @@ impl Fs {
 
     /// `mkdir -p`: creates missing directories (mode 0755), succeeds when `path` already is a
     /// directory (or a symlink to one), `AlreadyExists` when a non-directory is in the way of the
-    /// last component, `NotADirectory` when it is in the way of an earlier one.
-    pub fn make_dir(&self, path: &str) -> Result<Entry, AgentError> {
+    /// last component, `NotADirectory` when it is in the way of an earlier one. The directories
+    /// it creates belong to `owner` if given.
+    pub fn make_dir(&self, path: &str, owner: Option<(u32, u32)>) -> Result<Entry, AgentError> {
         let abs = self.normalize(path)?;
-        self.make_dir_abs("mkdir", &abs)?;
+        check_owner(owner)?;
+        self.make_dir_abs("mkdir", &abs, owner)?;
         self.lstat_abs("mkdir", &abs)
     }
 
@@ -218,10 +222,12 @@ impl Fs {
     /// destination's directory, which [`PendingWrite::commit`] renames over the destination.
     ///
     /// Mode: `req.mode` (without setuid/setgid) if given; otherwise the mode (and owner) of the
-    /// regular file being replaced; otherwise 0644.
+    /// regular file being replaced; otherwise 0644. Owner: that of the file being replaced;
+    /// otherwise `req.owner` (also of the parent directories it creates); otherwise root.
     pub fn begin_write(&self, req: &WriteFileRequest) -> Result<PendingWrite, AgentError> {
         const OP: &str = "write";
         let abs = self.normalize(&req.path)?;
+        check_owner(req.owner)?;
         let Some((parent, name)) = split_parent(&abs) else {
             return Err(AgentError::new(
                 ErrorCode::IsADirectory,
@@ -229,7 +235,7 @@ impl Fs {
             ));
         };
         if req.create_parents {
-            self.make_dir_abs(OP, parent)?;
+            self.make_dir_abs(OP, parent, req.owner)?;
         }
         let pfd = self.open_dir_path(OP, parent, &abs)?;
         let existing = match rfs::statx(
@@ -265,9 +271,16 @@ impl Fs {
             written: 0,
             max_bytes: req.max_bytes,
         };
-        if let Some(st) = replaced_file {
-            // Best effort: keep the replaced file's owner, so a sandbox user keeps its file.
-            let _ = std::os::unix::fs::fchown(&pending.file, Some(st.stx_uid), Some(st.stx_gid));
+        match (replaced_file, req.owner) {
+            (Some(st), _) => {
+                // Best effort: keep the replaced file's owner, so a sandbox user keeps its file.
+                let _ =
+                    std::os::unix::fs::fchown(&pending.file, Some(st.stx_uid), Some(st.stx_gid));
+            }
+            // Before the rename: the file never appears with another owner.
+            (None, Some(owner)) => chown_fd(pending.file.as_fd(), owner)
+                .map_err(|e| errno_err(OP, &pending.path, e))?,
+            (None, None) => {}
         }
         // Set the mode explicitly: the umask must not change what was asked for.
         rfs::fchmod(&pending.file, Mode::from_raw_mode(mode))
@@ -325,8 +338,13 @@ impl Fs {
         }
     }
 
-    /// `mkdir -p` of a normalised absolute path.
-    fn make_dir_abs(&self, op: &str, abs: &str) -> Result<(), AgentError> {
+    /// `mkdir -p` of a normalised absolute path; what it creates belongs to `owner` if given.
+    fn make_dir_abs(
+        &self,
+        op: &str,
+        abs: &str,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), AgentError> {
         let components: Vec<&str> = abs.split('/').filter(|c| !c.is_empty()).collect();
         let mut parent: Option<OwnedFd> = None;
         let mut prefix = String::with_capacity(abs.len());
@@ -359,6 +377,9 @@ impl Fs {
                     if created {
                         // The umask must not change the mode; best effort.
                         let _ = rfs::fchmod(&fd, Mode::from_raw_mode(DIR_MODE));
+                        if let Some(owner) = owner {
+                            chown_fd(fd.as_fd(), owner).map_err(|e| errno_err(op, &prefix, e))?;
+                        }
                     }
                     parent = Some(fd);
                 }
@@ -813,6 +834,25 @@ fn describe(e: Errno) -> String {
     }
 }
 
+/// Sandbox ids beyond the 65536 a sandbox maps would fail the chown with a puzzling EINVAL.
+fn check_owner(owner: Option<(u32, u32)>) -> Result<(), AgentError> {
+    match owner {
+        Some((uid, gid)) if uid >= MAPPED_IDS || gid >= MAPPED_IDS => Err(AgentError::new(
+            ErrorCode::InvalidRequest,
+            format!("owner {uid}:{gid}: sandbox ids are below {MAPPED_IDS}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn chown_fd(fd: BorrowedFd<'_>, (uid, gid): (u32, u32)) -> Result<(), Errno> {
+    rfs::fchown(
+        fd,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+    )
+}
+
 fn errno_err(op: &str, path: &str, e: Errno) -> AgentError {
     AgentError::new(code_of(e), format!("{op} {}: {}", shown(path), describe(e)))
 }
@@ -942,6 +982,7 @@ mod tests {
             mode: None,
             create_parents: false,
             max_bytes: None,
+            owner: None,
         }
     }
 
@@ -985,7 +1026,7 @@ mod tests {
         assert!(long.len() > MAX_PATH_BYTES);
         assert_eq!(code(env.fs.stat(&long)), ErrorCode::InvalidPath);
         assert_eq!(code(env.fs.open_read(&long, None)), ErrorCode::InvalidPath);
-        assert_eq!(code(env.fs.make_dir(&long)), ErrorCode::InvalidPath);
+        assert_eq!(code(env.fs.make_dir(&long, None)), ErrorCode::InvalidPath);
         // One component longer than NAME_MAX.
         let long_name = format!("/workspace/{}", "x".repeat(300));
         assert_eq!(code(env.fs.stat(&long_name)), ErrorCode::InvalidPath);
@@ -1315,48 +1356,48 @@ mod tests {
     #[test]
     fn make_dir_behaves_like_mkdir_p() {
         let env = Env::new();
-        let e = env.fs.make_dir("/workspace/a/b/c").unwrap();
+        let e = env.fs.make_dir("/workspace/a/b/c", None).unwrap();
         assert_eq!(e.kind, EntryKind::Dir);
         assert_eq!(e.path, "/workspace/a/b/c");
         assert_eq!(e.mode, 0o755);
         assert!(env.p("/workspace/a/b/c").is_dir());
         assert_eq!(mode_of(&env.p("/workspace/a")), 0o755);
         // Existing directory: fine.
-        env.fs.make_dir("/workspace/a/b").unwrap();
-        env.fs.make_dir("rel/dir").unwrap();
+        env.fs.make_dir("/workspace/a/b", None).unwrap();
+        env.fs.make_dir("rel/dir", None).unwrap();
         assert!(env.p("/workspace/rel/dir").is_dir());
-        env.fs.make_dir("/").unwrap();
+        env.fs.make_dir("/", None).unwrap();
         std::fs::write(env.p("/workspace/f"), b"").unwrap();
         assert_eq!(
-            code(env.fs.make_dir("/workspace/f")),
+            code(env.fs.make_dir("/workspace/f", None)),
             ErrorCode::AlreadyExists
         );
         assert_eq!(
-            code(env.fs.make_dir("/workspace/f/g")),
+            code(env.fs.make_dir("/workspace/f/g", None)),
             ErrorCode::NotADirectory
         );
         symlink("/nowhere", env.p("/workspace/dangling")).unwrap();
         assert_eq!(
-            code(env.fs.make_dir("/workspace/dangling")),
+            code(env.fs.make_dir("/workspace/dangling", None)),
             ErrorCode::AlreadyExists
         );
         // Through a symlink to a host directory: dangling inside the root, so in the way.
         symlink(env.host.path(), env.p("/hd")).unwrap();
         assert_eq!(
-            code(env.fs.make_dir("/hd/sub/dir")),
+            code(env.fs.make_dir("/hd/sub/dir", None)),
             ErrorCode::AlreadyExists
         );
         assert!(!env.host.path().join("sub").exists());
         // Once the link's target exists inside the root, it is followed there.
         std::fs::create_dir_all(env.p(&env.host.path().to_string_lossy())).unwrap();
-        env.fs.make_dir("/hd/sub/dir").unwrap();
+        env.fs.make_dir("/hd/sub/dir", None).unwrap();
         assert!(!env.host.path().join("sub").exists());
         assert!(env
             .p(&format!("{}/sub/dir", env.host.path().display()))
             .is_dir());
         // Through a symlink to an in-root directory: follows it.
         symlink("/workspace/a", env.p("/alink")).unwrap();
-        env.fs.make_dir("/alink/z").unwrap();
+        env.fs.make_dir("/alink/z", None).unwrap();
         assert!(env.p("/workspace/a/z").is_dir());
         env.assert_host_intact();
     }
@@ -1632,7 +1673,7 @@ mod tests {
     fn unicode_names_round_trip() {
         let env = Env::new();
         let dir = "/workspace/ünïcødé/日本語";
-        env.fs.make_dir(dir).unwrap();
+        env.fs.make_dir(dir, None).unwrap();
         let path = format!("{dir}/🎉 fête.txt");
         let e = env.write(&path, "données".as_bytes()).unwrap();
         assert_eq!(e.name, "🎉 fête.txt");

@@ -160,6 +160,12 @@ fn start(
         .stdin(io(&slave)?)
         .stdout(io(&slave)?)
         .stderr(io(&slave)?);
+    if let Some(gid) = req.gid {
+        cmd.gid(gid);
+    }
+    if let Some(uid) = req.uid {
+        cmd.uid(uid);
+    }
     // SAFETY: setsid and ioctl are async-signal-safe; the terminal becomes the controlling tty
     // of the new session, as a login shell expects (job control, ^C to the foreground group).
     unsafe {

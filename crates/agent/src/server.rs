@@ -186,8 +186,8 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
             .await
         }
         ToAgent::Stat { path } => blocking(move || fs.stat(&path).map(FromAgent::Entry)).await,
-        ToAgent::MakeDir { path } => {
-            blocking(move || fs.make_dir(&path).map(FromAgent::Entry)).await
+        ToAgent::MakeDir { path, owner } => {
+            blocking(move || fs.make_dir(&path, owner).map(FromAgent::Entry)).await
         }
         ToAgent::Remove { path, recursive } => {
             blocking(move || fs.remove(&path, recursive).map(|()| FromAgent::Done)).await

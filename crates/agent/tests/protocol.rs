@@ -210,6 +210,7 @@ fn files_round_trip_and_hostile_paths_are_refused() {
                 mode: None,
                 create_parents: true,
                 max_bytes: None,
+                owner: None,
             })
             .await
             .unwrap();
@@ -272,6 +273,7 @@ fn oversized_or_cancelled_uploads_leave_nothing() {
             mode: None,
             create_parents: false,
             max_bytes: Some(100_000),
+            owner: None,
         };
         let mut w = h.client.write_file(req("big")).await.unwrap();
         let first = w.write(&vec![7u8; 150_000]).await;
@@ -301,6 +303,7 @@ fn a_flood_of_streams_is_capped() {
                 mode: None,
                 create_parents: false,
                 max_bytes: None,
+                owner: None,
             };
             held.push(h.client.write_file(req).await.unwrap());
         }
@@ -342,4 +345,111 @@ fn kill_all_refuses_unless_the_agent_is_init() {
     // The agent's reaper may collect the status first; either way the child is gone.
     let _ = sleeper.wait();
     assert!(alive, "kill_all reached a process outside any sandbox");
+}
+
+#[test]
+fn a_terminal_runs_as_the_requested_user_and_reports_its_pid() {
+    let h = harness();
+    rt().block_on(async {
+        let req = PtyRequest {
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo id=$(id -u):$(id -g)".into(),
+            ],
+            cwd: Some("/".into()),
+            cols: 80,
+            rows: 24,
+            uid: Some(1000),
+            gid: Some(1001),
+            ..Default::default()
+        };
+        let mut s = h.client.open(ToAgent::PtyStart(req)).await.unwrap();
+        let first = s.recv().await.unwrap();
+        assert!(
+            matches!(first, FromAgent::Started { pid } if pid > 1),
+            "{first:?}"
+        );
+        let mut out = Vec::new();
+        let exit = loop {
+            match s.recv().await.unwrap() {
+                FromAgent::Stdout(b) => out.extend(b),
+                FromAgent::Exited(e) => break e,
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        assert_eq!(exit.exit_code, Some(0), "{}", String::from_utf8_lossy(&out));
+        assert!(
+            String::from_utf8_lossy(&out).contains("id=1000:1001"),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
+    });
+}
+
+#[test]
+fn writes_and_directories_get_the_requested_owner_when_new() {
+    use std::os::unix::fs::MetadataExt;
+    let h = harness();
+    let owner_of = |p: &str| {
+        let m = std::fs::symlink_metadata(h.root.path().join(p)).unwrap();
+        (m.uid(), m.gid())
+    };
+    rt().block_on(async {
+        let req = |path: &str, owner| WriteFileRequest {
+            path: path.into(),
+            mode: None,
+            create_parents: true,
+            max_bytes: None,
+            owner,
+        };
+        let mut w = h
+            .client
+            .write_file(req("new/dir/f.txt", Some((1000, 1000))))
+            .await
+            .unwrap();
+        w.write(b"hi").await.unwrap();
+        let entry = w.finish().await.unwrap();
+        assert_eq!((entry.uid, entry.gid), (1000, 1000));
+        assert_eq!(owner_of("workspace/new/dir/f.txt"), (1000, 1000));
+        assert_eq!(owner_of("workspace/new/dir"), (1000, 1000));
+        assert_eq!(owner_of("workspace/new"), (1000, 1000));
+        assert_eq!(
+            owner_of("workspace"),
+            (0, 0),
+            "an existing parent keeps its owner"
+        );
+
+        std::fs::write(h.root.path().join("workspace/root.txt"), "x").unwrap();
+        let w = h
+            .client
+            .write_file(req("root.txt", Some((1000, 1000))))
+            .await
+            .unwrap();
+        w.finish().await.unwrap();
+        assert_eq!(
+            owner_of("workspace/root.txt"),
+            (0, 0),
+            "a replaced file keeps its owner"
+        );
+
+        let e = h
+            .client
+            .make_dir("made/here", Some((1000, 1000)))
+            .await
+            .unwrap();
+        assert_eq!((e.uid, e.gid), (1000, 1000));
+        assert_eq!(owner_of("workspace/made"), (1000, 1000));
+
+        let w = h
+            .client
+            .write_file(req("x", Some((65536, 0))))
+            .await
+            .unwrap();
+        assert_eq!(code(w.finish().await), ErrorCode::InvalidRequest);
+        assert_eq!(
+            code(h.client.make_dir("y", Some((0, 70000))).await),
+            ErrorCode::InvalidRequest
+        );
+    });
 }

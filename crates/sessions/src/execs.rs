@@ -312,6 +312,7 @@ impl Manager {
             cwd,
             cols,
             rows,
+            ..Default::default()
         };
         let mut stream = match live.sandbox.agent().open(ToAgent::PtyStart(req)).await {
             Ok(s) => s,

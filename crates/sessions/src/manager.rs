@@ -860,6 +860,7 @@ impl Manager {
                 mode: None,
                 create_parents: true,
                 max_bytes: Some(max),
+                owner: None,
             })
             .await
         {
@@ -933,7 +934,7 @@ impl Manager {
     pub async fn make_dir(&self, who: &Identity, id: &str, path: &str) -> Result<FileEntry, Error> {
         let live = self.live(who, id)?;
         validate_path(path)?;
-        match live.sandbox.agent().make_dir(path).await {
+        match live.sandbox.agent().make_dir(path, None).await {
             Ok(e) => Ok(file_entry(e)),
             Err(e) => Err(self.agent_failed(id, e).await),
         }
