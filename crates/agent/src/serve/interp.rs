@@ -31,12 +31,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
-use crate::exec::ExecDefaults;
-use crate::lock;
-use crate::server::Outbox;
+use super::exec::ExecDefaults;
+use crate::outbox::Outbox;
+use crate::sync::lock;
 
-const PYTHON_DRIVER: &str = include_str!("../drivers/python_driver.py");
-const NODE_DRIVER: &str = include_str!("../drivers/node_driver.js");
+const PYTHON_DRIVER: &str = include_str!("../../drivers/python_driver.py");
+const NODE_DRIVER: &str = include_str!("../../drivers/node_driver.js");
 
 /// Where an interpreter finds its driver's source: a sealed memfd, read once (at offset 0) and
 /// closed by a one-line bootstrap, so no source sits in any process's command line.

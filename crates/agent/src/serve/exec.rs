@@ -19,8 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::lock;
-use crate::server::Outbox;
+use crate::outbox::Outbox;
+use crate::sync::lock;
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
