@@ -11,9 +11,9 @@ use koder_agent_protocol::{AgentError, ContextInfo, ErrorCode, RunError, RunOutc
 use tokio::sync::mpsc;
 
 use super::lang::Lang;
+use super::limits::{DEFAULT_CONTEXT, MAX_CODE_BYTES, MAX_CONTEXTS};
 use super::process::Interp;
 use super::run::How;
-use super::{DEFAULT_CONTEXT, MAX_CODE_BYTES, MAX_CONTEXTS};
 use crate::outbox::Outbox;
 use crate::serve::exec::kill_group;
 use crate::serve::exec::ExecDefaults;

@@ -15,7 +15,7 @@
 //! delete, run outcome); [`lang`] the languages and their drivers; [`spawn`] forks an
 //! interpreter with its hand-overs; [`process`] owns a running interpreter until it is ready;
 //! [`control`] is the line protocol on its control pipes; [`run`] drives one run and forwards
-//! its output; [`results`] bounds the rich results.
+//! its output; [`results`] bounds the rich results; [`limits`] holds the bounds the daemon sees.
 
 use koder_agent_protocol::{AgentError, ErrorCode, FromAgent, ToAgent};
 use tokio::sync::mpsc;
@@ -25,24 +25,14 @@ use crate::outbox::Outbox;
 mod contexts;
 mod control;
 mod lang;
+mod limits;
 mod process;
 mod results;
 mod run;
 mod spawn;
 
 pub use contexts::Contexts;
-
-/// Contexts one sandbox may hold; each is a resident interpreter.
-pub const MAX_CONTEXTS: usize = 16;
-/// Largest cell accepted (a request must also fit in one protocol frame).
-pub const MAX_CODE_BYTES: usize = 512 * 1024;
-/// The context a session gets without asking: Python, started on first use.
-pub const DEFAULT_CONTEXT: &str = "default";
-/// stdout/stderr bytes forwarded per stream and run; the rest is read and dropped.
-pub const OUTPUT_LIMIT: usize = 8 << 20;
-/// Rich-output bytes per run. The whole outcome travels in one frame (≤ 1 MiB), so results,
-/// the error and their encoding overhead must stay below that together.
-pub const RESULT_BUDGET: usize = 900 * 1024;
+pub use limits::{DEFAULT_CONTEXT, MAX_CODE_BYTES, MAX_CONTEXTS, OUTPUT_LIMIT, RESULT_BUDGET};
 
 pub async fn handle(
     contexts: &Contexts,

@@ -3,7 +3,7 @@
 use koder_agent_protocol::{RichResult, RunError};
 
 use super::control::{DriverError, Mime};
-use super::RESULT_BUDGET;
+use super::limits::RESULT_BUDGET;
 
 /// Room for the short notes that replace outputs over the budget.
 const NOTE_SLACK: usize = 32 * 1024;

@@ -11,9 +11,9 @@ use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
 use super::control::{Event, Line, Request, MAX_EVENT_LINE};
+use super::limits::OUTPUT_LIMIT;
 use super::process::Interp;
 use super::results::{rich, run_error, Results};
-use super::OUTPUT_LIMIT;
 use crate::outbox::Outbox;
 use crate::serve::exec::{kill_group, sleep_until};
 
