@@ -1,23 +1,22 @@
 //! The in-sandbox agent: PID 1 of every sandbox.
 //!
-//! `setup` builds the root inside fresh namespaces, `confine` raises the walls, then `server`
-//! answers the daemon: `exec` runs processes, `fs` does file operations inside the root only.
+//! Two phases, one folder each, which never import each other (only `main` wires them):
+//! - [`boot`]: everything before serving — the jail's root inside fresh namespaces
+//!   ([`boot::setup`]) or the microVM guest's init ([`boot::guest`]), the egress ruleset, then
+//!   the walls ([`boot::confine`]).
+//! - [`serve`]: the protocol server ([`serve::server`]) and its operations: `exec` runs
+//!   processes, `fs` does file operations inside the root only, plus terminals, interpreters,
+//!   file watches, port relays and the egress proxy.
+//!
+//! What both phases share lives in leaf modules that import neither: the pre-exec step and
+//! workload cgroup ([`child`]), the boot error, what the walls put in force ([`confinement`]),
+//! the guest cgroup, the per-stream outbox and a lock helper.
 
+pub mod boot;
 pub mod child;
-pub mod confine;
-pub mod egress;
-pub mod exec;
-pub mod fs;
-pub mod guest;
-pub mod interp;
-pub mod killall;
-pub mod net;
-pub mod pty;
-pub mod server;
-pub mod setup;
-pub mod watch;
-
-/// Locks a mutex whose data stays consistent even if a holder panicked (maps of channels).
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub mod confinement;
+mod guest_cgroup;
+mod outbox;
+pub mod serve;
+mod setup_error;
+mod sync;

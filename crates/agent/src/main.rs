@@ -7,12 +7,12 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use koder_agent::confine::{self, Confinement};
-use koder_agent::exec::{ExecDefaults, Reaper};
-use koder_agent::fs::Fs;
-use koder_agent::guest;
-use koder_agent::server::{serve_connection, serve_listener, Agent};
-use koder_agent::setup;
+use koder_agent::boot::{confine, guest, setup};
+use koder_agent::child;
+use koder_agent::confinement::Confinement;
+use koder_agent::serve::exec::{ExecDefaults, Reaper};
+use koder_agent::serve::fs::Fs;
+use koder_agent::serve::server::{serve_connection, serve_listener, Agent};
 use koder_agent_protocol::init::{
     self, InitConfig, CONFIG_FD, LISTEN_FD, MAX_WORKLOAD_CGROUP_FDS, WORKLOAD_CGROUP_FD,
 };
@@ -56,8 +56,8 @@ fn init() -> Result<Never, Box<dyn std::error::Error>> {
             0u32,
         );
     }
-    koder_agent::child::mark_cloexec_from(LISTEN_FD)?;
-    koder_agent::child::set_workload_cgroup(workload)?;
+    child::mark_cloexec_from(LISTEN_FD)?;
+    child::set_workload_cgroup(workload)?;
     setup::build_root(&cfg)?;
     let (fs, confinement, defaults, runtime) =
         confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs)?;

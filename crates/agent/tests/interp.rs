@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{agent, connect, rt};
-use koder_agent::interp::{MAX_CODE_BYTES, MAX_CONTEXTS};
+use koder_agent::serve::interp::{MAX_CODE_BYTES, MAX_CONTEXTS};
 use koder_agent_protocol::*;
 
 struct Harness {

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{agent, connect, rt};
-use koder_agent::server::{serve_connection, MAX_STREAMS};
+use koder_agent::serve::server::{serve_connection, MAX_STREAMS};
 use koder_agent_protocol::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -6,10 +6,10 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use koder_agent::confine::Confinement;
-use koder_agent::exec::{ExecDefaults, Reaper};
-use koder_agent::fs::Fs;
-use koder_agent::server::{serve_connection, Agent};
+use koder_agent::confinement::Confinement;
+use koder_agent::serve::exec::{ExecDefaults, Reaper};
+use koder_agent::serve::fs::Fs;
+use koder_agent::serve::server::{serve_connection, Agent};
 use koder_agent_protocol::AgentClient;
 
 /// One runtime and one reaper for the whole binary: the reaper waits on any child, so two

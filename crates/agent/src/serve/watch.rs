@@ -12,8 +12,8 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
 use koder_agent_protocol::{AgentError, ErrorCode, FromAgent, FsEventKind, ToAgent};
 use tokio::sync::mpsc;
 
-use crate::fs::Fs;
-use crate::server::Outbox;
+use super::fs::Fs;
+use crate::outbox::Outbox;
 
 /// Events of one path within this window collapse into one.
 const DEBOUNCE: Duration = Duration::from_millis(50);

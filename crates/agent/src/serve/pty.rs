@@ -13,8 +13,8 @@ use koder_agent_protocol::{
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
-use crate::exec::{kill_group, ExecDefaults, Reaper, Status};
-use crate::server::Outbox;
+use super::exec::{kill_group, ExecDefaults, Reaper, Status};
+use crate::outbox::Outbox;
 
 const DEFAULT_SHELL: &[&str] = &["/bin/bash", "-l"];
 

@@ -17,15 +17,8 @@ use seccompiler::{
     TargetArch,
 };
 
-use crate::setup::{SetupError, Step};
-
-/// What the agent managed to put in force, reported by its health call.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Confinement {
-    pub no_new_privs: bool,
-    pub seccomp: bool,
-    pub landlock_abi: u32,
-}
+use crate::confinement::Confinement;
+use crate::setup_error::{SetupError, Step};
 
 /// Capabilities (inside the sandbox's own user namespace) that processes the agent starts may
 /// still hold: enough to act as root over the sandbox's own files, nothing that reaches kernel

@@ -10,26 +10,7 @@ use std::path::{Path, PathBuf};
 
 use koder_agent_protocol::init::InitConfig;
 
-#[derive(Debug, thiserror::Error)]
-#[error("sandbox setup failed at {step}: {source}")]
-pub struct SetupError {
-    pub step: String,
-    #[source]
-    pub source: std::io::Error,
-}
-
-pub(crate) trait Step<T> {
-    fn step(self, step: impl Into<String>) -> Result<T, SetupError>;
-}
-
-impl<T> Step<T> for std::io::Result<T> {
-    fn step(self, step: impl Into<String>) -> Result<T, SetupError> {
-        self.map_err(|source| SetupError {
-            step: step.into(),
-            source,
-        })
-    }
-}
+use crate::setup_error::{SetupError, Step};
 
 /// Devices bound from the host; the sandbox can use but never create device nodes.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
@@ -58,7 +39,7 @@ pub fn build_root(cfg: &InitConfig) -> Result<(), SetupError> {
         .step("set hostname")?;
     loopback_up().step("bring loopback up")?;
     if cfg.egress {
-        crate::egress::prepare()?;
+        super::egress_rules::prepare()?;
     }
     std::env::set_current_dir(&cfg.workdir).step("enter workdir")?;
     Ok(())

@@ -1,8 +1,9 @@
-//! Egress of a sandbox with network access. The sandbox keeps its own, otherwise empty network
-//! namespace: nftables inside it redirects every outgoing TCP connection to the agent and DNS
-//! to the agent's resolver; everything else leaving loopback is dropped. The agent only asks:
-//! the daemon decides each connection (allowlist, SSRF guard, audit) and dials it from the
-//! host, so the sandbox never has a route of its own to anything.
+//! Egress of a sandbox with network access, while serving. The sandbox keeps its own,
+//! otherwise empty network namespace whose nftables rules (loaded at boot,
+//! `boot::egress_rules`) redirect every outgoing TCP connection to the agent's listener here
+//! and DNS to its resolver here. The agent only asks: the daemon decides each connection
+//! (allowlist, SSRF guard, audit) and dials it from the host, so the sandbox never has a route
+//! of its own to anything.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -21,80 +22,15 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::lock;
-use crate::server::Outbox;
-use crate::setup::{SetupError, Step};
+use super::net;
+use crate::outbox::Outbox;
+use crate::sync::lock;
 
 /// How long the daemon has to decide a connection or answer a lookup.
 const DECISION_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait for a client's first bytes (TLS ClientHello, HTTP request line).
 const PEEK_TIMEOUT: Duration = Duration::from_millis(500);
 const PEEK_BYTES: usize = 8 * 1024;
-
-/// The nftables ruleset of the sandbox's namespace. Connections the redirect caught keep
-/// their original (non-loopback) addresses in conntrack, so their packets are accepted by
-/// connection state; anything else that would leave loopback is dropped. Connections the redirect caught keep
-/// their original (non-loopback) addresses in conntrack, so their packets are accepted by
-/// connection state; anything else that would leave loopback is dropped.
-const RULES: &str = "
-table ip koder {
-  chain egress_nat {
-    type nat hook output priority -100; policy accept;
-    ip daddr 127.0.0.0/8 return
-    meta l4proto tcp redirect to :15001
-    udp dport 53 redirect to :53
-  }
-  chain egress_filter {
-    type filter hook output priority 0; policy drop;
-    ip daddr 127.0.0.0/8 accept
-    ct status dnat accept
-    ct state established,related accept
-  }
-}
-table ip6 koder6 {
-  chain egress_filter {
-    type filter hook output priority 0; policy drop;
-    ip6 daddr ::1 accept
-  }
-}
-";
-
-/// Run during set-up, while the agent still holds its capabilities: a default route (so
-/// connects reach the redirect instead of failing with ENETUNREACH) whose source is loopback
-/// (a source of 0.0.0.0 would leave replies undeliverable), then the ruleset. iproute2 and
-/// nftables from the image do it: the netlink encodings are theirs to keep right.
-pub fn prepare() -> Result<(), SetupError> {
-    run_tool(
-        "/usr/sbin/ip",
-        &["route", "add", "default", "dev", "lo", "src", "127.0.0.1"],
-        None,
-    )
-    .step("egress default route (package iproute2)")?;
-    run_tool("/usr/sbin/nft", &["-f", "-"], Some(RULES))
-        .step("load egress rules (package nftables)")
-}
-
-fn run_tool(program: &str, args: &[&str], input: Option<&str>) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut child = std::process::Command::new(program)
-        .args(args)
-        .env_clear()
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(input.unwrap_or_default().as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        ))
-    }
-}
 
 /// Connections and lookups waiting for the daemon.
 #[derive(Default)]
@@ -243,7 +179,7 @@ pub async fn attach(egress: &Egress, conn: u64, rx: mpsc::Receiver<ToAgent>, out
     if !peeked.is_empty() && out.send(FromAgent::Stdout(peeked)).await.is_err() {
         return;
     }
-    crate::net::splice(stream, rx, out).await;
+    net::splice(stream, rx, out).await;
 }
 
 /// Closes with RST so the client sees "connection refused/reset" at once.

@@ -19,8 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::lock;
-use crate::server::Outbox;
+use crate::outbox::Outbox;
+use crate::sync::lock;
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,7 +320,8 @@ fn spawn_stdin(
     keep_open.then_some(tx)
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+/// Sleeps until `deadline`; without one, forever (a `select!` branch that never fires).
+pub(crate) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
@@ -328,6 +329,9 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 pub(crate) fn kill_group(pgid: i32, sig: i32) {
+    if pgid <= 0 {
+        return; // -0 and -(-1) would reach far more than one process group
+    }
     // SAFETY: kill takes plain integers. ESRCH (already gone) is the expected race.
     unsafe {
         libc::kill(-pgid, sig);

@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use crate::server::Outbox;
+use crate::outbox::Outbox;
 
 /// Ports in LISTEN state in this network namespace (IPv4 and IPv6).
 pub fn listening_ports() -> Result<FromAgent, AgentError> {

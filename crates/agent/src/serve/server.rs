@@ -18,11 +18,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-use crate::confine::Confinement;
-use crate::exec::{self, ExecDefaults, Reaper};
-use crate::fs::Fs;
-use crate::interp::{self, Contexts};
-use crate::lock;
+use super::egress::{self, Egress};
+use super::exec::{self, ExecDefaults, Reaper};
+use super::fs::Fs;
+use super::interp::{self, Contexts};
+use super::{killall, net, pty, watch};
+use crate::confinement::Confinement;
+use crate::guest_cgroup::SandboxCgroup;
+use crate::outbox::Outbox;
+use crate::sync::lock;
 
 /// Streams one connection may run at once; more are refused rather than queued.
 pub const MAX_STREAMS: usize = 1024;
@@ -33,10 +37,10 @@ pub struct Agent {
     pub defaults: ExecDefaults,
     pub confinement: Confinement,
     pub contexts: Contexts,
-    pub egress: Arc<crate::egress::Egress>,
+    pub egress: Arc<Egress>,
     /// The sandbox cgroup when this agent is a microVM's init; `None` in a jail, whose cgroup
     /// the host drives.
-    pub guest: Option<Arc<crate::guest::SandboxCgroup>>,
+    pub guest: Option<Arc<SandboxCgroup>>,
     started: Instant,
     running_execs: AtomicU32,
 }
@@ -71,25 +75,6 @@ impl Agent {
             landlock_abi: self.confinement.landlock_abi,
             running_execs: self.running_execs.load(Ordering::Relaxed),
         }
-    }
-}
-
-/// Sends messages of one stream back to the daemon.
-#[derive(Clone)]
-pub struct Outbox {
-    stream: u64,
-    tx: mpsc::Sender<Frame<FromAgent>>,
-}
-
-impl Outbox {
-    pub async fn send(&self, msg: FromAgent) -> Result<(), ()> {
-        self.tx
-            .send(Frame {
-                stream: self.stream,
-                msg,
-            })
-            .await
-            .map_err(|_| ())
     }
 }
 
@@ -135,10 +120,7 @@ where
             let _ = op.send(frame.msg).await;
             continue;
         }
-        let out = Outbox {
-            stream: frame.stream,
-            tx: tx.clone(),
-        };
+        let out = Outbox::new(frame.stream, tx.clone());
         if frame.msg.is_follow_up() {
             continue; // late message for a stream that already finished
         }
@@ -155,7 +137,7 @@ where
         lock(&streams).insert(frame.stream, op_tx);
         let (agent, streams) = (agent.clone(), streams.clone());
         tokio::spawn(async move {
-            let id = out.stream;
+            let id = out.stream();
             handle(&agent, frame.msg, op_rx, out).await;
             lock(&streams).remove(&id);
         });
@@ -203,21 +185,21 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
         ToAgent::GuestFreeze(frozen) => {
             guest_op(agent, move |cg| cg.freeze(frozen).map(|()| FromAgent::Done)).await
         }
-        ToAgent::KillAll => crate::killall::kill_all()
+        ToAgent::KillAll => killall::kill_all()
             .await
             .map(|processes| FromAgent::KilledAll { processes }),
-        ToAgent::ListeningPorts => blocking(crate::net::listening_ports).await,
-        ToAgent::EgressSubscribe => return crate::egress::subscribe(&agent.egress, rx, out).await,
+        ToAgent::ListeningPorts => blocking(net::listening_ports).await,
+        ToAgent::EgressSubscribe => return egress::subscribe(&agent.egress, rx, out).await,
         ToAgent::EgressAttach { conn } => {
-            return crate::egress::attach(&agent.egress, conn, rx, out).await
+            return egress::attach(&agent.egress, conn, rx, out).await
         }
-        ToAgent::Connect { port } => return crate::net::relay(port, rx, out).await,
+        ToAgent::Connect { port } => return net::relay(port, rx, out).await,
         ToAgent::Watch { path, recursive } => {
-            return crate::watch::run(fs, path, recursive, rx, out).await;
+            return watch::run(fs, path, recursive, rx, out).await;
         }
         ToAgent::PtyStart(req) => {
             agent.running_execs.fetch_add(1, Ordering::Relaxed);
-            crate::pty::run(&agent.reaper, &agent.defaults, req, rx, out).await;
+            pty::run(&agent.reaper, &agent.defaults, req, rx, out).await;
             agent.running_execs.fetch_sub(1, Ordering::Relaxed);
             return;
         }
@@ -323,7 +305,7 @@ fn disk_usage() -> Result<FromAgent, AgentError> {
 /// Runs a cgroup operation of a microVM guest; a jail's agent has no cgroup of its own to drive.
 async fn guest_op(
     agent: &Agent,
-    f: impl FnOnce(&crate::guest::SandboxCgroup) -> Result<FromAgent, AgentError> + Send + 'static,
+    f: impl FnOnce(&SandboxCgroup) -> Result<FromAgent, AgentError> + Send + 'static,
 ) -> Result<FromAgent, AgentError> {
     let Some(cg) = agent.guest.clone() else {
         return Err(AgentError::new(

@@ -1,0 +1,88 @@
+//! The rich results of a run, bounded in number and size, and the driver's error, clipped.
+
+use koder_agent_protocol::{RichResult, RunError};
+
+use super::control::{DriverError, Mime};
+use super::limits::RESULT_BUDGET;
+
+/// Room for the short notes that replace outputs over the budget.
+const NOTE_SLACK: usize = 32 * 1024;
+const MAX_RESULTS: usize = 256;
+const MAX_ERROR_NAME: usize = 1024;
+const MAX_ERROR_VALUE: usize = 16 * 1024;
+const MAX_TRACEBACK: usize = 64 * 1024;
+
+/// Rich outputs of a run, bounded in number and total size.
+#[derive(Default)]
+pub(super) struct Results {
+    pub(super) list: Vec<RichResult>,
+    pub(super) used: usize,
+}
+
+impl Results {
+    pub(super) fn push(&mut self, r: RichResult) {
+        if self.list.len() >= MAX_RESULTS {
+            return;
+        }
+        let size = rich_size(&r);
+        if self.used + size <= RESULT_BUDGET {
+            self.used += size;
+            self.list.push(r);
+            return;
+        }
+        self.note(
+            r.is_main_result,
+            format!("[output of {size} bytes omitted: over this run's result budget]"),
+        );
+    }
+
+    pub(super) fn note(&mut self, is_main_result: bool, text: String) {
+        if self.list.len() >= MAX_RESULTS || self.used + text.len() > RESULT_BUDGET + NOTE_SLACK {
+            return;
+        }
+        self.used += text.len();
+        self.list.push(RichResult {
+            is_main_result,
+            text: Some(text),
+            ..Default::default()
+        });
+    }
+}
+
+fn rich_size(r: &RichResult) -> usize {
+    [&r.text, &r.html, &r.markdown, &r.json, &r.png, &r.svg]
+        .iter()
+        .map(|f| f.as_ref().map_or(0, String::len))
+        .sum()
+}
+
+pub(super) fn rich(m: Mime, main: bool) -> RichResult {
+    RichResult {
+        is_main_result: main,
+        text: m.text,
+        html: m.html,
+        markdown: m.markdown,
+        json: m.json,
+        png: m.png,
+        svg: m.svg,
+    }
+}
+
+pub(super) fn run_error(e: DriverError) -> RunError {
+    RunError {
+        name: clip(e.name, MAX_ERROR_NAME),
+        value: clip(e.value, MAX_ERROR_VALUE),
+        traceback: clip(e.traceback, MAX_TRACEBACK),
+    }
+}
+
+fn clip(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}

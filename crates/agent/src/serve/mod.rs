@@ -1,0 +1,12 @@
+//! The agent once confined: [`server`] answers the daemon's protocol and dispatches each
+//! operation to its module.
+
+mod egress;
+pub mod exec;
+pub mod fs;
+pub mod interp;
+mod killall;
+mod net;
+mod pty;
+pub mod server;
+mod watch;
