@@ -15,6 +15,7 @@ struct Stopped(std::process::Child);
 
 impl Drop for Stopped {
     fn drop(&mut self) {
+        // SAFETY: plain syscall on a pid this test started; no memory is shared.
         unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
         let _ = self.0.wait();
     }
@@ -22,6 +23,7 @@ impl Drop for Stopped {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unprivileged_daemon_runs_sandboxes_and_says_what_it_cannot_enforce() {
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/usr/bin/setpriv").exists() {
         eprintln!("skipped: needs root (to drop to nobody) and setpriv");
         return;

@@ -59,6 +59,7 @@ fn kill_only_agent(d: &Daemon) -> PathBuf {
         .parse()
         .unwrap();
     assert!(pid > 1);
+    // SAFETY: plain syscall on a pid this test started; no memory is shared.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     pids[0].parent().unwrap().to_path_buf()
 }

@@ -217,65 +217,75 @@ unsafe fn child(
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
 ) -> ! {
-    // Only the parent may hold the write end, or its death would never read as end-of-file.
-    libc::close(sync.write);
-    // The creating thread blocks until the exec (or our death), so its exit means the daemon
-    // is going: die with it. Credential changes below clear this again, which is fine.
-    libc::prctl(
-        libc::PR_SET_PDEATHSIG,
-        libc::SIGKILL as libc::c_ulong,
-        0,
-        0,
-        0,
-    );
-    let mut byte = 0u8;
-    loop {
-        let n = libc::read(sync.read, (&mut byte as *mut u8).cast(), 1);
-        if n == 1 {
-            break;
+    // SAFETY: the caller guarantees we are the fork-like child: only async-signal-safe
+    // syscalls follow, on descriptors and C strings prepared before the clone.
+    unsafe {
+        // Only the parent may hold the write end, or its death would never read as end-of-file.
+        libc::close(sync.write);
+        // The creating thread blocks until the exec (or our death), so its exit means the daemon
+        // is going: die with it. Credential changes below clear this again, which is fine.
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(sync.read, (&mut byte as *mut u8).cast(), 1);
+            if n == 1 {
+                break;
+            }
+            if n < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            // The parent gave up on us (pipe closed without the go byte).
+            libc::_exit(1);
         }
-        if n < 0 && *libc::__errno_location() == libc::EINTR {
-            continue;
-        }
-        // The parent gave up on us (pipe closed without the go byte).
-        libc::_exit(1);
-    }
-    // Become the namespace's root: our host credentials are unmapped in it, and without this
-    // execve would drop every capability the agent needs to build the sandbox. Raw syscalls,
-    // since glibc's wrappers would try to sync credentials with threads that only exist in the
-    // parent.
-    if libc::syscall(libc::SYS_setresgid, 0, 0, 0) < 0
-        || (!rootless && libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0)
-        || libc::syscall(libc::SYS_setresuid, 0, 0, 0) < 0
-    {
-        report_and_exit(err_w);
-    }
-    libc::setsid();
-    for (target, &source) in handed.iter().enumerate() {
-        if libc::dup2(source, target as RawFd) < 0 {
+        // Become the namespace's root: our host credentials are unmapped in it, and without this
+        // execve would drop every capability the agent needs to build the sandbox. Raw syscalls,
+        // since glibc's wrappers would try to sync credentials with threads that only exist in the
+        // parent.
+        if libc::syscall(libc::SYS_setresgid, 0, 0, 0) < 0
+            || (!rootless
+                && libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0)
+            || libc::syscall(libc::SYS_setresuid, 0, 0, 0) < 0
+        {
             report_and_exit(err_w);
         }
+        libc::setsid();
+        for (target, &source) in handed.iter().enumerate() {
+            if libc::dup2(source, target as RawFd) < 0 {
+                report_and_exit(err_w);
+            }
+        }
+        debug_assert_eq!(LISTEN_FD + 1, CONFIG_FD);
+        debug_assert_eq!(CONFIG_FD + 1, WORKLOAD_CGROUP_FD);
+        // Whatever else the daemon had open stays with the daemon, CLOEXEC or not.
+        if libc::syscall(
+            libc::SYS_close_range,
+            handed.len() as u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        ) < 0
+        {
+            report_and_exit(err_w);
+        }
+        libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        report_and_exit(err_w)
     }
-    debug_assert_eq!(LISTEN_FD + 1, CONFIG_FD);
-    debug_assert_eq!(CONFIG_FD + 1, WORKLOAD_CGROUP_FD);
-    // Whatever else the daemon had open stays with the daemon, CLOEXEC or not.
-    if libc::syscall(
-        libc::SYS_close_range,
-        handed.len() as u32,
-        u32::MAX,
-        libc::CLOSE_RANGE_CLOEXEC,
-    ) < 0
-    {
-        report_and_exit(err_w);
-    }
-    libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
-    report_and_exit(err_w)
 }
 
+/// # Safety
+/// Only in the fork-like child (async-signal-safe calls only); never returns.
 unsafe fn report_and_exit(err_w: RawFd) -> ! {
-    let errno = *libc::__errno_location();
-    libc::write(err_w, (&errno as *const i32).cast(), 4);
-    libc::_exit(127)
+    // SAFETY: errno is thread-local and valid; `errno` outlives the write; _exit never returns.
+    unsafe {
+        let errno = *libc::__errno_location();
+        libc::write(err_w, (&errno as *const i32).cast(), 4);
+        libc::_exit(127)
+    }
 }
 
 fn write_id_maps(pid: i32, ids: IdMap, rootless: bool) -> Result<(), RuntimeError> {

@@ -149,6 +149,7 @@ async fn restart_reconciles_what_a_crash_left() {
     }
     // The agent was our child: reap its zombie so the test leaves nothing either.
     let agent = pids.iter().min().copied().unwrap();
+    // SAFETY: reaps a child of this test; a null status pointer is allowed.
     unsafe { libc::waitpid(agent, std::ptr::null_mut(), libc::WNOHANG) };
     assert_eq!(cgroup_dirs(&parent, &id), Vec::<PathBuf>::new());
     assert!(!env.dir.path().join("sandboxes").join(&id).exists());

@@ -190,6 +190,7 @@ fn reset(conn: TcpStream) {
 
 /// Where the connection was going before the redirect (SO_ORIGINAL_DST).
 fn original_destination(conn: &TcpStream) -> Option<SocketAddrV4> {
+    // SAFETY: sockaddr_in is plain old data; all-zero is a valid value.
     let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
     const SO_ORIGINAL_DST: libc::c_int = 80;

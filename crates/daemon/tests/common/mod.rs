@@ -19,6 +19,7 @@ pub const KEY2: &str = "key-two-5678";
 static N: AtomicU32 = AtomicU32::new(0);
 
 pub fn root_or_skip() -> Option<()> {
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         Some(())
     } else {
@@ -218,6 +219,7 @@ impl Daemon {
     /// SIGTERM and wait: the daemon destroys its sandboxes.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            // SAFETY: plain syscall on a pid this test started; no memory is shared.
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let deadline = Instant::now() + Duration::from_secs(15);
             while Instant::now() < deadline {

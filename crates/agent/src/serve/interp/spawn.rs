@@ -176,42 +176,49 @@ unsafe fn exec_child(
     envp: *const *const libc::c_char,
     cwd: *const libc::c_char,
 ) -> ! {
-    let mut empty: libc::sigset_t = std::mem::zeroed();
-    libc::sigemptyset(&mut empty);
-    libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-    // The agent ignores SIGPIPE; an ignored disposition would survive exec.
-    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    libc::setsid();
-    let moves = [
-        (fds.stdin, 0),
-        (fds.stdout, 1),
-        (fds.stderr, 2),
-        (fds.requests, 3),
-        (fds.events, 4),
-        (fds.driver, DRIVER_FD),
-    ];
-    for (from, to) in moves {
-        if libc::dup2(from, to) < 0 {
+    // SAFETY: the caller guarantees we are between fork and exec with valid C string arrays;
+    // only async-signal-safe calls follow.
+    unsafe {
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        // The agent ignores SIGPIPE; an ignored disposition would survive exec.
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::setsid();
+        let moves = [
+            (fds.stdin, 0),
+            (fds.stdout, 1),
+            (fds.stderr, 2),
+            (fds.requests, 3),
+            (fds.events, 4),
+            (fds.driver, DRIVER_FD),
+        ];
+        for (from, to) in moves {
+            if libc::dup2(from, to) < 0 {
+                fail_child(fds.fail);
+            }
+        }
+        // Requests, events and the driver on 3-5 are the interpreter's explicit hand-over (the
+        // bootstrap closes 5); nothing else passes.
+        if crate::child::before_exec(DRIVER_FD + 1).is_err() {
             fail_child(fds.fail);
         }
+        if libc::chdir(cwd) != 0 {
+            fail_child(fds.fail);
+        }
+        libc::execve(prog, argv, envp);
+        fail_child(fds.fail)
     }
-    // Requests, events and the driver on 3-5 are the interpreter's explicit hand-over (the
-    // bootstrap closes 5); nothing else passes.
-    if crate::child::before_exec(DRIVER_FD + 1).is_err() {
-        fail_child(fds.fail);
-    }
-    if libc::chdir(cwd) != 0 {
-        fail_child(fds.fail);
-    }
-    libc::execve(prog, argv, envp);
-    fail_child(fds.fail)
 }
 
 /// # Safety
 /// Only in the forked child.
 unsafe fn fail_child(fd: RawFd) -> ! {
-    let errno = *libc::__errno_location();
-    let bytes = errno.to_ne_bytes();
-    libc::write(fd, bytes.as_ptr().cast(), bytes.len());
-    libc::_exit(127)
+    // SAFETY: errno is thread-local and valid; `bytes` outlives the write; _exit never returns.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let bytes = errno.to_ne_bytes();
+        libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        libc::_exit(127)
+    }
 }
