@@ -41,12 +41,36 @@ impl Daemon {
         Self::start_with(bin, work_root, label, sessions_toml, "", keep).await
     }
 
+    /// [`Daemon::start`] with more keys in its `[jail]` table (`jail_toml`).
+    pub async fn start_jail(
+        bin: &Path,
+        work_root: &Path,
+        label: &str,
+        sessions_toml: &str,
+        jail_toml: &str,
+        keep: bool,
+    ) -> Result<Daemon> {
+        Self::start_full(bin, work_root, label, sessions_toml, jail_toml, "", keep).await
+    }
+
     /// [`Daemon::start`] with more TOML tables (`extra_toml`) in its config.
     pub async fn start_with(
         bin: &Path,
         work_root: &Path,
         label: &str,
         sessions_toml: &str,
+        extra_toml: &str,
+        keep: bool,
+    ) -> Result<Daemon> {
+        Self::start_full(bin, work_root, label, sessions_toml, "", extra_toml, keep).await
+    }
+
+    async fn start_full(
+        bin: &Path,
+        work_root: &Path,
+        label: &str,
+        sessions_toml: &str,
+        jail_toml: &str,
         extra_toml: &str,
         keep: bool,
     ) -> Result<Daemon> {
@@ -67,7 +91,8 @@ impl Daemon {
             child: None,
             label: label.to_string(),
             base: String::new(),
-            key: format!("bench-key-{tag}-{nanos:x}"),
+            // E2B's key shape (`e2b_` + 40 hex digits), so the E2B SDK takes it as it is.
+            key: format!("e2b_{:08x}{:032x}", std::process::id(), nanos),
             log: dir.join("daemon.log"),
             cgroup_parent: format!("koder-bench-{tag}"),
             dir,
@@ -78,7 +103,7 @@ impl Daemon {
         fs::write(
             &config,
             format!(
-                "[sessions]\n{sessions_toml}\n[jail]\ncgroup_parent = \"{}\"\n{extra_toml}\n",
+                "[sessions]\n{sessions_toml}\n[jail]\ncgroup_parent = \"{}\"\n{jail_toml}\n{extra_toml}\n",
                 d.cgroup_parent
             ),
         )?;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,7 @@ use crate::daemon::{cgroup_mem, CgroupMem};
 
 pub const BWRAP: &str = "/usr/bin/bwrap";
 pub const PYTHON: &str = "/usr/bin/python3";
+pub const NODE: &str = "/usr/bin/node";
 
 /// The one-shot bubblewrap sandbox of the issue, around `cmd`.
 pub fn bwrap_command(cmd: &[&str]) -> Command {
@@ -51,26 +52,205 @@ pub fn time_spawns(
 ) -> Result<Vec<Duration>> {
     let mut out = Vec::with_capacity(n);
     for i in 0..warmup + n {
-        let mut cmd = make();
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let began = Instant::now();
-        let result = cmd.output().context("spawning")?;
-        let took = began.elapsed();
-        if !result.status.success() {
-            bail!(
-                "{:?} failed ({}): {}",
-                cmd.get_program(),
-                result.status,
-                String::from_utf8_lossy(&result.stderr).trim()
-            );
-        }
+        let took = time_one(make())?;
         if i >= warmup {
             out.push(took);
         }
     }
     Ok(out)
+}
+
+/// Runs `cmd` once (stdin and stdout null), waits for it and returns the wall time; it must
+/// exit 0.
+pub fn time_one(mut cmd: Command) -> Result<Duration> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let began = Instant::now();
+    let result = cmd.output().context("spawning")?;
+    let took = began.elapsed();
+    if !result.status.success() {
+        bail!(
+            "{:?} failed ({}): {}",
+            cmd.get_program(),
+            result.status,
+            String::from_utf8_lossy(&result.stderr).trim()
+        );
+    }
+    Ok(took)
+}
+
+/// `threads` threads each spawning `/bin/true` (spawn + wait) in a loop for `duration`:
+/// successful spawns and the wall time they took.
+pub fn spawn_throughput(threads: usize, duration: Duration) -> Result<(u64, Duration)> {
+    let began = Instant::now();
+    let deadline = began + duration;
+    let counts: Vec<Result<u64>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(move || {
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        time_one(Command::new("/bin/true"))?;
+                        n += 1;
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("spawn thread panicked")))
+            })
+            .collect()
+    });
+    let elapsed = began.elapsed();
+    let mut total = 0;
+    for c in counts {
+        total += c?;
+    }
+    Ok((total, elapsed))
+}
+
+/// `n` copies of `make()` started at once (one thread each, released together by a barrier);
+/// the wall time of each, from the barrier to its exit.
+pub fn burst(n: usize, make: impl Fn() -> Command + Sync) -> Result<Vec<Duration>> {
+    let barrier = std::sync::Barrier::new(n);
+    let results: Vec<Result<Duration>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                let (barrier, make) = (&barrier, &make);
+                scope.spawn(move || {
+                    let cmd = make();
+                    barrier.wait();
+                    time_one(cmd)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("burst thread panicked")))
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+/// Where Debian puts `runc`.
+pub fn runc_bin() -> Option<PathBuf> {
+    ["/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// A running `runc` container (`sleep infinity` in a read-only root with `/usr` bound
+/// read-only; pid, mount, ipc, uts and network namespaces), for the `runc exec` baseline. Its
+/// state dir, bundle and cgroup belong to this run; dropping it kills and deletes the
+/// container and removes the bundle.
+pub struct RuncContainer {
+    bin: PathBuf,
+    dir: PathBuf,
+    id: String,
+}
+
+impl RuncContainer {
+    pub fn start(bin: &Path, work_root: &Path) -> Result<RuncContainer> {
+        let id = format!("koder-bench-{}-runc", std::process::id());
+        let dir = work_root.join(&id);
+        if dir.exists() {
+            fs::remove_dir_all(&dir)?;
+        }
+        let rootfs = dir.join("bundle/rootfs");
+        for sub in ["usr", "proc", "dev", "sys", "tmp"] {
+            fs::create_dir_all(rootfs.join(sub))?;
+        }
+        for (link, to) in [
+            ("bin", "usr/bin"),
+            ("lib", "usr/lib"),
+            ("lib64", "usr/lib64"),
+            ("sbin", "usr/sbin"),
+        ] {
+            std::os::unix::fs::symlink(to, rootfs.join(link))?;
+        }
+        let c = RuncContainer {
+            bin: bin.to_path_buf(),
+            dir,
+            id,
+        };
+        let bundle = c.dir.join("bundle");
+        let out = Command::new(&c.bin)
+            .arg("spec")
+            .current_dir(&bundle)
+            .output()
+            .context("runc spec")?;
+        if !out.status.success() {
+            bail!("runc spec: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        let path = bundle.join("config.json");
+        let mut spec: serde_json::Value = serde_json::from_slice(&fs::read(&path)?)?;
+        spec["process"]["terminal"] = false.into();
+        spec["process"]["args"] = serde_json::json!(["/bin/sleep", "infinity"]);
+        spec["root"] = serde_json::json!({"path": "rootfs", "readonly": true});
+        spec["hostname"] = "koder-bench".into();
+        if let Some(m) = spec["mounts"].as_array_mut() {
+            m.push(serde_json::json!({
+                "destination": "/usr", "type": "bind", "source": "/usr",
+                "options": ["rbind", "ro", "nosuid", "nodev"]
+            }));
+        }
+        spec["linux"]["cgroupsPath"] = format!("/{}", c.id).into();
+        fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
+        let out = Command::new(&c.bin)
+            .arg("--root")
+            .arg(c.dir.join("state"))
+            .args(["run", "--detach", "--bundle"])
+            .arg(&bundle)
+            .arg(&c.id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .context("runc run")?;
+        if !out.status.success() {
+            bail!("runc run: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(c)
+    }
+
+    /// `runc exec <container> /bin/true`, as a command to time.
+    pub fn exec_true(&self) -> Command {
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("--root")
+            .arg(self.dir.join("state"))
+            .arg("exec")
+            .arg(&self.id)
+            .arg("/bin/true");
+        cmd
+    }
+}
+
+impl Drop for RuncContainer {
+    fn drop(&mut self) {
+        let state = self.dir.join("state");
+        let quiet = |args: &[&str]| {
+            let _ = Command::new(&self.bin)
+                .arg("--root")
+                .arg(&state)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        };
+        quiet(&["kill", &self.id, "KILL"]);
+        quiet(&["delete", "--force", &self.id]);
+        let _ = fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// `/proc/meminfo` in KiB, by field.

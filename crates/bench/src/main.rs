@@ -8,6 +8,7 @@
 //! Daemon "cold" (`pool = {}`): create with an empty pool, destroy, density.
 
 mod daemon;
+mod e2b;
 mod host;
 mod microvm;
 mod phases;
@@ -28,17 +29,22 @@ use crate::report::{Report, Row};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "snake_case")]
 enum Phase {
-    /// Host baselines: plain spawn, one-shot bwrap, host python.
+    /// Host baselines: plain spawn, one-shot bwrap, `runc exec`, host python (spawn, bwrap
+    /// and runc are taken interleaved by the exec phase when it runs).
     Host,
-    /// Exec round trip of /bin/true in a live session.
+    /// Exec round trip of /bin/true in a live session, JSON and SSE, interleaved with host
+    /// spawn, bwrap and `runc exec` samples.
     Exec,
+    /// The E2B Python SDK: commands.run vs. native exec; time to interactive (create → node -v),
+    /// one at a time and 50 at once, vs. host `node -v`.
+    E2b,
     /// Session create (warm pool, empty pool), destroy, create+exec+destroy.
     Create,
     /// python3 -c pass in a session.
     Python,
     /// Warm code-interpreter context `1+1`.
     Interp,
-    /// Execs/s with concurrent clients.
+    /// Execs/s with concurrent clients, vs. the host spawning from as many threads.
     Throughput,
     /// Creates/s sustained.
     Creates,
@@ -106,6 +112,16 @@ struct Args {
         default_value = "target/microvm-images"
     )]
     microvm_images: PathBuf,
+    /// Python of a venv with the `e2b` SDK (default: `target/e2b-venv/bin/python`, which
+    /// scripts/bench.sh makes).
+    #[arg(long, env = "KODER_E2B_PYTHON")]
+    e2b_python: Option<PathBuf>,
+    /// SDK `commands.run` samples (in batches interleaved with native execs).
+    #[arg(long)]
+    e2b_samples: Option<usize>,
+    /// Sandboxes created at once in the E2B burst.
+    #[arg(long)]
+    tti_burst: Option<usize>,
 }
 
 /// Counts and sizes of one run.
@@ -129,6 +145,13 @@ pub struct Settings {
     pub microvm_samples: usize,
     /// Pause after `sync` before each daemon phase.
     pub settle_s: f64,
+    /// E2B SDK `commands.run("true")` samples, taken in batches of `e2b_batch` alternating
+    /// with as many native JSON execs.
+    pub e2b_run_samples: usize,
+    pub e2b_batch: usize,
+    /// Sequential E2B time-to-interactive samples, and the burst size.
+    pub tti_samples: usize,
+    pub tti_burst: usize,
 }
 
 impl Settings {
@@ -151,6 +174,10 @@ impl Settings {
                 warm_pool_bash: 2,
                 microvm_samples: 1,
                 settle_s: 0.1,
+                e2b_run_samples: 10,
+                e2b_batch: 5,
+                tti_samples: 2,
+                tti_burst: 3,
             }
         } else {
             Settings {
@@ -164,12 +191,16 @@ impl Settings {
                 duration_s: 20.0,
                 clients: 32,
                 create_workers: 4,
-                density: 500,
+                density: phases::DENSITY_TARGET,
                 density_concurrency: 8,
                 file_bytes: 100 << 20,
                 warm_pool_bash: 2,
                 microvm_samples: 5,
                 settle_s: 2.0,
+                e2b_run_samples: 500,
+                e2b_batch: 50,
+                tti_samples: 30,
+                tti_burst: 50,
             }
         };
         let scale = |n: usize| ((n as f64 * args.samples_scale).round() as usize).max(1);
@@ -179,6 +210,14 @@ impl Settings {
         s.ced_samples = scale(s.ced_samples);
         s.python_samples = scale(s.python_samples);
         s.interp_samples = scale(s.interp_samples);
+        s.e2b_run_samples = scale(s.e2b_run_samples);
+        s.tti_samples = scale(s.tti_samples);
+        if let Some(v) = args.e2b_samples {
+            s.e2b_run_samples = v.max(1);
+        }
+        if let Some(v) = args.tti_burst {
+            s.tti_burst = v.max(1);
+        }
         if let Some(v) = args.duration {
             s.duration_s = v.max(0.1);
         }
@@ -281,11 +320,14 @@ async fn run(args: &Args) -> Result<Report> {
     let mut baselines = phases::Baselines::default();
     if wants(Phase::Host) || wants(Phase::Exec) || wants(Phase::Create) || wants(Phase::Python) {
         progress("host baselines");
-        baselines = phases::host_baselines(&settings, &mut rows);
+        // With the exec phase, spawn/bwrap/runc are sampled there, interleaved with the execs.
+        let standalone = !wants(Phase::Exec) && (wants(Phase::Host) || wants(Phase::Create));
+        baselines = phases::host_baselines(&settings, &args.work_root, standalone, &mut rows);
     }
 
     let pool_phases = [
         Phase::Exec,
+        Phase::E2b,
         Phase::Create,
         Phase::Python,
         Phase::Interp,
@@ -302,14 +344,25 @@ async fn run(args: &Args) -> Result<Report> {
         );
         match Daemon::start(&daemon_bin, &args.work_root, "pool", &pool_toml, args.keep).await {
             Ok(mut d) => {
+                if wants(Phase::Exec) {
+                    progress("exec latency (JSON, SSE; host spawn, bwrap, runc exec interleaved)");
+                    let none = phases::Baselines::default();
+                    let ctx = phases::Ctx {
+                        d: &d,
+                        s: &settings,
+                        base: &none,
+                    };
+                    phases::exec_latency(&ctx, &mut baselines, &mut rows).await;
+                }
                 let ctx = phases::Ctx {
                     d: &d,
                     s: &settings,
                     base: &baselines,
                 };
-                if wants(Phase::Exec) {
-                    progress("exec latency");
-                    phases::exec_latency(&ctx, &mut rows).await;
+                if wants(Phase::E2b) {
+                    progress("E2B Python SDK: commands.run, time to interactive");
+                    let python = args.e2b_python.clone().or_else(e2b::default_python);
+                    e2b::run(&ctx, python.as_deref(), &mut rows).await;
                 }
                 if wants(Phase::Create) {
                     progress("warm create, create+exec+destroy");
@@ -349,11 +402,14 @@ async fn run(args: &Args) -> Result<Report> {
         // data dirs) that would otherwise be paid by this phase's creates and destroys.
         settle(&settings).await;
         progress("starting the daemon with an empty pool");
-        match Daemon::start(
+        // Room for every density session (the default cap is 1024 sandboxes).
+        let jail = format!("max_sandboxes = {}\n", settings.density + 64);
+        match Daemon::start_jail(
             &daemon_bin,
             &args.work_root,
             "cold",
             "pool = {}\nreap_interval = 1.0\n",
+            &jail,
             args.keep,
         )
         .await

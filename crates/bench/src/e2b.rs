@@ -1,0 +1,323 @@
+//! The official E2B Python SDK against the daemon: `commands.run("true")` interleaved batch by
+//! batch with native JSON execs, and time to interactive (create → first `node -v` answered)
+//! one after the other and 50 at once, each against the host's own `node -v` measured
+//! interleaved in the same run. The SDK runs from the venv scripts/bench.sh and
+//! scripts/e2b-tests.sh make (`target/e2b-venv`); without it the rows say n/a.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::host;
+use crate::phases::{self, Ctx, RawExec};
+use crate::report::{Row, Status};
+use crate::stats::{fmt_ms, Summary};
+
+const DRIVER: &str = include_str!("e2b_driver.py");
+
+/// The venv's python: `--e2b-python`, else `target/e2b-venv/bin/python` next to the build
+/// directory this executable is in.
+pub fn default_python() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.parent()?.join("e2b-venv/bin/python"))
+}
+
+/// The driver process; killed (it is ours) if still running when dropped.
+struct Driver {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Driver {
+    fn start(python: &Path, ctx: &Ctx<'_>) -> Result<Driver> {
+        let script = ctx.d.dir.join("e2b_driver.py");
+        std::fs::write(&script, DRIVER)?;
+        let mut child = Command::new(python)
+            .arg(&script)
+            .env("E2B_API_URL", &ctx.d.base)
+            .env("E2B_SANDBOX_URL", &ctx.d.base)
+            .env("E2B_API_KEY", &ctx.d.key)
+            .env("PYTHONUNBUFFERED", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", python.display()))?;
+        let stdin = child.stdin.take().context("driver stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("driver stdout")?);
+        Ok(Driver {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    fn call(&mut self, req: Value) -> Result<Value> {
+        writeln!(self.stdin, "{req}")?;
+        self.stdin.flush()?;
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            bail!("the E2B driver exited (request {req})");
+        }
+        let v: Value = serde_json::from_str(&line).context("E2B driver answer")?;
+        if let Some(e) = v.get("error") {
+            bail!(
+                "E2B driver, {}: {}",
+                req["op"],
+                e.as_str().unwrap_or_default()
+            );
+        }
+        Ok(v)
+    }
+
+    fn samples(&mut self, op: &str, n: usize) -> Result<Vec<Duration>> {
+        let v = self.call(json!({"op": op, "n": n}))?;
+        v["ms"]
+            .as_array()
+            .ok_or_else(|| anyhow!("E2B driver answer without ms: {v}"))?
+            .iter()
+            .map(|m| {
+                m.as_f64()
+                    .map(|ms| Duration::from_secs_f64(ms / 1e3))
+                    .ok_or_else(|| anyhow!("bad sample {m}"))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "{}", json!({"op": "close"}));
+        let _ = self.stdin.flush();
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const RUN_NAME: &str =
+    "E2B Python SDK `sandbox.commands.run(\"true\")` (batches interleaved with native JSON execs)";
+const NODE_NAME: &str = "`node -v` on the host (interleaved with the sequential E2B creates)";
+const TTI_NAME: &str =
+    "time to interactive via the E2B SDK: `Sandbox.create()` → first `commands.run(\"node -v\")` answered, one at a time (warm pool refilled between)";
+const NODE_BURST_NAME: &str = "`node -v` on the host, 50 at once";
+const TTI_BURST_NAME: &str =
+    "time to interactive via the E2B SDK, 50 at once (threads released together)";
+
+pub async fn run(ctx: &Ctx<'_>, python: Option<&Path>, rows: &mut Vec<Row>) {
+    let ids = [
+        "e2b_run",
+        "host_node",
+        "e2b_tti",
+        "host_node_burst",
+        "e2b_tti_burst",
+    ];
+    let names = [
+        RUN_NAME,
+        NODE_NAME,
+        TTI_NAME,
+        NODE_BURST_NAME,
+        TTI_BURST_NAME,
+    ];
+    let missing = match python {
+        None => Some("no E2B SDK venv path".to_string()),
+        Some(p) if !p.exists() => Some(format!(
+            "no E2B SDK venv at {}; scripts/bench.sh makes it",
+            p.display()
+        )),
+        Some(p) => match Command::new(p).args(["-c", "import e2b"]).output() {
+            Ok(o) if o.status.success() => None,
+            _ => Some(format!("{} cannot import e2b", p.display())),
+        },
+    };
+    if let Some(why) = missing {
+        for (id, name) in ids.iter().zip(names) {
+            rows.push(Row::not_available(id, name, &why));
+        }
+        return;
+    }
+    let python = python.expect("checked above");
+    let mut driver = match Driver::start(python, ctx) {
+        Ok(d) => d,
+        Err(e) => {
+            rows.push(Row::error("e2b_run", RUN_NAME, &e));
+            return;
+        }
+    };
+    if let Err(e) = commands_run(ctx, &mut driver, rows).await {
+        rows.push(Row::error("e2b_run", RUN_NAME, &e));
+    }
+    if let Err(e) = tti_sequential(ctx, &mut driver, rows).await {
+        rows.push(Row::error("e2b_tti", TTI_NAME, &e));
+    }
+    if let Err(e) = tti_burst(ctx, &mut driver, rows) {
+        rows.push(Row::error("e2b_tti_burst", TTI_BURST_NAME, &e));
+    }
+}
+
+async fn commands_run(ctx: &Ctx<'_>, driver: &mut Driver, rows: &mut Vec<Row>) -> Result<()> {
+    driver.call(json!({"op": "open"}))?;
+    let client = ctx.d.client()?;
+    let session = client.create_session(&phases::create_req("bash")).await?;
+    let result = async {
+        let raw = RawExec::new(ctx, &client, session.id(), &["/bin/true"])?;
+        let batch = ctx.s.e2b_batch.max(1);
+        let rounds = ctx.s.e2b_run_samples.div_ceil(batch);
+        // Warm-up of both, untimed.
+        driver.samples("run", ctx.s.warmup.min(10))?;
+        for _ in 0..ctx.s.warmup.min(10) {
+            raw.json().await?;
+        }
+        let (mut e2b, mut native) = (Vec::new(), Vec::new());
+        for r in 0..rounds {
+            let sdk_first = r % 2 == 0;
+            for sdk in [sdk_first, !sdk_first] {
+                if sdk {
+                    e2b.extend(driver.samples("run", batch)?);
+                } else {
+                    for _ in 0..batch {
+                        let t = Instant::now();
+                        raw.json().await?;
+                        native.push(t.elapsed());
+                    }
+                }
+            }
+        }
+        Ok::<_, anyhow::Error>((e2b, native))
+    }
+    .await;
+    let _ = client.destroy_session(session.id()).await;
+    let (e2b, native) = result?;
+    let e2b = Summary::of(&e2b).context("no E2B samples")?;
+    let native = Summary::of(&native).context("no native samples")?;
+    let limit = 1.5 * native.p50_ms;
+    rows.push(
+        Row::info(
+            "e2b_run",
+            RUN_NAME,
+            format!(
+                "{} = {:.2} × native JSON exec (p50 {})",
+                e2b.display(),
+                e2b.p50_ms / native.p50_ms,
+                fmt_ms(native.p50_ms)
+            ),
+        )
+        .target(
+            format!("p50 ≤ 1.5 × native JSON exec = {}", fmt_ms(limit)),
+            Status::verdict(e2b.p50_ms <= limit),
+        )
+        .data(json!({"e2b": e2b, "native_json": native})),
+    );
+    Ok(())
+}
+
+fn node_cmd() -> Command {
+    let mut c = Command::new(host::NODE);
+    c.arg("-v");
+    c
+}
+
+async fn tti_sequential(ctx: &Ctx<'_>, driver: &mut Driver, rows: &mut Vec<Row>) -> Result<()> {
+    let http = reqwest::Client::new();
+    let n = ctx.s.tti_samples;
+    // Warm-up: one of each, untimed.
+    host::time_one(node_cmd())?;
+    ctx.d
+        .wait_pool(&http, "bash", ctx.s.warm_pool_bash, phases::POOL_WAIT)
+        .await?;
+    driver.samples("tti", 1)?;
+    let (mut tti, mut node) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        ctx.d
+            .wait_pool(&http, "bash", ctx.s.warm_pool_bash, phases::POOL_WAIT)
+            .await?;
+        for sdk in [i % 2 == 0, i % 2 != 0] {
+            if sdk {
+                tti.extend(driver.samples("tti", 1)?);
+            } else {
+                node.push(host::time_one(node_cmd())?);
+            }
+        }
+    }
+    let node = Summary::of(&node).context("no node samples")?;
+    let tti = Summary::of(&tti).context("no TTI samples")?;
+    rows.push(
+        Row::info("host_node", NODE_NAME, node.display())
+            .target("baseline", Status::Info)
+            .data(json!(node)),
+    );
+    let limit = 1.5 * node.p50_ms;
+    rows.push(
+        Row::info(
+            "e2b_tti",
+            TTI_NAME,
+            format!(
+                "{} = {:.2} × host `node -v`",
+                tti.display(),
+                tti.p50_ms / node.p50_ms
+            ),
+        )
+        .target(
+            format!("p50 ≤ 1.5 × host `node -v` = {}", fmt_ms(limit)),
+            Status::verdict(tti.p50_ms <= limit),
+        )
+        .data(json!(tti)),
+    );
+    Ok(())
+}
+
+/// p95 of a burst: host burst, SDK burst, host burst (the host's samples pooled).
+fn tti_burst(ctx: &Ctx<'_>, driver: &mut Driver, rows: &mut Vec<Row>) -> Result<()> {
+    let n = ctx.s.tti_burst;
+    let mut node = host::burst(n, node_cmd)?;
+    let tti = driver.samples("burst", n)?;
+    node.extend(host::burst(n, node_cmd)?);
+    let node = Summary::of(&node).context("no node samples")?;
+    let tti = Summary::of(&tti).context("no burst samples")?;
+    let p95 = |s: &Summary| s.p95_ms;
+    rows.push(
+        Row::info(
+            "host_node_burst",
+            NODE_BURST_NAME.replace("50", &n.to_string()),
+            format!(
+                "p95 {} · p50 {} (n={}, two bursts)",
+                fmt_ms(p95(&node)),
+                fmt_ms(node.p50_ms),
+                node.n
+            ),
+        )
+        .target("baseline", Status::Info)
+        .data(json!(node)),
+    );
+    let limit = 2.0 * p95(&node);
+    rows.push(
+        Row::info(
+            "e2b_tti_burst",
+            TTI_BURST_NAME.replace("50", &n.to_string()),
+            format!(
+                "p95 {} · p50 {} (n={}) = {:.2} × host p95",
+                fmt_ms(p95(&tti)),
+                fmt_ms(tti.p50_ms),
+                tti.n,
+                p95(&tti) / p95(&node)
+            ),
+        )
+        .target(
+            format!("p95 ≤ 2 × host p95 = {}", fmt_ms(limit)),
+            Status::verdict(p95(&tti) <= limit),
+        )
+        .data(json!(tti)),
+    );
+    Ok(())
+}
