@@ -1,63 +1,15 @@
-//! Daily session-minutes across a day boundary, with an injected clock. The runtime here is an
-//! in-memory stand-in: these tests are about the manager's metering, not isolation (the daemon
-//! tests cover quotas against real sandboxes).
+//! Daily session-minutes across a day boundary, with an injected clock. The runtime is
+//! `koder_runtime_memory::MemoryRuntime`: these tests are about the manager's metering, not
+//! isolation (the daemon tests cover quotas against real sandboxes).
 
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
-use koder_agent_protocol::AgentClient;
 use koder_api_types::{CreateSession, SessionState};
 use koder_auth::Identity;
-use koder_runtime::{Enforcement, ReconcileReport, Runtime, RuntimeError, Sandbox, SandboxSpec};
+use koder_runtime_memory::MemoryRuntime;
 use koder_sessions::{Error, Manager, SessionConfig};
 use koder_store::{Store, Tenant};
-
-struct MemoryRuntime {
-    enforcement: Enforcement,
-}
-
-struct MemorySandbox {
-    id: String,
-    agent: AgentClient,
-    /// The agent's end of the connection: a sandbox whose agent hung up would be ended.
-    _peer: tokio::io::DuplexStream,
-}
-
-#[async_trait]
-impl Sandbox for MemorySandbox {
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn agent(&self) -> &AgentClient {
-        &self.agent
-    }
-    async fn destroy(&self) -> Result<(), RuntimeError> {
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Runtime for MemoryRuntime {
-    fn name(&self) -> &'static str {
-        "memory"
-    }
-    fn enforcement(&self) -> &Enforcement {
-        &self.enforcement
-    }
-    async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
-        let (a, peer) = tokio::io::duplex(64);
-        let (r, w) = tokio::io::split(a);
-        Ok(Arc::new(MemorySandbox {
-            id: spec.id,
-            agent: AgentClient::new(r, w),
-            _peer: peer,
-        }))
-    }
-    async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {
-        Ok(ReconcileReport::default())
-    }
-}
 
 struct Fixture {
     manager: Arc<Manager>,
@@ -79,9 +31,7 @@ async fn fixture(tenant: Tenant) -> Fixture {
     };
     let manager = Manager::start_with_clock(
         store,
-        Arc::new(MemoryRuntime {
-            enforcement: Enforcement::default(),
-        }),
+        Arc::new(MemoryRuntime::new()),
         cfg,
         Arc::new(move || *clock_now.lock().unwrap()),
     )
@@ -197,15 +147,9 @@ async fn plan_maxima_are_tighter_than_the_servers() {
             },
         },
     );
-    let manager = Manager::start(
-        store,
-        Arc::new(MemoryRuntime {
-            enforcement: Enforcement::default(),
-        }),
-        cfg,
-    )
-    .await
-    .unwrap();
+    let manager = Manager::start(store, Arc::new(MemoryRuntime::new()), cfg)
+        .await
+        .unwrap();
     let refused = manager.create(&f.who, big).await;
     assert!(
         matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("memory_mib")),
