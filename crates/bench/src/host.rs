@@ -205,7 +205,9 @@ impl RuncContainer {
         }
         spec["linux"]["cgroupsPath"] = format!("/{}", c.id).into();
         fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
-        let out = Command::new(&c.bin)
+        // The container's process inherits runc's stdio: a file, not a pipe nobody closes.
+        let log = c.dir.join("runc.log");
+        let status = Command::new(&c.bin)
             .arg("--root")
             .arg(c.dir.join("state"))
             .args(["run", "--detach", "--bundle"])
@@ -213,11 +215,14 @@ impl RuncContainer {
             .arg(&c.id)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
+            .stderr(fs::File::create(&log)?)
+            .status()
             .context("runc run")?;
-        if !out.status.success() {
-            bail!("runc run: {}", String::from_utf8_lossy(&out.stderr).trim());
+        if !status.success() {
+            bail!(
+                "runc run: {}",
+                fs::read_to_string(&log).unwrap_or_default().trim()
+            );
         }
         Ok(c)
     }

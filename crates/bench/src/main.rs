@@ -272,6 +272,10 @@ fn main() -> ExitCode {
                 eprintln!("koder-bench: interrupted; cleaning up");
                 Ok(None)
             }
+            _ = sigterm() => {
+                eprintln!("koder-bench: terminated; cleaning up");
+                Ok(None)
+            }
         }
     });
     match outcome {
@@ -475,6 +479,16 @@ async fn run(args: &Args) -> Result<Report> {
         write_file(path, &serde_json::to_vec_pretty(&report)?)?;
     }
     Ok(report)
+}
+
+/// Resolves on SIGTERM (so `timeout` and service managers get the same clean-up as Ctrl-C).
+async fn sigterm() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut s) => {
+            s.recv().await;
+        }
+        Err(_) => std::future::pending().await,
+    }
 }
 
 /// Flushes dirty data to disk and lets the machine calm down between phases.
