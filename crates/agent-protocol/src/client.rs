@@ -8,9 +8,10 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::{SinkExt, StreamExt};
+use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
@@ -53,7 +54,7 @@ struct Shared {
 
 impl Shared {
     fn close(&self) {
-        let mut streams = lock(&self.streams);
+        let mut streams = self.streams.lock();
         self.closed.cancel();
         streams.clear();
     }
@@ -116,7 +117,7 @@ impl AgentClient {
                     }
                 };
                 let Some(shared) = weak.upgrade() else { break };
-                let tx = lock(&shared.streams).get(&frame.stream).cloned();
+                let tx = shared.streams.lock().get(&frame.stream).cloned();
                 drop(shared);
                 if let Some(tx) = tx {
                     // A consumer that went away is not an error: its stream is being dropped.
@@ -145,7 +146,7 @@ impl AgentClient {
         let id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         {
-            let mut streams = lock(&self.shared.streams);
+            let mut streams = self.shared.streams.lock();
             if self.shared.closed.is_cancelled() {
                 return Err(ClientError::Disconnected);
             }
@@ -409,7 +410,7 @@ impl AgentStream {
 
 impl Drop for AgentStream {
     fn drop(&mut self) {
-        lock(&self.client.shared.streams).remove(&self.id);
+        self.client.shared.streams.lock().remove(&self.id);
         if self.finished {
             return;
         }
@@ -572,11 +573,6 @@ fn unexpected(msg: &FromAgent) -> ClientError {
     let name = format!("{msg:?}");
     let name: String = name.chars().take(60).collect();
     ClientError::Protocol(format!("unexpected message {name}"))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding this lock cannot leave the map inconsistent, so poisoning is ignored.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -19,4 +19,3 @@ mod guest_cgroup;
 mod outbox;
 pub mod serve;
 mod setup_error;
-mod sync;

@@ -4,10 +4,10 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use nix::libc;
+use parking_lot::Mutex;
 use tracing::debug;
 
 use crate::error::CgroupError;
@@ -164,7 +164,7 @@ impl V2Cgroup {
 
     fn read_peak(&self) -> Result<u64> {
         let path = self.dir.join("memory.peak");
-        let guard = self.peak_fd.lock().unwrap_or_else(PoisonError::into_inner);
+        let guard = self.peak_fd.lock();
         if let Some(f) = guard.as_ref() {
             let mut buf = [0u8; 64];
             let n = f
@@ -277,7 +277,7 @@ impl Cgroup for V2Cgroup {
             Err(e) if is_unsupported(&e) => return Err(unsupported(path)),
             Err(e) => return Err(CgroupError::io("write", &path, e)),
         }
-        *self.peak_fd.lock().unwrap_or_else(PoisonError::into_inner) = Some(f);
+        *self.peak_fd.lock() = Some(f);
         Ok(())
     }
 
@@ -363,7 +363,7 @@ impl Cgroup for V2Cgroup {
             self.open_child(&name)?.destroy()?;
         }
         self.kill_all()?;
-        *self.peak_fd.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self.peak_fd.lock() = None;
         fsutil::rmdir(&self.dir, RMDIR_TIMEOUT)
     }
 }

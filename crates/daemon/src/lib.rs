@@ -6,7 +6,7 @@ pub mod config;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use chrono::Utc;
@@ -15,6 +15,7 @@ use koder_jail::{JailConfig, JailRuntime};
 use koder_microvm::{Backend, MicroVmConfig, MicroVmRuntime};
 use koder_runtime::Runtime;
 use koder_store::{Store, Tenant};
+use parking_lot::RwLock;
 
 use crate::config::{Config, Env, TenantConfig};
 

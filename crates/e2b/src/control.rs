@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::HttpError;
-use crate::{lock, E2b, ENVD_VERSION};
+use crate::{E2b, ENVD_VERSION};
 
 const MAX_BODY: usize = 1 << 20;
 const MAX_PAGE: usize = 100;
@@ -146,7 +146,7 @@ impl FromRequestParts<E2b> for ApiCaller {
             .headers
             .get(credentials::AUTHORIZATION)
             .ok_or_else(|| HttpError::unauthorized("missing X-API-KEY"))?;
-        let keys = e2b.app().keys.read().unwrap_or_else(|e| e.into_inner());
+        let keys = e2b.app().keys.read();
         bearer
             .to_str()
             .ok()
@@ -158,7 +158,7 @@ impl FromRequestParts<E2b> for ApiCaller {
 
 /// The tenant of an `X-API-KEY` value; an unknown key is 401.
 pub(crate) fn verify_api_key(e2b: &E2b, key: &HeaderValue) -> Result<Identity, HttpError> {
-    let keys = e2b.app().keys.read().unwrap_or_else(|e| e.into_inner());
+    let keys = e2b.app().keys.read();
     key.to_str()
         .ok()
         .and_then(|k| keys.verify_key(k.trim()))
@@ -663,7 +663,7 @@ async fn metrics(
     let m = e2b.manager().metrics_of(&who, &id).await?;
     let now = Instant::now();
     let cpus = cpu_count(&s) as f64;
-    let previous = lock(&e2b.inner.cpu_samples).insert(
+    let previous = e2b.inner.cpu_samples.lock().insert(
         id.clone(),
         CpuSample {
             at: now,

@@ -3,7 +3,7 @@
 //! E2B needs beyond the session manager; the envd router.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, Query};
 use axum::http::request::Parts;
@@ -14,11 +14,12 @@ use axum::Router;
 use base64::Engine as _;
 use koder_auth::Identity;
 use koder_http::credentials;
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::error::HttpError;
-use crate::{lock, E2b};
+use crate::E2b;
 
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
@@ -111,7 +112,9 @@ impl E2b {
     }
 
     pub(crate) fn ctx(&self, id: &str) -> Arc<SandboxCtx> {
-        lock(&self.inner.sandboxes)
+        self.inner
+            .sandboxes
+            .lock()
             .entry(id.to_string())
             .or_default()
             .clone()
@@ -119,13 +122,13 @@ impl E2b {
 
     /// Drops what E2B kept for a sandbox that ended; its watchers stop with it.
     pub(crate) fn forget(&self, id: &str) {
-        let gone = lock(&self.inner.sandboxes).remove(id);
+        let gone = self.inner.sandboxes.lock().remove(id);
         if let Some(ctx) = gone {
-            for (_, w) in lock(&ctx.watchers).drain() {
+            for (_, w) in ctx.watchers.lock().drain() {
                 w.stop();
             }
         }
-        lock(&self.inner.cpu_samples).remove(id);
+        self.inner.cpu_samples.lock().remove(id);
     }
 }
 

@@ -3,7 +3,7 @@
 //! What the acting account creates belongs to it (uid 1000 for `user`), so the user's processes
 //! can change it, as on E2B.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -12,11 +12,11 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use koder_api_types::{EntryType, ExecRequest, FileEntry};
 use koder_sessions::{FsEventKind, Watch};
+use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::connect::{self, Code, RpcError, Sink};
 use crate::envd::{split_parent, Target};
-use crate::lock;
 use crate::proto::{
     entry_info, ListDirRequest, MoveRequest, PathRequest, WatchRequest, WatcherRequest,
 };
@@ -64,11 +64,14 @@ pub async fn rpc(
         }
         "GetWatcherEvents" => {
             connect::unary(&headers, body, |r: WatcherRequest| async move {
-                let w = lock(&t.ctx.watchers)
+                let w = t
+                    .ctx
+                    .watchers
+                    .lock()
                     .get(&r.watcher_id)
                     .map(|w| w.buf.clone());
                 let buf = w.ok_or_else(|| no_watcher(&r.watcher_id))?;
-                let mut b = lock(&buf);
+                let mut b = buf.lock();
                 if b.events.is_empty() {
                     if let Some(e) = b.error.take() {
                         return Err(e);
@@ -80,7 +83,7 @@ pub async fn rpc(
         }
         "RemoveWatcher" => {
             connect::unary(&headers, body, |r: WatcherRequest| async move {
-                let w = lock(&t.ctx.watchers).remove(&r.watcher_id);
+                let w = t.ctx.watchers.lock().remove(&r.watcher_id);
                 w.ok_or_else(|| no_watcher(&r.watcher_id))?.stop();
                 Ok(json!({}))
             })
@@ -276,7 +279,7 @@ async fn create_watcher(t: Target, r: WatchRequest) -> Result<Value, RpcError> {
         loop {
             match watch.next().await {
                 Ok(event) => {
-                    let mut b = lock(&sink);
+                    let mut b = sink.lock();
                     for ev in fs_events(&root, event.kind, &event.path, event.from.as_deref()) {
                         if b.events.len() >= MAX_WATCHER_EVENTS {
                             b.events.remove(0);
@@ -285,7 +288,7 @@ async fn create_watcher(t: Target, r: WatchRequest) -> Result<Value, RpcError> {
                     }
                 }
                 Err(e) => {
-                    lock(&sink).error = Some(RpcError::new(
+                    sink.lock().error = Some(RpcError::new(
                         Code::Unavailable,
                         format!("the watch ended: {e}"),
                     ));
@@ -295,7 +298,10 @@ async fn create_watcher(t: Target, r: WatchRequest) -> Result<Value, RpcError> {
         }
     });
     let id = uuid::Uuid::new_v4().simple().to_string();
-    lock(&t.ctx.watchers).insert(id.clone(), Watcher { buf, task });
+    t.ctx
+        .watchers
+        .lock()
+        .insert(id.clone(), Watcher { buf, task });
     Ok(json!({"watcherId": id}))
 }
 

@@ -21,7 +21,7 @@ mod process;
 mod proto;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -29,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use koder_http::AppState;
 use koder_sessions::{Manager, SessionConfig};
+use parking_lot::Mutex;
 use tower::ServiceExt as _;
 
 pub use error::HttpError;
@@ -84,10 +85,6 @@ impl E2b {
     pub(crate) fn sessions_cfg(&self) -> &SessionConfig {
         &self.inner.sessions
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Puts the E2B surfaces in front of the native router: requests carrying `E2b-Sandbox-Id` go

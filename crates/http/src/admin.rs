@@ -57,12 +57,9 @@ pub async fn issue_key(
 ) -> ApiResult<(StatusCode, axum::Json<IssuedKey>)> {
     let issued = s.manager.issue_key(&id).await?;
     // Usable at once, without a restart: the request path checks this table, not the store.
-    s.keys
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert_hash(
-            koder_auth::hash_key(&issued.api_key),
-            issued.tenant_id.clone(),
-        );
+    s.keys.write().insert_hash(
+        koder_auth::hash_key(&issued.api_key),
+        issued.tenant_id.clone(),
+    );
     Ok((StatusCode::CREATED, axum::Json(issued)))
 }

@@ -28,7 +28,6 @@ impl FromRequestParts<AppState> for Caller {
         state
             .keys
             .read()
-            .unwrap_or_else(|e| e.into_inner())
             .authenticate(header)
             .map(Caller)
             .ok_or_else(|| ApiError::unauthorized("invalid API key"))
@@ -50,11 +49,7 @@ impl FromRequestParts<AppState> for AdminCaller {
         if state.admin_keys.authenticate(header).is_some() {
             return Ok(AdminCaller);
         }
-        let tenant = state
-            .keys
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .authenticate(header);
+        let tenant = state.keys.read().authenticate(header);
         match tenant {
             Some(_) => Err(ApiError::new(
                 403,

@@ -12,7 +12,7 @@ mod routes;
 mod terminal;
 mod watch;
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
@@ -22,6 +22,7 @@ use axum::Router;
 use koder_api_types::codes;
 use koder_auth::KeyRing;
 use koder_sessions::Manager;
+use parking_lot::RwLock;
 use utoipa::OpenApi;
 
 pub use error::{status_of, ApiError};

@@ -19,7 +19,7 @@ pub mod vmm;
 pub mod vsock;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -36,6 +36,7 @@ use koder_runtime::{
     validate_id, Enforcement, Limits, NotEnforced, ReconcileReport, ResourceControl, Runtime,
     RuntimeError, Sandbox, SandboxSpec, Usage,
 };
+use parking_lot::Mutex;
 use tokio::process::Child;
 
 use crate::vmm::{Accel, Launch, Vmm};
@@ -285,21 +286,12 @@ impl MicroVmRuntime {
             .await
             .map_err(|_| RuntimeError::Unavailable("the runtime is shutting down".into()))?;
         // Owned by `host` at once, so a failure from here on tears all of it down.
-        *host.cgroup.lock().unwrap_or_else(|e| e.into_inner()) =
-            self.host_cgroup(&spec.id, launch.memory_mib, vcpus)?;
+        *host.cgroup.lock() = self.host_cgroup(&spec.id, launch.memory_mib, vcpus)?;
         let processes = self.vmm.start(&launch).await?;
         let pids: Vec<u32> = processes.children.iter().filter_map(|c| c.id()).collect();
-        host.children
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(processes.children);
+        host.children.lock().extend(processes.children);
         reap::record(&dir.join(PIDS_FILE), &pids)?;
-        if let Some(cg) = host
-            .cgroup
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
+        if let Some(cg) = host.cgroup.lock().as_ref() {
             for pid in &pids {
                 cg.add_process(*pid)
                     .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
@@ -597,7 +589,7 @@ struct VmHost {
 
 impl VmHost {
     fn exited_child(&self) -> Option<String> {
-        let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        let mut children = self.children.lock();
         children
             .iter_mut()
             .find_map(|c| c.try_wait().ok().flatten().map(|s| s.to_string()))
@@ -605,10 +597,9 @@ impl VmHost {
 
     /// Kills the VMM processes, removes the directory and frees the uid; idempotent.
     async fn teardown(&self) -> Result<(), RuntimeError> {
-        let children =
-            std::mem::take(&mut *self.children.lock().unwrap_or_else(|e| e.into_inner()));
+        let children = std::mem::take(&mut *self.children.lock());
         kill_all(children).await;
-        let cgroup = self.cgroup.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let cgroup = self.cgroup.lock().take();
         let cgroup_result = match cgroup {
             Some(cg) => cg
                 .destroy()
@@ -617,7 +608,7 @@ impl VmHost {
         };
         let result = remove_dir(&self.dir).and(cgroup_result);
         // The uid is free only once nothing runs as it and its files are gone.
-        if let Some(slot) = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(slot) = self.slot.lock().take() {
             self.slots.release(slot);
         }
         result
@@ -628,9 +619,9 @@ impl VmHost {
 /// `Child` handles (`kill_on_drop`) and its cgroup; the directory and the uid are released.
 impl Drop for VmHost {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(slot) = self.slot.lock().take() {
             let _ = std::fs::remove_dir_all(&self.dir);
-            if let Some(cg) = self.cgroup.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            if let Some(cg) = self.cgroup.lock().take() {
                 let _ = cg.destroy();
             }
             self.slots.release(slot);

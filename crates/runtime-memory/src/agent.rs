@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
@@ -12,12 +12,11 @@ use koder_agent_protocol::{
     MAX_PATH_BYTES, PROTOCOL_VERSION,
 };
 use koder_runtime::Usage;
+use parking_lot::Mutex;
 use tokio::io::DuplexStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
-
-use crate::lock;
 
 /// Maps an exec request to its scripted outcome; `Err` is what the agent answers instead of
 /// starting it (a spawn failure, say).
@@ -120,7 +119,7 @@ pub(crate) struct State {
 
 impl State {
     pub(crate) fn file(&self, path: &str) -> Option<Vec<u8>> {
-        match lock(&self.files).get(&normalize(path).ok()?) {
+        match self.files.lock().get(&normalize(path).ok()?) {
             Some(Node::File { data, .. }) => Some(data.clone()),
             _ => None,
         }
@@ -142,7 +141,7 @@ impl State {
     /// The normalised path of an upload, its parents made if asked for.
     fn prepare_write(&self, req: &WriteFileRequest) -> Result<String, AgentError> {
         let path = normalize(&req.path)?;
-        let mut files = lock(&self.files);
+        let mut files = self.files.lock();
         if matches!(files.get(&path), Some(Node::Dir)) {
             return Err(AgentError::new(ErrorCode::IsADirectory, path));
         }
@@ -171,13 +170,13 @@ impl State {
             mode: mode.unwrap_or(0o644),
         };
         let entry = entry(&path, &node);
-        lock(&self.files).insert(path, node);
+        self.files.lock().insert(path, node);
         entry
     }
 
     fn lookup(&self, path: &str) -> Result<(String, Node), AgentError> {
         let path = normalize(path)?;
-        let node = lock(&self.files).get(&path).cloned();
+        let node = self.files.lock().get(&path).cloned();
         node.map(|n| (path.clone(), n))
             .ok_or_else(|| AgentError::new(ErrorCode::NotFound, path))
     }
@@ -278,7 +277,7 @@ async fn operation(state: Arc<State>, msg: ToAgent, follow_ups: FollowUps, out: 
             used_bytes: used_bytes(&state),
         }),
         ToAgent::KillAll => {
-            let token = std::mem::take(&mut *lock(&state.kill_all));
+            let token = std::mem::take(&mut *state.kill_all.lock());
             token.cancel();
             Ok(FromAgent::KilledAll {
                 processes: state.running.load(Ordering::SeqCst),
@@ -321,7 +320,7 @@ async fn exec(state: &State, req: ExecRequest, mut follow_ups: FollowUps, out: &
         Err(e) => return out.send(FromAgent::Error(e)).await,
     };
     let _running = Running::new(&state.running);
-    let killed = lock(&state.kill_all).clone();
+    let killed = state.kill_all.lock().clone();
     let pid = state.next_pid.fetch_add(1, Ordering::SeqCst);
     out.send(FromAgent::Started { pid }).await;
     let limit = usize::try_from(req.output_limit_bytes).unwrap_or(usize::MAX);
@@ -345,7 +344,7 @@ async fn exec(state: &State, req: ExecRequest, mut follow_ups: FollowUps, out: &
     match ending {
         Ending::Cancelled => return,
         Ending::Ran if scripted.oom_kill => {
-            lock(&state.usage).oom_kills += 1;
+            state.usage.lock().oom_kills += 1;
             exit.signal = Some(SIGKILL);
         }
         Ending::Ran => exit.exit_code = Some(scripted.exit_code),
@@ -356,7 +355,7 @@ async fn exec(state: &State, req: ExecRequest, mut follow_ups: FollowUps, out: &
         Ending::Signalled(signal) => exit.signal = Some(signal),
     }
     if scripted.pids_limit_hit {
-        lock(&state.usage).pids_max_hits += 1;
+        state.usage.lock().pids_max_hits += 1;
     }
     out.send(FromAgent::Exited(exit)).await;
 }
@@ -443,7 +442,7 @@ fn list(state: &State, path: &str, depth: u32) -> Result<FromAgent, AgentError> 
         format!("{dir}/")
     };
     let max = depth.max(1) as usize;
-    let files = lock(&state.files);
+    let files = state.files.lock();
     let mut entries: Vec<Entry> = files
         .iter()
         .filter(|(p, _)| {
@@ -458,7 +457,9 @@ fn list(state: &State, path: &str, depth: u32) -> Result<FromAgent, AgentError> 
 }
 
 fn used_bytes(state: &State) -> u64 {
-    lock(&state.files)
+    state
+        .files
+        .lock()
         .values()
         .map(|n| match n {
             Node::File { data, .. } => data.len() as u64,

@@ -15,7 +15,7 @@ mod agent;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use koder_agent_protocol::AgentClient;
@@ -23,6 +23,7 @@ use koder_runtime::{
     validate_id, Enforcement, Limits, ReconcileReport, ResourceControl, Runtime, RuntimeError,
     Sandbox, SandboxSpec, Usage,
 };
+use parking_lot::Mutex;
 
 pub use agent::{ExecScript, Scripted};
 
@@ -81,22 +82,25 @@ impl MemoryRuntime {
 
     /// The next `create` fails with `error` (queued: several calls fail several creates).
     pub fn fail_next_create(&self, error: RuntimeError) {
-        lock(&self.inner.create_failures).push_back(error);
+        self.inner.create_failures.lock().push_back(error);
     }
 
     /// Ids the next `reconcile` reports as removed, as if a crashed run had left them.
     pub fn leave_over(&self, ids: impl IntoIterator<Item = String>) {
-        lock(&self.inner.leftovers).extend(ids);
+        self.inner.leftovers.lock().extend(ids);
     }
 
     /// A sandbox this runtime created (destroyed ones included), by id.
     pub fn sandbox(&self, id: &str) -> Option<Arc<MemorySandbox>> {
-        lock(&self.inner.sandboxes).get(id).cloned()
+        self.inner.sandboxes.lock().get(id).cloned()
     }
 
     /// Ids of the sandboxes not destroyed yet, sorted.
     pub fn live(&self) -> Vec<String> {
-        let mut ids: Vec<String> = lock(&self.inner.sandboxes)
+        let mut ids: Vec<String> = self
+            .inner
+            .sandboxes
+            .lock()
             .values()
             .filter(|s| !s.is_destroyed())
             .map(|s| s.spec.id.clone())
@@ -118,10 +122,10 @@ impl Runtime for MemoryRuntime {
 
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
         validate_id(&spec.id)?;
-        if let Some(error) = lock(&self.inner.create_failures).pop_front() {
+        if let Some(error) = self.inner.create_failures.lock().pop_front() {
             return Err(error);
         }
-        let mut sandboxes = lock(&self.inner.sandboxes);
+        let mut sandboxes = self.inner.sandboxes.lock();
         if sandboxes.get(&spec.id).is_some_and(|s| !s.is_destroyed()) {
             return Err(RuntimeError::InvalidSpec(format!(
                 "sandbox {} already exists",
@@ -144,7 +148,7 @@ impl Runtime for MemoryRuntime {
 
     async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {
         Ok(ReconcileReport {
-            sandboxes_removed: std::mem::take(&mut *lock(&self.inner.leftovers)),
+            sandboxes_removed: std::mem::take(&mut *self.inner.leftovers.lock()),
         })
     }
 }
@@ -168,12 +172,12 @@ impl MemorySandbox {
 
     /// Sets the counters `usage()` reports (an OOM kill or a pids-limit hit, say).
     pub fn set_usage(&self, usage: Usage) {
-        *lock(&self.state.usage) = usage;
+        *self.state.usage.lock() = usage;
     }
 
     /// The limits last applied (at create, or by `set_limits`).
     pub fn limits(&self) -> Limits {
-        *lock(&self.limits)
+        *self.limits.lock()
     }
 
     pub fn is_frozen(&self) -> bool {
@@ -236,18 +240,18 @@ impl Sandbox for MemorySandbox {
 impl ResourceControl for MemorySandbox {
     async fn usage(&self) -> Result<Usage, RuntimeError> {
         self.alive()?;
-        Ok(*lock(&self.state.usage))
+        Ok(*self.state.usage.lock())
     }
 
     async fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError> {
         self.alive()?;
-        *lock(&self.limits) = *limits;
+        *self.limits.lock() = *limits;
         Ok(())
     }
 
     async fn reset_memory_peak(&self) -> Result<(), RuntimeError> {
         self.alive()?;
-        let mut usage = lock(&self.state.usage);
+        let mut usage = self.state.usage.lock();
         usage.memory_peak_bytes = usage.memory_current_bytes;
         Ok(())
     }
@@ -263,11 +267,6 @@ impl ResourceControl for MemorySandbox {
         self.frozen.store(false, Ordering::SeqCst);
         Ok(())
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A test that panicked while holding a lock has failed already; the data is still usable.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

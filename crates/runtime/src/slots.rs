@@ -3,7 +3,9 @@
 //! limits (RLIMIT_NPROC) connect them.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::RuntimeError;
 
@@ -29,7 +31,7 @@ impl Slots {
 
     /// The lowest free slot.
     pub fn acquire(&self) -> Result<u32, RuntimeError> {
-        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.inner.lock();
         let slot = (0..s.max).find(|n| !s.used.contains(n)).ok_or_else(|| {
             RuntimeError::Exhausted(format!("all {} sandbox slots are in use", s.max))
         })?;
@@ -38,11 +40,7 @@ impl Slots {
     }
 
     pub fn release(&self, slot: u32) {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .used
-            .remove(&slot);
+        self.inner.lock().used.remove(&slot);
     }
 }
 

@@ -6,17 +6,17 @@
 //! truncated), and a follower that falls behind the channel is told how much it missed.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use koder_agent_protocol::{self as proto, ClientError, FromAgent, StreamHandle, ToAgent};
 use koder_api_types::{ExecRequest, ExecResult, ExecState, ExecStatus};
 use koder_auth::Identity;
+use parking_lot::Mutex;
 use tokio::sync::broadcast;
 
 use crate::manager::{exec_deadline, Meter, SIGKILL};
-use crate::pool::lock;
 use crate::{Error, Manager};
 
 /// Followed execs kept per session (running ones are always kept; the oldest finished go).
@@ -49,7 +49,7 @@ pub struct CancelOnDrop {
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        if lock(&self.exec.state).result.is_none() {
+        if self.exec.state.lock().result.is_none() {
             let handle = self.exec.handle.clone();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
@@ -89,7 +89,8 @@ pub(crate) struct Registry {
 
 impl Registry {
     fn get(&self, exec_id: &str) -> Result<Arc<FollowedExec>, Error> {
-        lock(&self.execs)
+        self.execs
+            .lock()
             .get(exec_id)
             .cloned()
             .ok_or_else(|| Error::FileNotFound(format!("no exec {exec_id:?} in this session")))
@@ -97,8 +98,8 @@ impl Registry {
 
     /// Marks every running exec as killed on purpose, before its processes are.
     pub(crate) fn mark_running_killed(&self) {
-        for e in lock(&self.execs).values() {
-            if lock(&e.state).result.is_none() {
+        for e in self.execs.lock().values() {
+            if e.state.lock().result.is_none() {
                 e.killed.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         }
@@ -106,10 +107,10 @@ impl Registry {
 
     /// Makes room for one more: too many running is a conflict, old finished ones are dropped.
     fn admit(&self) -> Result<(), Error> {
-        let mut execs = lock(&self.execs);
+        let mut execs = self.execs.lock();
         let running = execs
             .values()
-            .filter(|e| lock(&e.state).result.is_none())
+            .filter(|e| e.state.lock().result.is_none())
             .count();
         if running >= MAX_RUNNING {
             return Err(Error::Conflict(format!(
@@ -119,7 +120,7 @@ impl Registry {
         while execs.len() >= MAX_KEPT {
             let oldest = execs
                 .values()
-                .filter(|e| lock(&e.state).result.is_some())
+                .filter(|e| e.state.lock().result.is_some())
                 .min_by_key(|e| e.started_at)
                 .map(|e| e.id.clone());
             match oldest {
@@ -133,7 +134,7 @@ impl Registry {
 
 impl FollowedExec {
     fn status(&self) -> ExecStatus {
-        let st = lock(&self.state);
+        let st = self.state.lock();
         ExecStatus {
             exec_id: self.id.clone(),
             command: self.command.clone(),
@@ -151,7 +152,7 @@ impl FollowedExec {
 
     /// Snapshot and subscription under one lock: nothing is missed or seen twice.
     fn follow(self: &Arc<Self>, cancel_on_drop: bool) -> Follow {
-        let st = lock(&self.state);
+        let st = self.state.lock();
         let mut replay: Vec<ExecEvent> = st.retained.iter().cloned().collect();
         let live = match &st.result {
             Some(r) => {
@@ -169,7 +170,7 @@ impl FollowedExec {
     }
 
     fn record(&self, event: ExecEvent, limit: usize) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         let len = match &event {
             ExecEvent::Stdout(b) | ExecEvent::Stderr(b) => b.len(),
             ExecEvent::Exit(_) => 0,
@@ -194,7 +195,7 @@ impl FollowedExec {
     }
 
     fn finish(&self, mut result: ExecResult) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         let (mut out, mut err) = (Vec::new(), Vec::new());
         for e in &st.retained {
             match e {
@@ -284,7 +285,10 @@ impl Manager {
             events,
             killed: Default::default(),
         });
-        lock(&live.execs.execs).insert(exec.id.clone(), exec.clone());
+        live.execs
+            .execs
+            .lock()
+            .insert(exec.id.clone(), exec.clone());
         let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
         tokio::spawn(consume(
             stream,
@@ -298,7 +302,10 @@ impl Manager {
 
     pub async fn list_execs(&self, who: &Identity, id: &str) -> Result<Vec<ExecStatus>, Error> {
         let live = self.live(who, id)?;
-        let mut all: Vec<ExecStatus> = lock(&live.execs.execs)
+        let mut all: Vec<ExecStatus> = live
+            .execs
+            .execs
+            .lock()
             .values()
             .map(|e| e.status())
             .collect();
@@ -335,14 +342,14 @@ impl Manager {
         close: bool,
     ) -> Result<(), Error> {
         let exec = self.live(who, id)?.execs.get(exec_id)?;
-        if !lock(&exec.state).stdin_open {
+        if !exec.state.lock().stdin_open {
             return Err(Error::Conflict("stdin of this exec is closed".into()));
         }
         for chunk in data.chunks(proto::CHUNK_BYTES) {
             exec.handle.send(ToAgent::Stdin(chunk.to_vec())).await?;
         }
         if close {
-            lock(&exec.state).stdin_open = false;
+            exec.state.lock().stdin_open = false;
             exec.handle.send(ToAgent::CloseStdin).await?;
         }
         Ok(())
@@ -358,7 +365,7 @@ impl Manager {
         let exec = self.live(who, id)?.execs.get(exec_id)?;
         let number = signal_number(signal)
             .ok_or_else(|| Error::InvalidArgument(format!("unknown signal {signal:?}")))?;
-        if lock(&exec.state).result.is_some() {
+        if exec.state.lock().result.is_some() {
             return Err(Error::Conflict("the exec has already exited".into()));
         }
         exec.handle.send(ToAgent::Signal(number)).await?;
@@ -380,7 +387,7 @@ async fn consume(
             .await
             .unwrap_or(Err(ClientError::Disconnected));
         match next {
-            Ok(FromAgent::Started { pid }) => lock(&exec.state).pid = Some(pid),
+            Ok(FromAgent::Started { pid }) => exec.state.lock().pid = Some(pid),
             Ok(FromAgent::Stdout(d)) => exec.record(ExecEvent::Stdout(Bytes::from(d)), limit),
             Ok(FromAgent::Stderr(d)) => exec.record(ExecEvent::Stderr(Bytes::from(d)), limit),
             Ok(FromAgent::Exited(exit)) => break (exit, false),

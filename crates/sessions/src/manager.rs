@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -20,12 +20,13 @@ use koder_api_types::{
 use koder_auth::Identity;
 use koder_runtime::{Runtime, Sandbox, SandboxSpec};
 use koder_store::{SessionRecord, Store};
+use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::config::SessionConfig;
 use crate::languages::{self, DEFAULT_LANGUAGE};
 use crate::metrics::Metrics;
-use crate::pool::{lock, Pool};
+use crate::pool::Pool;
 use crate::quota::{self, system_clock, Admission, Clock};
 use crate::Error;
 
@@ -168,10 +169,10 @@ impl Manager {
         });
         let reaper = tokio::spawn(Self::reap_forever(Arc::downgrade(&manager)));
         let filler = tokio::spawn(pool.run_filler());
-        lock(&manager.tasks).extend([reaper, filler]);
+        manager.tasks.lock().extend([reaper, filler]);
         if let Ok(vm) = &manager.microvm {
             let filler = tokio::spawn(vm.pool.clone().run_filler());
-            lock(&manager.tasks).push(filler);
+            manager.tasks.lock().push(filler);
         }
         Ok(manager)
     }
@@ -209,14 +210,14 @@ impl Manager {
 
     /// Stops background tasks and destroys every sandbox (sessions end as "daemon shutdown").
     pub async fn shutdown(&self) {
-        let tasks: Vec<JoinHandle<()>> = lock(&self.tasks).drain(..).collect();
+        let tasks: Vec<JoinHandle<()>> = self.tasks.lock().drain(..).collect();
         for t in tasks {
             t.abort();
             // Abort lands at the task's next await; a warm sandbox start in the middle of its
             // synchronous set-up must finish (or stop) before the final sweep below.
             let _ = t.await;
         }
-        let ids: Vec<String> = lock(&self.live).keys().cloned().collect();
+        let ids: Vec<String> = self.live.lock().keys().cloned().collect();
         for id in ids {
             self.end(&id, "daemon shutdown").await;
         }
@@ -316,12 +317,12 @@ impl Manager {
             preview_port: Mutex::default(),
             paused: Mutex::default(),
         });
-        lock(&self.live).insert(record.id.clone(), live.clone());
+        self.live.lock().insert(record.id.clone(), live.clone());
         self.watch_agent(record.id.clone(), &live);
         ticket.forget();
         guard.disarm();
         if egress {
-            let live = lock(&self.live).get(&record.id).cloned();
+            let live = self.live.lock().get(&record.id).cloned();
             if let Some(live) = live {
                 crate::egress::start(self, &live, &record, policy).await;
             }
@@ -428,7 +429,7 @@ impl Manager {
     /// Freezes every process of the session (state `paused`); execs are refused until resumed.
     pub async fn pause(&self, who: &Identity, id: &str) -> Result<Session, Error> {
         let live = self.live_any(who, id)?;
-        if *lock(&live.paused) {
+        if *live.paused.lock() {
             return self.get(who, id).await;
         }
         let rc = live
@@ -439,7 +440,7 @@ impl Manager {
         self.store
             .set_session_state(id, SessionState::Paused, None)
             .await?;
-        *lock(&live.paused) = true;
+        *live.paused.lock() = true;
         self.get(who, id).await
     }
 
@@ -458,7 +459,7 @@ impl Manager {
     /// Thaws a paused session; resuming a running one is a no-op.
     pub async fn resume(&self, who: &Identity, id: &str) -> Result<Session, Error> {
         let live = self.live_any(who, id)?;
-        if !*lock(&live.paused) {
+        if !*live.paused.lock() {
             return self.get(who, id).await;
         }
         let rc = live
@@ -469,7 +470,7 @@ impl Manager {
         self.store
             .set_session_state(id, SessionState::Running, None)
             .await?;
-        *lock(&live.paused) = false;
+        *live.paused.lock() = false;
         self.get(who, id).await
     }
 
@@ -491,7 +492,7 @@ impl Manager {
     /// the sandbox also closes the connection, and must keep its own reason).
     async fn died(&self, id: &str, watched: &Arc<Live>) {
         let live = {
-            let mut all = lock(&self.live);
+            let mut all = self.live.lock();
             match all.get(id) {
                 Some(l) if Arc::ptr_eq(l, watched) => all.remove(id),
                 _ => None,
@@ -499,7 +500,7 @@ impl Manager {
         };
         let Some(live) = live else { return };
         {
-            let mut died = lock(&self.died);
+            let mut died = self.died.lock();
             if died.len() >= MAX_DIED {
                 died.pop_front();
             }
@@ -511,14 +512,14 @@ impl Manager {
 
     /// Ends a session: its sandbox is destroyed and its record stopped. Idempotent.
     async fn end(&self, id: &str, reason: &str) {
-        let live = lock(&self.live).remove(id);
+        let live = self.live.lock().remove(id);
         self.finish_end(id, live, reason).await;
     }
 
     async fn finish_end(&self, id: &str, live: Option<Arc<Live>>, reason: &str) {
         if let Some(live) = live {
             // Frozen processes cannot even die: thaw before the kill.
-            if *lock(&live.paused) {
+            if *live.paused.lock() {
                 if let Some(rc) = live.sandbox.resources() {
                     let _ = rc.thaw().await;
                 }
@@ -571,7 +572,7 @@ impl Manager {
     /// Stops the running sessions of tenants whose daily session-minutes are used up.
     pub async fn enforce_minutes(&self) {
         let mut by_tenant: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (id, l) in lock(&self.live).iter() {
+        for (id, l) in self.live.lock().iter() {
             by_tenant
                 .entry(l.tenant_id.clone())
                 .or_default()
@@ -597,7 +598,9 @@ impl Manager {
 
     /// Live sessions of `tenant` and session-minutes it used today.
     pub async fn tenant_usage(&self, tenant: &str) -> Result<(u64, u64), Error> {
-        let live = lock(&self.live)
+        let live = self
+            .live
+            .lock()
             .values()
             .filter(|l| l.tenant_id == tenant)
             .count() as u64;
@@ -624,7 +627,7 @@ impl Manager {
     /// The tenant's running session; a paused one is a conflict (resume it first).
     pub(crate) fn live(&self, who: &Identity, id: &str) -> Result<Arc<Live>, Error> {
         let live = self.live_any(who, id)?;
-        if *lock(&live.paused) {
+        if *live.paused.lock() {
             return Err(Error::Conflict(
                 "the session is paused; resume it first".into(),
             ));
@@ -635,11 +638,13 @@ impl Manager {
     /// The tenant's live session, paused or not. A session whose sandbox died is a 410 with
     /// the reason, so a caller can tell a crash from a session it never had.
     pub(crate) fn live_any(&self, who: &Identity, id: &str) -> Result<Arc<Live>, Error> {
-        match lock(&self.live).get(id) {
+        match self.live.lock().get(id) {
             Some(l) if l.tenant_id == who.tenant_id => return Ok(l.clone()),
             _ => {}
         }
-        let died = lock(&self.died)
+        let died = self
+            .died
+            .lock()
             .iter()
             .any(|(s, t)| s == id && *t == who.tenant_id);
         if died {
@@ -653,7 +658,7 @@ impl Manager {
     /// does too: whichever comes first).
     pub(crate) async fn agent_failed(&self, id: &str, e: ClientError) -> Error {
         if matches!(e, ClientError::Disconnected) {
-            let live = lock(&self.live).get(id).cloned();
+            let live = self.live.lock().get(id).cloned();
             if let Some(live) = live.filter(|l| l.sandbox.agent().is_closed()) {
                 self.died(id, &live).await;
             }
@@ -692,7 +697,7 @@ impl Manager {
             message: report.message,
             stack: report.stack,
         };
-        let mut ring = lock(&live.errors);
+        let mut ring = live.errors.lock();
         if ring.len() >= MAX_ERRORS {
             ring.pop_front();
         }
@@ -701,7 +706,7 @@ impl Manager {
     }
 
     pub fn errors(&self, who: &Identity, id: &str) -> Result<Vec<ErrorEntry>, Error> {
-        Ok(lock(&self.live(who, id)?.errors).iter().cloned().collect())
+        Ok(self.live(who, id)?.errors.lock().iter().cloned().collect())
     }
 
     pub async fn metrics_of(&self, who: &Identity, id: &str) -> Result<SessionMetrics, Error> {

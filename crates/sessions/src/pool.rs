@@ -5,10 +5,11 @@
 //! limits are applied.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use koder_runtime::{Limits, Runtime, Sandbox, SandboxSpec};
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
@@ -46,7 +47,7 @@ impl Pool {
             return None;
         }
         let taken = {
-            let mut ready = lock(&self.ready);
+            let mut ready = self.ready.lock();
             let queue = ready.get_mut(language)?;
             // A dead one not yet removed by its watcher stays for the watcher to destroy.
             let sb = queue
@@ -64,7 +65,7 @@ impl Pool {
     }
 
     pub fn depth(&self, language: &str) -> usize {
-        lock(&self.ready).get(language).map_or(0, VecDeque::len)
+        self.ready.lock().get(language).map_or(0, VecDeque::len)
     }
 
     /// Refills forever; start once as a task.
@@ -88,7 +89,7 @@ impl Pool {
     /// Starts one sandbox for the language furthest below its target.
     async fn fill_one(self: &Arc<Self>) -> Fill {
         let language = {
-            let ready = lock(&self.ready);
+            let ready = self.ready.lock();
             self.targets
                 .iter()
                 .map(|(lang, target)| {
@@ -114,7 +115,7 @@ impl Pool {
         match self.runtime.create(spec).await {
             Ok(sb) => {
                 self.watch(&language, &sb);
-                let mut ready = lock(&self.ready);
+                let mut ready = self.ready.lock();
                 let queue = ready.entry(language.clone()).or_default();
                 queue.push_back(sb);
                 self.metrics
@@ -156,7 +157,7 @@ impl Pool {
 
     /// Takes `sb` out of the ready queue; false if it was no longer there (handed out, drained).
     fn remove(&self, language: &str, sb: &Arc<dyn Sandbox>) -> bool {
-        let mut ready = lock(&self.ready);
+        let mut ready = self.ready.lock();
         let Some(queue) = ready.get_mut(language) else {
             return false;
         };
@@ -171,7 +172,7 @@ impl Pool {
 
     /// Destroys every ready sandbox (shutdown).
     pub async fn drain(&self) {
-        let all: Vec<_> = lock(&self.ready).drain().flat_map(|(_, q)| q).collect();
+        let all: Vec<_> = self.ready.lock().drain().flat_map(|(_, q)| q).collect();
         for sb in all {
             if let Err(e) = sb.destroy().await {
                 tracing::warn!(error = %e, "destroying a warm sandbox");
@@ -184,8 +185,4 @@ enum Fill {
     Added,
     Full,
     Failed,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

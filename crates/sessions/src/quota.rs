@@ -5,12 +5,12 @@
 //! the wall time of every session that overlapped the current UTC day.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use koder_store::{Store, Tenant};
+use parking_lot::Mutex;
 
-use crate::pool::lock;
 use crate::Error;
 
 /// The plan tier whose tenants have no sandbox access.
@@ -68,7 +68,7 @@ impl Admission {
                 )));
             }
         }
-        let mut counts = lock(&self.counts);
+        let mut counts = self.counts.lock();
         let n = counts.entry(tenant.id.clone()).or_default();
         if let Some(max) = tenant.max_sessions {
             if *n >= max {
@@ -88,7 +88,7 @@ impl Admission {
 
     /// A live session of `tenant` ended.
     pub fn release(&self, tenant: &str) {
-        let mut counts = lock(&self.counts);
+        let mut counts = self.counts.lock();
         if let Some(n) = counts.get_mut(tenant) {
             *n = n.saturating_sub(1);
             if *n == 0 {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
@@ -18,13 +18,13 @@ use hickory_proto::rr::{RData, Record, RecordType};
 use hickory_proto::serialize::binary::BinEncodable;
 use koder_agent_protocol::init::EGRESS_PORT;
 use koder_agent_protocol::{FromAgent, ToAgent};
+use parking_lot::Mutex;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{mpsc, oneshot};
 
 use super::net;
 use crate::outbox::Outbox;
-use crate::sync::lock;
 
 /// How long the daemon has to decide a connection or answer a lookup.
 const DECISION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,7 +64,7 @@ impl Egress {
     }
 
     fn subscriber(&self) -> Option<Outbox> {
-        lock(&self.subscriber).clone()
+        self.subscriber.lock().clone()
     }
 
     async fn intercept(self: Arc<Self>, mut conn: TcpStream) {
@@ -75,7 +75,7 @@ impl Egress {
         let peeked = peek(&mut conn).await;
         let (sni, host) = (parse_sni(&peeked), parse_host(&peeked));
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        lock(&self.conns).insert(id, (conn, peeked));
+        self.conns.lock().insert(id, (conn, peeked));
         let ask = FromAgent::EgressConnect {
             conn: id,
             ip: IpAddr::V4(*dest.ip()),
@@ -84,12 +84,12 @@ impl Egress {
             host,
         };
         if out.send(ask).await.is_err() {
-            lock(&self.conns).remove(&id);
+            self.conns.lock().remove(&id);
             return;
         }
         // Undecided connections do not linger.
         tokio::time::sleep(DECISION_TIMEOUT).await;
-        lock(&self.conns).remove(&id);
+        self.conns.lock().remove(&id);
     }
 
     async fn resolve(self: Arc<Self>, udp: Arc<UdpSocket>, query: Vec<u8>, from: SocketAddr) {
@@ -102,7 +102,7 @@ impl Egress {
         let Some(out) = self.subscriber() else { return };
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        lock(&self.lookups).insert(id, tx);
+        self.lookups.lock().insert(id, tx);
         let name = q.name().to_ascii().trim_end_matches('.').to_string();
         let ask = FromAgent::DnsQuery {
             id,
@@ -117,7 +117,7 @@ impl Egress {
         } else {
             None
         };
-        lock(&self.lookups).remove(&id);
+        self.lookups.lock().remove(&id);
         let mut reply = Message::new();
         reply
             .set_id(msg.id())
@@ -150,16 +150,16 @@ impl Egress {
 
 /// `EgressSubscribe`: this stream carries the sandbox's egress questions until it closes.
 pub async fn subscribe(egress: &Egress, mut rx: mpsc::Receiver<ToAgent>, out: Outbox) {
-    *lock(&egress.subscriber) = Some(out);
+    *egress.subscriber.lock() = Some(out);
     while let Some(msg) = rx.recv().await {
         match msg {
             ToAgent::EgressDeny { conn } => {
-                if let Some((c, _)) = lock(&egress.conns).remove(&conn) {
+                if let Some((c, _)) = egress.conns.lock().remove(&conn) {
                     reset(c);
                 }
             }
             ToAgent::DnsAnswer { id, addrs } => {
-                if let Some(tx) = lock(&egress.lookups).remove(&id) {
+                if let Some(tx) = egress.lookups.lock().remove(&id) {
                     let _ = tx.send(addrs);
                 }
             }
@@ -167,12 +167,12 @@ pub async fn subscribe(egress: &Egress, mut rx: mpsc::Receiver<ToAgent>, out: Ou
             _ => {}
         }
     }
-    *lock(&egress.subscriber) = None;
+    *egress.subscriber.lock() = None;
 }
 
 /// `EgressAttach`: relays an allowed connection over this stream.
 pub async fn attach(egress: &Egress, conn: u64, rx: mpsc::Receiver<ToAgent>, out: Outbox) {
-    let Some((stream, peeked)) = lock(&egress.conns).remove(&conn) else {
+    let Some((stream, peeked)) = egress.conns.lock().remove(&conn) else {
         let _ = out.send(FromAgent::Closed).await;
         return;
     };

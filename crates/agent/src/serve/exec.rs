@@ -9,18 +9,18 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use koder_agent_protocol::{
     AgentError, ErrorCode, ExecRequest, ExitInfo, FromAgent, ToAgent, CHUNK_BYTES,
 };
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::outbox::Outbox;
-use crate::sync::lock;
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +53,7 @@ impl Reaper {
     }
 
     fn reap(&self) {
-        let mut waiters = lock(&self.waiters);
+        let mut waiters = self.waiters.lock();
         loop {
             let mut raw = 0;
             // SAFETY: waitpid writes only into `raw`.
@@ -83,7 +83,7 @@ impl Reaper {
         unsafe {
             cmd.pre_exec(|| crate::child::before_exec(3));
         }
-        let mut waiters = lock(&self.waiters);
+        let mut waiters = self.waiters.lock();
         let child = cmd.spawn()?;
         let (tx, rx) = oneshot::channel();
         waiters.insert(child.id() as i32, tx);

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures::{SinkExt, StreamExt};
@@ -14,6 +14,7 @@ use koder_agent_protocol::{
     AgentError, ErrorCode, Frame, FrameCodec, FromAgent, HealthInfo, ReadFileRequest, ToAgent,
     WriteFileRequest, CHUNK_BYTES, PROTOCOL_VERSION,
 };
+use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
@@ -26,7 +27,6 @@ use super::{killall, net, pty, watch};
 use crate::confinement::Confinement;
 use crate::guest_cgroup::SandboxCgroup;
 use crate::outbox::Outbox;
-use crate::sync::lock;
 
 /// Streams one connection may run at once; more are refused rather than queued.
 pub const MAX_STREAMS: usize = 1024;
@@ -115,7 +115,7 @@ where
             // Framing is lost after a bad frame; the daemon reconnects.
             break;
         };
-        let existing = lock(&streams).get(&frame.stream).cloned();
+        let existing = streams.lock().get(&frame.stream).cloned();
         if let Some(op) = existing {
             let _ = op.send(frame.msg).await;
             continue;
@@ -124,7 +124,7 @@ where
         if frame.msg.is_follow_up() {
             continue; // late message for a stream that already finished
         }
-        if lock(&streams).len() >= MAX_STREAMS {
+        if streams.lock().len() >= MAX_STREAMS {
             let _ = out
                 .send(FromAgent::Error(AgentError::new(
                     ErrorCode::InvalidRequest,
@@ -134,16 +134,16 @@ where
             continue;
         }
         let (op_tx, op_rx) = mpsc::channel(16);
-        lock(&streams).insert(frame.stream, op_tx);
+        streams.lock().insert(frame.stream, op_tx);
         let (agent, streams) = (agent.clone(), streams.clone());
         tokio::spawn(async move {
             let id = out.stream();
             handle(&agent, frame.msg, op_rx, out).await;
-            lock(&streams).remove(&id);
+            streams.lock().remove(&id);
         });
     }
     // Dropping the stream senders tells every running operation its caller is gone.
-    lock(&streams).clear();
+    streams.lock().clear();
     drop(tx);
     let _ = writer.await;
 }

@@ -13,7 +13,6 @@ use tokio::sync::broadcast;
 use super::{data_event, end_event, keepalive_event, start_event, stream_lost, Kind, Proc};
 use crate::connect::{self, Code, RpcError, Sink};
 use crate::envd::Target;
-use crate::lock;
 use crate::proto::ProcessConfig;
 
 /// How long a new process may take to report its pid.
@@ -52,7 +51,7 @@ pub(super) async fn start(
             .await;
     }
     let pid = wait_for_pid(&t, &exec_id, &cfg.cmd).await?;
-    lock(&t.ctx.procs).insert(
+    t.ctx.procs.lock().insert(
         pid,
         Proc {
             config: cfg,

@@ -21,7 +21,6 @@ use serde_json::{json, Value};
 
 use crate::connect::{self, Code, MessageStream, RpcError};
 use crate::envd::{SandboxCtx, Target};
-use crate::lock;
 use crate::proto::{
     b64, ProcessConfig, ProcessSelector, SelectRequest, SendInputRequest, SendSignalRequest,
     StartRequest, StreamInputRequest, UpdateRequest,
@@ -116,7 +115,10 @@ async fn reconnect(
 }
 
 async fn list(t: Target) -> Result<Value, RpcError> {
-    let snapshot: Vec<(u32, Value, Option<String>, Kind)> = lock(&t.ctx.procs)
+    let snapshot: Vec<(u32, Value, Option<String>, Kind)> = t
+        .ctx
+        .procs
+        .lock()
         .iter()
         .map(|(pid, p)| (*pid, p.config.to_json(), p.tag.clone(), p.kind.clone()))
         .collect();
@@ -132,7 +134,7 @@ async fn list(t: Target) -> Result<Value, RpcError> {
             Kind::Pty(p) => p.running(),
         };
         if !running {
-            lock(&t.ctx.procs).remove(&pid);
+            t.ctx.procs.lock().remove(&pid);
             continue;
         }
         let mut info = json!({"config": config, "pid": pid});
@@ -263,7 +265,7 @@ async fn update(t: Target, req: UpdateRequest) -> Result<Value, RpcError> {
 }
 
 fn find(ctx: &SandboxCtx, sel: &ProcessSelector) -> Result<(u32, Kind), RpcError> {
-    let procs = lock(&ctx.procs);
+    let procs = ctx.procs.lock();
     let found = match (sel.pid, &sel.tag) {
         (Some(pid), _) => procs.get(&pid).map(|p| (pid, p.kind.clone())),
         (None, Some(tag)) => procs

@@ -1,19 +1,19 @@
 //! Processes on a terminal: the manager's terminal, its output fanned out to every stream
 //! following the process.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::Response;
 use bytes::Bytes;
 use koder_sessions::{Terminal, TerminalEvent, TerminalInput, TerminalSpec};
+use parking_lot::Mutex;
 use tokio::sync::broadcast;
 
 use super::{data_event, end_event, keepalive_event, not_found, start_event, stream_lost};
 use super::{Kind, Proc};
 use crate::connect::{self, Code, RpcError, Sink};
 use crate::envd::{SandboxCtx, Target};
-use crate::lock;
 use crate::proto::ProcessConfig;
 
 /// Terminal output events a slow follower may lag behind.
@@ -40,7 +40,7 @@ enum PtyEvent {
 
 impl PtyProc {
     pub(super) fn running(&self) -> bool {
-        lock(&self.exit).is_none()
+        self.exit.lock().is_none()
     }
 
     pub(super) async fn write(&self, data: &[u8]) -> Result<(), RpcError> {
@@ -61,7 +61,7 @@ impl PtyProc {
     /// Streams the terminal to `sink` from now on (or just its end, if it ended).
     pub(super) fn follow(&self, sink: Sink, pid: u32, keepalive: Duration) {
         let rx = self.events.subscribe();
-        let exited = *lock(&self.exit);
+        let exited = *self.exit.lock();
         tokio::spawn(relay(sink, pid, rx, exited, keepalive));
     }
 }
@@ -97,7 +97,7 @@ pub(super) async fn start(
         events,
         exit: Mutex::new(None),
     });
-    lock(&t.ctx.procs).insert(
+    t.ctx.procs.lock().insert(
         pid,
         Proc {
             config: cfg,
@@ -144,9 +144,9 @@ async fn pump(mut term: Terminal, proc: Arc<PtyProc>, ctx: Arc<SandboxCtx>, limi
             }
         }
     };
-    *lock(&proc.exit) = Some(exit);
+    *proc.exit.lock() = Some(exit);
     let _ = proc.events.send(PtyEvent::Exit(exit));
-    lock(&ctx.procs).remove(&term.pid());
+    ctx.procs.lock().remove(&term.pid());
 }
 
 async fn relay(

@@ -4,7 +4,6 @@
 use koder_agent_protocol::{FromAgent, ToAgent, CHUNK_BYTES};
 use koder_auth::Identity;
 
-use crate::pool::lock;
 use crate::{Error, Manager};
 
 /// The bytes of one connection to a session's upstream, both ways; shutting down the write
@@ -38,7 +37,7 @@ impl Manager {
 
     /// The pinned port if it listens, else the lowest listening port; 503 when none.
     pub async fn upstream(&self, who: &Identity, id: &str) -> Result<Upstream, Error> {
-        let pinned = *lock(&self.live(who, id)?.preview_port);
+        let pinned = *self.live(who, id)?.preview_port.lock();
         let ports = self.listening_ports(who, id).await?;
         match pinned {
             Some(port) if ports.contains(&port) => Ok(Upstream { port, pinned: true }),
@@ -69,7 +68,7 @@ impl Manager {
         if port == 0 {
             return Err(Error::InvalidArgument("port must be 1..=65535".into()));
         }
-        *lock(&self.live(who, id)?.preview_port) = Some(port);
+        *self.live(who, id)?.preview_port.lock() = Some(port);
         self.upstream(who, id).await
     }
 

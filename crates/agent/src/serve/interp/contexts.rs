@@ -4,10 +4,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use koder_agent_protocol::{AgentError, ContextInfo, ErrorCode, RunError, RunOutcome, ToAgent};
+use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use super::lang::Lang;
@@ -17,7 +18,6 @@ use super::run::How;
 use crate::outbox::Outbox;
 use crate::serve::exec::kill_group;
 use crate::serve::exec::ExecDefaults;
-use crate::sync::lock;
 
 /// The contexts of this sandbox.
 pub struct Contexts {
@@ -115,7 +115,7 @@ impl Contexts {
     }
 
     fn insert(&self, id: String, lang: Lang, setup: Setup) -> Result<Arc<Context>, AgentError> {
-        let mut map = lock(&self.map);
+        let mut map = self.map.lock();
         if let Some(existing) = map.get(&id) {
             return Ok(existing.clone());
         }
@@ -141,7 +141,7 @@ impl Contexts {
     }
 
     fn remove_if_same(&self, ctx: &Arc<Context>) {
-        let mut map = lock(&self.map);
+        let mut map = self.map.lock();
         if map.get(&ctx.id).is_some_and(|c| Arc::ptr_eq(c, ctx)) {
             map.remove(&ctx.id);
         }
@@ -149,7 +149,7 @@ impl Contexts {
 
     /// The context, or for [`DEFAULT_CONTEXT`] a new Python context on first use.
     fn get(&self, id: &str) -> Result<Arc<Context>, AgentError> {
-        if let Some(ctx) = lock(&self.map).get(id) {
+        if let Some(ctx) = self.map.lock().get(id) {
             return Ok(ctx.clone());
         }
         if id == DEFAULT_CONTEXT {
@@ -160,13 +160,13 @@ impl Contexts {
     }
 
     pub(super) fn list(&self) -> Vec<ContextInfo> {
-        let mut all: Vec<Arc<Context>> = lock(&self.map).values().cloned().collect();
+        let mut all: Vec<Arc<Context>> = self.map.lock().values().cloned().collect();
         all.sort_by_key(|c| c.seq);
         all.iter().map(|c| c.info()).collect()
     }
 
     pub(super) fn delete(&self, id: &str) -> Result<(), AgentError> {
-        let ctx = lock(&self.map).remove(id).ok_or_else(|| not_found(id))?;
+        let ctx = self.map.lock().remove(id).ok_or_else(|| not_found(id))?;
         ctx.deleted.store(true, Ordering::SeqCst);
         // A run in progress holds the interpreter; killing the group ends it now. An idle
         // interpreter dies with the context's last reference too.
