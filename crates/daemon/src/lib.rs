@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use axum::serve::ListenerExt as _;
 use chrono::Utc;
 use koder_auth::KeyRing;
 use koder_jail::{JailConfig, JailRuntime};
@@ -83,6 +84,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%addr, "koder-sandbox serving");
     // On stdout for whoever started us (with `--listen 127.0.0.1:0` the port is only known now).
     println!("koder-sandbox listening on http://{addr}");
+    // Streamed answers (SSE, E2B Connect streams, WebSocket frames) are many small writes: with
+    // Nagle's algorithm each one after the first waits for the client's delayed ACK (~40 ms).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "TCP_NODELAY on an accepted connection");
+        }
+    });
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await;

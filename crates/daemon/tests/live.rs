@@ -355,3 +355,42 @@ async fn error_ring_keeps_the_last_fifty() {
     let (status, _) = d.json_as(KEY2, Method::GET, &p, Value::Null).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// Every accepted connection has TCP_NODELAY: without it each small write of a streamed answer
+/// after the first waits for the client's delayed ACK (~40 ms on Linux). Streamed and JSON execs
+/// of `/bin/true` alternate on one keep-alive connection each, so machine load slows both alike;
+/// only a stall of tens of milliseconds per streamed answer can open the gap asserted here.
+#[tokio::test]
+async fn a_streamed_exec_is_not_delayed_by_nagle() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let body = json!({"cmd": ["/bin/true"]});
+    let (mut streamed, mut plain) = (Vec::new(), Vec::new());
+    for _ in 0..15 {
+        let began = Instant::now();
+        let resp = d
+            .req(Method::POST, &format!("{S}/{id}/exec"), KEY1)
+            .header("accept", "text/event-stream")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let events = read_sse(resp).await;
+        assert_eq!(events.last().map(|e| e.name.as_str()), Some("exit"));
+        streamed.push(began.elapsed());
+        let began = Instant::now();
+        let out = d.exec(&id, body.clone()).await;
+        assert_eq!(out["exit_code"], 0, "{out}");
+        plain.push(began.elapsed());
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (s, p) = (median(&mut streamed), median(&mut plain));
+    assert!(
+        s < p + Duration::from_millis(25),
+        "streamed exec median {s:?} vs JSON {p:?}: small writes wait for ACKs"
+    );
+}
