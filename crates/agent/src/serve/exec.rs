@@ -234,12 +234,7 @@ fn spawn(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if let Some(gid) = req.gid {
-        cmd.gid(gid);
-    }
-    if let Some(uid) = req.uid {
-        cmd.uid(uid);
-    }
+    run_as(&mut cmd, req.uid, req.gid);
     // SAFETY: setsid is async-signal-safe; it makes the exec a process-group leader so a
     // timeout or signal reaches every process it started in the group.
     unsafe {
@@ -335,5 +330,15 @@ pub(crate) fn kill_group(pgid: i32, sig: i32) {
     // SAFETY: kill takes plain integers. ESRCH (already gone) is the expected race.
     unsafe {
         libc::kill(-pgid, sig);
+    }
+}
+
+/// The sandbox account a child runs as (default: the sandbox's root); shared by execs and PTYs.
+pub(super) fn run_as(cmd: &mut Command, uid: Option<u32>, gid: Option<u32>) {
+    if let Some(gid) = gid {
+        cmd.gid(gid);
+    }
+    if let Some(uid) = uid {
+        cmd.uid(uid);
     }
 }

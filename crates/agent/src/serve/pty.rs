@@ -160,12 +160,7 @@ fn start(
         .stdin(io(&slave)?)
         .stdout(io(&slave)?)
         .stderr(io(&slave)?);
-    if let Some(gid) = req.gid {
-        cmd.gid(gid);
-    }
-    if let Some(uid) = req.uid {
-        cmd.uid(uid);
-    }
+    super::exec::run_as(&mut cmd, req.uid, req.gid);
     // SAFETY: setsid and ioctl are async-signal-safe; the terminal becomes the controlling tty
     // of the new session, as a login shell expects (job control, ^C to the foreground group).
     unsafe {
