@@ -10,6 +10,12 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "openapi")]
 use utoipa::ToSchema;
 
+mod state;
+pub use state::{
+    CreateSnapshot, ForkResult, ForkSession, Lifecycle, OnTimeout, PauseKind, PauseSession,
+    RestoreSnapshot, Snapshot, SnapshotList,
+};
+
 /// Stable error codes (API.md "Errors").
 pub mod codes {
     pub const AUTH: &str = "SANDBOX-AUTH-001";
@@ -32,6 +38,8 @@ pub mod codes {
     pub const SESSION_STOPPED: &str = "SANDBOX-SESSION-STOPPED";
     /// 504: the sandbox's agent did not answer in time.
     pub const AGENT_TIMEOUT: &str = "SANDBOX-AGENT-TIMEOUT";
+    /// 507: the tenant's snapshot storage (`snapshot_storage_mib`) has no room for this capture.
+    pub const QUOTA_SNAPSHOT_STORAGE: &str = "SANDBOX-QUOTA-SNAPSHOT-STORAGE";
 
     /// Exec verdicts (inside an exec result, not HTTP errors).
     pub const EXEC_KILLED_OOM: &str = "SANDBOX-EXEC-KILLED-OOM";
@@ -63,6 +71,7 @@ pub enum ErrorCode {
     UnsupportedMediaType,
     SessionStopped,
     AgentTimeout,
+    QuotaSnapshotStorage,
 }
 
 impl ErrorCode {
@@ -85,6 +94,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => codes::UNSUPPORTED_MEDIA_TYPE,
             ErrorCode::SessionStopped => codes::SESSION_STOPPED,
             ErrorCode::AgentTimeout => codes::AGENT_TIMEOUT,
+            ErrorCode::QuotaSnapshotStorage => codes::QUOTA_SNAPSHOT_STORAGE,
         }
     }
 }

@@ -46,7 +46,7 @@ pub fn status_of(code: ErrorCode) -> u16 {
         ErrorCode::NotImplemented => 501,
         ErrorCode::RuntimeUnavailable | ErrorCode::PreviewNotListening => 503,
         ErrorCode::AgentTimeout => 504,
-        ErrorCode::FsQuotaExceeded => 507,
+        ErrorCode::FsQuotaExceeded | ErrorCode::QuotaSnapshotStorage => 507,
     }
 }
 

@@ -21,8 +21,11 @@ use sqlx::sqlite::{
 };
 use sqlx::Row;
 
+mod state;
 #[cfg(test)]
 mod tests;
+
+pub use state::{LayerRecord, SessionDurable, SnapshotRecord};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 

@@ -3,7 +3,7 @@ use super::*;
 use chrono::TimeZone;
 use koder_api_types::NetworkMode;
 
-fn t(secs: i64) -> DateTime<Utc> {
+pub(crate) fn t(secs: i64) -> DateTime<Utc> {
     // A fixed base with a millisecond part, so round-trips are checked at ms precision.
     Utc.timestamp_millis_opt(1_750_000_000_123 + secs * 1000)
         .single()
@@ -21,7 +21,7 @@ fn tenant(id: &str) -> Tenant {
     }
 }
 
-fn session(id: &str, tenant_id: &str, created: i64) -> SessionRecord {
+pub(crate) fn session(id: &str, tenant_id: &str, created: i64) -> SessionRecord {
     SessionRecord {
         id: id.into(),
         tenant_id: tenant_id.into(),
@@ -46,7 +46,7 @@ fn session(id: &str, tenant_id: &str, created: i64) -> SessionRecord {
     }
 }
 
-async fn store_with(tenants: &[&str]) -> Store {
+pub(crate) async fn store_with(tenants: &[&str]) -> Store {
     let store = Store::open_in_memory().await.expect("open");
     for id in tenants {
         store.upsert_tenant(&tenant(id)).await.expect("tenant");
