@@ -9,13 +9,12 @@ use std::time::Duration;
 use chrono::Utc;
 use koder_agent_protocol::{relay, AgentClient, AgentStream, FromAgent, StreamHandle, ToAgent};
 use koder_api_types::{Network, NetworkMode};
-use koder_auth::Identity;
 use koder_netpolicy::{Mode, NetConfig, Policy};
 use koder_store::{AuditRecord, SessionRecord, Store};
 use tokio::net::TcpStream;
 
-use crate::manager::Live;
-use crate::{Error, Manager};
+use crate::session::Live;
+use crate::Error;
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -41,8 +40,9 @@ pub(crate) async fn policy_for(requested: &Network, cfg: &NetConfig) -> Result<P
 
 /// Subscribes to the new session's egress and serves it until the sandbox goes away.
 pub(crate) async fn start(
-    manager: &Manager,
-    live: &Arc<Live>,
+    store: &Store,
+    cfg: &NetConfig,
+    live: &Live,
     record: &SessionRecord,
     policy: Policy,
 ) {
@@ -55,8 +55,8 @@ pub(crate) async fn start(
         }
     };
     let ctx = Ctx {
-        store: manager.store.clone(),
-        cfg: manager.cfg.network.clone(),
+        store: store.clone(),
+        cfg: cfg.clone(),
         tenant_id: record.tenant_id.clone(),
         session_id: record.id.clone(),
     };
@@ -180,24 +180,4 @@ fn join(addrs: &[IpAddr]) -> String {
         .map(IpAddr::to_string)
         .collect::<Vec<_>>()
         .join(",")
-}
-
-impl Manager {
-    /// The tenant's network audit log, newest first.
-    pub async fn network_audit(
-        &self,
-        who: &Identity,
-        session_id: Option<&str>,
-        allowed: Option<bool>,
-        before: Option<i64>,
-        limit: u32,
-    ) -> Result<Vec<AuditRecord>, Error> {
-        if limit == 0 || limit > 1000 {
-            return Err(Error::InvalidArgument("limit must be 1..=1000".into()));
-        }
-        Ok(self
-            .store
-            .audit(&who.tenant_id, session_id, allowed, before, limit)
-            .await?)
-    }
 }

@@ -6,6 +6,9 @@ use koder_api_types::ErrorCode;
 use koder_runtime::RuntimeError;
 use koder_store::StoreError;
 
+/// The end reason of a session whose agent went away (killed, crashed, or the VM died).
+pub const AGENT_EXITED: &str = "agent exited";
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{0}")]
@@ -98,7 +101,7 @@ impl From<ClientError> for Error {
     fn from(e: ClientError) -> Self {
         match e {
             ClientError::Agent(a) => a.into(),
-            ClientError::Disconnected => Error::SessionStopped(crate::manager::AGENT_EXITED.into()),
+            ClientError::Disconnected => Error::SessionStopped(AGENT_EXITED.into()),
             ClientError::Timeout(d) => {
                 Error::AgentTimeout(format!("the sandbox did not answer within {d:?}"))
             }

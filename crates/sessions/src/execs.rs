@@ -4,20 +4,21 @@
 //! broadcast channel, so a slow or absent follower never stalls the sandbox's agent connection:
 //! the buffer keeps the most recent output (older output is dropped and the result flagged
 //! truncated), and a follower that falls behind the channel is told how much it missed.
+//!
+//! This module holds the buffer and the registry; the manager's exec phase starts the exec and
+//! runs the consuming task (it owns the resource meter).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use koder_agent_protocol::{self as proto, ClientError, FromAgent, StreamHandle, ToAgent};
-use koder_api_types::{ExecRequest, ExecResult, ExecState, ExecStatus};
-use koder_auth::Identity;
+use koder_agent_protocol::{self as proto, StreamHandle, ToAgent};
+use koder_api_types::{ExecResult, ExecState, ExecStatus};
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
 
-use crate::manager::{exec_deadline, Meter, SIGKILL};
-use crate::{Error, Manager};
+use crate::Error;
 
 /// Followed execs kept per session (running ones are always kept; the oldest finished go).
 const MAX_KEPT: usize = 64;
@@ -88,7 +89,7 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    fn get(&self, exec_id: &str) -> Result<Arc<FollowedExec>, Error> {
+    pub(crate) fn get(&self, exec_id: &str) -> Result<Arc<FollowedExec>, Error> {
         self.execs
             .lock()
             .get(exec_id)
@@ -106,7 +107,7 @@ impl Registry {
     }
 
     /// Makes room for one more: too many running is a conflict, old finished ones are dropped.
-    fn admit(&self) -> Result<(), Error> {
+    pub(crate) fn admit(&self) -> Result<(), Error> {
         let mut execs = self.execs.lock();
         let running = execs
             .values()
@@ -130,10 +131,82 @@ impl Registry {
         }
         Ok(())
     }
+
+    pub(crate) fn insert(&self, exec: Arc<FollowedExec>) {
+        self.execs.lock().insert(exec.id.clone(), exec);
+    }
+
+    /// Every kept exec, oldest first.
+    pub(crate) fn statuses(&self) -> Vec<ExecStatus> {
+        let mut all: Vec<ExecStatus> = self.execs.lock().values().map(|e| e.status()).collect();
+        all.sort_by_key(|s| s.started_at);
+        all
+    }
 }
 
 impl FollowedExec {
-    fn status(&self) -> ExecStatus {
+    /// A running exec of `command` on the agent stream behind `handle`; a background one keeps
+    /// its stdin open for later input.
+    pub(crate) fn new(command: Vec<String>, background: bool, handle: StreamHandle) -> Arc<Self> {
+        let (events, _) = broadcast::channel(CHANNEL_EVENTS);
+        Arc::new(FollowedExec {
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            command,
+            background,
+            started_at: Utc::now(),
+            handle,
+            state: Mutex::new(State {
+                pid: None,
+                retained: VecDeque::new(),
+                retained_bytes: 0,
+                stdout_dropped: false,
+                stderr_dropped: false,
+                stdin_open: background,
+                result: None,
+            }),
+            events,
+            killed: Default::default(),
+        })
+    }
+
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub(crate) fn set_pid(&self, pid: u32) {
+        self.state.lock().pid = Some(pid);
+    }
+
+    /// Whether the session's processes were all killed while this exec ran.
+    pub(crate) fn was_killed(&self) -> bool {
+        self.killed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Writes to the exec's stdin; `close` closes it afterwards.
+    pub(crate) async fn write_stdin(&self, data: Bytes, close: bool) -> Result<(), Error> {
+        if !self.state.lock().stdin_open {
+            return Err(Error::Conflict("stdin of this exec is closed".into()));
+        }
+        for chunk in data.chunks(proto::CHUNK_BYTES) {
+            self.handle.send(ToAgent::Stdin(chunk.to_vec())).await?;
+        }
+        if close {
+            self.state.lock().stdin_open = false;
+            self.handle.send(ToAgent::CloseStdin).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends signal `number` to a running exec.
+    pub(crate) async fn signal(&self, number: i32) -> Result<(), Error> {
+        if self.state.lock().result.is_some() {
+            return Err(Error::Conflict("the exec has already exited".into()));
+        }
+        self.handle.send(ToAgent::Signal(number)).await?;
+        Ok(())
+    }
+
+    pub(crate) fn status(&self) -> ExecStatus {
         let st = self.state.lock();
         ExecStatus {
             exec_id: self.id.clone(),
@@ -151,7 +224,7 @@ impl FollowedExec {
     }
 
     /// Snapshot and subscription under one lock: nothing is missed or seen twice.
-    fn follow(self: &Arc<Self>, cancel_on_drop: bool) -> Follow {
+    pub(crate) fn follow(self: &Arc<Self>, cancel_on_drop: bool) -> Follow {
         let st = self.state.lock();
         let mut replay: Vec<ExecEvent> = st.retained.iter().cloned().collect();
         let live = match &st.result {
@@ -169,7 +242,7 @@ impl FollowedExec {
         }
     }
 
-    fn record(&self, event: ExecEvent, limit: usize) {
+    pub(crate) fn record(&self, event: ExecEvent, limit: usize) {
         let mut st = self.state.lock();
         let len = match &event {
             ExecEvent::Stdout(b) | ExecEvent::Stderr(b) => b.len(),
@@ -194,7 +267,7 @@ impl FollowedExec {
         let _ = self.events.send(event);
     }
 
-    fn finish(&self, mut result: ExecResult) {
+    pub(crate) fn finish(&self, mut result: ExecResult) {
         let mut st = self.state.lock();
         let (mut out, mut err) = (Vec::new(), Vec::new());
         for e in &st.retained {
@@ -222,200 +295,6 @@ fn without_output(r: &ExecResult) -> ExecResult {
         stderr: String::new(),
         ..r.clone()
     }
-}
-
-impl Manager {
-    /// Starts an exec that runs on its own; its output is buffered for followers.
-    pub async fn exec_background(
-        &self,
-        who: &Identity,
-        id: &str,
-        req: ExecRequest,
-    ) -> Result<String, Error> {
-        Ok(self.start_followed(who, id, req, true).await?.id.clone())
-    }
-
-    /// Starts an exec and follows it; dropping the follower before it ends kills the exec.
-    pub async fn exec_streamed(
-        &self,
-        who: &Identity,
-        id: &str,
-        req: ExecRequest,
-    ) -> Result<Follow, Error> {
-        let exec = self.start_followed(who, id, req, false).await?;
-        Ok(exec.follow(true))
-    }
-
-    async fn start_followed(
-        &self,
-        who: &Identity,
-        id: &str,
-        req: ExecRequest,
-        background: bool,
-    ) -> Result<Arc<FollowedExec>, Error> {
-        let live = self.live(who, id)?;
-        live.execs.admit()?;
-        let agent_req = self.exec_request(&live, req, background)?;
-        let command = agent_req.argv.clone();
-        let deadline = tokio::time::Instant::now() + exec_deadline(agent_req.timeout_ms);
-        let meter = Meter::start(live.clone()).await;
-        let stream = match live.sandbox.agent().exec(agent_req).await {
-            Ok(s) => s,
-            Err(e) => {
-                meter.abandon();
-                return Err(self.agent_failed(id, e).await);
-            }
-        };
-        let (events, _) = broadcast::channel(CHANNEL_EVENTS);
-        let exec = Arc::new(FollowedExec {
-            id: uuid::Uuid::new_v4().simple().to_string(),
-            command,
-            background,
-            started_at: Utc::now(),
-            handle: stream.handle(),
-            state: Mutex::new(State {
-                pid: None,
-                retained: VecDeque::new(),
-                retained_bytes: 0,
-                stdout_dropped: false,
-                stderr_dropped: false,
-                stdin_open: background,
-                result: None,
-            }),
-            events,
-            killed: Default::default(),
-        });
-        live.execs
-            .execs
-            .lock()
-            .insert(exec.id.clone(), exec.clone());
-        let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
-        tokio::spawn(consume(
-            stream,
-            exec.clone(),
-            meter,
-            self.metrics_handle(),
-            (limit, deadline),
-        ));
-        Ok(exec)
-    }
-
-    pub async fn list_execs(&self, who: &Identity, id: &str) -> Result<Vec<ExecStatus>, Error> {
-        let live = self.live(who, id)?;
-        let mut all: Vec<ExecStatus> = live
-            .execs
-            .execs
-            .lock()
-            .values()
-            .map(|e| e.status())
-            .collect();
-        all.sort_by_key(|s| s.started_at);
-        Ok(all)
-    }
-
-    pub async fn exec_status(
-        &self,
-        who: &Identity,
-        id: &str,
-        exec_id: &str,
-    ) -> Result<ExecStatus, Error> {
-        Ok(self.live(who, id)?.execs.get(exec_id)?.status())
-    }
-
-    /// Replays what the exec printed so far, then follows it live.
-    pub async fn follow_exec(
-        &self,
-        who: &Identity,
-        id: &str,
-        exec_id: &str,
-    ) -> Result<Follow, Error> {
-        Ok(self.live(who, id)?.execs.get(exec_id)?.follow(false))
-    }
-
-    /// Writes to a background exec's stdin; `close` closes it afterwards.
-    pub async fn exec_stdin(
-        &self,
-        who: &Identity,
-        id: &str,
-        exec_id: &str,
-        data: Bytes,
-        close: bool,
-    ) -> Result<(), Error> {
-        let exec = self.live(who, id)?.execs.get(exec_id)?;
-        if !exec.state.lock().stdin_open {
-            return Err(Error::Conflict("stdin of this exec is closed".into()));
-        }
-        for chunk in data.chunks(proto::CHUNK_BYTES) {
-            exec.handle.send(ToAgent::Stdin(chunk.to_vec())).await?;
-        }
-        if close {
-            exec.state.lock().stdin_open = false;
-            exec.handle.send(ToAgent::CloseStdin).await?;
-        }
-        Ok(())
-    }
-
-    pub async fn exec_signal(
-        &self,
-        who: &Identity,
-        id: &str,
-        exec_id: &str,
-        signal: &str,
-    ) -> Result<(), Error> {
-        let exec = self.live(who, id)?.execs.get(exec_id)?;
-        let number = signal_number(signal)
-            .ok_or_else(|| Error::InvalidArgument(format!("unknown signal {signal:?}")))?;
-        if exec.state.lock().result.is_some() {
-            return Err(Error::Conflict("the exec has already exited".into()));
-        }
-        exec.handle.send(ToAgent::Signal(number)).await?;
-        Ok(())
-    }
-}
-
-async fn consume(
-    mut stream: proto::AgentStream,
-    exec: Arc<FollowedExec>,
-    meter: Meter,
-    metrics: Arc<crate::Metrics>,
-    (limit, deadline): (usize, tokio::time::Instant),
-) {
-    let started = std::time::Instant::now();
-    let (exit, killed) = loop {
-        // Past the deadline the agent is wedged: the exec ends as killed (the drop cancels it).
-        let next = tokio::time::timeout_at(deadline, stream.recv())
-            .await
-            .unwrap_or(Err(ClientError::Disconnected));
-        match next {
-            Ok(FromAgent::Started { pid }) => exec.state.lock().pid = Some(pid),
-            Ok(FromAgent::Stdout(d)) => exec.record(ExecEvent::Stdout(Bytes::from(d)), limit),
-            Ok(FromAgent::Stderr(d)) => exec.record(ExecEvent::Stderr(Bytes::from(d)), limit),
-            Ok(FromAgent::Exited(exit)) => break (exit, false),
-            Ok(_) => {}
-            Err(_) => {
-                let exit = proto::ExitInfo {
-                    signal: Some(SIGKILL),
-                    duration_ms: started.elapsed().as_millis() as u64,
-                    ..Default::default()
-                };
-                break (exit, true);
-            }
-        }
-    };
-    let killed = killed || exec.killed.load(std::sync::atomic::Ordering::SeqCst);
-    let (verdict, peak) = meter.finish(&exit, killed, &metrics).await;
-    exec.finish(ExecResult {
-        exec_id: exec.id.clone(),
-        exit_code: exit.exit_code,
-        signal: exit.signal,
-        stdout: String::new(),
-        stderr: String::new(),
-        stdout_truncated: exit.stdout_truncated,
-        stderr_truncated: exit.stderr_truncated,
-        duration_ms: exit.duration_ms,
-        peak_memory_kib: peak,
-        verdict: verdict.map(String::from),
-    });
 }
 
 /// `SIGTERM`, `TERM`, `term` or a number in 1..=64.

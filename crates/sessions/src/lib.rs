@@ -7,11 +7,13 @@ mod egress;
 mod error;
 pub mod execs;
 pub mod languages;
+mod limits;
 mod live;
 mod manager;
 pub mod metrics;
 mod pool;
 pub mod quota;
+mod session;
 mod tenants;
 
 pub use config::SessionConfig;

@@ -11,7 +11,7 @@ use koder_auth::Identity;
 use tokio::sync::mpsc;
 
 use crate::languages;
-use crate::manager::Live;
+use crate::session::Live;
 use crate::{Error, Manager};
 
 /// Largest cell accepted: a run request must fit in one agent protocol frame.
@@ -283,7 +283,7 @@ impl Manager {
         }
         let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
         let rc = live.sandbox.resources();
-        let before = crate::manager::usage_of(rc).await;
+        let before = crate::manager::exec::usage_of(rc).await;
         let began = Instant::now();
         let msg = ToAgent::ContextRun {
             context_id: cid.into(),
@@ -298,7 +298,7 @@ impl Manager {
         let mut run = ContextRun::default();
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
         let mut forward = live_output.map(|tx| (tx, Utf8Chunks::default(), Utf8Chunks::default()));
-        let budget = crate::manager::exec_deadline(Some(timeout_ms));
+        let budget = crate::manager::exec::exec_deadline(Some(timeout_ms));
         let deadline = tokio::time::Instant::now() + budget;
         let outcome = loop {
             let next = tokio::time::timeout_at(deadline, stream.recv())
@@ -340,7 +340,7 @@ impl Manager {
             run.duration_ms = began.elapsed().as_millis() as u64;
             return Ok(run);
         };
-        let after = crate::manager::usage_of(rc).await;
+        let after = crate::manager::exec::usage_of(rc).await;
         let oom = matches!((before, after), (Some(b), Some(a)) if a.oom_kills > b.oom_kills);
         run.verdict = if outcome.timed_out {
             Some(codes::EXEC_TIMEOUT)
@@ -361,7 +361,7 @@ impl Manager {
 
     /// One request, one answer; agent errors become API errors.
     async fn ask(&self, live: &Live, id: &str, msg: ToAgent) -> Result<FromAgent, Error> {
-        let answer = crate::manager::within(crate::manager::exec_deadline(None), async {
+        let answer = crate::manager::within(crate::manager::exec::exec_deadline(None), async {
             let mut stream = live.sandbox.agent().open(msg).await?;
             let answer = stream.recv().await;
             stream.mark_finished();

@@ -1,0 +1,180 @@
+//! Resource counters around one exec: its verdict (killed, timeout, OOM, pids) and peak memory.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use koder_agent_protocol as proto;
+use koder_api_types::codes;
+use koder_runtime::{ResourceControl, Usage};
+
+use super::SIGKILL;
+use crate::metrics::Metrics;
+use crate::session::Live;
+
+/// Current usage where the runtime reports it; a failed reading counts as none.
+pub(crate) async fn usage_of(rc: Option<&dyn ResourceControl>) -> Option<Usage> {
+    match rc {
+        Some(rc) => rc.usage().await.ok(),
+        None => None,
+    }
+}
+
+/// Resource counters around one exec, for its verdict and peak memory.
+pub(crate) struct Meter {
+    live: Arc<Live>,
+    before: Option<Usage>,
+    peak_tracked: bool,
+    started: Instant,
+}
+
+impl Meter {
+    pub(crate) async fn start(live: Arc<Live>) -> Self {
+        let alone = live.running_execs.fetch_add(1, Ordering::SeqCst) == 0;
+        let rc = live.sandbox.resources();
+        // The cgroup's peak is per session: it only describes this exec when no other runs.
+        let peak_tracked = match rc {
+            Some(rc) if alone => rc.reset_memory_peak().await.is_ok(),
+            _ => false,
+        };
+        let before = usage_of(rc).await;
+        Self {
+            live,
+            before,
+            peak_tracked,
+            started: Instant::now(),
+        }
+    }
+
+    /// The exec never produced a result (its sandbox went away).
+    pub(crate) fn abandon(self) {
+        self.live.running_execs.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The verdict (None for a normal exit) and the peak memory in KiB, if attributable.
+    pub(crate) async fn finish(
+        self,
+        exit: &proto::ExitInfo,
+        killed: bool,
+        metrics: &Metrics,
+    ) -> (Option<&'static str>, Option<u64>) {
+        let after = usage_of(self.live.sandbox.resources()).await;
+        self.live.running_execs.fetch_sub(1, Ordering::SeqCst);
+        let verdict = verdict(self.before, after, exit, killed);
+        metrics
+            .execs
+            .with_label_values(&[verdict.unwrap_or("ok")])
+            .inc();
+        metrics
+            .exec_seconds
+            .observe(self.started.elapsed().as_secs_f64());
+        let peak = after
+            .filter(|_| self.peak_tracked)
+            .map(|u| u.memory_peak_bytes / 1024);
+        (verdict, peak)
+    }
+}
+
+/// What ended an exec, from its exit and the session's counters before and after it
+/// (`None`: it ended on its own).
+fn verdict(
+    before: Option<Usage>,
+    after: Option<Usage>,
+    exit: &proto::ExitInfo,
+    killed: bool,
+) -> Option<&'static str> {
+    let grew =
+        |f: fn(&Usage) -> u64| matches!((before, after), (Some(b), Some(a)) if f(&a) > f(&b));
+    if killed {
+        Some(codes::EXEC_KILLED)
+    } else if exit.timed_out {
+        Some(codes::EXEC_TIMEOUT)
+    } else if grew(|u| u.oom_kills) && exit.signal == Some(SIGKILL) {
+        Some(codes::EXEC_KILLED_OOM)
+    } else if grew(|u| u.pids_max_hits) && exit.exit_code != Some(0) {
+        // A fork refused at the pids limit is what brought the exec down.
+        Some(codes::EXEC_KILLED_PIDS)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(oom_kills: u64, pids_max_hits: u64) -> Option<Usage> {
+        Some(Usage {
+            oom_kills,
+            pids_max_hits,
+            ..Usage::default()
+        })
+    }
+
+    fn exit(exit_code: Option<i32>, signal: Option<i32>, timed_out: bool) -> proto::ExitInfo {
+        proto::ExitInfo {
+            exit_code,
+            signal,
+            timed_out,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_normal_exit_has_no_verdict_even_with_a_failing_code() {
+        assert_eq!(
+            verdict(usage(0, 0), usage(0, 0), &exit(Some(1), None, false), false),
+            None
+        );
+    }
+
+    #[test]
+    fn killed_and_timeout_win_over_counters() {
+        let sigkill = exit(None, Some(SIGKILL), true);
+        assert_eq!(
+            verdict(usage(0, 0), usage(1, 1), &sigkill, true),
+            Some(codes::EXEC_KILLED)
+        );
+        assert_eq!(
+            verdict(usage(0, 0), usage(1, 1), &sigkill, false),
+            Some(codes::EXEC_TIMEOUT)
+        );
+    }
+
+    #[test]
+    fn oom_needs_a_new_oom_kill_and_sigkill() {
+        let sigkill = exit(None, Some(SIGKILL), false);
+        assert_eq!(
+            verdict(usage(2, 0), usage(3, 0), &sigkill, false),
+            Some(codes::EXEC_KILLED_OOM)
+        );
+        // An OOM kill before this exec is not this exec's.
+        assert_eq!(verdict(usage(3, 0), usage(3, 0), &sigkill, false), None);
+        // Another signal is not an OOM kill.
+        assert_eq!(
+            verdict(
+                usage(2, 0),
+                usage(3, 0),
+                &exit(None, Some(15), false),
+                false
+            ),
+            None
+        );
+        // Without both readings nothing is attributed.
+        assert_eq!(verdict(None, usage(3, 0), &sigkill, false), None);
+    }
+
+    #[test]
+    fn pids_needs_a_new_limit_hit_and_a_failure() {
+        let failed = exit(Some(1), None, false);
+        assert_eq!(
+            verdict(usage(0, 4), usage(0, 5), &failed, false),
+            Some(codes::EXEC_KILLED_PIDS)
+        );
+        assert_eq!(
+            verdict(usage(0, 4), usage(0, 5), &exit(Some(0), None, false), false),
+            None
+        );
+        assert_eq!(verdict(usage(0, 5), None, &failed, false), None);
+    }
+}

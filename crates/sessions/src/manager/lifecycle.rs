@@ -1,0 +1,419 @@
+//! The lifecycle phase: create (from the warm pool or cold), pause/resume, kill the processes,
+//! timeouts, and every way a session ends (deleted, expired, out of minutes, its agent died, the
+//! daemon shut down), plus reconciling what a previous run left.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use chrono::Duration as ChronoDuration;
+use koder_api_types::{CreateSession, Limits, Network, NetworkMode, Session, SessionState};
+use koder_auth::Identity;
+use koder_runtime::{Sandbox, SandboxSpec};
+use koder_store::{SessionRecord, Store};
+use parking_lot::Mutex;
+
+use super::{validate_env, view, Manager, Runtimes};
+use crate::error::AGENT_EXITED;
+use crate::languages::{self, DEFAULT_LANGUAGE};
+use crate::limits;
+use crate::quota;
+use crate::session::Live;
+use crate::Error;
+
+/// Sessions whose sandbox died remembered for a typed 410 on later calls; older ones are 404.
+const MAX_DIED: usize = 1024;
+/// Every how many reaper ticks the session-minutes budgets of tenants are checked.
+const MINUTES_CHECK_TICKS: u32 = 5;
+
+/// Marks every session a previous run could not hand over as stopped and destroys the
+/// sandboxes it left behind.
+pub(super) async fn reconcile(store: &Store, runtimes: &Runtimes) -> Result<(), Error> {
+    for stale in store.live_sessions().await? {
+        store
+            .set_session_state(&stale.id, SessionState::Stopped, Some("daemon restarted"))
+            .await?;
+    }
+    let mut removed = runtimes.jail.reconcile().await?.sandboxes_removed.len();
+    if let Ok(vm) = &runtimes.microvm {
+        removed += vm.reconcile().await?.sandboxes_removed.len();
+    }
+    if removed > 0 {
+        tracing::info!(count = removed, "removed sandboxes left by a previous run");
+    }
+    Ok(())
+}
+
+impl Manager {
+    pub async fn create(&self, who: &Identity, req: CreateSession) -> Result<Session, Error> {
+        let started = Instant::now();
+        let language = languages::canonical(req.language.as_deref().unwrap_or(DEFAULT_LANGUAGE))?;
+        let image = match req.image.as_deref() {
+            None | Some("host") => "host",
+            Some(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown image {other:?}; available: host"
+                )))
+            }
+        };
+        let runtime = match req.runtime.as_deref() {
+            None | Some("jail") => "jail",
+            Some("microvm") => match &self.microvm {
+                Ok(_) => "microvm",
+                Err(why) => {
+                    return Err(Error::RuntimeUnavailable(format!(
+                        "the microvm runtime is not available on this server: {why}"
+                    )))
+                }
+            },
+            Some(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown runtime {other:?}; one of jail, microvm"
+                )))
+            }
+        };
+        let requested = req.network.unwrap_or_default();
+        let policy = crate::egress::policy_for(&requested, &self.cfg.network).await?;
+        let network = Network {
+            mode: requested.mode,
+            allow: policy.describe(),
+        };
+        let env = validate_env(&req.env)?;
+        limits::validate_metadata(&req.metadata)?;
+        let timeout_s = limits::timeout(
+            &self.cfg,
+            req.timeout_s.unwrap_or(self.cfg.default_timeout_s),
+        )?;
+        let tenant = self
+            .store
+            .get_tenant(&who.tenant_id)
+            .await?
+            .ok_or_else(|| Error::PlanRequired(format!("tenant {} has no plan", who.tenant_id)))?;
+        let limits = limits::effective(&self.cfg, req.limits.unwrap_or_default(), &tenant.plan)?;
+        let ticket = self
+            .admission
+            .admit(&self.store, &tenant, self.now())
+            .await?;
+
+        let egress = network.mode != NetworkMode::None;
+        let (sandbox, source) = self.sandbox_for(runtime, language, &limits, egress).await?;
+        // If this request is dropped (the client went away) before the session is recorded,
+        // the sandbox must not outlive it.
+        let guard = DestroyOnDrop(Some(sandbox.clone()));
+        let now = self.now();
+        let record = SessionRecord {
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            tenant_id: who.tenant_id.clone(),
+            sandbox_id: sandbox.id().to_string(),
+            runtime: runtime.into(),
+            language: language.into(),
+            image: image.into(),
+            state: SessionState::Running,
+            limits,
+            network,
+            metadata: req.metadata,
+            env: req.env,
+            created_at: now,
+            expires_at: now + ChronoDuration::seconds(timeout_s as i64),
+            ended_at: None,
+            end_reason: None,
+        };
+        self.store.insert_session(&record).await?;
+        let live = Arc::new(Live {
+            sandbox,
+            tenant_id: record.tenant_id.clone(),
+            language: language.into(),
+            env,
+            running_execs: AtomicU32::new(0),
+            execs: Default::default(),
+            errors: Mutex::default(),
+            preview_port: Mutex::default(),
+            paused: Mutex::default(),
+        });
+        self.live.lock().insert(record.id.clone(), live.clone());
+        self.watch_agent(record.id.clone(), &live);
+        ticket.forget();
+        guard.disarm();
+        if egress {
+            let live = self.live.lock().get(&record.id).cloned();
+            if let Some(live) = live {
+                crate::egress::start(&self.store, &self.cfg.network, &live, &record, policy).await;
+            }
+        }
+        self.metrics.sessions_active.inc();
+        self.metrics
+            .sessions_created
+            .with_label_values(&[source])
+            .inc();
+        self.metrics
+            .create_seconds
+            .with_label_values(&[source])
+            .observe(started.elapsed().as_secs_f64());
+        tracing::info!(session = %record.id, tenant = %record.tenant_id, language, source, "session created");
+        Ok(view(&record))
+    }
+
+    /// A warm sandbox with the session's limits applied, or a fresh one.
+    async fn sandbox_for(
+        &self,
+        runtime: &str,
+        language: &str,
+        limits: &Limits,
+        egress: bool,
+    ) -> Result<(Arc<dyn Sandbox>, &'static str), Error> {
+        let (runtime, pool) = match (&self.microvm, runtime) {
+            (Ok(vm), "microvm") => (vm.runtime.clone(), &vm.pool),
+            _ => (self.runtime.clone(), &self.pool),
+        };
+        let runtime_limits = limits::to_runtime_limits(limits);
+        // Warm sandboxes have no network; one with egress is always made for its session.
+        while let Some(sb) = pool.take(language, limits.disk_mib).filter(|_| !egress) {
+            let applied = match sb.resources() {
+                Some(rc) => rc.set_limits(&runtime_limits).await,
+                None => Ok(()),
+            };
+            match applied {
+                Ok(()) => return Ok((sb, "pool")),
+                Err(e) => {
+                    tracing::warn!(error = %e, "warm sandbox rejected limits; discarding it");
+                    let _ = sb.destroy().await;
+                }
+            }
+        }
+        let spec = SandboxSpec {
+            id: format!("s{}", uuid::Uuid::new_v4().simple()),
+            image: "host".into(),
+            limits: runtime_limits,
+            env: Vec::new(),
+            egress,
+        };
+        // Started on its own task: a dropped request must not abandon a half-started sandbox,
+        // and one that finishes for nobody is destroyed.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            if let Err(Ok(orphan)) = tx.send(runtime.create(spec).await) {
+                let _ = orphan.destroy().await;
+            }
+        });
+        let created = rx
+            .await
+            .map_err(|_| Error::Internal("sandbox creation was interrupted".into()))??;
+        Ok((created, "cold"))
+    }
+
+    pub async fn set_timeout(
+        &self,
+        who: &Identity,
+        id: &str,
+        timeout_s: u64,
+    ) -> Result<Session, Error> {
+        let mut record = self.record(who, id).await?;
+        if record.state == SessionState::Stopped {
+            return Err(Error::Conflict("the session has ended".into()));
+        }
+        let timeout_s = limits::timeout(&self.cfg, timeout_s)?;
+        record.expires_at = self.now() + ChronoDuration::seconds(timeout_s as i64);
+        self.store.set_session_expiry(id, record.expires_at).await?;
+        Ok(view(&record))
+    }
+
+    pub async fn destroy(&self, who: &Identity, id: &str) -> Result<(), Error> {
+        let record = self.record(who, id).await?;
+        if record.state != SessionState::Stopped {
+            self.end(id, "deleted").await;
+        }
+        Ok(())
+    }
+
+    /// Freezes every process of the session (state `paused`); execs are refused until resumed.
+    pub async fn pause(&self, who: &Identity, id: &str) -> Result<Session, Error> {
+        let live = self.live_any(who, id)?;
+        if *live.paused.lock() {
+            return self.get(who, id).await;
+        }
+        let rc = live
+            .sandbox
+            .resources()
+            .ok_or_else(|| Error::NotImplemented("this runtime cannot pause sandboxes".into()))?;
+        rc.freeze().await?;
+        self.store
+            .set_session_state(id, SessionState::Paused, None)
+            .await?;
+        *live.paused.lock() = true;
+        self.get(who, id).await
+    }
+
+    /// Kills every process of the session but keeps the session (a fork bomb leaves no room
+    /// to start even a `kill`). Followed execs end as killed; interpreter contexts restart on
+    /// their next run. Returns how many processes were signalled.
+    pub async fn kill_processes(&self, who: &Identity, id: &str) -> Result<u32, Error> {
+        let live = self.live(who, id)?;
+        live.execs.mark_running_killed();
+        match live.sandbox.agent().kill_all().await {
+            Ok(n) => Ok(n),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+
+    /// Thaws a paused session; resuming a running one is a no-op.
+    pub async fn resume(&self, who: &Identity, id: &str) -> Result<Session, Error> {
+        let live = self.live_any(who, id)?;
+        if !*live.paused.lock() {
+            return self.get(who, id).await;
+        }
+        let rc = live
+            .sandbox
+            .resources()
+            .ok_or_else(|| Error::NotImplemented("this runtime cannot pause sandboxes".into()))?;
+        rc.thaw().await?;
+        self.store
+            .set_session_state(id, SessionState::Running, None)
+            .await?;
+        *live.paused.lock() = false;
+        self.get(who, id).await
+    }
+
+    /// Ends the session the moment its agent connection closes, so a dead sandbox gives back
+    /// its cgroup, layers and quota slot at once instead of looking alive until used.
+    pub(super) fn watch_agent(&self, id: String, live: &Arc<Live>) {
+        let closed = live.sandbox.agent().closed();
+        let (me, watched) = (self.me.clone(), Arc::downgrade(live));
+        tokio::spawn(async move {
+            closed.await;
+            let (Some(me), Some(watched)) = (me.upgrade(), watched.upgrade()) else {
+                return;
+            };
+            me.died(&id, &watched).await;
+        });
+    }
+
+    /// Ends `id` as died if `watched` is still its live half (an ordinary end that destroyed
+    /// the sandbox also closes the connection, and must keep its own reason).
+    pub(super) async fn died(&self, id: &str, watched: &Arc<Live>) {
+        let live = {
+            let mut all = self.live.lock();
+            match all.get(id) {
+                Some(l) if Arc::ptr_eq(l, watched) => all.remove(id),
+                _ => None,
+            }
+        };
+        let Some(live) = live else { return };
+        {
+            let mut died = self.died.lock();
+            if died.len() >= MAX_DIED {
+                died.pop_front();
+            }
+            died.push_back((id.to_string(), live.tenant_id.clone()));
+        }
+        tracing::warn!(session = %id, "sandbox agent exited; stopping the session");
+        self.finish_end(id, Some(live), AGENT_EXITED).await;
+    }
+
+    /// Ends a session: its sandbox is destroyed and its record stopped. Idempotent.
+    pub(super) async fn end(&self, id: &str, reason: &str) {
+        let live = self.live.lock().remove(id);
+        self.finish_end(id, live, reason).await;
+    }
+
+    async fn finish_end(&self, id: &str, live: Option<Arc<Live>>, reason: &str) {
+        if let Some(live) = live {
+            // Frozen processes cannot even die: thaw before the kill.
+            if *live.paused.lock() {
+                if let Some(rc) = live.sandbox.resources() {
+                    let _ = rc.thaw().await;
+                }
+            }
+            if let Err(e) = live.sandbox.destroy().await {
+                tracing::error!(session = %id, error = %e, "sandbox teardown incomplete");
+            }
+            self.admission.release(&live.tenant_id);
+            self.metrics.sessions_active.dec();
+            self.metrics
+                .sessions_ended
+                .with_label_values(&[reason])
+                .inc();
+        }
+        if let Err(e) = self
+            .store
+            .set_session_state(id, SessionState::Stopped, Some(reason))
+            .await
+        {
+            tracing::error!(session = %id, error = %e, "recording session end");
+        }
+        tracing::info!(session = %id, reason, "session ended");
+    }
+
+    pub(super) async fn reap_forever(me: Weak<Self>) {
+        for tick in 0u32.. {
+            let Some(manager) = me.upgrade() else { return };
+            let interval = manager.cfg.reap_interval;
+            manager.reap_expired().await;
+            if tick % MINUTES_CHECK_TICKS == 0 {
+                manager.enforce_minutes().await;
+            }
+            drop(manager);
+            tokio::time::sleep(interval).await;
+        }
+    }
+
+    /// Ends sessions past their timeout.
+    pub async fn reap_expired(&self) {
+        match self.store.expired_sessions(self.now()).await {
+            Ok(expired) => {
+                for s in expired {
+                    self.end(&s.id, "expired").await;
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "looking for expired sessions"),
+        }
+    }
+
+    /// Stops the running sessions of tenants whose daily session-minutes are used up.
+    pub async fn enforce_minutes(&self) {
+        let mut by_tenant: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (id, l) in self.live.lock().iter() {
+            by_tenant
+                .entry(l.tenant_id.clone())
+                .or_default()
+                .push(id.clone());
+        }
+        for (tenant, ids) in by_tenant {
+            let budget = match self.store.get_tenant(&tenant).await {
+                Ok(Some(t)) => t.daily_session_minutes,
+                _ => None,
+            };
+            let Some(budget) = budget else { continue };
+            match quota::minutes_used(&self.store, &tenant, self.now()).await {
+                Ok(used) if used >= budget => {
+                    for id in ids {
+                        self.end(&id, "session-minutes quota used up").await;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(%tenant, error = %e, "metering session minutes"),
+            }
+        }
+    }
+}
+
+/// Destroys a sandbox on drop unless disarmed (see `Manager::create`).
+struct DestroyOnDrop(Option<Arc<dyn Sandbox>>);
+
+impl DestroyOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for DestroyOnDrop {
+    fn drop(&mut self) {
+        if let Some(sb) = self.0.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = sb.destroy().await;
+                });
+            }
+        }
+    }
+}

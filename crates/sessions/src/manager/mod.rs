@@ -1,0 +1,343 @@
+//! The session manager: the one owner of session lifecycle. Every API (REST, E2B, later gRPC)
+//! calls its methods, so tenancy, limits and state transitions are decided once. This module
+//! holds the manager itself, its start and shutdown, the tenant-checked lookups and the helpers
+//! every phase shares; the phases live beside it: [`lifecycle`], [`exec`], [`files`] and
+//! [`observe`].
+
+pub(crate) mod exec;
+mod files;
+mod lifecycle;
+mod observe;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use koder_agent_protocol::{self as proto, ClientError, FromAgent};
+use koder_api_types::{Network, Session, SessionState};
+use koder_auth::Identity;
+use koder_runtime::Runtime;
+use koder_store::{SessionRecord, Store};
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
+
+use crate::config::SessionConfig;
+use crate::error::AGENT_EXITED;
+use crate::limits;
+use crate::metrics::Metrics;
+use crate::pool::Pool;
+use crate::quota::{system_clock, Admission, Clock};
+use crate::session::Live;
+use crate::Error;
+
+const MAX_ENV_BYTES: usize = 128 * 1024;
+
+/// The runtimes a manager can create sandboxes with. The jail is always there; the microVM
+/// runtime only where this host can run it (otherwise the reason it cannot).
+pub struct Runtimes {
+    pub jail: Arc<dyn Runtime>,
+    pub microvm: Result<Arc<dyn Runtime>, String>,
+}
+
+/// A runtime with its warm pool.
+struct Engine {
+    runtime: Arc<dyn Runtime>,
+    pool: Arc<Pool>,
+}
+
+pub struct Manager {
+    me: Weak<Self>,
+    pub(crate) store: Store,
+    runtime: Arc<dyn Runtime>,
+    pub(crate) cfg: SessionConfig,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+    pool: Arc<Pool>,
+    microvm: Result<Engine, String>,
+    metrics: Arc<Metrics>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    admission: Arc<Admission>,
+    clock: Clock,
+    /// (session, tenant) of sessions ended because their sandbox died, newest last.
+    died: Mutex<VecDeque<(String, String)>>,
+}
+
+impl Manager {
+    /// Reconciles what a previous run left (sessions it could not hand over are marked
+    /// stopped, their sandboxes destroyed), then starts the reaper and the warm-pool filler.
+    pub async fn start(
+        store: Store,
+        runtime: Arc<dyn Runtime>,
+        cfg: SessionConfig,
+    ) -> Result<Arc<Self>, Error> {
+        Self::start_with_clock(store, runtime, cfg, system_clock()).await
+    }
+
+    /// [`Manager::start`] with an injected clock (tests cross day boundaries with it).
+    pub async fn start_with_clock(
+        store: Store,
+        runtime: Arc<dyn Runtime>,
+        cfg: SessionConfig,
+        clock: Clock,
+    ) -> Result<Arc<Self>, Error> {
+        let runtimes = Runtimes {
+            jail: runtime,
+            microvm: Err("the microvm runtime is not configured on this server".into()),
+        };
+        Self::start_with_runtimes(store, runtimes, cfg, clock).await
+    }
+
+    /// [`Manager::start`] with every runtime this server offers.
+    pub async fn start_with_runtimes(
+        store: Store,
+        runtimes: Runtimes,
+        cfg: SessionConfig,
+        clock: Clock,
+    ) -> Result<Arc<Self>, Error> {
+        lifecycle::reconcile(&store, &runtimes).await?;
+        let runtime = runtimes.jail;
+        let metrics = Arc::new(Metrics::new());
+        let pool = Arc::new(Pool::new(
+            runtime.clone(),
+            cfg.pool.clone(),
+            limits::to_runtime_limits(&cfg.default_limits),
+            metrics.clone(),
+        ));
+        let microvm = runtimes.microvm.map(|runtime| Engine {
+            pool: Arc::new(Pool::new(
+                runtime.clone(),
+                cfg.microvm_pool.clone(),
+                limits::to_runtime_limits(&cfg.default_limits),
+                metrics.clone(),
+            )),
+            runtime,
+        });
+        let manager = Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            store,
+            runtime,
+            cfg,
+            live: Mutex::default(),
+            pool: pool.clone(),
+            microvm,
+            metrics,
+            tasks: Mutex::default(),
+            admission: Arc::default(),
+            clock,
+            died: Mutex::default(),
+        });
+        let reaper = tokio::spawn(Self::reap_forever(Arc::downgrade(&manager)));
+        let filler = tokio::spawn(pool.run_filler());
+        manager.tasks.lock().extend([reaper, filler]);
+        if let Ok(vm) = &manager.microvm {
+            let filler = tokio::spawn(vm.pool.clone().run_filler());
+            manager.tasks.lock().push(filler);
+        }
+        Ok(manager)
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub(crate) fn metrics_handle(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Whether the daemon can record sessions (its state store answers).
+    pub async fn ready(&self) -> Result<(), Error> {
+        self.store.list_tenants().await?;
+        Ok(())
+    }
+
+    /// The tenant of session `id` if it has not stopped, for transports that authenticate with
+    /// a credential of the session itself (E2B's access token) rather than the tenant's key.
+    pub async fn owner_of_active(&self, id: &str) -> Result<Option<Identity>, Error> {
+        Ok(self
+            .store
+            .get_session(id)
+            .await?
+            .filter(|r| r.state != SessionState::Stopped)
+            .map(|r| Identity {
+                tenant_id: r.tenant_id,
+            }))
+    }
+
+    pub fn pool_depth(&self, language: &str) -> usize {
+        self.pool.depth(language)
+    }
+
+    /// Stops background tasks and destroys every sandbox (sessions end as "daemon shutdown").
+    pub async fn shutdown(&self) {
+        let tasks: Vec<JoinHandle<()>> = self.tasks.lock().drain(..).collect();
+        for t in tasks {
+            t.abort();
+            // Abort lands at the task's next await; a warm sandbox start in the middle of its
+            // synchronous set-up must finish (or stop) before the final sweep below.
+            let _ = t.await;
+        }
+        let ids: Vec<String> = self.live.lock().keys().cloned().collect();
+        for id in ids {
+            self.end(&id, "daemon shutdown").await;
+        }
+        self.pool.drain().await;
+        if let Ok(vm) = &self.microvm {
+            vm.pool.drain().await;
+        }
+        // A warm sandbox whose start the abort above interrupted is only reachable this way.
+        let vm = self.microvm.as_ref().ok().map(|e| &e.runtime);
+        for runtime in std::iter::once(&self.runtime).chain(vm) {
+            if let Err(e) = runtime.reconcile().await {
+                tracing::error!(error = %e, "final sweep of sandboxes at shutdown");
+            }
+        }
+    }
+
+    pub async fn list(&self, who: &Identity) -> Result<Vec<Session>, Error> {
+        Ok(self
+            .store
+            .list_sessions(&who.tenant_id, false)
+            .await?
+            .iter()
+            .map(view)
+            .collect())
+    }
+
+    pub async fn get(&self, who: &Identity, id: &str) -> Result<Session, Error> {
+        Ok(view(&self.record(who, id).await?))
+    }
+
+    /// Now, at the millisecond precision the store keeps, so every answer shows the same instant.
+    fn now(&self) -> DateTime<Utc> {
+        let now = (self.clock)();
+        DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now)
+    }
+
+    /// The tenant's session record; another tenant's id is indistinguishable from an unknown one.
+    async fn record(&self, who: &Identity, id: &str) -> Result<SessionRecord, Error> {
+        match self.store.get_session(id).await? {
+            Some(r) if r.tenant_id == who.tenant_id => Ok(r),
+            _ => Err(Error::NotFound),
+        }
+    }
+
+    /// The tenant's running session; a paused one is a conflict (resume it first).
+    pub(crate) fn live(&self, who: &Identity, id: &str) -> Result<Arc<Live>, Error> {
+        let live = self.live_any(who, id)?;
+        if *live.paused.lock() {
+            return Err(Error::Conflict(
+                "the session is paused; resume it first".into(),
+            ));
+        }
+        Ok(live)
+    }
+
+    /// The tenant's live session, paused or not. A session whose sandbox died is a 410 with
+    /// the reason, so a caller can tell a crash from a session it never had.
+    pub(crate) fn live_any(&self, who: &Identity, id: &str) -> Result<Arc<Live>, Error> {
+        match self.live.lock().get(id) {
+            Some(l) if l.tenant_id == who.tenant_id => return Ok(l.clone()),
+            _ => {}
+        }
+        let died = self
+            .died
+            .lock()
+            .iter()
+            .any(|(s, t)| s == id && *t == who.tenant_id);
+        if died {
+            Err(Error::SessionStopped(AGENT_EXITED.into()))
+        } else {
+            Err(Error::NotFound)
+        }
+    }
+
+    /// Maps an agent failure to an API error; a vanished agent ends its session (the watcher
+    /// does too: whichever comes first).
+    pub(crate) async fn agent_failed(&self, id: &str, e: ClientError) -> Error {
+        if matches!(e, ClientError::Disconnected) {
+            let live = self.live.lock().get(id).cloned();
+            if let Some(live) = live.filter(|l| l.sandbox.agent().is_closed()) {
+                self.died(id, &live).await;
+            }
+        }
+        e.into()
+    }
+}
+
+/// The first answer on a stream that starts a long-lived operation (terminal, watch, preview
+/// connection), within the one-shot deadline.
+pub(crate) async fn first_answer(s: &mut proto::AgentStream) -> Result<FromAgent, ClientError> {
+    within(proto::client::REQUEST_DEADLINE, s.recv()).await
+}
+
+/// `fut`, or a timeout error once `deadline` has passed (dropping `fut` cancels its streams).
+pub(crate) async fn within<T>(
+    deadline: Duration,
+    fut: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    tokio::time::timeout(deadline, fut)
+        .await
+        .unwrap_or(Err(ClientError::Timeout(deadline)))
+}
+
+/// Uid/gid of the sandbox's unprivileged `user` account.
+pub const SANDBOX_USER_ID: u32 = 1000;
+
+/// An environment in the agent's order (later entries win).
+pub(crate) type Env = Vec<(String, String)>;
+
+/// The sandbox uid a process runs as (`None`: the sandbox's root) and `env` with that
+/// account's HOME and USER in it.
+pub(crate) fn account(user: Option<&str>, mut env: Env) -> Result<(Option<u32>, Env), Error> {
+    match user {
+        None | Some("root") => Ok((None, env)),
+        Some("user") => {
+            for (k, v) in [("HOME", "/home/user"), ("USER", "user")] {
+                env.retain(|(ek, _)| ek != k);
+                env.push((k.to_string(), v.to_string()));
+            }
+            Ok((Some(SANDBOX_USER_ID), env))
+        }
+        Some(other) => Err(Error::InvalidArgument(format!(
+            "unknown user {other:?}; root or user"
+        ))),
+    }
+}
+
+pub(crate) fn validate_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Error> {
+    let mut size = 0;
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(Error::InvalidArgument(format!(
+                "environment variable {k:?}: names must be non-empty without '=' and no NUL bytes anywhere"
+            )));
+        }
+        size += k.len() + v.len() + 2;
+    }
+    if size > MAX_ENV_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "environment exceeds {MAX_ENV_BYTES} bytes"
+        )));
+    }
+    Ok(env.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+fn view(r: &SessionRecord) -> Session {
+    Session {
+        id: r.id.clone(),
+        tenant_id: r.tenant_id.clone(),
+        language: r.language.clone(),
+        image: r.image.clone(),
+        runtime: r.runtime.clone(),
+        state: r.state,
+        created_at: r.created_at,
+        expires_at: r.expires_at,
+        limits: r.limits,
+        network: Network {
+            mode: r.network.mode,
+            allow: r.network.allow.clone(),
+        },
+        metadata: r.metadata.clone(),
+        end_reason: r.end_reason.clone(),
+    }
+}
