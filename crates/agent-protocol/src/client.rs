@@ -327,6 +327,23 @@ impl AgentClient {
         }
     }
 
+    /// Starts streaming the sandbox's writable layer as a tar (see [`ToAgent::CaptureLayer`]).
+    pub async fn capture_layer(&self, max_bytes: u64, max_entries: u64) -> Result<LayerCapture> {
+        let stream = self
+            .open(ToAgent::CaptureLayer {
+                max_bytes,
+                max_entries,
+            })
+            .await?;
+        Ok(LayerCapture {
+            stream,
+            // Headers and PAX records come on top of file content; whatever the agent claims,
+            // it cannot send more than this.
+            remaining: max_bytes.saturating_add(max_entries.saturating_mul(LAYER_ENTRY_OVERHEAD)),
+            end: None,
+        })
+    }
+
     async fn done_op(&self, msg: ToAgent) -> Result<()> {
         let mut s = self.open(msg).await?;
         match s.recv_final().await? {
@@ -465,6 +482,48 @@ impl FileReader {
             }
             other => Err(unexpected(&other)),
         }
+    }
+}
+
+/// Archive bytes allowed per entry beyond file content: tar headers, long names, PAX xattrs.
+const LAYER_ENTRY_OVERHEAD: u64 = 16 * 1024;
+
+/// A layer capture in progress; `None` from [`LayerCapture::next_chunk`] is the end, after
+/// which [`LayerCapture::end`] has the agent's (entries, bytes).
+pub struct LayerCapture {
+    stream: AgentStream,
+    remaining: u64,
+    end: Option<(u64, u64)>,
+}
+
+impl LayerCapture {
+    /// Each chunk must come within the request deadline: a stalled agent fails the capture
+    /// instead of holding the sandbox frozen.
+    pub async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>> {
+        if self.stream.finished {
+            return Ok(None);
+        }
+        let msg = tokio::time::timeout(REQUEST_DEADLINE, self.stream.recv())
+            .await
+            .map_err(|_| ClientError::Timeout(REQUEST_DEADLINE))??;
+        match msg {
+            FromAgent::FileChunk(c) => {
+                self.remaining = self.remaining.checked_sub(c.len() as u64).ok_or_else(|| {
+                    ClientError::Protocol("layer exceeds its announced bound".into())
+                })?;
+                Ok(Some(c))
+            }
+            FromAgent::LayerEnd { entries, bytes } => {
+                self.stream.finished = true;
+                self.end = Some((entries, bytes));
+                Ok(None)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn end(&self) -> Option<(u64, u64)> {
+        self.end
     }
 }
 

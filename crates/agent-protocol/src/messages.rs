@@ -139,6 +139,13 @@ pub enum ToAgent {
     /// jobs); the session lives on and interpreter contexts restart on their next use →
     /// `KilledAll`.
     KillAll,
+    /// Streams the sandbox's writable layer (what it changed on top of its image) as a tar:
+    /// `FileChunk`s then `LayerEnd`. The caller freezes the sandbox's processes first, so the
+    /// capture is of one moment. Refused beyond either bound, before reading file contents.
+    CaptureLayer {
+        max_bytes: u64,
+        max_entries: u64,
+    },
     /// Abandon the operation on this stream (an upload is discarded, an exec is killed).
     Cancel,
 }
@@ -200,6 +207,7 @@ impl ToAgent {
             ToAgent::GuestLimits(_) => "GuestLimits",
             ToAgent::GuestUsage => "GuestUsage",
             ToAgent::GuestFreeze(_) => "GuestFreeze",
+            ToAgent::CaptureLayer { .. } => "CaptureLayer",
             ToAgent::KillAll => "KillAll",
             ToAgent::Cancel => "Cancel",
         }
@@ -255,6 +263,11 @@ pub enum FromAgent {
     /// Answer to `KillAll`: how many processes were signalled.
     KilledAll {
         processes: u32,
+    },
+    /// End of a `CaptureLayer` stream: entries archived and bytes of file content in it.
+    LayerEnd {
+        entries: u64,
+        bytes: u64,
     },
     /// A sandbox process connects to `ip:port`; `sni`/`host` are what its first bytes named.
     EgressConnect {

@@ -3,7 +3,7 @@
 //! `cgroup.procs` files from fd 5 on. Builds and confines the
 //! sandbox, then serves the daemon forever.
 
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -58,9 +58,8 @@ fn init() -> Result<Never, Box<dyn std::error::Error>> {
     }
     child::mark_cloexec_from(LISTEN_FD)?;
     child::set_workload_cgroup(workload)?;
-    setup::build_root(&cfg)?;
-    let (fs, confinement, defaults, runtime) =
-        confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs)?;
+    let upper = setup::build_root(&cfg)?;
+    let (fs, confinement, defaults, runtime) = confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs, &upper)?;
     quiet_stdio()?;
     let egress = cfg.egress;
     runtime.block_on(async move {
@@ -69,7 +68,9 @@ fn init() -> Result<Never, Box<dyn std::error::Error>> {
         let std_listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(LISTEN_FD) };
         std_listener.set_nonblocking(true)?;
         let listener = tokio::net::UnixListener::from_std(std_listener)?;
-        let agent = Arc::new(Agent::new(reaper, fs, defaults, confinement));
+        let mut agent = Agent::new(reaper, fs, defaults, confinement);
+        agent.upper = Some(Arc::new(upper));
+        let agent = Arc::new(agent);
         if egress {
             agent.egress.start().await?;
         }
@@ -114,9 +115,10 @@ fn confined(
     env: &[(String, String)],
     rlimits: &init::Rlimits,
     writable_dirs: &[String],
+    upper: &OwnedFd,
 ) -> Result<(Fs, Confinement, ExecDefaults, tokio::runtime::Runtime), Box<dyn std::error::Error>> {
     let fs = Fs::new(std::path::Path::new("/"), workdir)?;
-    let confinement = confine::confine(rlimits, writable_dirs)?;
+    let confinement = confine::confine(rlimits, writable_dirs, Some(upper.as_fd()))?;
     // Sandbox processes share our uid; only a non-dumpable agent keeps them out of /proc/1/mem
     // and friends even where ptrace rules would allow it.
     // SAFETY: prctl with integer arguments.
@@ -137,17 +139,18 @@ fn confined(
 /// The agent as the kernel's init in a microVM: boots the guest, then serves the daemon's
 /// connections on vsock.
 fn guest_init() -> Result<Never, Box<dyn std::error::Error>> {
-    let (cfg, cgroup) = guest::boot()?;
+    let (cfg, cgroup, upper) = guest::boot()?;
     // Bound before the walls go up: the seccomp filter refuses AF_VSOCK sockets to everyone in
     // the guest, the agent included, so sandbox processes can never reach the host's vsock.
     let vsock = vsock::VsockListener::bind_with_cid_port(vsock::VMADDR_CID_ANY, cfg.vsock_port)?;
     let (fs, confinement, defaults, runtime) =
-        confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs)?;
+        confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs, &upper)?;
     runtime.block_on(async move {
         let reaper = Reaper::start()?;
         let listener = tokio_vsock::VsockListener::from(std::os::fd::OwnedFd::from(vsock));
         let mut agent = Agent::new(reaper, fs, defaults, confinement);
         agent.guest = Some(Arc::new(cgroup));
+        agent.upper = Some(Arc::new(upper));
         let agent = Arc::new(agent);
         if cfg.egress {
             agent.egress.start().await?;

@@ -178,6 +178,12 @@ pub struct CreateSession {
     pub timeout_s: Option<u64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    /// Start from this snapshot's filesystem (image, runtime and language are the snapshot's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+    /// What the timeout does (kill, or pause to disk) and whether requests wake a paused session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,6 +10,7 @@
 //! namespace and vanish with it.
 
 pub mod disk;
+mod layers;
 
 mod spawn;
 
@@ -350,6 +351,12 @@ impl JailRuntime {
         let ids = self.ids_for(slot);
         let limits = self.effective_limits(spec.limits);
         self.prepare_layers(parts, ids, limits.disk_mib)?;
+        if !spec.layers.is_empty() {
+            let (upper, layers) = (parts.upper.clone(), spec.layers.clone());
+            tokio::task::spawn_blocking(move || layers::apply(&upper, &layers, ids, limits.disk_mib))
+                .await
+                .map_err(|e| RuntimeError::Start(format!("layer task: {e}")))??;
+        }
         let agent_cgroup = match &self.cgroups {
             Some(driver) => Some(self.create_cgroups(&**driver, &spec.id, &limits, parts)?),
             None => None,
@@ -692,17 +699,14 @@ impl ResourceControl for JailSandbox {
         self.with_cgroup(|cg| cg.reset_memory_peak())
     }
 
-    /// The whole sandbox, agent included (the freezer is hierarchical): a paused session
-    /// stops entirely, as it did before the agent had a leaf of its own.
+    /// Every sandbox process but the agent: a paused session runs nothing, while its agent
+    /// still answers (health, and the layer capture of a snapshot taken while paused).
     async fn freeze(&self) -> Result<(), RuntimeError> {
-        self.with_cgroups(|top, _| {
-            top.freeze()
-                .map_err(|e| RuntimeError::Cgroup(e.to_string()))
-        })
+        self.with_cgroup(|workload| workload.freeze())
     }
 
     async fn thaw(&self) -> Result<(), RuntimeError> {
-        self.with_cgroups(|top, _| top.thaw().map_err(|e| RuntimeError::Cgroup(e.to_string())))
+        self.with_cgroup(|workload| workload.thaw())
     }
 }
 

@@ -26,6 +26,10 @@ pub struct SandboxSpec {
     /// Route the sandbox's outgoing connections and lookups to the daemon for decision
     /// (otherwise it has loopback only).
     pub egress: bool,
+    /// Captured writable layers (tar files on the host, as `koder-layer` writes them) the
+    /// sandbox's upper layer starts from, bottom first: a sandbox made from a snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<std::path::PathBuf>,
 }
 
 pub const MAX_ID_LEN: usize = 64;

@@ -33,6 +33,20 @@ pub struct SessionConfig {
     /// How often expired sessions are looked for.
     #[serde(with = "secs")]
     pub reap_interval: Duration,
+    /// Where captured layers are cached and the local blob store lives (the daemon's data
+    /// dir); without it snapshots, durable pauses and forks are not offered.
+    #[serde(skip)]
+    pub state_dir: Option<std::path::PathBuf>,
+    /// The blob store (`[blobs]` of the daemon config).
+    #[serde(skip)]
+    pub blobs: koder_blobs::BlobConfig,
+    /// How long a snapshot (and a durably paused session) is kept.
+    pub snapshot_retention_s: u64,
+    /// Snapshot storage per tenant, MiB, unless the tenant has its own
+    /// (`[tenants.X] snapshot_storage_mib`, filled into `tenant_snapshot_storage_mib`).
+    pub snapshot_storage_mib: u64,
+    #[serde(skip)]
+    pub tenant_snapshot_storage_mib: BTreeMap<String, u64>,
 }
 
 impl Default for SessionConfig {
@@ -61,6 +75,11 @@ impl Default for SessionConfig {
             microvm_pool: BTreeMap::new(),
             reap_interval: Duration::from_secs(1),
             network: Default::default(),
+            state_dir: None,
+            blobs: Default::default(),
+            snapshot_retention_s: 30 * 24 * 3600,
+            snapshot_storage_mib: 10 * 1024,
+            tenant_snapshot_storage_mib: BTreeMap::new(),
         }
     }
 }

@@ -45,6 +45,11 @@ pub enum Error {
     SessionStopped(String),
     #[error("{0}")]
     AgentTimeout(String),
+    /// The tenant's snapshot storage has no room for this capture.
+    #[error("{0}")]
+    QuotaSnapshotStorage(String),
+    #[error("snapshot not found")]
+    SnapshotNotFound,
     #[error("{0}")]
     Internal(String),
 }
@@ -69,6 +74,8 @@ impl Error {
             Error::NotImplemented(_) => ErrorCode::NotImplemented,
             Error::SessionStopped(_) => ErrorCode::SessionStopped,
             Error::AgentTimeout(_) => ErrorCode::AgentTimeout,
+            Error::QuotaSnapshotStorage(_) => ErrorCode::QuotaSnapshotStorage,
+            Error::SnapshotNotFound => ErrorCode::NotFound,
             Error::Internal(_) => ErrorCode::Internal,
         }
     }

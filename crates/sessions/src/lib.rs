@@ -7,6 +7,7 @@ mod egress;
 mod error;
 pub mod execs;
 pub mod languages;
+mod layers;
 mod limits;
 mod live;
 mod manager;

@@ -15,6 +15,8 @@ pub struct Metrics {
     pub create_seconds: HistogramVec,
     pub pool_ready: IntGaugeVec,
     pub pool_failures: IntCounter,
+    pub snapshots_taken: IntCounter,
+    pub forks: IntCounter,
 }
 
 const FAST_BUCKETS: &[f64] = &[
@@ -74,6 +76,10 @@ impl Metrics {
                 "Warm sandboxes that failed to start",
             )
             .unwrap_or_else(unreachable_metric),
+            snapshots_taken: IntCounter::new("snapshots_taken_total", "Snapshots taken")
+                .unwrap_or_else(unreachable_metric),
+            forks: IntCounter::new("forked_sessions_total", "Sessions made by forks")
+                .unwrap_or_else(unreachable_metric),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -85,6 +91,8 @@ impl Metrics {
             Box::new(m.create_seconds.clone()),
             Box::new(m.pool_ready.clone()),
             Box::new(m.pool_failures.clone()),
+            Box::new(m.snapshots_taken.clone()),
+            Box::new(m.forks.clone()),
         ];
         for c in collectors {
             // Names are fixed and distinct, so registration cannot collide.

@@ -111,6 +111,7 @@ impl Pool {
             limits: self.limits,
             env: Vec::new(),
             egress: false,
+            layers: Vec::new(),
         };
         match self.runtime.create(spec).await {
             Ok(sb) => {

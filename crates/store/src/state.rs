@@ -218,6 +218,20 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
+    /// The session's sandbox was replaced (a restore, a resume from disk). `NotFound` if
+    /// there is no such session.
+    pub async fn set_session_sandbox(&self, id: &str, sandbox_id: &str) -> Result<(), StoreError> {
+        let done = sqlx::query("UPDATE sessions SET sandbox_id = $2 WHERE id = $1")
+            .bind(id)
+            .bind(sandbox_id)
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+
     /// `NotFound` if there is no such session.
     pub async fn session_durable(&self, id: &str) -> Result<SessionDurable, StoreError> {
         let row = sqlx::query(

@@ -8,8 +8,10 @@
 use std::collections::BTreeMap;
 
 use koder_agent_protocol::init::Rlimits;
+use std::os::fd::BorrowedFd;
+
 use landlock::{
-    path_beneath_rules, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
+    path_beneath_rules, Access, AccessFs, PathBeneath, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
     ABI,
 };
 use seccompiler::{
@@ -40,13 +42,19 @@ const KEPT_CAPS: &[u32] = &[
     31, // SETFCAP
 ];
 
-pub fn confine(rlimits: &Rlimits, writable_dirs: &[String]) -> Result<Confinement, SetupError> {
+/// `readable`: directories outside the sandbox root the agent itself must still read (the
+/// overlay's upper layer, for snapshots), by descriptor since no path inside reaches them.
+pub fn confine(
+    rlimits: &Rlimits,
+    writable_dirs: &[String],
+    readable: Option<BorrowedFd<'_>>,
+) -> Result<Confinement, SetupError> {
     lower_rlimits(rlimits)?;
     drop_bounding_caps()?;
     rustix::thread::set_no_new_privs(true)
         .map_err(std::io::Error::from)
         .step("set no_new_privs")?;
-    let landlock_abi = apply_landlock(writable_dirs)?;
+    let landlock_abi = apply_landlock(writable_dirs, readable)?;
     apply_seccomp()?;
     Ok(Confinement {
         no_new_privs: true,
@@ -98,7 +106,7 @@ fn drop_bounding_caps() -> Result<(), SetupError> {
     Ok(())
 }
 
-fn apply_landlock(writable: &[String]) -> Result<u32, SetupError> {
+fn apply_landlock(writable: &[String], readable: Option<BorrowedFd<'_>>) -> Result<u32, SetupError> {
     let abi = ABI::V6;
     let to_io = |e: landlock::RulesetError| std::io::Error::other(e.to_string());
     let status = Ruleset::default()
@@ -108,6 +116,10 @@ fn apply_landlock(writable: &[String]) -> Result<u32, SetupError> {
         .and_then(|r| {
             let existing = writable.iter().filter(|d| std::path::Path::new(d).is_dir());
             r.add_rules(path_beneath_rules(existing, AccessFs::from_all(abi)))
+        })
+        .and_then(|r| match readable {
+            Some(fd) => r.add_rule(PathBeneath::new(fd, AccessFs::from_read(abi))),
+            None => Ok(r),
         })
         .and_then(|r| r.restrict_self())
         .map_err(to_io)

@@ -9,7 +9,7 @@
 
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -38,9 +38,9 @@ pub fn is_guest_init() -> bool {
     std::process::id() == 1 && Path::new(VM_CONFIG_PATH).exists()
 }
 
-/// Boots the guest up to the point where the agent can serve: returns its configuration and
-/// the sandbox cgroup.
-pub fn boot() -> Result<(VmConfig, SandboxCgroup), SetupError> {
+/// Boots the guest up to the point where the agent can serve: returns its configuration, the
+/// sandbox cgroup and the overlay's upper directory (see [`setup::build_root`]).
+pub fn boot() -> Result<(VmConfig, SandboxCgroup, OwnedFd), SetupError> {
     mount_kernel_filesystems()?;
     load_modules(VM_MODULES_LIST)?;
     let cfg = read_config()?;
@@ -49,7 +49,7 @@ pub fn boot() -> Result<(VmConfig, SandboxCgroup), SetupError> {
     }
     let root_disk = wait_for_disk(&cfg.root_disk_serial)?;
     let scratch_disk = wait_for_disk(&cfg.scratch_disk_serial)?;
-    mount_root(&root_disk, &scratch_disk)?;
+    let upper = mount_root(&root_disk, &scratch_disk)?;
     let cgroup = create_sandbox_cgroup(&cfg.limits)?;
     let root = Path::new(NEW_ROOT);
     setup::mount_proc(root)?;
@@ -66,7 +66,7 @@ pub fn boot() -> Result<(VmConfig, SandboxCgroup), SetupError> {
         egress_rules::prepare()?;
     }
     std::env::set_current_dir(&cfg.workdir).step("enter workdir")?;
-    Ok((cfg, cgroup))
+    Ok((cfg, cgroup, upper))
 }
 
 fn mount_kernel_filesystems() -> Result<(), SetupError> {
@@ -143,7 +143,7 @@ fn find_disk(serial: &str) -> Option<String> {
         })
 }
 
-fn mount_root(root_disk: &Path, scratch_disk: &Path) -> Result<(), SetupError> {
+fn mount_root(root_disk: &Path, scratch_disk: &Path) -> Result<OwnedFd, SetupError> {
     for dir in [IMAGE_MNT, SCRATCH_MNT, NEW_ROOT] {
         std::fs::create_dir_all(dir).step(format!("create {dir}"))?;
     }
@@ -170,6 +170,7 @@ fn mount_root(root_disk: &Path, scratch_disk: &Path) -> Result<(), SetupError> {
     for dir in [&upper, &work] {
         std::fs::create_dir_all(dir).step("create overlay layers")?;
     }
+    let upper_fd = setup::open_dir(&upper).step("open upper layer")?;
     let opts = format!(
         "lowerdir={IMAGE_MNT},upperdir={},workdir={}",
         upper.display(),
@@ -182,7 +183,8 @@ fn mount_root(root_disk: &Path, scratch_disk: &Path) -> Result<(), SetupError> {
         libc::MS_NODEV,
         Some(&opts),
     )
-    .step("mount root overlay")
+    .step("mount root overlay")?;
+    Ok(upper_fd)
 }
 
 /// The initramfs is the kernel's rootfs, which cannot be pivoted away: the new root is moved

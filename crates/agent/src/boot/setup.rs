@@ -5,6 +5,7 @@
 //! the sandbox's last process: the host never sees a sandbox mount and teardown cannot leak one.
 
 use std::ffi::CString;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
@@ -19,12 +20,15 @@ const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 const PROC_MASKED: &[&str] = &["kcore", "keys", "timer_list", "sched_debug", "kallsyms"];
 const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
-pub fn build_root(cfg: &InitConfig) -> Result<(), SetupError> {
+/// Returns the overlay's upper directory, opened before the overlay hides it: the only way
+/// back to it once the root is pivoted (snapshots read it through this descriptor).
+pub fn build_root(cfg: &InitConfig) -> Result<OwnedFd, SetupError> {
     // Our cgroup is final now (the parent moved us before letting us run), so a new cgroup
     // namespace makes it the sandbox's cgroup root and hides the host's hierarchy.
     unshare(libc::CLONE_NEWCGROUP).step("unshare cgroup namespace")?;
     mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None).step("make mounts private")?;
 
+    let upper = open_dir(Path::new(&cfg.upper_dir)).step("open upper layer")?;
     let root = mount_overlay(cfg)?;
     for bind in &cfg.ro_binds {
         bind_read_only(Path::new(&bind.source), &inside(&root, &bind.target))?;
@@ -42,7 +46,14 @@ pub fn build_root(cfg: &InitConfig) -> Result<(), SetupError> {
         super::egress_rules::prepare()?;
     }
     std::env::set_current_dir(&cfg.workdir).step("enter workdir")?;
-    Ok(())
+    Ok(upper)
+}
+
+/// A directory descriptor that never follows a final symlink and never survives an exec.
+pub fn open_dir(path: &Path) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    Ok(rustix::fs::open(path, flags, Mode::empty())?)
 }
 
 /// Mounts the root overlay and returns where. overlayfs shows its layer options in mountinfo as

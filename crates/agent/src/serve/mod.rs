@@ -6,6 +6,7 @@ pub mod exec;
 pub mod fs;
 pub mod interp;
 mod killall;
+mod layer;
 mod net;
 mod pty;
 pub mod server;

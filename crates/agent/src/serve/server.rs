@@ -23,7 +23,7 @@ use super::egress::{self, Egress};
 use super::exec::{self, ExecDefaults, Reaper};
 use super::fs::Fs;
 use super::interp::{self, Contexts};
-use super::{killall, net, pty, watch};
+use super::{killall, layer, net, pty, watch};
 use crate::confinement::Confinement;
 use crate::guest_cgroup::SandboxCgroup;
 use crate::outbox::Outbox;
@@ -41,6 +41,8 @@ pub struct Agent {
     /// The sandbox cgroup when this agent is a microVM's init; `None` in a jail, whose cgroup
     /// the host drives.
     pub guest: Option<Arc<SandboxCgroup>>,
+    /// The overlay's upper directory, opened before the root was built (snapshots read it).
+    pub upper: Option<Arc<std::os::fd::OwnedFd>>,
     started: Instant,
     running_execs: AtomicU32,
 }
@@ -59,6 +61,7 @@ impl Agent {
             defaults,
             egress: Arc::default(),
             guest: None,
+            upper: None,
             confinement,
             started: Instant::now(),
             running_execs: AtomicU32::new(0),
@@ -188,6 +191,10 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
         ToAgent::KillAll => killall::kill_all()
             .await
             .map(|processes| FromAgent::KilledAll { processes }),
+        ToAgent::CaptureLayer {
+            max_bytes,
+            max_entries,
+        } => return layer::capture(agent.upper.clone(), max_bytes, max_entries, out).await,
         ToAgent::ListeningPorts => blocking(net::listening_ports).await,
         ToAgent::EgressSubscribe => return egress::subscribe(&agent.egress, rx, out).await,
         ToAgent::EgressAttach { conn } => {

@@ -185,7 +185,7 @@ impl Manager {
         language: &str,
         opts: ContextOptions,
     ) -> Result<ContextInfo, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         let env = crate::manager::validate_env(&opts.env)?;
         if let Some(cwd) = opts.cwd.as_deref() {
             if !cwd.starts_with('/') || cwd.len() > proto::MAX_PATH_BYTES || cwd.contains('\0') {
@@ -214,7 +214,7 @@ impl Manager {
     }
 
     pub async fn list_contexts(&self, who: &Identity, id: &str) -> Result<Vec<ContextInfo>, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         match self.ask(&live, id, ToAgent::ContextList).await? {
             FromAgent::Contexts(all) => Ok(all.into_iter().map(Into::into).collect()),
             other => Err(unexpected(&other)),
@@ -222,7 +222,7 @@ impl Manager {
     }
 
     pub async fn delete_context(&self, who: &Identity, id: &str, cid: &str) -> Result<(), Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         validate_context_id(cid)?;
         let msg = ToAgent::ContextDelete {
             context_id: cid.into(),
@@ -239,7 +239,7 @@ impl Manager {
         id: &str,
         cid: &str,
     ) -> Result<ContextInfo, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         validate_context_id(cid)?;
         let msg = ToAgent::ContextRestart {
             context_id: cid.into(),
@@ -266,7 +266,7 @@ impl Manager {
             timeout_ms,
             env,
         } = req;
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         validate_context_id(cid)?;
         let env = crate::manager::validate_env(&env)?;
         if code.len() > MAX_CODE_BYTES {

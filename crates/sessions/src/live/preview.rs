@@ -19,7 +19,7 @@ pub struct Upstream {
 
 impl Manager {
     pub async fn listening_ports(&self, who: &Identity, id: &str) -> Result<Vec<u16>, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         let mut s = match live.sandbox.agent().open(ToAgent::ListeningPorts).await {
             Ok(s) => s,
             Err(e) => return Err(self.agent_failed(id, e).await),
@@ -79,7 +79,7 @@ impl Manager {
         id: &str,
     ) -> Result<(Upstream, UpstreamConn), Error> {
         let upstream = self.upstream(who, id).await?;
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         let mut s = match live
             .sandbox
             .agent()

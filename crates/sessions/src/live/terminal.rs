@@ -108,7 +108,7 @@ impl Manager {
         id: &str,
         spec: TerminalSpec,
     ) -> Result<Terminal, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         let (uid, mut env) = account(spec.user.as_deref(), live.env.clone())?;
         for (k, v) in validate_env(&spec.env)? {
             env.retain(|(ek, _)| *ek != k);

@@ -67,7 +67,7 @@ impl Manager {
         path: &str,
         recursive: bool,
     ) -> Result<Watch, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         if path.is_empty() || path.contains('\0') || path.len() > proto::MAX_PATH_BYTES {
             return Err(Error::InvalidArgument(
                 "path must be a directory path".into(),

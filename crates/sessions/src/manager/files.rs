@@ -27,7 +27,7 @@ impl Manager {
         S: Stream<Item = Result<Bytes, E>> + Unpin,
         E: std::fmt::Display,
     {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         let max = self.cfg.max_file_bytes;
         if declared_len.is_some_and(|n| n > max) {
             return Err(Error::PayloadTooLarge(format!(
@@ -70,7 +70,7 @@ impl Manager {
         id: &str,
         path: &str,
     ) -> Result<FileReader, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         validate_path(path)?;
         match live.sandbox.agent().open_read(path, u64::MAX).await {
             Ok(r) => Ok(r),
@@ -85,7 +85,7 @@ impl Manager {
         path: &str,
         depth: u32,
     ) -> Result<FileList, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         validate_path(path)?;
         if depth == 0 || depth > 32 {
             return Err(Error::InvalidArgument("depth must be 1..=32".into()));
@@ -106,7 +106,7 @@ impl Manager {
         path: &str,
         recursive: bool,
     ) -> Result<(), Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         validate_path(path)?;
         match live.sandbox.agent().remove(path, recursive).await {
             Ok(()) => Ok(()),
@@ -122,7 +122,7 @@ impl Manager {
         path: &str,
         user: Option<&str>,
     ) -> Result<FileEntry, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         validate_path(path)?;
         let owner = owner_of(user)?;
         match live.sandbox.agent().make_dir(path, owner).await {
@@ -138,7 +138,7 @@ impl Manager {
         from: &str,
         to: &str,
     ) -> Result<FileEntry, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         validate_path(from)?;
         validate_path(to)?;
         match live.sandbox.agent().rename(from, to).await {

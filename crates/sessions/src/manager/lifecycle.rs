@@ -8,10 +8,10 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use chrono::Duration as ChronoDuration;
-use koder_api_types::{CreateSession, Limits, Network, NetworkMode, Session, SessionState};
+use koder_api_types::{CreateSession, Limits, Network, NetworkMode, PauseKind, Session, SessionState};
 use koder_auth::Identity;
 use koder_runtime::{Sandbox, SandboxSpec};
-use koder_store::{SessionRecord, Store};
+use koder_store::{SessionDurable, SessionRecord, Store};
 use parking_lot::Mutex;
 
 use super::{validate_env, view, Manager, Runtimes};
@@ -31,8 +31,15 @@ const MINUTES_CHECK_TICKS: u32 = 5;
 /// sandboxes it left behind.
 pub(super) async fn reconcile(store: &Store, runtimes: &Runtimes) -> Result<(), Error> {
     for stale in store.live_sessions().await? {
+        let durable = store.session_durable(&stale.id).await?;
+        let reason = match (stale.state, durable.pause) {
+            // Nothing of it ran here: its layers are all it is.
+            (SessionState::Paused, Some(PauseKind::Disk)) => continue,
+            (SessionState::Paused, _) => "daemon restarted (a memory pause does not survive it)",
+            _ => "daemon restarted",
+        };
         store
-            .set_session_state(&stale.id, SessionState::Stopped, Some("daemon restarted"))
+            .set_session_state(&stale.id, SessionState::Stopped, Some(reason))
             .await?;
     }
     let mut removed = runtimes.jail.reconcile().await?.sandboxes_removed.len();
@@ -46,7 +53,22 @@ pub(super) async fn reconcile(store: &Store, runtimes: &Runtimes) -> Result<(), 
 }
 
 impl Manager {
-    pub async fn create(&self, who: &Identity, req: CreateSession) -> Result<Session, Error> {
+    pub async fn create(&self, who: &Identity, mut req: CreateSession) -> Result<Session, Error> {
+        let layers = match req.from_snapshot.take() {
+            Some(snapshot) => self.snapshot_base(who, &snapshot, &mut req).await?,
+            None => Vec::new(),
+        };
+        self.create_with(who, req, layers).await
+    }
+
+    /// Creates a session whose sandbox starts from `layers` (ids, bottom first; none for a
+    /// fresh one).
+    pub(super) async fn create_with(
+        &self,
+        who: &Identity,
+        req: CreateSession,
+        layers: Vec<String>,
+    ) -> Result<Session, Error> {
         let started = Instant::now();
         let language = languages::canonical(req.language.as_deref().unwrap_or(DEFAULT_LANGUAGE))?;
         let image = match req.image.as_deref() {
@@ -97,7 +119,10 @@ impl Manager {
             .await?;
 
         let egress = network.mode != NetworkMode::None;
-        let (sandbox, source) = self.sandbox_for(runtime, language, &limits, egress).await?;
+        let layer_files = self.layer_files(&who.tenant_id, &layers).await?;
+        let (sandbox, source) = self
+            .sandbox_for(runtime, language, &limits, egress, layer_files)
+            .await?;
         // If this request is dropped (the client went away) before the session is recorded,
         // the sandbox must not outlive it.
         let guard = DestroyOnDrop(Some(sandbox.clone()));
@@ -120,28 +145,17 @@ impl Manager {
             end_reason: None,
         };
         self.store.insert_session(&record).await?;
-        let live = Arc::new(Live {
-            sandbox,
-            tenant_id: record.tenant_id.clone(),
-            language: language.into(),
-            env,
-            running_execs: AtomicU32::new(0),
-            execs: Default::default(),
-            errors: Mutex::default(),
-            preview_port: Mutex::default(),
-            paused: Mutex::default(),
-        });
-        self.live.lock().insert(record.id.clone(), live.clone());
-        self.watch_agent(record.id.clone(), &live);
+        let durable = SessionDurable {
+            layers,
+            pause: None,
+            lifecycle: req.lifecycle.unwrap_or_default(),
+        };
+        if durable != SessionDurable::default() {
+            self.store.set_session_durable(&record.id, &durable).await?;
+        }
+        self.install(&record, sandbox, env, policy).await;
         ticket.forget();
         guard.disarm();
-        if egress {
-            let live = self.live.lock().get(&record.id).cloned();
-            if let Some(live) = live {
-                crate::egress::start(&self.store, &self.cfg.network, &live, &record, policy).await;
-            }
-        }
-        self.metrics.sessions_active.inc();
         self.metrics
             .sessions_created
             .with_label_values(&[source])
@@ -154,13 +168,61 @@ impl Manager {
         Ok(view(&record))
     }
 
-    /// A warm sandbox with the session's limits applied, or a fresh one.
-    async fn sandbox_for(
+    /// Makes `sandbox` the live half of the session `record` and starts what serves it (the
+    /// agent watch, egress decisions).
+    pub(super) async fn install(
+        &self,
+        record: &SessionRecord,
+        sandbox: Arc<dyn Sandbox>,
+        env: Vec<(String, String)>,
+        policy: koder_netpolicy::Policy,
+    ) -> Arc<Live> {
+        let live = Arc::new(Live {
+            sandbox,
+            tenant_id: record.tenant_id.clone(),
+            language: record.language.clone(),
+            env,
+            running_execs: AtomicU32::new(0),
+            execs: Default::default(),
+            errors: Mutex::default(),
+            preview_port: Mutex::default(),
+            paused: Mutex::default(),
+        });
+        let replaced = self.live.lock().insert(record.id.clone(), live.clone());
+        self.watch_agent(record.id.clone(), &live);
+        if record.network.mode != NetworkMode::None {
+            crate::egress::start(&self.store, &self.cfg.network, &live, record, policy).await;
+        }
+        match replaced {
+            // A restore: the old sandbox goes, the session stays.
+            Some(old) => self.retire(&record.id, &old).await,
+            None => self.metrics.sessions_active.inc(),
+        }
+        live
+    }
+
+    /// Destroys a sandbox that no longer serves its session (restored over, paused to disk).
+    pub(super) async fn retire(&self, id: &str, old: &Live) {
+        // Frozen processes cannot even die: thaw before the kill.
+        if *old.paused.lock() {
+            if let Some(rc) = old.sandbox.resources() {
+                let _ = rc.thaw().await;
+            }
+        }
+        if let Err(e) = old.sandbox.destroy().await {
+            tracing::error!(session = %id, error = %e, "sandbox teardown incomplete");
+        }
+    }
+
+    /// A warm sandbox with the session's limits applied, or a fresh one; a sandbox made from
+    /// layers is always fresh.
+    pub(super) async fn sandbox_for(
         &self,
         runtime: &str,
         language: &str,
         limits: &Limits,
         egress: bool,
+        layers: Vec<std::path::PathBuf>,
     ) -> Result<(Arc<dyn Sandbox>, &'static str), Error> {
         let (runtime, pool) = match (&self.microvm, runtime) {
             (Ok(vm), "microvm") => (vm.runtime.clone(), &vm.pool),
@@ -168,7 +230,8 @@ impl Manager {
         };
         let runtime_limits = limits::to_runtime_limits(limits);
         // Warm sandboxes have no network; one with egress is always made for its session.
-        while let Some(sb) = pool.take(language, limits.disk_mib).filter(|_| !egress) {
+        let fresh = egress || !layers.is_empty();
+        while let Some(sb) = pool.take(language, limits.disk_mib).filter(|_| !fresh) {
             let applied = match sb.resources() {
                 Some(rc) => rc.set_limits(&runtime_limits).await,
                 None => Ok(()),
@@ -187,7 +250,9 @@ impl Manager {
             limits: runtime_limits,
             env: Vec::new(),
             egress,
+            layers,
         };
+        let source = if spec.layers.is_empty() { "cold" } else { "layers" };
         // Started on its own task: a dropped request must not abandon a half-started sandbox,
         // and one that finishes for nobody is destroyed.
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -199,7 +264,7 @@ impl Manager {
         let created = rx
             .await
             .map_err(|_| Error::Internal("sandbox creation was interrupted".into()))??;
-        Ok((created, "cold"))
+        Ok((created, source))
     }
 
     pub async fn set_timeout(
@@ -228,6 +293,27 @@ impl Manager {
 
     /// Freezes every process of the session (state `paused`); execs are refused until resumed.
     pub async fn pause(&self, who: &Identity, id: &str) -> Result<Session, Error> {
+        self.pause_session(who, id, true).await
+    }
+
+    /// Pauses with processes kept (`memory`: frozen in place, lost if the daemon stops) or
+    /// to disk (filesystem kept in the blob store, sandbox gone, survives restarts).
+    pub async fn pause_session(
+        &self,
+        who: &Identity,
+        id: &str,
+        memory: bool,
+    ) -> Result<Session, Error> {
+        if !memory {
+            self.pause_to_disk(who, id).await?;
+            return self.get(who, id).await;
+        }
+        if self.paused_to_disk(id).await? {
+            self.record(who, id).await?;
+            return Err(Error::Conflict(
+                "the session is paused to disk; resume it first".into(),
+            ));
+        }
         let live = self.live_any(who, id)?;
         if *live.paused.lock() {
             return self.get(who, id).await;
@@ -256,8 +342,14 @@ impl Manager {
         }
     }
 
-    /// Thaws a paused session; resuming a running one is a no-op.
+    /// Thaws a paused session, or boots one paused to disk; resuming a running one is a no-op.
     pub async fn resume(&self, who: &Identity, id: &str) -> Result<Session, Error> {
+        if self.record(who, id).await?.state == SessionState::Paused
+            && self.paused_to_disk(id).await?
+        {
+            self.resume_from_disk(who, id).await?;
+            return self.get(who, id).await;
+        }
         let live = self.live_any(who, id)?;
         if !*live.paused.lock() {
             return self.get(who, id).await;
@@ -318,15 +410,7 @@ impl Manager {
 
     async fn finish_end(&self, id: &str, live: Option<Arc<Live>>, reason: &str) {
         if let Some(live) = live {
-            // Frozen processes cannot even die: thaw before the kill.
-            if *live.paused.lock() {
-                if let Some(rc) = live.sandbox.resources() {
-                    let _ = rc.thaw().await;
-                }
-            }
-            if let Err(e) = live.sandbox.destroy().await {
-                tracing::error!(session = %id, error = %e, "sandbox teardown incomplete");
-            }
+            self.retire(id, &live).await;
             self.admission.release(&live.tenant_id);
             self.metrics.sessions_active.dec();
             self.metrics
@@ -362,11 +446,12 @@ impl Manager {
         match self.store.expired_sessions(self.now()).await {
             Ok(expired) => {
                 for s in expired {
-                    self.end(&s.id, "expired").await;
+                    self.expire_session(&s).await;
                 }
             }
             Err(e) => tracing::error!(error = %e, "looking for expired sessions"),
         }
+        self.expire_state().await;
     }
 
     /// Stops the running sessions of tenants whose daily session-minutes are used up.

@@ -8,6 +8,7 @@ pub(crate) mod exec;
 mod files;
 mod lifecycle;
 mod observe;
+mod state;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Weak};
@@ -24,6 +25,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::SessionConfig;
 use crate::error::AGENT_EXITED;
+use crate::layers::Layers;
 use crate::limits;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
@@ -60,6 +62,8 @@ pub struct Manager {
     clock: Clock,
     /// (session, tenant) of sessions ended because their sandbox died, newest last.
     died: Mutex<VecDeque<(String, String)>>,
+    /// Captured layers (snapshots, durable pauses, forks); `None` without a state dir.
+    layers: Option<Arc<Layers>>,
 }
 
 impl Manager {
@@ -95,6 +99,14 @@ impl Manager {
         clock: Clock,
     ) -> Result<Arc<Self>, Error> {
         lifecycle::reconcile(&store, &runtimes).await?;
+        let layers = match &cfg.state_dir {
+            Some(dir) => {
+                let layers = Layers::open(&cfg.blobs, dir, store.clone()).await?;
+                layers.sweep().await?;
+                Some(Arc::new(layers))
+            }
+            None => None,
+        };
         let runtime = runtimes.jail;
         let metrics = Arc::new(Metrics::new());
         let pool = Arc::new(Pool::new(
@@ -125,6 +137,7 @@ impl Manager {
             admission: Arc::default(),
             clock,
             died: Mutex::default(),
+            layers,
         });
         let reaper = tokio::spawn(Self::reap_forever(Arc::downgrade(&manager)));
         let filler = tokio::spawn(pool.run_filler());

@@ -33,7 +33,7 @@ impl Manager {
         id: &str,
         req: ExecRequest,
     ) -> Result<ExecResult, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         let agent_req = self.exec_request(&live, req, false)?;
         let meter = Meter::start(live.clone()).await;
         let deadline = exec_deadline(agent_req.timeout_ms);
@@ -160,7 +160,7 @@ impl Manager {
         req: ExecRequest,
         background: bool,
     ) -> Result<Arc<FollowedExec>, Error> {
-        let live = self.live(who, id)?;
+        let live = self.awake(who, id).await?;
         live.execs.admit()?;
         let agent_req = self.exec_request(&live, req, background)?;
         let command = agent_req.argv.clone();

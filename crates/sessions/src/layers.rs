@@ -1,0 +1,265 @@
+//! Captured layers on this host: the agent's tar stream goes at once into the blob store
+//! (the durable copy, tenant-scoped) and into a local cache (what runtimes apply a layer
+//! from); a layer missing from the cache is fetched back and checked against its sha256.
+//!
+//! Crash safety: cache files are written under a `.part` name and renamed when complete, a
+//! blob is visible only once complete, and the layer's row is inserted last; `sweep` removes
+//! whatever a crash left between those steps.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use chrono::Utc;
+use futures::StreamExt;
+use koder_agent_protocol::AgentClient;
+use koder_blobs::{BlobConfig, BlobInfo, Blobs};
+use koder_store::{LayerRecord, Store};
+use parking_lot::Mutex;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use crate::Error;
+
+/// Where a layer's blob lives inside its tenant.
+fn blob_key(layer_id: &str) -> String {
+    format!("layers/{layer_id}")
+}
+
+const PART: &str = ".part";
+/// Chunks buffered between the agent and the blob upload.
+const UPLOAD_QUEUE: usize = 8;
+
+pub struct Layers {
+    blobs: Blobs,
+    cache: PathBuf,
+    store: Store,
+    /// One fetch per layer at a time: forks of one snapshot all wait for the same download.
+    fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A capture that ran to its end.
+pub struct Captured {
+    pub record: LayerRecord,
+}
+
+impl Layers {
+    pub async fn open(cfg: &BlobConfig, data_dir: &Path, store: Store) -> Result<Self, Error> {
+        let blobs = Blobs::open(cfg, data_dir).await.map_err(blob_error)?;
+        let cache = data_dir.join("layers");
+        tokio::fs::create_dir_all(&cache)
+            .await
+            .map_err(|e| Error::Internal(format!("create {}: {e}", cache.display())))?;
+        Ok(Self {
+            blobs,
+            cache,
+            store,
+            fetching: Mutex::default(),
+        })
+    }
+
+    fn cached(&self, id: &str) -> PathBuf {
+        self.cache.join(format!("{id}.tar"))
+    }
+
+    /// Streams the sandbox's writable layer into a new layer of `tenant`. The caller has frozen
+    /// the sandbox's processes. `max_bytes` bounds the stored size (the tenant's room).
+    pub async fn capture(
+        &self,
+        tenant: &str,
+        agent: &AgentClient,
+        max_bytes: u64,
+        max_entries: u64,
+    ) -> Result<LayerRecord, Error> {
+        let id = format!("lyr-{}", uuid::Uuid::new_v4().simple());
+        let part = self.cache.join(format!("{id}.tar{PART}"));
+        let result = self
+            .capture_into(tenant, &id, &part, agent, max_bytes, max_entries)
+            .await;
+        match result {
+            Ok(record) => Ok(record),
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&part).await;
+                let _ = self.blobs.delete(tenant, &blob_key(&id)).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn capture_into(
+        &self,
+        tenant: &str,
+        id: &str,
+        part: &Path,
+        agent: &AgentClient,
+        max_bytes: u64,
+        max_entries: u64,
+    ) -> Result<LayerRecord, Error> {
+        let mut capture = agent.capture_layer(max_bytes, max_entries).await?;
+        let mut file = tokio::fs::File::create(part)
+            .await
+            .map_err(|e| Error::Internal(format!("create layer cache file: {e}")))?;
+        let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(UPLOAD_QUEUE);
+        let body = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let upload = self.blobs.put(tenant, &blob_key(id), body);
+        let produce = async {
+            let mut stored: u64 = 0;
+            while let Some(chunk) = capture.next_chunk().await? {
+                stored = stored.saturating_add(chunk.len() as u64);
+                if stored > max_bytes {
+                    return Err(Error::QuotaSnapshotStorage(format!(
+                        "the layer needs more than the {max_bytes} bytes of snapshot storage left"
+                    )));
+                }
+                file.write_all(&chunk)
+                    .await
+                    .map_err(|e| Error::Internal(format!("write layer cache file: {e}")))?;
+                if tx.send(Ok(Bytes::from(chunk))).await.is_err() {
+                    break;
+                }
+            }
+            drop(tx);
+            file.flush()
+                .await
+                .map_err(|e| Error::Internal(format!("write layer cache file: {e}")))?;
+            capture
+                .end()
+                .ok_or_else(|| Error::Internal("layer capture ended early".into()))
+        };
+        let (produced, uploaded) = tokio::join!(produce, upload);
+        let (entries, _content) = produced?;
+        let info = uploaded.map_err(blob_error)?;
+        tokio::fs::rename(part, self.cached(id))
+            .await
+            .map_err(|e| Error::Internal(format!("commit layer cache file: {e}")))?;
+        let record = LayerRecord {
+            id: id.to_string(),
+            tenant_id: tenant.to_string(),
+            blob_key: blob_key(id),
+            size_bytes: info.size,
+            sha256: info.sha256,
+            entries,
+            created_at: Utc::now(),
+        };
+        self.store.insert_layer(&record).await?;
+        Ok(record)
+    }
+
+    /// Local files of these layers, in order, fetching (and verifying) any not cached here.
+    pub async fn local(&self, layers: &[LayerRecord]) -> Result<Vec<PathBuf>, Error> {
+        let mut out = Vec::with_capacity(layers.len());
+        for l in layers {
+            out.push(self.fetch(l).await?);
+        }
+        Ok(out)
+    }
+
+    async fn fetch(&self, l: &LayerRecord) -> Result<PathBuf, Error> {
+        let path = self.cached(&l.id);
+        let gate = self.fetching.lock().entry(l.id.clone()).or_default().clone();
+        let _held = gate.lock().await;
+        if tokio::fs::try_exists(&path).await.unwrap_or(false) {
+            return Ok(path);
+        }
+        let part = self.cache.join(format!("{}.tar{PART}", l.id));
+        let fetched = self.download(l, &part).await;
+        if let Err(e) = fetched {
+            let _ = tokio::fs::remove_file(&part).await;
+            return Err(e);
+        }
+        tokio::fs::rename(&part, &path)
+            .await
+            .map_err(|e| Error::Internal(format!("commit layer cache file: {e}")))?;
+        Ok(path)
+    }
+
+    async fn download(&self, l: &LayerRecord, part: &Path) -> Result<(), Error> {
+        let expected = BlobInfo {
+            size: l.size_bytes,
+            sha256: l.sha256.clone(),
+        };
+        let mut body = self
+            .blobs
+            .get(&l.tenant_id, &l.blob_key, &expected)
+            .await
+            .map_err(blob_error)?;
+        let mut file = tokio::fs::File::create(part)
+            .await
+            .map_err(|e| Error::Internal(format!("create layer cache file: {e}")))?;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(blob_error)?;
+            file.write_all(&chunk)
+                .await
+                .map_err(|e| Error::Internal(format!("write layer cache file: {e}")))?;
+        }
+        file.flush()
+            .await
+            .map_err(|e| Error::Internal(format!("write layer cache file: {e}")))
+    }
+
+    /// Deletes a layer everywhere: blob, cache file, row (in that order, so a crash leaves a
+    /// row whose blob is gone only if the delete already happened, which the next sweep
+    /// finishes).
+    pub async fn remove(&self, l: &LayerRecord) -> Result<(), Error> {
+        self.blobs
+            .delete(&l.tenant_id, &l.blob_key)
+            .await
+            .map_err(blob_error)?;
+        let _ = tokio::fs::remove_file(self.cached(&l.id)).await;
+        self.store.delete_layer(&l.id).await?;
+        Ok(())
+    }
+
+    /// Garbage collection: layers nothing references any more. Run by the reaper.
+    pub async fn collect_garbage(&self) -> Result<u64, Error> {
+        let mut n = 0;
+        for l in self.store.unreferenced_layers().await? {
+            self.remove(&l).await?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// At start-up, before any capture: unfinished uploads and cache files, blobs and cache
+    /// files without a row (a crash between the steps of `capture`), unreferenced layers.
+    pub async fn sweep(&self) -> Result<(), Error> {
+        self.blobs.sweep_incomplete().await.map_err(blob_error)?;
+        let known: HashSet<String> = self
+            .store
+            .all_layers()
+            .await?
+            .into_iter()
+            .map(|l| l.id)
+            .collect();
+        for tenant in self.blobs.list_tenants().await.map_err(blob_error)? {
+            for (key, _) in self.blobs.list(&tenant).await.map_err(blob_error)? {
+                let orphan = key
+                    .strip_prefix("layers/")
+                    .is_some_and(|id| !known.contains(id));
+                if orphan {
+                    tracing::info!(tenant, key, "removing a layer blob a crash left");
+                    self.blobs.delete(&tenant, &key).await.map_err(blob_error)?;
+                }
+            }
+        }
+        let mut dir = tokio::fs::read_dir(&self.cache)
+            .await
+            .map_err(|e| Error::Internal(format!("read layer cache: {e}")))?;
+        while let Ok(Some(entry)) = dir.next_entry().await {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let keep = name
+                .strip_suffix(".tar")
+                .is_some_and(|id| known.contains(id));
+            if !keep {
+                let _ = tokio::fs::remove_file(entry.path()).await;
+            }
+        }
+        self.collect_garbage().await?;
+        Ok(())
+    }
+}
+
+fn blob_error(e: koder_blobs::BlobError) -> Error {
+    Error::Internal(format!("blob store: {e}"))
+}

@@ -1,0 +1,497 @@
+//! State that outlives a sandbox: snapshots (take, list, delete, create from, restore),
+//! durable pause and resume, fork, and their retention.
+//!
+//! A session's filesystem is its image plus a stack of captured layers (`koder-store`
+//! `SessionDurable::layers`) plus what its sandbox has written since. A capture freezes the
+//! sandbox's processes, streams its writable layer into a new layer and thaws them: the layer
+//! holds every file as it was at one instant for the processes of the sandbox (what they had
+//! written, including unflushed data the kernel already had; not what a program still kept in
+//! its own buffers).
+
+use std::path::PathBuf;
+
+use chrono::Duration as ChronoDuration;
+use futures::StreamExt;
+use koder_api_types::{
+    CreateSession, CreateSnapshot, OnTimeout, PauseKind, Session, SessionState, Snapshot,
+};
+use koder_auth::Identity;
+use koder_store::{LayerRecord, SessionDurable, SessionRecord, SnapshotRecord};
+
+use super::{validate_env, Manager};
+use crate::layers::Layers;
+use crate::session::Live;
+use crate::Error;
+
+/// Entries one captured layer may hold.
+const MAX_LAYER_ENTRIES: u64 = 500_000;
+/// Copies one fork may make.
+pub const MAX_FORK: u32 = 100;
+/// Sandboxes a fork starts at once (each cold create is mostly syscalls on one core).
+const FORK_PARALLEL: usize = 4;
+const MAX_NAME: usize = 128;
+
+impl Manager {
+    fn layer_store(&self) -> Result<&Layers, Error> {
+        self.layers.as_deref().ok_or_else(|| {
+            Error::NotImplemented("snapshots need a data directory on this server".into())
+        })
+    }
+
+    /// Local files of the tenant's layers `ids`, for a sandbox to start from.
+    pub(super) async fn layer_files(
+        &self,
+        tenant: &str,
+        ids: &[String],
+    ) -> Result<Vec<PathBuf>, Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let records = self.store.layers(tenant, ids).await?;
+        self.layer_store()?.local(&records).await
+    }
+
+    /// Bytes of snapshot storage the tenant has left; none left is a typed 507.
+    async fn room(&self, tenant: &str) -> Result<u64, Error> {
+        let mib = self
+            .cfg
+            .tenant_snapshot_storage_mib
+            .get(tenant)
+            .copied()
+            .unwrap_or(self.cfg.snapshot_storage_mib);
+        let limit = mib.saturating_mul(1 << 20);
+        let used = self.store.tenant_layer_bytes(tenant).await?;
+        match limit.checked_sub(used).filter(|room| *room > 0) {
+            Some(room) => Ok(room),
+            None => Err(Error::QuotaSnapshotStorage(format!(
+                "the snapshot storage of tenant {tenant} is full ({used} of {limit} bytes used)"
+            ))),
+        }
+    }
+
+    /// Captures a live session's writable layer with its processes frozen (a paused session's
+    /// are frozen already).
+    async fn capture(&self, live: &Live) -> Result<LayerRecord, Error> {
+        let layers = self.layer_store()?;
+        let room = self.room(&live.tenant_id).await?;
+        let rc = live.sandbox.resources();
+        let frozen_here = match rc {
+            Some(rc) if !*live.paused.lock() => {
+                rc.freeze().await?;
+                true
+            }
+            _ => false,
+        };
+        let captured = layers
+            .capture(
+                &live.tenant_id,
+                live.sandbox.agent(),
+                room,
+                MAX_LAYER_ENTRIES,
+            )
+            .await;
+        if frozen_here {
+            if let Some(rc) = rc {
+                if let Err(e) = rc.thaw().await {
+                    tracing::error!(error = %e, "thawing a sandbox after its capture");
+                }
+            }
+        }
+        captured.map_err(|e| match e {
+            Error::PayloadTooLarge(m) => Error::QuotaSnapshotStorage(format!(
+                "the session's files do not fit the snapshot storage left: {m}"
+            )),
+            other => other,
+        })
+    }
+
+    /// The layers the session's filesystem is now: its stack plus a fresh capture, or just
+    /// the stack of a session paused to disk (nothing runs that could change it).
+    async fn current_layers(
+        &self,
+        who: &Identity,
+        record: &SessionRecord,
+    ) -> Result<Vec<String>, Error> {
+        let mut durable = self.store.session_durable(&record.id).await?;
+        if record.state == SessionState::Stopped {
+            return Err(Error::Conflict("the session has ended".into()));
+        }
+        if durable.pause == Some(PauseKind::Disk) {
+            return Ok(durable.layers);
+        }
+        let live = self.live_any(who, &record.id)?;
+        let layer = self.capture(&live).await?;
+        durable.layers.push(layer.id);
+        Ok(durable.layers)
+    }
+
+    pub async fn snapshot(
+        &self,
+        who: &Identity,
+        id: &str,
+        req: CreateSnapshot,
+    ) -> Result<Snapshot, Error> {
+        validate_name(req.name.as_deref())?;
+        let record = self.record(who, id).await?;
+        let layers = self.current_layers(who, &record).await?;
+        let now = self.now();
+        let snap = SnapshotRecord {
+            id: format!("snap-{}", uuid::Uuid::new_v4().simple()),
+            tenant_id: who.tenant_id.clone(),
+            name: req.name,
+            session_id: Some(record.id.clone()),
+            runtime: record.runtime.clone(),
+            language: record.language.clone(),
+            image: record.image.clone(),
+            layers,
+            created_at: now,
+            expires_at: now + self.retention(),
+        };
+        self.store.insert_snapshot(&snap).await?;
+        self.metrics.snapshots_taken.inc();
+        tracing::info!(session = %id, snapshot = %snap.id, "snapshot taken");
+        self.snapshot_view(&snap).await
+    }
+
+    fn retention(&self) -> ChronoDuration {
+        ChronoDuration::seconds(i64::try_from(self.cfg.snapshot_retention_s).unwrap_or(i64::MAX))
+    }
+
+    async fn snapshot_view(&self, s: &SnapshotRecord) -> Result<Snapshot, Error> {
+        let size_bytes = self
+            .store
+            .layers(&s.tenant_id, &s.layers)
+            .await?
+            .iter()
+            .map(|l| l.size_bytes)
+            .sum();
+        Ok(Snapshot {
+            snapshot_id: s.id.clone(),
+            name: s.name.clone(),
+            size_bytes,
+            image: s.image.clone(),
+            language: s.language.clone(),
+            runtime: s.runtime.clone(),
+            session_id: s.session_id.clone(),
+            created_at: s.created_at,
+            expires_at: s.expires_at,
+        })
+    }
+
+    /// The tenant's snapshot; another tenant's is unknown.
+    async fn snapshot_record(&self, who: &Identity, id: &str) -> Result<SnapshotRecord, Error> {
+        match self.store.get_snapshot(id).await? {
+            Some(s) if s.tenant_id == who.tenant_id && s.expires_at > self.now() => Ok(s),
+            _ => Err(Error::SnapshotNotFound),
+        }
+    }
+
+    pub async fn list_snapshots(&self, who: &Identity) -> Result<Vec<Snapshot>, Error> {
+        let now = self.now();
+        let mut out = Vec::new();
+        for s in self.store.list_snapshots(&who.tenant_id).await? {
+            if s.expires_at > now {
+                out.push(self.snapshot_view(&s).await?);
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn get_snapshot(&self, who: &Identity, id: &str) -> Result<Snapshot, Error> {
+        let s = self.snapshot_record(who, id).await?;
+        self.snapshot_view(&s).await
+    }
+
+    /// Deletes the snapshot; its layers go once nothing else uses them.
+    pub async fn delete_snapshot(&self, who: &Identity, id: &str) -> Result<(), Error> {
+        self.snapshot_record(who, id).await?;
+        self.store.delete_snapshot(id).await?;
+        self.collect_layers().await;
+        Ok(())
+    }
+
+    /// Fills a create request from the snapshot it names: image, runtime and language are the
+    /// snapshot's (asking for others is an error). Returns the layers to start from.
+    pub(super) async fn snapshot_base(
+        &self,
+        who: &Identity,
+        snapshot: &str,
+        req: &mut CreateSession,
+    ) -> Result<Vec<String>, Error> {
+        let s = self.snapshot_record(who, snapshot).await?;
+        for (what, asked, have) in [
+            ("image", &mut req.image, &s.image),
+            ("runtime", &mut req.runtime, &s.runtime),
+            ("language", &mut req.language, &s.language),
+        ] {
+            match asked {
+                Some(a) if a != have => {
+                    return Err(Error::InvalidArgument(format!(
+                        "snapshot {snapshot} was taken with {what} {have:?}, not {a:?}"
+                    )))
+                }
+                _ => *asked = Some(have.clone()),
+            }
+        }
+        Ok(s.layers)
+    }
+
+    /// Restarts the session's sandbox on the snapshot's filesystem: the processes it runs end,
+    /// the session (id, limits, network, timeout) stays. A session paused to disk comes back
+    /// running.
+    pub async fn restore(
+        &self,
+        who: &Identity,
+        id: &str,
+        snapshot_id: &str,
+    ) -> Result<Session, Error> {
+        let record = self.record(who, id).await?;
+        if record.state == SessionState::Stopped {
+            return Err(Error::Conflict("the session has ended".into()));
+        }
+        let snap = self.snapshot_record(who, snapshot_id).await?;
+        if (snap.image.as_str(), snap.runtime.as_str()) != (&record.image, &record.runtime) {
+            return Err(Error::InvalidArgument(format!(
+                "snapshot {snapshot_id} is of a {} {} session, this one is {} {}",
+                snap.runtime, snap.image, record.runtime, record.image
+            )));
+        }
+        let mut durable = self.store.session_durable(id).await?;
+        durable.layers = snap.layers;
+        self.boot(&record, durable).await?;
+        tracing::info!(session = %id, snapshot = %snapshot_id, "session restored");
+        self.get(who, id).await
+    }
+
+    /// Starts a new sandbox for `record` from `durable.layers` and makes it the session's
+    /// (replacing a running one), recording the session as running. A session paused to disk
+    /// holds no admission slot, so it takes one first.
+    async fn boot(&self, record: &SessionRecord, mut durable: SessionDurable) -> Result<(), Error> {
+        let ticket = if durable.pause == Some(PauseKind::Disk) {
+            let tenant = self
+                .store
+                .get_tenant(&record.tenant_id)
+                .await?
+                .ok_or_else(|| Error::PlanRequired(format!("tenant {} has no plan", record.tenant_id)))?;
+            Some(self.admission.admit(&self.store, &tenant, self.now()).await?)
+        } else {
+            None
+        };
+        let env = validate_env(&record.env)?;
+        let policy = crate::egress::policy_for(&record.network, &self.cfg.network).await?;
+        let files = self.layer_files(&record.tenant_id, &durable.layers).await?;
+        let egress = record.network.mode != koder_api_types::NetworkMode::None;
+        let (sandbox, _) = self
+            .sandbox_for(&record.runtime, &record.language, &record.limits, egress, files)
+            .await?;
+        let was_disk = durable.pause.take() == Some(PauseKind::Disk);
+        self.store.set_session_durable(&record.id, &durable).await?;
+        self.store.set_session_sandbox(&record.id, sandbox.id()).await?;
+        self.store
+            .set_session_state(&record.id, SessionState::Running, None)
+            .await?;
+        if was_disk {
+            let expires = self.now()
+                + ChronoDuration::seconds(i64::try_from(self.cfg.default_timeout_s).unwrap_or(i64::MAX));
+            self.store.set_session_expiry(&record.id, expires).await?;
+        }
+        self.install(record, sandbox, env, policy).await;
+        if let Some(t) = ticket {
+            t.forget();
+        }
+        Ok(())
+    }
+
+    /// Pauses to disk: the filesystem is captured, the sandbox destroyed; nothing runs and
+    /// nothing is held but the layers, which outlive the daemon. The session is kept for the
+    /// snapshot retention.
+    pub(super) async fn pause_to_disk(&self, who: &Identity, id: &str) -> Result<(), Error> {
+        let record = self.record(who, id).await?;
+        let mut durable = self.store.session_durable(id).await?;
+        if durable.pause == Some(PauseKind::Disk) {
+            return Ok(());
+        }
+        let live = self.live_any(who, id)?;
+        let layer = self.capture(&live).await?;
+        durable.layers.push(layer.id);
+        durable.pause = Some(PauseKind::Disk);
+        self.store.set_session_durable(id, &durable).await?;
+        self.store
+            .set_session_state(id, SessionState::Paused, None)
+            .await?;
+        self.store
+            .set_session_expiry(id, self.now() + self.retention())
+            .await?;
+        let removed = {
+            let mut all = self.live.lock();
+            match all.get(id) {
+                Some(l) if std::sync::Arc::ptr_eq(l, &live) => all.remove(id),
+                _ => None,
+            }
+        };
+        if let Some(old) = removed {
+            self.retire(id, &old).await;
+            self.admission.release(&record.tenant_id);
+            self.metrics.sessions_active.dec();
+        }
+        tracing::info!(session = %id, "session paused to disk");
+        Ok(())
+    }
+
+    /// Resumes a session paused to disk: a fresh sandbox boots on its layers.
+    pub(super) async fn resume_from_disk(&self, who: &Identity, id: &str) -> Result<(), Error> {
+        let record = self.record(who, id).await?;
+        let durable = self.store.session_durable(id).await?;
+        if durable.pause != Some(PauseKind::Disk) {
+            return Err(Error::Conflict("the session is not paused".into()));
+        }
+        self.boot(&record, durable).await?;
+        tracing::info!(session = %id, "session resumed from disk");
+        Ok(())
+    }
+
+    /// Whether the session is paused to disk (it has no live sandbox then).
+    pub(super) async fn paused_to_disk(&self, id: &str) -> Result<bool, Error> {
+        Ok(self.store.session_durable(id).await?.pause == Some(PauseKind::Disk))
+    }
+
+    /// The running session, woken first when it is paused and its lifecycle says a request
+    /// resumes it.
+    pub(crate) async fn awake(&self, who: &Identity, id: &str) -> Result<std::sync::Arc<Live>, Error> {
+        match self.live(who, id) {
+            Err(e @ (Error::NotFound | Error::Conflict(_))) => {
+                let Ok(record) = self.record(who, id).await else {
+                    return Err(e);
+                };
+                if record.state != SessionState::Paused
+                    || !self.store.session_durable(id).await?.lifecycle.auto_resume
+                {
+                    return Err(e);
+                }
+                self.resume(who, id).await?;
+                self.live(who, id)
+            }
+            other => other,
+        }
+    }
+
+    /// `count` new sessions, each with a copy of the source's filesystem as it is now and the
+    /// source's settings (language, image, runtime, limits, network, env, metadata); each has
+    /// its own limits and counts against the tenant's quotas. All or nothing.
+    pub async fn fork(&self, who: &Identity, id: &str, count: u32) -> Result<Vec<Session>, Error> {
+        if count == 0 || count > MAX_FORK {
+            return Err(Error::InvalidArgument(format!(
+                "count must be 1-{MAX_FORK}, not {count}"
+            )));
+        }
+        let record = self.record(who, id).await?;
+        let layers = self.current_layers(who, &record).await?;
+        let durable = self.store.session_durable(id).await?;
+        let req = CreateSession {
+            language: Some(record.language.clone()),
+            image: Some(record.image.clone()),
+            runtime: Some(record.runtime.clone()),
+            limits: Some(record.limits),
+            network: Some(record.network.clone()),
+            env: record.env.clone(),
+            timeout_s: Some(self.cfg.default_timeout_s),
+            metadata: record.metadata.clone(),
+            lifecycle: Some(durable.lifecycle),
+            from_snapshot: None,
+        };
+        let results: Vec<Result<Session, Error>> = futures::stream::iter(0..count)
+            .map(|_| self.create_with(who, req.clone(), layers.clone()))
+            .buffer_unordered(FORK_PARALLEL)
+            .collect()
+            .await;
+        let (made, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+        let made: Vec<Session> = made.into_iter().filter_map(Result::ok).collect();
+        if let Some(Err(e)) = failed.into_iter().next() {
+            for s in &made {
+                self.end(&s.id, "fork failed").await;
+            }
+            self.collect_layers().await;
+            return Err(e);
+        }
+        self.metrics.forks.inc_by(made.len() as u64);
+        tracing::info!(session = %id, count, "session forked");
+        Ok(made)
+    }
+
+    /// Reaper duty: expired snapshots go, then every layer nothing references.
+    pub(super) async fn expire_state(&self) {
+        match self.store.expired_snapshots(self.now()).await {
+            Ok(expired) => {
+                for s in expired {
+                    if let Err(e) = self.store.delete_snapshot(&s.id).await {
+                        tracing::error!(snapshot = %s.id, error = %e, "deleting an expired snapshot");
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "looking for expired snapshots"),
+        }
+        self.collect_layers().await;
+    }
+
+    async fn collect_layers(&self) {
+        let Some(layers) = self.layers.as_deref() else { return };
+        if let Err(e) = layers.collect_garbage().await {
+            tracing::error!(error = %e, "removing unused layers");
+        }
+    }
+
+    /// What the reaper does with an expired session: pause it to disk when its lifecycle
+    /// says so (and it is running), otherwise end it.
+    pub(super) async fn expire_session(&self, s: &SessionRecord) {
+        let durable = self.store.session_durable(&s.id).await.unwrap_or_default();
+        let pause = durable.lifecycle.on_timeout == OnTimeout::Pause
+            && durable.pause != Some(PauseKind::Disk)
+            && self.layers.is_some();
+        if pause {
+            let who = Identity {
+                tenant_id: s.tenant_id.clone(),
+            };
+            match self.pause_to_disk(&who, &s.id).await {
+                Ok(()) => return,
+                Err(e) => tracing::warn!(session = %s.id, error = %e, "pause on timeout failed; ending the session"),
+            }
+        }
+        self.end(&s.id, "expired").await;
+    }
+
+    /// The settings every fork and restore copies; exposed for the E2B adapter's views.
+    pub async fn durable_of(&self, who: &Identity, id: &str) -> Result<SessionDurable, Error> {
+        self.record(who, id).await?;
+        Ok(self.store.session_durable(id).await?)
+    }
+}
+
+fn validate_name(name: Option<&str>) -> Result<(), Error> {
+    let Some(name) = name else { return Ok(()) };
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "snapshot name must be 1-{MAX_NAME} characters of [A-Za-z0-9._-]"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(validate_name(None).is_ok());
+        assert!(validate_name(Some("nightly-1.2_x")).is_ok());
+        for bad in ["", "a b", "ä", "../x", "a/b", &"x".repeat(MAX_NAME + 1)] {
+            assert!(validate_name(Some(bad)).is_err(), "{bad:?}");
+        }
+    }
+}
