@@ -129,6 +129,7 @@ async fn hostile_names_never_escape() {
     let tmp = tempfile::tempdir().unwrap();
     let blobs = open(tmp.path()).await;
     hostile(&blobs).await;
+    limits(&blobs).await;
     // Nothing was created anywhere: neither beside the blob directory nor inside it.
     let entries: Vec<_> = std::fs::read_dir(tmp.path())
         .unwrap()

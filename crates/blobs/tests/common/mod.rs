@@ -182,7 +182,11 @@ pub async fn hostile(blobs: &Blobs) {
         }
         assert_invalid(&ctx, blobs.list(&bad).await);
     }
-    // Keys at the limits are fine.
+}
+
+/// Names at the limits are accepted, one byte more is not. (Not run against s3s-fs: it
+/// names a file after the base64 of the whole bucket and key, too long for the filesystem.)
+pub async fn limits(blobs: &Blobs) {
     let k240 = "k".repeat(240);
     let long = format!("{k240}/{k240}/{}", "k".repeat(30));
     let t = "t".repeat(128);
