@@ -1,7 +1,7 @@
 //! Applying a layer archive onto a directory, as one more overlay layer stacked on what is
 //! there.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read};
@@ -36,8 +36,8 @@ pub fn apply(
         root,
         owners: opts.owners,
         budget: Budget::new(&opts.limits),
-        files: HashSet::new(),
-        dirs: HashMap::new(),
+        created: HashSet::new(),
+        open_dirs: Vec::new(),
         buf: vec![0; CHUNK],
     };
     let mut archive = Archive::new(input);
@@ -45,11 +45,12 @@ pub fn apply(
         let mut stream = Stream::new(&mut archive)?;
         while let Some(item) = stream.next_item()? {
             state.budget.entry()?;
+            state.leave_dirs(Some(&item.path))?;
             state.item(item)?;
         }
     }
     reader::check_end(archive.into_inner())?;
-    state.finish_dirs()?;
+    state.leave_dirs(None)?;
     Ok(state.budget.stats)
 }
 
@@ -57,10 +58,15 @@ struct Apply<'a> {
     root: BorrowedFd<'a>,
     owners: Owners,
     budget: Budget<'a>,
-    /// Regular files this apply created: the only hard-link targets allowed.
-    files: HashSet<EntryPath>,
-    /// Mode and mtime of every directory, set once its children are in place.
-    dirs: HashMap<EntryPath, (u32, u64)>,
+    /// Inodes (device, number) of the regular files this apply created: the only hard-link
+    /// targets allowed. Inodes rather than paths: 16 bytes per file whatever the names, and a
+    /// path replaced since by something else no longer matches.
+    created: HashSet<(u64, u64)>,
+    /// The directories the archive is inside of, outermost first, with the mode and mtime
+    /// they get once their children are in place. Archives list a directory's children right
+    /// after it (capture walks depth-first), so this stays at most `MAX_DEPTH` deep; an
+    /// archive that comes back to a directory later only costs that directory its mtime.
+    open_dirs: Vec<(EntryPath, u32, u64)>,
     buf: Vec<u8>,
 }
 
@@ -73,14 +79,8 @@ impl Apply<'_> {
         if let Kind::HardLink(target) = &item.kind {
             self.check_link_target(&item.path, target)?;
         }
-        let (parent, name) = item.path.split();
-        let owned;
-        let dir = if parent.is_empty() {
-            self.root
-        } else {
-            owned = self.resolve(parent, &item.path)?;
-            owned.as_fd()
-        };
+        let (owned, name) = self.parent_of(&item.path, &item.path)?;
+        let dir = owned.as_ref().map_or(self.root, |fd| fd.as_fd());
         let name = cstring(name, &item.path)?;
         let old = match rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => Some(FileType::from_raw_mode(st.st_mode)),
@@ -94,20 +94,12 @@ impl Apply<'_> {
         };
         match (old, &item.kind) {
             (_, Kind::Dir) | (None, _) => {}
-            (Some(old), _) => self.remove(&at, old)?,
+            (Some(old), _) => at.remove(old)?,
         }
         match &item.kind {
             Kind::Dir => self.dir(&at, old, &item.meta, owner),
-            Kind::File => {
-                self.file(&at, &mut item.data, item.size, &item.meta, owner)?;
-                self.files.insert(item.path.clone());
-                Ok(())
-            }
-            Kind::HardLink(target) => {
-                self.hard_link(&at, target)?;
-                self.files.insert(item.path.clone());
-                Ok(())
-            }
+            Kind::File => self.file(&at, &mut item.data, item.size, &item.meta, owner),
+            Kind::HardLink(target) => self.hard_link(&at, target),
             Kind::Symlink(target) => {
                 rustix::fs::symlinkat(target.as_slice(), dir, &name)
                     .map_err(|e| io_at("creating symlink", at.path, e))?;
@@ -150,13 +142,44 @@ impl Apply<'_> {
     }
 
     fn check_link_target(&self, path: &EntryPath, target: &EntryPath) -> Result<(), LayerError> {
-        if target == path || !self.files.contains(target) {
-            return Err(LayerError::forbidden(
+        let refused = || {
+            LayerError::forbidden(
                 path.as_bytes(),
                 "hard link to a file this layer did not create",
-            ));
+            )
+        };
+        if target == path {
+            return Err(refused());
+        }
+        let (owned, name) = self.parent_of(target, path)?;
+        let dir = owned.as_ref().map_or(self.root, |fd| fd.as_fd());
+        let st = rustix::fs::statat(
+            dir,
+            cstring(name, target)?.as_c_str(),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(|_| refused())?;
+        let ours = FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+            && self.created.contains(&(st.st_dev, st.st_ino));
+        if !ours {
+            return Err(refused());
         }
         Ok(())
+    }
+
+    /// The parent of `path` (`None`: the root itself) and the final name.
+    fn parent_of<'p>(
+        &self,
+        path: &'p EntryPath,
+        entry: &EntryPath,
+    ) -> Result<(Option<OwnedFd>, &'p [u8]), LayerError> {
+        let (parent, name) = path.split();
+        let dir = if parent.is_empty() {
+            None
+        } else {
+            Some(self.resolve(parent, entry)?)
+        };
+        Ok((dir, name))
     }
 
     /// The directory at `path`, resolved inside the root without following any symlink or
@@ -199,7 +222,7 @@ impl Apply<'_> {
         let merge = old == Some(FileType::Directory);
         match old {
             Some(FileType::Directory) => {}
-            Some(other) => self.remove(at, other)?,
+            Some(other) => at.remove(other)?,
             None => {}
         }
         if !merge {
@@ -208,7 +231,6 @@ impl Apply<'_> {
         }
         let fd = at.open(OFlags::RDONLY | OFlags::DIRECTORY)?;
         if merge && opaque {
-            self.forget_below(at.path);
             clear(fd.as_fd(), at.path)?;
         }
         if merge {
@@ -217,7 +239,8 @@ impl Apply<'_> {
             xattrs::set(fd.as_fd(), at.path.as_bytes(), &meta.xattrs)?;
         }
         chown(fd.as_fd(), at.path, owner)?;
-        self.dirs.insert(at.path.clone(), (meta.mode, meta.mtime));
+        self.open_dirs
+            .push((at.path.clone(), meta.mode, meta.mtime));
         Ok(())
     }
 
@@ -238,47 +261,34 @@ impl Apply<'_> {
         )
         .map_err(|e| io_at("creating", at.path, e))?;
         let file = File::from(fd);
+        let st = rustix::fs::fstat(&file).map_err(|e| io_at("stat", at.path, e))?;
+        self.created.insert((st.st_dev, st.st_ino));
         write_sparse(&file, data, size, &mut self.buf, at.path)?;
         xattrs::set(file.as_fd(), at.path.as_bytes(), &meta.xattrs)?;
         own_fd(file.as_fd(), at.path, owner, meta.mode, meta.mtime)
     }
 
     fn hard_link(&self, at: &At<'_>, target: &EntryPath) -> Result<(), LayerError> {
-        let (parent, name) = target.split();
-        let owned;
-        let dir = if parent.is_empty() {
-            self.root
-        } else {
-            owned = self.resolve(parent, at.path)?;
-            owned.as_fd()
-        };
+        let (owned, name) = self.parent_of(target, at.path)?;
+        let dir = owned.as_ref().map_or(self.root, |fd| fd.as_fd());
         let name = cstring(name, target)?;
         rustix::fs::linkat(dir, &name, at.dir, at.name, AtFlags::empty())
             .map_err(|e| io_at("linking", at.path, e))
     }
 
-    fn remove(&mut self, at: &At<'_>, old: FileType) -> Result<(), LayerError> {
-        if old == FileType::Directory {
-            self.forget_below(at.path);
-        } else {
-            self.files.remove(at.path);
-        }
-        remove(at.dir, at.name, old, at.path)
-    }
-
-    /// Whatever was recorded at or under `path` is gone from the disk.
-    fn forget_below(&mut self, path: &EntryPath) {
-        self.files.retain(|f| !f.is_within(path));
-        self.dirs.retain(|d, _| !d.is_within(path));
-    }
-
-    fn finish_dirs(&self) -> Result<(), LayerError> {
-        for (path, (mode, mtime)) in &self.dirs {
+    /// Gives the directories `next` is not inside of their final mode and mtime (all of
+    /// them at the end of the archive).
+    fn leave_dirs(&mut self, next: Option<&EntryPath>) -> Result<(), LayerError> {
+        while let Some((path, mode, mtime)) = self.open_dirs.last() {
+            if next.is_some_and(|n| n != path && n.is_within(path)) {
+                break;
+            }
             let fd = self.resolve(path.as_bytes(), path)?;
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(*mode))
-                .map_err(|e| io_at("setting the mode of", path, e))?;
+                .map_err(|e| io_at("chmod", path, e))?;
             rustix::fs::futimens(&fd, &times(*mtime))
                 .map_err(|e| io_at("setting times of", path, e))?;
+            self.open_dirs.pop();
         }
         Ok(())
     }
@@ -292,6 +302,10 @@ struct At<'a> {
 }
 
 impl At<'_> {
+    fn remove(&self, old: FileType) -> Result<(), LayerError> {
+        remove(self.dir, self.name, old, self.path)
+    }
+
     fn open(&self, flags: OFlags) -> Result<OwnedFd, LayerError> {
         let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         rustix::fs::openat(self.dir, self.name, flags, Mode::empty())

@@ -56,6 +56,9 @@ impl<W: Write> Walk<'_, W> {
             if self.path.len() > MAX_PATH {
                 return Err(LayerError::forbidden(&self.path, "path too long"));
             }
+            if depth >= MAX_DEPTH {
+                return Err(LayerError::forbidden(&self.path, "path too deep"));
+            }
             self.entry(dir, &name, depth + 1)?;
             self.path.truncate(parent_len);
         }
@@ -81,9 +84,6 @@ impl<W: Write> Walk<'_, W> {
             .map_err(|e| self.io("stat", e))?;
         match FileType::from_raw_mode(st.st_mode) {
             FileType::Directory => {
-                if depth > MAX_DEPTH {
-                    return Err(LayerError::forbidden(&self.path, "path too deep"));
-                }
                 self.budget.entry()?;
                 let child = self.open(dir, name, &st, OFlags::DIRECTORY)?;
                 let xattrs = xattrs::read(child.as_fd(), &self.path)?;

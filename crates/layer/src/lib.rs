@@ -83,7 +83,9 @@ pub struct Stats {
 /// How namespace uids/gids in the archive become owners on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owners {
-    /// Ids land as they are in the archive.
+    /// Ids land as they are in the archive (any id but `u32::MAX`, which chown reads as
+    /// "unchanged"). Only for a target the host never executes from: an archive may then hold
+    /// root-owned setuid files.
     AsIs,
     /// Host id = `base` + archive id; an archive id `>= size` is [`LayerError::Forbidden`].
     Shift { base: u32, size: u32 },
