@@ -59,7 +59,13 @@ fn init() -> Result<Never, Box<dyn std::error::Error>> {
     child::mark_cloexec_from(LISTEN_FD)?;
     child::set_workload_cgroup(workload)?;
     let upper = setup::build_root(&cfg)?;
-    let (fs, confinement, defaults, runtime) = confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs, &upper)?;
+    let (fs, confinement, defaults, runtime) = confined(
+        &cfg.workdir,
+        &cfg.env,
+        &cfg.rlimits,
+        &cfg.writable_dirs,
+        &upper,
+    )?;
     quiet_stdio()?;
     let egress = cfg.egress;
     runtime.block_on(async move {
@@ -143,8 +149,13 @@ fn guest_init() -> Result<Never, Box<dyn std::error::Error>> {
     // Bound before the walls go up: the seccomp filter refuses AF_VSOCK sockets to everyone in
     // the guest, the agent included, so sandbox processes can never reach the host's vsock.
     let vsock = vsock::VsockListener::bind_with_cid_port(vsock::VMADDR_CID_ANY, cfg.vsock_port)?;
-    let (fs, confinement, defaults, runtime) =
-        confined(&cfg.workdir, &cfg.env, &cfg.rlimits, &cfg.writable_dirs, &upper)?;
+    let (fs, confinement, defaults, runtime) = confined(
+        &cfg.workdir,
+        &cfg.env,
+        &cfg.rlimits,
+        &cfg.writable_dirs,
+        &upper,
+    )?;
     runtime.block_on(async move {
         let reaper = Reaper::start()?;
         let listener = tokio_vsock::VsockListener::from(std::os::fd::OwnedFd::from(vsock));

@@ -30,6 +30,9 @@ pub struct Config {
     pub network: koder_netpolicy::NetConfig,
     /// Tenants and their plans/quotas, by tenant id.
     pub tenants: BTreeMap<String, TenantConfig>,
+    /// Where snapshots and durable pauses are kept: `<data_dir>/blobs` by default, or an
+    /// S3-compatible bucket (`url = "s3://bucket/prefix"`, `endpoint`, keys).
+    pub blobs: koder_blobs::BlobConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -111,6 +114,8 @@ pub struct TenantConfig {
     pub plan: String,
     pub max_sessions: Option<u32>,
     pub daily_session_minutes: Option<u64>,
+    /// Room for snapshots and durable pauses, MiB (default `[sessions] snapshot_storage_mib`).
+    pub snapshot_storage_mib: Option<u64>,
 }
 
 impl Default for TenantConfig {
@@ -120,6 +125,7 @@ impl Default for TenantConfig {
             plan: "standard".into(),
             max_sessions: None,
             daily_session_minutes: None,
+            snapshot_storage_mib: None,
         }
     }
 }

@@ -63,6 +63,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let mut sessions = cfg.sessions.clone();
     sessions.network = cfg.network.clone();
+    sessions.state_dir = Some(data_dir.clone());
+    sessions.blobs = cfg.blobs.clone();
+    sessions.tenant_snapshot_storage_mib = cfg
+        .tenants
+        .iter()
+        .filter_map(|(id, t)| Some((id.clone(), t.snapshot_storage_mib?)))
+        .collect();
     let manager = koder_sessions::Manager::start_with_runtimes(
         store,
         runtimes,

@@ -1,5 +1,5 @@
 //! What the jail and the microVM runtime both do on the host, done once: ext4 scratch-disk
-//! templates and their sparse copies ([`ext4`]), killing processes a crashed daemon recorded
+//! templates and their sparse copies ([`ext4`]), a crash hook for tests ([`crash`]), killing processes a crashed daemon recorded
 //! ([`reap`]), installing binaries sandbox uids can execute ([`install`]) and directory modes
 //! ([`mode`]).
 //!
@@ -9,6 +9,7 @@
 //! `koder_runtime::RuntimeError`, so the runtimes pass them on unchanged and every failure keeps
 //! the stable code it had.
 
+pub mod crash;
 pub mod ext4;
 pub mod install;
 pub mod mode;

@@ -9,6 +9,7 @@ mod extract;
 mod live;
 mod preview;
 mod routes;
+mod state;
 mod terminal;
 mod watch;
 
@@ -48,9 +49,11 @@ pub struct AppState {
         routes::remove_file, routes::make_dir, routes::move_file, routes::session_metrics,
         live::list_execs, live::exec_status, live::exec_stream, live::exec_stdin, live::exec_signal,
         live::report_error, live::list_errors, terminal::terminal, watch::watch,
-        preview::upstream, preview::pin, routes::pause, routes::resume, routes::kill_processes, audit::network,
+        preview::upstream, preview::pin, state::pause, routes::resume, routes::kill_processes, audit::network,
         contexts::create_context, contexts::list_contexts, contexts::delete_context,
         contexts::restart_context, contexts::run_code,
+        state::snapshot, state::restore, state::fork, state::list_snapshots,
+        state::get_snapshot, state::delete_snapshot,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key
     ),
     modifiers(&BearerAuth)
@@ -106,13 +109,13 @@ pub fn router(state: AppState) -> Router {
         .route("/{id}/terminal", get(terminal::terminal))
         .route("/{id}/fs/watch", get(watch::watch))
         .route("/{id}/upstream", get(preview::upstream))
-        .route("/{id}/pause", post(routes::pause))
         .route("/{id}/resume", post(routes::resume))
         .route("/{id}/kill-processes", post(routes::kill_processes))
         .route("/{id}/preview", post(preview::pin))
         .route("/{id}/preview/", any(preview::proxy))
         .route("/{id}/preview/{*path}", any(preview::proxy))
-        .merge(contexts::router());
+        .merge(contexts::router())
+        .merge(state::session_routes());
     let admin = Router::new()
         .route("/tenants", get(admin::list_tenants))
         .route(
@@ -122,6 +125,7 @@ pub fn router(state: AppState) -> Router {
         .route("/tenants/{id}/keys", post(admin::issue_key));
     Router::new()
         .nest("/v1/sandbox/sessions", sessions)
+        .nest("/v1/sandbox/snapshots", state::snapshot_routes())
         .nest("/v1/sandbox/admin", admin)
         .route("/v1/sandbox/audit/network", get(audit::network))
         .route("/healthz", get(healthz))

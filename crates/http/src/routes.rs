@@ -262,18 +262,6 @@ pub async fn session_metrics(
     Ok(axum::Json(s.manager.metrics_of(&who, &id).await?))
 }
 
-#[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/pause", tag = "sessions",
-    params(("id" = String, Path)),
-    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody), (status = 501, body = ErrorBody)),
-    security(("bearer" = [])))]
-pub async fn pause(
-    State(s): State<AppState>,
-    Caller(who): Caller,
-    Path(id): Path<String>,
-) -> ApiResult<axum::Json<Session>> {
-    Ok(axum::Json(s.manager.pause(&who, &id).await?))
-}
-
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/kill-processes", tag = "sessions",
     description = "Kills every process in the session (a fork bomb, runaway children) and keeps the session running. Followed execs end with verdict SANDBOX-EXEC-KILLED; interpreter contexts restart on their next run.",
     params(("id" = String, Path)),

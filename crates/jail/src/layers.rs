@@ -42,10 +42,8 @@ pub fn apply(
         },
     };
     for layer in layers {
-        let file = File::open(layer).map_err(RuntimeError::io(format!(
-            "open layer {}",
-            layer.display()
-        )))?;
+        let file = File::open(layer)
+            .map_err(RuntimeError::io(format!("open layer {}", layer.display())))?;
         koder_layer::apply(
             std::os::fd::AsFd::as_fd(&root),
             BufReader::with_capacity(256 * 1024, file),

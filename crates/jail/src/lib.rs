@@ -353,9 +353,11 @@ impl JailRuntime {
         self.prepare_layers(parts, ids, limits.disk_mib)?;
         if !spec.layers.is_empty() {
             let (upper, layers) = (parts.upper.clone(), spec.layers.clone());
-            tokio::task::spawn_blocking(move || layers::apply(&upper, &layers, ids, limits.disk_mib))
-                .await
-                .map_err(|e| RuntimeError::Start(format!("layer task: {e}")))??;
+            tokio::task::spawn_blocking(move || {
+                layers::apply(&upper, &layers, ids, limits.disk_mib)
+            })
+            .await
+            .map_err(|e| RuntimeError::Start(format!("layer task: {e}")))??;
         }
         let agent_cgroup = match &self.cgroups {
             Some(driver) => Some(self.create_cgroups(&**driver, &spec.id, &limits, parts)?),

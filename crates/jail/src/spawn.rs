@@ -169,8 +169,7 @@ pub fn spawn_agent(
     let released = write_id_maps(pid, ids, rootless)
         .and_then(|()| place(pid))
         .and_then(|()| {
-            #[cfg(debug_assertions)]
-            crash_point("jail-before-release");
+            koder_hostkit::crash::point("jail-before-release");
             release(sync_w, err_r)
         });
     if let Err(e) = released {
@@ -182,21 +181,6 @@ pub fn spawn_agent(
         pidfd,
         stderr: stderr_r,
     })
-}
-
-/// Test hook, debug builds only: `KODER_TEST_CRASH_AT=<point>` in the daemon's environment
-/// makes the whole process abort at that point, so tests can crash a daemon exactly there.
-/// Points: `jail-before-release` (a child cloned and placed, not yet released to exec).
-#[cfg(debug_assertions)]
-fn crash_point(point: &str) {
-    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    if AT
-        .get_or_init(|| std::env::var("KODER_TEST_CRASH_AT").ok())
-        .as_deref()
-        == Some(point)
-    {
-        std::process::abort();
-    }
 }
 
 /// The release pipe as the child sees it right after the clone.

@@ -39,16 +39,15 @@ pub struct Layers {
     fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-/// A capture that ran to its end.
-pub struct Captured {
-    pub record: LayerRecord,
-}
-
 impl Layers {
     pub async fn open(cfg: &BlobConfig, data_dir: &Path, store: Store) -> Result<Self, Error> {
         let blobs = Blobs::open(cfg, data_dir).await.map_err(blob_error)?;
         let cache = data_dir.join("layers");
-        tokio::fs::create_dir_all(&cache)
+        // Layers hold sandbox files: nobody but the daemon reads them.
+        tokio::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&cache)
             .await
             .map_err(|e| Error::Internal(format!("create {}: {e}", cache.display())))?;
         Ok(Self {
@@ -102,7 +101,8 @@ impl Layers {
             .map_err(|e| Error::Internal(format!("create layer cache file: {e}")))?;
         let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(UPLOAD_QUEUE);
         let body = tokio_stream::wrappers::ReceiverStream::new(rx);
-        let upload = self.blobs.put(tenant, &blob_key(id), body);
+        let key = blob_key(id);
+        let upload = self.blobs.put(tenant, &key, body);
         let produce = async {
             let mut stored: u64 = 0;
             while let Some(chunk) = capture.next_chunk().await? {
@@ -133,6 +133,7 @@ impl Layers {
         tokio::fs::rename(part, self.cached(id))
             .await
             .map_err(|e| Error::Internal(format!("commit layer cache file: {e}")))?;
+        koder_hostkit::crash::point("layer-before-commit");
         let record = LayerRecord {
             id: id.to_string(),
             tenant_id: tenant.to_string(),
@@ -157,7 +158,12 @@ impl Layers {
 
     async fn fetch(&self, l: &LayerRecord) -> Result<PathBuf, Error> {
         let path = self.cached(&l.id);
-        let gate = self.fetching.lock().entry(l.id.clone()).or_default().clone();
+        let gate = self
+            .fetching
+            .lock()
+            .entry(l.id.clone())
+            .or_default()
+            .clone();
         let _held = gate.lock().await;
         if tokio::fs::try_exists(&path).await.unwrap_or(false) {
             return Ok(path);
@@ -179,11 +185,12 @@ impl Layers {
             size: l.size_bytes,
             sha256: l.sha256.clone(),
         };
-        let mut body = self
+        let body = self
             .blobs
             .get(&l.tenant_id, &l.blob_key, &expected)
             .await
             .map_err(blob_error)?;
+        let mut body = std::pin::pin!(body);
         let mut file = tokio::fs::File::create(part)
             .await
             .map_err(|e| Error::Internal(format!("create layer cache file: {e}")))?;

@@ -11,8 +11,8 @@ use koder_agent_protocol::init::Rlimits;
 use std::os::fd::BorrowedFd;
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, PathBeneath, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
-    ABI,
+    path_beneath_rules, Access, AccessFs, PathBeneath, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    RulesetStatus, ABI,
 };
 use seccompiler::{
     SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
@@ -106,7 +106,10 @@ fn drop_bounding_caps() -> Result<(), SetupError> {
     Ok(())
 }
 
-fn apply_landlock(writable: &[String], readable: Option<BorrowedFd<'_>>) -> Result<u32, SetupError> {
+fn apply_landlock(
+    writable: &[String],
+    readable: Option<BorrowedFd<'_>>,
+) -> Result<u32, SetupError> {
     let abi = ABI::V6;
     let to_io = |e: landlock::RulesetError| std::io::Error::other(e.to_string());
     let status = Ruleset::default()

@@ -18,7 +18,10 @@ const QUEUE: usize = 4;
 
 pub async fn capture(upper: Option<Arc<OwnedFd>>, max_bytes: u64, max_entries: u64, out: Outbox) {
     let Some(upper) = upper else {
-        let err = AgentError::new(ErrorCode::InvalidRequest, "this sandbox has no writable layer");
+        let err = AgentError::new(
+            ErrorCode::InvalidRequest,
+            "this sandbox has no writable layer",
+        );
         let _ = out.send(FromAgent::Error(err)).await;
         return;
     };

@@ -35,6 +35,7 @@ pub(crate) fn create_request(
         env: env.iter().cloned().collect(),
         timeout_s: opts.timeout,
         metadata: opts.meta.iter().cloned().collect(),
+        ..Default::default()
     }
 }
 

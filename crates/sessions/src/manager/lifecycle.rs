@@ -8,7 +8,9 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use chrono::Duration as ChronoDuration;
-use koder_api_types::{CreateSession, Limits, Network, NetworkMode, PauseKind, Session, SessionState};
+use koder_api_types::{
+    CreateSession, Limits, Network, NetworkMode, PauseKind, Session, SessionState,
+};
 use koder_auth::Identity;
 use koder_runtime::{Sandbox, SandboxSpec};
 use koder_store::{SessionDurable, SessionRecord, Store};
@@ -252,7 +254,11 @@ impl Manager {
             egress,
             layers,
         };
-        let source = if spec.layers.is_empty() { "cold" } else { "layers" };
+        let source = if spec.layers.is_empty() {
+            "cold"
+        } else {
+            "layers"
+        };
         // Started on its own task: a dropped request must not abandon a half-started sandbox,
         // and one that finishes for nobody is destroyed.
         let (tx, rx) = tokio::sync::oneshot::channel();

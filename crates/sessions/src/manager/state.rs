@@ -272,8 +272,14 @@ impl Manager {
                 .store
                 .get_tenant(&record.tenant_id)
                 .await?
-                .ok_or_else(|| Error::PlanRequired(format!("tenant {} has no plan", record.tenant_id)))?;
-            Some(self.admission.admit(&self.store, &tenant, self.now()).await?)
+                .ok_or_else(|| {
+                    Error::PlanRequired(format!("tenant {} has no plan", record.tenant_id))
+                })?;
+            Some(
+                self.admission
+                    .admit(&self.store, &tenant, self.now())
+                    .await?,
+            )
         } else {
             None
         };
@@ -282,17 +288,28 @@ impl Manager {
         let files = self.layer_files(&record.tenant_id, &durable.layers).await?;
         let egress = record.network.mode != koder_api_types::NetworkMode::None;
         let (sandbox, _) = self
-            .sandbox_for(&record.runtime, &record.language, &record.limits, egress, files)
+            .sandbox_for(
+                &record.runtime,
+                &record.language,
+                &record.limits,
+                egress,
+                files,
+            )
             .await?;
+        koder_hostkit::crash::point("restore-before-install");
         let was_disk = durable.pause.take() == Some(PauseKind::Disk);
         self.store.set_session_durable(&record.id, &durable).await?;
-        self.store.set_session_sandbox(&record.id, sandbox.id()).await?;
+        self.store
+            .set_session_sandbox(&record.id, sandbox.id())
+            .await?;
         self.store
             .set_session_state(&record.id, SessionState::Running, None)
             .await?;
         if was_disk {
             let expires = self.now()
-                + ChronoDuration::seconds(i64::try_from(self.cfg.default_timeout_s).unwrap_or(i64::MAX));
+                + ChronoDuration::seconds(
+                    i64::try_from(self.cfg.default_timeout_s).unwrap_or(i64::MAX),
+                );
             self.store.set_session_expiry(&record.id, expires).await?;
         }
         self.install(record, sandbox, env, policy).await;
@@ -357,7 +374,11 @@ impl Manager {
 
     /// The running session, woken first when it is paused and its lifecycle says a request
     /// resumes it.
-    pub(crate) async fn awake(&self, who: &Identity, id: &str) -> Result<std::sync::Arc<Live>, Error> {
+    pub(crate) async fn awake(
+        &self,
+        who: &Identity,
+        id: &str,
+    ) -> Result<std::sync::Arc<Live>, Error> {
         match self.live(who, id) {
             Err(e @ (Error::NotFound | Error::Conflict(_))) => {
                 let Ok(record) = self.record(who, id).await else {
@@ -434,7 +455,9 @@ impl Manager {
     }
 
     async fn collect_layers(&self) {
-        let Some(layers) = self.layers.as_deref() else { return };
+        let Some(layers) = self.layers.as_deref() else {
+            return;
+        };
         if let Err(e) = layers.collect_garbage().await {
             tracing::error!(error = %e, "removing unused layers");
         }
@@ -453,7 +476,9 @@ impl Manager {
             };
             match self.pause_to_disk(&who, &s.id).await {
                 Ok(()) => return,
-                Err(e) => tracing::warn!(session = %s.id, error = %e, "pause on timeout failed; ending the session"),
+                Err(e) => {
+                    tracing::warn!(session = %s.id, error = %e, "pause on timeout failed; ending the session")
+                }
             }
         }
         self.end(&s.id, "expired").await;

@@ -1,0 +1,483 @@
+//! State that lasts, through the real daemon and real jails: snapshots (take, list, create
+//! from, restore, delete), durable pause across a daemon restart, auto-resume, fork, the
+//! snapshot-storage quota, hostile contents, and crashes in the middle of a capture or restore.
+
+mod common;
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+const POST: Method = Method::POST;
+const GET: Method = Method::GET;
+
+async fn sh(d: &Daemon, id: &str, script: &str) -> String {
+    let v = d.exec(id, json!({ "shell": script })).await;
+    assert_eq!(v["exit_code"], 0, "{script}: {v}");
+    v["stdout"].as_str().unwrap_or_default().to_string()
+}
+
+async fn snapshot(d: &Daemon, id: &str, body: Value) -> Value {
+    let (status, v) = d
+        .json(POST, &format!("/v1/sandbox/sessions/{id}/snapshot"), body)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    v
+}
+
+/// What the test sandboxes write, and a digest of it to compare copies with.
+const WRITE: &str = "set -e; mkdir -p /home/user/proj/sub; echo data > /home/user/proj/a.txt; \
+     chown 1000:1000 /home/user/proj/a.txt; chmod 640 /home/user/proj/a.txt; \
+     ln -s a.txt /home/user/proj/link; ln /home/user/proj/a.txt /home/user/proj/hard; \
+     head -c 3000000 /dev/urandom > /home/user/proj/sub/blob; mkfifo /home/user/proj/fifo; \
+     printf x > '/home/user/proj/na me\u{e4}'; rm /etc/os-release";
+const DIGEST: &str = "cd /home/user/proj && sha256sum a.txt sub/blob && stat -c '%n %u %g %a %h %F' a.txt hard fifo && \
+     readlink link && ls && test ! -e /etc/os-release && echo whiteout-ok";
+
+fn layer_files(d: &Daemon) -> Vec<String> {
+    let mut found = Vec::new();
+    for dir in ["blobs", "layers"] {
+        let walk = walk(&d.data_dir().join(dir));
+        found.extend(walk.into_iter().filter(|p| p.contains("lyr-")));
+    }
+    found
+}
+
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p.display().to_string());
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_capture_restore_and_stay_with_their_tenant() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let a = d.create(json!({})).await;
+    sh(&d, &a, WRITE).await;
+    let want = sh(&d, &a, DIGEST).await;
+    assert!(want.contains("whiteout-ok"), "{want}");
+
+    let snap = snapshot(&d, &a, json!({"name": "first"})).await;
+    let sid = snap["snapshot_id"].as_str().unwrap().to_string();
+    assert_eq!(snap["name"], "first");
+    assert_eq!(snap["image"], "host");
+    assert_eq!(snap["session_id"], a.as_str());
+    assert!(snap["size_bytes"].as_u64().unwrap() > 3_000_000, "{snap}");
+    assert!(snap["expires_at"].as_str().unwrap() > snap["created_at"].as_str().unwrap());
+    // The source keeps running after the capture.
+    assert_eq!(sh(&d, &a, "echo alive").await, "alive\n");
+
+    let (status, list) = d.json(GET, "/v1/sandbox/snapshots", Value::Null).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["snapshots"][0]["snapshot_id"], sid.as_str());
+    let (status, one) = d
+        .json(GET, &format!("/v1/sandbox/snapshots/{sid}"), Value::Null)
+        .await;
+    assert_eq!(
+        (status, one["snapshot_id"].clone()),
+        (StatusCode::OK, json!(sid))
+    );
+
+    // Another tenant sees nothing and cannot build on it.
+    let (status, v) = d
+        .json_as(
+            KEY2,
+            GET,
+            &format!("/v1/sandbox/snapshots/{sid}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND")
+    );
+    let (status, v) = d
+        .json_as(
+            KEY2,
+            POST,
+            "/v1/sandbox/sessions",
+            json!({"from_snapshot": sid}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    let (_, v) = d
+        .json_as(KEY2, GET, "/v1/sandbox/snapshots", Value::Null)
+        .await;
+    assert_eq!(v["snapshots"], json!([]));
+
+    // A new session from the snapshot has every file, owner, link and whiteout.
+    let b = d.create(json!({"from_snapshot": sid})).await;
+    assert_eq!(sh(&d, &b, DIGEST).await, want);
+    // Asking for another image than the snapshot's is refused.
+    let (status, v) = d
+        .json(
+            POST,
+            "/v1/sandbox/sessions",
+            json!({"from_snapshot": sid, "language": "node"}),
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::BAD_REQUEST, "SANDBOX-INVALID-ARGUMENT"),
+        "{v}"
+    );
+
+    // Restore puts b back as it was, whatever it did since.
+    sh(
+        &d,
+        &b,
+        "echo changed > /home/user/proj/a.txt; touch /home/user/new; rm -r /home/user/proj/sub",
+    )
+    .await;
+    let (status, v) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{b}/restore"),
+            json!({"snapshot_id": sid}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["state"], "running");
+    assert_eq!(sh(&d, &b, DIGEST).await, want);
+    assert_eq!(
+        sh(&d, &b, "test ! -e /home/user/new && echo gone").await,
+        "gone\n"
+    );
+
+    // Deleting the snapshot leaves the sessions built on it working.
+    let resp = d
+        .req(
+            Method::DELETE,
+            &format!("/v1/sandbox/snapshots/{sid}"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    let (status, _) = d
+        .json(GET, &format!("/v1/sandbox/snapshots/{sid}"), Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(sh(&d, &b, DIGEST).await, want);
+
+    // Bad input is typed.
+    let (status, v) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/snapshot"),
+            json!({"name": "../x"}),
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::BAD_REQUEST, "SANDBOX-INVALID-ARGUMENT")
+    );
+    let (status, _) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/restore"),
+            json!({"snapshot_id": "snap-nope"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = d
+        .json_as(
+            KEY2,
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/snapshot"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_pause_survives_a_restart_and_resumes_on_request() {
+    let Some(()) = root_or_skip() else { return };
+    let mut d = Daemon::start(BASE_CONFIG).await;
+    let a = d.create(json!({})).await;
+    let b = d.create(json!({"lifecycle": {"auto_resume": true}})).await;
+    for id in [&a, &b] {
+        sh(&d, id, "echo kept > /home/user/kept; (sleep 1000 &) ; true").await;
+        let (status, v) = d
+            .json(
+                POST,
+                &format!("/v1/sandbox/sessions/{id}/pause"),
+                json!({"memory": false}),
+            )
+            .await;
+        assert_eq!(
+            (status, v["state"].clone()),
+            (StatusCode::OK, json!("paused")),
+            "{v}"
+        );
+    }
+    // Nothing of them runs any more.
+    let sandboxes = d.data_dir().join("jail/sandboxes");
+    assert_eq!(
+        std::fs::read_dir(&sandboxes)
+            .map(|r| r.count())
+            .unwrap_or(0),
+        0
+    );
+
+    d.stop();
+    d.launch().await;
+    let (_, list) = d.json(GET, "/v1/sandbox/sessions", Value::Null).await;
+    let states: Vec<&str> = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["paused", "paused"], "{list}");
+
+    // Without auto-resume a request is a conflict until resumed.
+    let (status, v) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/exec"),
+            json!({"cmd": ["true"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    let (status, v) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/resume"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (status, v["state"].clone()),
+        (StatusCode::OK, json!("running")),
+        "{v}"
+    );
+    assert_eq!(sh(&d, &a, "cat /home/user/kept").await, "kept\n");
+    // A fresh boot: the background process of before is gone.
+    assert_eq!(sh(&d, &a, "pgrep -c sleep || true").await.trim(), "0");
+
+    // With auto-resume the exec itself wakes it.
+    assert_eq!(sh(&d, &b, "cat /home/user/kept").await, "kept\n");
+    let (_, v) = d
+        .json(GET, &format!("/v1/sandbox/sessions/{b}"), Value::Null)
+        .await;
+    assert_eq!(v["state"], "running");
+
+    // A memory pause does not survive a restart, and says why.
+    let (status, _) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/pause"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    d.stop();
+    d.launch().await;
+    let (_, v) = d
+        .json(GET, &format!("/v1/sandbox/sessions/{a}"), Value::Null)
+        .await;
+    assert_eq!(v["state"], "stopped");
+    assert!(
+        v["end_reason"].as_str().unwrap().contains("memory pause"),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_makes_independent_copies() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let a = d
+        .create(json!({"limits": {"memory_mib": 256}, "metadata": {"k": "v"}}))
+        .await;
+    sh(&d, &a, "echo base > /home/user/f").await;
+    let (status, v) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/fork"),
+            json!({"count": 3}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let forks: Vec<String> = v["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(forks.len(), 3);
+    assert_eq!(v["sessions"][0]["limits"]["memory_mib"], 256);
+    assert_eq!(v["sessions"][0]["metadata"]["k"], "v");
+    for f in &forks {
+        assert_ne!(f, &a);
+        assert_eq!(sh(&d, f, "cat /home/user/f").await, "base\n");
+    }
+    sh(&d, &forks[0], "echo mine > /home/user/f").await;
+    assert_eq!(sh(&d, &forks[1], "cat /home/user/f").await, "base\n");
+    assert_eq!(sh(&d, &a, "cat /home/user/f").await, "base\n");
+    for bad in [0, 101] {
+        let (status, v) = d
+            .json(
+                POST,
+                &format!("/v1/sandbox/sessions/{a}/fork"),
+                json!({"count": bad}),
+            )
+            .await;
+        assert_eq!(
+            (status, error_code(&v)),
+            (StatusCode::BAD_REQUEST, "SANDBOX-INVALID-ARGUMENT")
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_storage_quota_is_a_typed_507_and_leaves_nothing() {
+    let Some(()) = root_or_skip() else { return };
+    let config = format!("{BASE_CONFIG}[tenants.t1]\nsnapshot_storage_mib = 2\n");
+    let d = Daemon::start(&config).await;
+    let a = d.create(json!({})).await;
+    sh(&d, &a, "head -c 3000000 /dev/urandom > /home/user/big").await;
+    let (status, v) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/snapshot"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{v}");
+    assert_eq!(error_code(&v), "SANDBOX-QUOTA-SNAPSHOT-STORAGE");
+    // A sparse 10 GB file is refused from its size at once, not read.
+    sh(
+        &d,
+        &a,
+        "rm /home/user/big; truncate -s 10G /home/user/sparse",
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let (status, _) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/snapshot"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert!(layer_files(&d).is_empty(), "{:?}", layer_files(&d));
+    let (_, v) = d.json(GET, "/v1/sandbox/snapshots", Value::Null).await;
+    assert_eq!(v["snapshots"], json!([]));
+    // The session was thawed and works.
+    assert_eq!(sh(&d, &a, "echo ok").await, "ok\n");
+    // Small enough fits.
+    sh(&d, &a, "rm /home/user/sparse; echo small > /home/user/s").await;
+    snapshot(&d, &a, Value::Null).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_contents_restore_inside_the_session_only() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let a = d.create(json!({})).await;
+    let canary = d.dir.path().join("canary");
+    std::fs::write(&canary, "host").unwrap();
+    let canary_s = canary.display().to_string();
+    sh(
+        &d,
+        &a,
+        &format!(
+            "set -e; cd /home/user; ln -s /etc etc-link; ln -s {canary_s} canary; \
+             ln -s ../../../../../../ up; printf 'line\\nbreak' > \"$(printf 'new\\nline')\"; \
+             mkdir -p deep; for i in $(seq 1 2000); do : > deep/f$i; done"
+        ),
+    )
+    .await;
+    let snap = snapshot(&d, &a, Value::Null).await;
+    let b = d
+        .create(json!({"from_snapshot": snap["snapshot_id"]}))
+        .await;
+    let out = sh(
+        &d,
+        &b,
+        "cd /home/user; readlink etc-link canary up; ls deep | wc -l; cat \"$(printf 'new\\nline')\"",
+    )
+    .await;
+    assert_eq!(
+        out,
+        format!("/etc\n{canary_s}\n../../../../../../\n2000\nline\nbreak")
+    );
+    // Writing through the restored links changes the sandbox's files, never the host's.
+    let v = d
+        .exec(&b, json!({"shell": "echo pwned > /home/user/canary"}))
+        .await;
+    assert_ne!(v["exit_code"], 0, "{v}");
+    assert_eq!(std::fs::read_to_string(&canary).unwrap(), "host");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_snapshot_or_mid_restore_leaves_no_half_state() {
+    let Some(()) = root_or_skip() else { return };
+    for point in ["layer-before-commit", "restore-before-install"] {
+        let mut d = Daemon::start(BASE_CONFIG).await;
+        let a = d.create(json!({})).await;
+        sh(&d, &a, "echo x > /home/user/x").await;
+        let sid = if point == "restore-before-install" {
+            Some(snapshot(&d, &a, Value::Null).await["snapshot_id"].clone())
+        } else {
+            None
+        };
+        d.stop();
+        d.launch_at("127.0.0.1:0", &[("KODER_TEST_CRASH_AT", point)])
+            .await;
+        let a = d.create(json!({})).await;
+        sh(&d, &a, "echo y > /home/user/y").await;
+        let req = match &sid {
+            None => d
+                .req(POST, &format!("/v1/sandbox/sessions/{a}/snapshot"), KEY1)
+                .send(),
+            Some(sid) => d
+                .req(POST, &format!("/v1/sandbox/sessions/{a}/restore"), KEY1)
+                .json(&json!({ "snapshot_id": sid }))
+                .send(),
+        };
+        assert!(
+            req.await.is_err(),
+            "{point}: the daemon answered instead of crashing"
+        );
+        assert!(
+            d.wait_exit(std::time::Duration::from_secs(10)).is_some(),
+            "{point}"
+        );
+        d.launch().await;
+        let (_, v) = d.json(GET, "/v1/sandbox/snapshots", Value::Null).await;
+        let listed = v["snapshots"].as_array().unwrap().len();
+        assert_eq!(listed, usize::from(sid.is_some()), "{point}: {v}");
+        let (_, v) = d
+            .json(GET, &format!("/v1/sandbox/sessions/{a}"), Value::Null)
+            .await;
+        assert_eq!(v["state"], "stopped", "{point}: {v}");
+        if sid.is_none() {
+            assert!(layer_files(&d).is_empty(), "{point}: {:?}", layer_files(&d));
+        }
+        let sandboxes = d.data_dir().join("jail/sandboxes");
+        assert_eq!(
+            std::fs::read_dir(&sandboxes)
+                .map(|r| r.count())
+                .unwrap_or(0),
+            0,
+            "{point}"
+        );
+    }
+}
