@@ -371,11 +371,12 @@ pub fn unsupported_media_type(streaming: bool, err: RpcError) -> Response {
 
 /// Serves a unary call: content type, bounded body, the handler, then the JSON answer or the
 /// unary error form.
-pub async fn unary<Req, F, Fut>(headers: &HeaderMap, body: Body, handler: F) -> Response
+pub async fn unary<Req, Resp, F, Fut>(headers: &HeaderMap, body: Body, handler: F) -> Response
 where
     Req: DeserializeOwned,
     F: FnOnce(Req) -> Fut,
-    Fut: std::future::Future<Output = Result<Value, RpcError>>,
+    Resp: Serialize,
+    Fut: std::future::Future<Output = Result<Resp, RpcError>>,
 {
     if let Err(e) = check_content_type(headers, false) {
         return unsupported_media_type(false, e);
@@ -385,12 +386,17 @@ where
         Err(e) => return e.into_response(),
     };
     match handler(req).await {
-        Ok(v) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, UNARY_CONTENT_TYPE)],
-            v.to_string(),
-        )
-            .into_response(),
+        Ok(v) => match serde_json::to_vec(&v) {
+            Ok(json) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, UNARY_CONTENT_TYPE)],
+                json,
+            )
+                .into_response(),
+            Err(e) => {
+                RpcError::new(Code::Internal, format!("encoding the answer: {e}")).into_response()
+            }
+        },
         Err(e) => e.into_response(),
     }
 }
@@ -468,7 +474,7 @@ pub fn stream_error(err: RpcError) -> Response {
         end_frame(Some(&err)),
     )
         .into_response();
-    crate::close_connection(&mut resp);
+    crate::error::close_connection(&mut resp);
     resp
 }
 

@@ -55,6 +55,15 @@ impl IntoResponse for HttpError {
     }
 }
 
+/// An answer given before the request body was read leaves hyper unable to reuse the
+/// connection, and a client that reused it anyway would fail its next request: say so.
+pub(crate) fn close_connection(resp: &mut Response) {
+    resp.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

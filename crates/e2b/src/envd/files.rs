@@ -14,8 +14,9 @@ use flate2::write::{GzDecoder, GzEncoder};
 use futures::{Stream, StreamExt};
 use serde_json::{json, Value};
 
+use super::auth::Target;
+use super::user::split_parent;
 use crate::connect::{Code, RpcError};
-use crate::envd::Target;
 use crate::error::HttpError;
 
 type Params = Query<HashMap<String, String>>;
@@ -74,7 +75,7 @@ pub async fn download(t: Target, q: Params, headers: HeaderMap) -> Result<Respon
             Err(e) => Some((Err(std::io::Error::other(e.to_string())), r)),
         }
     });
-    let name = crate::envd::split_parent(&path).map_or("", |(_, n)| n);
+    let name = split_parent(&path).map_or("", |(_, n)| n);
     let disposition = format!("attachment; filename={}", urlencode(name));
     let mut resp = if gzip {
         Body::from_stream(gzip_stream(chunks)).into_response()

@@ -17,9 +17,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::envd::Target;
+use super::auth::Target;
 use crate::error::HttpError;
-use crate::E2b;
+use crate::state::E2b;
 
 /// E2B's default limit of one run (the SDK's `DEFAULT_TIMEOUT`), within the server maximum.
 const RUN_TIMEOUT_MS: u64 = 300_000;

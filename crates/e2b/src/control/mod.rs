@@ -2,12 +2,13 @@
 //! `X-API-KEY` with the same keys (and so the same tenancy) as the native API. Both SDK
 //! generations are served: `/sandboxes...` and `/v2/sandboxes...`.
 
+pub mod cpu;
+pub mod keys;
+
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, Path, Query, State};
-use axum::http::request::Parts;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -15,13 +16,19 @@ use axum::Router;
 use chrono::{DateTime, SecondsFormat, Utc};
 use koder_api_types::{CreateSession, Network, NetworkMode, Session, SessionState};
 use koder_auth::Identity;
-use koder_http::credentials;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use cpu::CpuSample;
+use keys::ApiCaller;
+
 use crate::error::HttpError;
-use crate::{E2b, ENVD_VERSION};
+use crate::state::E2b;
+
+/// What envd version the SDK is told: 0.6.4 unlocks every feature the SDK gates on a version
+/// (stdin control, octet-stream uploads, recursive watch, entry info in watch events).
+pub const ENVD_VERSION: &str = "0.6.4";
 
 const MAX_BODY: usize = 1 << 20;
 const MAX_PAGE: usize = 100;
@@ -130,39 +137,6 @@ async fn unsupported(method: axum::http::Method, uri: axum::http::Uri) -> HttpEr
             uri.path()
         ),
     )
-}
-
-/// The caller's tenant, from `X-API-KEY` (or a bearer key).
-pub struct ApiCaller(pub Identity);
-
-impl FromRequestParts<E2b> for ApiCaller {
-    type Rejection = HttpError;
-
-    async fn from_request_parts(parts: &mut Parts, e2b: &E2b) -> Result<Self, HttpError> {
-        if let Some(key) = parts.headers.get(credentials::API_KEY) {
-            return verify_api_key(e2b, key).map(ApiCaller);
-        }
-        let bearer = parts
-            .headers
-            .get(credentials::AUTHORIZATION)
-            .ok_or_else(|| HttpError::unauthorized("missing X-API-KEY"))?;
-        let keys = e2b.app().keys.read();
-        bearer
-            .to_str()
-            .ok()
-            .and_then(|h| keys.authenticate(h))
-            .map(ApiCaller)
-            .ok_or_else(|| HttpError::unauthorized("invalid API key"))
-    }
-}
-
-/// The tenant of an `X-API-KEY` value; an unknown key is 401.
-pub(crate) fn verify_api_key(e2b: &E2b, key: &HeaderValue) -> Result<Identity, HttpError> {
-    let keys = e2b.app().keys.read();
-    key.to_str()
-        .ok()
-        .and_then(|k| keys.verify_key(k.trim()))
-        .ok_or_else(|| HttpError::unauthorized("invalid API key"))
 }
 
 /// A JSON body in E2B's error shape when malformed; an empty body is the default value.
@@ -641,13 +615,6 @@ async fn list_v2(
     Ok(resp)
 }
 
-/// The last CPU reading of a sandbox.
-#[derive(Debug, Clone, Copy)]
-pub struct CpuSample {
-    at: Instant,
-    cpu_ms: u64,
-}
-
 /// The sandbox's resource use now, as a one-sample series: CPU over the time since the
 /// previous request (or since the start), memory and disk now. Page cache is not measured
 /// per session, so `memCache` is 0. A paused sandbox has no samples.
@@ -661,26 +628,11 @@ async fn metrics(
         return Ok(axum::Json(Vec::new()));
     }
     let m = e2b.manager().metrics_of(&who, &id).await?;
-    let now = Instant::now();
     let cpus = cpu_count(&s) as f64;
-    let previous = e2b.inner.cpu_samples.lock().insert(
-        id.clone(),
-        CpuSample {
-            at: now,
-            cpu_ms: m.cpu_used_ms,
-        },
-    );
-    let (cpu_ms, wall_ms) = match previous {
-        Some(p) if now > p.at => (
-            m.cpu_used_ms.saturating_sub(p.cpu_ms) as f64,
-            now.duration_since(p.at).as_secs_f64() * 1000.0,
-        ),
-        _ => (
-            m.cpu_used_ms as f64,
-            (Utc::now() - s.created_at).num_milliseconds().max(1) as f64,
-        ),
-    };
-    let pct = (cpu_ms / (wall_ms * cpus) * 100.0).clamp(0.0, 100.0);
+    let now = CpuSample::now(m.cpu_used_ms);
+    let previous = e2b.swap_cpu_sample(&id, now);
+    let since_start_ms = (Utc::now() - s.created_at).num_milliseconds().max(1) as f64;
+    let pct = now.used_pct(previous, since_start_ms, cpus);
     let at = Utc::now();
     Ok(axum::Json(vec![json!({
         "timestamp": time(at),

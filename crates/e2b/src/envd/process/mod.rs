@@ -6,10 +6,11 @@
 //! at that deadline); without one, the server's maximum exec time. A process with `pty` runs on
 //! the manager's terminal.
 
+mod events;
 mod exec;
 mod pty;
+pub mod table;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -17,30 +18,21 @@ use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde_json::{json, Value};
 
+use super::auth::Target;
+use super::sandbox::SandboxCtx;
 use crate::connect::{self, Code, MessageStream, RpcError};
-use crate::envd::{SandboxCtx, Target};
-use crate::proto::{
-    b64, ProcessConfig, ProcessSelector, SelectRequest, SendInputRequest, SendSignalRequest,
-    StartRequest, StreamInputRequest, UpdateRequest,
+use crate::proto::process::{
+    process_input::Input, process_selector::Selector, stream_input_request, CloseStdinRequest,
+    CloseStdinResponse, ConnectRequest, ListRequest, ListResponse, ProcessInfo, ProcessInput,
+    ProcessSelector, SendInputRequest, SendInputResponse, SendSignalRequest, SendSignalResponse,
+    Signal, StartRequest, StreamInputRequest, StreamInputResponse, UpdateRequest, UpdateResponse,
 };
+use stream_input_request::Event;
+use table::{not_found, Kind};
 
 /// Keepalive period when the client names none (`Keepalive-Ping-Interval`, seconds).
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
-
-/// A process started through E2B.
-pub struct Proc {
-    pub config: ProcessConfig,
-    pub tag: Option<String>,
-    pub kind: Kind,
-}
-
-#[derive(Clone)]
-pub enum Kind {
-    Exec(String),
-    Pty(Arc<pty::PtyProc>),
-}
 
 pub async fn rpc(
     Path(method): Path<String>,
@@ -53,10 +45,12 @@ pub async fn rpc(
             connect::server_stream(&headers, body, |r: StartRequest| start(t, &headers, r)).await
         }
         "Connect" => {
-            connect::server_stream(&headers, body, |r: SelectRequest| reconnect(t, &headers, r))
-                .await
+            connect::server_stream(&headers, body, |r: ConnectRequest| {
+                reconnect(t, &headers, r)
+            })
+            .await
         }
-        "List" => connect::unary(&headers, body, |_: Value| list(t)).await,
+        "List" => connect::unary(&headers, body, |_: ListRequest| list(t)).await,
         "SendInput" => connect::unary(&headers, body, |r| send_input(t, r)).await,
         "StreamInput" => stream_input(t, &headers, body).await,
         "SendSignal" => connect::unary(&headers, body, |r| send_signal(t, r)).await,
@@ -71,7 +65,7 @@ pub async fn rpc(
 }
 
 async fn start(t: Target, headers: &HeaderMap, req: StartRequest) -> Result<Response, RpcError> {
-    let cfg = req.process;
+    let cfg = req.process.unwrap_or_default();
     if cfg.cmd.is_empty() {
         return Err(RpcError::invalid("process.cmd must name a program"));
     }
@@ -94,10 +88,10 @@ async fn start(t: Target, headers: &HeaderMap, req: StartRequest) -> Result<Resp
 async fn reconnect(
     t: Target,
     headers: &HeaderMap,
-    req: SelectRequest,
+    req: ConnectRequest,
 ) -> Result<Response, RpcError> {
     let keepalive = keepalive(headers);
-    let (pid, kind) = find(&t.ctx, &req.process)?;
+    let (pid, kind) = find(&t.ctx, req.process.as_ref())?;
     let (sink, resp) = connect::stream_response();
     match kind {
         Kind::Exec(exec_id) => {
@@ -109,21 +103,28 @@ async fn reconnect(
                 .map_err(|_| not_found(pid))?;
             tokio::spawn(exec::relay(sink, pid, follow, keepalive, false));
         }
-        Kind::Pty(p) => p.follow(sink, pid, keepalive),
+        Kind::Pty(p) => pty::follow(&p, sink, pid, keepalive),
     }
     Ok(resp)
 }
 
-async fn list(t: Target) -> Result<Value, RpcError> {
-    let snapshot: Vec<(u32, Value, Option<String>, Kind)> = t
+async fn list(t: Target) -> Result<ListResponse, RpcError> {
+    let snapshot: Vec<(ProcessInfo, Kind)> = t
         .ctx
         .procs
         .lock()
         .iter()
-        .map(|(pid, p)| (*pid, p.config.to_json(), p.tag.clone(), p.kind.clone()))
+        .map(|(pid, p)| {
+            let info = ProcessInfo {
+                config: Some(p.config.clone()),
+                pid: *pid,
+                tag: p.tag.clone(),
+            };
+            (info, p.kind.clone())
+        })
         .collect();
     let mut processes = Vec::new();
-    for (pid, config, tag, kind) in snapshot {
+    for (info, kind) in snapshot {
         let running = match &kind {
             Kind::Exec(exec_id) => t
                 .e2b
@@ -134,24 +135,28 @@ async fn list(t: Target) -> Result<Value, RpcError> {
             Kind::Pty(p) => p.running(),
         };
         if !running {
-            t.ctx.procs.lock().remove(&pid);
+            t.ctx.procs.lock().remove(&info.pid);
             continue;
-        }
-        let mut info = json!({"config": config, "pid": pid});
-        if let Some(tag) = tag {
-            info["tag"] = tag.into();
         }
         processes.push(info);
     }
-    processes.sort_by_key(|p| p["pid"].as_u64());
-    Ok(json!({ "processes": processes }))
+    processes.sort_by_key(|p| p.pid);
+    Ok(ListResponse { processes })
 }
 
-async fn send_input(t: Target, req: SendInputRequest) -> Result<Value, RpcError> {
-    let (pid, kind) = find(&t.ctx, &req.process)?;
-    let (data, _) = req.input.into_parts()?;
-    deliver(&t, pid, &kind, data).await?;
-    Ok(json!({}))
+async fn send_input(t: Target, req: SendInputRequest) -> Result<SendInputResponse, RpcError> {
+    let (pid, kind) = find(&t.ctx, req.process.as_ref())?;
+    deliver(&t, pid, &kind, input_bytes(req.input)?).await?;
+    Ok(SendInputResponse {})
+}
+
+/// The bytes of an input, whether meant for stdin or a terminal (envd does not tell them
+/// apart either).
+fn input_bytes(input: Option<ProcessInput>) -> Result<Vec<u8>, RpcError> {
+    match input.and_then(|i| i.input) {
+        Some(Input::Stdin(data) | Input::Pty(data)) => Ok(data),
+        None => Err(RpcError::invalid("input needs one of stdin or pty")),
+    }
 }
 
 async fn deliver(t: &Target, pid: u32, kind: &Kind, data: Vec<u8>) -> Result<(), RpcError> {
@@ -177,17 +182,21 @@ async fn stream_input(t: Target, headers: &HeaderMap, body: Body) -> Response {
             .next()
             .await?
             .ok_or_else(|| RpcError::invalid("the input stream is empty"))?;
-        let start = first
-            .start
-            .ok_or_else(|| RpcError::invalid("the first message of an input stream is start"))?;
-        let (pid, kind) = find(&t.ctx, &start.process)?;
+        let Some(Event::Start(start)) = first.event else {
+            return Err(RpcError::invalid(
+                "the first message of an input stream is start",
+            ));
+        };
+        let (pid, kind) = find(&t.ctx, start.process.as_ref())?;
         while let Some(msg) = msgs.next::<StreamInputRequest>().await? {
-            if msg.start.is_some() {
-                return Err(RpcError::invalid("an input stream has one start message"));
-            }
-            if let Some(data) = msg.data {
-                let (bytes, _) = data.input.into_parts()?;
-                deliver(&t, pid, &kind, bytes).await?;
+            match msg.event {
+                Some(Event::Start(_)) => {
+                    return Err(RpcError::invalid("an input stream has one start message"))
+                }
+                Some(Event::Data(data)) => {
+                    deliver(&t, pid, &kind, input_bytes(data.input)?).await?;
+                }
+                Some(Event::Keepalive(_)) | None => {}
             }
         }
         Ok(())
@@ -195,7 +204,7 @@ async fn stream_input(t: Target, headers: &HeaderMap, body: Body) -> Response {
     .await;
     match result {
         Ok(()) => {
-            let mut body = connect::message_frame(&json!({})).to_vec();
+            let mut body = connect::message_frame(&StreamInputResponse {}).to_vec();
             body.extend_from_slice(&connect::end_frame(None));
             (
                 [(
@@ -210,9 +219,17 @@ async fn stream_input(t: Target, headers: &HeaderMap, body: Body) -> Response {
     }
 }
 
-async fn send_signal(t: Target, req: SendSignalRequest) -> Result<Value, RpcError> {
-    let signal = req.signal_name()?;
-    let (pid, kind) = find(&t.ctx, &req.process)?;
+async fn send_signal(t: Target, req: SendSignalRequest) -> Result<SendSignalResponse, RpcError> {
+    let signal = match Signal::try_from(req.signal) {
+        Ok(Signal::Sigkill) => "SIGKILL",
+        Ok(Signal::Sigterm) => "SIGTERM",
+        _ => {
+            return Err(RpcError::invalid(
+                "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM",
+            ))
+        }
+    };
+    let (pid, kind) = find(&t.ctx, req.process.as_ref())?;
     match kind {
         Kind::Exec(exec_id) => t
             .e2b
@@ -225,11 +242,11 @@ async fn send_signal(t: Target, req: SendSignalRequest) -> Result<Value, RpcErro
             p.signal(pid, number).await?;
         }
     }
-    Ok(json!({}))
+    Ok(SendSignalResponse {})
 }
 
-async fn close_stdin(t: Target, req: SelectRequest) -> Result<Value, RpcError> {
-    let (pid, kind) = find(&t.ctx, &req.process)?;
+async fn close_stdin(t: Target, req: CloseStdinRequest) -> Result<CloseStdinResponse, RpcError> {
+    let (pid, kind) = find(&t.ctx, req.process.as_ref())?;
     match kind {
         Kind::Exec(exec_id) => t
             .e2b
@@ -244,11 +261,11 @@ async fn close_stdin(t: Target, req: SelectRequest) -> Result<Value, RpcError> {
             ))
         }
     }
-    Ok(json!({}))
+    Ok(CloseStdinResponse {})
 }
 
-async fn update(t: Target, req: UpdateRequest) -> Result<Value, RpcError> {
-    let (_, kind) = find(&t.ctx, &req.process)?;
+async fn update(t: Target, req: UpdateRequest) -> Result<UpdateResponse, RpcError> {
+    let (_, kind) = find(&t.ctx, req.process.as_ref())?;
     let Kind::Pty(p) = kind else {
         return Err(RpcError::new(
             Code::FailedPrecondition,
@@ -261,33 +278,28 @@ async fn update(t: Target, req: UpdateRequest) -> Result<Value, RpcError> {
         .ok_or_else(|| RpcError::invalid("update needs pty.size"))?;
     let (cols, rows) = size_of(size.cols, size.rows)?;
     p.resize(cols, rows).await?;
-    Ok(json!({}))
+    Ok(UpdateResponse {})
 }
 
-fn find(ctx: &SandboxCtx, sel: &ProcessSelector) -> Result<(u32, Kind), RpcError> {
+fn find(ctx: &SandboxCtx, sel: Option<&ProcessSelector>) -> Result<(u32, Kind), RpcError> {
     let procs = ctx.procs.lock();
-    let found = match (sel.pid, &sel.tag) {
-        (Some(pid), _) => procs.get(&pid).map(|p| (pid, p.kind.clone())),
-        (None, Some(tag)) => procs
+    match sel.and_then(|s| s.selector.as_ref()) {
+        Some(Selector::Pid(pid)) => procs
+            .get(pid)
+            .map(|p| (*pid, p.kind.clone()))
+            .ok_or_else(|| not_found(*pid)),
+        Some(Selector::Tag(tag)) => procs
             .iter()
             .find(|(_, p)| p.tag.as_deref() == Some(tag))
-            .map(|(pid, p)| (*pid, p.kind.clone())),
-        (None, None) => return Err(RpcError::invalid("process needs a pid or a tag")),
-    };
-    found.ok_or_else(|| match (sel.pid, &sel.tag) {
-        (Some(pid), _) => not_found(pid),
-        (_, tag) => RpcError::new(
-            Code::NotFound,
-            format!(
-                "process with tag {:?} not found",
-                tag.as_deref().unwrap_or("")
-            ),
-        ),
-    })
-}
-
-fn not_found(pid: u32) -> RpcError {
-    RpcError::new(Code::NotFound, format!("process with pid {pid} not found"))
+            .map(|(pid, p)| (*pid, p.kind.clone()))
+            .ok_or_else(|| {
+                RpcError::new(
+                    Code::NotFound,
+                    format!("process with tag {tag:?} not found"),
+                )
+            }),
+        None => Err(RpcError::invalid("process needs a pid or a tag")),
+    }
 }
 
 /// An exec that ended (or was forgotten) is a process that no longer exists, for envd.
@@ -323,87 +335,68 @@ fn size_of(cols: u32, rows: u32) -> Result<(u16, u16), RpcError> {
     }
 }
 
-fn start_event(pid: u32) -> Value {
-    json!({"event": {"start": {"pid": pid}}})
-}
-
-fn keepalive_event() -> Value {
-    json!({"event": {"keepalive": {}}})
-}
-
-fn data_event(kind: &str, data: &[u8]) -> Value {
-    json!({"event": {"data": { kind: b64(data) }}})
-}
-
-/// envd's end event: Go's `ProcessState` as `exitCode` (-1 when signalled), `exited`,
-/// `status` ("exit status 1", "signal: killed") and an `error` for anything but success.
-fn end_event(exit_code: Option<i32>, signal: Option<i32>, why: Option<String>) -> Value {
-    let status = match (exit_code, signal) {
-        (Some(c), _) => format!("exit status {c}"),
-        (None, Some(s)) => format!("signal: {}", signal_text(s)),
-        (None, None) => "unknown".to_string(),
-    };
-    let mut end = json!({
-        "exitCode": exit_code.unwrap_or(-1),
-        "exited": exit_code.is_some(),
-        "status": status,
-    });
-    if exit_code != Some(0) {
-        end["error"] = why.unwrap_or(status).into();
-    }
-    json!({"event": {"end": end}})
-}
-
-/// Go's signal descriptions for the signals processes usually die of.
-fn signal_text(sig: i32) -> String {
-    match sig {
-        1 => "hangup".into(),
-        2 => "interrupt".into(),
-        3 => "quit".into(),
-        6 => "aborted".into(),
-        9 => "killed".into(),
-        11 => "segmentation fault".into(),
-        13 => "broken pipe".into(),
-        15 => "terminated".into(),
-        n => format!("signal {n}"),
-    }
-}
-
-fn stream_lost() -> RpcError {
-    RpcError::new(
-        Code::Unavailable,
-        "the process' output ended without an exit status (the sandbox went away)",
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connect::parse;
+    use crate::proto::process::{pty, SendSignalRequest};
 
     #[test]
-    fn end_events_follow_gos_process_state() {
-        let ok = end_event(Some(0), None, None);
-        assert_eq!(
-            ok,
-            json!({"event": {"end": {"exitCode": 0, "exited": true, "status": "exit status 0"}}})
-        );
-        let failed = end_event(Some(3), None, None);
-        assert_eq!(failed["event"]["end"]["error"], "exit status 3");
-        let killed = end_event(None, Some(9), Some("SANDBOX-EXEC-KILLED: killed".into()));
-        assert_eq!(killed["event"]["end"]["exitCode"], -1);
-        assert_eq!(killed["event"]["end"]["exited"], false);
-        assert_eq!(killed["event"]["end"]["status"], "signal: killed");
-        assert_eq!(
-            killed["event"]["end"]["error"],
-            "SANDBOX-EXEC-KILLED: killed"
-        );
+    fn start_request_in_the_sdk_shape() {
+        let raw = br#"{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"],"envs":{"A":"1"},"cwd":"/tmp"},"stdin":false,"pty":{"size":{"cols":80,"rows":"24"}},"futureField":1}"#;
+        let r: StartRequest = parse(raw).unwrap();
+        let cfg = r.process.unwrap();
+        assert_eq!(cfg.args, ["-l", "-c", "echo hi"]);
+        assert_eq!(cfg.envs["A"], "1");
+        assert_eq!(cfg.cwd.as_deref(), Some("/tmp"));
+        assert_eq!(r.stdin, Some(false));
+        let size = r.pty.unwrap().size.unwrap();
+        assert_eq!(size, pty::Size { cols: 80, rows: 24 });
     }
 
     #[test]
-    fn data_events_are_base64_in_a_oneof() {
-        assert_eq!(
-            data_event("stdout", b"hi\n"),
-            json!({"event": {"data": {"stdout": "aGkK"}}})
-        );
+    fn selectors_and_inputs() {
+        let r: SendInputRequest =
+            parse(br#"{"process":{"pid":"42"},"input":{"stdin":"aGkK"}}"#).unwrap();
+        assert_eq!(r.process.unwrap().selector, Some(Selector::Pid(42)));
+        assert_eq!(input_bytes(r.input).unwrap(), b"hi\n");
+        // URL-safe and unpadded base64 are protobuf JSON too.
+        let r: SendInputRequest = parse(br#"{"input":{"pty":"aGk_Pz4-"}}"#).unwrap();
+        assert_eq!(input_bytes(r.input).unwrap(), b"hi??>>");
+        let r: SendInputRequest = parse(br#"{"input":{"stdin":"aA"}}"#).unwrap();
+        assert_eq!(input_bytes(r.input).unwrap(), b"h");
+        let r: SendInputRequest = parse(br#"{"process":{"tag":"t"},"input":{}}"#).unwrap();
+        assert_eq!(r.process.unwrap().selector, Some(Selector::Tag("t".into())));
+        assert!(input_bytes(r.input).is_err());
+        for bad in [
+            r#"{"input":{"stdin":"***"}}"#,
+            r#"{"input":{"stdin":"aGkK","pty":"aGkK"}}"#,
+            r#"{"process":{"pid":-1}}"#,
+            r#"{"process":{"pid":99999999999}}"#,
+        ] {
+            assert!(parse::<SendInputRequest>(bad.as_bytes()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn signals_by_name_or_number() {
+        for (raw, want) in [
+            (r#""SIGNAL_SIGKILL""#, Some(Signal::Sigkill)),
+            ("15", Some(Signal::Sigterm)),
+            (r#""SIGNAL_UNSPECIFIED""#, Some(Signal::Unspecified)),
+            ("7", None),
+            (r#""SIGHUP""#, None),
+        ] {
+            let r = parse::<SendSignalRequest>(format!(r#"{{"signal":{raw}}}"#).as_bytes());
+            assert_eq!(r.ok().map(|r| r.signal()), want, "{raw}");
+        }
+    }
+
+    #[test]
+    fn input_streams_are_oneofs() {
+        let r: StreamInputRequest = parse(br#"{"start":{"process":{"pid":7}}}"#).unwrap();
+        assert!(matches!(r.event, Some(Event::Start(_))));
+        let r: StreamInputRequest = parse(br#"{"keepalive":{}}"#).unwrap();
+        assert!(matches!(r.event, Some(Event::Keepalive(_))));
     }
 }

@@ -5,69 +5,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::Response;
-use bytes::Bytes;
-use koder_sessions::{Terminal, TerminalEvent, TerminalInput, TerminalSpec};
+use koder_sessions::{Terminal, TerminalEvent, TerminalSpec};
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
 
-use super::{data_event, end_event, keepalive_event, not_found, start_event, stream_lost};
-use super::{Kind, Proc};
-use crate::connect::{self, Code, RpcError, Sink};
-use crate::envd::{SandboxCtx, Target};
-use crate::proto::ProcessConfig;
+use super::events::{self, stream_lost};
+use super::table::{Exit, Kind, Proc, PtyEvent, PtyProc};
+use crate::connect::{self, RpcError, Sink};
+use crate::envd::auth::Target;
+use crate::envd::sandbox::SandboxCtx;
+use crate::proto::process::process_event::data_event::Output;
+use crate::proto::process::ProcessConfig;
 
 /// Terminal output events a slow follower may lag behind.
 const PTY_EVENTS: usize = 1024;
 const SIGKILL: i32 = 9;
 
-pub struct PtyProc {
-    input: TerminalInput,
-    events: broadcast::Sender<PtyEvent>,
-    exit: Mutex<Option<Exit>>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Exit {
-    exit_code: Option<i32>,
-    signal: Option<i32>,
-}
-
-#[derive(Clone, Debug)]
-enum PtyEvent {
-    Data(Bytes),
-    Exit(Exit),
-}
-
-impl PtyProc {
-    pub(super) fn running(&self) -> bool {
-        self.exit.lock().is_none()
-    }
-
-    pub(super) async fn write(&self, data: &[u8]) -> Result<(), RpcError> {
-        self.input.write(data).await.map_err(ended)
-    }
-
-    pub(super) async fn resize(&self, cols: u16, rows: u16) -> Result<(), RpcError> {
-        self.input.resize(cols, rows).await.map_err(ended)
-    }
-
-    pub(super) async fn signal(&self, pid: u32, signal: i32) -> Result<(), RpcError> {
-        if !self.running() {
-            return Err(not_found(pid));
-        }
-        self.input.signal(signal).await.map_err(ended)
-    }
-
-    /// Streams the terminal to `sink` from now on (or just its end, if it ended).
-    pub(super) fn follow(&self, sink: Sink, pid: u32, keepalive: Duration) {
-        let rx = self.events.subscribe();
-        let exited = *self.exit.lock();
-        tokio::spawn(relay(sink, pid, rx, exited, keepalive));
-    }
-}
-
-fn ended(e: koder_sessions::TerminalEnded) -> RpcError {
-    RpcError::new(Code::NotFound, e.to_string())
+/// Streams the terminal to `sink` from now on (or just its end, if it ended).
+pub(super) fn follow(p: &PtyProc, sink: Sink, pid: u32, keepalive: Duration) {
+    let rx = p.events.subscribe();
+    let exited = *p.exit.lock();
+    tokio::spawn(relay(sink, pid, rx, exited, keepalive));
 }
 
 pub(super) async fn start(
@@ -156,12 +114,12 @@ async fn relay(
     exited: Option<Exit>,
     every: Duration,
 ) {
-    if !sink.send(&start_event(pid)).await {
+    if !sink.send(&events::start(pid)).await {
         return;
     }
     if let Some(exit) = exited {
         if sink
-            .send(&end_event(exit.exit_code, exit.signal, None))
+            .send(&events::end(exit.exit_code, exit.signal, None))
             .await
         {
             sink.end(None).await;
@@ -173,12 +131,12 @@ async fn relay(
         tokio::select! {
             got = rx.recv() => match got {
                 Ok(PtyEvent::Data(b)) => {
-                    if !sink.send(&data_event("pty", &b)).await {
+                    if !sink.send(&events::data(Output::Pty(b.to_vec()))).await {
                         return;
                     }
                 }
                 Ok(PtyEvent::Exit(exit)) => {
-                    if sink.send(&end_event(exit.exit_code, exit.signal, None)).await {
+                    if sink.send(&events::end(exit.exit_code, exit.signal, None)).await {
                         sink.end(None).await;
                     }
                     return;
@@ -192,7 +150,7 @@ async fn relay(
                 }
             },
             _ = tick.tick() => {
-                if !sink.send(&keepalive_event()).await {
+                if !sink.send(&events::keepalive()).await {
                     return;
                 }
             }

@@ -11,21 +11,26 @@ use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use koder_api_types::{EntryType, ExecRequest, FileEntry};
-use koder_sessions::{FsEventKind, Watch};
+use koder_sessions::Watch;
 use parking_lot::Mutex;
-use serde_json::{json, Value};
 
+pub mod entry;
+pub mod watcher;
+
+use super::auth::Target;
+use super::user::split_parent;
 use crate::connect::{self, Code, RpcError, Sink};
-use crate::envd::{split_parent, Target};
-use crate::proto::{
-    entry_info, ListDirRequest, MoveRequest, PathRequest, WatchRequest, WatcherRequest,
+use crate::proto::filesystem::{
+    watch_dir_response, CreateWatcherRequest, CreateWatcherResponse, GetWatcherEventsRequest,
+    GetWatcherEventsResponse, ListDirRequest, ListDirResponse, MakeDirRequest, MakeDirResponse,
+    MoveRequest, MoveResponse, RemoveRequest, RemoveResponse, RemoveWatcherRequest,
+    RemoveWatcherResponse, StatRequest, StatResponse, WatchDirRequest, WatchDirResponse,
 };
+use entry::entry_info;
+use watch_dir_response::{Event, KeepAlive, StartEvent};
+use watcher::{fs_events, WatchBuf, Watcher};
 
-/// Events a polled watcher keeps between two polls (older ones are dropped).
-const MAX_WATCHER_EVENTS: usize = 10_000;
 const WATCH_KEEPALIVE: Duration = Duration::from_secs(50);
-/// Names of the agent's in-progress uploads (koder-agent's `TEMP_PREFIX`).
-const UPLOAD_TEMP_PREFIX: &str = ".koder-upload-";
 
 pub async fn rpc(
     Path(method): Path<String>,
@@ -35,35 +40,39 @@ pub async fn rpc(
 ) -> Response {
     match method.as_str() {
         "Stat" => {
-            connect::unary(&headers, body, |r: PathRequest| async move {
+            connect::unary(&headers, body, |r: StatRequest| async move {
                 let path = t.user.resolve(&r.path);
-                Ok(json!({"entry": entry_info(&stat(&t, &path).await?)}))
+                let entry = Some(entry_info(&stat(&t, &path).await?));
+                Ok(StatResponse { entry })
             })
             .await
         }
-        "MakeDir" => connect::unary(&headers, body, |r: PathRequest| make_dir(t, r)).await,
+        "MakeDir" => connect::unary(&headers, body, |r: MakeDirRequest| make_dir(t, r)).await,
         "Move" => connect::unary(&headers, body, |r: MoveRequest| move_entry(t, r)).await,
         "ListDir" => connect::unary(&headers, body, |r: ListDirRequest| list_dir(t, r)).await,
         "Remove" => {
-            connect::unary(&headers, body, |r: PathRequest| async move {
+            connect::unary(&headers, body, |r: RemoveRequest| async move {
                 let path = t.user.resolve(&r.path);
                 // envd removes like `rm -rf`.
                 t.e2b
                     .manager()
                     .remove_file(&t.who, &t.id, &path, true)
                     .await?;
-                Ok(json!({}))
+                Ok(RemoveResponse {})
             })
             .await
         }
         "WatchDir" => {
-            connect::server_stream(&headers, body, |r: WatchRequest| watch_dir(t, r)).await
+            connect::server_stream(&headers, body, |r: WatchDirRequest| watch_dir(t, r)).await
         }
         "CreateWatcher" => {
-            connect::unary(&headers, body, |r: WatchRequest| create_watcher(t, r)).await
+            connect::unary(&headers, body, |r: CreateWatcherRequest| {
+                create_watcher(t, r)
+            })
+            .await
         }
         "GetWatcherEvents" => {
-            connect::unary(&headers, body, |r: WatcherRequest| async move {
+            connect::unary(&headers, body, |r: GetWatcherEventsRequest| async move {
                 let w = t
                     .ctx
                     .watchers
@@ -77,15 +86,16 @@ pub async fn rpc(
                         return Err(e);
                     }
                 }
-                Ok(json!({"events": std::mem::take(&mut b.events)}))
+                let events = std::mem::take(&mut b.events);
+                Ok(GetWatcherEventsResponse { events })
             })
             .await
         }
         "RemoveWatcher" => {
-            connect::unary(&headers, body, |r: WatcherRequest| async move {
+            connect::unary(&headers, body, |r: RemoveWatcherRequest| async move {
                 let w = t.ctx.watchers.lock().remove(&r.watcher_id);
                 w.ok_or_else(|| no_watcher(&r.watcher_id))?.stop();
-                Ok(json!({}))
+                Ok(RemoveWatcherResponse {})
             })
             .await
         }
@@ -186,7 +196,7 @@ async fn root_exec(
     Ok(t.e2b.manager().exec(&t.who, &t.id, req).await?)
 }
 
-async fn make_dir(t: Target, r: PathRequest) -> Result<Value, RpcError> {
+async fn make_dir(t: Target, r: MakeDirRequest) -> Result<MakeDirResponse, RpcError> {
     let path = t.user.resolve(&r.path);
     match stat(&t, &path).await {
         Ok(_) => {
@@ -207,17 +217,21 @@ async fn make_dir(t: Target, r: PathRequest) -> Result<Value, RpcError> {
             koder_sessions::Error::Conflict(m) => RpcError::new(Code::AlreadyExists, m),
             other => other.into(),
         })?;
-    Ok(json!({"entry": entry_info(&entry)}))
+    Ok(MakeDirResponse {
+        entry: Some(entry_info(&entry)),
+    })
 }
 
-async fn move_entry(t: Target, r: MoveRequest) -> Result<Value, RpcError> {
+async fn move_entry(t: Target, r: MoveRequest) -> Result<MoveResponse, RpcError> {
     let from = t.user.resolve(&r.source);
     let to = t.user.resolve(&r.destination);
     let entry = t.e2b.manager().move_file(&t.who, &t.id, &from, &to).await?;
-    Ok(json!({"entry": entry_info(&entry)}))
+    Ok(MoveResponse {
+        entry: Some(entry_info(&entry)),
+    })
 }
 
-async fn list_dir(t: Target, r: ListDirRequest) -> Result<Value, RpcError> {
+async fn list_dir(t: Target, r: ListDirRequest) -> Result<ListDirResponse, RpcError> {
     let path = t.user.resolve(&r.path);
     let list = t
         .e2b
@@ -230,35 +244,16 @@ async fn list_dir(t: Target, r: ListDirRequest) -> Result<Value, RpcError> {
             }
             other => other.into(),
         })?;
-    let entries: Vec<Value> = list.entries.iter().map(entry_info).collect();
-    Ok(json!({ "entries": entries }))
-}
-
-/// A polled watcher (`CreateWatcher`/`GetWatcherEvents`/`RemoveWatcher`).
-pub struct Watcher {
-    buf: Arc<Mutex<WatchBuf>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-#[derive(Default)]
-struct WatchBuf {
-    events: Vec<Value>,
-    error: Option<RpcError>,
-}
-
-impl Watcher {
-    /// Ends the watch (dropping the agent stream cancels it in the sandbox).
-    pub fn stop(self) {
-        self.task.abort();
-    }
+    let entries = list.entries.iter().map(entry_info).collect();
+    Ok(ListDirResponse { entries })
 }
 
 fn no_watcher(id: &str) -> RpcError {
     RpcError::new(Code::NotFound, format!("watcher {id:?} not found"))
 }
 
-async fn open_watch(t: &Target, r: &WatchRequest) -> Result<(String, Watch), RpcError> {
-    let path = t.user.resolve(&r.path);
+async fn open_watch(t: &Target, path: &str, recursive: bool) -> Result<(String, Watch), RpcError> {
+    let path = t.user.resolve(path);
     let entry = stat(t, &path).await?;
     if entry.kind != EntryType::Dir {
         return Err(RpcError::invalid(format!("{path:?} is not a directory")));
@@ -266,13 +261,16 @@ async fn open_watch(t: &Target, r: &WatchRequest) -> Result<(String, Watch), Rpc
     let watch = t
         .e2b
         .manager()
-        .watch(&t.who, &t.id, &path, r.recursive)
+        .watch(&t.who, &t.id, &path, recursive)
         .await?;
     Ok((path, watch))
 }
 
-async fn create_watcher(t: Target, r: WatchRequest) -> Result<Value, RpcError> {
-    let (root, mut watch) = open_watch(&t, &r).await?;
+async fn create_watcher(
+    t: Target,
+    r: CreateWatcherRequest,
+) -> Result<CreateWatcherResponse, RpcError> {
+    let (root, mut watch) = open_watch(&t, &r.path, r.recursive).await?;
     let buf = Arc::new(Mutex::new(WatchBuf::default()));
     let sink = buf.clone();
     let task = tokio::spawn(async move {
@@ -281,10 +279,7 @@ async fn create_watcher(t: Target, r: WatchRequest) -> Result<Value, RpcError> {
                 Ok(event) => {
                     let mut b = sink.lock();
                     for ev in fs_events(&root, event.kind, &event.path, event.from.as_deref()) {
-                        if b.events.len() >= MAX_WATCHER_EVENTS {
-                            b.events.remove(0);
-                        }
-                        b.events.push(ev);
+                        b.push(ev);
                     }
                 }
                 Err(e) => {
@@ -302,18 +297,18 @@ async fn create_watcher(t: Target, r: WatchRequest) -> Result<Value, RpcError> {
         .watchers
         .lock()
         .insert(id.clone(), Watcher { buf, task });
-    Ok(json!({"watcherId": id}))
+    Ok(CreateWatcherResponse { watcher_id: id })
 }
 
-async fn watch_dir(t: Target, r: WatchRequest) -> Result<Response, RpcError> {
-    let (root, watch) = open_watch(&t, &r).await?;
+async fn watch_dir(t: Target, r: WatchDirRequest) -> Result<Response, RpcError> {
+    let (root, watch) = open_watch(&t, &r.path, r.recursive).await?;
     let (sink, resp) = connect::stream_response();
     tokio::spawn(relay_watch(sink, root, watch));
     Ok(resp)
 }
 
 async fn relay_watch(sink: Sink, root: String, mut watch: Watch) {
-    if !sink.send(&json!({"start": {}})).await {
+    if !sink.send(&watch_message(Event::Start(StartEvent {}))).await {
         return;
     }
     let mut tick = tokio::time::interval_at(
@@ -325,7 +320,7 @@ async fn relay_watch(sink: Sink, root: String, mut watch: Watch) {
             got = watch.next() => match got {
                 Ok(event) => {
                     for ev in fs_events(&root, event.kind, &event.path, event.from.as_deref()) {
-                        if !sink.send(&json!({"filesystem": ev})).await {
+                        if !sink.send(&watch_message(Event::Filesystem(ev))).await {
                             return;
                         }
                     }
@@ -336,7 +331,7 @@ async fn relay_watch(sink: Sink, root: String, mut watch: Watch) {
                 }
             },
             _ = tick.tick() => {
-                if !sink.send(&json!({"keepalive": {}})).await {
+                if !sink.send(&watch_message(Event::Keepalive(KeepAlive {}))).await {
                     return;
                 }
             }
@@ -345,78 +340,6 @@ async fn relay_watch(sink: Sink, root: String, mut watch: Watch) {
     }
 }
 
-/// envd's (fsnotify's) events for one agent event: names relative to the watched directory;
-/// a rename is RENAME of the old name and CREATE of the new one.
-fn fs_events(root: &str, kind: FsEventKind, path: &str, from: Option<&str>) -> Vec<Value> {
-    // The agent writes uploads to a hidden temporary file renamed into place: envd writes
-    // in place, so only the final name is reported.
-    let temp = |p: &str| {
-        p.rsplit('/')
-            .next()
-            .unwrap_or(p)
-            .starts_with(UPLOAD_TEMP_PREFIX)
-    };
-    if temp(path) {
-        return Vec::new();
-    }
-    let from = from.filter(|f| !temp(f));
-    let rel = |p: &str| -> String {
-        let prefix = if root == "/" {
-            "/".to_string()
-        } else {
-            format!("{root}/")
-        };
-        p.strip_prefix(&prefix).unwrap_or(p).to_string()
-    };
-    let ev = |name: String, ty: &str| json!({"name": name, "type": ty});
-    match kind {
-        FsEventKind::Created => vec![ev(rel(path), "EVENT_TYPE_CREATE")],
-        FsEventKind::Modified => vec![ev(rel(path), "EVENT_TYPE_WRITE")],
-        FsEventKind::Deleted => vec![ev(rel(path), "EVENT_TYPE_REMOVE")],
-        FsEventKind::Renamed => {
-            let mut out = Vec::new();
-            if let Some(from) = from {
-                out.push(ev(rel(from), "EVENT_TYPE_RENAME"));
-            }
-            out.push(ev(rel(path), "EVENT_TYPE_CREATE"));
-            out
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn watch_events_are_relative_and_renames_pair() {
-        let evs = fs_events(
-            "/home/user/d",
-            FsEventKind::Created,
-            "/home/user/d/sub/a.txt",
-            None,
-        );
-        assert_eq!(
-            evs,
-            vec![json!({"name": "sub/a.txt", "type": "EVENT_TYPE_CREATE"})]
-        );
-        let evs = fs_events("/", FsEventKind::Modified, "/x", None);
-        assert_eq!(evs[0]["name"], "x");
-        assert!(fs_events("/d", FsEventKind::Created, "/d/.koder-upload-1-0-ab", None).is_empty());
-        let evs = fs_events(
-            "/d",
-            FsEventKind::Renamed,
-            "/d/f",
-            Some("/d/.koder-upload-1-0-ab"),
-        );
-        assert_eq!(evs, vec![json!({"name": "f", "type": "EVENT_TYPE_CREATE"})]);
-        let evs = fs_events("/d", FsEventKind::Renamed, "/d/new", Some("/d/old"));
-        assert_eq!(
-            evs,
-            vec![
-                json!({"name": "old", "type": "EVENT_TYPE_RENAME"}),
-                json!({"name": "new", "type": "EVENT_TYPE_CREATE"}),
-            ]
-        );
-    }
+fn watch_message(event: Event) -> WatchDirResponse {
+    WatchDirResponse { event: Some(event) }
 }

@@ -7,13 +7,14 @@ use axum::response::Response;
 use bytes::Bytes;
 use koder_api_types::{codes, ExecRequest, ExecResult};
 use koder_sessions::execs::{ExecEvent, Follow};
-use serde_json::Value;
 use tokio::sync::broadcast;
 
-use super::{data_event, end_event, keepalive_event, start_event, stream_lost, Kind, Proc};
+use super::events::{self, stream_lost};
+use super::table::{Kind, Proc};
 use crate::connect::{self, Code, RpcError, Sink};
-use crate::envd::Target;
-use crate::proto::ProcessConfig;
+use crate::envd::auth::Target;
+use crate::proto::process::process_event::data_event::Output;
+use crate::proto::process::{ProcessConfig, StartResponse};
 
 /// How long a new process may take to report its pid.
 const START_WAIT: Duration = Duration::from_secs(10);
@@ -90,7 +91,7 @@ async fn wait_for_pid(t: &Target, exec_id: &str, cmd: &str) -> Result<u32, RpcEr
     }
 }
 
-fn exec_end(r: &ExecResult) -> (Value, Option<RpcError>) {
+fn exec_end(r: &ExecResult) -> (StartResponse, Option<RpcError>) {
     let why = r
         .verdict
         .as_ref()
@@ -102,7 +103,7 @@ fn exec_end(r: &ExecResult) -> (Value, Option<RpcError>) {
             "the process ran past its timeout and was killed",
         )
     });
-    (end_event(r.exit_code, r.signal, why), deadline)
+    (events::end(r.exit_code, r.signal, why), deadline)
 }
 
 fn verdict_text(code: &str) -> &'static str {
@@ -118,7 +119,7 @@ fn verdict_text(code: &str) -> &'static str {
 /// Streams an exec's events: start, output (the retained past too when `with_past`), then the
 /// end event. Leaving the stream leaves the process running.
 pub(super) async fn relay(sink: Sink, pid: u32, follow: Follow, every: Duration, with_past: bool) {
-    if !sink.send(&start_event(pid)).await {
+    if !sink.send(&events::start(pid)).await {
         return;
     }
     let past = follow
@@ -149,7 +150,7 @@ pub(super) async fn relay(sink: Sink, pid: u32, follow: Follow, every: Duration,
                         }
                     },
                     _ = tick.tick() => {
-                        if !sink.send(&keepalive_event()).await {
+                        if !sink.send(&events::keepalive()).await {
                             return;
                         }
                         continue;
@@ -159,8 +160,8 @@ pub(super) async fn relay(sink: Sink, pid: u32, follow: Follow, every: Duration,
             }
         };
         let sent = match event {
-            ExecEvent::Stdout(b) => sink.send(&data_event("stdout", &b)).await,
-            ExecEvent::Stderr(b) => sink.send(&data_event("stderr", &b)).await,
+            ExecEvent::Stdout(b) => sink.send(&events::data(Output::Stdout(b.to_vec()))).await,
+            ExecEvent::Stderr(b) => sink.send(&events::data(Output::Stderr(b.to_vec()))).await,
             ExecEvent::Exit(r) => {
                 let (end, err) = exec_end(&r);
                 if sink.send(&end).await {

@@ -1,0 +1,133 @@
+//! Who acts on which sandbox: every envd and interpreter request names its sandbox
+//! (`E2b-Sandbox-Id`), proves the right to it (the sandbox's access token or an API key of the
+//! owning tenant) and names the acting user; [`Target`] carries the result to the handlers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Query};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap};
+use base64::Engine as _;
+use koder_auth::Identity;
+use koder_http::credentials;
+use subtle::ConstantTimeEq;
+
+use super::sandbox::SandboxCtx;
+use super::user::User;
+use crate::control::keys::verify_api_key;
+use crate::error::HttpError;
+use crate::state::E2b;
+
+pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+/// Who may act on the sandbox an envd or interpreter request names. Established once per
+/// request by [`authenticate`], in front of both routers (`crate::by_surface`), so no route
+/// can be served without it.
+#[derive(Clone)]
+pub(crate) struct Authenticated {
+    who: Identity,
+    id: String,
+}
+
+/// The sandbox's access token (`X-Access-Token`, or `E2B-Traffic-Access-Token` as the
+/// interpreter SDK sends it) or an API key of the owning tenant (`X-API-KEY`). Without either
+/// 401, a wrong token 401; a sandbox that is unknown, ended or another tenant's answers as
+/// gone, so a key cannot probe other tenants' ids.
+pub(crate) async fn authenticate(
+    headers: &HeaderMap,
+    e2b: &E2b,
+) -> Result<Authenticated, HttpError> {
+    let id = headers
+        .get(SANDBOX_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if id.is_empty() || id.len() > 128 {
+        return Err(HttpError::bad_request("E2b-Sandbox-Id must name a sandbox"));
+    }
+    let token = [credentials::ACCESS_TOKEN, credentials::TRAFFIC_ACCESS_TOKEN]
+        .iter()
+        .find_map(|h| headers.get(*h));
+    let tenant =
+        match (token, headers.get(credentials::API_KEY)) {
+            (Some(t), _) => {
+                if !bool::from(t.as_bytes().ct_eq(e2b.envd_token(&id).as_bytes())) {
+                    return Err(HttpError::unauthorized(
+                        "invalid access token for this sandbox",
+                    ));
+                }
+                None
+            }
+            (None, Some(key)) => Some(verify_api_key(e2b, key)?.tenant_id),
+            (None, None) => return Err(HttpError::unauthorized(
+                "missing X-Access-Token (the envdAccessToken of create or connect) or X-API-KEY",
+            )),
+        };
+    let owner = e2b
+        .manager()
+        .owner_of_active(&id)
+        .await
+        .map_err(|e| HttpError::new(503, e.to_string()))?
+        .filter(|o| tenant.as_ref().is_none_or(|t| *t == o.tenant_id));
+    let Some(who) = owner else {
+        if tenant.is_none() {
+            // Only a holder of the sandbox's own token may end E2B's state for it.
+            e2b.forget(&id);
+        }
+        return Err(HttpError::sandbox_gone(&id));
+    };
+    Ok(Authenticated { who, id })
+}
+
+/// The sandbox an envd or interpreter request is for, as authenticated, with the acting user.
+pub struct Target {
+    pub who: Identity,
+    pub id: String,
+    pub user: User,
+    pub ctx: Arc<SandboxCtx>,
+    pub e2b: E2b,
+}
+
+impl FromRequestParts<E2b> for Target {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, e2b: &E2b) -> Result<Self, HttpError> {
+        let Some(auth) = parts.extensions.get::<Authenticated>().cloned() else {
+            // Routers are only reachable through `by_surface`, which authenticates first.
+            return Err(HttpError::new(500, "request reached envd unauthenticated"));
+        };
+        Ok(Target {
+            who: auth.who,
+            user: user_of(parts)?,
+            ctx: e2b.ctx(&auth.id),
+            id: auth.id,
+            e2b: e2b.clone(),
+        })
+    }
+}
+
+/// `Authorization: Basic base64("<user>:")` on RPCs, `?username=` on `/files`; `user` when
+/// neither is given (the default user of envd ≥ 0.4).
+fn user_of(parts: &Parts) -> Result<User, HttpError> {
+    if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
+        let basic = auth
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Basic "))
+            .ok_or_else(|| HttpError::unauthorized("Authorization must be Basic <user>:"))?;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(basic.trim())
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(|| HttpError::unauthorized("malformed Basic credentials"))?;
+        let name = decoded.split(':').next().unwrap_or("");
+        return User::parse(name);
+    }
+    let query: Query<HashMap<String, String>> =
+        Query::try_from_uri(&parts.uri).map_err(|e| HttpError::bad_request(e.body_text()))?;
+    match query.get("username").map(String::as_str) {
+        None | Some("") => Ok(User::User),
+        Some(name) => User::parse(name),
+    }
+}
