@@ -5,28 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Versions the suite was verified with.
-E2B=2.63.0
-E2B_CODE_INTERPRETER=2.11.5
-PYTEST=9.2.0
-PYTEST_ASYNCIO=1.5.0
-
 if [ "$(id -u)" -ne 0 ]; then
   echo "e2b-tests: skipped (jail sandboxes need root)"
   echo "e2b: 0 passed, 0 failed, 1 skipped"
   exit 0
 fi
 
-venv=target/e2b-venv
-stamp="$venv/.installed-$E2B-$E2B_CODE_INTERPRETER-$PYTEST-$PYTEST_ASYNCIO"
-if [ ! -f "$stamp" ]; then
-  rm -rf "$venv"
-  /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check \
-    "e2b==$E2B" "e2b-code-interpreter==$E2B_CODE_INTERPRETER" \
-    "pytest==$PYTEST" "pytest-asyncio==$PYTEST_ASYNCIO"
-  touch "$stamp"
-fi
+. scripts/lib/e2b-venv.sh
+e2b_venv
 
 tmp=$(mktemp -d /tmp/koder-e2b-XXXXXX)
 # Sandbox uids traverse it to reach their layers.
@@ -68,7 +54,7 @@ done
 status=0
 E2B_API_URL="http://127.0.0.1:$port" E2B_SANDBOX_URL="http://127.0.0.1:$port" \
   E2B_API_KEY="$key1" KODER_E2B_OTHER_KEY="$key2" \
-  "$venv/bin/python" -m pytest tests/e2b -q -p no:cacheprovider "$@" || status=$?
+  "$E2B_PYTHON" -m pytest tests/e2b -q -p no:cacheprovider "$@" || status=$?
 if [ "$status" -ne 0 ]; then
   echo "e2b-tests: daemon log tail:"
   tail -n 30 "$tmp/daemon.log"

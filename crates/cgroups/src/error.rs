@@ -2,6 +2,8 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use koder_api_types::ErrorCode;
+
 /// Every failure the crate reports. Variants carry the path involved so a
 /// log line is actionable without a backtrace.
 #[derive(Debug, thiserror::Error)]
@@ -54,21 +56,22 @@ pub enum CgroupError {
 }
 
 impl CgroupError {
-    /// Stable, machine-readable identifier; safe to expose over an API and
-    /// match on, unlike the Display text.
-    pub fn code(&self) -> &'static str {
+    /// The API code of this failure; match on the variant for finer distinctions. A host
+    /// without a usable hierarchy cannot run sandboxes (`RuntimeUnavailable`); a controller
+    /// this host lacks is a capability not offered (`NotImplemented`).
+    pub fn code(&self) -> ErrorCode {
         match self {
-            CgroupError::InvalidName { .. } => "cgroup_invalid_name",
-            CgroupError::InvalidPid(_) => "cgroup_invalid_pid",
-            CgroupError::InvalidLimit(_) => "cgroup_invalid_limit",
-            CgroupError::NoHierarchy(_) => "cgroup_no_hierarchy",
-            CgroupError::AlreadyExists { .. } => "cgroup_already_exists",
-            CgroupError::NotFound { .. } => "cgroup_not_found",
-            CgroupError::Io { .. } => "cgroup_io",
-            CgroupError::Parse { .. } => "cgroup_parse",
-            CgroupError::Unsupported { .. } => "cgroup_unsupported",
-            CgroupError::Timeout { .. } => "cgroup_timeout",
-            CgroupError::Signal { .. } => "cgroup_signal",
+            CgroupError::InvalidName { .. }
+            | CgroupError::InvalidPid(_)
+            | CgroupError::InvalidLimit(_) => ErrorCode::InvalidArgument,
+            CgroupError::NoHierarchy(_) => ErrorCode::RuntimeUnavailable,
+            CgroupError::AlreadyExists { .. } => ErrorCode::Conflict,
+            CgroupError::NotFound { .. } => ErrorCode::NotFound,
+            CgroupError::Unsupported { .. } => ErrorCode::NotImplemented,
+            CgroupError::Io { .. }
+            | CgroupError::Parse { .. }
+            | CgroupError::Timeout { .. }
+            | CgroupError::Signal { .. } => ErrorCode::Internal,
         }
     }
 

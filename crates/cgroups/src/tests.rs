@@ -1,4 +1,6 @@
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use koder_api_types::ErrorCode;
 
 use super::*;
 use crate::testutil::write;
@@ -25,7 +27,7 @@ fn names() {
         let err = validate_name(bad)
             .err()
             .unwrap_or_else(|| panic!("{bad:?} accepted"));
-        assert_eq!(err.code(), "cgroup_invalid_name");
+        assert!(matches!(err, CgroupError::InvalidName { .. }));
     }
 }
 
@@ -69,10 +71,10 @@ fn limits_validation() {
         },
     ];
     for l in bad {
-        assert_eq!(
-            l.validate().expect_err("invalid").code(),
-            "cgroup_invalid_limit"
-        );
+        assert!(matches!(
+            l.validate().expect_err("invalid"),
+            CgroupError::InvalidLimit(_)
+        ));
     }
 }
 
@@ -83,9 +85,47 @@ fn error_codes_and_messages() {
         "/sys/fs/cgroup/x/pids.max",
         std::io::Error::from_raw_os_error(nix::libc::EINVAL),
     );
-    assert_eq!(e.code(), "cgroup_io");
+    assert!(matches!(e, CgroupError::Io { .. }));
+    assert_eq!(e.code(), ErrorCode::Internal);
     let msg = e.to_string();
     assert!(msg.contains("write /sys/fs/cgroup/x/pids.max"), "{msg}");
+    let path = PathBuf::from("/sys/fs/cgroup/x");
+    for (e, code) in [
+        (CgroupError::InvalidPid(0), ErrorCode::InvalidArgument),
+        (
+            CgroupError::InvalidLimit("cpu".into()),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            CgroupError::NoHierarchy("none".into()),
+            ErrorCode::RuntimeUnavailable,
+        ),
+        (
+            CgroupError::AlreadyExists { path: path.clone() },
+            ErrorCode::Conflict,
+        ),
+        (
+            CgroupError::NotFound { path: path.clone() },
+            ErrorCode::NotFound,
+        ),
+        (
+            CgroupError::Unsupported {
+                what: "memory.peak",
+                path: path.clone(),
+            },
+            ErrorCode::NotImplemented,
+        ),
+        (
+            CgroupError::Timeout {
+                what: "freeze",
+                path,
+                waited: std::time::Duration::from_secs(1),
+            },
+            ErrorCode::Internal,
+        ),
+    ] {
+        assert_eq!(e.code(), code, "{e}");
+    }
 }
 
 fn line(id: u32, mount_point: &Path, fstype: &str, opts: &str) -> String {
@@ -165,12 +205,10 @@ fn detect_nothing_usable() {
     let text = line(25, &root, "cgroup2", "rw")
         + &line(26, &tmp.path().join("memory"), "cgroup", "rw,memory");
     let err = detect_from_mountinfo(&text, "koder-sandbox").expect_err("must fail");
-    assert_eq!(err.code(), "cgroup_no_hierarchy");
+    assert!(matches!(err, CgroupError::NoHierarchy(_)));
     assert!(err.to_string().contains("freezer"), "{err}");
-    assert_eq!(
-        detect_from_mountinfo("", "bad/parent")
-            .expect_err("bad parent")
-            .code(),
-        "cgroup_invalid_name"
-    );
+    assert!(matches!(
+        detect_from_mountinfo("", "bad/parent").expect_err("bad parent"),
+        CgroupError::InvalidName { .. }
+    ));
 }

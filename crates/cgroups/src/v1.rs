@@ -451,7 +451,7 @@ mod tests {
         let mut roots = v1_roots(tmp.path(), false);
         roots.remove(&V1Controller::Freezer);
         let err = V1Driver::new(roots, "koder-sandbox").expect_err("must fail");
-        assert_eq!(err.code(), "cgroup_no_hierarchy");
+        assert!(matches!(err, CgroupError::NoHierarchy(_)));
     }
 
     #[test]
@@ -468,15 +468,15 @@ mod tests {
             assert_eq!(cg.paths().len(), if comount { 4 } else { 5 });
 
             let err = driver.create("box1").err().expect("duplicate");
-            assert_eq!(err.code(), "cgroup_already_exists");
+            assert!(matches!(err, CgroupError::AlreadyExists { .. }));
             driver.create("box2").expect("create box2");
             assert_eq!(driver.list().expect("list"), vec!["box1", "box2"]);
 
             assert_eq!(driver.open("box1").expect("open").name(), "box1");
             let err = driver.open("nope").err().expect("missing");
-            assert_eq!(err.code(), "cgroup_not_found");
+            assert!(matches!(err, CgroupError::NotFound { .. }));
             let err = driver.open("../etc").err().expect("bad name");
-            assert_eq!(err.code(), "cgroup_invalid_name");
+            assert!(matches!(err, CgroupError::InvalidName { .. }));
         }
     }
 
@@ -556,10 +556,10 @@ mod tests {
             }),
             ..Limits::default()
         };
-        assert_eq!(
-            cg.set_limits(&bad).expect_err("bad").code(),
-            "cgroup_invalid_limit"
-        );
+        assert!(matches!(
+            cg.set_limits(&bad).expect_err("bad"),
+            CgroupError::InvalidLimit(_)
+        ));
     }
 
     #[test]
@@ -598,7 +598,10 @@ mod tests {
         assert_eq!(s.cpu_throttled_us, None);
 
         write(&mem.join("memory.usage_in_bytes"), "garbage\n");
-        assert_eq!(cg.stats().expect_err("parse").code(), "cgroup_parse");
+        assert!(matches!(
+            cg.stats().expect_err("parse"),
+            CgroupError::Parse { .. }
+        ));
     }
 
     #[test]
@@ -610,14 +613,14 @@ mod tests {
         for d in cg.paths() {
             assert_eq!(read(&d.join("cgroup.procs")), "4242");
         }
-        assert_eq!(
-            cg.add_process(0).expect_err("pid 0").code(),
-            "cgroup_invalid_pid"
-        );
-        assert_eq!(
-            cg.add_process(u32::MAX).expect_err("huge pid").code(),
-            "cgroup_invalid_pid"
-        );
+        assert!(matches!(
+            cg.add_process(0).expect_err("pid 0"),
+            CgroupError::InvalidPid(_)
+        ));
+        assert!(matches!(
+            cg.add_process(u32::MAX).expect_err("huge pid"),
+            CgroupError::InvalidPid(_)
+        ));
         // Union across hierarchies.
         write(
             &dir(&roots, V1Controller::Memory, "box").join("cgroup.procs"),
@@ -658,18 +661,18 @@ mod tests {
             assert!(procs
                 .iter()
                 .all(|p| p.ends_with("box/workload/cgroup.procs")));
-            assert_eq!(
-                cg.create_child("workload").err().expect("dup").code(),
-                "cgroup_already_exists"
-            );
-            assert_eq!(
-                cg.create_child("../x").err().expect("bad").code(),
-                "cgroup_invalid_name"
-            );
-            assert_eq!(
-                cg.open_child("nope").err().expect("missing").code(),
-                "cgroup_not_found"
-            );
+            assert!(matches!(
+                cg.create_child("workload").err().expect("dup"),
+                CgroupError::AlreadyExists { .. }
+            ));
+            assert!(matches!(
+                cg.create_child("../x").err().expect("bad"),
+                CgroupError::InvalidName { .. }
+            ));
+            assert!(matches!(
+                cg.open_child("nope").err().expect("missing"),
+                CgroupError::NotFound { .. }
+            ));
             // Children are a level below the sandboxes' groups.
             assert_eq!(driver.list().expect("list"), vec!["box"]);
             // A reconciling daemon opens only the top group; destroy removes the child too.
@@ -689,10 +692,10 @@ mod tests {
         let (_tmp, driver, roots) = setup(false);
         let cg = driver.create("box").expect("create");
         fs::create_dir(dir(&roots, V1Controller::Pids, "box/workload")).expect("mkdir");
-        assert_eq!(
-            cg.create_child("workload").err().expect("leftover").code(),
-            "cgroup_already_exists"
-        );
+        assert!(matches!(
+            cg.create_child("workload").err().expect("leftover"),
+            CgroupError::AlreadyExists { .. }
+        ));
         assert!(!dir(&roots, V1Controller::Memory, "box/workload").exists());
         assert!(cg.open_child("workload").is_ok());
     }

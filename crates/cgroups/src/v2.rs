@@ -417,16 +417,16 @@ mod tests {
 
         assert_eq!(driver.list().expect("list"), vec!["box1", "box2"]);
         let err = driver.create("box1").err().expect("dup");
-        assert_eq!(err.code(), "cgroup_already_exists");
+        assert!(matches!(err, CgroupError::AlreadyExists { .. }));
         assert_eq!(driver.open("box2").expect("open").name(), "box2");
-        assert_eq!(
-            driver.open("gone").err().expect("missing").code(),
-            "cgroup_not_found"
-        );
-        assert_eq!(
-            driver.create("a/b").err().expect("bad").code(),
-            "cgroup_invalid_name"
-        );
+        assert!(matches!(
+            driver.open("gone").err().expect("missing"),
+            CgroupError::NotFound { .. }
+        ));
+        assert!(matches!(
+            driver.create("a/b").err().expect("bad"),
+            CgroupError::InvalidName { .. }
+        ));
     }
 
     #[test]
@@ -434,7 +434,7 @@ mod tests {
         let (_tmp, driver, root) = setup();
         write(&root.join("cgroup.controllers"), "cpu io memory\n");
         let err = driver.create("box").err().expect("no pids");
-        assert_eq!(err.code(), "cgroup_no_hierarchy");
+        assert!(matches!(err, CgroupError::NoHierarchy(_)));
         assert!(!root.join("koder-sandbox/box").exists());
     }
 
@@ -496,7 +496,7 @@ mod tests {
         let (cg2, _dir2) = make(&driver, "box2");
         fs::remove_file(_dir2.join("memory.peak")).expect("rm");
         let err = cg2.reset_memory_peak().expect_err("unsupported");
-        assert_eq!(err.code(), "cgroup_unsupported");
+        assert!(matches!(err, CgroupError::Unsupported { .. }));
     }
 
     #[test]
@@ -516,14 +516,14 @@ mod tests {
         let (_tmp, driver, _root) = setup();
         let (cg, dir) = make(&driver, "box");
         let err = cg.freeze().expect_err("never frozen");
-        assert_eq!(err.code(), "cgroup_timeout");
+        assert!(matches!(err, CgroupError::Timeout { .. }));
         assert_eq!(read(&dir.join("cgroup.freeze")), "0");
 
         fs::remove_file(dir.join("cgroup.freeze")).expect("rm");
-        assert_eq!(
-            cg.freeze().expect_err("no freezer").code(),
-            "cgroup_unsupported"
-        );
+        assert!(matches!(
+            cg.freeze().expect_err("no freezer"),
+            CgroupError::Unsupported { .. }
+        ));
     }
 
     #[test]
@@ -534,10 +534,10 @@ mod tests {
         assert_eq!(read(&dir.join("cgroup.kill")), "1");
         cg.add_process(99).expect("add");
         assert_eq!(cg.pids().expect("pids"), vec![99]);
-        assert_eq!(
-            cg.add_process(0).expect_err("pid 0").code(),
-            "cgroup_invalid_pid"
-        );
+        assert!(matches!(
+            cg.add_process(0).expect_err("pid 0"),
+            CgroupError::InvalidPid(_)
+        ));
     }
 
     #[test]
@@ -564,14 +564,14 @@ mod tests {
             vec![root.join("koder-sandbox/box/workload/cgroup.procs")]
         );
         assert_eq!(agent.name(), "box/agent");
-        assert_eq!(
-            cg.create_child("agent").err().expect("dup").code(),
-            "cgroup_already_exists"
-        );
-        assert_eq!(
-            cg.open_child("gone").err().expect("missing").code(),
-            "cgroup_not_found"
-        );
+        assert!(matches!(
+            cg.create_child("agent").err().expect("dup"),
+            CgroupError::AlreadyExists { .. }
+        ));
+        assert!(matches!(
+            cg.open_child("gone").err().expect("missing"),
+            CgroupError::NotFound { .. }
+        ));
         assert_eq!(driver.list().expect("list"), vec!["box"]);
         // A plain directory keeps its files; the kernel's would vanish with rmdir.
         fs::remove_file(dir.join("cgroup.subtree_control")).expect("rm");

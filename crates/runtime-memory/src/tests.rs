@@ -266,7 +266,7 @@ async fn agent_death_destroy_and_create_failures() {
 
     rt.fail_next_create(RuntimeError::Exhausted("full".into()));
     let err = rt.create(spec("c")).await.err().unwrap();
-    assert_eq!(err.code(), "SANDBOX-RUNTIME-EXHAUSTED");
+    assert!(matches!(err, RuntimeError::Exhausted(_)), "{err}");
     assert!(rt.sandbox("c").is_none());
     rt.create(spec("c")).await.unwrap();
 

@@ -10,7 +10,8 @@ use std::sync::Arc;
 pub mod slots;
 
 use async_trait::async_trait;
-use koder_agent_protocol::{AgentClient, ClientError};
+use koder_agent_protocol::{AgentClient, ClientError, ErrorCode as AgentCode};
+use koder_api_types::ErrorCode;
 use serde::{Deserialize, Serialize};
 
 /// What a sandbox is made of, decided by the caller before creation.
@@ -87,23 +88,50 @@ pub enum RuntimeError {
 }
 
 impl RuntimeError {
-    /// Stable code for the API layer.
-    pub fn code(&self) -> &'static str {
+    /// The API code this failure answers with (the transports derive their wire status from
+    /// it). Capacity exhaustion is `RuntimeUnavailable`: the runtime cannot serve now; start,
+    /// teardown, cgroup and I/O failures are the daemon's own (`Internal`).
+    pub fn code(&self) -> ErrorCode {
         match self {
-            RuntimeError::Unavailable(_) => "SANDBOX-RUNTIME-UNAVAILABLE-001",
-            RuntimeError::InvalidSpec(_) => "SANDBOX-INVALID-ARGUMENT",
-            RuntimeError::Exhausted(_) => "SANDBOX-RUNTIME-EXHAUSTED",
-            RuntimeError::Start(_) => "SANDBOX-RUNTIME-START",
-            RuntimeError::Teardown(_) => "SANDBOX-RUNTIME-TEARDOWN",
-            RuntimeError::Cgroup(_) => "SANDBOX-RUNTIME-CGROUP",
-            RuntimeError::Agent(_) => "SANDBOX-AGENT",
-            RuntimeError::Io { .. } => "SANDBOX-RUNTIME-IO",
+            RuntimeError::Unavailable(_) | RuntimeError::Exhausted(_) => {
+                ErrorCode::RuntimeUnavailable
+            }
+            RuntimeError::InvalidSpec(_) => ErrorCode::InvalidArgument,
+            RuntimeError::Agent(e) => agent_code(e),
+            RuntimeError::Start(_)
+            | RuntimeError::Teardown(_)
+            | RuntimeError::Cgroup(_)
+            | RuntimeError::Io { .. } => ErrorCode::Internal,
         }
     }
 
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let context = context.into();
         move |source| RuntimeError::Io { context, source }
+    }
+}
+
+/// The API code of an agent failure: what the agent refused (its code), a dead agent (the
+/// session is gone) or a silent one.
+fn agent_code(e: &ClientError) -> ErrorCode {
+    match e {
+        ClientError::Agent(a) => match a.code {
+            AgentCode::NotFound => ErrorCode::NotFound,
+            AgentCode::AlreadyExists
+            | AgentCode::NotADirectory
+            | AgentCode::IsADirectory
+            | AgentCode::DirectoryNotEmpty => ErrorCode::Conflict,
+            AgentCode::PermissionDenied => ErrorCode::PermissionDenied,
+            AgentCode::InvalidPath | AgentCode::InvalidRequest | AgentCode::SpawnFailed => {
+                ErrorCode::InvalidArgument
+            }
+            AgentCode::NoSpace => ErrorCode::FsQuotaExceeded,
+            AgentCode::TooLarge => ErrorCode::PayloadTooLarge,
+            AgentCode::Io => ErrorCode::Internal,
+        },
+        ClientError::Disconnected => ErrorCode::SessionStopped,
+        ClientError::Timeout(_) => ErrorCode::AgentTimeout,
+        ClientError::Protocol(_) | ClientError::Codec(_) => ErrorCode::Internal,
     }
 }
 
@@ -186,6 +214,64 @@ mod tests {
             &"x".repeat(MAX_ID_LEN + 1),
         ] {
             assert!(validate_id(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn codes_are_api_codes() {
+        let cases = [
+            (
+                RuntimeError::Unavailable("no kvm".into()),
+                ErrorCode::RuntimeUnavailable,
+            ),
+            (
+                RuntimeError::Exhausted("slots".into()),
+                ErrorCode::RuntimeUnavailable,
+            ),
+            (
+                RuntimeError::InvalidSpec("id".into()),
+                ErrorCode::InvalidArgument,
+            ),
+            (RuntimeError::Start("x".into()), ErrorCode::Internal),
+            (RuntimeError::Teardown("x".into()), ErrorCode::Internal),
+            (RuntimeError::Cgroup("x".into()), ErrorCode::Internal),
+            (
+                RuntimeError::io("ctx")(std::io::ErrorKind::Other.into()),
+                ErrorCode::Internal,
+            ),
+            (ClientError::Disconnected.into(), ErrorCode::SessionStopped),
+            (
+                ClientError::Timeout(std::time::Duration::from_secs(1)).into(),
+                ErrorCode::AgentTimeout,
+            ),
+            (
+                ClientError::Protocol("bad frame".into()).into(),
+                ErrorCode::Internal,
+            ),
+        ];
+        for (err, code) in cases {
+            assert_eq!(err.code(), code, "{err}");
+        }
+    }
+
+    #[test]
+    fn agent_refusals_keep_their_meaning() {
+        let cases = [
+            (AgentCode::NotFound, ErrorCode::NotFound),
+            (AgentCode::AlreadyExists, ErrorCode::Conflict),
+            (AgentCode::DirectoryNotEmpty, ErrorCode::Conflict),
+            (AgentCode::PermissionDenied, ErrorCode::PermissionDenied),
+            (AgentCode::InvalidPath, ErrorCode::InvalidArgument),
+            (AgentCode::SpawnFailed, ErrorCode::InvalidArgument),
+            (AgentCode::NoSpace, ErrorCode::FsQuotaExceeded),
+            (AgentCode::TooLarge, ErrorCode::PayloadTooLarge),
+            (AgentCode::Io, ErrorCode::Internal),
+        ];
+        for (agent, code) in cases {
+            let err = RuntimeError::from(ClientError::from(koder_agent_protocol::AgentError::new(
+                agent, "refused",
+            )));
+            assert_eq!(err.code(), code, "{agent:?}");
         }
     }
 }

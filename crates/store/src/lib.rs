@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use koder_api_types::{codes, Limits, Network, SessionState};
+use koder_api_types::{ErrorCode, Limits, Network, SessionState};
 use sqlx::error::ErrorKind;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -63,16 +63,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// The API error code (`koder_api_types::codes`) this error maps to.
-    pub fn code(&self) -> &'static str {
+    /// The API code this error maps to.
+    pub fn code(&self) -> ErrorCode {
         match self {
-            StoreError::NotFound | StoreError::UnknownTenant(_) => codes::NOT_FOUND,
-            StoreError::Conflict(_) => codes::CONFLICT,
-            StoreError::Invalid(_) => codes::INVALID_ARGUMENT,
+            StoreError::NotFound | StoreError::UnknownTenant(_) => ErrorCode::NotFound,
+            StoreError::Conflict(_) => ErrorCode::Conflict,
+            StoreError::Invalid(_) => ErrorCode::InvalidArgument,
             StoreError::Corrupt(_)
             | StoreError::Db(_)
             | StoreError::Migrate(_)
-            | StoreError::Io { .. } => codes::INTERNAL,
+            | StoreError::Io { .. } => ErrorCode::Internal,
         }
     }
 }

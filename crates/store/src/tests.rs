@@ -98,7 +98,7 @@ async fn tenants_upsert_get_list() {
     };
     let err = store.upsert_tenant(&too_big).await.unwrap_err();
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
-    assert_eq!(err.code(), codes::INVALID_ARGUMENT);
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
 }
 
 #[tokio::test]
@@ -179,7 +179,7 @@ async fn sessions_insert_get_list_isolated() {
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Conflict(_)), "{err}");
-    assert_eq!(err.code(), codes::CONFLICT);
+    assert_eq!(err.code(), ErrorCode::Conflict);
     assert_eq!(store.get_session("s1").await.unwrap(), Some(s1));
 
     let err = store
@@ -250,7 +250,7 @@ async fn state_changes_and_expiry() {
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::NotFound), "{err}");
-    assert_eq!(err.code(), codes::NOT_FOUND);
+    assert_eq!(err.code(), ErrorCode::NotFound);
 
     assert_eq!(store.count_live_sessions("a").await.unwrap(), 1);
     assert_eq!(ids(&store.live_sessions().await.unwrap()), ["s2", "s3"]);
@@ -457,7 +457,7 @@ async fn corrupt_rows_are_errors_not_panics() {
             .unwrap();
         let err = store.get_session(id).await.unwrap_err();
         assert!(matches!(err, StoreError::Corrupt(_)), "{id}: {err}");
-        assert_eq!(err.code(), codes::INTERNAL);
+        assert_eq!(err.code(), ErrorCode::Internal);
         assert!(err.to_string().contains(id), "{err}");
         let err = store.list_sessions("a", true).await.unwrap_err();
         assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
