@@ -37,6 +37,27 @@ pub struct Layers {
     store: Store,
     /// One fetch per layer at a time: forks of one snapshot all wait for the same download.
     fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Layers captured but not yet listed by a snapshot or session: the collector keeps off.
+    pinned: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+/// Keeps a fresh layer from the garbage collector until whoever captured it has recorded a
+/// reference to it (or given up, when the collector may take it).
+pub struct Pin {
+    id: String,
+    pinned: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let mut pinned = self.pinned.lock();
+        if let Some(n) = pinned.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                pinned.remove(&self.id);
+            }
+        }
+    }
 }
 
 impl Layers {
@@ -55,6 +76,7 @@ impl Layers {
             cache,
             store,
             fetching: Mutex::default(),
+            pinned: Arc::default(),
         })
     }
 
@@ -63,21 +85,27 @@ impl Layers {
     }
 
     /// Streams the sandbox's writable layer into a new layer of `tenant`. The caller has frozen
-    /// the sandbox's processes. `max_bytes` bounds the stored size (the tenant's room).
+    /// the sandbox's processes. `max_bytes` bounds the stored size (the tenant's room). The
+    /// layer stays pinned while the returned [`Pin`] lives.
     pub async fn capture(
         &self,
         tenant: &str,
         agent: &AgentClient,
         max_bytes: u64,
         max_entries: u64,
-    ) -> Result<LayerRecord, Error> {
+    ) -> Result<(LayerRecord, Pin), Error> {
         let id = format!("lyr-{}", uuid::Uuid::new_v4().simple());
+        *self.pinned.lock().entry(id.clone()).or_default() += 1;
+        let pin = Pin {
+            id: id.clone(),
+            pinned: self.pinned.clone(),
+        };
         let part = self.cache.join(format!("{id}.tar{PART}"));
         let result = self
             .capture_into(tenant, &id, &part, agent, max_bytes, max_entries)
             .await;
         match result {
-            Ok(record) => Ok(record),
+            Ok(record) => Ok((record, pin)),
             Err(e) => {
                 let _ = tokio::fs::remove_file(&part).await;
                 let _ = self.blobs.delete(tenant, &blob_key(&id)).await;
@@ -222,6 +250,9 @@ impl Layers {
     pub async fn collect_garbage(&self) -> Result<u64, Error> {
         let mut n = 0;
         for l in self.store.unreferenced_layers().await? {
+            if self.pinned.lock().contains_key(&l.id) {
+                continue;
+            }
             self.remove(&l).await?;
             n += 1;
         }

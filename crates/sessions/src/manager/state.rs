@@ -19,7 +19,7 @@ use koder_auth::Identity;
 use koder_store::{LayerRecord, SessionDurable, SessionRecord, SnapshotRecord};
 
 use super::{validate_env, Manager};
-use crate::layers::Layers;
+use crate::layers::{Layers, Pin};
 use crate::session::Live;
 use crate::Error;
 
@@ -71,7 +71,7 @@ impl Manager {
 
     /// Captures a live session's writable layer with its processes frozen (a paused session's
     /// are frozen already).
-    async fn capture(&self, live: &Live) -> Result<LayerRecord, Error> {
+    async fn capture(&self, live: &Live) -> Result<(LayerRecord, Pin), Error> {
         let layers = self.layer_store()?;
         let room = self.room(&live.tenant_id).await?;
         let rc = live.sandbox.resources();
@@ -107,22 +107,23 @@ impl Manager {
 
     /// The layers the session's filesystem is now: its stack plus a fresh capture, or just
     /// the stack of a session paused to disk (nothing runs that could change it).
+    /// The returned pin keeps a fresh capture until the caller has recorded it.
     async fn current_layers(
         &self,
         who: &Identity,
         record: &SessionRecord,
-    ) -> Result<Vec<String>, Error> {
+    ) -> Result<(Vec<String>, Option<Pin>), Error> {
         let mut durable = self.store.session_durable(&record.id).await?;
         if record.state == SessionState::Stopped {
             return Err(Error::Conflict("the session has ended".into()));
         }
         if durable.pause == Some(PauseKind::Disk) {
-            return Ok(durable.layers);
+            return Ok((durable.layers, None));
         }
         let live = self.live_any(who, &record.id)?;
-        let layer = self.capture(&live).await?;
+        let (layer, pin) = self.capture(&live).await?;
         durable.layers.push(layer.id);
-        Ok(durable.layers)
+        Ok((durable.layers, Some(pin)))
     }
 
     pub async fn snapshot(
@@ -133,7 +134,7 @@ impl Manager {
     ) -> Result<Snapshot, Error> {
         validate_name(req.name.as_deref())?;
         let record = self.record(who, id).await?;
-        let layers = self.current_layers(who, &record).await?;
+        let (layers, _pin) = self.current_layers(who, &record).await?;
         let now = self.now();
         let snap = SnapshotRecord {
             id: format!("snap-{}", uuid::Uuid::new_v4().simple()),
@@ -329,7 +330,7 @@ impl Manager {
             return Ok(());
         }
         let live = self.live_any(who, id)?;
-        let layer = self.capture(&live).await?;
+        let (layer, _pin) = self.capture(&live).await?;
         durable.layers.push(layer.id);
         durable.pause = Some(PauseKind::Disk);
         self.store.set_session_durable(id, &durable).await?;
@@ -384,10 +385,13 @@ impl Manager {
                 let Ok(record) = self.record(who, id).await else {
                     return Err(e);
                 };
-                if record.state != SessionState::Paused
-                    || !self.store.session_durable(id).await?.lifecycle.auto_resume
-                {
+                if record.state != SessionState::Paused {
                     return Err(e);
+                }
+                if !self.store.session_durable(id).await?.lifecycle.auto_resume {
+                    return Err(Error::Conflict(
+                        "the session is paused; resume it first".into(),
+                    ));
                 }
                 self.resume(who, id).await?;
                 self.live(who, id)
@@ -406,7 +410,7 @@ impl Manager {
             )));
         }
         let record = self.record(who, id).await?;
-        let layers = self.current_layers(who, &record).await?;
+        let (layers, _pin) = self.current_layers(who, &record).await?;
         let durable = self.store.session_durable(id).await?;
         let req = CreateSession {
             language: Some(record.language.clone()),
