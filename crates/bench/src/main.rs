@@ -16,6 +16,7 @@ mod host;
 mod microvm;
 mod phases;
 mod report;
+mod state;
 mod stats;
 
 use std::path::PathBuf;
@@ -57,6 +58,8 @@ enum Phase {
     Files,
     /// The microVM runtime: boot, warm hand-out, exec, memory per VM.
     Microvm,
+    /// Snapshot, create from snapshot, restore, fork, pause→resume.
+    State,
 }
 
 #[derive(Debug, Parser)]
@@ -155,6 +158,9 @@ pub struct Settings {
     /// Sequential E2B time-to-interactive samples, and the burst size.
     pub tti_samples: usize,
     pub tti_burst: usize,
+    /// New data in the session the state phase snapshots, and its samples.
+    pub state_bytes: u64,
+    pub state_samples: usize,
 }
 
 impl Settings {
@@ -181,6 +187,8 @@ impl Settings {
                 e2b_batch: 5,
                 tti_samples: 2,
                 tti_burst: 3,
+                state_bytes: 4 << 20,
+                state_samples: 1,
             }
         } else {
             Settings {
@@ -204,6 +212,8 @@ impl Settings {
                 e2b_batch: 50,
                 tti_samples: 30,
                 tti_burst: 50,
+                state_bytes: 100 << 20,
+                state_samples: 5,
             }
         };
         let scale = |n: usize| ((n as f64 * args.samples_scale).round() as usize).max(1);
@@ -215,6 +225,7 @@ impl Settings {
         s.interp_samples = scale(s.interp_samples);
         s.e2b_run_samples = scale(s.e2b_run_samples);
         s.tti_samples = scale(s.tti_samples);
+        s.state_samples = scale(s.state_samples);
         if let Some(v) = args.e2b_samples {
             s.e2b_run_samples = v.max(1);
         }
@@ -341,6 +352,7 @@ async fn run(args: &Args) -> Result<Report> {
         Phase::Throughput,
         Phase::Creates,
         Phase::Files,
+        Phase::State,
     ];
     if pool_phases.iter().any(|&p| wants(p)) {
         settle(&settings).await;
@@ -394,6 +406,10 @@ async fn run(args: &Args) -> Result<Report> {
                 if wants(Phase::Files) {
                     progress("file transfer");
                     phases::files(&ctx, &mut rows).await;
+                }
+                if wants(Phase::State) {
+                    progress("snapshots, restore, fork, pause");
+                    state::run(&ctx, &mut rows).await;
                 }
                 if rows.iter().any(|r| r.status == report::Status::Error) {
                     eprintln!("koder-bench: daemon log tail:\n{}", d.log_tail(20));

@@ -328,6 +328,28 @@ async fn fork_makes_independent_copies() {
     sh(&d, &forks[0], "echo mine > /home/user/f").await;
     assert_eq!(sh(&d, &forks[1], "cat /home/user/f").await, "base\n");
     assert_eq!(sh(&d, &a, "cat /home/user/f").await, "base\n");
+    // An optional body may also be a JSON null: one default copy.
+    let resp = d
+        .req(POST, &format!("/v1/sandbox/sessions/{a}/fork"), KEY1)
+        .header("content-type", "application/json")
+        .body("null")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["sessions"].as_array().map(Vec::len), Some(1));
+    let (status, v) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/fork"),
+            json!({"cuont": 2}),
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::BAD_REQUEST, "SANDBOX-INVALID-ARGUMENT")
+    );
     for bad in [0, 101] {
         let (status, v) = d
             .json(

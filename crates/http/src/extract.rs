@@ -76,31 +76,25 @@ impl<T: DeserializeOwned> FromRequest<AppState> for Json<T> {
     }
 }
 
-/// A JSON body that may be left out entirely (no body, no content type): then `T::default()`.
-/// A body that is there is held to [`Json`]'s rules.
+/// A JSON body that may be left out: no body, or a JSON `null`, is `T::default()`. A body
+/// that is there is held to [`Json`]'s rules.
 pub struct OptionalJson<T>(pub T);
 
 impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        if req.headers().contains_key(axum::http::header::CONTENT_TYPE) {
-            return Json::<T>::from_request(req, state)
-                .await
-                .map(|Json(v)| OptionalJson(v));
-        }
-        let body = axum::body::Bytes::from_request(req, state)
+        let (parts, body) = req.into_parts();
+        let bytes = axum::body::to_bytes(body, crate::MAX_JSON_BODY)
             .await
             .map_err(|_| ApiError::new(413, codes::PAYLOAD_TOO_LARGE, "request body too large"))?;
-        if body.is_empty() {
-            Ok(OptionalJson(T::default()))
-        } else {
-            Err(ApiError::new(
-                415,
-                codes::UNSUPPORTED_MEDIA_TYPE,
-                "expected Content-Type: application/json",
-            ))
+        if bytes.is_empty() || bytes.trim_ascii() == b"null" {
+            return Ok(OptionalJson(T::default()));
         }
+        let req = Request::from_parts(parts, axum::body::Body::from(bytes));
+        Json::<T>::from_request(req, state)
+            .await
+            .map(|Json(v)| OptionalJson(v))
     }
 }
 
