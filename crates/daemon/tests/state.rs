@@ -275,6 +275,32 @@ async fn a_durable_pause_survives_a_restart_and_resumes_on_request() {
         .await;
     assert_eq!(v["state"], "running");
 
+    // A memory pause becomes a disk pause at a clean shutdown: the files outlive the daemon.
+    sh(&d, &a, "echo more > /home/user/more").await;
+    let (status, _) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/pause"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    d.stop();
+    d.launch().await;
+    let (_, v) = d
+        .json(GET, &format!("/v1/sandbox/sessions/{a}"), Value::Null)
+        .await;
+    assert_eq!(v["state"], "paused", "{v}");
+    let (status, _) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/resume"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sh(&d, &a, "cat /home/user/more").await, "more\n");
+
     // A memory pause does not survive a crash, and says why.
     let (status, _) = d
         .json(

@@ -189,8 +189,16 @@ impl Manager {
             // synchronous set-up must finish (or stop) before the final sweep below.
             let _ = t.await;
         }
-        let ids: Vec<String> = self.live.lock().keys().cloned().collect();
-        for id in ids {
+        let live: Vec<(String, Arc<Live>)> = self
+            .live
+            .lock()
+            .iter()
+            .map(|(id, l)| (id.clone(), l.clone()))
+            .collect();
+        for (id, l) in live {
+            if *l.paused.lock() && self.keep_paused(&id, &l.tenant_id).await {
+                continue;
+            }
             self.end(&id, "daemon shutdown").await;
         }
         self.pool.drain().await;

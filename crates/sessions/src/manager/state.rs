@@ -356,6 +356,24 @@ impl Manager {
         Ok(())
     }
 
+    /// At a clean shutdown a session paused in memory is paused to disk instead, so it
+    /// outlives the daemon (its processes cannot). Whether that worked.
+    pub(super) async fn keep_paused(&self, id: &str, tenant: &str) -> bool {
+        if self.layers.is_none() {
+            return false;
+        }
+        let who = Identity {
+            tenant_id: tenant.to_string(),
+        };
+        match self.pause_to_disk(&who, id).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "keeping a paused session across the shutdown");
+                false
+            }
+        }
+    }
+
     /// Resumes a session paused to disk: a fresh sandbox boots on its layers.
     pub(super) async fn resume_from_disk(&self, who: &Identity, id: &str) -> Result<(), Error> {
         let record = self.record(who, id).await?;
