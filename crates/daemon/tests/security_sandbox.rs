@@ -160,6 +160,15 @@ async fn a_daemon_crash_mid_create_leaves_no_copy_of_the_daemon() {
     }
     // Same address: nothing holds the old listener any more.
     d.launch_at(&listen, &[]).await;
+    // The crashed create had mounted the session's disk on the host (it is detached only after
+    // the release): start-up reconciliation must have unmounted it.
+    let mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&data))
+        .map(str::to_string)
+        .collect();
+    assert!(mounts.is_empty(), "left mounted: {mounts:#?}");
     let id = d.create(json!({})).await;
     let r = d.exec(&id, json!({"shell": "echo served"})).await;
     assert_eq!(r["stdout"], "served\n", "{r}");
