@@ -431,7 +431,20 @@ async fn the_snapshot_storage_quota_is_a_typed_507_and_leaves_nothing() {
     assert_eq!(sh(&d, &a, "echo ok").await, "ok\n");
     // Small enough fits.
     sh(&d, &a, "rm /home/user/sparse; echo small > /home/user/s").await;
-    snapshot(&d, &a, Value::Null).await;
+    let snap = snapshot(&d, &a, Value::Null).await;
+    assert_eq!(layer_files(&d).len(), 2, "{:?}", layer_files(&d));
+    // Deleting the snapshot frees its storage at once: its layer was used by nothing else.
+    let resp = d
+        .req(
+            Method::DELETE,
+            &format!("/v1/sandbox/snapshots/{}", snap["snapshot_id"].as_str().unwrap()),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    assert!(layer_files(&d).is_empty(), "{:?}", layer_files(&d));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
