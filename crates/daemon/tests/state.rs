@@ -437,7 +437,10 @@ async fn the_snapshot_storage_quota_is_a_typed_507_and_leaves_nothing() {
     let resp = d
         .req(
             Method::DELETE,
-            &format!("/v1/sandbox/snapshots/{}", snap["snapshot_id"].as_str().unwrap()),
+            &format!(
+                "/v1/sandbox/snapshots/{}",
+                snap["snapshot_id"].as_str().unwrap()
+            ),
             KEY1,
         )
         .send()

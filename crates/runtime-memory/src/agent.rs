@@ -276,6 +276,9 @@ async fn operation(state: Arc<State>, msg: ToAgent, follow_ups: FollowUps, out: 
             total_bytes: state.disk_bytes,
             used_bytes: used_bytes(&state),
         }),
+        ToAgent::CaptureLayer { max_bytes, .. } => {
+            return capture(&state, max_bytes, &out).await;
+        }
         ToAgent::KillAll => {
             let token = std::mem::take(&mut *state.kill_all.lock());
             token.cancel();
@@ -289,6 +292,62 @@ async fn operation(state: Arc<State>, msg: ToAgent, follow_ups: FollowUps, out: 
         )),
     };
     out.send(answer.unwrap_or_else(FromAgent::Error)).await;
+}
+
+/// The fake's layer format: its whole file map (a fake has no image below it), postcard-encoded.
+/// Opaque to the session manager, like a real agent's tar.
+type Layer = Vec<(String, Option<(Vec<u8>, u32)>)>;
+
+async fn capture(state: &State, max_bytes: u64, out: &Out) {
+    let layer: Layer = state
+        .files
+        .lock()
+        .iter()
+        .map(|(path, node)| {
+            let content = match node {
+                Node::Dir => None,
+                Node::File { data, mode } => Some((data.clone(), *mode)),
+            };
+            (path.clone(), content)
+        })
+        .collect();
+    let bytes: u64 = layer
+        .iter()
+        .filter_map(|(_, c)| c.as_ref().map(|(d, _)| d.len() as u64))
+        .sum();
+    if bytes > max_bytes {
+        let err = AgentError::new(ErrorCode::TooLarge, format!("{bytes} bytes > {max_bytes}"));
+        return out.send(FromAgent::Error(err)).await;
+    }
+    let encoded = match postcard::to_allocvec(&layer) {
+        Ok(e) => e,
+        Err(e) => {
+            let err = AgentError::new(ErrorCode::Io, e.to_string());
+            return out.send(FromAgent::Error(err)).await;
+        }
+    };
+    for chunk in encoded.chunks(CHUNK_BYTES) {
+        out.send(FromAgent::FileChunk(chunk.to_vec())).await;
+    }
+    out.send(FromAgent::LayerEnd {
+        entries: layer.len() as u64,
+        bytes,
+    })
+    .await;
+}
+
+/// Stacks a layer [`capture`] made onto the file map.
+pub(crate) fn apply_layer(state: &State, raw: &[u8]) -> Result<(), String> {
+    let layer: Layer = postcard::from_bytes(raw).map_err(|e| e.to_string())?;
+    let mut files = state.files.lock();
+    for (path, content) in layer {
+        let node = match content {
+            None => Node::Dir,
+            Some((data, mode)) => Node::File { data, mode },
+        };
+        files.insert(path, node);
+    }
+    Ok(())
 }
 
 /// Counts a running exec for `Health` and `KillAll` while it lives.

@@ -133,6 +133,11 @@ impl Runtime for MemoryRuntime {
             )));
         }
         let (agent, state) = agent::start(self.inner.script.clone(), spec.limits.disk_mib);
+        for layer in &spec.layers {
+            let raw = std::fs::read(layer)
+                .map_err(RuntimeError::io(format!("read layer {}", layer.display())))?;
+            agent::apply_layer(&state, &raw).map_err(RuntimeError::Start)?;
+        }
         let sandbox = Arc::new(MemorySandbox {
             limits: Mutex::new(spec.limits),
             spec,

@@ -1,0 +1,257 @@
+//! The manager's rules for state that lasts, without root, against `MemoryRuntime` (whose fake
+//! agent captures its file map as a layer): tenancy of snapshots, the snapshot-storage quota,
+//! layers freed when nothing uses them, a disk pause surviving a new manager on the same store,
+//! and fork's bounds.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use koder_api_types::{CreateSession, CreateSnapshot, ErrorCode, Lifecycle, SessionState};
+use koder_auth::Identity;
+use koder_runtime_memory::MemoryRuntime;
+use koder_sessions::{Error, Manager, SessionConfig};
+use koder_store::{Store, Tenant};
+
+fn who(t: &str) -> Identity {
+    Identity {
+        tenant_id: t.into(),
+    }
+}
+
+fn config(dir: &Path) -> SessionConfig {
+    SessionConfig {
+        pool: Default::default(),
+        state_dir: Some(dir.to_path_buf()),
+        snapshot_storage_mib: 1,
+        ..SessionConfig::default()
+    }
+}
+
+async fn store() -> Store {
+    let store = Store::open_in_memory().await.unwrap();
+    for id in ["a", "b"] {
+        store
+            .upsert_tenant(&Tenant {
+                id: id.into(),
+                name: id.into(),
+                plan: "standard".into(),
+                max_sessions: None,
+                daily_session_minutes: None,
+                created_at: chrono::Utc::now(),
+            })
+            .await
+            .unwrap();
+    }
+    store
+}
+
+async fn manager(store: &Store, runtime: &MemoryRuntime, dir: &Path) -> Arc<Manager> {
+    Manager::start(store.clone(), Arc::new(runtime.clone()), config(dir))
+        .await
+        .unwrap()
+}
+
+fn code_of<T: std::fmt::Debug>(r: Result<T, Error>) -> ErrorCode {
+    r.expect_err("expected an error").code()
+}
+
+fn sandbox_of(runtime: &MemoryRuntime) -> Arc<koder_runtime_memory::MemorySandbox> {
+    let ids = runtime.live();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    runtime.sandbox(&ids[0]).unwrap()
+}
+
+fn cache_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("layers")).map_or(0, |r| r.count())
+}
+
+#[tokio::test]
+async fn snapshots_belong_to_their_tenant_and_build_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, runtime) = (store().await, MemoryRuntime::new());
+    let m = manager(&store, &runtime, dir.path()).await;
+    let s = m.create(&who("a"), CreateSession::default()).await.unwrap();
+    sandbox_of(&runtime).put_file("/home/user/kept", b"state");
+    let snap = m
+        .snapshot(&who("a"), &s.id, CreateSnapshot::default())
+        .await
+        .unwrap();
+    assert_eq!(snap.session_id.as_deref(), Some(s.id.as_str()));
+    assert!(snap.size_bytes > 0);
+
+    assert_eq!(
+        code_of(m.get_snapshot(&who("b"), &snap.snapshot_id).await),
+        ErrorCode::NotFound
+    );
+    assert!(m.list_snapshots(&who("b")).await.unwrap().is_empty());
+    assert_eq!(
+        code_of(m.delete_snapshot(&who("b"), &snap.snapshot_id).await),
+        ErrorCode::NotFound
+    );
+    let from_b = CreateSession {
+        from_snapshot: Some(snap.snapshot_id.clone()),
+        ..Default::default()
+    };
+    assert_eq!(
+        code_of(m.create(&who("b"), from_b.clone()).await),
+        ErrorCode::NotFound
+    );
+    // Another tenant cannot snapshot the session either.
+    assert_eq!(
+        code_of(
+            m.snapshot(&who("b"), &s.id, CreateSnapshot::default())
+                .await
+        ),
+        ErrorCode::NotFound
+    );
+
+    let copy = m.create(&who("a"), from_b).await.unwrap();
+    let sandbox = runtime
+        .live()
+        .into_iter()
+        .filter_map(|id| runtime.sandbox(&id))
+        .find(|sb| !sb.spec().layers.is_empty())
+        .expect("a sandbox made from layers");
+    assert_eq!(
+        sandbox.file("/home/user/kept").as_deref(),
+        Some(&b"state"[..])
+    );
+    assert_ne!(copy.id, s.id);
+}
+
+#[tokio::test]
+async fn the_storage_quota_refuses_and_deleting_frees() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, runtime) = (store().await, MemoryRuntime::new());
+    let m = manager(&store, &runtime, dir.path()).await;
+    let s = m.create(&who("a"), CreateSession::default()).await.unwrap();
+    let sb = sandbox_of(&runtime);
+    sb.put_file("/home/user/big", &vec![7u8; 2 << 20]);
+    assert_eq!(
+        code_of(
+            m.snapshot(&who("a"), &s.id, CreateSnapshot::default())
+                .await
+        ),
+        ErrorCode::QuotaSnapshotStorage
+    );
+    assert!(!sb.is_frozen(), "a refused capture must thaw the sandbox");
+    assert_eq!(cache_files(dir.path()), 0);
+    assert_eq!(store.tenant_layer_bytes("a").await.unwrap(), 0);
+
+    sb.put_file("/home/user/big", &vec![7u8; 600 << 10]);
+    let snap = m
+        .snapshot(&who("a"), &s.id, CreateSnapshot::default())
+        .await
+        .unwrap();
+    // The tenant's room is now mostly used: a second capture of the same does not fit.
+    assert_eq!(
+        code_of(
+            m.snapshot(&who("a"), &s.id, CreateSnapshot::default())
+                .await
+        ),
+        ErrorCode::QuotaSnapshotStorage
+    );
+    m.delete_snapshot(&who("a"), &snap.snapshot_id)
+        .await
+        .unwrap();
+    assert_eq!(store.tenant_layer_bytes("a").await.unwrap(), 0);
+    assert_eq!(cache_files(dir.path()), 0);
+    m.snapshot(&who("a"), &s.id, CreateSnapshot::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_disk_pause_outlives_its_manager_and_resumes_with_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, runtime) = (store().await, MemoryRuntime::new());
+    let m = manager(&store, &runtime, dir.path()).await;
+    let s = m
+        .create(
+            &who("a"),
+            CreateSession {
+                lifecycle: Some(Lifecycle {
+                    auto_resume: true,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    sandbox_of(&runtime).put_file("/home/user/kept", b"yes");
+    let paused = m.pause_session(&who("a"), &s.id, false).await.unwrap();
+    assert_eq!(paused.state, SessionState::Paused);
+    assert!(runtime.live().is_empty(), "a disk pause holds no sandbox");
+    drop(m);
+
+    // A new manager on the same store (a daemon restart) keeps it paused.
+    let runtime2 = MemoryRuntime::new();
+    let m2 = manager(&store, &runtime2, dir.path()).await;
+    assert_eq!(
+        m2.get(&who("a"), &s.id).await.unwrap().state,
+        SessionState::Paused
+    );
+    assert_eq!(
+        code_of(m2.resume(&who("b"), &s.id).await),
+        ErrorCode::NotFound
+    );
+    // auto_resume: a file read wakes it.
+    let data = m2.download(&who("a"), &s.id, "/home/user/kept").await;
+    assert!(data.is_ok(), "{:?}", data.err());
+    assert_eq!(
+        m2.get(&who("a"), &s.id).await.unwrap().state,
+        SessionState::Running
+    );
+    assert_eq!(
+        sandbox_of(&runtime2).file("/home/user/kept").as_deref(),
+        Some(&b"yes"[..])
+    );
+}
+
+#[tokio::test]
+async fn fork_is_bounded_and_copies_each_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, runtime) = (store().await, MemoryRuntime::new());
+    let m = manager(&store, &runtime, dir.path()).await;
+    let s = m.create(&who("a"), CreateSession::default()).await.unwrap();
+    sandbox_of(&runtime).put_file("/home/user/f", b"1");
+    for bad in [0, 101] {
+        assert_eq!(
+            code_of(m.fork(&who("a"), &s.id, bad).await),
+            ErrorCode::InvalidArgument
+        );
+    }
+    assert_eq!(
+        code_of(m.fork(&who("b"), &s.id, 1).await),
+        ErrorCode::NotFound
+    );
+    let forks = m.fork(&who("a"), &s.id, 3).await.unwrap();
+    assert_eq!(forks.len(), 3);
+    assert_eq!(runtime.live().len(), 4);
+    for f in &forks {
+        assert_eq!(f.tenant_id, "a");
+    }
+}
+
+#[tokio::test]
+async fn without_a_state_dir_snapshots_are_not_offered() {
+    let (store, runtime) = (store().await, MemoryRuntime::new());
+    let cfg = SessionConfig {
+        pool: Default::default(),
+        ..SessionConfig::default()
+    };
+    let m = Manager::start(store, Arc::new(runtime), cfg).await.unwrap();
+    let s = m.create(&who("a"), CreateSession::default()).await.unwrap();
+    assert_eq!(
+        code_of(
+            m.snapshot(&who("a"), &s.id, CreateSnapshot::default())
+                .await
+        ),
+        ErrorCode::NotImplemented
+    );
+    assert_eq!(
+        code_of(m.pause_session(&who("a"), &s.id, false).await),
+        ErrorCode::NotImplemented
+    );
+}
