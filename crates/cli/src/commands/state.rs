@@ -13,13 +13,14 @@ use crate::output;
 /// `req` starting from `--from-snapshot`, with a lifecycle when `--on-timeout` or
 /// `--auto-resume` was given (else the server's default).
 pub(crate) fn with_lifecycle(req: CreateSession, opts: &LifecycleOpts) -> CreateSession {
-    let lifecycle = (opts.on_timeout.is_some() || opts.auto_resume).then(|| Lifecycle {
+    let lifecycle = Lifecycle {
         on_timeout: match opts.on_timeout.as_deref() {
             Some("pause") => OnTimeout::Pause,
             _ => OnTimeout::Kill,
         },
         auto_resume: opts.auto_resume,
-    });
+    };
+    let lifecycle = (opts.on_timeout.is_some() || opts.auto_resume).then_some(lifecycle);
     CreateSession {
         from_snapshot: opts.from_snapshot.clone(),
         lifecycle,
