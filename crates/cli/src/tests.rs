@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 use clap::{CommandFactory as _, Parser as _};
 use koder_sdk::ExecResult;
 
-use crate::args::{Cli, ClientCommand, Command};
-use crate::commands::{create_request, infer_language, parse_loc, remote_basename, Ctx, Loc};
+use crate::args::{Cli, ClientCommand, Command, SnapshotCommand};
+use crate::commands::{
+    create_request, infer_language, parse_loc, remote_basename, with_lifecycle, Ctx, Loc,
+};
 use crate::output::exit_status;
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
@@ -246,4 +248,117 @@ fn tables_align_columns() {
         "{table}"
     );
     assert!(lines.iter().all(|l| !l.ends_with(' ')), "{table}");
+}
+
+#[test]
+fn state_commands_parse() {
+    let cli = parse(&[
+        "create",
+        "--from-snapshot",
+        "snap-1",
+        "--on-timeout",
+        "pause",
+        "--auto-resume",
+        "--timeout",
+        "60",
+    ])
+    .unwrap();
+    let Command::Client(ClientCommand::Create(a)) = cli.command else {
+        panic!("not create")
+    };
+    let req = with_lifecycle(create_request(a.language, &a.env, &a.session), &a.lifecycle);
+    assert_eq!(
+        serde_json::to_value(&req).unwrap(),
+        serde_json::json!({"timeout_s": 60, "from_snapshot": "snap-1",
+            "lifecycle": {"on_timeout": "pause", "auto_resume": true}})
+    );
+    let cli = parse(&["create"]).unwrap();
+    let Command::Client(ClientCommand::Create(a)) = cli.command else {
+        panic!("not create")
+    };
+    let req = with_lifecycle(create_request(None, &[], &a.session), &a.lifecycle);
+    assert_eq!(serde_json::to_value(&req).unwrap(), serde_json::json!({}));
+    assert!(parse(&["create", "--on-timeout", "sleep"]).is_err());
+
+    let cli = parse(&["pause", "s1", "--disk", "--json"]).unwrap();
+    let Command::Client(ClientCommand::Pause(a)) = cli.command else {
+        panic!("not pause")
+    };
+    assert!(a.disk && a.c.json);
+    let cli = parse(&["fork", "s1"]).unwrap();
+    let Command::Client(ClientCommand::Fork(a)) = cli.command else {
+        panic!("not fork")
+    };
+    assert_eq!(a.count, 1);
+    assert!(parse(&["fork", "s1", "--count", "0"]).is_err());
+    assert!(parse(&["fork", "s1", "--count", "101"]).is_err());
+    let cli = parse(&["snapshot", "create", "s1", "--name", "base"]).unwrap();
+    let Command::Client(ClientCommand::Snapshot(SnapshotCommand::Create(a))) = cli.command else {
+        panic!("not snapshot create")
+    };
+    assert_eq!(
+        (a.session.as_str(), a.name.as_deref()),
+        ("s1", Some("base"))
+    );
+    for args in [
+        &["snapshot", "list", "--json"][..],
+        &["snapshot", "get", "snap-1"],
+        &["snapshot", "delete", "snap-1"],
+        &["restore", "s1", "snap-1"],
+        &["resume", "s1"],
+    ] {
+        assert!(parse(args).is_ok(), "{args:?}");
+    }
+    assert!(parse(&["restore", "s1"]).is_err());
+}
+
+#[test]
+fn snapshot_tables_and_sizes() {
+    use crate::output::format_size;
+    assert_eq!(format_size(0), "0 B");
+    assert_eq!(format_size(1023), "1023 B");
+    assert_eq!(format_size(4096), "4.0 KiB");
+    assert_eq!(format_size(3 * 1024 * 1024 / 2), "1.5 MiB");
+    assert_eq!(format_size(u64::MAX), "16.0 EiB");
+    let snaps: Vec<koder_sdk::Snapshot> = serde_json::from_value(serde_json::json!([
+        {"snapshot_id": "snap-1", "name": "base", "size_bytes": 4096, "image": "host",
+         "language": "python", "runtime": "jail", "created_at": "2025-01-01T00:00:00Z",
+         "expires_at": "2025-01-08T00:00:00Z"},
+        {"snapshot_id": "snap-2", "size_bytes": 10, "image": "host", "language": "bash",
+         "runtime": "jail", "created_at": "2025-01-01T00:00:00Z",
+         "expires_at": "2025-01-08T00:00:00Z"}]))
+    .unwrap();
+    let table = crate::output::snapshots_table(&snaps);
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            vec!["ID", "NAME", "SIZE", "IMAGE", "CREATED", "EXPIRES"],
+            vec![
+                "snap-1",
+                "base",
+                "4.0",
+                "KiB",
+                "host",
+                "2025-01-01",
+                "00:00:00",
+                "2025-01-08",
+                "00:00:00"
+            ],
+            vec![
+                "snap-2",
+                "-",
+                "10",
+                "B",
+                "host",
+                "2025-01-01",
+                "00:00:00",
+                "2025-01-08",
+                "00:00:00"
+            ],
+        ]
+    );
 }

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -66,7 +67,14 @@ impl Daemon {
         let log_err = log_file.try_clone().expect("log file clone");
         // Its own cgroup parent, removed on drop; no warm pool, so the test pays only for what
         // it creates.
-        let cgroup_parent = format!("koder-test-e2e-{}", std::process::id());
+        // Unique per daemon too: tests of this binary run in parallel, and a daemon's start-up
+        // reconciliation would take another's sandboxes under a shared parent for leftovers.
+        static STARTED: AtomicU32 = AtomicU32::new(0);
+        let cgroup_parent = format!(
+            "koder-test-e2e-{}-{}",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        );
         let config = data.path().join("koder.toml");
         std::fs::write(
             &config,
@@ -296,6 +304,138 @@ fn e2e_sdk_and_cli_against_the_real_daemon() {
     cli_flow(&daemon);
     admin_flow(&daemon);
     live_flow(&daemon);
+}
+
+/// State that outlives a sandbox, through the CLI alone: snapshot, create from it, restore,
+/// fork, pause (memory and disk), resume, snapshot delete.
+#[test]
+fn e2e_cli_snapshots_forks_and_pauses() {
+    if !is_root() {
+        eprintln!("skipping e2e: the daemon needs root to create sandboxes");
+        return;
+    }
+    let daemon = Daemon::start();
+    let cli = daemon.cli(KEY1);
+    let cat = |id: &str| {
+        cli.ok(&["exec", id, "--", "cat", "/home/user/state.txt"])
+            .stdout
+    };
+
+    let id = cli.ok(&["create"]).stdout.trim().to_string();
+    cli.ok(&["exec", &id, "--shell", "echo saved > /home/user/state.txt"]);
+    let snap = cli
+        .ok(&["snapshot", "create", &id, "--name", "e2e-base"])
+        .stdout
+        .trim()
+        .to_string();
+    assert!(
+        !snap.is_empty() && !snap.contains(char::is_whitespace),
+        "{snap:?}"
+    );
+
+    let listed: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["snapshot", "list", "--json"]).stdout)
+            .expect("snapshot list --json");
+    let entry = listed
+        .as_array()
+        .and_then(|l| l.iter().find(|s| s["snapshot_id"] == snap.as_str()))
+        .unwrap_or_else(|| panic!("{snap} not listed: {listed}"));
+    assert_eq!(
+        (entry["name"].as_str(), entry["session_id"].as_str()),
+        (Some("e2e-base"), Some(id.as_str())),
+        "{entry}"
+    );
+    assert!(
+        entry["size_bytes"].as_u64().is_some_and(|n| n > 0),
+        "{entry}"
+    );
+    let table = cli.ok(&["snapshot", "list"]).stdout;
+    assert!(table.starts_with("ID"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(&snap) && l.contains("e2e-base")),
+        "{table}"
+    );
+    let got: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["snapshot", "get", &snap, "--json"]).stdout)
+            .expect("snapshot get --json");
+    assert_eq!(&got, entry);
+
+    let from = cli
+        .ok(&[
+            "create",
+            "--from-snapshot",
+            &snap,
+            "--on-timeout",
+            "pause",
+            "--auto-resume",
+        ])
+        .stdout
+        .trim()
+        .to_string();
+    assert_eq!(cat(&from), "saved\n");
+    cli.ok(&[
+        "exec",
+        &from,
+        "--shell",
+        "echo changed > /home/user/state.txt",
+    ]);
+    let restored: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["restore", &from, &snap, "--json"]).stdout)
+            .expect("restore --json");
+    assert_eq!(restored["state"], "running", "{restored}");
+    assert_eq!(cat(&from), "saved\n");
+
+    let forks: Vec<String> = cli
+        .ok(&["fork", &from, "--count", "2"])
+        .stdout
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(forks.len(), 2, "{forks:?}");
+    assert!(forks[0] != forks[1] && !forks.contains(&from), "{forks:?}");
+    for fork in &forks {
+        assert_eq!(cat(fork), "saved\n");
+    }
+
+    // A memory pause (the default) and its resume, in the human form.
+    let paused = cli.ok(&["pause", &forks[0]]).stdout;
+    assert!(
+        paused
+            .lines()
+            .any(|l| l.split_whitespace().eq(["state", "paused"])),
+        "{paused}"
+    );
+    let resumed = cli.ok(&["resume", &forks[0]]).stdout;
+    assert!(
+        resumed
+            .lines()
+            .any(|l| l.split_whitespace().eq(["state", "running"])),
+        "{resumed}"
+    );
+
+    let paused: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["pause", &from, "--disk", "--json"]).stdout)
+            .expect("pause --json");
+    assert_eq!(paused["state"], "paused", "{paused}");
+    let resumed: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["resume", &from, "--json"]).stdout).expect("resume --json");
+    assert_eq!(resumed["state"], "running", "{resumed}");
+    assert_eq!(cat(&from), "saved\n");
+
+    cli.ok(&["snapshot", "delete", &snap]);
+    let gone = cli.run(&["snapshot", "get", &snap]);
+    assert_eq!(gone.code, 1, "{gone:?}");
+    assert!(gone.stderr.contains("SANDBOX-NOT-FOUND"), "{gone:?}");
+    let listed = cli.ok(&["snapshot", "list", "--json"]).stdout;
+    assert!(!listed.contains(&snap), "{listed}");
+
+    let mut all = vec![id.as_str(), from.as_str()];
+    all.extend(forks.iter().map(String::as_str));
+    let mut kill = vec!["kill"];
+    kill.extend(all);
+    cli.ok(&kill);
 }
 
 /// Streaming exec, background exec + logs, attach, watch.

@@ -38,8 +38,8 @@ pub mod live;
 
 pub use koder_api_types as types;
 pub use koder_api_types::{
-    codes, CreateSession, EntryType, ExecRequest, ExecResult, FileEntry, FileList, Limits, Network,
-    NetworkMode, SessionState,
+    codes, CreateSession, EntryType, ExecRequest, ExecResult, FileEntry, FileList, Lifecycle,
+    Limits, Network, NetworkMode, OnTimeout, PauseKind, SessionState, Snapshot,
 };
 pub use reqwest::Body;
 
@@ -442,6 +442,110 @@ impl Client {
         Ok(killed.killed)
     }
 
+    // ---- state that outlives a sandbox: snapshots, pauses, forks ----
+
+    /// `POST /v1/sandbox/sessions` with `from_snapshot`: a new session on a snapshot's
+    /// filesystem; the rest of `req` (limits, lifecycle, ...) applies as for any create.
+    pub async fn create_from_snapshot(
+        &self,
+        snapshot_id: impl Into<String>,
+        req: CreateSession,
+    ) -> Result<Session> {
+        let req = CreateSession {
+            from_snapshot: Some(snapshot_id.into()),
+            ..req
+        };
+        self.create_session(&req).await
+    }
+
+    /// `POST /v1/sandbox/sessions/{id}/snapshot`: captures the session's filesystem. A full
+    /// snapshot store is `SANDBOX-QUOTA-SNAPSHOT-STORAGE` (507).
+    pub async fn snapshot_session(&self, id: &str, name: Option<&str>) -> Result<Snapshot> {
+        let url = self.session_url(id, &["snapshot"])?;
+        let body = types::CreateSnapshot {
+            name: name.map(String::from),
+        };
+        decode(
+            self.send(self.request(Method::POST, url).json(&body))
+                .await?,
+        )
+        .await
+    }
+
+    /// `POST /v1/sandbox/sessions/{id}/restore`: the session restarts on the snapshot's
+    /// filesystem (its processes end); returns the session.
+    pub async fn restore_session(&self, id: &str, snapshot_id: &str) -> Result<types::Session> {
+        let url = self.session_url(id, &["restore"])?;
+        let body = types::RestoreSnapshot {
+            snapshot_id: snapshot_id.into(),
+        };
+        decode(
+            self.send(self.request(Method::POST, url).json(&body))
+                .await?,
+        )
+        .await
+    }
+
+    /// `POST /v1/sandbox/sessions/{id}/fork`: `count` (1–100) new sessions, each on a copy of
+    /// this one's filesystem.
+    pub async fn fork_session(&self, id: &str, count: u32) -> Result<Vec<types::Session>> {
+        let url = self.session_url(id, &["fork"])?;
+        let body = types::ForkSession { count };
+        let forked: types::ForkResult = decode(
+            self.send(self.request(Method::POST, url).json(&body))
+                .await?,
+        )
+        .await?;
+        Ok(forked.sessions)
+    }
+
+    /// `POST /v1/sandbox/sessions/{id}/pause`: [`PauseKind::Memory`] freezes the processes in
+    /// place, [`PauseKind::Disk`] keeps only the filesystem, durably.
+    pub async fn pause_session(&self, id: &str, kind: PauseKind) -> Result<types::Session> {
+        let url = self.session_url(id, &["pause"])?;
+        let body = types::PauseSession {
+            memory: Some(kind == PauseKind::Memory),
+        };
+        decode(
+            self.send(self.request(Method::POST, url).json(&body))
+                .await?,
+        )
+        .await
+    }
+
+    /// `POST /v1/sandbox/sessions/{id}/resume`.
+    pub async fn resume_session(&self, id: &str) -> Result<types::Session> {
+        let url = self.session_url(id, &["resume"])?;
+        decode(self.send(self.request(Method::POST, url)).await?).await
+    }
+
+    fn snapshot_url(&self, id: Option<&str>) -> Result<Url> {
+        let mut segments = vec!["v1", "sandbox", "snapshots"];
+        segments.extend(id);
+        self.url(&segments)
+    }
+
+    /// `GET /v1/sandbox/snapshots`: this tenant's snapshots.
+    pub async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
+        let url = self.snapshot_url(None)?;
+        let list: types::SnapshotList =
+            decode(self.send(self.request(Method::GET, url)).await?).await?;
+        Ok(list.snapshots)
+    }
+
+    /// `GET /v1/sandbox/snapshots/{id}`.
+    pub async fn get_snapshot(&self, id: &str) -> Result<Snapshot> {
+        let url = self.snapshot_url(Some(id))?;
+        decode(self.send(self.request(Method::GET, url)).await?).await
+    }
+
+    /// `DELETE /v1/sandbox/snapshots/{id}`.
+    pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
+        let url = self.snapshot_url(Some(id))?;
+        self.send(self.request(Method::DELETE, url)).await?;
+        Ok(())
+    }
+
     // ---- admin (the client's key must be an admin key) ----
 
     fn admin_url(&self, rest: &[&str]) -> Result<Url> {
@@ -674,7 +778,8 @@ impl Session {
         &self.info.id
     }
 
-    /// The session as last seen (creation, [`Session::refresh`] or [`Session::set_timeout`]).
+    /// The session as last seen (creation, [`Session::refresh`], or the last call that answers
+    /// with the session: [`Session::set_timeout`], pause, resume, restore).
     pub fn info(&self) -> &types::Session {
         &self.info
     }
@@ -790,6 +895,41 @@ impl Session {
 
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
         self.client.rename(&self.info.id, from, to).await
+    }
+
+    /// See [`Client::snapshot_session`].
+    pub async fn snapshot(&self, name: Option<&str>) -> Result<Snapshot> {
+        self.client.snapshot_session(&self.info.id, name).await
+    }
+
+    /// See [`Client::restore_session`]; updates [`Session::info`].
+    pub async fn restore(&mut self, snapshot_id: &str) -> Result<&types::Session> {
+        self.info = self
+            .client
+            .restore_session(&self.info.id, snapshot_id)
+            .await?;
+        Ok(&self.info)
+    }
+
+    /// See [`Client::fork_session`]; a handle on each new session.
+    pub async fn fork(&self, count: u32) -> Result<Vec<Session>> {
+        let forked = self.client.fork_session(&self.info.id, count).await?;
+        Ok(forked
+            .into_iter()
+            .map(|info| Session::from_info(self.client.clone(), info))
+            .collect())
+    }
+
+    /// See [`Client::pause_session`]; updates [`Session::info`].
+    pub async fn pause(&mut self, kind: PauseKind) -> Result<&types::Session> {
+        self.info = self.client.pause_session(&self.info.id, kind).await?;
+        Ok(&self.info)
+    }
+
+    /// See [`Client::resume_session`]; updates [`Session::info`].
+    pub async fn resume(&mut self) -> Result<&types::Session> {
+        self.info = self.client.resume_session(&self.info.id).await?;
+        Ok(&self.info)
     }
 
     /// `DELETE /v1/sandbox/sessions/{id}`.

@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt as _;
 use koder_sdk::live::ExecEvent;
-use koder_sdk::{Client, CreateSession, Error, ExecRequest};
+use koder_sdk::{
+    Client, CreateSession, Error, ExecRequest, Lifecycle, OnTimeout, PauseKind, SessionState,
+};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
@@ -676,4 +678,165 @@ fn unusable_ca_certificates_are_refused() {
         .add_ca_file("/nonexistent/ca.pem")
         .expect_err("missing file");
     assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
+}
+
+const SNAPSHOT: &str = r#"{"snapshot_id":"snap-1","name":"base","size_bytes":4096,"image":"host",
+ "language":"python","runtime":"jail","session_id":"s-1",
+ "created_at":"2025-01-01T00:00:00Z","expires_at":"2025-01-08T00:00:00Z"}"#;
+
+fn no_content() -> Canned {
+    Canned {
+        status: 204,
+        content_type: "text/plain",
+        ..Canned::default()
+    }
+}
+
+fn body_json(rec: &Recorded) -> serde_json::Value {
+    serde_json::from_slice(&rec.body).expect("json body")
+}
+
+#[tokio::test]
+async fn snapshot_restore_fork_pause_resume() {
+    let mock = Mock::start(|rec| {
+        let paused = SESSION.replace("\"running\"", "\"paused\"");
+        match (rec.method.as_str(), rec.target.as_str()) {
+            ("POST", t) if t.ends_with("/snapshot") => json(201, SNAPSHOT),
+            ("POST", t) if t.ends_with("/fork") => json(
+                201,
+                &format!(
+                    r#"{{"sessions":[{},{}]}}"#,
+                    SESSION.replace("s-1", "s-2"),
+                    SESSION.replace("s-1", "s-3")
+                ),
+            ),
+            ("POST", t) if t.ends_with("/pause") => json(200, &paused),
+            ("GET", "/v1/sandbox/snapshots") => {
+                json(200, &format!(r#"{{"snapshots":[{SNAPSHOT}]}}"#))
+            }
+            ("GET", t) if t.starts_with("/v1/sandbox/snapshots/") => json(200, SNAPSHOT),
+            ("DELETE", _) => no_content(),
+            _ => json(200, SESSION),
+        }
+    })
+    .await;
+    let client = Client::new(&mock.url, "k").expect("client");
+    let mut session = client.session("s-1").await.expect("get");
+
+    let snap = session.snapshot(Some("base")).await.expect("snapshot");
+    assert_eq!(
+        (snap.snapshot_id.as_str(), snap.size_bytes),
+        ("snap-1", 4096)
+    );
+    let rec = mock.last();
+    assert_eq!(rec.target, "/v1/sandbox/sessions/s-1/snapshot");
+    assert_eq!(body_json(&rec), serde_json::json!({"name": "base"}));
+    session.snapshot(None).await.expect("unnamed snapshot");
+    assert_eq!(body_json(&mock.last()), serde_json::json!({}));
+
+    let listed = client.list_snapshots().await.expect("list");
+    assert_eq!(listed, vec![snap.clone()]);
+    assert_eq!(client.get_snapshot("snap-1").await.expect("get"), snap);
+    assert_eq!(mock.last().target, "/v1/sandbox/snapshots/snap-1");
+
+    let new = client
+        .create_from_snapshot(
+            "snap-1",
+            CreateSession {
+                lifecycle: Some(Lifecycle {
+                    on_timeout: OnTimeout::Pause,
+                    auto_resume: true,
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create from snapshot");
+    assert_eq!(new.id(), "s-1");
+    let rec = mock.last();
+    assert_eq!(
+        (rec.method.as_str(), rec.target.as_str()),
+        ("POST", "/v1/sandbox/sessions")
+    );
+    assert_eq!(
+        body_json(&rec),
+        serde_json::json!({"from_snapshot": "snap-1",
+            "lifecycle": {"on_timeout": "pause", "auto_resume": true}})
+    );
+
+    session.restore("snap-1").await.expect("restore");
+    let rec = mock.last();
+    assert_eq!(rec.target, "/v1/sandbox/sessions/s-1/restore");
+    assert_eq!(
+        body_json(&rec),
+        serde_json::json!({"snapshot_id": "snap-1"})
+    );
+
+    let forks = session.fork(2).await.expect("fork");
+    let ids: Vec<&str> = forks.iter().map(|s| s.id()).collect();
+    assert_eq!(ids, ["s-2", "s-3"]);
+    assert_eq!(body_json(&mock.last()), serde_json::json!({"count": 2}));
+
+    let info = session.pause(PauseKind::Disk).await.expect("pause");
+    assert_eq!(info.state, SessionState::Paused);
+    assert_eq!(session.info().state, SessionState::Paused);
+    let rec = mock.last();
+    assert_eq!(rec.target, "/v1/sandbox/sessions/s-1/pause");
+    assert_eq!(body_json(&rec), serde_json::json!({"memory": false}));
+    session.pause(PauseKind::Memory).await.expect("pause");
+    assert_eq!(body_json(&mock.last()), serde_json::json!({"memory": true}));
+
+    let info = session.resume().await.expect("resume");
+    assert_eq!(info.state, SessionState::Running);
+    let rec = mock.last();
+    assert_eq!(
+        (rec.method.as_str(), rec.target.as_str()),
+        ("POST", "/v1/sandbox/sessions/s-1/resume")
+    );
+
+    client.delete_snapshot("snap-1").await.expect("delete");
+    let rec = mock.last();
+    assert_eq!(
+        (rec.method.as_str(), rec.target.as_str()),
+        ("DELETE", "/v1/sandbox/snapshots/snap-1")
+    );
+}
+
+#[tokio::test]
+async fn state_errors_carry_their_codes() {
+    let mock = Mock::start(|rec| {
+        if rec.target.ends_with("/snapshot") || rec.target.ends_with("/fork") {
+            json(
+                507,
+                r#"{"error":{"code":"SANDBOX-QUOTA-SNAPSHOT-STORAGE","message":"snapshot storage full"}}"#,
+            )
+        } else {
+            json(
+                404,
+                r#"{"error":{"code":"SANDBOX-NOT-FOUND","message":"snapshot not found"}}"#,
+            )
+        }
+    })
+    .await;
+    let client = Client::new(&mock.url, "k").expect("client");
+    let err = client
+        .snapshot_session("s-1", Some("big"))
+        .await
+        .expect_err("507");
+    assert_eq!(err.code(), Some(koder_sdk::codes::QUOTA_SNAPSHOT_STORAGE));
+    assert_eq!(err.status(), Some(507));
+    let err = client.fork_session("s-1", 3).await.expect_err("507");
+    assert_eq!(err.code(), Some("SANDBOX-QUOTA-SNAPSHOT-STORAGE"));
+
+    let err = client.delete_snapshot("gone").await.expect_err("404");
+    assert!(err.is_not_found(), "{err:?}");
+    let err = client.get_snapshot("gone").await.expect_err("404");
+    assert!(err.is_not_found(), "{err:?}");
+    let err = client
+        .pause_session("gone", PauseKind::Memory)
+        .await
+        .expect_err("404");
+    assert_eq!(err.code(), Some("SANDBOX-NOT-FOUND"));
+    let err = client.resume_session("gone").await.expect_err("404");
+    assert!(err.is_not_found(), "{err:?}");
 }

@@ -6,6 +6,7 @@ mod files;
 mod image;
 mod live;
 mod sessions;
+mod state;
 
 use clap::{Args, CommandFactory as _, Parser, Subcommand};
 use std::path::PathBuf;
@@ -16,6 +17,9 @@ pub use files::{CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs};
 pub use image::{ImageBuildArgs, ImageCommand};
 pub use live::{AttachArgs, AuditArgs, LogsArgs, WatchArgs};
 pub use sessions::{CreateArgs, KillArgs, SessionArgs, SessionOpts, TimeoutArgs};
+pub use state::{
+    ForkArgs, LifecycleOpts, PauseArgs, RestoreArgs, SnapshotCommand, SnapshotCreateArgs,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -118,6 +122,17 @@ pub enum ClientCommand {
     KillProcesses(SessionArgs),
     /// Set a session's remaining lifetime.
     Timeout(TimeoutArgs),
+    /// Snapshots: saved filesystems that outlive their session.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+    /// Restart a session on a snapshot's filesystem (its processes end).
+    Restore(RestoreArgs),
+    /// Copy a session into new ones and print their ids.
+    Fork(ForkArgs),
+    /// Pause a session: processes frozen in memory, or with --disk only its filesystem, durably.
+    Pause(PauseArgs),
+    /// Resume a paused session.
+    Resume(SessionArgs),
     /// Check that the daemon answers (GET /healthz).
     Health(OnlyOpts),
     /// Live resource use of a session (CPU, memory, pids, disk).

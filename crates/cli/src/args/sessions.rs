@@ -1,6 +1,6 @@
 use clap::Args;
 
-use super::{parse_kv, LocalOpts};
+use super::{parse_kv, LifecycleOpts, LocalOpts};
 
 #[derive(Debug, Args)]
 pub struct SessionArgs {
@@ -51,6 +51,8 @@ pub struct CreateArgs {
     pub env: Vec<(String, String)>,
     #[command(flatten)]
     pub session: SessionOpts,
+    #[command(flatten)]
+    pub lifecycle: LifecycleOpts,
     #[command(flatten)]
     pub c: LocalOpts,
 }

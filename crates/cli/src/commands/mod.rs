@@ -6,6 +6,7 @@ mod files;
 mod image;
 mod live;
 mod sessions;
+mod state;
 mod terminal;
 
 use koder_sdk::Client;
@@ -58,6 +59,11 @@ pub async fn dispatch(g: &GlobalOpts, command: Command) -> Result<i32> {
         Command::Kill(a) => sessions::kill(Ctx::new(g, &a.c)?, &a.sessions).await,
         Command::KillProcesses(a) => sessions::kill_processes(Ctx::new(g, &a.c)?, &a.session).await,
         Command::Timeout(a) => sessions::timeout(Ctx::new(g, &a.c)?, &a.session, a.secs).await,
+        Command::Snapshot(a) => state::snapshot(g, a).await,
+        Command::Restore(a) => state::restore(Ctx::new(g, &a.c)?, a).await,
+        Command::Fork(a) => state::fork(Ctx::new(g, &a.c)?, a).await,
+        Command::Pause(a) => state::pause(Ctx::new(g, &a.c)?, a).await,
+        Command::Resume(a) => state::resume(Ctx::new(g, &a.c)?, a).await,
         Command::Metrics(a) => sessions::metrics(Ctx::new(g, &a.c)?, &a.session).await,
         Command::Health(a) => sessions::health(Ctx::new(g, &a.c)?).await,
         Command::Exec(a) => exec::exec(Ctx::new(g, &a.c)?, a).await,
@@ -83,3 +89,5 @@ pub(crate) use exec::infer_language;
 pub(crate) use files::{parse_loc, remote_basename, Loc};
 #[cfg(test)]
 pub(crate) use sessions::create_request;
+#[cfg(test)]
+pub(crate) use state::with_lifecycle;

@@ -52,7 +52,8 @@ pub(super) fn check_allowlist(sub: &str, opts: &SessionOpts) {
 
 pub async fn create(ctx: Ctx, a: CreateArgs) -> Result<i32> {
     check_allowlist("create", &a.session);
-    let req = create_request(a.language, &a.env, &a.session);
+    let req =
+        super::state::with_lifecycle(create_request(a.language, &a.env, &a.session), &a.lifecycle);
     let session = ctx.client.create_session(&req).await?;
     // Just the id for people, so that `id=$(ksandbox create)` works.
     ctx.out.print(session.info(), |s| s.id.clone())?;

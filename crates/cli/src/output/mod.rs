@@ -12,7 +12,7 @@ pub use exec::exit_status;
 pub use exec::{print_result, print_stream};
 pub use tables::{
     audit_table, execs_table, files_table, metrics_table, session_table, sessions_table,
-    tenants_table,
+    snapshot_table, snapshots_table, tenants_table,
 };
 
 /// How a command prints what it got.
@@ -47,4 +47,19 @@ pub fn print_line(text: &str) {
 
 pub fn format_time(t: &chrono::DateTime<chrono::Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S").to_string()
+}
+
+/// Bytes in binary units with one decimal (`512 B`, `4.0 KiB`, `1.5 GiB`).
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }

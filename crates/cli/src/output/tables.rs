@@ -3,7 +3,7 @@
 use comfy_table::{presets, CellAlignment, Table};
 use koder_sdk::types;
 
-use super::format_time;
+use super::{format_size, format_time};
 
 /// A borderless table (columns two spaces apart), like `ps` or `docker ps`: easy to read and
 /// to cut with `awk`.
@@ -91,6 +91,37 @@ fn network(n: &types::Network) -> String {
     } else {
         format!("{mode} {}", n.allow.join(" "))
     }
+}
+
+pub fn snapshots_table(snapshots: &[types::Snapshot]) -> String {
+    table(
+        &["ID", "NAME", "SIZE", "IMAGE", "CREATED", "EXPIRES"],
+        snapshots.iter().map(|s| {
+            vec![
+                s.snapshot_id.clone(),
+                or_dash(s.name.as_ref()),
+                format_size(s.size_bytes),
+                s.image.clone(),
+                format_time(&s.created_at),
+                format_time(&s.expires_at),
+            ]
+        }),
+    )
+}
+
+pub fn snapshot_table(s: &types::Snapshot) -> String {
+    fields(vec![
+        ("id", s.snapshot_id.clone()),
+        ("name", or_dash(s.name.as_ref())),
+        ("size", format_size(s.size_bytes)),
+        ("size_bytes", s.size_bytes.to_string()),
+        ("image", s.image.clone()),
+        ("language", s.language.clone()),
+        ("runtime", s.runtime.clone()),
+        ("session", or_dash(s.session_id.as_ref())),
+        ("created", format_time(&s.created_at)),
+        ("expires", format_time(&s.expires_at)),
+    ])
 }
 
 pub fn files_table(list: &types::FileList) -> String {
