@@ -112,8 +112,9 @@ impl RuntimeError {
 }
 
 /// The API code of an agent failure: what the agent refused (its code), a dead agent (the
-/// session is gone) or a silent one.
-fn agent_code(e: &ClientError) -> ErrorCode {
+/// session is gone) or a silent one. The one table: the session manager's errors are checked
+/// against it.
+pub fn agent_code(e: &ClientError) -> ErrorCode {
     match e {
         ClientError::Agent(a) => match a.code {
             AgentCode::NotFound => ErrorCode::NotFound,

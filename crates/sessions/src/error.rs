@@ -86,6 +86,8 @@ impl From<StoreError> for Error {
         match e {
             StoreError::NotFound => Error::NotFound,
             StoreError::Conflict(m) => Error::Conflict(m),
+            StoreError::UnknownTenant(t) => Error::TenantNotFound(format!("unknown tenant {t:?}")),
+            StoreError::Invalid(m) => Error::InvalidArgument(m),
             other => Error::Internal(format!("state store: {other}")),
         }
     }
@@ -133,6 +135,56 @@ impl From<AgentError> for Error {
             AgentCode::NoSpace => Error::FsQuotaExceeded(m),
             AgentCode::TooLarge => Error::PayloadTooLarge(m),
             AgentCode::Io => Error::Internal(m),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Agent failures get the same code whether the runtime or the manager maps them.
+    #[test]
+    fn agent_errors_map_like_the_runtime_maps_them() {
+        let codes = [
+            AgentCode::NotFound,
+            AgentCode::AlreadyExists,
+            AgentCode::NotADirectory,
+            AgentCode::IsADirectory,
+            AgentCode::DirectoryNotEmpty,
+            AgentCode::PermissionDenied,
+            AgentCode::InvalidPath,
+            AgentCode::InvalidRequest,
+            AgentCode::NoSpace,
+            AgentCode::TooLarge,
+            AgentCode::SpawnFailed,
+            AgentCode::Io,
+        ];
+        let mut errors: Vec<ClientError> = codes
+            .into_iter()
+            .map(|c| ClientError::Agent(AgentError::new(c, "x")))
+            .collect();
+        errors.push(ClientError::Disconnected);
+        errors.push(ClientError::Timeout(std::time::Duration::from_secs(1)));
+        errors.push(ClientError::Protocol("x".into()));
+        for e in errors {
+            let want = koder_runtime::agent_code(&e);
+            let shown = format!("{e:?}");
+            assert_eq!(Error::from(e).code(), want, "{shown}");
+        }
+    }
+
+    #[test]
+    fn store_errors_keep_the_store_codes() {
+        for e in [
+            StoreError::NotFound,
+            StoreError::Conflict("x".into()),
+            StoreError::UnknownTenant("t".into()),
+            StoreError::Invalid("x".into()),
+            StoreError::Corrupt("x".into()),
+        ] {
+            let want = e.code();
+            assert_eq!(Error::from(e).code(), want);
         }
     }
 }
