@@ -190,6 +190,16 @@ def test_filesystem_pause_then_connect_boots_afresh(fresh):
     assert "sleep 600" not in again.commands.run("ps -eo args").stdout, "processes start anew"
 
 
+def test_connect_on_resume_reboot_boots_a_memory_pause_afresh(fresh):
+    sb = fresh()
+    sb.files.write("/home/user/kept.txt", "kept")
+    sb.commands.run("sleep 600", background=True)
+    assert sb.pause() is True
+    again = Sandbox.connect(sb.sandbox_id, on_resume="reboot")
+    assert again.files.read("/home/user/kept.txt") == "kept"
+    assert "sleep 600" not in again.commands.run("ps -eo args").stdout
+
+
 def test_snapshot_create_from_list_delete(fresh):
     sb = fresh()
     sb.files.write("/home/user/snap.txt", "from the snapshot")

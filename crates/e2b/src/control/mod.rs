@@ -488,20 +488,33 @@ async fn kill_processes(
     Ok(axum::Json(json!({ "killed": killed })))
 }
 
+/// `connect` and `resume`: `memory: false` (the SDK's `on_resume="reboot"`) asks a paused
+/// sandbox to boot afresh on its filesystem rather than carry on where it stopped.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ConnectBody {
+    timeout: Option<u64>,
+    memory: Option<bool>,
+}
+
 /// Resumes a paused sandbox and extends its life to at least `timeout` seconds from now;
 /// whether it had to resume it.
 async fn wake(
     e2b: &E2b,
     who: &Identity,
     id: &str,
-    timeout: Option<u64>,
+    req: &ConnectBody,
 ) -> Result<(Session, bool), HttpError> {
     let mut s = live_session(e2b, who, id).await?;
     let resumed = s.state == SessionState::Paused;
     if resumed {
+        if req.memory == Some(false) {
+            // A memory pause goes to disk first, so the resume below boots from the disk.
+            e2b.manager().pause_session(who, id, false).await?;
+        }
         s = e2b.manager().resume(who, id).await?;
     }
-    if let Some(timeout) = timeout {
+    if let Some(timeout) = req.timeout {
         let wanted = Utc::now()
             + chrono::Duration::seconds(i64::try_from(timeout).unwrap_or(i64::MAX / 1000));
         // "The timeout only ever grows on connect" (E2B): a shorter one is left alone.
@@ -518,8 +531,8 @@ async fn connect(
     Path(id): Path<String>,
     raw: Body,
 ) -> Result<Response, HttpError> {
-    let req: TimeoutBody = body(raw).await?;
-    let (s, resumed) = wake(&e2b, &who, &id, req.timeout).await?;
+    let req: ConnectBody = body(raw).await?;
+    let (s, resumed) = wake(&e2b, &who, &id, &req).await?;
     let status = if resumed {
         StatusCode::CREATED
     } else {
@@ -535,12 +548,12 @@ async fn resume(
     Path(id): Path<String>,
     raw: Body,
 ) -> Result<Response, HttpError> {
-    let req: TimeoutBody = body(raw).await?;
+    let req: ConnectBody = body(raw).await?;
     let s = live_session(&e2b, &who, &id).await?;
     if s.state != SessionState::Paused {
         return Err(HttpError::new(409, format!("sandbox {id:?} is not paused")));
     }
-    let (s, _) = wake(&e2b, &who, &id, req.timeout).await?;
+    let (s, _) = wake(&e2b, &who, &id, &req).await?;
     Ok((StatusCode::CREATED, axum::Json(sandbox_json(&e2b, &s))).into_response())
 }
 
@@ -773,12 +786,16 @@ mod tests {
     }
 
     #[test]
-    fn pause_body_defaults_to_a_memory_pause() {
+    fn pause_and_connect_bodies_as_the_sdk_sends_them() {
         let p: PauseBody = serde_json::from_str("{}").unwrap();
         assert_eq!(p.memory, None);
         let p: PauseBody =
             serde_json::from_str(r#"{"memory":false,"requireHealthyGuest":true}"#).unwrap();
         assert_eq!(p.memory, Some(false));
+        let c: ConnectBody = serde_json::from_str(r#"{"timeout":10,"memory":false}"#).unwrap();
+        assert_eq!((c.timeout, c.memory), (Some(10), Some(false)));
+        let c: ConnectBody = serde_json::from_str(r#"{"timeout":10}"#).unwrap();
+        assert_eq!(c.memory, None, "on_resume=restore travels as no field");
     }
 
     #[test]
