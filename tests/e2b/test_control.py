@@ -1,5 +1,5 @@
-"""Control plane: create/connect/kill/timeout/info/list (metadata, paging), pause and connect,
-metrics, errors in E2B's shape, tenancy, network."""
+"""Control plane: create/connect/kill/timeout/info/list (metadata, paging), pause (memory and
+filesystem) and connect, snapshots, fork, metrics, errors in E2B's shape, tenancy, network."""
 
 import datetime
 import uuid
@@ -159,11 +159,87 @@ def test_legacy_endpoints(api):
 
 
 def test_unsupported_api_answers_in_e2b_shape(sandbox, api):
-    r = api.post(f"/sandboxes/{sandbox.sandbox_id}/snapshots", json={})
+    r = api.put(f"/sandboxes/{sandbox.sandbox_id}/network", json={})
     assert (r.status_code, r.json()["code"]) == (501, 501)
     assert "not supported" in r.json()["message"]
     assert api.put(f"/sandboxes/{sandbox.sandbox_id}", json={}).json()["code"] == 501
     assert api.get("/templates").json()["code"] == 501
-    with pytest.raises(SandboxException) as e:
-        sandbox.create_snapshot()
-    assert "not supported" in str(e.value)
+    assert api.get("/volumes").json()["code"] == 501
+
+
+def test_connect_answers_200_running_201_resumed(fresh, api):
+    sid = fresh().sandbox_id
+    assert api.post(f"/sandboxes/{sid}/connect", json={"timeout": 60}).status_code == 200
+    assert api.post(f"/sandboxes/{sid}/pause", json={"memory": True}).status_code == 204
+    assert api.post(f"/sandboxes/{sid}/connect", json={"timeout": 60}).status_code == 201
+    assert api.get(f"/sandboxes/{sid}").json()["state"] == "running"
+
+
+def test_filesystem_pause_then_connect_boots_afresh(fresh):
+    sb = fresh()
+    sb.files.write("/home/user/kept.txt", "kept")
+    sb.commands.run("sleep 600", background=True)
+    assert sb.pause(keep_memory=False) is True
+    assert not sb.is_running()
+    assert sb.get_info().state == SandboxState.PAUSED
+    paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+    assert sb.sandbox_id in {s.sandbox_id for s in paused}
+    again = sb.connect()
+    assert again.is_running() and again.sandbox_id == sb.sandbox_id
+    assert again.files.read("/home/user/kept.txt") == "kept"
+    assert "sleep 600" not in again.commands.run("ps -eo args").stdout, "processes start anew"
+
+
+def test_connect_on_resume_reboot_boots_a_memory_pause_afresh(fresh):
+    sb = fresh()
+    sb.files.write("/home/user/kept.txt", "kept")
+    sb.commands.run("sleep 600", background=True)
+    assert sb.pause() is True
+    again = Sandbox.connect(sb.sandbox_id, on_resume="reboot")
+    assert again.files.read("/home/user/kept.txt") == "kept"
+    assert "sleep 600" not in again.commands.run("ps -eo args").stdout
+
+
+def test_snapshot_create_from_list_delete(fresh):
+    sb = fresh()
+    sb.files.write("/home/user/snap.txt", "from the snapshot")
+    name = f"e2b-{uuid.uuid4().hex[:8]}"
+    snap = sb.create_snapshot(name=name)
+    try:
+        assert snap.snapshot_id and snap.names == [name]
+        listed = Sandbox.list_snapshots(sandbox_id=sb.sandbox_id).next_items()
+        assert [s.snapshot_id for s in listed] == [snap.snapshot_id]
+        with pytest.raises(SandboxException) as e:
+            Sandbox.create(snap.snapshot_id, api_key=OTHER_KEY)
+        assert "not found" in str(e.value), "another tenant's snapshot is an unknown template"
+        child = Sandbox.create(snap.snapshot_id)
+        try:
+            assert child.files.read("/home/user/snap.txt") == "from the snapshot"
+        finally:
+            child.kill()
+    finally:
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is True
+    assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+    other = Sandbox.list_snapshots(name=name, api_key=OTHER_KEY).next_items()
+    assert other == [], "another tenant sees none of them"
+
+
+def test_fork_copies_the_filesystem(fresh):
+    sb = fresh()
+    sb.files.write("/home/user/f.txt", "before")
+    forks = sb.fork(count=2, timeout=60)
+    try:
+        assert len(forks) == 2 and sb.sandbox_id not in {f.sandbox_id for f in forks}
+        forks[0].files.write("/home/user/f.txt", "changed")
+        assert forks[1].files.read("/home/user/f.txt") == "before"
+        assert sb.files.read("/home/user/f.txt") == "before"
+    finally:
+        for f in forks:
+            f.kill()
+
+
+def test_state_options_refused_honestly(api):
+    r = api.post("/v2/sandboxes", json={"templateID": "base", "autoPause": True,
+                                        "autoPauseMemory": True})
+    assert (r.status_code, r.json()["code"]) == (400, 400)
+    assert "autoPauseMemory" in r.json()["message"]

@@ -4,17 +4,21 @@
 
 pub mod cpu;
 pub mod keys;
+mod page;
+mod snapshots;
 
 use std::collections::BTreeMap;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use chrono::{DateTime, SecondsFormat, Utc};
-use koder_api_types::{CreateSession, Network, NetworkMode, Session, SessionState};
+use koder_api_types::{
+    CreateSession, Lifecycle, Network, NetworkMode, OnTimeout, Session, SessionState,
+};
 use koder_auth::Identity;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -31,7 +35,6 @@ use crate::state::E2b;
 pub const ENVD_VERSION: &str = "0.6.4";
 
 const MAX_BODY: usize = 1 << 20;
-const MAX_PAGE: usize = 100;
 /// E2B's legacy `clientID` field; there is one "client" here, this daemon.
 const CLIENT_ID: &str = "koder-sandbox";
 
@@ -87,6 +90,19 @@ pub fn router() -> Router<E2b> {
             post(refresh).fallback(unsupported),
         )
         .route("/sandboxes/{id}/pause", post(pause).fallback(unsupported))
+        .route(
+            "/sandboxes/{id}/snapshots",
+            post(snapshots::create).fallback(unsupported),
+        )
+        .route(
+            "/sandboxes/{id}/fork",
+            post(snapshots::fork).fallback(unsupported),
+        )
+        .route("/snapshots", get(snapshots::list).fallback(unsupported))
+        .route(
+            "/templates/{id}",
+            axum::routing::delete(snapshots::delete_template).fallback(unsupported),
+        )
         // koder-sandbox extension (E2B has no such call): see docs/API-ADDITIONS.md.
         .route(
             "/sandboxes/{id}/kill-processes",
@@ -105,7 +121,7 @@ pub fn router() -> Router<E2b> {
             "/sandboxes/{id}/metrics",
             get(metrics).fallback(unsupported),
         )
-        // The rest of E2B's API (templates, snapshots, forks, volumes, logs...) answers in
+        // The rest of E2B's API (template builds, volumes, logs...) answers in
         // E2B's error shape too: the native 404 body would crash the SDK.
         .fallback(unsupported)
 }
@@ -133,7 +149,7 @@ async fn unsupported(method: axum::http::Method, uri: axum::http::Uri) -> HttpEr
     HttpError::new(
         501,
         format!(
-            "{method} {} is not supported by koder-sandbox's E2B API (sandboxes: create, connect, list, info, timeout, pause, metrics, kill)",
+            "{method} {} is not supported by koder-sandbox's E2B API (sandboxes: create, connect, list, info, timeout, pause, resume, snapshots, fork, metrics, kill; snapshots: list, delete)",
             uri.path()
         ),
     )
@@ -160,6 +176,8 @@ struct NewSandbox {
     metadata: Option<BTreeMap<String, String>>,
     env_vars: Option<BTreeMap<String, String>>,
     auto_pause: Option<bool>,
+    auto_pause_memory: Option<bool>,
+    auto_resume: Option<AutoResume>,
     #[serde(rename = "allow_internet_access", alias = "allowInternetAccess")]
     allow_internet_access: Option<bool>,
     network: Option<NetworkRules>,
@@ -172,6 +190,44 @@ struct NewSandbox {
 struct NetworkRules {
     allow_out: Option<Vec<String>>,
     deny_out: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct AutoResume {
+    enabled: bool,
+}
+
+/// E2B's `autoPause` / `autoPauseMemory` / `autoResume` as the session's lifecycle. A pause
+/// on timeout is always to disk here (a memory pause would not outlive the daemon), so
+/// asking for one that keeps memory is refused.
+fn lifecycle_of(
+    auto_pause: Option<bool>,
+    auto_pause_memory: Option<bool>,
+    auto_resume: Option<AutoResume>,
+) -> Result<Option<Lifecycle>, HttpError> {
+    let on_timeout = match auto_pause {
+        Some(true) => OnTimeout::Pause,
+        Some(false) | None => OnTimeout::Kill,
+    };
+    if on_timeout == OnTimeout::Pause && auto_pause_memory == Some(true) {
+        return Err(HttpError::bad_request(
+            "autoPauseMemory is not supported: a koder-sandbox sandbox pauses on timeout to disk (filesystem kept, processes end); leave it unset or false",
+        ));
+    }
+    let auto_resume = auto_resume.is_some_and(|a| a.enabled);
+    if auto_resume && on_timeout != OnTimeout::Pause {
+        return Err(HttpError::bad_request(
+            "autoResume needs autoPause: only a sandbox that pauses on timeout can resume",
+        ));
+    }
+    if auto_pause.is_none() && !auto_resume {
+        return Ok(None);
+    }
+    Ok(Some(Lifecycle {
+        on_timeout,
+        auto_resume,
+    }))
 }
 
 const ALL_TRAFFIC: &str = "0.0.0.0/0";
@@ -220,12 +276,15 @@ async fn create(
     } else {
         req.template_id
     };
-    let language = template_language(&template)?;
-    if req.auto_pause == Some(true) {
-        return Err(HttpError::bad_request(
-            "autoPause is not supported: a koder-sandbox session ends at its timeout",
-        ));
-    }
+    // A snapshot id stands for a template (`Sandbox.create(snapshot_id)`).
+    let (language, from_snapshot) = match template_language(&template) {
+        Ok(language) => (Some(language.to_string()), None),
+        Err(unknown) => match snapshots::snapshot_template(&e2b, &who, &template).await? {
+            Some(snapshot) => (None, Some(snapshot)),
+            None => return Err(unknown),
+        },
+    };
+    let lifecycle = lifecycle_of(req.auto_pause, req.auto_pause_memory, req.auto_resume)?;
     if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
         return Err(HttpError::bad_request(
             "MCP gateways are not supported by koder-sandbox",
@@ -241,7 +300,9 @@ async fn create(
         .create(
             &who,
             CreateSession {
-                language: Some(language.into()),
+                language,
+                from_snapshot,
+                lifecycle,
                 network: Some(network_of(req.allow_internet_access, req.network)?),
                 env: req.env_vars.unwrap_or_default(),
                 timeout_s: req.timeout,
@@ -388,11 +449,21 @@ async fn refresh(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PauseBody {
+    memory: Option<bool>,
+}
+
+/// `{memory?}`: E2B's default, a full pause, keeps the processes (frozen in place; they do
+/// not outlive the daemon); `memory: false` keeps the filesystem durably and ends them.
 async fn pause(
     State(e2b): State<E2b>,
     ApiCaller(who): ApiCaller,
     Path(id): Path<String>,
+    raw: Body,
 ) -> Result<StatusCode, HttpError> {
+    let req: PauseBody = body(raw).await?;
     let s = live_session(&e2b, &who, &id).await?;
     if s.state == SessionState::Paused {
         return Err(HttpError::new(
@@ -400,7 +471,9 @@ async fn pause(
             format!("sandbox {id:?} is already paused"),
         ));
     }
-    e2b.manager().pause(&who, &id).await?;
+    e2b.manager()
+        .pause_session(&who, &id, req.memory.unwrap_or(true))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -415,18 +488,33 @@ async fn kill_processes(
     Ok(axum::Json(json!({ "killed": killed })))
 }
 
-/// Resumes a paused sandbox and extends its life to at least `timeout` seconds from now.
+/// `connect` and `resume`: `memory: false` (the SDK's `on_resume="reboot"`) asks a paused
+/// sandbox to boot afresh on its filesystem rather than carry on where it stopped.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ConnectBody {
+    timeout: Option<u64>,
+    memory: Option<bool>,
+}
+
+/// Resumes a paused sandbox and extends its life to at least `timeout` seconds from now;
+/// whether it had to resume it.
 async fn wake(
     e2b: &E2b,
     who: &Identity,
     id: &str,
-    timeout: Option<u64>,
-) -> Result<Session, HttpError> {
+    req: &ConnectBody,
+) -> Result<(Session, bool), HttpError> {
     let mut s = live_session(e2b, who, id).await?;
-    if s.state == SessionState::Paused {
+    let resumed = s.state == SessionState::Paused;
+    if resumed {
+        if req.memory == Some(false) {
+            // A memory pause goes to disk first, so the resume below boots from the disk.
+            e2b.manager().pause_session(who, id, false).await?;
+        }
         s = e2b.manager().resume(who, id).await?;
     }
-    if let Some(timeout) = timeout {
+    if let Some(timeout) = req.timeout {
         let wanted = Utc::now()
             + chrono::Duration::seconds(i64::try_from(timeout).unwrap_or(i64::MAX / 1000));
         // "The timeout only ever grows on connect" (E2B): a shorter one is left alone.
@@ -434,7 +522,7 @@ async fn wake(
             s = e2b.manager().set_timeout(who, id, timeout).await?;
         }
     }
-    Ok(s)
+    Ok((s, resumed))
 }
 
 async fn connect(
@@ -443,9 +531,14 @@ async fn connect(
     Path(id): Path<String>,
     raw: Body,
 ) -> Result<Response, HttpError> {
-    let req: TimeoutBody = body(raw).await?;
-    let s = wake(&e2b, &who, &id, req.timeout).await?;
-    Ok((StatusCode::OK, axum::Json(sandbox_json(&e2b, &s))).into_response())
+    let req: ConnectBody = body(raw).await?;
+    let (s, resumed) = wake(&e2b, &who, &id, &req).await?;
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, axum::Json(sandbox_json(&e2b, &s))).into_response())
 }
 
 /// Legacy resume: 409 when the sandbox is not paused.
@@ -455,12 +548,12 @@ async fn resume(
     Path(id): Path<String>,
     raw: Body,
 ) -> Result<Response, HttpError> {
-    let req: TimeoutBody = body(raw).await?;
+    let req: ConnectBody = body(raw).await?;
     let s = live_session(&e2b, &who, &id).await?;
     if s.state != SessionState::Paused {
         return Err(HttpError::new(409, format!("sandbox {id:?} is not paused")));
     }
-    let s = wake(&e2b, &who, &id, req.timeout).await?;
+    let (s, _) = wake(&e2b, &who, &id, &req).await?;
     Ok((StatusCode::CREATED, axum::Json(sandbox_json(&e2b, &s))).into_response())
 }
 
@@ -563,56 +656,19 @@ async fn list_v1(
     Ok(axum::Json(all.iter().map(listed_json).collect()))
 }
 
-/// One page; the `x-next-token` header names where the next starts (`<created ms>.<id>` of
-/// this page's last sandbox, so pages stay stable while sandboxes come and go).
+/// One page of the listing (`limit`, `nextToken`; see `page`).
 async fn list_v2(
     State(e2b): State<E2b>,
     ApiCaller(who): ApiCaller,
     Query(params): Query<Vec<(String, String)>>,
 ) -> Result<Response, HttpError> {
-    let param = |name: &str| {
-        params
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    };
-    let limit = match param("limit") {
-        None => MAX_PAGE,
-        Some(l) => l
-            .parse::<usize>()
-            .ok()
-            .filter(|l| (1..=MAX_PAGE).contains(l))
-            .ok_or_else(|| HttpError::bad_request(format!("limit must be 1..={MAX_PAGE}")))?,
-    };
-    let asc = param("order") == Some("asc");
-    let mut all = matching(&e2b, &who, &params).await?;
-    if let Some(token) = param("nextToken").filter(|t| !t.is_empty()) {
-        let (ms, id) = token
-            .split_once('.')
-            .and_then(|(ms, id)| Some((ms.parse::<i64>().ok()?, id.to_string())))
-            .ok_or_else(|| HttpError::bad_request("invalid nextToken"))?;
-        all.retain(|s| {
-            let key = (s.created_at.timestamp_millis(), s.id.clone());
-            if asc {
-                key > (ms, id.clone())
-            } else {
-                key < (ms, id.clone())
-            }
-        });
-    }
-    let more = all.len() > limit;
-    all.truncate(limit);
-    let page: Vec<Value> = all.iter().map(listed_json).collect();
-    let mut resp = axum::Json(page).into_response();
-    if more {
-        if let Some(last) = all.last() {
-            let token = format!("{}.{}", last.created_at.timestamp_millis(), last.id);
-            if let Ok(v) = HeaderValue::from_str(&token) {
-                resp.headers_mut().insert("x-next-token", v);
-            }
-        }
-    }
-    Ok(resp)
+    let asc = params.iter().any(|(k, v)| k == "order" && v == "asc");
+    let all = matching(&e2b, &who, &params).await?;
+    let (items, next) = page::page(all, |s| page::key(s.created_at, &s.id), &params, asc)?;
+    Ok(page::response(
+        items.iter().map(listed_json).collect(),
+        next,
+    ))
 }
 
 /// The sandbox's resource use now, as a one-sample series: CPU over the time since the
@@ -690,6 +746,63 @@ mod tests {
             ]
         );
         assert!(parse_metadata_query("a=%zz").is_err());
+    }
+
+    #[test]
+    fn lifecycle_from_the_create_body() {
+        let parse = |body: &str| {
+            let req: NewSandbox = serde_json::from_str(body).unwrap();
+            lifecycle_of(req.auto_pause, req.auto_pause_memory, req.auto_resume)
+        };
+        assert_eq!(parse(r#"{"templateID":"base"}"#).unwrap(), None);
+        assert_eq!(
+            parse(r#"{"templateID":"base","autoPause":false}"#).unwrap(),
+            Some(Lifecycle::default())
+        );
+        assert_eq!(
+            parse(r#"{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}"#)
+                .unwrap(),
+            Some(Lifecycle {
+                on_timeout: OnTimeout::Pause,
+                auto_resume: true
+            })
+        );
+        assert_eq!(
+            parse(r#"{"templateID":"base","autoPause":true,"autoPauseMemory":false}"#)
+                .unwrap()
+                .map(|l| l.on_timeout),
+            Some(OnTimeout::Pause)
+        );
+        for refused in [
+            r#"{"templateID":"base","autoPause":true,"autoPauseMemory":true}"#,
+            r#"{"templateID":"base","autoResume":{"enabled":true}}"#,
+        ] {
+            assert_eq!(
+                parse(refused).unwrap_err().status.as_u16(),
+                400,
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn pause_and_connect_bodies_as_the_sdk_sends_them() {
+        let p: PauseBody = serde_json::from_str("{}").unwrap();
+        assert_eq!(p.memory, None);
+        let p: PauseBody =
+            serde_json::from_str(r#"{"memory":false,"requireHealthyGuest":true}"#).unwrap();
+        assert_eq!(p.memory, Some(false));
+        let c: ConnectBody = serde_json::from_str(r#"{"timeout":10,"memory":false}"#).unwrap();
+        assert_eq!((c.timeout, c.memory), (Some(10), Some(false)));
+        let c: ConnectBody = serde_json::from_str(r#"{"timeout":10}"#).unwrap();
+        assert_eq!(c.memory, None, "on_resume=restore travels as no field");
+    }
+
+    #[test]
+    fn state_routes_are_served() {
+        for mine in ["/snapshots", "/sandboxes/x/snapshots", "/sandboxes/x/fork"] {
+            assert!(is_control_path(mine), "{mine}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use axum::extract::{FromRequestParts, Query};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
 use base64::Engine as _;
+use koder_api_types::{Session, SessionState};
 use koder_auth::Identity;
 use koder_http::credentials;
 use subtle::ConstantTimeEq;
@@ -77,7 +78,33 @@ pub(crate) async fn authenticate(
         }
         return Err(HttpError::sandbox_gone(&id));
     };
+    awake(e2b, &who, &id).await?;
     Ok(Authenticated { who, id })
+}
+
+/// A paused E2B sandbox is unreachable: its envd answers as gone (502, which the SDK's
+/// `is_running()` reads as not running) unless its lifecycle resumes it on a request.
+async fn awake(e2b: &E2b, who: &Identity, id: &str) -> Result<(), HttpError> {
+    let paused = |s: &Session| s.state == SessionState::Paused;
+    if !paused(&e2b.manager().get(who, id).await?) {
+        return Ok(());
+    }
+    if !e2b
+        .manager()
+        .durable_of(who, id)
+        .await?
+        .lifecycle
+        .auto_resume
+    {
+        return Err(HttpError::sandbox_gone(id));
+    }
+    if let Err(e) = e2b.manager().resume(who, id).await {
+        // Requests arriving together race to resume it; losing that race is fine.
+        if paused(&e2b.manager().get(who, id).await?) {
+            return Err(e.into());
+        }
+    }
+    Ok(())
 }
 
 /// The sandbox an envd or interpreter request is for, as authenticated, with the acting user.
