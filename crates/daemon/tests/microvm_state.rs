@@ -46,6 +46,21 @@ async fn timed(d: &Daemon, path: &str, body: Value, want: StatusCode) -> (Value,
     (v, took)
 }
 
+/// The daemon's local copies of every layer.
+fn cached_layers(d: &Daemon) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(d.data_dir().join("layers"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect()
+}
+
+fn contains(file: &std::path::Path, needle: &[u8]) -> bool {
+    std::fs::read(file)
+        .unwrap()
+        .windows(needle.len())
+        .any(|w| w == needle)
+}
+
 async fn runtime_of(d: &Daemon, id: &str) -> Value {
     let (status, v) = d.json(Method::GET, &format!("{S}/{id}"), Value::Null).await;
     assert_eq!(status, StatusCode::OK, "{v}");
@@ -98,7 +113,8 @@ async fn microvm_sessions_snapshot_restore_fork_and_pause_to_disk() {
     assert_eq!(sh(&d, &b, DIGEST).await, want);
 
     // A fork copies b as it is now and goes its own way (but see the ignored test below).
-    sh(&d, &b, "echo forked > /workspace/b.txt").await;
+    // The directory made over the whiteout is opaque, in the xattr the layer format carries.
+    sh(&d, &b, "echo forked > /workspace/b.txt; mkdir /home/user").await;
     let (forks, fork_took) = timed(
         &d,
         &format!("{S}/{b}/fork"),
@@ -109,7 +125,14 @@ async fn microvm_sessions_snapshot_restore_fork_and_pause_to_disk() {
     let f = forks["sessions"][0]["id"].as_str().unwrap().to_string();
     assert_eq!(runtime_of(&d, &f).await, "microvm");
     assert_eq!(sh(&d, &f, "cat /workspace/b.txt").await, "forked\n");
+    let want = want.replace("home gone", "home back");
     assert_eq!(sh(&d, &f, DIGEST).await, want);
+    assert!(
+        cached_layers(&d)
+            .iter()
+            .any(|l| contains(l, b"SCHILY.xattr.user.overlay.opaque")),
+        "no layer has an opaque directory"
+    );
     sh(&d, &f, "echo mine > /workspace/b.txt").await;
     assert_eq!(sh(&d, &b, "cat /workspace/b.txt").await, "forked\n");
 
@@ -130,8 +153,7 @@ async fn microvm_sessions_snapshot_restore_fork_and_pause_to_disk() {
     assert_eq!(sh(&d, &f, DIGEST).await, want);
 
     // A layer that does not apply fails the boot, and the create says why.
-    for layer in std::fs::read_dir(d.data_dir().join("layers")).unwrap() {
-        let path = layer.unwrap().path();
+    for path in cached_layers(&d) {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[..512].fill(0xff);
         std::fs::write(&path, bytes).unwrap();

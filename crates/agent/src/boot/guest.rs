@@ -184,8 +184,11 @@ fn mount_root(
     if let Some(layers) = layers {
         restore_layers(upper_fd.as_fd(), layers)?;
     }
+    // `userxattr`, as in a jail: overlayfs then marks opaque directories `user.overlay.opaque`,
+    // the attribute layers carry; with `trusted.*` a capture would lose them and a restore
+    // would write one this overlay ignores.
     let opts = format!(
-        "lowerdir={IMAGE_MNT},upperdir={},workdir={}",
+        "lowerdir={IMAGE_MNT},upperdir={},workdir={},userxattr",
         upper.display(),
         work.display()
     );
