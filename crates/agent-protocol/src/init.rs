@@ -89,6 +89,22 @@ pub struct VmConfig {
     /// Network access mediated by the agent, as in a jail (the guest has no network device).
     #[serde(default)]
     pub egress: bool,
+    /// Captured layers the writable layer starts from (a sandbox made from a snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<VmLayers>,
+}
+
+/// The layers of a microVM made from a snapshot: `koder-layer` tar streams laid end to end on
+/// one read-only raw disk, applied in order onto the empty upper directory before the overlay
+/// is mounted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmLayers {
+    /// Serial the guest finds the disk by (see [`VmConfig::root_disk_serial`]).
+    pub disk_serial: String,
+    /// Byte length of each stream, bottom layer first; each starts where the one before ends.
+    pub sizes: Vec<u64>,
+    /// Most file content one layer may hold: the disk quota.
+    pub max_bytes: u64,
 }
 
 /// What the guest agent prints on its console once it listens on vsock; the runtime waits for
@@ -106,3 +122,5 @@ pub const VM_EGRESS_MODULES_LIST: &str = "/koder/modules/egress";
 /// disk (the writable overlay layer).
 pub const VM_ROOT_DISK_SERIAL: &str = "koder-root";
 pub const VM_SCRATCH_DISK_SERIAL: &str = "koder-scratch";
+/// Serial of the read-only disk holding [`VmLayers`].
+pub const VM_LAYERS_DISK_SERIAL: &str = "koder-layers";

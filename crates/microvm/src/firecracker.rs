@@ -33,6 +33,7 @@ const API_SOCKET: &str = "firecracker.sock";
 const GUEST_CID: u32 = 3;
 pub const ROOT_DRIVE_ID: &str = "koder_root";
 pub const SCRATCH_DRIVE_ID: &str = "koder_scratch";
+pub const LAYERS_DRIVE_ID: &str = "koder_layers";
 /// Firecracker opens its socket within milliseconds; seconds mean it is stuck or gone.
 const SOCKET_WAIT: Duration = Duration::from_secs(5);
 /// Configuration calls and InstanceStart only read files and set up KVM.
@@ -218,7 +219,7 @@ impl ApiRequest {
 
 /// The configuration calls for `launch`, in order, ending with InstanceStart.
 fn boot_requests(launch: &Launch) -> Result<Vec<ApiRequest>, RuntimeError> {
-    Ok(vec![
+    let mut requests = vec![
         ApiRequest::put(
             "/machine-config",
             json!({ "vcpu_count": launch.vcpus.max(1), "mem_size_mib": launch.memory_mib }),
@@ -237,12 +238,18 @@ fn boot_requests(launch: &Launch) -> Result<Vec<ApiRequest>, RuntimeError> {
             utf8("scratch disk", &launch.scratch_disk)?,
             false,
         ),
+    ];
+    if let Some(layers) = &launch.layers_disk {
+        requests.push(drive(LAYERS_DRIVE_ID, utf8("layers disk", layers)?, true));
+    }
+    requests.extend([
         ApiRequest::put(
             "/vsock",
             json!({ "guest_cid": GUEST_CID, "uds_path": utf8("vsock socket", &launch.vsock_uds)? }),
         ),
         ApiRequest::put("/actions", json!({ "action_type": "InstanceStart" })),
-    ])
+    ]);
+    Ok(requests)
 }
 
 /// The init finds its root filesystem in the initrd, so no drive is Firecracker's root device.
@@ -566,6 +573,7 @@ mod tests {
             cmdline: "console=ttyS0 quiet panic=-1".into(),
             root_disk: "/images/root.ext4".into(),
             scratch_disk: dir.join("scratch.ext4"),
+            layers_disk: None,
             vcpus: 2,
             memory_mib: 672,
             vsock_uds: dir.join("vsock.sock"),
@@ -638,7 +646,7 @@ mod tests {
     #[test]
     fn drive_ids_pass_firecrackers_id_check() {
         // Firecracker answers 400 for resource ids with anything but alphanumerics and '_'.
-        for id in [ROOT_DRIVE_ID, SCRATCH_DRIVE_ID] {
+        for id in [ROOT_DRIVE_ID, SCRATCH_DRIVE_ID, LAYERS_DRIVE_ID] {
             assert!(id.chars().all(|c| c == '_' || c.is_alphanumeric()), "{id}");
         }
     }
@@ -768,6 +776,20 @@ mod tests {
         let err = check_response(&vm_state("Paused"), StatusCode::INTERNAL_SERVER_ERROR, b"")
             .unwrap_err();
         assert!(err.to_string().contains("500"), "{err}");
+    }
+
+    #[test]
+    fn a_layers_disk_is_a_read_only_drive_before_the_start() {
+        let mut l = launch(Path::new("/vm"));
+        l.layers_disk = Some("/vm/layers.img".into());
+        let requests = boot_requests(&l).unwrap();
+        let at = requests
+            .iter()
+            .position(|r| r.path == "/drives/koder_layers")
+            .unwrap();
+        assert_eq!(requests[at].body["path_on_host"], "/vm/layers.img");
+        assert_eq!(requests[at].body["is_read_only"], true);
+        assert_eq!(requests.last().unwrap().path, "/actions");
     }
 
     #[test]

@@ -298,6 +298,11 @@ mod tests {
             root_disk_serial: "koder-root".into(),
             scratch_disk_serial: "koder-scratch".into(),
             egress: true,
+            layers: Some(koder_agent_protocol::init::VmLayers {
+                disk_serial: "koder-layers".into(),
+                sizes: vec![10240, 2048],
+                max_bytes: 64 << 20,
+            }),
         };
         let vm = dir.path().join("vm.cpio");
         write_for_vm(&base, &cfg, &vm).unwrap();

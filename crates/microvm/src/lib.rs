@@ -6,14 +6,16 @@
 //!
 //! Host side of one VM: a private directory `<state>/vms/<id>` (owned by the VM's unprivileged
 //! uid) with its initrd (shared base + its config), a sparse scratch disk (the guest's writable
-//! layer, sized to the disk quota), the vsock sockets and the console log; the VMM processes
-//! run as that uid. Destroying the VM kills them and removes the directory.
+//! layer, sized to the disk quota), for a VM made from a snapshot a read-only disk of its
+//! layers ([`layers`]), the vsock sockets and the console log; the VMM processes run as that
+//! uid. Destroying the VM kills them and removes the directory.
 
 pub mod firecracker;
 pub mod image;
 pub mod initrd;
 pub mod kernel;
 pub mod kvm;
+pub mod layers;
 pub mod qemu;
 pub mod vmm;
 pub mod vsock;
@@ -24,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use koder_agent_protocol::init::{
-    Rlimits, VmConfig, VM_READY_LINE, VM_ROOT_DISK_SERIAL, VM_SCRATCH_DISK_SERIAL,
+    Rlimits, VmConfig, VmLayers, VM_LAYERS_DISK_SERIAL, VM_READY_LINE, VM_ROOT_DISK_SERIAL,
+    VM_SCRATCH_DISK_SERIAL,
 };
 use koder_agent_protocol::{AgentClient, GuestLimits};
 use koder_cgroups::{Cgroup, CgroupDriver};
@@ -51,6 +54,8 @@ const DEFAULT_DISK_MIB: u64 = 2048;
 const VMM_OVERHEAD_MIB: u64 = 320;
 /// Threads of one VM's VMM processes (QEMU's vCPU, I/O and RCU threads, the vsock backend's).
 const VMM_PIDS: u64 = 256;
+/// How the agent's own console lines start (sandbox code has no console device).
+const AGENT_CONSOLE_PREFIX: &str = "koder-agent: ";
 /// How much of the end of a console log is read.
 const CONSOLE_TAIL_BYTES: u64 = 64 * 1024;
 /// One connect + handshake + health check of a booted guest.
@@ -219,6 +224,31 @@ impl MicroVmRuntime {
             .map_err(|e| RuntimeError::Start(format!("scratch disk task: {e}")))?
     }
 
+    /// The disk of `spec.layers` in `dir` and what the guest needs to apply them; `None` for
+    /// a sandbox that starts empty.
+    async fn layers_disk(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        disk_mib: u64,
+    ) -> Result<Option<(PathBuf, VmLayers)>, RuntimeError> {
+        if spec.layers.is_empty() {
+            return Ok(None);
+        }
+        let disk = dir.join(layers::DISK_FILE);
+        let (files, dest) = (spec.layers.clone(), disk.clone());
+        // Copies of up to the disk quota each: not on a worker other requests wait for.
+        let sizes = tokio::task::spawn_blocking(move || layers::stack(&files, &dest))
+            .await
+            .map_err(|e| RuntimeError::Start(format!("layers disk task: {e}")))??;
+        let vm_layers = VmLayers {
+            disk_serial: self.vmm.disk_serial(&disk, VM_LAYERS_DISK_SERIAL)?,
+            sizes,
+            max_bytes: disk_mib.saturating_mul(1 << 20),
+        };
+        Ok(Some((disk, vm_layers)))
+    }
+
     fn cmdline(&self) -> String {
         let mut cmdline =
             // reboot=k and panic=-1: a guest that panics or reboots ends its VMM (QEMU runs with
@@ -251,16 +281,17 @@ impl MicroVmRuntime {
         let scratch = dir.join("scratch.ext4");
         let disk_mib = limits.disk_mib.unwrap_or(DEFAULT_DISK_MIB);
         self.scratch_disk(disk_mib, &scratch).await?;
+        let (layers_disk, vm_layers) = self.layers_disk(spec, dir, disk_mib).await?.unzip();
         let initrd = dir.join("initrd.cpio");
         let serials = (
             self.vmm
                 .disk_serial(&self.image.rootfs, VM_ROOT_DISK_SERIAL)?,
             self.vmm.disk_serial(&scratch, VM_SCRATCH_DISK_SERIAL)?,
         );
-        let vm_cfg = self.vm_config(spec, &limits, serials);
+        let vm_cfg = self.vm_config(spec, &limits, serials, vm_layers);
         initrd::write_for_vm(&self.initrd_base, &vm_cfg, &initrd)
             .map_err(|e| RuntimeError::Start(format!("guest initrd: {e}")))?;
-        for path in [dir, &scratch, &initrd] {
+        for path in [dir, &scratch, &initrd].into_iter().chain(&layers_disk) {
             std::os::unix::fs::chown(path, Some(host.uid), Some(host.uid))
                 .map_err(RuntimeError::io(format!("chown {}", path.display())))?;
         }
@@ -273,6 +304,7 @@ impl MicroVmRuntime {
             cmdline: self.cmdline(),
             root_disk: self.image.rootfs.clone(),
             scratch_disk: scratch,
+            layers_disk,
             vcpus,
             memory_mib: capacity_mib + GUEST_OVERHEAD_MIB,
             vsock_uds: dir.join("vsock.sock"),
@@ -385,6 +417,7 @@ impl MicroVmRuntime {
         spec: &SandboxSpec,
         limits: &Limits,
         serials: (String, String),
+        layers: Option<VmLayers>,
     ) -> VmConfig {
         let mut env = koder_image::default_env();
         for (k, v) in &spec.env {
@@ -410,6 +443,7 @@ impl MicroVmRuntime {
             root_disk_serial: serials.0,
             scratch_disk_serial: serials.1,
             egress: spec.egress,
+            layers,
         }
     }
 }
@@ -791,10 +825,20 @@ fn agent_announced(console: &Path) -> bool {
     console_end(console).contains(VM_READY_LINE)
 }
 
-/// The last lines of the guest console, for boot failure reports.
+/// The last lines of the guest console, for boot failure reports, after the agent's own last
+/// line: a failed boot ends in the kernel's panic (init exited), whose trace fills the tail.
 fn console_tail(console: &Path) -> String {
     let text = console_end(console);
-    let lines: Vec<&str> = text.lines().rev().take(8).collect();
+    let mut lines: Vec<&str> = text.lines().rev().take(8).collect();
+    if let Some(agent) = text
+        .lines()
+        .rev()
+        .skip(lines.len())
+        .find(|l| l.starts_with(AGENT_CONSOLE_PREFIX))
+    {
+        lines.push("...");
+        lines.push(agent);
+    }
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
 
@@ -843,5 +887,15 @@ mod tests {
         assert_eq!(console_tail(&p).split(" | ").count(), 8);
         assert!(console_tail(&p).ends_with("line 19"));
         assert_eq!(console_tail(&dir.path().join("none")), "");
+        let boot: String = std::iter::once("koder-agent: setup failed at x\n".to_string())
+            .chain((0..20).map(|i| format!("[ 2.5] trace {i}\n")))
+            .collect();
+        std::fs::write(&p, boot).unwrap();
+        let tail = console_tail(&p);
+        assert!(
+            tail.starts_with("koder-agent: setup failed at x | ... | [ 2.5] trace 12"),
+            "{tail}"
+        );
+        assert!(tail.ends_with("trace 19"), "{tail}");
     }
 }

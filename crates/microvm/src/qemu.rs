@@ -7,7 +7,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use koder_agent_protocol::init::{VM_ROOT_DISK_SERIAL, VM_SCRATCH_DISK_SERIAL};
+use koder_agent_protocol::init::{
+    VM_LAYERS_DISK_SERIAL, VM_ROOT_DISK_SERIAL, VM_SCRATCH_DISK_SERIAL,
+};
 use koder_hostkit::install::install_executable;
 use koder_hostkit::mode::set_mode;
 use koder_runtime::RuntimeError;
@@ -217,6 +219,17 @@ pub fn qemu_args(launch: &Launch, vhost_socket: &Path) -> Vec<String> {
         "-device".into(),
         "vhost-user-vsock-device,chardev=vsock".into(),
     ];
+    if let Some(layers) = &launch.layers_disk {
+        args.extend([
+            "-drive".into(),
+            format!(
+                "id=layers,file={},format=raw,if=none,readonly=on,cache=unsafe",
+                p(layers)
+            ),
+            "-device".into(),
+            format!("virtio-blk-device,drive=layers,serial={VM_LAYERS_DISK_SERIAL}"),
+        ]);
+    }
     // No NIC: the guest has loopback only (network `none`).
     args.extend(["-net".into(), "none".into()]);
     args
@@ -235,6 +248,7 @@ mod tests {
             cmdline: "console=ttyS0 quiet".into(),
             root_disk: "/img/rootfs.ext4".into(),
             scratch_disk: "/state/vms/a/scratch.ext4".into(),
+            layers_disk: None,
             vcpus: 2,
             memory_mib: 640,
             vsock_uds: "/state/vms/a/vsock.sock".into(),
@@ -267,6 +281,18 @@ mod tests {
         assert!(devices.contains(&"virtio-blk-device,drive=root,serial=koder-root"));
         assert!(devices.contains(&"virtio-blk-device,drive=scratch,serial=koder-scratch"));
         assert!(after(&args, "-object")[0].contains("share=on"));
+        assert!(!args.iter().any(|a| a.contains("layers")));
+        let mut restored = launch();
+        restored.layers_disk = Some("/state/vms/a/layers.img".into());
+        let args = qemu_args(&restored, Path::new("/v"));
+        let drives = after(&args, "-drive");
+        assert!(
+            drives[2].contains("file=/state/vms/a/layers.img") && drives[2].contains("readonly=on"),
+            "{drives:?}"
+        );
+        assert!(
+            after(&args, "-device").contains(&"virtio-blk-device,drive=layers,serial=koder-layers")
+        );
         let mut kvm = launch();
         kvm.accel = Accel::Kvm;
         let args = qemu_args(&kvm, Path::new("/v"));

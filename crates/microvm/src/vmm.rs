@@ -30,6 +30,9 @@ pub struct Launch {
     pub root_disk: PathBuf,
     /// Writable raw ext4 disk, serial [`koder_agent_protocol::init::VM_SCRATCH_DISK_SERIAL`].
     pub scratch_disk: PathBuf,
+    /// Read-only raw disk of the layers a VM made from a snapshot starts from, serial
+    /// [`koder_agent_protocol::init::VM_LAYERS_DISK_SERIAL`].
+    pub layers_disk: Option<PathBuf>,
     pub vcpus: u32,
     pub memory_mib: u64,
     /// Host end of the guest's vsock: a unix socket that speaks the `CONNECT <port>` convention.

@@ -2,21 +2,24 @@
 //!
 //! The kernel starts the agent from the initramfs with nothing mounted. It loads the virtio
 //! modules the image builder listed, reads its [`VmConfig`], mounts the read-only image disk
-//! under an overlay whose writable layer is the session's scratch disk, builds the same minimal
+//! under an overlay whose writable layer is the session's scratch disk (for a sandbox made from
+//! a snapshot, first filled with its captured layers), builds the same minimal
 //! /proc, /dev and /tmp a jail gets, moves the root over the initramfs and confines itself like
 //! a jail agent. Sandbox processes run in one cgroup-v2 group whose limits the daemon sets over
 //! the protocol; the agent stays outside it, so an OOM kill never takes the agent.
 
 use std::ffi::CString;
-use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use koder_agent_protocol::init::{
-    VmConfig, VM_CONFIG_PATH, VM_EGRESS_MODULES_LIST, VM_MODULES_LIST,
+    VmConfig, VmLayers, VM_CONFIG_PATH, VM_EGRESS_MODULES_LIST, VM_MODULES_LIST,
 };
 use koder_agent_protocol::GuestLimits;
+use koder_layer::{ApplyOptions, Limits, Owners};
 
 use super::egress_rules;
 use super::setup::{self, mount};
@@ -32,6 +35,9 @@ const SANDBOX_CGROUP: &str = "sandbox";
 /// Virtio devices appear while their driver's module loads, but their block nodes a moment
 /// later; a boot that has not found its disks by then is broken.
 const DISK_WAIT: Duration = Duration::from_secs(10);
+/// Entries one restored sandbox may hold, as in a jail (a million empty files is a hostile
+/// layer, not a workspace).
+const MAX_LAYER_ENTRIES: u64 = 500_000;
 
 /// True when this process is the kernel's init inside a koder guest.
 pub fn is_guest_init() -> bool {
@@ -49,7 +55,7 @@ pub fn boot() -> Result<(VmConfig, SandboxCgroup, OwnedFd), SetupError> {
     }
     let root_disk = wait_for_disk(&cfg.root_disk_serial)?;
     let scratch_disk = wait_for_disk(&cfg.scratch_disk_serial)?;
-    let upper = mount_root(&root_disk, &scratch_disk)?;
+    let upper = mount_root(&root_disk, &scratch_disk, cfg.layers.as_ref())?;
     let cgroup = create_sandbox_cgroup(&cfg.limits)?;
     let root = Path::new(NEW_ROOT);
     setup::mount_proc(root)?;
@@ -143,7 +149,11 @@ fn find_disk(serial: &str) -> Option<String> {
         })
 }
 
-fn mount_root(root_disk: &Path, scratch_disk: &Path) -> Result<OwnedFd, SetupError> {
+fn mount_root(
+    root_disk: &Path,
+    scratch_disk: &Path,
+    layers: Option<&VmLayers>,
+) -> Result<OwnedFd, SetupError> {
     for dir in [IMAGE_MNT, SCRATCH_MNT, NEW_ROOT] {
         std::fs::create_dir_all(dir).step(format!("create {dir}"))?;
     }
@@ -171,8 +181,14 @@ fn mount_root(root_disk: &Path, scratch_disk: &Path) -> Result<OwnedFd, SetupErr
         std::fs::create_dir_all(dir).step("create overlay layers")?;
     }
     let upper_fd = setup::open_dir(&upper).step("open upper layer")?;
+    if let Some(layers) = layers {
+        restore_layers(upper_fd.as_fd(), layers)?;
+    }
+    // `userxattr`, as in a jail: overlayfs then marks opaque directories `user.overlay.opaque`,
+    // the attribute layers carry; with `trusted.*` a capture would lose them and a restore
+    // would write one this overlay ignores.
     let opts = format!(
-        "lowerdir={IMAGE_MNT},upperdir={},workdir={}",
+        "lowerdir={IMAGE_MNT},upperdir={},workdir={},userxattr",
         upper.display(),
         work.display()
     );
@@ -185,6 +201,33 @@ fn mount_root(root_disk: &Path, scratch_disk: &Path) -> Result<OwnedFd, SetupErr
     )
     .step("mount root overlay")?;
     Ok(upper_fd)
+}
+
+/// Applies the captured layers, bottom first, onto the still empty upper directory. The
+/// archives were made by sandboxes and are hostile; `koder-layer` never writes outside
+/// `upper`. Their ids are guest ids, which is what this guest's files carry: they land as
+/// they are.
+fn restore_layers(upper: BorrowedFd<'_>, layers: &VmLayers) -> Result<(), SetupError> {
+    let disk = wait_for_disk(&layers.disk_serial)?;
+    let disk = File::open(disk).step("open layers disk")?;
+    let opts = ApplyOptions {
+        limits: Limits {
+            max_bytes: layers.max_bytes,
+            max_entries: MAX_LAYER_ENTRIES,
+        },
+        owners: Owners::AsIs,
+    };
+    let mut offset = 0u64;
+    for (n, size) in layers.sizes.iter().enumerate() {
+        let step = || format!("restore layer {} of {}", n + 1, layers.sizes.len());
+        (&disk).seek(SeekFrom::Start(offset)).step(step())?;
+        let input = BufReader::with_capacity(256 * 1024, (&disk).take(*size));
+        koder_layer::apply(upper, input, &opts)
+            .map_err(std::io::Error::other)
+            .step(step())?;
+        offset = offset.saturating_add(*size);
+    }
+    Ok(())
 }
 
 /// The initramfs is the kernel's rootfs, which cannot be pivoted away: the new root is moved
