@@ -545,3 +545,57 @@ async fn a_crash_mid_snapshot_or_mid_restore_leaves_no_half_state() {
         );
     }
 }
+
+/// A file a session got from its snapshot and then deleted stays deleted in everything made
+/// from the session afterwards: a fork, a snapshot, a pause to disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_restored_file_stays_deleted() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let a = d.create(json!({})).await;
+    sh(
+        &d,
+        &a,
+        "echo x > /home/user/gone.txt; echo y > /home/user/kept.txt",
+    )
+    .await;
+    let snap = snapshot(&d, &a, Value::Null).await;
+    let b = d
+        .create(json!({"from_snapshot": snap["snapshot_id"]}))
+        .await;
+    sh(&d, &b, "rm /home/user/gone.txt").await;
+    const CHECK: &str =
+        "cat /home/user/kept.txt; test -e /home/user/gone.txt && echo back || echo gone";
+    let (status, forks) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{b}/fork"),
+            json!({"count": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{forks}");
+    let f = forks["sessions"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(sh(&d, &f, CHECK).await, "y\ngone\n");
+    let again = snapshot(&d, &b, Value::Null).await;
+    let c = d
+        .create(json!({"from_snapshot": again["snapshot_id"]}))
+        .await;
+    assert_eq!(sh(&d, &c, CHECK).await, "y\ngone\n");
+    let (status, _) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{b}/pause"),
+            json!({"memory": false}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{b}/resume"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sh(&d, &b, CHECK).await, "y\ngone\n");
+}

@@ -122,7 +122,10 @@ impl Manager {
         }
         let live = self.live_any(who, &record.id)?;
         let (layer, pin) = self.capture(&live).await?;
-        durable.layers.push(layer.id);
+        // The sandbox's upper dir started as its layers applied, so the capture is the whole
+        // filesystem above the image: it replaces the stack (stacking it would bring back
+        // what the session deleted since, which no capture records).
+        durable.layers = vec![layer.id];
         Ok((durable.layers, Some(pin)))
     }
 
@@ -331,7 +334,8 @@ impl Manager {
         }
         let live = self.live_any(who, id)?;
         let (layer, _pin) = self.capture(&live).await?;
-        durable.layers.push(layer.id);
+        // The whole filesystem above the image, as in `current_layers`.
+        durable.layers = vec![layer.id];
         durable.pause = Some(PauseKind::Disk);
         self.store.set_session_durable(id, &durable).await?;
         self.store
