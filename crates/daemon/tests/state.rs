@@ -17,6 +17,15 @@ async fn sh(d: &Daemon, id: &str, script: &str) -> String {
     v["stdout"].as_str().unwrap_or_default().to_string()
 }
 
+/// POST to a session's sub-resource (`"{id}/pause"`...), expecting 200.
+async fn post_ok(d: &Daemon, path: &str, body: Value) -> Value {
+    let (status, v) = d
+        .json(POST, &format!("/v1/sandbox/sessions/{path}"), body)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{path}: {v}");
+    v
+}
+
 async fn snapshot(d: &Daemon, id: &str, body: Value) -> Value {
     let (status, v) = d
         .json(POST, &format!("/v1/sandbox/sessions/{id}/snapshot"), body)
@@ -277,39 +286,18 @@ async fn a_durable_pause_survives_a_restart_and_resumes_on_request() {
 
     // A memory pause becomes a disk pause at a clean shutdown: the files outlive the daemon.
     sh(&d, &a, "echo more > /home/user/more").await;
-    let (status, _) = d
-        .json(
-            POST,
-            &format!("/v1/sandbox/sessions/{a}/pause"),
-            Value::Null,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    post_ok(&d, &format!("{a}/pause"), Value::Null).await;
     d.stop();
     d.launch().await;
     let (_, v) = d
         .json(GET, &format!("/v1/sandbox/sessions/{a}"), Value::Null)
         .await;
     assert_eq!(v["state"], "paused", "{v}");
-    let (status, _) = d
-        .json(
-            POST,
-            &format!("/v1/sandbox/sessions/{a}/resume"),
-            Value::Null,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    post_ok(&d, &format!("{a}/resume"), Value::Null).await;
     assert_eq!(sh(&d, &a, "cat /home/user/more").await, "more\n");
 
     // A memory pause does not survive a crash, and says why.
-    let (status, _) = d
-        .json(
-            POST,
-            &format!("/v1/sandbox/sessions/{a}/pause"),
-            Value::Null,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    post_ok(&d, &format!("{a}/pause"), Value::Null).await;
     d.crash();
     d.launch().await;
     let (_, v) = d
@@ -581,21 +569,7 @@ async fn a_deleted_restored_file_stays_deleted() {
         .create(json!({"from_snapshot": again["snapshot_id"]}))
         .await;
     assert_eq!(sh(&d, &c, CHECK).await, "y\ngone\n");
-    let (status, _) = d
-        .json(
-            POST,
-            &format!("/v1/sandbox/sessions/{b}/pause"),
-            json!({"memory": false}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    let (status, _) = d
-        .json(
-            POST,
-            &format!("/v1/sandbox/sessions/{b}/resume"),
-            Value::Null,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    post_ok(&d, &format!("{b}/pause"), json!({"memory": false})).await;
+    post_ok(&d, &format!("{b}/resume"), Value::Null).await;
     assert_eq!(sh(&d, &b, CHECK).await, "y\ngone\n");
 }
