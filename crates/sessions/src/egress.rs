@@ -156,7 +156,11 @@ async fn serve(mut stream: AgentStream, agent: AgentClient, mut policy: Policy, 
 
 async fn dial(agent: AgentClient, answer: StreamHandle, ctx: Arc<Ctx>, conn: u64, to: SocketAddr) {
     let tcp = match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(to)).await {
-        Ok(Ok(tcp)) => tcp,
+        // The splice forwards the sandbox's writes as they come: no Nagle delay on top.
+        Ok(Ok(tcp)) => {
+            let _ = tcp.set_nodelay(true);
+            tcp
+        }
         failed => {
             let why = match failed {
                 Ok(Err(e)) => format!("connect failed: {e}"),

@@ -49,6 +49,9 @@ impl Egress {
         let me = self.clone();
         tokio::spawn(async move {
             while let Ok((conn, _)) = tcp.accept().await {
+                // Relayed bytes are often small writes: Nagle would hold each behind the
+                // peer's delayed ACK (~40 ms).
+                let _ = conn.set_nodelay(true);
                 tokio::spawn(me.clone().intercept(conn));
             }
         });

@@ -88,15 +88,19 @@ async fn connect(port: u16) -> Result<TcpStream, AgentError> {
     if port == 0 {
         return Err(AgentError::new(ErrorCode::InvalidRequest, "port 0"));
     }
-    match TcpStream::connect(("127.0.0.1", port)).await {
-        Ok(c) => Ok(c),
+    let conn = match TcpStream::connect(("127.0.0.1", port)).await {
+        Ok(c) => c,
         Err(_) => TcpStream::connect(("::1", port)).await.map_err(|e| {
             AgentError::new(
                 ErrorCode::NotFound,
                 format!("nothing accepts on port {port}: {e}"),
             )
-        }),
-    }
+        })?,
+    };
+    // A relay passes on whatever arrives, often in small writes: Nagle would hold each behind
+    // the server's delayed ACK (~40 ms).
+    let _ = conn.set_nodelay(true);
+    Ok(conn)
 }
 
 #[cfg(test)]
