@@ -2,6 +2,7 @@
 filesystem) and connect, snapshots, fork, metrics, errors in E2B's shape, tenancy, network."""
 
 import datetime
+import time
 import uuid
 
 import pytest
@@ -238,8 +239,15 @@ def test_fork_copies_the_filesystem(fresh):
             f.kill()
 
 
-def test_state_options_refused_honestly(api):
-    r = api.post("/v2/sandboxes", json={"templateID": "base", "autoPause": True,
-                                        "autoPauseMemory": True})
-    assert (r.status_code, r.json()["code"]) == (400, 400)
-    assert "autoPauseMemory" in r.json()["message"]
+def test_pause_on_timeout_keeps_memory_unless_told(fresh):
+    # E2B's default for a pause on timeout is a full (memory) pause: the process lives on.
+    sb = fresh(lifecycle={"on_timeout": "pause"}, timeout=60)
+    sb.commands.run("sleep 600", background=True)
+    sb.set_timeout(0)
+    for _ in range(100):
+        if not sb.is_running():
+            break
+        time.sleep(0.1)
+    assert not sb.is_running()
+    resumed = sb.connect()
+    assert any("sleep" in " ".join([p.cmd] + p.args) for p in resumed.commands.list())

@@ -102,6 +102,10 @@ pub struct Lifecycle {
     /// A request to a paused session resumes it first.
     #[serde(default)]
     pub auto_resume: bool,
+    /// With `on_timeout: "pause"`: keep the processes (a memory pause; a jail's is turned into
+    /// a disk pause at a clean daemon shutdown and lost in a crash) instead of only the files.
+    #[serde(default)]
+    pub keep_memory: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,7 +114,7 @@ pub struct Lifecycle {
 pub enum OnTimeout {
     #[default]
     Kill,
-    /// Pause durably (filesystem kept, `memory: false`).
+    /// Pause: to disk (filesystem kept, `memory: false`), or in memory with `keep_memory`.
     Pause,
 }
 

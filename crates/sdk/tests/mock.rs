@@ -746,6 +746,7 @@ async fn snapshot_restore_fork_pause_resume() {
                 lifecycle: Some(Lifecycle {
                     on_timeout: OnTimeout::Pause,
                     auto_resume: true,
+                    keep_memory: false,
                 }),
                 ..Default::default()
             },

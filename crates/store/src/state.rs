@@ -475,6 +475,7 @@ mod tests {
             lifecycle: Lifecycle {
                 on_timeout: OnTimeout::Pause,
                 auto_resume: true,
+                keep_memory: true,
             },
         };
         store.set_session_durable("x", &d).await.unwrap();

@@ -68,10 +68,13 @@ pub struct LifecycleOpts {
     /// Start on this snapshot's filesystem.
     #[arg(long, value_name = "SNAPSHOT")]
     pub from_snapshot: Option<String>,
-    /// What the session's timeout does: kill it, or pause it to disk.
+    /// What the session's timeout does: kill it, or pause it (to disk unless --keep-memory).
     #[arg(long, value_parser = ["kill", "pause"])]
     pub on_timeout: Option<String>,
     /// A request to the paused session resumes it first.
     #[arg(long)]
     pub auto_resume: bool,
+    /// With `--on-timeout pause`: keep the processes (memory pause) instead of only the files.
+    #[arg(long, requires = "on_timeout")]
+    pub keep_memory: bool,
 }

@@ -19,6 +19,7 @@ pub(crate) fn with_lifecycle(req: CreateSession, opts: &LifecycleOpts) -> Create
             _ => OnTimeout::Kill,
         },
         auto_resume: opts.auto_resume,
+        keep_memory: opts.keep_memory,
     };
     let lifecycle = (opts.on_timeout.is_some() || opts.auto_resume).then_some(lifecycle);
     CreateSession {

@@ -198,9 +198,9 @@ struct AutoResume {
     enabled: bool,
 }
 
-/// E2B's `autoPause` / `autoPauseMemory` / `autoResume` as the session's lifecycle. A pause
-/// on timeout is always to disk here (a memory pause would not outlive the daemon), so
-/// asking for one that keeps memory is refused.
+/// E2B's `autoPause` / `autoPauseMemory` / `autoResume` as the session's lifecycle. As in E2B,
+/// a pause on timeout keeps memory unless `autoPauseMemory` is `false` (then only the files
+/// are kept, durably).
 fn lifecycle_of(
     auto_pause: Option<bool>,
     auto_pause_memory: Option<bool>,
@@ -210,11 +210,6 @@ fn lifecycle_of(
         Some(true) => OnTimeout::Pause,
         Some(false) | None => OnTimeout::Kill,
     };
-    if on_timeout == OnTimeout::Pause && auto_pause_memory == Some(true) {
-        return Err(HttpError::bad_request(
-            "autoPauseMemory is not supported: a koder-sandbox sandbox pauses on timeout to disk (filesystem kept, processes end); leave it unset or false",
-        ));
-    }
     let auto_resume = auto_resume.is_some_and(|a| a.enabled);
     if auto_resume && on_timeout != OnTimeout::Pause {
         return Err(HttpError::bad_request(
@@ -227,6 +222,7 @@ fn lifecycle_of(
     Ok(Some(Lifecycle {
         on_timeout,
         auto_resume,
+        keep_memory: on_timeout == OnTimeout::Pause && auto_pause_memory != Some(false),
     }))
 }
 
@@ -431,7 +427,12 @@ async fn set_timeout(
         .timeout
         .ok_or_else(|| HttpError::bad_request("timeout (seconds) is required"))?;
     live_session(&e2b, &who, &id).await?;
-    e2b.manager().set_timeout(&who, &id, timeout).await?;
+    if timeout == 0 {
+        // E2B's "time out now": the lifecycle (kill or pause) happens at once.
+        e2b.manager().expire_now(&who, &id).await?;
+    } else {
+        e2b.manager().set_timeout(&who, &id, timeout).await?;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -764,25 +765,26 @@ mod tests {
                 .unwrap(),
             Some(Lifecycle {
                 on_timeout: OnTimeout::Pause,
-                auto_resume: true
+                auto_resume: true,
+                keep_memory: true,
             })
         );
         assert_eq!(
-            parse(r#"{"templateID":"base","autoPause":true,"autoPauseMemory":false}"#)
-                .unwrap()
-                .map(|l| l.on_timeout),
-            Some(OnTimeout::Pause)
+            parse(r#"{"templateID":"base","autoPause":true,"autoPauseMemory":false}"#).unwrap(),
+            Some(Lifecycle {
+                on_timeout: OnTimeout::Pause,
+                auto_resume: false,
+                keep_memory: false,
+            })
         );
-        for refused in [
-            r#"{"templateID":"base","autoPause":true,"autoPauseMemory":true}"#,
-            r#"{"templateID":"base","autoResume":{"enabled":true}}"#,
-        ] {
-            assert_eq!(
-                parse(refused).unwrap_err().status.as_u16(),
-                400,
-                "{refused}"
-            );
-        }
+        assert_eq!(
+            parse(r#"{"templateID":"base","autoPause":true,"autoPauseMemory":true}"#)
+                .unwrap()
+                .map(|l| l.keep_memory),
+            Some(true)
+        );
+        let refused = r#"{"templateID":"base","autoResume":{"enabled":true}}"#;
+        assert_eq!(parse(refused).unwrap_err().status.as_u16(), 400);
     }
 
     #[test]

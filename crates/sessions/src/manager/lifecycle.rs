@@ -289,6 +289,18 @@ impl Manager {
         Ok(view(&record))
     }
 
+    /// Makes the session's timeout pass now: the reaper then does what its lifecycle says
+    /// (end it, or pause it). E2B's `timeout: 0`.
+    pub async fn expire_now(&self, who: &Identity, id: &str) -> Result<Session, Error> {
+        let mut record = self.record(who, id).await?;
+        if record.state == SessionState::Stopped {
+            return Err(Error::Conflict("the session has ended".into()));
+        }
+        record.expires_at = self.now();
+        self.store.set_session_expiry(id, record.expires_at).await?;
+        Ok(view(&record))
+    }
+
     pub async fn destroy(&self, who: &Identity, id: &str) -> Result<(), Error> {
         let record = self.record(who, id).await?;
         if record.state != SessionState::Stopped {

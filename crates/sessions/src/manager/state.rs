@@ -489,18 +489,24 @@ impl Manager {
         }
     }
 
-    /// What the reaper does with an expired session: pause it to disk when its lifecycle
-    /// says so (and it is running), otherwise end it.
+    /// What the reaper does with an expired session: pause it (in memory or to disk, as its
+    /// lifecycle says) when it is running and asks for that, otherwise end it. A paused
+    /// session's timeout is the snapshot retention; past it, it ends.
     pub(super) async fn expire_session(&self, s: &SessionRecord) {
-        let durable = self.store.session_durable(&s.id).await.unwrap_or_default();
-        let pause = durable.lifecycle.on_timeout == OnTimeout::Pause
-            && durable.pause != Some(PauseKind::Disk)
-            && self.layers.is_some();
-        if pause {
+        let lifecycle = match self.store.session_durable(&s.id).await {
+            Ok(d) => d.lifecycle,
+            Err(_) => Default::default(),
+        };
+        if s.state != SessionState::Paused && lifecycle.on_timeout == OnTimeout::Pause {
             let who = Identity {
                 tenant_id: s.tenant_id.clone(),
             };
-            match self.pause_to_disk(&who, &s.id).await {
+            let paused = if lifecycle.keep_memory {
+                self.pause_in_memory_until_retention(&who, &s.id).await
+            } else {
+                self.pause_to_disk(&who, &s.id).await
+            };
+            match paused {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::warn!(session = %s.id, error = %e, "pause on timeout failed; ending the session")
@@ -508,6 +514,14 @@ impl Manager {
             }
         }
         self.end(&s.id, "expired").await;
+    }
+
+    async fn pause_in_memory_until_retention(&self, who: &Identity, id: &str) -> Result<(), Error> {
+        self.pause_session(who, id, true).await?;
+        self.store
+            .set_session_expiry(id, self.now() + self.retention())
+            .await?;
+        Ok(())
     }
 
     /// The settings every fork and restore copies; exposed for the E2B adapter's views.
