@@ -255,3 +255,51 @@ async fn without_a_state_dir_snapshots_are_not_offered() {
         ErrorCode::NotImplemented
     );
 }
+
+#[tokio::test]
+async fn a_timeout_pauses_in_memory_or_to_disk_as_the_lifecycle_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, runtime) = (store().await, MemoryRuntime::new());
+    let m = manager(&store, &runtime, dir.path()).await;
+    let lifecycle = |keep_memory| CreateSession {
+        lifecycle: Some(Lifecycle {
+            on_timeout: koder_api_types::OnTimeout::Pause,
+            auto_resume: false,
+            keep_memory,
+        }),
+        ..Default::default()
+    };
+    let mem = m.create(&who("a"), lifecycle(true)).await.unwrap();
+    let frozen = sandbox_of(&runtime);
+    let disk = m.create(&who("a"), lifecycle(false)).await.unwrap();
+    let plain = m.create(&who("a"), CreateSession::default()).await.unwrap();
+    for s in [&mem, &disk, &plain] {
+        m.expire_now(&who("a"), &s.id).await.unwrap();
+    }
+    m.reap_expired().await;
+    assert_eq!(
+        m.get(&who("a"), &mem.id).await.unwrap().state,
+        SessionState::Paused
+    );
+    assert!(frozen.is_frozen() && !frozen.is_destroyed());
+    assert_eq!(
+        m.get(&who("a"), &disk.id).await.unwrap().state,
+        SessionState::Paused
+    );
+    assert_eq!(
+        runtime.live().len(),
+        1,
+        "only the memory pause holds a sandbox"
+    );
+    let ended = m.get(&who("a"), &plain.id).await.unwrap();
+    assert_eq!(
+        (ended.state, ended.end_reason.as_deref()),
+        (SessionState::Stopped, Some("expired"))
+    );
+    // A paused session's timeout is the retention: the next sweep leaves both alone.
+    m.reap_expired().await;
+    assert_eq!(
+        m.get(&who("a"), &mem.id).await.unwrap().state,
+        SessionState::Paused
+    );
+}
