@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
+use koder_agent_protocol::ExecRequest;
 use koder_jail::{JailConfig, JailRuntime};
 use koder_runtime::{Runtime, RuntimeError, SandboxSpec};
 
@@ -233,18 +234,44 @@ async fn bad_specs_are_refused_before_anything_is_created() {
     );
 }
 
+/// Freeze stops every sandbox process but the agent, which keeps answering (a paused
+/// session can still be captured); thaw lets them run on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn freeze_stops_the_sandbox_until_thawed() {
     let Some(()) = root_or_skip() else { return };
     let env = runtime("freeze");
     let sb = sandbox(&env).await;
     let res = sb.resources().expect("jail offers resource control");
+    let ticker = ExecRequest {
+        argv: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "(while :; do echo x >> /tmp/tick; sleep 0.01; done) >/dev/null 2>&1 &".into(),
+        ],
+        output_limit_bytes: 1024,
+        ..Default::default()
+    };
+    sb.agent().exec_collect(ticker).await.unwrap();
+    let ticks = || async {
+        sb.agent()
+            .read_file("/tmp/tick", 1 << 20)
+            .await
+            .unwrap()
+            .len()
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
     res.freeze().await.unwrap();
-    let frozen = tokio::time::timeout(Duration::from_millis(300), sb.agent().health()).await;
-    assert!(frozen.is_err(), "a frozen agent answered");
-    res.thaw().await.unwrap();
     let h = tokio::time::timeout(Duration::from_secs(5), sb.agent().health()).await;
-    assert!(matches!(h, Ok(Ok(_))), "thawed agent silent: {h:?}");
+    assert!(
+        matches!(h, Ok(Ok(_))),
+        "frozen sandbox's agent silent: {h:?}"
+    );
+    let before = ticks().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(ticks().await, before, "a frozen process ran");
+    res.thaw().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(ticks().await > before, "a thawed process did not run");
     let usage = res.usage().await.unwrap();
     assert!(
         usage.memory_current_bytes > 0 && usage.pids_current >= 1,
