@@ -104,7 +104,7 @@ pub struct Lifecycle {
     pub auto_resume: bool,
     /// With `on_timeout: "pause"`: keep the processes (a memory pause; a jail's is turned into
     /// a disk pause at a clean daemon shutdown and lost in a crash) instead of only the files.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub keep_memory: bool,
 }
 
