@@ -191,6 +191,17 @@ impl Blobs {
         Ok(verify::verified(got.into_stream(), expected.clone()))
     }
 
+    /// Where a complete object of a local store lies on disk (`None` for S3), for callers that
+    /// can share its bytes (a hard link) instead of copying them. The file must be treated as
+    /// read-only, and its content checked by the caller if it matters.
+    pub fn local_file(&self, tenant: &str, key: &str) -> Result<Option<PathBuf>, BlobError> {
+        let path = self.path(tenant, key)?;
+        match &self.inner.local {
+            Some(local) => Ok(Some(local.fs.path_to_filesystem(&path)?)),
+            None => Ok(None),
+        }
+    }
+
     /// Deletes the object; a missing one is no error.
     pub async fn delete(&self, tenant: &str, key: &str) -> Result<(), BlobError> {
         let path = self.path(tenant, key)?;

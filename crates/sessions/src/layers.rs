@@ -123,13 +123,20 @@ impl Layers {
         max_bytes: u64,
         max_entries: u64,
     ) -> Result<LayerRecord, Error> {
+        let key = blob_key(id);
+        // A local blob becomes the cache file by a hard link once stored: written once.
+        let local = self.blobs.local_file(tenant, &key).map_err(blob_error)?;
         let mut capture = agent.capture_layer(max_bytes, max_entries).await?;
-        let mut file = tokio::fs::File::create(part)
-            .await
-            .map_err(|e| Error::Internal(format!("create layer cache file: {e}")))?;
+        let mut file = match local {
+            Some(_) => None,
+            None => Some(
+                tokio::fs::File::create(part)
+                    .await
+                    .map_err(|e| Error::Internal(format!("create layer cache file: {e}")))?,
+            ),
+        };
         let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(UPLOAD_QUEUE);
         let body = tokio_stream::wrappers::ReceiverStream::new(rx);
-        let key = blob_key(id);
         let upload = self.blobs.put(tenant, &key, body);
         let produce = async {
             let mut stored: u64 = 0;
@@ -140,17 +147,21 @@ impl Layers {
                         "the layer needs more than the {max_bytes} bytes of snapshot storage left"
                     )));
                 }
-                file.write_all(&chunk)
-                    .await
-                    .map_err(|e| Error::Internal(format!("write layer cache file: {e}")))?;
+                if let Some(file) = file.as_mut() {
+                    file.write_all(&chunk)
+                        .await
+                        .map_err(|e| Error::Internal(format!("write layer cache file: {e}")))?;
+                }
                 if tx.send(Ok(Bytes::from(chunk))).await.is_err() {
                     break;
                 }
             }
             drop(tx);
-            file.flush()
-                .await
-                .map_err(|e| Error::Internal(format!("write layer cache file: {e}")))?;
+            if let Some(file) = file.as_mut() {
+                file.flush()
+                    .await
+                    .map_err(|e| Error::Internal(format!("write layer cache file: {e}")))?;
+            }
             capture
                 .end()
                 .ok_or_else(|| Error::Internal("layer capture ended early".into()))
@@ -158,6 +169,9 @@ impl Layers {
         let (produced, uploaded) = tokio::join!(produce, upload);
         let (entries, _content) = produced?;
         let info = uploaded.map_err(blob_error)?;
+        if let Some(blob) = &local {
+            share(blob, part).await?;
+        }
         tokio::fs::rename(part, self.cached(id))
             .await
             .map_err(|e| Error::Internal(format!("commit layer cache file: {e}")))?;
@@ -197,7 +211,10 @@ impl Layers {
             return Ok(path);
         }
         let part = self.cache.join(format!("{}.tar{PART}", l.id));
-        let fetched = self.download(l, &part).await;
+        let fetched = match self.blobs.local_file(&l.tenant_id, &l.blob_key) {
+            Ok(Some(blob)) => self.check(l, &blob, &part).await,
+            _ => self.download(l, &part).await,
+        };
         if let Err(e) = fetched {
             let _ = tokio::fs::remove_file(&part).await;
             return Err(e);
@@ -206,6 +223,25 @@ impl Layers {
             .await
             .map_err(|e| Error::Internal(format!("commit layer cache file: {e}")))?;
         Ok(path)
+    }
+
+    /// A local blob: its content is read back through the checksumming reader, then the
+    /// file itself is shared into the cache.
+    async fn check(&self, l: &LayerRecord, blob: &Path, part: &Path) -> Result<(), Error> {
+        let expected = BlobInfo {
+            size: l.size_bytes,
+            sha256: l.sha256.clone(),
+        };
+        let body = self
+            .blobs
+            .get(&l.tenant_id, &l.blob_key, &expected)
+            .await
+            .map_err(blob_error)?;
+        let mut body = std::pin::pin!(body);
+        while let Some(chunk) = body.next().await {
+            chunk.map_err(blob_error)?;
+        }
+        share(blob, part).await
     }
 
     async fn download(&self, l: &LayerRecord, part: &Path) -> Result<(), Error> {
@@ -296,6 +332,19 @@ impl Layers {
         self.collect_garbage().await?;
         Ok(())
     }
+}
+
+/// `to` becomes the same file as `from` (a hard link: layers never change once stored), or a
+/// copy where the two are on different filesystems.
+async fn share(from: &Path, to: &Path) -> Result<(), Error> {
+    let _ = tokio::fs::remove_file(to).await;
+    if tokio::fs::hard_link(from, to).await.is_ok() {
+        return Ok(());
+    }
+    tokio::fs::copy(from, to)
+        .await
+        .map(|_| ())
+        .map_err(|e| Error::Internal(format!("copy layer into the cache: {e}")))
 }
 
 fn blob_error(e: koder_blobs::BlobError) -> Error {
