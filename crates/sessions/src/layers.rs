@@ -212,8 +212,11 @@ impl Layers {
         }
         let part = self.cache.join(format!("{}.tar{PART}", l.id));
         let fetched = match self.blobs.local_file(&l.tenant_id, &l.blob_key) {
-            Ok(Some(blob)) => self.check(l, &blob, &part).await,
-            _ => self.download(l, &part).await,
+            Ok(Some(blob)) => match self.read_back(l, None).await {
+                Ok(()) => share(&blob, &part).await,
+                Err(e) => Err(e),
+            },
+            _ => self.read_back(l, Some(&part)).await,
         };
         if let Err(e) = fetched {
             let _ = tokio::fs::remove_file(&part).await;
@@ -225,9 +228,9 @@ impl Layers {
         Ok(path)
     }
 
-    /// A local blob: its content is read back through the checksumming reader, then the
-    /// file itself is shared into the cache.
-    async fn check(&self, l: &LayerRecord, blob: &Path, part: &Path) -> Result<(), Error> {
+    /// Streams the layer's blob through the checksumming reader into `part` (a fetch from a
+    /// remote store), or only checks it when `part` is `None` (a local blob about to be shared).
+    async fn read_back(&self, l: &LayerRecord, part: Option<&Path>) -> Result<(), Error> {
         let expected = BlobInfo {
             size: l.size_bytes,
             sha256: l.sha256.clone(),
@@ -238,35 +241,22 @@ impl Layers {
             .await
             .map_err(blob_error)?;
         let mut body = std::pin::pin!(body);
-        while let Some(chunk) = body.next().await {
-            chunk.map_err(blob_error)?;
-        }
-        share(blob, part).await
-    }
-
-    async fn download(&self, l: &LayerRecord, part: &Path) -> Result<(), Error> {
-        let expected = BlobInfo {
-            size: l.size_bytes,
-            sha256: l.sha256.clone(),
+        let write_error =
+            |e: std::io::Error| Error::Internal(format!("write layer cache file: {e}"));
+        let mut file = match part {
+            Some(p) => Some(tokio::fs::File::create(p).await.map_err(write_error)?),
+            None => None,
         };
-        let body = self
-            .blobs
-            .get(&l.tenant_id, &l.blob_key, &expected)
-            .await
-            .map_err(blob_error)?;
-        let mut body = std::pin::pin!(body);
-        let mut file = tokio::fs::File::create(part)
-            .await
-            .map_err(|e| Error::Internal(format!("create layer cache file: {e}")))?;
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(blob_error)?;
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| Error::Internal(format!("write layer cache file: {e}")))?;
+            if let Some(f) = file.as_mut() {
+                f.write_all(&chunk).await.map_err(write_error)?;
+            }
         }
-        file.flush()
-            .await
-            .map_err(|e| Error::Internal(format!("write layer cache file: {e}")))
+        if let Some(f) = file.as_mut() {
+            f.flush().await.map_err(write_error)?;
+        }
+        Ok(())
     }
 
     /// Deletes a layer everywhere: blob, cache file, row (in that order, so a crash leaves a

@@ -303,3 +303,75 @@ async fn a_timeout_pauses_in_memory_or_to_disk_as_the_lifecycle_says() {
         SessionState::Paused
     );
 }
+
+/// A layer missing from this host's cache is fetched back from the blob store and checked: a
+/// corrupted blob fails the create instead of being applied.
+#[tokio::test]
+async fn a_missing_cache_is_refetched_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, runtime) = (store().await, MemoryRuntime::new());
+    let m = manager(&store, &runtime, dir.path()).await;
+    let s = m.create(&who("a"), CreateSession::default()).await.unwrap();
+    sandbox_of(&runtime).put_file("/home/user/kept", b"fetched");
+    let snap = m
+        .snapshot(&who("a"), &s.id, CreateSnapshot::default())
+        .await
+        .unwrap();
+    let clear_cache = || {
+        for e in std::fs::read_dir(dir.path().join("layers"))
+            .unwrap()
+            .flatten()
+        {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    };
+    let from = CreateSession {
+        from_snapshot: Some(snap.snapshot_id.clone()),
+        ..Default::default()
+    };
+    clear_cache();
+    let copy = m.create(&who("a"), from.clone()).await.unwrap();
+    let made = runtime
+        .live()
+        .into_iter()
+        .filter_map(|id| runtime.sandbox(&id))
+        .find(|sb| !sb.spec().layers.is_empty())
+        .expect("a sandbox made from the layer");
+    assert_eq!(
+        made.file("/home/user/kept").as_deref(),
+        Some(&b"fetched"[..])
+    );
+    m.destroy(&who("a"), &copy.id).await.unwrap();
+
+    clear_cache();
+    let blob = walk_files(&dir.path().join("blobs"))
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("lyr-"))
+        .expect("the layer's blob");
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&blob, bytes).unwrap();
+    assert_eq!(
+        code_of(m.create(&who("a"), from).await),
+        ErrorCode::Internal
+    );
+    assert_eq!(
+        cache_files(dir.path()),
+        0,
+        "a failed fetch leaves no cache file"
+    );
+}
+
+fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
