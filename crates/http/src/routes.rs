@@ -20,6 +20,8 @@ type ApiResult<T> = Result<T, ApiError>;
 #[utoipa::path(post, path = "/v1/sandbox/sessions", tag = "sessions",
     request_body = CreateSession,
     responses((status = 201, body = Session), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody, description = "`from_snapshot` names no snapshot of this tenant"),
+              (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
               (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn create_session(
@@ -278,8 +280,11 @@ pub async fn kill_processes(
 }
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/resume", tag = "sessions",
+    description = "Thaws a memory pause, or boots a session paused to disk afresh on its files (needs a free session slot).",
     params(("id" = String, Path)),
-    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
+    responses((status = 200, body = Session), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+              (status = 410, body = ErrorBody), (status = 429, body = ErrorBody), (status = 501, body = ErrorBody), (status = 503, body = ErrorBody),
+              (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn resume(
     State(s): State<AppState>,

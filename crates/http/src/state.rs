@@ -34,7 +34,8 @@ pub fn snapshot_routes() -> Router<AppState> {
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/snapshot", tag = "snapshots",
     description = "Captures the session's filesystem (what it changed on top of its image) with its processes frozen for the capture.",
     params(("id" = String, Path)), request_body(content = CreateSnapshot, description = "optional"),
-    responses((status = 201, body = Snapshot), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+    responses((status = 201, body = Snapshot), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
               (status = 409, body = ErrorBody, description = "the session has ended"), (status = 410, body = ErrorBody),
               (status = 501, body = ErrorBody, description = "no data directory for snapshots"), (status = 504, body = ErrorBody),
               (status = 507, body = ErrorBody, description = "SANDBOX-QUOTA-SNAPSHOT-STORAGE: the tenant's snapshot storage is full")),
@@ -52,8 +53,9 @@ pub async fn snapshot(
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/restore", tag = "snapshots",
     description = "Restarts the session's sandbox on the snapshot's filesystem; its processes end, the session (id, limits, network, timeout) stays.",
     params(("id" = String, Path)), request_body = RestoreSnapshot,
-    responses((status = 200, body = Session), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, body = ErrorBody), (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)),
+    responses((status = 200, body = Session), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 429, body = ErrorBody),
+              (status = 500, body = ErrorBody, description = "a stored layer failed its checksum"), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn restore(
     State(s): State<AppState>,
@@ -69,8 +71,9 @@ pub async fn restore(
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/fork", tag = "snapshots",
     description = "Makes `count` (1-100) new sessions, each with a copy of the session's filesystem now and its settings; each has its own limits and counts against the quotas. All or nothing.",
     params(("id" = String, Path)), request_body(content = ForkSession, description = "optional"),
-    responses((status = 201, body = ForkResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, body = ErrorBody), (status = 429, body = ErrorBody), (status = 507, body = ErrorBody)),
+    responses((status = 201, body = ForkResult), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 429, body = ErrorBody),
+              (status = 501, body = ErrorBody), (status = 503, body = ErrorBody), (status = 507, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn fork(
     State(s): State<AppState>,
@@ -100,8 +103,8 @@ impl<'de> serde::Deserialize<'de> for ForkSessionBody {
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/pause", tag = "sessions",
     description = "`memory: true` (default) freezes the processes in place (a jail's are lost if the daemon stops); `memory: false` captures the filesystem durably and stops the sandbox (resume boots it afresh; survives daemon restarts).",
     params(("id" = String, Path)), request_body(content = PauseSession, description = "optional"),
-    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 410, body = ErrorBody),
-              (status = 501, body = ErrorBody), (status = 504, body = ErrorBody), (status = 507, body = ErrorBody)),
+    responses((status = 200, body = Session), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 410, body = ErrorBody),
+              (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 501, body = ErrorBody), (status = 504, body = ErrorBody), (status = 507, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn pause(
     State(s): State<AppState>,
@@ -128,7 +131,7 @@ pub async fn list_snapshots(
 
 #[utoipa::path(get, path = "/v1/sandbox/snapshots/{id}", tag = "snapshots",
     params(("id" = String, Path)),
-    responses((status = 200, body = Snapshot), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = Snapshot), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn get_snapshot(
     State(s): State<AppState>,
@@ -140,7 +143,7 @@ pub async fn get_snapshot(
 
 #[utoipa::path(delete, path = "/v1/sandbox/snapshots/{id}", tag = "snapshots",
     params(("id" = String, Path)),
-    responses((status = 204), (status = 404, body = ErrorBody)),
+    responses((status = 204), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn delete_snapshot(
     State(s): State<AppState>,
