@@ -26,7 +26,7 @@ use crate::Error;
 /// Entries one captured layer may hold.
 const MAX_LAYER_ENTRIES: u64 = 500_000;
 /// Copies one fork may make.
-pub const MAX_FORK: u32 = 100;
+const MAX_FORK: u32 = 100;
 /// Sandboxes a fork starts at once (each cold create is mostly syscalls on one core).
 const FORK_PARALLEL: usize = 4;
 const MAX_NAME: usize = 128;
