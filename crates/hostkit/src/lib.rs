@@ -1,5 +1,6 @@
 //! What the jail and the microVM runtime both do on the host, done once: ext4 scratch-disk
-//! templates and their sparse copies ([`ext4`]), a crash hook for tests ([`crash`]), killing processes a crashed daemon recorded
+//! templates and their sparse copies ([`ext4`]), loop devices and private mounts on them
+//! ([`loopdev`]), a crash hook for tests ([`crash`]), killing processes a crashed daemon recorded
 //! ([`reap`]), installing binaries sandbox uids can execute ([`install`]) and directory modes
 //! ([`mode`]).
 //!
@@ -12,5 +13,6 @@
 pub mod crash;
 pub mod ext4;
 pub mod install;
+pub mod loopdev;
 pub mod mode;
 pub mod reap;
