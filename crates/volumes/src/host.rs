@@ -685,3 +685,10 @@ impl<F: FnOnce()> Drop for OnDrop<F> {
         }
     }
 }
+
+// Sessions keep attachments across tasks and threads, and share the host.
+const _: () = {
+    const fn shareable<T: Send + Sync + 'static>() {}
+    shareable::<Attachment>();
+    shareable::<VolumeHost>();
+};
