@@ -11,7 +11,7 @@
 //! Paths are volume-absolute (`/a/b.txt`; `/` is the root). Owners are the volume's neutral
 //! uids (0 = sandbox root, 1000 = sandbox `user`), stored and reported as they are.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -32,6 +32,9 @@ pub const MAX_LIST_ENTRIES: usize = 100_000;
 pub const MAX_DEPTH: u32 = 256;
 /// Mode bits [`set_metadata`] and the creators accept: permissions, setuid, setgid, sticky.
 pub const MAX_MODE: u32 = 0o7777;
+
+/// Names [`remove`] reads from a directory at a time.
+const REMOVE_BATCH: usize = 4096;
 
 const FILE_MODE: u32 = 0o644;
 const DIR_MODE: u32 = 0o755;
@@ -94,7 +97,7 @@ fn list_into(
     depth: u32,
     out: &mut Vec<Entry>,
 ) -> Result<(), VolumeError> {
-    for name in read_names(dir, dir_path)? {
+    for name in listed_names(dir, dir_path)? {
         let path = join(dir_path, &name);
         let st = statat_nofollow(dir, &name, &path)?;
         if out.len() >= MAX_LIST_ENTRIES {
@@ -307,11 +310,12 @@ pub fn remove(root: &Path, path: &str) -> Result<(), VolumeError> {
     let dir = path
         .parent()
         .open(&rootfd, OFlags::PATH | OFlags::DIRECTORY)?;
-    remove_at(&dir, path.name(), &path.text(), 0)
+    remove_at(&dir, OsStr::new(path.name()), &path.text(), 0)
 }
 
-fn remove_at(dir: &OwnedFd, name: &str, path: &str, depth: u32) -> Result<(), VolumeError> {
-    let st = statat_nofollow(dir, name, path)?;
+fn remove_at(dir: &OwnedFd, name: &OsStr, path: &str, depth: u32) -> Result<(), VolumeError> {
+    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| VolumeError::errno(path, e))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
         return rustix::fs::unlinkat(dir, name, AtFlags::empty())
             .map_err(|e| VolumeError::errno(path, e));
@@ -322,8 +326,17 @@ fn remove_at(dir: &OwnedFd, name: &str, path: &str, depth: u32) -> Result<(), Vo
         )));
     }
     let child = open_child(dir, name, OFlags::RDONLY | OFlags::DIRECTORY, path)?;
-    for entry in read_names(&child, path)? {
-        remove_at(&child, &entry, &join(path, &entry), depth + 1)?;
+    // In batches: a directory may hold more names than are worth holding at once. Every name
+    // of a batch is removed or the walk fails, so each pass makes progress.
+    loop {
+        let batch = read_names(&child, path, REMOVE_BATCH)?;
+        if batch.is_empty() {
+            break;
+        }
+        for entry in batch {
+            let entry_path = join(path, &entry.to_string_lossy());
+            remove_at(&child, &entry, &entry_path, depth + 1)?;
+        }
     }
     rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR).map_err(|e| VolumeError::errno(path, e))
 }
@@ -382,9 +395,9 @@ const RESOLVE: ResolveFlags = ResolveFlags::IN_ROOT
     .union(ResolveFlags::NO_XDEV);
 
 /// One step down from a directory fd: a single component, no symlink followed anywhere.
-fn open_child(
+fn open_child<P: rustix::path::Arg>(
     dir: &OwnedFd,
-    name: &str,
+    name: P,
     flags: OFlags,
     path: &str,
 ) -> Result<OwnedFd, VolumeError> {
@@ -407,9 +420,8 @@ fn open_root(root: &Path) -> Result<OwnedFd, VolumeError> {
     .map_err(|e| VolumeError::host(format!("open volume root {}", root.display()))(e.into()))
 }
 
-/// Names in a directory, sorted, without `.` and `..`. Non-UTF-8 names are skipped: they could
-/// not be named back through this API.
-fn read_names(dir: &OwnedFd, path: &str) -> Result<Vec<String>, VolumeError> {
+/// Up to `limit` names in a directory (raw bytes), without `.` and `..`.
+fn read_names(dir: &OwnedFd, path: &str, limit: usize) -> Result<Vec<OsString>, VolumeError> {
     let mut names = Vec::new();
     let entries = rustix::fs::Dir::read_from(dir).map_err(|e| VolumeError::errno(path, e))?;
     for entry in entries {
@@ -418,16 +430,33 @@ fn read_names(dir: &OwnedFd, path: &str) -> Result<Vec<String>, VolumeError> {
         if bytes == b"." || bytes == b".." {
             continue;
         }
-        match std::str::from_utf8(bytes) {
-            Ok(name) => names.push(name.to_owned()),
-            Err(_) => tracing::debug!(dir = path, "skipped a name that is not UTF-8"),
+        if names.len() == limit {
+            break;
         }
-        if names.len() > MAX_LIST_ENTRIES {
-            return Err(VolumeError::TooLarge(format!(
-                "{path} holds more than {MAX_LIST_ENTRIES} entries"
-            )));
-        }
+        names.push(OsStr::from_bytes(bytes).to_owned());
     }
+    Ok(names)
+}
+
+/// The names [`list`] shows, sorted. Non-UTF-8 names are skipped: they could not be named
+/// back through this API.
+fn listed_names(dir: &OwnedFd, path: &str) -> Result<Vec<String>, VolumeError> {
+    let raw = read_names(dir, path, MAX_LIST_ENTRIES + 1)?;
+    if raw.len() > MAX_LIST_ENTRIES {
+        return Err(VolumeError::TooLarge(format!(
+            "{path} holds more than {MAX_LIST_ENTRIES} entries"
+        )));
+    }
+    let mut names: Vec<String> = raw
+        .into_iter()
+        .filter_map(|n| match n.into_string() {
+            Ok(name) => Some(name),
+            Err(_) => {
+                tracing::debug!(dir = path, "skipped a name that is not UTF-8");
+                None
+            }
+        })
+        .collect();
     names.sort_unstable();
     Ok(names)
 }

@@ -313,3 +313,19 @@ fn set_metadata_changes_mode_and_owner_in_order() {
         0o600
     );
 }
+
+#[test]
+fn remove_takes_big_directories_and_names_that_are_not_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let s = setup();
+    let big = s.root.join("big");
+    std::fs::create_dir(&big).unwrap();
+    for i in 0..5000 {
+        std::fs::write(big.join(i.to_string()), "").unwrap();
+    }
+    std::fs::write(big.join(std::ffi::OsStr::from_bytes(b"bad\xff")), "").unwrap();
+    // Listed without the name it could not show.
+    assert_eq!(fs::list(&s.root, "/big", 1).unwrap().len(), 5000);
+    fs::remove(&s.root, "/big").unwrap();
+    assert!(!big.exists());
+}
