@@ -49,6 +49,20 @@ pub struct InitConfig {
     /// the runtime has no cgroups (rootless).
     #[serde(default)]
     pub workload_cgroup_fds: u32,
+    /// Volumes the agent mounts into the root, after every other mount.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<InitVolume>,
+}
+
+/// One volume for the agent to mount.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitVolume {
+    /// Host path of the volume's root, already id-mapped onto the sandbox's ids by the runtime;
+    /// the agent clones it before the pivot, while host paths are still reachable.
+    pub source: String,
+    /// Path inside the sandbox; the agent checks it again ([`crate::check_mount_target`]).
+    pub target: String,
+    pub read_only: bool,
 }
 
 /// Where the agent listens for redirected TCP inside the sandbox.
