@@ -7,7 +7,8 @@
 //! `<parent>/<id>` (the session's limits plus the agent's headroom) with two leaves: `agent`
 //! (the agent alone) and `workload` (every sandbox process, under the session's limits), so an
 //! OOM kill in the workload never takes the agent. All mounts live in the sandbox's mount
-//! namespace and vanish with it.
+//! namespace and vanish with it; the host holds a sandbox's disk and volumes only from their
+//! creation until the agent is cloned ([`disk`], `volumes`).
 
 pub mod disk;
 mod layers;

@@ -12,6 +12,9 @@
 //! it closes its copy of the pipe's write end first (a dead parent then reads as end-of-file,
 //! not as a wait forever) and asks for SIGKILL when the creating thread dies. Only its stdio,
 //! the listener (3), the config (4) and the workload cgroup files (5..) survive its exec.
+//!
+//! The same clone makes [`user_namespace`]s: a child that only waits while its id maps are
+//! written and its namespace opened, then is killed and reaped.
 
 use std::ffi::CString;
 use std::io::{Read, Write};

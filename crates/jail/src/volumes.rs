@@ -210,3 +210,66 @@ fn unmount_all(path: &Path) -> io::Result<usize> {
         "still a mount point after {MAX_STACKED_MOUNTS} unmounts"
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn mounted(path: &Path) -> bool {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        let path = path.to_string_lossy();
+        mountinfo
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(&*path))
+    }
+
+    /// What a crash between attach and detach leaves: `remove` (teardown, reconciliation)
+    /// unmounts it and removes only the empty mount points.
+    #[test]
+    fn leftovers_are_unmounted_and_volumes_kept() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: idmapped mounts need root");
+            return;
+        }
+        let dir = tempfile::tempdir_in("/tmp").expect("sandbox dir");
+        let source = tempfile::tempdir_in("/tmp").expect("volume");
+        std::fs::write(source.path().join("kept"), "x").expect("write");
+        std::os::unix::fs::chown(source.path().join("kept"), Some(1000), Some(1000))
+            .expect("chown");
+        let ids = IdMap {
+            host_base: 300_000,
+            count: 65536,
+        };
+        let userns = spawn::user_namespace(ids).expect("user namespace");
+        let volume = VolumeMount {
+            source: source.path().into(),
+            target: "/data".into(),
+            read_only: false,
+        };
+        let init = attach(dir.path(), &[volume], userns.as_fd(), ids.host_base).expect("attach");
+        let at = dir.path().join(VOLUMES_DIR).join("0");
+        assert_eq!(init[0].source, at.to_string_lossy());
+        assert!(mounted(&at));
+        // Through the mapping, neutral 1000 is the sandbox range's 1000.
+        let seen = std::fs::metadata(at.join("kept")).expect("through the mount");
+        assert_eq!(seen.uid(), ids.host_base + 1000);
+
+        remove(dir.path()).expect("remove");
+        assert!(!mounted(&at) && !dir.path().join(VOLUMES_DIR).exists());
+        assert!(source.path().join("kept").exists());
+        remove(dir.path()).expect("idempotent");
+    }
+
+    /// Something that is not an empty mount point under `volumes/` stops teardown short of
+    /// recursing into it.
+    #[test]
+    fn remove_never_deletes_contents() {
+        let dir = tempfile::tempdir().expect("dir");
+        let stray = dir.path().join(VOLUMES_DIR).join("0");
+        std::fs::create_dir_all(&stray).expect("mkdir");
+        std::fs::write(stray.join("file"), "x").expect("write");
+        remove(dir.path()).expect_err("non-empty mount point removed");
+        assert!(stray.join("file").exists());
+    }
+}
