@@ -332,3 +332,43 @@ async fn nothing_remains_after_destroy() {
         );
     }
 }
+
+/// The host mounts volumes `noexec` for its own sake; inside, their programs run (still without
+/// setuid).
+#[tokio::test]
+async fn programs_on_a_noexec_host_mount_run_inside() {
+    let Some(()) = root_or_skip() else { return };
+    let _serial = SERIAL.lock().await;
+    let env = runtime("vol-exec");
+    let vol = tempfile::Builder::new()
+        .prefix("kv-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    rustix::mount::mount(
+        "tmpfs",
+        vol.path(),
+        "tmpfs",
+        rustix::mount::MountFlags::NOEXEC
+            | rustix::mount::MountFlags::NOSUID
+            | rustix::mount::MountFlags::NODEV,
+        c"mode=755,uid=1000,gid=1000,size=1m",
+    )
+    .expect("mount tmpfs");
+    let script = vol.path().join("hello");
+    std::fs::write(&script, "#!/bin/sh\necho ran\n").expect("write");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let created = env
+        .runtime
+        .create(spec(vec![mount(vol.path(), "/data", false)]))
+        .await;
+    let out = match &created {
+        Ok(sb) => Some(run(sb, "/data/hello").await),
+        Err(_) => None,
+    };
+    if let Ok(sb) = &created {
+        sb.destroy().await.expect("destroy");
+    }
+    rustix::mount::unmount(vol.path(), rustix::mount::UnmountFlags::DETACH).expect("unmount");
+    let out = out.unwrap_or_else(|| panic!("create: {:?}", created.err()));
+    assert_eq!(text(&out.stdout), "ran\n", "{}", text(&out.stderr));
+}
