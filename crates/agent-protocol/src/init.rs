@@ -49,6 +49,20 @@ pub struct InitConfig {
     /// the runtime has no cgroups (rootless).
     #[serde(default)]
     pub workload_cgroup_fds: u32,
+    /// Volumes the agent mounts into the root, after every other mount.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<InitVolume>,
+}
+
+/// One volume for the agent to mount.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitVolume {
+    /// Host path of the volume's root, already id-mapped onto the sandbox's ids by the runtime;
+    /// the agent clones it before the pivot, while host paths are still reachable.
+    pub source: String,
+    /// Path inside the sandbox; the agent checks it again ([`crate::check_mount_target`]).
+    pub target: String,
+    pub read_only: bool,
 }
 
 /// Where the agent listens for redirected TCP inside the sandbox.
@@ -124,3 +138,52 @@ pub const VM_ROOT_DISK_SERIAL: &str = "koder-root";
 pub const VM_SCRATCH_DISK_SERIAL: &str = "koder-scratch";
 /// Serial of the read-only disk holding [`VmLayers`].
 pub const VM_LAYERS_DISK_SERIAL: &str = "koder-layers";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A runtime that knows nothing of volumes still configures an agent that does.
+    #[test]
+    fn volume_mounts_default_to_none() {
+        let cfg = InitConfig {
+            hostname: "h".into(),
+            root_target: "/r".into(),
+            image_layers: vec!["/l".into()],
+            upper_dir: "/u".into(),
+            work_dir: "/w".into(),
+            ro_binds: Vec::new(),
+            tmp_size_mib: 1,
+            workdir: "/workspace".into(),
+            env: Vec::new(),
+            writable_dirs: Vec::new(),
+            rlimits: Rlimits {
+                nofile: 1,
+                nproc: 1,
+                core: 0,
+            },
+            egress: false,
+            workload_cgroup_fds: 0,
+            volume_mounts: Vec::new(),
+        };
+        let json = serde_json::to_string(&cfg).expect("encode");
+        assert!(!json.contains("volume_mounts"));
+        assert_eq!(
+            serde_json::from_str::<InitConfig>(&json).expect("decode"),
+            cfg
+        );
+        let with = InitConfig {
+            volume_mounts: vec![InitVolume {
+                source: "/s/volumes/0".into(),
+                target: "/data".into(),
+                read_only: true,
+            }],
+            ..cfg
+        };
+        let json = serde_json::to_string(&with).expect("encode");
+        assert_eq!(
+            serde_json::from_str::<InitConfig>(&json).expect("decode"),
+            with
+        );
+    }
+}

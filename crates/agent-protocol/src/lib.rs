@@ -7,9 +7,13 @@ pub mod client;
 pub mod codec;
 pub mod init;
 pub mod messages;
+pub mod mount_target;
 
 pub use client::{
     relay, AgentClient, AgentStream, ClientError, ExecOutput, FileReader, FileWriter, StreamHandle,
 };
 pub use codec::{CodecError, FrameCodec};
 pub use messages::*;
+pub use mount_target::{
+    check_mount_target, check_mount_targets, MountTargetError, MAX_MOUNT_TARGET_LEN,
+};

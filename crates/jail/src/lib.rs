@@ -7,12 +7,14 @@
 //! `<parent>/<id>` (the session's limits plus the agent's headroom) with two leaves: `agent`
 //! (the agent alone) and `workload` (every sandbox process, under the session's limits), so an
 //! OOM kill in the workload never takes the agent. All mounts live in the sandbox's mount
-//! namespace and vanish with it.
+//! namespace and vanish with it; the host holds a sandbox's disk and volumes only from their
+//! creation until the agent is cloned ([`disk`], `volumes`).
 
 pub mod disk;
 mod layers;
 
 mod spawn;
+mod volumes;
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{chown, PermissionsExt};
@@ -21,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use koder_agent_protocol::init::{InitConfig, Rlimits};
+use koder_agent_protocol::init::{InitConfig, InitVolume, Rlimits};
 use koder_agent_protocol::AgentClient;
 use koder_cgroups::{Cgroup, CgroupDriver, CpuQuota};
 use koder_hostkit::install::install_executable;
@@ -104,6 +106,8 @@ pub struct JailRuntime {
     /// Size-limited writable layers, where the host can make them (root, loop devices, mkfs).
     disks: Option<disk::DiskTemplates>,
     slots: Slots,
+    /// Id mappings for idmapped volume mounts, one per slot.
+    user_namespaces: volumes::UserNamespaces,
     enforcement: Enforcement,
 }
 
@@ -201,6 +205,7 @@ impl JailRuntime {
             cgroup_prefix: koder_cgroups::instance_prefix(&cfg.state_dir),
             disks,
             slots: Slots::new(cfg.max_sandboxes),
+            user_namespaces: volumes::UserNamespaces::default(),
             cfg,
             rootless,
             cgroups,
@@ -225,6 +230,22 @@ impl JailRuntime {
                 count: SANDBOX_IDS,
             }
         }
+    }
+
+    /// Volumes need idmapped mounts, which only root can make; their targets follow the one
+    /// rule the agent checks again.
+    fn check_volumes(&self, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        if spec.volumes.is_empty() {
+            return Ok(());
+        }
+        if self.rootless {
+            return Err(RuntimeError::Unavailable(
+                "volumes need a daemon running as root (idmapped mounts)".into(),
+            ));
+        }
+        let targets: Vec<&str> = spec.volumes.iter().map(|v| v.target.as_str()).collect();
+        koder_agent_protocol::check_mount_targets(&targets)
+            .map_err(|e| RuntimeError::InvalidSpec(e.to_string()))
     }
 
     fn effective_limits(&self, requested: Limits) -> Limits {
@@ -290,7 +311,13 @@ impl JailRuntime {
         Ok(())
     }
 
-    fn init_config(&self, spec: &SandboxSpec, parts: &Parts, cgroup_fds: usize) -> InitConfig {
+    fn init_config(
+        &self,
+        spec: &SandboxSpec,
+        parts: &Parts,
+        cgroup_fds: usize,
+        volume_mounts: Vec<InitVolume>,
+    ) -> InitConfig {
         let dir = &parts.dir;
         let s = |p: PathBuf| p.to_string_lossy().into_owned();
         let mut env = self.image.env.clone();
@@ -308,7 +335,17 @@ impl JailRuntime {
             tmp_size_mib: self.cfg.tmp_size_mib,
             workdir: "/workspace".into(),
             env,
-            writable_dirs: WRITABLE_DIRS.iter().map(|d| d.to_string()).collect(),
+            // Landlock would otherwise leave a writable volume read-only.
+            writable_dirs: WRITABLE_DIRS
+                .iter()
+                .map(|d| d.to_string())
+                .chain(
+                    volume_mounts
+                        .iter()
+                        .filter(|v| !v.read_only)
+                        .map(|v| v.target.clone()),
+                )
+                .collect(),
             egress: spec.egress,
             rlimits: Rlimits {
                 nofile: 65536,
@@ -319,6 +356,7 @@ impl JailRuntime {
                 core: 0,
             },
             workload_cgroup_fds: cgroup_fds as u32,
+            volume_mounts,
         }
     }
 
@@ -367,10 +405,18 @@ impl JailRuntime {
             Some(workload) => open_procs_files(&**workload)?,
             None => Vec::new(),
         };
+        let volume_mounts = if spec.volumes.is_empty() {
+            Vec::new()
+        } else {
+            let userns = self.user_namespaces.for_slot(slot, ids)?;
+            volumes::attach(&parts.dir, &spec.volumes, userns.as_fd(), ids.host_base)?
+        };
         let _ = std::fs::remove_file(&parts.socket);
         let listener = std::os::unix::net::UnixListener::bind(&parts.socket)
             .map_err(RuntimeError::io("bind agent socket"))?;
-        let config = serde_json::to_string(&self.init_config(spec, parts, cgroup_procs.len()))
+        let has_volumes = !volume_mounts.is_empty();
+        let init = self.init_config(spec, parts, cgroup_procs.len(), volume_mounts);
+        let config = serde_json::to_string(&init)
             .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
         let cgroup = agent_cgroup.as_deref();
         let spawned = spawn::spawn_agent(
@@ -393,6 +439,13 @@ impl JailRuntime {
             // sandbox mount stays visible on the host and the loop device frees itself when
             // the sandbox ends.
             if let Err(e) = disk.detach_host_mount() {
+                spawn::kill_and_reap(&pidfd);
+                return Err(e);
+            }
+        }
+        // Likewise the volumes: the agent has its own copies to mount.
+        if has_volumes {
+            if let Err(e) = volumes::detach_host_mounts(&parts.dir) {
                 spawn::kill_and_reap(&pidfd);
                 return Err(e);
             }
@@ -549,6 +602,7 @@ impl Runtime for JailRuntime {
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
         validate_id(&spec.id)?;
         image::require_known(&spec.image)?;
+        self.check_volumes(&spec)?;
         let slot = self.slots.acquire()?;
         let mut parts = Parts::new(
             sandboxes_dir(&self.cfg).join(&spec.id),
@@ -775,9 +829,15 @@ fn teardown(parts: &Parts) -> Result<(), RuntimeError> {
     if let Err(e) = disk::remove(&parts.dir) {
         problems.push(format!("disk: {e}"));
     }
-    match remove_tree(&parts.dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => problems.push(format!("layers: {e}")),
-        _ => {}
+    // A volume that may still be attached holds a user's files: the tree stays then.
+    match volumes::remove(&parts.dir) {
+        Ok(()) => match remove_tree(&parts.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                problems.push(format!("layers: {e}"))
+            }
+            _ => {}
+        },
+        Err(e) => problems.push(format!("volumes: {e}")),
     }
     if problems.is_empty() {
         Ok(())

@@ -12,6 +12,9 @@
 //! it closes its copy of the pipe's write end first (a dead parent then reads as end-of-file,
 //! not as a wait forever) and asks for SIGKILL when the creating thread dies. Only its stdio,
 //! the listener (3), the config (4) and the workload cgroup files (5..) survive its exec.
+//!
+//! The same clone makes [`user_namespace`]s: a child that only waits while its id maps are
+//! written and its namespace opened, then is killed and reaped.
 
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -127,35 +130,16 @@ pub fn spawn_agent(
     };
     let err_wfd = err_w.as_raw_fd();
 
-    let mut pidfd: RawFd = -1;
-    let args = CloneArgs {
-        flags: NAMESPACES | libc::CLONE_PIDFD as u64,
-        pidfd: &mut pidfd as *mut RawFd as u64,
-        exit_signal: libc::SIGCHLD as u64,
-        ..Default::default()
+    // SAFETY: the child branch below only calls `child`, which keeps to async-signal-safe
+    // syscalls on CStrings/fds prepared above and ends in execve or _exit.
+    let (pid, pidfd) = match unsafe { clone_pidfd(NAMESPACES) } {
+        // SAFETY: we are the fork-like child; this never returns.
+        Ok(Cloned::Child) => unsafe {
+            child(sync, err_wfd, &handed, rootless, &path, &argv, &envp)
+        },
+        Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
+        Err(e) => return Err(RuntimeError::Start(format!("clone3 failed: {e}"))),
     };
-    // SAFETY: fork-like clone3 (no stack, no CLONE_VM). In the child only async-signal-safe
-    // syscalls run, on CStrings/fds prepared above, ending in execve or _exit.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
-    if pid == 0 {
-        // SAFETY: see above; this never returns.
-        unsafe { child(sync, err_wfd, &handed, rootless, &path, &argv, &envp) }
-    }
-    if pid < 0 {
-        return Err(RuntimeError::Start(format!(
-            "clone3 failed: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    let pid = pid as i32;
-    // SAFETY: CLONE_PIDFD stored a fresh descriptor we now own.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     drop((
         sync_r,
         err_w,
@@ -166,6 +150,7 @@ pub fn spawn_agent(
         cgroup_procs,
     ));
 
+    // An unprivileged writer may only map its own ids, and only after giving up setgroups.
     let released = write_id_maps(pid, ids, rootless)
         .and_then(|()| place(pid))
         .and_then(|()| {
@@ -181,6 +166,95 @@ pub fn spawn_agent(
         pidfd,
         stderr: stderr_r,
     })
+}
+
+/// What a fork-like `clone3` returned, in the process it returned in.
+enum Cloned {
+    Child,
+    Parent { pid: i32, pidfd: OwnedFd },
+}
+
+/// Fork-like `clone3` (no stack, no `CLONE_VM`) into the new `namespaces`, with a pidfd.
+///
+/// # Safety
+/// In the [`Cloned::Child`] branch the caller may only make async-signal-safe calls (the
+/// process is a copy of a multi-threaded one) and must end in execve or _exit.
+unsafe fn clone_pidfd(namespaces: u64) -> std::io::Result<Cloned> {
+    let mut pidfd: RawFd = -1;
+    let args = CloneArgs {
+        flags: namespaces | libc::CLONE_PIDFD as u64,
+        pidfd: &mut pidfd as *mut RawFd as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    // SAFETY: `args` is a valid `struct clone_args` of the size given; fork-like, so the child
+    // continues on a copy of this stack, and the caller keeps it to async-signal-safe calls.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    match pid {
+        0 => Ok(Cloned::Child),
+        p if p < 0 => Err(std::io::Error::last_os_error()),
+        p => Ok(Cloned::Parent {
+            pid: p as i32,
+            // SAFETY: CLONE_PIDFD stored a fresh descriptor we now own.
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
+        }),
+    }
+}
+
+/// A user namespace mapping its ids 0..`ids.count` onto the host's `ids.host_base..`, held by a
+/// descriptor alone: made by a short-lived child that only waits while its maps are written and
+/// its namespace is opened, then is killed and reaped. Its setgroups is denied: no process ever
+/// runs in it (idmapped mounts only use its mapping).
+pub fn user_namespace(ids: IdMap) -> Result<OwnedFd, RuntimeError> {
+    let (hold_r, hold_w) = cloexec_pipe().map_err(RuntimeError::io("user namespace pipe"))?;
+    let hold = SyncFds {
+        read: hold_r.as_raw_fd(),
+        write: hold_w.as_raw_fd(),
+    };
+    // SAFETY: the child branch only calls `hold_until_released`, async-signal-safe throughout.
+    let (pid, pidfd) = match unsafe { clone_pidfd(libc::CLONE_NEWUSER as u64) } {
+        // SAFETY: we are the fork-like child; this never returns.
+        Ok(Cloned::Child) => unsafe { hold_until_released(hold) },
+        Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
+        Err(e) => return Err(RuntimeError::Start(format!("clone3 (user namespace): {e}"))),
+    };
+    drop(hold_r);
+    let ns = write_id_maps(pid, ids, true).and_then(|()| {
+        std::fs::File::open(format!("/proc/{pid}/ns/user"))
+            .map(OwnedFd::from)
+            .map_err(RuntimeError::io("open user namespace"))
+    });
+    kill_and_reap(&pidfd);
+    drop(hold_w);
+    ns
+}
+
+/// # Safety
+/// Only in the fork-like child (async-signal-safe calls only); never returns.
+unsafe fn hold_until_released(hold: SyncFds) -> ! {
+    // SAFETY: close, prctl, read and _exit are async-signal-safe; the descriptors are ours.
+    unsafe {
+        // A dead parent must read as end-of-file, and its death kill us in any case.
+        libc::close(hold.write);
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        let mut byte = 0u8;
+        while libc::read(hold.read, (&mut byte as *mut u8).cast(), 1) < 0
+            && *libc::__errno_location() == libc::EINTR
+        {}
+        libc::_exit(0)
+    }
 }
 
 /// The release pipe as the child sees it right after the clone.
@@ -272,11 +346,10 @@ unsafe fn report_and_exit(err_w: RawFd) -> ! {
     }
 }
 
-fn write_id_maps(pid: i32, ids: IdMap, rootless: bool) -> Result<(), RuntimeError> {
+fn write_id_maps(pid: i32, ids: IdMap, deny_setgroups: bool) -> Result<(), RuntimeError> {
     let proc = format!("/proc/{pid}");
     let line = format!("0 {} {}\n", ids.host_base, ids.count);
-    if rootless {
-        // An unprivileged writer may only map its own ids, and only after giving up setgroups.
+    if deny_setgroups {
         std::fs::write(format!("{proc}/setgroups"), "deny")
             .map_err(RuntimeError::io("write setgroups"))?;
     }

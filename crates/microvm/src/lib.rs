@@ -543,6 +543,7 @@ impl Runtime for MicroVmRuntime {
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
         validate_id(&spec.id)?;
         koder_image::require_known(&spec.image)?;
+        refuse_volumes(&spec)?;
         let slot = self.slots.acquire()?;
         let dir = vms_dir(&self.cfg).join(&spec.id);
         let _ = std::fs::remove_dir_all(&dir);
@@ -660,6 +661,18 @@ impl Drop for VmHost {
             }
             self.slots.release(slot);
         }
+    }
+}
+
+/// Volumes need idmapped mounts of host directories, which a guest kernel cannot reach (yet):
+/// refused before anything boots.
+fn refuse_volumes(spec: &SandboxSpec) -> Result<(), RuntimeError> {
+    if spec.volumes.is_empty() {
+        Ok(())
+    } else {
+        Err(RuntimeError::Unavailable(
+            "volumes are not supported on microVMs yet".into(),
+        ))
     }
 }
 
@@ -845,6 +858,19 @@ fn console_tail(console: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volumes_are_refused() {
+        let mut spec = SandboxSpec::default();
+        assert!(refuse_volumes(&spec).is_ok());
+        spec.volumes.push(koder_runtime::VolumeMount {
+            source: "/srv/v".into(),
+            target: "/data".into(),
+            read_only: false,
+        });
+        let err = refuse_volumes(&spec).expect_err("volumes on a microVM");
+        assert!(matches!(err, RuntimeError::Unavailable(_)), "{err}");
+    }
 
     #[test]
     fn limits_map_to_the_guest() {

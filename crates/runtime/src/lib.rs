@@ -31,6 +31,23 @@ pub struct SandboxSpec {
     /// sandbox's upper layer starts from, bottom first: a sandbox made from a snapshot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<std::path::PathBuf>,
+    /// Volumes mounted into the sandbox, each at its own target (distinct, none under another:
+    /// see `koder_agent_protocol::init::check_mount_targets`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// One volume attached to a sandbox. Files on a volume keep sandbox-relative ("neutral")
+/// owners, so runtimes mount it through an id mapping onto the sandbox's own ids.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    /// Host directory: the root of the attached volume.
+    pub source: std::path::PathBuf,
+    /// Absolute, normalized path inside the sandbox (not `/`, nor under `/proc`, `/sys` or
+    /// `/dev`).
+    pub target: String,
+    /// Mounted read-only: writes fail with `EROFS` and the sandbox cannot remount it.
+    pub read_only: bool,
 }
 
 pub const MAX_ID_LEN: usize = 64;

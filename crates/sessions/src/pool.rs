@@ -112,6 +112,7 @@ impl Pool {
             env: Vec::new(),
             egress: false,
             layers: Vec::new(),
+            volumes: Vec::new(),
         };
         match self.runtime.create(spec).await {
             Ok(sb) => {

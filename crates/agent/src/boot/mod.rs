@@ -6,3 +6,4 @@ pub mod confine;
 mod egress_rules;
 pub mod guest;
 pub mod setup;
+pub mod volumes;

@@ -29,6 +29,8 @@ pub fn build_root(cfg: &InitConfig) -> Result<OwnedFd, SetupError> {
     mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None).step("make mounts private")?;
 
     let upper = open_dir(Path::new(&cfg.upper_dir)).step("open upper layer")?;
+    // Cloned while their host paths resolve; attached once the root is complete.
+    let volumes = super::volumes::open_all(&cfg.volume_mounts)?;
     let root = mount_overlay(cfg)?;
     for bind in &cfg.ro_binds {
         bind_read_only(Path::new(&bind.source), &inside(&root, &bind.target))?;
@@ -38,6 +40,8 @@ pub fn build_root(cfg: &InitConfig) -> Result<OwnedFd, SetupError> {
     mount_tmp(&root, cfg.tmp_size_mib)?;
     std::fs::create_dir_all(inside(&root, &cfg.workdir)).step("create workdir")?;
     pivot_into(&root)?;
+    // Last, so no other mount covers a volume or is made inside one.
+    super::volumes::mount_all(volumes)?;
     rustix::system::sethostname(cfg.hostname.as_bytes())
         .map_err(std::io::Error::from)
         .step("set hostname")?;

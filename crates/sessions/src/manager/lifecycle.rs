@@ -253,6 +253,7 @@ impl Manager {
             env: Vec::new(),
             egress,
             layers,
+            volumes: Vec::new(),
         };
         let source = if spec.layers.is_empty() {
             "cold"
