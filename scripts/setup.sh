@@ -12,7 +12,8 @@ cd "$(dirname "$0")"
   iproute2=/usr/sbin/ip \
   util-linux=/usr/bin/unshare \
   bubblewrap=/usr/bin/bwrap `# one-shot sandbox baseline of the benchmark (scripts/bench.sh)` \
-  e2fsprogs=/usr/sbin/mkfs.ext4 `# per-session disk quota images` \
+  e2fsprogs=/usr/sbin/mkfs.ext4 `# per-session disk quota images, volume images` \
+  btrfs-progs=/usr/bin/btrfs `# btrfs volume backend (its tests make a btrfs filesystem)` \
   nftables=/usr/sbin/nft `# egress redirect inside sandboxes with network access` \
   python3-matplotlib=/usr/lib/python3/dist-packages/matplotlib/__init__.py `# interpreter rich output` \
   python3-pandas=/usr/lib/python3/dist-packages/pandas/__init__.py

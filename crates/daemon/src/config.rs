@@ -116,6 +116,8 @@ pub struct TenantConfig {
     pub daily_session_minutes: Option<u64>,
     /// Room for snapshots and durable pauses, MiB (default `[sessions] snapshot_storage_mib`).
     pub snapshot_storage_mib: Option<u64>,
+    /// Sum of the tenant's volume sizes, MiB (default `[sessions] volume_storage_mib`).
+    pub volume_storage_mib: Option<u64>,
 }
 
 impl Default for TenantConfig {
@@ -126,6 +128,7 @@ impl Default for TenantConfig {
             max_sessions: None,
             daily_session_minutes: None,
             snapshot_storage_mib: None,
+            volume_storage_mib: None,
         }
     }
 }

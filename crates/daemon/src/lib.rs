@@ -70,6 +70,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .iter()
         .filter_map(|(id, t)| Some((id.clone(), t.snapshot_storage_mib?)))
         .collect();
+    sessions.tenant_volume_storage_mib = cfg
+        .tenants
+        .iter()
+        .filter_map(|(id, t)| Some((id.clone(), t.volume_storage_mib?)))
+        .collect();
     let manager = koder_sessions::Manager::start_with_runtimes(
         store,
         runtimes,

@@ -111,16 +111,19 @@ impl From<koder_sessions::Error> for RpcError {
         use koder_sessions::Error as E;
         let code = match &e {
             E::InvalidArgument(_) => Code::InvalidArgument,
-            E::NotFound | E::FileNotFound(_) | E::TenantNotFound(_) | E::SnapshotNotFound => {
-                Code::NotFound
-            }
-            E::Conflict(_) => Code::FailedPrecondition,
+            E::NotFound
+            | E::FileNotFound(_)
+            | E::TenantNotFound(_)
+            | E::SnapshotNotFound
+            | E::VolumeNotFound => Code::NotFound,
+            E::Conflict(_) | E::VolumeBusy(_) => Code::FailedPrecondition,
             E::PermissionDenied(_) | E::PlanRequired(_) => Code::PermissionDenied,
             E::PayloadTooLarge(_)
             | E::FsQuotaExceeded(_)
             | E::QuotaSessions(_)
             | E::QuotaMinutes(_)
-            | E::QuotaSnapshotStorage(_) => Code::ResourceExhausted,
+            | E::QuotaSnapshotStorage(_)
+            | E::QuotaVolumeStorage(_) => Code::ResourceExhausted,
             E::RuntimeUnavailable(_) | E::PreviewNotListening(_) | E::SessionStopped(_) => {
                 Code::Unavailable
             }

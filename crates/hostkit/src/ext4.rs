@@ -24,18 +24,41 @@ const MIB: u64 = 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct Templates {
     dir: PathBuf,
+    journal: bool,
 }
 
 impl Templates {
+    /// Templates of scratch filesystems (no journal: they die with their sandbox).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self {
+            dir: dir.into(),
+            journal: false,
+        }
+    }
+
+    /// Templates of filesystems that outlive sandboxes (volumes): with a journal, so a host
+    /// crash costs at most the last writes, not the filesystem.
+    pub fn journaled(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            journal: true,
+        }
+    }
+
+    fn prefix(&self) -> &'static str {
+        if self.journal {
+            "journaled"
+        } else {
+            "disk"
+        }
     }
 
     /// The template for `size_mib`, built on first use. Builds go to a temporary name and are
     /// renamed into place, so concurrent callers and crashes never see a partial template.
     pub fn template(&self, size_mib: u64) -> Result<PathBuf, RuntimeError> {
         let bytes = size_bytes(size_mib)?;
-        let path = self.dir.join(format!("disk-{size_mib}m.img"));
+        let prefix = self.prefix();
+        let path = self.dir.join(format!("{prefix}-{size_mib}m.img"));
         if is_template(&path, bytes) {
             return Ok(path);
         }
@@ -44,7 +67,7 @@ impl Templates {
         remove_stale_builds(&self.dir);
         static BUILD: AtomicU64 = AtomicU64::new(0);
         let tmp = self.dir.join(format!(
-            "disk-{size_mib}m.img.tmp.{}.{}",
+            "{prefix}-{size_mib}m.img.tmp.{}.{}",
             std::process::id(),
             BUILD.fetch_add(1, Ordering::Relaxed)
         ));
@@ -52,7 +75,7 @@ impl Templates {
         let file = create_new(&tmp)?;
         file.set_len(bytes)
             .map_err(RuntimeError::io(format!("size {}", tmp.display())))?;
-        run_mkfs(&tmp)?;
+        run_mkfs(&tmp, self.journal)?;
         if !is_template(&tmp, bytes) {
             return Err(RuntimeError::Unavailable(format!(
                 "mkfs.ext4 did not produce an ext4 image of {size_mib} MiB at {}",
@@ -143,11 +166,11 @@ fn is_template(path: &Path, bytes: u64) -> bool {
         && u16::from_le_bytes(magic) == 0xEF53
 }
 
-fn run_mkfs(image: &Path) -> Result<(), RuntimeError> {
+fn run_mkfs(image: &Path, journal: bool) -> Result<(), RuntimeError> {
     let mkfs = find_mkfs().ok_or_else(|| {
         RuntimeError::Unavailable("mkfs.ext4 not found (install e2fsprogs)".into())
     })?;
-    // No journal: the filesystem is scratch space thrown away with its sandbox. Lazy init and
+    // No journal for scratch space thrown away with its sandbox. Lazy init and
     // nodiscard keep mkfs from writing (or punching) the whole file. -T default keeps 4 KiB
     // blocks for small sizes too, where mke2fs would otherwise pick 1 KiB "small"/"floppy".
     // root_owner=0:0 whoever runs mkfs: the runtimes hand the root to the sandbox themselves.
@@ -156,7 +179,11 @@ fn run_mkfs(image: &Path) -> Result<(), RuntimeError> {
             "-q",
             "-F",
             "-O",
-            "^has_journal",
+            if journal {
+                "has_journal"
+            } else {
+                "^has_journal"
+            },
             "-E",
             "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0",
             "-m",

@@ -37,7 +37,7 @@ pub fn status_of(code: ErrorCode) -> u16 {
         ErrorCode::PlanRequired => 402,
         ErrorCode::PermissionDenied => 403,
         ErrorCode::NotFound => 404,
-        ErrorCode::Conflict => 409,
+        ErrorCode::Conflict | ErrorCode::VolumeBusy => 409,
         ErrorCode::SessionStopped => 410,
         ErrorCode::PayloadTooLarge => 413,
         ErrorCode::UnsupportedMediaType => 415,
@@ -46,7 +46,9 @@ pub fn status_of(code: ErrorCode) -> u16 {
         ErrorCode::NotImplemented => 501,
         ErrorCode::RuntimeUnavailable | ErrorCode::PreviewNotListening => 503,
         ErrorCode::AgentTimeout => 504,
-        ErrorCode::FsQuotaExceeded | ErrorCode::QuotaSnapshotStorage => 507,
+        ErrorCode::FsQuotaExceeded
+        | ErrorCode::QuotaSnapshotStorage
+        | ErrorCode::QuotaVolumeStorage => 507,
     }
 }
 

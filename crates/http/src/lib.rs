@@ -11,6 +11,7 @@ mod preview;
 mod routes;
 mod state;
 mod terminal;
+mod volumes;
 mod watch;
 
 use std::sync::Arc;
@@ -54,6 +55,9 @@ pub struct AppState {
         contexts::restart_context, contexts::run_code,
         state::snapshot, state::restore, state::fork, state::list_snapshots,
         state::get_snapshot, state::delete_snapshot,
+        volumes::create_volume, volumes::list_volumes, volumes::get_volume, volumes::delete_volume,
+        volumes::upload, volumes::download, volumes::remove, volumes::set_metadata,
+        volumes::list_files, volumes::stat, volumes::make_dir,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key
     ),
     modifiers(&BearerAuth)
@@ -126,6 +130,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .nest("/v1/sandbox/sessions", sessions)
         .nest("/v1/sandbox/snapshots", state::snapshot_routes())
+        .nest("/v1/sandbox/volumes", volumes::routes())
         .nest("/v1/sandbox/admin", admin)
         .route("/v1/sandbox/audit/network", get(audit::network))
         .route("/healthz", get(healthz))

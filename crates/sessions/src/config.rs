@@ -47,6 +47,17 @@ pub struct SessionConfig {
     pub snapshot_storage_mib: u64,
     #[serde(skip)]
     pub tenant_snapshot_storage_mib: BTreeMap<String, u64>,
+    /// Size quota of a volume created without one, MiB.
+    pub volume_default_size_mib: u64,
+    /// Largest volume, MiB.
+    pub volume_max_size_mib: u64,
+    /// Sum of a tenant's volume sizes, MiB, unless the tenant has its own
+    /// (`[tenants.X] volume_storage_mib`, filled into `tenant_volume_storage_mib`).
+    pub volume_storage_mib: u64,
+    #[serde(skip)]
+    pub tenant_volume_storage_mib: BTreeMap<String, u64>,
+    /// How long a deleted volume's data stays on disk before it is purged.
+    pub volume_delete_grace_s: u64,
 }
 
 impl Default for SessionConfig {
@@ -80,6 +91,11 @@ impl Default for SessionConfig {
             snapshot_retention_s: 30 * 24 * 3600,
             snapshot_storage_mib: 10 * 1024,
             tenant_snapshot_storage_mib: BTreeMap::new(),
+            volume_default_size_mib: 1024,
+            volume_max_size_mib: 1 << 20,
+            volume_storage_mib: 100 * 1024,
+            tenant_volume_storage_mib: BTreeMap::new(),
+            volume_delete_grace_s: 3600,
         }
     }
 }

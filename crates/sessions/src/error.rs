@@ -50,6 +50,14 @@ pub enum Error {
     QuotaSnapshotStorage(String),
     #[error("snapshot not found")]
     SnapshotNotFound,
+    #[error("volume not found")]
+    VolumeNotFound,
+    /// Mounted by a session, or mounted read-write already.
+    #[error("{0}")]
+    VolumeBusy(String),
+    /// The tenant's volumes have no room for this one.
+    #[error("{0}")]
+    QuotaVolumeStorage(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -75,7 +83,9 @@ impl Error {
             Error::SessionStopped(_) => ErrorCode::SessionStopped,
             Error::AgentTimeout(_) => ErrorCode::AgentTimeout,
             Error::QuotaSnapshotStorage(_) => ErrorCode::QuotaSnapshotStorage,
-            Error::SnapshotNotFound => ErrorCode::NotFound,
+            Error::SnapshotNotFound | Error::VolumeNotFound => ErrorCode::NotFound,
+            Error::VolumeBusy(_) => ErrorCode::VolumeBusy,
+            Error::QuotaVolumeStorage(_) => ErrorCode::QuotaVolumeStorage,
             Error::Internal(_) => ErrorCode::Internal,
         }
     }

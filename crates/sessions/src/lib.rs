@@ -16,6 +16,7 @@ mod pool;
 pub mod quota;
 mod session;
 mod tenants;
+mod volumes;
 
 pub use config::SessionConfig;
 pub use error::Error;
@@ -27,6 +28,6 @@ pub use live::{
     FsEvent, FsEventKind, Terminal, TerminalEnded, TerminalEvent, TerminalInput, TerminalSpec,
     Watch,
 };
-pub use manager::{Manager, Runtimes};
+pub use manager::{Manager, Runtimes, VolumeEntry, VolumeFile, VolumeMeta};
 pub use metrics::Metrics;
 pub use quota::{Clock, NO_ACCESS_PLAN};

@@ -24,8 +24,10 @@ use sqlx::Row;
 mod state;
 #[cfg(test)]
 mod tests;
+mod volumes;
 
 pub use state::{LayerRecord, SessionDurable, SnapshotRecord};
+pub use volumes::{VolumeMountRecord, VolumeRecord};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -650,6 +652,8 @@ impl Store {
         &self,
         before: DateTime<Utc>,
     ) -> Result<u64, StoreError> {
+        // A mount row a crash left behind would pin the session row.
+        self.release_stopped_volume_mounts().await?;
         let done = sqlx::query(
             "DELETE FROM sessions WHERE state = 'stopped' AND ended_at_ms IS NOT NULL \
              AND ended_at_ms < $1",

@@ -51,8 +51,8 @@ pub enum VolumeError {
 }
 
 impl VolumeError {
-    /// The API code this failure answers with. Busy and existing volumes are `Conflict`;
-    /// `VolumeNotFound` is `NotFound` (dedicated codes would be `VolumeBusy`/`VolumeNotFound`).
+    /// The API code this failure answers with: a volume in use is `VolumeBusy`, an existing
+    /// one or an entry in the way `Conflict`.
     pub fn code(&self) -> ErrorCode {
         match self {
             VolumeError::InvalidId(_)
@@ -61,8 +61,8 @@ impl VolumeError {
             | VolumeError::SymlinkLoop(_)
             | VolumeError::TooLarge(_) => ErrorCode::InvalidArgument,
             VolumeError::VolumeNotFound(_) | VolumeError::NotFound(_) => ErrorCode::NotFound,
+            VolumeError::Busy { .. } => ErrorCode::VolumeBusy,
             VolumeError::VolumeExists(_)
-            | VolumeError::Busy { .. }
             | VolumeError::AlreadyExists(_)
             | VolumeError::NotADirectory(_)
             | VolumeError::IsADirectory(_)

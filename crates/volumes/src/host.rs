@@ -128,7 +128,7 @@ impl VolumeHost {
             shared: Arc::new(Shared {
                 dir: dir.to_path_buf(),
                 backend,
-                templates: Templates::new(templates_dir),
+                templates: Templates::journaled(templates_dir),
                 slots: Mutex::new(HashMap::new()),
                 quota_enabled: AtomicBool::new(false),
             }),

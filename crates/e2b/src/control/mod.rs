@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod keys;
 mod page;
 mod snapshots;
+mod volumes;
 
 use std::collections::BTreeMap;
 
@@ -18,6 +19,7 @@ use axum::Router;
 use chrono::{DateTime, SecondsFormat, Utc};
 use koder_api_types::{
     CreateSession, Lifecycle, Network, NetworkMode, OnTimeout, Session, SessionState,
+    VolumeMountRequest,
 };
 use koder_auth::Identity;
 use serde::de::DeserializeOwned;
@@ -121,7 +123,8 @@ pub fn router() -> Router<E2b> {
             "/sandboxes/{id}/metrics",
             get(metrics).fallback(unsupported),
         )
-        // The rest of E2B's API (template builds, volumes, logs...) answers in
+        .merge(volumes::routes())
+        // The rest of E2B's API (template builds, secrets, logs...) answers in
         // E2B's error shape too: the native 404 body would crash the SDK.
         .fallback(unsupported)
 }
@@ -136,6 +139,7 @@ pub fn is_control_path(path: &str) -> bool {
         "/v3/templates",
         "/snapshots",
         "/volumes",
+        "/volumecontent",
         "/secrets",
         "/teams",
     ];
@@ -149,7 +153,7 @@ async fn unsupported(method: axum::http::Method, uri: axum::http::Uri) -> HttpEr
     HttpError::new(
         501,
         format!(
-            "{method} {} is not supported by koder-sandbox's E2B API (sandboxes: create, connect, list, info, timeout, pause, resume, snapshots, fork, metrics, kill; snapshots: list, delete)",
+            "{method} {} is not supported by koder-sandbox's E2B API (sandboxes: create, connect, list, info, timeout, pause, resume, snapshots, fork, metrics, kill; snapshots: list, delete; volumes and their content)",
             uri.path()
         ),
     )
@@ -182,7 +186,15 @@ struct NewSandbox {
     allow_internet_access: Option<bool>,
     network: Option<NetworkRules>,
     mcp: Option<Value>,
-    volume_mounts: Option<Vec<Value>>,
+    volume_mounts: Option<Vec<VolumeMountBody>>,
+}
+
+/// `SandboxVolumeMount`: E2B names the volume (its name, as `Volume.create` gave it).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VolumeMountBody {
+    name: String,
+    path: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -286,11 +298,16 @@ async fn create(
             "MCP gateways are not supported by koder-sandbox",
         ));
     }
-    if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(HttpError::bad_request(
-            "volume mounts are not supported by koder-sandbox",
-        ));
-    }
+    let volumes = req
+        .volume_mounts
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| VolumeMountRequest {
+            name: m.name,
+            path: m.path,
+            read_only: false,
+        })
+        .collect();
     let session = e2b
         .manager()
         .create(
@@ -303,6 +320,7 @@ async fn create(
                 env: req.env_vars.unwrap_or_default(),
                 timeout_s: req.timeout,
                 metadata: req.metadata.unwrap_or_default(),
+                volumes,
                 ..Default::default()
             },
         )

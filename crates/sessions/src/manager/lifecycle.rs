@@ -12,11 +12,11 @@ use koder_api_types::{
     CreateSession, Limits, Network, NetworkMode, PauseKind, Session, SessionState,
 };
 use koder_auth::Identity;
-use koder_runtime::{Sandbox, SandboxSpec};
+use koder_runtime::{Sandbox, SandboxSpec, VolumeMount};
 use koder_store::{SessionDurable, SessionRecord, Store};
 use parking_lot::Mutex;
 
-use super::{validate_env, view, Manager, Runtimes};
+use super::{validate_env, Manager, Runtimes};
 use crate::error::AGENT_EXITED;
 use crate::languages::{self, DEFAULT_LANGUAGE};
 use crate::limits;
@@ -28,6 +28,8 @@ use crate::Error;
 const MAX_DIED: usize = 1024;
 /// Every how many reaper ticks the session-minutes budgets of tenants are checked.
 const MINUTES_CHECK_TICKS: u32 = 5;
+/// Deleted volumes are looked at every this many reaper ticks (their grace is long).
+const TRASH_PURGE_TICKS: u32 = 60;
 
 /// Marks every session a previous run could not hand over as stopped and destroys the
 /// sandboxes it left behind.
@@ -122,15 +124,23 @@ impl Manager {
 
         let egress = network.mode != NetworkMode::None;
         let layer_files = self.layer_files(&who.tenant_id, &layers).await?;
+        let session_id = uuid::Uuid::new_v4().simple().to_string();
+        if !req.volumes.is_empty() && runtime == "microvm" {
+            return Err(Error::NotImplemented(
+                "volumes are mounted in jail sessions only (microVM volumes are not built yet)"
+                    .into(),
+            ));
+        }
+        let (volumes, claim) = self.claim_volumes(who, &session_id, &req.volumes).await?;
         let (sandbox, source) = self
-            .sandbox_for(runtime, language, &limits, egress, layer_files)
+            .sandbox_for(runtime, language, &limits, egress, layer_files, volumes)
             .await?;
         // If this request is dropped (the client went away) before the session is recorded,
         // the sandbox must not outlive it.
         let guard = DestroyOnDrop(Some(sandbox.clone()));
         let now = self.now();
         let record = SessionRecord {
-            id: uuid::Uuid::new_v4().simple().to_string(),
+            id: session_id,
             tenant_id: who.tenant_id.clone(),
             sandbox_id: sandbox.id().to_string(),
             runtime: runtime.into(),
@@ -158,6 +168,7 @@ impl Manager {
         self.install(&record, sandbox, env, policy).await;
         ticket.forget();
         guard.disarm();
+        claim.disarm();
         self.metrics
             .sessions_created
             .with_label_values(&[source])
@@ -167,7 +178,7 @@ impl Manager {
             .with_label_values(&[source])
             .observe(started.elapsed().as_secs_f64());
         tracing::info!(session = %record.id, tenant = %record.tenant_id, language, source, "session created");
-        Ok(view(&record))
+        self.view(&record).await
     }
 
     /// Makes `sandbox` the live half of the session `record` and starts what serves it (the
@@ -225,6 +236,7 @@ impl Manager {
         limits: &Limits,
         egress: bool,
         layers: Vec<std::path::PathBuf>,
+        volumes: Vec<VolumeMount>,
     ) -> Result<(Arc<dyn Sandbox>, &'static str), Error> {
         let (runtime, pool) = match (&self.microvm, runtime) {
             (Ok(vm), "microvm") => (vm.runtime.clone(), &vm.pool),
@@ -232,7 +244,7 @@ impl Manager {
         };
         let runtime_limits = limits::to_runtime_limits(limits);
         // Warm sandboxes have no network; one with egress is always made for its session.
-        let fresh = egress || !layers.is_empty();
+        let fresh = egress || !layers.is_empty() || !volumes.is_empty();
         while let Some(sb) = pool.take(language, limits.disk_mib).filter(|_| !fresh) {
             let applied = match sb.resources() {
                 Some(rc) => rc.set_limits(&runtime_limits).await,
@@ -253,7 +265,7 @@ impl Manager {
             env: Vec::new(),
             egress,
             layers,
-            volumes: Vec::new(),
+            volumes,
         };
         let source = if spec.layers.is_empty() {
             "cold"
@@ -287,7 +299,7 @@ impl Manager {
         let timeout_s = limits::timeout(&self.cfg, timeout_s)?;
         record.expires_at = self.now() + ChronoDuration::seconds(timeout_s as i64);
         self.store.set_session_expiry(id, record.expires_at).await?;
-        Ok(view(&record))
+        self.view(&record).await
     }
 
     /// Makes the session's timeout pass now: the reaper then does what its lifecycle says
@@ -299,7 +311,7 @@ impl Manager {
         }
         record.expires_at = self.now();
         self.store.set_session_expiry(id, record.expires_at).await?;
-        Ok(view(&record))
+        self.view(&record).await
     }
 
     pub async fn destroy(&self, who: &Identity, id: &str) -> Result<(), Error> {
@@ -444,6 +456,9 @@ impl Manager {
         {
             tracing::error!(session = %id, error = %e, "recording session end");
         }
+        if let Err(e) = self.store.release_volume_mounts(id).await {
+            tracing::error!(session = %id, error = %e, "releasing the session's volumes");
+        }
         tracing::info!(session = %id, reason, "session ended");
     }
 
@@ -454,6 +469,9 @@ impl Manager {
             manager.reap_expired().await;
             if tick % MINUTES_CHECK_TICKS == 0 {
                 manager.enforce_minutes().await;
+            }
+            if tick % TRASH_PURGE_TICKS == TRASH_PURGE_TICKS - 1 {
+                manager.purge_volume_trash().await;
             }
             drop(manager);
             tokio::time::sleep(interval).await;

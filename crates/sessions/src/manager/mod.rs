@@ -9,6 +9,10 @@ mod files;
 mod lifecycle;
 mod observe;
 mod state;
+mod volume_files;
+mod volumes;
+
+pub use volume_files::{VolumeEntry, VolumeFile, VolumeMeta};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Weak};
@@ -31,6 +35,7 @@ use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::quota::{system_clock, Admission, Clock};
 use crate::session::Live;
+use crate::volumes::Volumes;
 use crate::Error;
 
 const MAX_ENV_BYTES: usize = 128 * 1024;
@@ -64,6 +69,10 @@ pub struct Manager {
     died: Mutex<VecDeque<(String, String)>>,
     /// Captured layers (snapshots, durable pauses, forks); `None` without a state dir.
     layers: Option<Arc<Layers>>,
+    /// This host's volumes; `None` without a state dir.
+    volumes: Option<Arc<Volumes>>,
+    /// Serializes volume creates (quota check, then insert).
+    volume_lock: tokio::sync::Mutex<()>,
 }
 
 impl Manager {
@@ -107,6 +116,12 @@ impl Manager {
             }
             None => None,
         };
+        let volumes = match &cfg.state_dir {
+            Some(dir) => Some(Arc::new(
+                Volumes::open(&dir.join("volumes"), &dir.join("volume-templates")).await?,
+            )),
+            None => None,
+        };
         let runtime = runtimes.jail;
         let metrics = Arc::new(Metrics::new());
         let pool = Arc::new(Pool::new(
@@ -138,7 +153,10 @@ impl Manager {
             clock,
             died: Mutex::default(),
             layers,
+            volumes,
+            volume_lock: tokio::sync::Mutex::default(),
         });
+        manager.reconcile_volumes().await?;
         let reaper = tokio::spawn(Self::reap_forever(Arc::downgrade(&manager)));
         let filler = tokio::spawn(pool.run_filler());
         manager.tasks.lock().extend([reaper, filler]);
@@ -212,20 +230,32 @@ impl Manager {
                 tracing::error!(error = %e, "final sweep of sandboxes at shutdown");
             }
         }
+        if let Some(v) = &self.volumes {
+            if let Err(e) = v.run(|h| h.shutdown()).await {
+                tracing::error!(error = %e, "unmounting volumes at shutdown");
+            }
+        }
     }
 
     pub async fn list(&self, who: &Identity) -> Result<Vec<Session>, Error> {
-        Ok(self
-            .store
-            .list_sessions(&who.tenant_id, false)
-            .await?
-            .iter()
-            .map(view)
-            .collect())
+        let mut out = Vec::new();
+        for r in self.store.list_sessions(&who.tenant_id, false).await? {
+            out.push(self.view(&r).await?);
+        }
+        Ok(out)
     }
 
     pub async fn get(&self, who: &Identity, id: &str) -> Result<Session, Error> {
-        Ok(view(&self.record(who, id).await?))
+        self.view(&self.record(who, id).await?).await
+    }
+
+    /// The session as answers show it, with the volumes it has mounted.
+    pub(crate) async fn view(&self, r: &SessionRecord) -> Result<Session, Error> {
+        let mut s = view(r);
+        if r.state != SessionState::Stopped {
+            s.volumes = self.session_volumes(&r.id).await?;
+        }
+        Ok(s)
     }
 
     /// Now, at the millisecond precision the store keeps, so every answer shows the same instant.
@@ -360,5 +390,6 @@ fn view(r: &SessionRecord) -> Session {
         },
         metadata: r.metadata.clone(),
         end_reason: r.end_reason.clone(),
+        volumes: Vec::new(),
     }
 }

@@ -291,6 +291,7 @@ impl Manager {
         let policy = crate::egress::policy_for(&record.network, &self.cfg.network).await?;
         let files = self.layer_files(&record.tenant_id, &durable.layers).await?;
         let egress = record.network.mode != koder_api_types::NetworkMode::None;
+        let volumes = self.session_mounts(&record.id).await?;
         let (sandbox, _) = self
             .sandbox_for(
                 &record.runtime,
@@ -298,6 +299,7 @@ impl Manager {
                 &record.limits,
                 egress,
                 files,
+                volumes,
             )
             .await?;
         koder_hostkit::crash::point("restore-before-install");
@@ -445,6 +447,7 @@ impl Manager {
             metadata: record.metadata.clone(),
             lifecycle: Some(durable.lifecycle),
             from_snapshot: None,
+            volumes: self.fork_mounts(id).await?,
         };
         let results: Vec<Result<Session, Error>> = futures::stream::iter(0..count)
             .map(|_| self.create_with(who, req.clone(), layers.clone()))

@@ -1,0 +1,367 @@
+//! Volumes and which sessions have them mounted.
+//!
+//! The one-writer rule lives in the schema (a partial unique index), so two daemons or two
+//! concurrent requests cannot both mount a volume read-write.
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::SqliteRow;
+
+use crate::{db_kind, from_ms, get, to_ms, Store, StoreError};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeRecord {
+    pub id: String,
+    pub tenant_id: String,
+    pub name: String,
+    pub size_mib: u64,
+    /// `btrfs` or `ext4`.
+    pub backend: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A session's mount of a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeMountRecord {
+    pub volume_id: String,
+    pub session_id: String,
+    pub path: String,
+    pub read_only: bool,
+}
+
+const VOLUME_COLUMNS: &str = "id, tenant_id, name, size_mib, backend, created_at_ms";
+
+impl Store {
+    /// `Conflict` if the tenant has a volume of that name, `UnknownTenant` if no such tenant.
+    pub async fn insert_volume(&self, v: &VolumeRecord) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "INSERT INTO volumes ({VOLUME_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+        ))
+        .bind(&v.id)
+        .bind(&v.tenant_id)
+        .bind(&v.name)
+        .bind(i64::try_from(v.size_mib).map_err(|_| StoreError::Invalid("size too large".into()))?)
+        .bind(&v.backend)
+        .bind(to_ms(v.created_at))
+        .execute(&self.pool)
+        .await
+        .map_err(|e| match db_kind(&e) {
+            Some(sqlx::error::ErrorKind::UniqueViolation) => {
+                StoreError::Conflict(format!("a volume named {:?} exists", v.name))
+            }
+            Some(sqlx::error::ErrorKind::ForeignKeyViolation) => {
+                StoreError::UnknownTenant(v.tenant_id.clone())
+            }
+            _ => e.into(),
+        })?;
+        Ok(())
+    }
+
+    /// The tenant's volume whose id or name is `key`.
+    pub async fn find_volume(
+        &self,
+        tenant_id: &str,
+        key: &str,
+    ) -> Result<Option<VolumeRecord>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {VOLUME_COLUMNS} FROM volumes WHERE tenant_id = $1 AND (id = $2 OR name = $2) \
+             ORDER BY id = $2 DESC LIMIT 1"
+        ))
+        .bind(tenant_id)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(volume_from_row).transpose()
+    }
+
+    pub async fn get_volume(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {VOLUME_COLUMNS} FROM volumes WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(volume_from_row).transpose()
+    }
+
+    /// The tenant's volumes, oldest first.
+    pub async fn list_volumes(&self, tenant_id: &str) -> Result<Vec<VolumeRecord>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {VOLUME_COLUMNS} FROM volumes WHERE tenant_id = $1 ORDER BY created_at_ms, id"
+        ))
+        .bind(tenant_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(volume_from_row).collect()
+    }
+
+    /// Every volume of every tenant (the daemon's reconcile against the disk).
+    pub async fn all_volumes(&self) -> Result<Vec<VolumeRecord>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {VOLUME_COLUMNS} FROM volumes ORDER BY id"))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(volume_from_row).collect()
+    }
+
+    /// The size quotas of the tenant's volumes, summed.
+    pub async fn tenant_volume_mib(&self, tenant_id: &str) -> Result<u64, StoreError> {
+        let total: Option<i64> =
+            sqlx::query_scalar("SELECT SUM(size_mib) FROM volumes WHERE tenant_id = $1")
+                .bind(tenant_id)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(total.unwrap_or(0).max(0) as u64)
+    }
+
+    /// Deletes the volume unless a session has it mounted: `Ok(false)` if there was no such
+    /// volume, `Conflict` if it is mounted.
+    pub async fn delete_volume(&self, id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM volumes WHERE id = $1 \
+             AND NOT EXISTS (SELECT 1 FROM volume_mounts WHERE volume_id = $1)",
+        )
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() > 0 {
+            return Ok(true);
+        }
+        match self.get_volume(id).await? {
+            Some(_) => Err(StoreError::Conflict(format!(
+                "volume {id} is mounted by a session"
+            ))),
+            None => Ok(false),
+        }
+    }
+
+    /// Records a session's mounts, all or none. `Conflict` naming the volume if one of the
+    /// read-write ones already has a writer.
+    pub async fn insert_volume_mounts(
+        &self,
+        mounts: &[VolumeMountRecord],
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for (position, m) in mounts.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO volume_mounts (volume_id, session_id, path, read_only, position) \
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(&m.volume_id)
+            .bind(&m.session_id)
+            .bind(&m.path)
+            .bind(m.read_only)
+            .bind(position as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| match db_kind(&e) {
+                Some(sqlx::error::ErrorKind::UniqueViolation) => StoreError::Conflict(format!(
+                    "volume {} is already mounted read-write by another session",
+                    m.volume_id
+                )),
+                Some(sqlx::error::ErrorKind::ForeignKeyViolation) => StoreError::NotFound,
+                _ => e.into(),
+            })?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The session's mounts, in the order they were asked for.
+    pub async fn session_volume_mounts(
+        &self,
+        session_id: &str,
+    ) -> Result<Vec<VolumeMountRecord>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT volume_id, session_id, path, read_only FROM volume_mounts \
+             WHERE session_id = $1 ORDER BY position",
+        )
+        .bind(session_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(mount_from_row).collect()
+    }
+
+    /// The sessions that have the volume mounted.
+    pub async fn volume_mounts(
+        &self,
+        volume_id: &str,
+    ) -> Result<Vec<VolumeMountRecord>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT volume_id, session_id, path, read_only FROM volume_mounts \
+             WHERE volume_id = $1 ORDER BY session_id",
+        )
+        .bind(volume_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(mount_from_row).collect()
+    }
+
+    /// The session no longer holds its volumes (it ended).
+    pub async fn release_volume_mounts(&self, session_id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM volume_mounts WHERE session_id = $1")
+            .bind(session_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Drops the mounts of stopped sessions (a crash between a session's end and its
+    /// release). Returns how many went.
+    pub async fn release_stopped_volume_mounts(&self) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM volume_mounts WHERE session_id IN \
+             (SELECT id FROM sessions WHERE state = 'stopped')",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Drops every mount whose session is not live, including claims of creates that never
+    /// recorded their session. Only safe while no create is in flight (the daemon's start).
+    pub async fn release_orphan_volume_mounts(&self) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM volume_mounts WHERE session_id NOT IN \
+             (SELECT id FROM sessions WHERE state <> 'stopped')",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+fn volume_from_row(row: &SqliteRow) -> Result<VolumeRecord, StoreError> {
+    let id: String = get(row, "id")?;
+    let size: i64 = get(row, "size_mib")?;
+    Ok(VolumeRecord {
+        tenant_id: get(row, "tenant_id")?,
+        name: get(row, "name")?,
+        size_mib: u64::try_from(size)
+            .map_err(|_| StoreError::Corrupt(format!("volume {id:?} size_mib {size}")))?,
+        backend: get(row, "backend")?,
+        created_at: from_ms(
+            get(row, "created_at_ms")?,
+            &format!("volume {id:?} created_at"),
+        )?,
+        id,
+    })
+}
+
+fn mount_from_row(row: &SqliteRow) -> Result<VolumeMountRecord, StoreError> {
+    Ok(VolumeMountRecord {
+        volume_id: get(row, "volume_id")?,
+        session_id: get(row, "session_id")?,
+        path: get(row, "path")?,
+        read_only: get(row, "read_only")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tests::{session, store_with, t};
+    use koder_api_types::SessionState;
+
+    fn volume(id: &str, tenant: &str, name: &str) -> VolumeRecord {
+        VolumeRecord {
+            id: id.into(),
+            tenant_id: tenant.into(),
+            name: name.into(),
+            size_mib: 64,
+            backend: "ext4".into(),
+            created_at: t(1),
+        }
+    }
+
+    fn mount(volume: &str, session: &str, read_only: bool) -> VolumeMountRecord {
+        VolumeMountRecord {
+            volume_id: volume.into(),
+            session_id: session.into(),
+            path: format!("/v/{volume}"),
+            read_only,
+        }
+    }
+
+    #[tokio::test]
+    async fn names_are_unique_per_tenant_and_found_by_id_or_name() {
+        let store = store_with(&["a", "b"]).await;
+        store
+            .insert_volume(&volume("v1", "a", "data"))
+            .await
+            .unwrap();
+        store
+            .insert_volume(&volume("v2", "b", "data"))
+            .await
+            .unwrap();
+        let dup = store.insert_volume(&volume("v3", "a", "data")).await;
+        assert!(matches!(dup, Err(StoreError::Conflict(_))), "{dup:?}");
+        let ghost = store.insert_volume(&volume("v4", "nobody", "x")).await;
+        assert!(
+            matches!(ghost, Err(StoreError::UnknownTenant(_))),
+            "{ghost:?}"
+        );
+        assert_eq!(
+            store.find_volume("a", "data").await.unwrap().unwrap().id,
+            "v1"
+        );
+        assert_eq!(
+            store.find_volume("a", "v1").await.unwrap().unwrap().name,
+            "data"
+        );
+        // Another tenant's id is not found.
+        assert!(store.find_volume("a", "v2").await.unwrap().is_none());
+        assert_eq!(store.tenant_volume_mib("a").await.unwrap(), 64);
+        assert_eq!(
+            store.get_volume("v2").await.unwrap().unwrap(),
+            volume("v2", "b", "data")
+        );
+    }
+
+    #[tokio::test]
+    async fn one_writer_many_readers_and_mounted_volumes_stay() {
+        let store = store_with(&["a"]).await;
+        store
+            .insert_volume(&volume("v1", "a", "data"))
+            .await
+            .unwrap();
+        store
+            .insert_volume(&volume("v2", "a", "more"))
+            .await
+            .unwrap();
+        for s in ["s1", "s2", "s3"] {
+            store.insert_session(&session(s, "a", 0)).await.unwrap();
+        }
+        store
+            .insert_volume_mounts(&[mount("v1", "s1", false)])
+            .await
+            .unwrap();
+        store
+            .insert_volume_mounts(&[mount("v1", "s2", true)])
+            .await
+            .unwrap();
+        // A second writer is refused, and all of its request with it.
+        let second = store
+            .insert_volume_mounts(&[mount("v2", "s3", false), mount("v1", "s3", false)])
+            .await;
+        assert!(matches!(second, Err(StoreError::Conflict(_))), "{second:?}");
+        assert!(store.session_volume_mounts("s3").await.unwrap().is_empty());
+        assert_eq!(store.volume_mounts("v1").await.unwrap().len(), 2);
+        assert!(matches!(
+            store.delete_volume("v1").await,
+            Err(StoreError::Conflict(_))
+        ));
+        store.release_volume_mounts("s1").await.unwrap();
+        store
+            .set_session_state("s2", SessionState::Stopped, Some("test"))
+            .await
+            .unwrap();
+        assert_eq!(store.release_stopped_volume_mounts().await.unwrap(), 1);
+        // A claim whose session was never recorded goes at the next start.
+        store
+            .insert_volume_mounts(&[mount("v2", "never", false)])
+            .await
+            .unwrap();
+        assert_eq!(store.release_orphan_volume_mounts().await.unwrap(), 1);
+        assert!(store.delete_volume("v1").await.unwrap());
+        assert!(!store.delete_volume("v1").await.unwrap());
+    }
+}
