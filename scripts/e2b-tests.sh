@@ -53,6 +53,7 @@ done
 
 status=0
 E2B_API_URL="http://127.0.0.1:$port" E2B_SANDBOX_URL="http://127.0.0.1:$port" \
+  E2B_VOLUME_API_URL="http://127.0.0.1:$port" \
   E2B_API_KEY="$key1" KODER_E2B_OTHER_KEY="$key2" \
   "$E2B_PYTHON" -m pytest tests/e2b -q -p no:cacheprovider "$@" || status=$?
 if [ "$status" -ne 0 ]; then

@@ -85,7 +85,7 @@ fn ext4_volumes_live_through_attach_quota_restart_snapshot_and_trash() {
 
     let err = host.delete("v1").unwrap_err();
     assert!(matches!(err, VolumeError::Busy { .. }), "{err}");
-    assert_eq!(err.code(), ErrorCode::Conflict);
+    assert_eq!(err.code(), ErrorCode::VolumeBusy);
     let err = host.snapshot("v1", "v2").unwrap_err();
     assert!(matches!(err, VolumeError::Busy { .. }), "{err}");
     drop((a, b));
