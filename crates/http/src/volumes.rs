@@ -304,3 +304,34 @@ pub async fn make_dir(
         .await?;
     Ok((StatusCode::CREATED, axum::Json(e.entry)))
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_volume_route_is_documented_with_its_error_statuses() {
+        let spec = serde_json::to_value(crate::openapi()).unwrap();
+        let paths = &spec["paths"];
+        for (path, methods) in [
+            ("/v1/sandbox/volumes", &["post", "get"][..]),
+            ("/v1/sandbox/volumes/{volume}", &["get", "delete"]),
+            ("/v1/sandbox/volumes/{volume}/files", &["get", "put", "delete", "patch"]),
+            ("/v1/sandbox/volumes/{volume}/files/list", &["get"]),
+            ("/v1/sandbox/volumes/{volume}/files/stat", &["get"]),
+            ("/v1/sandbox/volumes/{volume}/files/mkdir", &["post"]),
+        ] {
+            for m in methods {
+                let op = &paths[path][m];
+                assert!(op.is_object(), "{m} {path} is not documented");
+                for status in ["401", "404", "501"] {
+                    if path == "/v1/sandbox/volumes" && status == "404" {
+                        continue;
+                    }
+                    assert!(op["responses"][status].is_object(), "{m} {path} lacks {status}");
+                }
+            }
+        }
+        let create = &paths["/v1/sandbox/volumes"]["post"]["responses"];
+        assert!(create["507"].is_object() && create["409"].is_object());
+        assert!(spec["components"]["schemas"]["Volume"].is_object());
+    }
+}
