@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 mod state;
+mod volumes;
+pub use volumes::{
+    CreateVolume, SessionVolume, Volume, VolumeList, VolumeMountRequest, VolumeUse,
+};
 pub use state::{
     CreateSnapshot, ForkResult, ForkSession, Lifecycle, OnTimeout, PauseKind, PauseSession,
     RestoreSnapshot, Snapshot, SnapshotList,
@@ -40,6 +44,10 @@ pub mod codes {
     pub const AGENT_TIMEOUT: &str = "SANDBOX-AGENT-TIMEOUT";
     /// 507: the tenant's snapshot storage (`snapshot_storage_mib`) has no room for this capture.
     pub const QUOTA_SNAPSHOT_STORAGE: &str = "SANDBOX-QUOTA-SNAPSHOT-STORAGE";
+    /// 507: the tenant's volumes (`volume_storage_mib`) have no room for this one.
+    pub const QUOTA_VOLUME_STORAGE: &str = "SANDBOX-QUOTA-VOLUME-STORAGE";
+    /// 409: the volume is in use (mounted by a session, or already mounted read-write).
+    pub const VOLUME_BUSY: &str = "SANDBOX-VOLUME-BUSY";
 
     /// Exec verdicts (inside an exec result, not HTTP errors).
     pub const EXEC_KILLED_OOM: &str = "SANDBOX-EXEC-KILLED-OOM";
@@ -72,6 +80,8 @@ pub enum ErrorCode {
     SessionStopped,
     AgentTimeout,
     QuotaSnapshotStorage,
+    QuotaVolumeStorage,
+    VolumeBusy,
 }
 
 impl ErrorCode {
@@ -95,6 +105,8 @@ impl ErrorCode {
             ErrorCode::SessionStopped => codes::SESSION_STOPPED,
             ErrorCode::AgentTimeout => codes::AGENT_TIMEOUT,
             ErrorCode::QuotaSnapshotStorage => codes::QUOTA_SNAPSHOT_STORAGE,
+            ErrorCode::QuotaVolumeStorage => codes::QUOTA_VOLUME_STORAGE,
+            ErrorCode::VolumeBusy => codes::VOLUME_BUSY,
         }
     }
 }
@@ -184,6 +196,9 @@ pub struct CreateSession {
     /// What the timeout does (kill, or pause to disk) and whether requests wake a paused session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<Lifecycle>,
+    /// Volumes to mount (at most 16, distinct paths, none under another).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMountRequest>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,6 +250,9 @@ pub struct Session {
     /// Why a stopped session ended: `deleted`, `expired`, `agent exited` (its sandbox died)...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<String>,
+    /// Volumes it has mounted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<SessionVolume>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
