@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 use clap::{CommandFactory as _, Parser as _};
 use koder_sdk::ExecResult;
 
-use crate::args::{Cli, ClientCommand, Command, SnapshotCommand};
+use crate::args::{parse_mode, Cli, ClientCommand, Command, SnapshotCommand, VolumeCommand};
 use crate::commands::{
-    create_request, infer_language, parse_loc, remote_basename, with_lifecycle, Ctx, Loc,
+    create_args_request, create_request, infer_language, parse_loc, remote_basename,
+    with_lifecycle, Ctx, Loc,
 };
 use crate::output::exit_status;
 
@@ -359,6 +360,201 @@ fn snapshot_tables_and_sizes() {
                 "2025-01-08",
                 "00:00:00"
             ],
+        ]
+    );
+}
+
+fn create_json(args: &[&str]) -> serde_json::Value {
+    let cli = parse(&[&["create"], args].concat()).unwrap();
+    let Command::Client(ClientCommand::Create(a)) = cli.command else {
+        panic!("not create")
+    };
+    serde_json::to_value(create_args_request(a)).unwrap()
+}
+
+#[test]
+fn create_mounts_volumes() {
+    assert_eq!(
+        create_json(&[
+            "--volume",
+            "data:/data",
+            "-v",
+            "models:/opt/models:ro",
+            "--volume",
+            "logs:/var/log/app:rw",
+            "--timeout",
+            "60",
+        ]),
+        serde_json::json!({"timeout_s": 60, "volumes": [
+            {"name": "data", "path": "/data"},
+            {"name": "models", "path": "/opt/models", "read_only": true},
+            {"name": "logs", "path": "/var/log/app"}]})
+    );
+    assert_eq!(create_json(&[]), serde_json::json!({}));
+    // The name goes in the JSON body, never in a URL: odd names reach the server unchanged.
+    assert_eq!(
+        create_json(&["--volume", "a/b%2F..:/d"])["volumes"][0]["name"],
+        "a/b%2F.."
+    );
+    for (bad, why) in [
+        ("data", "no mount path"),
+        ("data:", "no mount path"),
+        ("data::ro", "no mount path"),
+        (":/data", "no volume name"),
+        ("data:data", "must be absolute"),
+        ("data:./data", "must be absolute"),
+        ("data:/data:rx", "unknown suffix"),
+        ("data:/data:RO", "unknown suffix"),
+        ("data:/data:", "unknown suffix"),
+        ("data:/a:b:ro", "cannot contain ':'"),
+        ("data:/d:ro:ro", "cannot contain ':'"),
+    ] {
+        let err = parse(&["create", "--volume", bad]).expect_err(bad);
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+        assert!(err.to_string().contains(why), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn volume_commands_parse() {
+    let cli = parse(&["volume", "create", "data", "--size-mib", "512"]).unwrap();
+    let Command::Client(ClientCommand::Volume(VolumeCommand::Create(a))) = cli.command else {
+        panic!("not volume create")
+    };
+    assert_eq!((a.name.as_str(), a.size_mib), ("data", Some(512)));
+    assert!(parse(&["volume", "create", "data", "--size-mib", "0"]).is_err());
+    assert!(parse(&["volume", "create"]).is_err());
+
+    let cli = parse(&["volume", "ls", "data"]).unwrap();
+    let Command::Client(ClientCommand::Volume(VolumeCommand::Ls(a))) = cli.command else {
+        panic!("not volume ls")
+    };
+    assert_eq!((a.path.as_str(), a.depth), ("/", None));
+
+    let cli = parse(&["volume", "put", "data", "/in.csv"]).unwrap();
+    let Command::Client(ClientCommand::Volume(VolumeCommand::Put(a))) = cli.command else {
+        panic!("not volume put")
+    };
+    assert_eq!(a.file, "-");
+    assert!(!a.overwrite && a.mode.is_none() && a.uid.is_none());
+    let cli = parse(&[
+        "volume",
+        "put",
+        "data",
+        "/bin/run",
+        "./run.sh",
+        "--overwrite",
+        "--uid",
+        "0",
+        "--gid",
+        "0",
+        "--mode",
+        "755",
+        "--json",
+    ])
+    .unwrap();
+    let Command::Client(ClientCommand::Volume(VolumeCommand::Put(a))) = cli.command else {
+        panic!("not volume put")
+    };
+    assert_eq!(
+        (a.file.as_str(), a.overwrite, a.uid, a.gid, a.mode, a.c.json),
+        ("./run.sh", true, Some(0), Some(0), Some(0o755), true)
+    );
+    assert!(parse(&["volume", "put", "data", "/f", "--mode", "rwx"]).is_err());
+
+    let cli = parse(&["volume", "mkdir", "data", "/a/b", "-p"]).unwrap();
+    let Command::Client(ClientCommand::Volume(VolumeCommand::Mkdir(a))) = cli.command else {
+        panic!("not volume mkdir")
+    };
+    assert!(a.parents);
+    for args in [
+        &["volume", "list", "--json"][..],
+        &["volume", "get", "vol-1"],
+        &["volume", "delete", "data"],
+        &["volume", "ls", "data", "/sub", "--depth", "3"],
+        &["volume", "cat", "data", "/a"],
+        &["volume", "rm", "data", "/a", "/b"],
+        &["volume", "stat", "data", "/a"],
+    ] {
+        assert!(parse(args).is_ok(), "{args:?}");
+    }
+    for args in [
+        &["volume", "rm", "data"][..],
+        &["volume", "cat", "data"],
+        &["volume", "stat", "data"],
+        &["volume", "get"],
+    ] {
+        assert!(parse(args).is_err(), "{args:?}");
+    }
+}
+
+#[test]
+fn modes_are_octal() {
+    for (text, mode) in [
+        ("644", 0o644),
+        ("0644", 0o644),
+        ("0o600", 0o600),
+        ("1777", 0o1777),
+        ("7", 0o7),
+    ] {
+        assert_eq!(parse_mode(text), Ok(mode), "{text}");
+    }
+    for bad in [
+        "", "8", "0o", "12345", "-644", "+644", "0x1a4", "64 4", "٦٤٤",
+    ] {
+        assert!(parse_mode(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn volume_tables() {
+    let volumes: Vec<koder_sdk::Volume> = serde_json::from_value(serde_json::json!([
+        {"volume_id": "vol-1", "name": "data", "size_mib": 1024, "used_bytes": 1536,
+         "backend": "btrfs", "created_at": "2025-01-01T00:00:00Z",
+         "mounts": [{"session_id": "s-1", "path": "/data", "read_only": false},
+                    {"session_id": "s-2", "path": "/in", "read_only": true}]},
+        {"volume_id": "vol-2", "name": "scratch", "size_mib": u64::MAX, "backend": "ext4",
+         "created_at": "2025-01-01T00:00:00Z"}]))
+    .unwrap();
+    let table = crate::output::volumes_table(&volumes);
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            vec!["NAME", "ID", "SIZE", "USED", "BACKEND", "MOUNTS"],
+            vec!["data", "vol-1", "1.0", "GiB", "1.5", "KiB", "btrfs", "2"],
+            vec!["scratch", "vol-2", "16.0", "EiB", "-", "ext4", "0"],
+        ]
+    );
+    let one = crate::output::volume_table(&volumes[0]);
+    assert!(one.contains("mounts      s-1:/data s-2:/in:ro"), "{one}");
+    assert!(one.contains("used_bytes  1536"), "{one}");
+    let none = crate::output::volume_table(&volumes[1]);
+    assert!(none.lines().any(|l| l == "mounts      -"), "{none}");
+    assert!(none.lines().any(|l| l == "used        -"), "{none}");
+
+    let entry: koder_sdk::FileEntry = serde_json::from_value(serde_json::json!(
+        {"name": "run", "path": "/bin/run", "type": "file", "size": 10, "mode": 33261,
+         "modified_at": "2025-01-01T00:00:00Z", "uid": 0, "gid": 1000}))
+    .unwrap();
+    let stat = crate::output::file_table(&entry);
+    let rows: Vec<Vec<&str>> = stat
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            vec!["path", "/bin/run"],
+            vec!["type", "file"],
+            vec!["size", "10"],
+            vec!["mode", "0755"],
+            vec!["uid", "0"],
+            vec!["gid", "1000"],
+            vec!["modified", "2025-01-01", "00:00:00"],
         ]
     );
 }

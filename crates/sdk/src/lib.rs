@@ -31,6 +31,7 @@ use reqwest::{header, Method, Response, StatusCode, Url};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
@@ -38,8 +39,9 @@ pub mod live;
 
 pub use koder_api_types as types;
 pub use koder_api_types::{
-    codes, CreateSession, EntryType, ExecRequest, ExecResult, FileEntry, FileList, Lifecycle,
-    Limits, Network, NetworkMode, OnTimeout, PauseKind, SessionState, Snapshot,
+    codes, CreateSession, CreateVolume, EntryType, ExecRequest, ExecResult, FileEntry, FileList,
+    Lifecycle, Limits, Network, NetworkMode, OnTimeout, PauseKind, SessionState, SessionVolume,
+    Snapshot, Volume, VolumeMountRequest, VolumeUse,
 };
 pub use reqwest::Body;
 
@@ -84,6 +86,10 @@ pub enum Error {
     /// The base URL given to [`Client::new`] is unusable.
     #[error("invalid base URL {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },
+    /// An id, name or key that a URL path cannot carry as one segment: empty, `.` or `..`
+    /// (URLs resolve those away, so the request would reach another route).
+    #[error("{0:?} cannot be sent as an id or name")]
+    InvalidName(String),
     /// A CA certificate given to [`ClientBuilder`] is unusable.
     #[error("TLS configuration: {0}")]
     Tls(String),
@@ -336,7 +342,12 @@ impl Client {
     }
 
     /// The base URL with `segments` appended, each percent-encoded as one path segment.
+    /// A segment that is empty, `.` or `..` is refused ([`Error::InvalidName`]) rather than
+    /// dropped, as the URL rules would, which would send the request elsewhere.
     pub fn url(&self, segments: &[&str]) -> Result<Url> {
+        if let Some(bad) = segments.iter().find(|s| matches!(**s, "" | "." | "..")) {
+            return Err(Error::InvalidName((*bad).to_string()));
+        }
         let mut url = self.base.clone();
         {
             let mut path = url.path_segments_mut().map_err(|()| Error::InvalidUrl {
@@ -623,16 +634,8 @@ impl Client {
         path: &str,
         local: impl AsRef<Path>,
     ) -> Result<FileEntry> {
-        let file = tokio::fs::File::open(local.as_ref()).await?;
-        let meta = file.metadata().await?;
-        if meta.is_dir() {
-            return Err(Error::Io(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{} is a directory", local.as_ref().display()),
-            )));
-        }
-        self.upload_inner(id, path, body_from_reader(file), Some(meta.len()))
-            .await
+        let (body, len) = open_upload(local.as_ref()).await?;
+        self.upload_inner(id, path, body, Some(len)).await
     }
 
     /// Streams any reader.
@@ -651,10 +654,14 @@ impl Client {
         body: Body,
         len: Option<u64>,
     ) -> Result<FileEntry> {
-        let url = self.session_url(id, &["files"])?;
+        let url = file_url(self.session_url(id, &["files"])?, path, &[]);
+        self.upload_to(url, body, len).await
+    }
+
+    /// `PUT url` with `body` as the file's bytes.
+    async fn upload_to(&self, url: Url, body: Body, len: Option<u64>) -> Result<FileEntry> {
         let mut builder = self
             .request(Method::PUT, url)
-            .query(&[("path", path)])
             .header(header::CONTENT_TYPE, "application/octet-stream");
         if let Some(len) = len {
             builder = builder.header(header::CONTENT_LENGTH, len);
@@ -663,9 +670,8 @@ impl Client {
     }
 
     async fn download_response(&self, id: &str, path: &str) -> Result<Response> {
-        let url = self.session_url(id, &["files"])?;
-        self.send(self.request(Method::GET, url).query(&[("path", path)]))
-            .await
+        let url = file_url(self.session_url(id, &["files"])?, path, &[]);
+        self.send(self.request(Method::GET, url)).await
     }
 
     /// `GET .../files?path=` into memory. Prefer [`Client::download_to`] for big files.
@@ -680,24 +686,15 @@ impl Client {
         id: &str,
         path: &str,
     ) -> Result<impl Stream<Item = Result<Bytes>> + Send + 'static> {
-        let resp = self.download_response(id, path).await?;
-        Ok(resp.bytes_stream().map_err(Error::Transport))
+        Ok(body_stream(self.download_response(id, path).await?))
     }
 
     /// Streams `GET .../files?path=` into `writer` (flushed at the end); returns the byte count.
-    pub async fn download_to<W>(&self, id: &str, path: &str, mut writer: W) -> Result<u64>
+    pub async fn download_to<W>(&self, id: &str, path: &str, writer: W) -> Result<u64>
     where
         W: AsyncWrite + Unpin,
     {
-        let mut stream = std::pin::pin!(self.download_stream(id, path).await?);
-        let mut total = 0u64;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            writer.write_all(&chunk).await?;
-            total += chunk.len() as u64;
-        }
-        writer.flush().await?;
-        Ok(total)
+        write_stream(self.download_stream(id, path).await?, writer).await
     }
 
     /// `GET .../files/list?path=&depth=`.
@@ -742,6 +739,260 @@ impl Client {
             .await?;
         Ok(())
     }
+
+    // ---- volumes: named directories that outlive sessions (mounted by CreateSession.volumes) ----
+
+    /// `.../volumes[/{key}][/rest...]`; `key` is a volume id or name.
+    fn volume_url(&self, key: Option<&str>, rest: &[&str]) -> Result<Url> {
+        let mut segments = vec!["v1", "sandbox", "volumes"];
+        segments.extend(key);
+        segments.extend_from_slice(rest);
+        self.url(&segments)
+    }
+
+    /// `.../volumes/{key}/files[/op]?path=&extra...`
+    fn volume_file_url(
+        &self,
+        key: &str,
+        op: Option<&str>,
+        path: &str,
+        extra: &[(&str, String)],
+    ) -> Result<Url> {
+        let rest: Vec<&str> = std::iter::once("files").chain(op).collect();
+        Ok(file_url(self.volume_url(Some(key), &rest)?, path, extra))
+    }
+
+    /// `POST /v1/sandbox/volumes`: a new, empty volume with a quota of `size_mib` (default: the
+    /// server's). A taken name is 409; no room left for the tenant's volumes is
+    /// `SANDBOX-QUOTA-VOLUME-STORAGE` (507); a server without volumes answers 501.
+    pub async fn create_volume(&self, name: &str, size_mib: Option<u64>) -> Result<Volume> {
+        let url = self.volume_url(None, &[])?;
+        let body = CreateVolume {
+            name: name.into(),
+            size_mib,
+        };
+        decode(
+            self.send(self.request(Method::POST, url).json(&body))
+                .await?,
+        )
+        .await
+    }
+
+    /// `GET /v1/sandbox/volumes`: this tenant's volumes.
+    pub async fn list_volumes(&self) -> Result<Vec<Volume>> {
+        let url = self.volume_url(None, &[])?;
+        let list: types::VolumeList =
+            decode(self.send(self.request(Method::GET, url)).await?).await?;
+        Ok(list.volumes)
+    }
+
+    /// `GET /v1/sandbox/volumes/{key}` (id or name).
+    pub async fn get_volume(&self, key: &str) -> Result<Volume> {
+        let url = self.volume_url(Some(key), &[])?;
+        decode(self.send(self.request(Method::GET, url)).await?).await
+    }
+
+    /// `DELETE /v1/sandbox/volumes/{key}`: the volume and its files. While a session has it
+    /// mounted this is `SANDBOX-VOLUME-BUSY` (409).
+    pub async fn delete_volume(&self, key: &str) -> Result<()> {
+        let url = self.volume_url(Some(key), &[])?;
+        self.send(self.request(Method::DELETE, url)).await?;
+        Ok(())
+    }
+
+    /// `PUT .../volumes/{key}/files?path=`: writes a file without a session (`path` is
+    /// volume-absolute, `/` the volume's root). `body` as for [`Client::upload`]. An existing
+    /// file without [`VolumeWrite::overwrite`] is 409, a missing parent 404, a full volume 507.
+    pub async fn volume_upload(
+        &self,
+        key: &str,
+        path: &str,
+        body: impl Into<Body>,
+        opts: &VolumeWrite,
+    ) -> Result<FileEntry> {
+        let url = self.volume_file_url(key, None, path, &opts.query())?;
+        self.upload_to(url, body.into(), None).await
+    }
+
+    /// [`Client::volume_upload`] streaming a local file, its length announced up front.
+    pub async fn volume_upload_file(
+        &self,
+        key: &str,
+        path: &str,
+        local: impl AsRef<Path>,
+        opts: &VolumeWrite,
+    ) -> Result<FileEntry> {
+        let (body, len) = open_upload(local.as_ref()).await?;
+        let url = self.volume_file_url(key, None, path, &opts.query())?;
+        self.upload_to(url, body, Some(len)).await
+    }
+
+    async fn volume_download_response(&self, key: &str, path: &str) -> Result<Response> {
+        let url = self.volume_file_url(key, None, path, &[])?;
+        self.send(self.request(Method::GET, url)).await
+    }
+
+    /// `GET .../volumes/{key}/files?path=` into memory. Prefer
+    /// [`Client::volume_download_to`] for big files.
+    pub async fn volume_download(&self, key: &str, path: &str) -> Result<Bytes> {
+        let resp = self.volume_download_response(key, path).await?;
+        resp.bytes().await.map_err(Error::Transport)
+    }
+
+    /// `GET .../volumes/{key}/files?path=` as a stream of chunks.
+    pub async fn volume_download_stream(
+        &self,
+        key: &str,
+        path: &str,
+    ) -> Result<impl Stream<Item = Result<Bytes>> + Send + 'static> {
+        Ok(body_stream(self.volume_download_response(key, path).await?))
+    }
+
+    /// Streams a volume's file into `writer` (flushed at the end); returns the byte count.
+    pub async fn volume_download_to<W>(&self, key: &str, path: &str, writer: W) -> Result<u64>
+    where
+        W: AsyncWrite + Unpin,
+    {
+        write_stream(self.volume_download_stream(key, path).await?, writer).await
+    }
+
+    /// `GET .../volumes/{key}/files/list?path=&depth=`.
+    pub async fn volume_list(&self, key: &str, path: &str, depth: Option<u32>) -> Result<FileList> {
+        let depth: Vec<(&str, String)> = depth
+            .map(|d| ("depth", d.to_string()))
+            .into_iter()
+            .collect();
+        let url = self.volume_file_url(key, Some("list"), path, &depth)?;
+        decode(self.send(self.request(Method::GET, url)).await?).await
+    }
+
+    /// `GET .../volumes/{key}/files/stat?path=`.
+    pub async fn volume_stat(&self, key: &str, path: &str) -> Result<FileEntry> {
+        let url = self.volume_file_url(key, Some("stat"), path, &[])?;
+        decode(self.send(self.request(Method::GET, url)).await?).await
+    }
+
+    /// `POST .../volumes/{key}/files/mkdir`: with `parents`, missing parents are made too and
+    /// an existing directory is no error.
+    pub async fn volume_mkdir(&self, key: &str, path: &str, parents: bool) -> Result<FileEntry> {
+        let url = self.volume_url(Some(key), &["files", "mkdir"])?;
+        let body = VolumeMakeDir { path, parents };
+        decode(
+            self.send(self.request(Method::POST, url).json(&body))
+                .await?,
+        )
+        .await
+    }
+
+    /// `DELETE .../volumes/{key}/files?path=`: a file, or a directory with everything in it.
+    pub async fn volume_remove(&self, key: &str, path: &str) -> Result<()> {
+        let url = self.volume_file_url(key, None, path, &[])?;
+        self.send(self.request(Method::DELETE, url)).await?;
+        Ok(())
+    }
+
+    /// `PATCH .../volumes/{key}/files?path=`: changes the owner and/or permission bits (the
+    /// fields left `None` are kept).
+    pub async fn volume_set_metadata(
+        &self,
+        key: &str,
+        path: &str,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        mode: Option<u32>,
+    ) -> Result<FileEntry> {
+        let url = self.volume_file_url(key, None, path, &[])?;
+        let body = FileMetadata { uid, gid, mode };
+        decode(
+            self.send(self.request(Method::PATCH, url).json(&body))
+                .await?,
+        )
+        .await
+    }
+}
+
+/// How [`Client::volume_upload`] writes a file: whether it may replace one, and the new
+/// file's owner and permission bits (`None`: the server's defaults, uid and gid 1000).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VolumeWrite {
+    pub overwrite: bool,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Permission bits, e.g. `0o644`.
+    pub mode: Option<u32>,
+}
+
+impl VolumeWrite {
+    /// The query parameters besides `path`; numbers in decimal, as everywhere in the API.
+    fn query(&self) -> Vec<(&'static str, String)> {
+        let mut query = vec![("overwrite", self.overwrite.to_string())];
+        let ids = [("uid", self.uid), ("gid", self.gid), ("mode", self.mode)];
+        query.extend(
+            ids.into_iter()
+                .filter_map(|(k, v)| v.map(|v| (k, v.to_string()))),
+        );
+        query
+    }
+}
+
+/// `POST .../volumes/{volume}/files/mkdir`
+#[derive(Serialize)]
+struct VolumeMakeDir<'a> {
+    path: &'a str,
+    parents: bool,
+}
+
+/// `PATCH .../volumes/{volume}/files?path=`
+#[derive(Serialize)]
+struct FileMetadata {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mode: Option<u32>,
+}
+
+/// A files route's `url` with `?path=` and `extra` (form-encoded: `&`, `#`, `%`, `/` in a
+/// path stay inside the value).
+fn file_url(mut url: Url, path: &str, extra: &[(&str, String)]) -> Url {
+    url.query_pairs_mut()
+        .append_pair("path", path)
+        .extend_pairs(extra);
+    url
+}
+
+/// A local file as an upload body, with its length; a directory is refused up front.
+async fn open_upload(local: &Path) -> Result<(Body, u64)> {
+    let file = tokio::fs::File::open(local).await?;
+    let meta = file.metadata().await?;
+    if meta.is_dir() {
+        return Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} is a directory", local.display()),
+        )));
+    }
+    Ok((body_from_reader(file), meta.len()))
+}
+
+fn body_stream(response: Response) -> impl Stream<Item = Result<Bytes>> + Send + 'static {
+    response.bytes_stream().map_err(Error::Transport)
+}
+
+/// Copies `stream` into `writer` and flushes it; returns the byte count.
+async fn write_stream<W>(stream: impl Stream<Item = Result<Bytes>>, mut writer: W) -> Result<u64>
+where
+    W: AsyncWrite + Unpin,
+{
+    let mut stream = std::pin::pin!(stream);
+    let mut total = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        writer.write_all(&chunk).await?;
+        total += chunk.len() as u64;
+    }
+    writer.flush().await?;
+    Ok(total)
 }
 
 async fn check(response: Response) -> Result<Response> {
@@ -1004,5 +1255,60 @@ mod tests {
             Client::new("not a url", "k"),
             Err(Error::InvalidUrl { .. })
         ));
+    }
+
+    #[test]
+    fn volume_keys_stay_one_segment_and_paths_stay_in_the_query() {
+        let c = Client::new("http://h:1/p/", "").unwrap();
+        let root = "http://h:1/p/v1/sandbox/volumes";
+        assert_eq!(c.volume_url(None, &[]).unwrap().as_str(), root);
+        for (key, encoded) in [
+            ("data", "data"),
+            ("a/b", "a%2Fb"),
+            ("%2F", "%252F"),
+            ("..a", "..a"),
+            ("...", "..."),
+            ("ü v", "%C3%BC%20v"),
+            ("x?y#z", "x%3Fy%23z"),
+        ] {
+            assert_eq!(
+                c.volume_url(Some(key), &[]).unwrap().as_str(),
+                format!("{root}/{encoded}"),
+                "{key:?}"
+            );
+            assert_eq!(
+                c.volume_file_url(key, Some("list"), "/", &[("depth", "2".into())])
+                    .unwrap()
+                    .as_str(),
+                format!("{root}/{encoded}/files/list?path=%2F&depth=2"),
+                "{key:?}"
+            );
+        }
+        // URLs drop these segments, which would reach `/volumes/files` or the list route.
+        for key in ["..", ".", ""] {
+            assert!(
+                matches!(c.volume_url(Some(key), &["files"]), Err(Error::InvalidName(k)) if k == key),
+                "{key:?}"
+            );
+            assert!(c.volume_file_url(key, None, "/a", &[]).is_err(), "{key:?}");
+            assert!(c.session_url(key, &["exec"]).is_err(), "{key:?}");
+        }
+
+        let opts = VolumeWrite {
+            overwrite: true,
+            uid: Some(0),
+            gid: None,
+            mode: Some(0o644),
+        };
+        assert_eq!(
+            c.volume_file_url("v", None, "/../a&b=c#d%2F/ü", &opts.query())
+                .unwrap()
+                .as_str(),
+            format!("{root}/v/files?path=%2F..%2Fa%26b%3Dc%23d%252F%2F%C3%BC&overwrite=true&uid=0&mode=420")
+        );
+        assert_eq!(
+            VolumeWrite::default().query(),
+            [("overwrite", "false".to_string())]
+        );
     }
 }

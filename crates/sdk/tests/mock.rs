@@ -7,6 +7,7 @@ use futures::StreamExt as _;
 use koder_sdk::live::ExecEvent;
 use koder_sdk::{
     Client, CreateSession, Error, ExecRequest, Lifecycle, OnTimeout, PauseKind, SessionState,
+    VolumeWrite,
 };
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
@@ -840,4 +841,189 @@ async fn state_errors_carry_their_codes() {
     assert_eq!(err.code(), Some("SANDBOX-NOT-FOUND"));
     let err = client.resume_session("gone").await.expect_err("404");
     assert!(err.is_not_found(), "{err:?}");
+}
+
+const VOLUME: &str = r#"{"volume_id":"vol-1","name":"data","size_mib":1024,"used_bytes":4096,
+ "backend":"btrfs","created_at":"2025-01-01T00:00:00Z",
+ "mounts":[{"session_id":"s-1","path":"/data","read_only":true}]}"#;
+
+#[tokio::test]
+async fn volume_calls() {
+    let mock = Mock::start(|rec| match (rec.method.as_str(), rec.target.as_str()) {
+        ("POST", "/v1/sandbox/volumes") => json(201, VOLUME),
+        ("GET", "/v1/sandbox/volumes") => json(200, &format!(r#"{{"volumes":[{VOLUME}]}}"#)),
+        ("GET", t) if t.contains("/files/list?") => {
+            json(200, &format!(r#"{{"entries":[{ENTRY}],"truncated":true}}"#))
+        }
+        ("GET", t) if t.contains("/files?") => Canned {
+            status: 200,
+            content_type: "application/octet-stream",
+            body: b"volume bytes".to_vec(),
+            ..Canned::default()
+        },
+        ("GET", t) if t.contains("/files/") => json(200, ENTRY),
+        ("GET", _) => json(200, VOLUME),
+        ("DELETE", _) => no_content(),
+        (_, t) if t.contains("/files") => json(201, ENTRY),
+        _ => json(
+            404,
+            r#"{"error":{"code":"SANDBOX-NOT-FOUND","message":"no route"}}"#,
+        ),
+    })
+    .await;
+    let client = Client::new(&mock.url, "k").expect("client");
+
+    let vol = client
+        .create_volume("data", Some(1024))
+        .await
+        .expect("create");
+    assert_eq!(vol.mounts[0].path, "/data");
+    assert_eq!(
+        body_json(&mock.last()),
+        serde_json::json!({"name": "data", "size_mib": 1024})
+    );
+    client.create_volume("data", None).await.expect("create");
+    assert_eq!(body_json(&mock.last()), serde_json::json!({"name": "data"}));
+    assert_eq!(
+        client.list_volumes().await.expect("list"),
+        vec![vol.clone()]
+    );
+    assert_eq!(client.get_volume("a/b").await.expect("get"), vol);
+    assert_eq!(mock.last().target, "/v1/sandbox/volumes/a%2Fb");
+    client.delete_volume("data").await.expect("delete");
+    let rec = mock.last();
+    assert_eq!(
+        (rec.method.as_str(), rec.target.as_str()),
+        ("DELETE", "/v1/sandbox/volumes/data")
+    );
+    let sent = mock.seen.lock().expect("lock").len();
+    let err = client.delete_volume("..").await.expect_err("dot-dot");
+    assert!(matches!(err, Error::InvalidName(_)), "{err:?}");
+    assert_eq!(mock.seen.lock().expect("lock").len(), sent, "nothing sent");
+
+    let opts = VolumeWrite {
+        overwrite: true,
+        mode: Some(0o600),
+        ..VolumeWrite::default()
+    };
+    client
+        .volume_upload("data", "/a b.txt", b"abc".to_vec(), &opts)
+        .await
+        .expect("upload");
+    let rec = mock.last();
+    assert_eq!(rec.method, "PUT");
+    assert_eq!(
+        rec.target,
+        "/v1/sandbox/volumes/data/files?path=%2Fa+b.txt&overwrite=true&mode=384"
+    );
+    assert_eq!(rec.body, b"abc");
+    assert_eq!(rec.header("content-type"), Some("application/octet-stream"));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let local = dir.path().join("in.bin");
+    std::fs::write(&local, b"12345").expect("write");
+    client
+        .volume_upload_file("data", "/in.bin", &local, &VolumeWrite::default())
+        .await
+        .expect("upload file");
+    let rec = mock.last();
+    assert_eq!(
+        rec.target,
+        "/v1/sandbox/volumes/data/files?path=%2Fin.bin&overwrite=false"
+    );
+    assert_eq!(rec.header("content-length"), Some("5"));
+
+    let bytes = client
+        .volume_download("data", "/in.bin")
+        .await
+        .expect("get");
+    assert_eq!(&bytes[..], b"volume bytes");
+    let mut sink = Vec::new();
+    let n = client
+        .volume_download_to("data", "/in.bin", &mut sink)
+        .await
+        .expect("download_to");
+    assert_eq!((n, &sink[..]), (12, &b"volume bytes"[..]));
+    assert_eq!(
+        mock.last().target,
+        "/v1/sandbox/volumes/data/files?path=%2Fin.bin"
+    );
+
+    let list = client
+        .volume_list("data", "/", Some(3))
+        .await
+        .expect("list");
+    assert!(list.truncated);
+    assert_eq!(
+        mock.last().target,
+        "/v1/sandbox/volumes/data/files/list?path=%2F&depth=3"
+    );
+    client.volume_stat("data", "/x").await.expect("stat");
+    assert_eq!(
+        mock.last().target,
+        "/v1/sandbox/volumes/data/files/stat?path=%2Fx"
+    );
+
+    client
+        .volume_mkdir("data", "/d/e", true)
+        .await
+        .expect("mkdir");
+    let rec = mock.last();
+    assert_eq!(
+        (rec.method.as_str(), rec.target.as_str()),
+        ("POST", "/v1/sandbox/volumes/data/files/mkdir")
+    );
+    assert_eq!(
+        body_json(&rec),
+        serde_json::json!({"path": "/d/e", "parents": true})
+    );
+
+    client
+        .volume_set_metadata("data", "/x", Some(0), None, Some(0o755))
+        .await
+        .expect("patch");
+    let rec = mock.last();
+    assert_eq!(
+        (rec.method.as_str(), rec.target.as_str()),
+        ("PATCH", "/v1/sandbox/volumes/data/files?path=%2Fx")
+    );
+    assert_eq!(body_json(&rec), serde_json::json!({"uid": 0, "mode": 493}));
+
+    client.volume_remove("data", "/d").await.expect("rm");
+    let rec = mock.last();
+    assert_eq!(
+        (rec.method.as_str(), rec.target.as_str()),
+        ("DELETE", "/v1/sandbox/volumes/data/files?path=%2Fd")
+    );
+}
+
+#[tokio::test]
+async fn volume_errors_carry_their_codes() {
+    let mock = Mock::start(|rec| match rec.method.as_str() {
+        "DELETE" => json(
+            409,
+            r#"{"error":{"code":"SANDBOX-VOLUME-BUSY","message":"mounted by s-1"}}"#,
+        ),
+        _ => json(
+            507,
+            r#"{"error":{"code":"SANDBOX-QUOTA-VOLUME-STORAGE","message":"no room"}}"#,
+        ),
+    })
+    .await;
+    let client = Client::new(&mock.url, "k").expect("client");
+    let err = client.delete_volume("data").await.expect_err("409");
+    assert_eq!(
+        (err.status(), err.code()),
+        (Some(409), Some(koder_sdk::codes::VOLUME_BUSY))
+    );
+    let err = client
+        .create_volume("big", Some(1 << 20))
+        .await
+        .expect_err("507");
+    assert_eq!(err.code(), Some(koder_sdk::codes::QUOTA_VOLUME_STORAGE));
+    let err = client
+        .volume_upload("data", "/f", "x", &VolumeWrite::default())
+        .await
+        .expect_err("507");
+    assert_eq!(err.status(), Some(507));
 }

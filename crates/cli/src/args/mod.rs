@@ -7,6 +7,7 @@ mod image;
 mod live;
 mod sessions;
 mod state;
+mod volumes;
 
 use clap::{Args, CommandFactory as _, Parser, Subcommand};
 use std::path::PathBuf;
@@ -20,6 +21,9 @@ pub use sessions::{CreateArgs, KillArgs, SessionArgs, SessionOpts, TimeoutArgs};
 pub use state::{
     ForkArgs, LifecycleOpts, PauseArgs, RestoreArgs, SnapshotCommand, SnapshotCreateArgs,
 };
+#[cfg(test)]
+pub(crate) use volumes::parse_mode;
+pub use volumes::{VolumeCommand, VolumeMkdirArgs, VolumePutArgs, VolumeRmArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -125,6 +129,9 @@ pub enum ClientCommand {
     /// Snapshots: saved filesystems that outlive their session.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Volumes: named directories that outlive sessions; `create --volume NAME:/path` mounts one.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
     /// Restart a session on a snapshot's filesystem (its processes end).
     Restore(RestoreArgs),
     /// Copy a session into new ones and print their ids.

@@ -1,5 +1,7 @@
 use clap::Args;
+use koder_sdk::VolumeMountRequest;
 
+use super::volumes::parse_volume_mount;
 use super::{parse_kv, LifecycleOpts, LocalOpts};
 
 #[derive(Debug, Args)]
@@ -49,6 +51,9 @@ pub struct CreateArgs {
     /// Session environment variable; repeatable.
     #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_kv)]
     pub env: Vec<(String, String)>,
+    /// Mount a volume: NAME:/path, or NAME:/path:ro read-only; repeatable.
+    #[arg(long = "volume", short = 'v', value_name = "NAME:/PATH[:ro]", value_parser = parse_volume_mount)]
+    pub volumes: Vec<VolumeMountRequest>,
     #[command(flatten)]
     pub session: SessionOpts,
     #[command(flatten)]

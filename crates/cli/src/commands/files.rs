@@ -137,8 +137,8 @@ pub async fn cp(ctx: Ctx, a: CpArgs) -> Result<i32> {
         ),
     };
     // An upload prints the entry it made; a download's data is the file itself.
-    if let (true, Some(entry)) = (ctx.out.json, entry) {
-        ctx.out.print(&entry, |_| String::new())?;
+    if let Some(entry) = entry {
+        ctx.out.print_json_only(&entry)?;
     }
     Ok(0)
 }
@@ -181,11 +181,17 @@ pub async fn rm(ctx: Ctx, a: RmArgs) -> Result<i32> {
 
 pub async fn list(ctx: Ctx, a: FilesArgs) -> Result<i32> {
     let list = ctx.client.list_files(&a.session, &a.path, a.depth).await?;
-    ctx.out.print(&list, output::files_table)?;
-    if list.truncated && !ctx.out.json {
+    print_listing(&ctx.out, &list)?;
+    Ok(0)
+}
+
+/// A listing's table (or JSON), and a note on stderr when the daemon cut it short.
+pub(super) fn print_listing(out: &output::Output, list: &koder_sdk::FileList) -> Result<()> {
+    out.print(list, output::files_table)?;
+    if list.truncated && !out.json {
         eprintln!("ksandbox: listing truncated by the daemon");
     }
-    Ok(0)
+    Ok(())
 }
 
 pub async fn mkdir(ctx: Ctx, a: MkdirArgs) -> Result<i32> {

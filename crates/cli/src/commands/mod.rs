@@ -8,6 +8,7 @@ mod live;
 mod sessions;
 mod state;
 mod terminal;
+mod volumes;
 
 use koder_sdk::Client;
 
@@ -60,6 +61,7 @@ pub async fn dispatch(g: &GlobalOpts, command: Command) -> Result<i32> {
         Command::KillProcesses(a) => sessions::kill_processes(Ctx::new(g, &a.c)?, &a.session).await,
         Command::Timeout(a) => sessions::timeout(Ctx::new(g, &a.c)?, &a.session, a.secs).await,
         Command::Snapshot(a) => state::snapshot(g, a).await,
+        Command::Volume(a) => volumes::run(g, a).await,
         Command::Restore(a) => state::restore(Ctx::new(g, &a.c)?, a).await,
         Command::Fork(a) => state::fork(Ctx::new(g, &a.c)?, a).await,
         Command::Pause(a) => state::pause(Ctx::new(g, &a.c)?, a).await,
@@ -88,6 +90,6 @@ pub(crate) use exec::infer_language;
 #[cfg(test)]
 pub(crate) use files::{parse_loc, remote_basename, Loc};
 #[cfg(test)]
-pub(crate) use sessions::create_request;
+pub(crate) use sessions::{create_args_request, create_request};
 #[cfg(test)]
 pub(crate) use state::with_lifecycle;

@@ -50,10 +50,19 @@ pub(super) fn check_allowlist(sub: &str, opts: &SessionOpts) {
     }
 }
 
-pub async fn create(ctx: Ctx, a: CreateArgs) -> Result<i32> {
-    check_allowlist("create", &a.session);
+/// What `create` sends: the session settings, the lifecycle and the volumes to mount.
+pub(crate) fn create_args_request(a: CreateArgs) -> CreateSession {
     let req =
         super::state::with_lifecycle(create_request(a.language, &a.env, &a.session), &a.lifecycle);
+    CreateSession {
+        volumes: a.volumes,
+        ..req
+    }
+}
+
+pub async fn create(ctx: Ctx, a: CreateArgs) -> Result<i32> {
+    check_allowlist("create", &a.session);
+    let req = create_args_request(a);
     let session = ctx.client.create_session(&req).await?;
     // Just the id for people, so that `id=$(ksandbox create)` works.
     ctx.out.print(session.info(), |s| s.id.clone())?;

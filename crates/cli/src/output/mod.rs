@@ -11,8 +11,8 @@ use serde::Serialize;
 pub use exec::exit_status;
 pub use exec::{print_result, print_stream};
 pub use tables::{
-    audit_table, execs_table, files_table, metrics_table, session_table, sessions_table,
-    snapshot_table, snapshots_table, tenants_table,
+    audit_table, execs_table, file_table, files_table, metrics_table, session_table,
+    sessions_table, snapshot_table, snapshots_table, tenants_table, volume_table, volumes_table,
 };
 
 /// How a command prints what it got.
@@ -34,6 +34,14 @@ impl Output {
             human(value)
         };
         print_line(&text);
+        Ok(())
+    }
+
+    /// `value` with `--json`; nothing for people (a command whose effect is its output).
+    pub fn print_json_only<T: Serialize + ?Sized>(&self, value: &T) -> crate::error::Result<()> {
+        if self.json {
+            print_line(&serde_json::to_string(value)?);
+        }
         Ok(())
     }
 }

@@ -128,25 +128,93 @@ pub fn files_table(list: &types::FileList) -> String {
     table(
         &["TYPE", "SIZE", "MODE", "MODIFIED", "PATH"],
         list.entries.iter().map(|e| {
-            let kind = match e.kind {
-                types::EntryType::File => "file",
-                types::EntryType::Dir => "dir",
-                types::EntryType::Symlink => "symlink",
-                types::EntryType::Other => "other",
-            };
-            let path = match &e.symlink_target {
-                Some(t) => format!("{} -> {t}", e.path),
-                None => e.path.clone(),
-            };
             vec![
-                kind.to_string(),
+                entry_kind(e.kind).to_string(),
                 e.size.to_string(),
-                format!("{:04o}", e.mode & 0o7777),
+                permission_bits(e.mode),
                 format_time(&e.modified_at),
-                path,
+                entry_path(e),
             ]
         }),
     )
+}
+
+/// One file, as `volume stat` shows it.
+pub fn file_table(e: &types::FileEntry) -> String {
+    fields(vec![
+        ("path", entry_path(e)),
+        ("type", entry_kind(e.kind).to_string()),
+        ("size", e.size.to_string()),
+        ("mode", permission_bits(e.mode)),
+        ("uid", e.uid.to_string()),
+        ("gid", e.gid.to_string()),
+        ("modified", format_time(&e.modified_at)),
+    ])
+}
+
+fn entry_kind(kind: types::EntryType) -> &'static str {
+    match kind {
+        types::EntryType::File => "file",
+        types::EntryType::Dir => "dir",
+        types::EntryType::Symlink => "symlink",
+        types::EntryType::Other => "other",
+    }
+}
+
+fn entry_path(e: &types::FileEntry) -> String {
+    match &e.symlink_target {
+        Some(t) => format!("{} -> {t}", e.path),
+        None => e.path.clone(),
+    }
+}
+
+fn permission_bits(mode: u32) -> String {
+    format!("{:04o}", mode & 0o7777)
+}
+
+/// A volume's quota, which the API gives in MiB.
+fn quota(size_mib: u64) -> String {
+    format_size(size_mib.saturating_mul(1024 * 1024))
+}
+
+/// `session:/path`, with `:ro` for a read-only mount.
+fn volume_use(m: &types::VolumeUse) -> String {
+    let ro = if m.read_only { ":ro" } else { "" };
+    format!("{}:{}{ro}", m.session_id, m.path)
+}
+
+pub fn volumes_table(volumes: &[types::Volume]) -> String {
+    table(
+        &["NAME", "ID", "SIZE", "USED", "BACKEND", "MOUNTS"],
+        volumes.iter().map(|v| {
+            vec![
+                v.name.clone(),
+                v.volume_id.clone(),
+                quota(v.size_mib),
+                or_dash(v.used_bytes.map(format_size)),
+                v.backend.clone(),
+                v.mounts.len().to_string(),
+            ]
+        }),
+    )
+}
+
+pub fn volume_table(v: &types::Volume) -> String {
+    let mounts: Vec<String> = v.mounts.iter().map(volume_use).collect();
+    fields(vec![
+        ("id", v.volume_id.clone()),
+        ("name", v.name.clone()),
+        ("size", quota(v.size_mib)),
+        ("size_mib", v.size_mib.to_string()),
+        ("used", or_dash(v.used_bytes.map(format_size))),
+        ("used_bytes", or_dash(v.used_bytes)),
+        ("backend", v.backend.clone()),
+        ("created", format_time(&v.created_at)),
+        (
+            "mounts",
+            or_dash((!mounts.is_empty()).then(|| mounts.join(" "))),
+        ),
+    ])
 }
 
 pub fn metrics_table(m: &types::SessionMetrics) -> String {
