@@ -314,7 +314,10 @@ mod tests {
         for (path, methods) in [
             ("/v1/sandbox/volumes", &["post", "get"][..]),
             ("/v1/sandbox/volumes/{volume}", &["get", "delete"]),
-            ("/v1/sandbox/volumes/{volume}/files", &["get", "put", "delete", "patch"]),
+            (
+                "/v1/sandbox/volumes/{volume}/files",
+                &["get", "put", "delete", "patch"],
+            ),
             ("/v1/sandbox/volumes/{volume}/files/list", &["get"]),
             ("/v1/sandbox/volumes/{volume}/files/stat", &["get"]),
             ("/v1/sandbox/volumes/{volume}/files/mkdir", &["post"]),
@@ -326,7 +329,10 @@ mod tests {
                     if path == "/v1/sandbox/volumes" && status == "404" {
                         continue;
                     }
-                    assert!(op["responses"][status].is_object(), "{m} {path} lacks {status}");
+                    assert!(
+                        op["responses"][status].is_object(),
+                        "{m} {path} lacks {status}"
+                    );
                 }
             }
         }
