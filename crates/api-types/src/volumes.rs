@@ -47,9 +47,14 @@ pub struct VolumeList {
 pub struct CreateVolume {
     /// 1–128 characters of `[A-Za-z0-9._-]`, unique per tenant; not shaped like a volume id.
     pub name: String,
-    /// Size quota (default: the server's `[volumes] default_size_mib`).
+    /// Size quota (default: the server's `[sessions] volume_default_size_mib`; a copy has its
+    /// source's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_mib: Option<u64>,
+    /// Make it a copy of this volume (id or name) as it is now: a btrfs snapshot sharing
+    /// blocks, or a copy of an ext4 image (only while no session has that one mounted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_volume: Option<String>,
 }
 
 /// A volume to mount in a new session (`POST /v1/sandbox/sessions {"volumes": [...]}`).

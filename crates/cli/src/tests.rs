@@ -423,6 +423,13 @@ fn volume_commands_parse() {
     };
     assert_eq!((a.name.as_str(), a.size_mib), ("data", Some(512)));
     assert!(parse(&["volume", "create", "data", "--size-mib", "0"]).is_err());
+    let cli = parse(&["volume", "create", "copy", "--from", "data"]).unwrap();
+    let Command::Client(ClientCommand::Volume(VolumeCommand::Create(a))) = cli.command else {
+        panic!("not volume create")
+    };
+    assert_eq!(a.from.as_deref(), Some("data"));
+    // A copy has its source's size.
+    assert!(parse(&["volume", "create", "c", "--from", "data", "--size-mib", "9"]).is_err());
     assert!(parse(&["volume", "create"]).is_err());
 
     let cli = parse(&["volume", "ls", "data"]).unwrap();

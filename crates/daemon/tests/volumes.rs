@@ -198,9 +198,42 @@ async fn volumes_persist_with_one_writer_and_sandbox_owners() {
             .await;
         assert_eq!(status, StatusCode::NO_CONTENT);
     }
+    // A copy: a volume of its own with the same files; refused while the source is mounted.
+    let (status, v) = d
+        .json(
+            POST,
+            "/v1/sandbox/volumes",
+            json!({"name": "copy", "from_volume": "data"}),
+        )
+        .await;
+    assert_eq!(
+        (status, v["size_mib"].clone()),
+        (StatusCode::CREATED, json!(64)),
+        "{v}"
+    );
+    assert_eq!(
+        get_file(&d, "copy", "/b.txt").await,
+        (StatusCode::OK, b"from the api".to_vec())
+    );
+    let (status, _) = put_file(&d, "copy", "path=/only-in-copy", b"c".to_vec()).await;
+    assert_eq!(status, StatusCode::CREATED);
     let c = d
         .create(json!({"volumes": [{"name": "data", "path": "/home/user/work"}]}))
         .await;
+    let (status, v) = d
+        .json(
+            POST,
+            "/v1/sandbox/volumes",
+            json!({"name": "copy2", "from_volume": "data"}),
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::CONFLICT, "SANDBOX-VOLUME-BUSY"),
+        "{v}"
+    );
+    let w = sh(&d, &c, "test ! -e /home/user/work/only-in-copy").await;
+    assert_eq!(w["exit_code"], 0, "the copy is not the original: {w}");
     assert_eq!(
         sh_ok(
             &d,

@@ -766,13 +766,30 @@ impl Client {
     /// server's). A taken name is 409; no room left for the tenant's volumes is
     /// `SANDBOX-QUOTA-VOLUME-STORAGE` (507); a server without volumes answers 501.
     pub async fn create_volume(&self, name: &str, size_mib: Option<u64>) -> Result<Volume> {
-        let url = self.volume_url(None, &[])?;
-        let body = CreateVolume {
+        self.post_volume(&CreateVolume {
             name: name.into(),
             size_mib,
-        };
+            from_volume: None,
+        })
+        .await
+    }
+
+    /// `POST /v1/sandbox/volumes` with `from_volume`: a copy of `source` (id or name) as it is
+    /// now, with its size. An ext4-backed source must not be mounted by a session
+    /// (`SANDBOX-VOLUME-BUSY`).
+    pub async fn copy_volume(&self, source: &str, name: &str) -> Result<Volume> {
+        self.post_volume(&CreateVolume {
+            name: name.into(),
+            size_mib: None,
+            from_volume: Some(source.into()),
+        })
+        .await
+    }
+
+    async fn post_volume(&self, body: &CreateVolume) -> Result<Volume> {
+        let url = self.volume_url(None, &[])?;
         decode(
-            self.send(self.request(Method::POST, url).json(&body))
+            self.send(self.request(Method::POST, url).json(body))
                 .await?,
         )
         .await

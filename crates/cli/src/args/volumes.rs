@@ -32,8 +32,11 @@ pub struct VolumeCreateArgs {
     /// 1–128 characters of [A-Za-z0-9._-], unique among your volumes.
     pub name: String,
     /// Size quota (default: the server's).
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "from")]
     pub size_mib: Option<u64>,
+    /// Make it a copy of this volume (name or id), with its size.
+    #[arg(long, value_name = "VOLUME")]
+    pub from: Option<String>,
     #[command(flatten)]
     pub c: LocalOpts,
 }

@@ -12,7 +12,10 @@ pub async fn run(g: &GlobalOpts, command: VolumeCommand) -> Result<i32> {
     match command {
         VolumeCommand::Create(a) => {
             let ctx = Ctx::new(g, &a.c)?;
-            let volume = ctx.client.create_volume(&a.name, a.size_mib).await?;
+            let volume = match &a.from {
+                Some(source) => ctx.client.copy_volume(source, &a.name).await?,
+                None => ctx.client.create_volume(&a.name, a.size_mib).await?,
+            };
             // Just the id for people, like `snapshot create`.
             ctx.out.print(&volume, |v| v.volume_id.clone())?;
         }

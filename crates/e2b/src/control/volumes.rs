@@ -88,6 +88,7 @@ async fn create(
             CreateVolume {
                 name: req.name,
                 size_mib: None,
+                from_volume: None,
             },
         )
         .await?;

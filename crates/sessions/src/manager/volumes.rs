@@ -41,10 +41,18 @@ impl Manager {
         }))
     }
 
+    /// A new empty volume, or a copy of `from_volume`.
     pub async fn create_volume(&self, who: &Identity, req: CreateVolume) -> Result<Volume, Error> {
         let volumes = self.volumes()?;
         validate_name(&req.name)?;
-        let size_mib = req.size_mib.unwrap_or(self.cfg.volume_default_size_mib);
+        let source = match &req.from_volume {
+            Some(key) => Some(self.copy_source(who, key, req.size_mib).await?),
+            None => None,
+        };
+        let size_mib = match &source {
+            Some(s) => s.size_mib,
+            None => req.size_mib.unwrap_or(self.cfg.volume_default_size_mib),
+        };
         let max = self.cfg.volume_max_size_mib;
         if !(MIN_SIZE_MIB..=max).contains(&size_mib) {
             return Err(Error::InvalidArgument(format!(
@@ -85,7 +93,10 @@ impl Manager {
             created_at: self.now(),
         };
         let id = record.id.clone();
-        volumes.run(move |h| h.create(&id, size_mib)).await?;
+        match source {
+            Some(src) => volumes.run(move |h| h.snapshot(&src.id, &id)).await?,
+            None => volumes.run(move |h| h.create(&id, size_mib)).await?,
+        }
         if let Err(e) = self.store.insert_volume(&record).await {
             // Nothing names it: its data goes now rather than waiting for the next start.
             let id = record.id.clone();
@@ -99,6 +110,29 @@ impl Manager {
         }
         tracing::info!(volume = %record.id, tenant = %record.tenant_id, size_mib, "volume created");
         self.volume_view(&record).await
+    }
+
+    /// The volume a copy is made of. A copy has its size; an ext4 image is only copied while
+    /// nothing has it mounted (a btrfs snapshot is atomic whatever writes).
+    async fn copy_source(
+        &self,
+        who: &Identity,
+        key: &str,
+        size_mib: Option<u64>,
+    ) -> Result<VolumeRecord, Error> {
+        let source = self.volume_record(who, key).await?;
+        if size_mib.is_some_and(|s| s != source.size_mib) {
+            return Err(Error::InvalidArgument(format!(
+                "a copy has its source's size ({} MiB)",
+                source.size_mib
+            )));
+        }
+        if source.backend == "ext4" && !self.store.volume_mounts(&source.id).await?.is_empty() {
+            return Err(Error::VolumeBusy(format!(
+                "volume {key:?} is mounted by a session; an ext4 volume is copied while unmounted"
+            )));
+        }
+        Ok(source)
     }
 
     pub async fn list_volumes(&self, who: &Identity) -> Result<VolumeList, Error> {
