@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup-microvm.sh
+scripts/setup-s3.sh  # the S3-protocol server the blob store's S3 tests run against (cached)
 # Style is part of the suite: formatting and every clippy warning fail it.
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
