@@ -375,3 +375,57 @@ fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[tokio::test]
+async fn time_paused_to_disk_does_not_use_session_minutes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store().await;
+    store
+        .upsert_tenant(&Tenant {
+            id: "m".into(),
+            name: "m".into(),
+            plan: "standard".into(),
+            max_sessions: None,
+            daily_session_minutes: Some(10),
+            created_at: chrono::Utc::now(),
+        })
+        .await
+        .unwrap();
+    let start = chrono::Utc::now()
+        .date_naive()
+        .and_hms_opt(1, 0, 0)
+        .unwrap()
+        .and_utc();
+    let now = Arc::new(std::sync::Mutex::new(start));
+    let clock = now.clone();
+    let m = Manager::start_with_clock(
+        store.clone(),
+        Arc::new(MemoryRuntime::new()),
+        SessionConfig {
+            max_timeout_s: 24 * 3600,
+            ..config(dir.path())
+        },
+        Arc::new(move || *clock.lock().unwrap()),
+    )
+    .await
+    .unwrap();
+    let long = || CreateSession {
+        timeout_s: Some(12 * 3600),
+        ..Default::default()
+    };
+    let s = m.create(&who("m"), long()).await.unwrap();
+    *now.lock().unwrap() = start + chrono::Duration::minutes(2);
+    m.pause_session(&who("m"), &s.id, false).await.unwrap();
+    // An hour on disk: the tenant has used 2 of its 10 minutes, not 62.
+    *now.lock().unwrap() = start + chrono::Duration::minutes(62);
+    let other = m.create(&who("m"), long()).await;
+    assert!(other.is_ok(), "{:?}", other.err());
+    m.destroy(&who("m"), &other.unwrap().id).await.unwrap();
+    // Running again, it counts again.
+    m.resume(&who("m"), &s.id).await.unwrap();
+    *now.lock().unwrap() = start + chrono::Duration::minutes(75);
+    assert_eq!(
+        code_of(m.create(&who("m"), long()).await),
+        ErrorCode::QuotaMinutes
+    );
+}

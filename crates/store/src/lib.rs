@@ -619,7 +619,7 @@ impl Store {
             return Ok(0);
         }
         let rows = sqlx::query(
-            "SELECT state, created_at_ms, expires_at_ms, ended_at_ms FROM sessions \
+            "SELECT id, state, created_at_ms, expires_at_ms, ended_at_ms FROM sessions \
              WHERE tenant_id = $1 AND created_at_ms < $2 \
              AND (state <> 'stopped' OR COALESCE(ended_at_ms, expires_at_ms) > $3)",
         )
@@ -628,8 +628,10 @@ impl Store {
         .bind(since_ms)
         .fetch_all(&self.pool)
         .await?;
+        let pauses = self.tenant_pauses(tenant_id, since_ms).await?;
         let mut total_ms: u64 = 0;
         for row in &rows {
+            let id: String = get(row, "id")?;
             let state: String = get(row, "state")?;
             let created: i64 = get(row, "created_at_ms")?;
             let end = if state == STOPPED {
@@ -641,10 +643,60 @@ impl Store {
             } else {
                 now_ms
             };
-            let span = end.min(now_ms).saturating_sub(created.max(since_ms));
+            let (from, to) = (created.max(since_ms), end.min(now_ms));
+            let paused: i64 = pauses
+                .iter()
+                .filter(|(s, _, _)| *s == id)
+                .map(|(_, p_from, p_to)| overlap((from, to), (*p_from, p_to.unwrap_or(to))))
+                .sum();
+            let span = to.saturating_sub(from).saturating_sub(paused);
             total_ms = total_ms.saturating_add(u64::try_from(span).unwrap_or(0));
         }
         Ok(total_ms / 1000)
+    }
+
+    /// Pauses to disk of the tenant's sessions still open or ended after `since_ms`:
+    /// (session, from, to).
+    async fn tenant_pauses(
+        &self,
+        tenant_id: &str,
+        since_ms: i64,
+    ) -> Result<Vec<(String, i64, Option<i64>)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT p.session_id, p.from_ms, p.to_ms FROM session_pauses p \
+             JOIN sessions s ON s.id = p.session_id \
+             WHERE s.tenant_id = $1 AND (p.to_ms IS NULL OR p.to_ms > $2)",
+        )
+        .bind(tenant_id)
+        .bind(since_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((get(r, "session_id")?, get(r, "from_ms")?, get(r, "to_ms")?)))
+            .collect()
+    }
+
+    /// The session was paused to disk at `at` (a no-op if a pause is open already).
+    pub async fn begin_disk_pause(&self, id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO session_pauses (session_id, from_ms) SELECT $1, $2 \
+             WHERE NOT EXISTS (SELECT 1 FROM session_pauses WHERE session_id = $1 AND to_ms IS NULL)",
+        )
+        .bind(id)
+        .bind(to_ms(at))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The session's open pause to disk (if any) ended at `at`: it resumed or stopped.
+    pub async fn end_disk_pause(&self, id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
+        sqlx::query("UPDATE session_pauses SET to_ms = $2 WHERE session_id = $1 AND to_ms IS NULL")
+            .bind(id)
+            .bind(to_ms(at))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Deletes stopped sessions that ended before `before` (retention). Returns how many.
@@ -666,6 +718,11 @@ impl Store {
 }
 
 // ---- encoding ----
+
+/// Milliseconds two half-open intervals share.
+fn overlap(a: (i64, i64), b: (i64, i64)) -> i64 {
+    (a.1.min(b.1) - a.0.max(b.0)).max(0)
+}
 
 fn to_ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()

@@ -547,3 +547,43 @@ async fn in_memory_stores_are_separate_and_persist_across_clones() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(a2.get_tenant("x").await.unwrap().is_some());
 }
+
+#[tokio::test]
+async fn time_paused_to_disk_is_not_session_time() {
+    let store = store_with(&["a"]).await;
+    store.insert_session(&session("s1", "a", 0)).await.unwrap();
+    store.begin_disk_pause("s1", t(100)).await.unwrap();
+    // A second begin while paused changes nothing.
+    store.begin_disk_pause("s1", t(150)).await.unwrap();
+    store.end_disk_pause("s1", t(400)).await.unwrap();
+    store.begin_disk_pause("s1", t(500)).await.unwrap();
+    // [0, 1000] minus [100, 400] minus the open pause [500, 1000].
+    assert_eq!(
+        store
+            .session_seconds_since("a", t(0), t(1000))
+            .await
+            .unwrap(),
+        200
+    );
+    // A window starting inside the first pause subtracts only its part of it.
+    assert_eq!(
+        store
+            .session_seconds_since("a", t(200), t(1000))
+            .await
+            .unwrap(),
+        100
+    );
+    store.end_disk_pause("s1", t(700)).await.unwrap();
+    store
+        .set_session_state_at("s1", SessionState::Stopped, Some("test"), t(800))
+        .await
+        .unwrap();
+    // [0, 800] minus [100, 400] and [500, 700].
+    assert_eq!(
+        store
+            .session_seconds_since("a", t(0), t(1000))
+            .await
+            .unwrap(),
+        300
+    );
+}

@@ -456,6 +456,9 @@ impl Manager {
         {
             tracing::error!(session = %id, error = %e, "recording session end");
         }
+        if let Err(e) = self.store.end_disk_pause(id, self.now()).await {
+            tracing::error!(session = %id, error = %e, "closing the session's pause");
+        }
         if let Err(e) = self.store.release_volume_mounts(id).await {
             tracing::error!(session = %id, error = %e, "releasing the session's volumes");
         }

@@ -117,9 +117,16 @@ impl Manager {
             None => None,
         };
         let volumes = match &cfg.state_dir {
-            Some(dir) => Some(Arc::new(
-                Volumes::open(&dir.join("volumes"), &dir.join("volume-templates")).await?,
-            )),
+            // Without volumes the daemon still serves sessions; volume calls say why not (501).
+            Some(dir) => {
+                match Volumes::open(&dir.join("volumes"), &dir.join("volume-templates")).await {
+                    Ok(v) => Some(Arc::new(v)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "volumes are not available on this host");
+                        None
+                    }
+                }
+            }
             None => None,
         };
         let runtime = runtimes.jail;

@@ -312,6 +312,7 @@ impl Manager {
             .set_session_state(&record.id, SessionState::Running, None)
             .await?;
         if was_disk {
+            self.store.end_disk_pause(&record.id, self.now()).await?;
             let expires = self.now()
                 + ChronoDuration::seconds(
                     i64::try_from(self.cfg.default_timeout_s).unwrap_or(i64::MAX),
@@ -343,6 +344,8 @@ impl Manager {
         self.store
             .set_session_state(id, SessionState::Paused, None)
             .await?;
+        // From now on it holds nothing: its time is not session time.
+        self.store.begin_disk_pause(id, self.now()).await?;
         self.store
             .set_session_expiry(id, self.now() + self.retention())
             .await?;
