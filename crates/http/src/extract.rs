@@ -184,3 +184,12 @@ pub fn websocket(
         ))
     })
 }
+
+/// The body length a request declares (`Content-Length`), when it is a number: uploads refuse
+/// an oversized body before reading it.
+pub fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+}

@@ -28,6 +28,7 @@ use parking_lot::RwLock;
 use utoipa::OpenApi;
 
 pub use error::{status_of, ApiError};
+pub use extract::declared_length;
 
 /// Largest JSON request body (uploads stream and are bounded separately).
 pub const MAX_JSON_BODY: usize = 1024 * 1024;

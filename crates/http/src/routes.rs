@@ -152,10 +152,7 @@ pub async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<FileEntry>)> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = crate::declared_length(&headers);
     let entry = s
         .manager
         .upload(&who, &id, &q.path, declared, body.into_data_stream(), None)

@@ -161,10 +161,7 @@ pub async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<FileEntry>)> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = crate::declared_length(&headers);
     let meta = VolumeMeta {
         uid: q.uid,
         gid: q.gid,

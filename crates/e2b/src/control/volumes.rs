@@ -297,10 +297,7 @@ async fn write_file(
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, HttpError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = koder_http::declared_length(&headers);
     let meta = VolumeMeta {
         uid: q.uid,
         gid: q.gid,

@@ -223,10 +223,7 @@ pub async fn upload(
     let declared = if gzip {
         None
     } else {
-        headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
+        koder_http::declared_length(&headers)
     };
     let stream = body.into_data_stream();
     let entry = if gzip {
