@@ -26,7 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use koder_agent_protocol::init::{InitConfig, InitVolume, Rlimits};
 use koder_agent_protocol::AgentClient;
-use koder_cgroups::{Cgroup, CgroupDriver, CpuQuota};
+use koder_cgroups::{Cgroup, CgroupDriver, CgroupVersion, CpuQuota};
 use koder_hostkit::install::install_executable;
 use koder_hostkit::mode::{check_traversable, set_mode};
 use koder_hostkit::reap::{self, ExeMatch};
@@ -438,7 +438,15 @@ impl Inner {
         let init = self.init_config(spec, parts, cgroup_procs.len(), volume_mounts);
         let config = serde_json::to_string(&init)
             .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
-        let cgroup = agent_cgroup.as_deref();
+        // On v2 the agent is cloned straight into its leaf; on v1 it migrates there, which
+        // waits for an RCU grace period (milliseconds) on a host without `favordynmods`.
+        let into_cgroup = match (&self.cgroups, &agent_cgroup) {
+            (Some(driver), Some(cg)) if driver.version() == CgroupVersion::V2 => {
+                cg.paths().first().map(open_cgroup_dir).transpose()?
+            }
+            _ => None,
+        };
+        let migrate = agent_cgroup.as_deref().filter(|_| into_cgroup.is_none());
         spawn::spawn_agent(
             &self.cfg.agent_bin,
             &config,
@@ -446,7 +454,8 @@ impl Inner {
             cgroup_procs,
             ids,
             self.rootless,
-            |pid| match cgroup {
+            into_cgroup.as_ref().map(AsFd::as_fd),
+            |pid| match migrate {
                 Some(cg) => cg
                     .add_process(pid as u32)
                     .map_err(|e| RuntimeError::Cgroup(e.to_string())),
@@ -454,6 +463,12 @@ impl Inner {
             },
         )
     }
+}
+
+fn open_cgroup_dir(path: &PathBuf) -> Result<OwnedFd, RuntimeError> {
+    std::fs::File::open(path)
+        .map(OwnedFd::from)
+        .map_err(RuntimeError::io(format!("open {}", path.display())))
 }
 
 /// What follows the agent's clone on the host: the sandbox's mount namespace now holds the

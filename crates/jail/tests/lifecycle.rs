@@ -241,7 +241,9 @@ async fn abandoned_creates_leave_nothing() {
     let parent = format!("koder-test-abandon-{}", std::process::id());
     let mut cfg = JailConfig::new(dir.path(), agent_bin());
     cfg.cgroup_parent = parent.clone();
-    cfg.max_sandboxes = 2;
+    // One slot per attempt: each is given back only after its teardown, which `clean` below
+    // cannot observe.
+    cfg.max_sandboxes = 8;
     let rt = JailRuntime::new(cfg).unwrap();
     let spec = |id: String| SandboxSpec {
         id,
@@ -263,7 +265,7 @@ async fn abandoned_creates_leave_nothing() {
         let create = rt.create(spec(format!("abandon-{n}")));
         match tokio::time::timeout(Duration::from_millis(after_ms), create).await {
             Ok(Ok(sb)) => sb.destroy().await.unwrap(),
-            Ok(Err(e)) => panic!("create failed: {e}"),
+            Ok(Err(e)) => panic!("create abandon-{n} failed: {e}"),
             Err(_) => abandoned += 1,
         }
         assert!(
@@ -272,11 +274,16 @@ async fn abandoned_creates_leave_nothing() {
         );
     }
     assert!(abandoned > 0, "every create finished within its deadline");
-    // Both slots are free again.
-    let a = rt.create(spec("again-0".into())).await.unwrap();
-    let b = rt.create(spec("again-1".into())).await.unwrap();
-    a.destroy().await.unwrap();
-    b.destroy().await.unwrap();
+    // Every slot is free again (the last one a moment after its layer went).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut again = Vec::new();
+    for n in 0..8 {
+        let created = rt.create(spec(format!("again-{n}"))).await;
+        again.push(created.unwrap_or_else(|e| panic!("slot {n}: {e}")));
+    }
+    for sb in again {
+        sb.destroy().await.unwrap();
+    }
     for c in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
         let _ = std::fs::remove_dir(c.path().join(&parent));
     }
