@@ -20,11 +20,23 @@ pub const MAX_SIZE_MIB: u64 = 1 << 20;
 
 const MIB: u64 = 1024 * 1024;
 
+/// Where an overlay-layer template keeps the overlay's upper and work directories (mode 0755
+/// and 0700, owned by root), under a root of mode 0711 without `lost+found`.
+pub const OVERLAY_UPPER: &str = "upper";
+pub const OVERLAY_WORK: &str = "work";
+
 /// Builds and caches one empty ext4 image per size in a directory of its own.
 #[derive(Debug, Clone)]
 pub struct Templates {
     dir: PathBuf,
-    journal: bool,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Scratch,
+    Journaled,
+    Overlay,
 }
 
 impl Templates {
@@ -32,7 +44,7 @@ impl Templates {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
-            journal: false,
+            kind: Kind::Scratch,
         }
     }
 
@@ -41,15 +53,26 @@ impl Templates {
     pub fn journaled(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
-            journal: true,
+            kind: Kind::Journaled,
+        }
+    }
+
+    /// Scratch templates laid out for an overlay's writable layer ([`OVERLAY_UPPER`],
+    /// [`OVERLAY_WORK`]): what every copy would otherwise do after mounting (remove
+    /// `lost+found`, which frees its blocks; make two directories) is done once here, so a
+    /// sandbox's disk only needs its owner set.
+    pub fn overlay(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            kind: Kind::Overlay,
         }
     }
 
     fn prefix(&self) -> &'static str {
-        if self.journal {
-            "journaled"
-        } else {
-            "disk"
+        match self.kind {
+            Kind::Scratch => "disk",
+            Kind::Journaled => "journaled",
+            Kind::Overlay => "overlay",
         }
     }
 
@@ -75,7 +98,10 @@ impl Templates {
         let file = create_new(&tmp)?;
         file.set_len(bytes)
             .map_err(RuntimeError::io(format!("size {}", tmp.display())))?;
-        run_mkfs(&tmp, self.journal)?;
+        run_mkfs(&tmp, self.kind == Kind::Journaled)?;
+        if self.kind == Kind::Overlay {
+            lay_out_overlay(&tmp)?;
+        }
         if !is_template(&tmp, bytes) {
             return Err(RuntimeError::Unavailable(format!(
                 "mkfs.ext4 did not produce an ext4 image of {size_mib} MiB at {}",
@@ -208,12 +234,60 @@ fn run_mkfs(image: &Path, journal: bool) -> Result<(), RuntimeError> {
     )))
 }
 
-/// The daemon may run with a PATH that lacks the sbin directories.
+/// Edits the unmounted `image` with debugfs (e2fsprogs, like mkfs): no mount, loop device or
+/// root needed. debugfs exits 0 whatever its commands do and reports failures on stderr, after
+/// its version banner.
+fn lay_out_overlay(image: &Path) -> Result<(), RuntimeError> {
+    use std::io::Write;
+    let debugfs = find_e2fsprogs("debugfs")
+        .ok_or_else(|| RuntimeError::Unavailable("debugfs not found (install e2fsprogs)".into()))?;
+    let script = format!(
+        "rmdir lost+found\nmkdir {OVERLAY_UPPER}\nmkdir {OVERLAY_WORK}\nsif / mode 040711\n\
+         sif {OVERLAY_UPPER} mode 040755\nsif {OVERLAY_WORK} mode 040700\n"
+    );
+    let mut child = std::process::Command::new(&debugfs)
+        .args(["-w", "-f", "-"])
+        .arg(image)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(RuntimeError::io(format!("run {}", debugfs.display())))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(script.as_bytes())
+            .map_err(RuntimeError::io(format!("write to {}", debugfs.display())))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(RuntimeError::io(format!("run {}", debugfs.display())))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let complaints: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("debugfs "))
+        .collect();
+    if out.status.success() && complaints.is_empty() {
+        return Ok(());
+    }
+    Err(RuntimeError::Unavailable(format!(
+        "{} {} failed ({}): {}",
+        debugfs.display(),
+        image.display(),
+        out.status,
+        complaints.join("; ")
+    )))
+}
+
 fn find_mkfs() -> Option<PathBuf> {
+    find_e2fsprogs("mkfs.ext4")
+}
+
+/// The daemon may run with a PATH that lacks the sbin directories.
+fn find_e2fsprogs(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
-        .map(|d| d.join("mkfs.ext4"))
+        .map(|d| d.join(tool))
         .find(|p| p.is_file())
 }
 
@@ -392,5 +466,46 @@ mod tests {
                 .unwrap_err();
             assert!(matches!(err, RuntimeError::InvalidSpec(_)), "{err}");
         }
+    }
+
+    #[test]
+    fn overlay_templates_are_laid_out() {
+        let Some(debugfs) = find_mkfs().and(find_e2fsprogs("debugfs")) else {
+            eprintln!("skipped: no mkfs.ext4 or debugfs");
+            return;
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let overlay = Templates::overlay(tmp.path().join("t"));
+        let template = overlay.template(16).unwrap();
+        assert!(is_template(&template, 16 * MIB));
+        assert_ne!(
+            template,
+            Templates::new(tmp.path().join("t")).template(16).unwrap()
+        );
+        let listing = std::process::Command::new(debugfs)
+            .args(["-R", "ls -l /"])
+            .arg(&template)
+            .output()
+            .unwrap();
+        let listing = String::from_utf8_lossy(&listing.stdout);
+        let mut entries: Vec<(String, String)> = listing
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                Some((f.last()?.to_string(), f.get(1)?.to_string()))
+            })
+            .collect();
+        entries.sort();
+        let expected = [
+            (".", "40711"),
+            ("..", "40711"),
+            ("upper", "40755"),
+            ("work", "40700"),
+        ];
+        let expected: Vec<(String, String)> = expected
+            .iter()
+            .map(|(n, m)| (n.to_string(), m.to_string()))
+            .collect();
+        assert_eq!(entries, expected, "{listing}");
     }
 }

@@ -25,6 +25,7 @@ use koder_runtime::RuntimeError;
 use rustix::mount::MountFlags;
 
 pub use koder_hostkit::ext4::{Templates as DiskTemplates, MAX_SIZE_MIB, MIN_SIZE_MIB};
+use koder_hostkit::ext4::{OVERLAY_UPPER, OVERLAY_WORK};
 
 /// The sandbox's image file, relative to its directory.
 pub const IMAGE_NAME: &str = "disk.img";
@@ -132,24 +133,13 @@ impl Disk {
     }
 }
 
-/// Best-effort removal of the disk of the sandbox in `dir`, for teardown and crash
-/// reconciliation: unmounts `<dir>/disk` if the host still has it mounted, removes the mount
-/// point and deletes the image. The loop device clears itself once the sandbox (if any) is
-/// gone. `Ok` when there is no disk.
-///
-/// Removing the mount point also detaches copies of mounts on it in other mount namespaces,
-/// a live sandbox's included: call this after the sandbox is dead.
+/// Best-effort removal of the disk of the sandbox in `dir`, for failed creations: [`unmount`],
+/// then delete the image. The loop device clears itself once the sandbox (if any) is gone.
+/// `Ok` when there is no disk.
 pub fn remove(dir: &Path) -> Result<(), RuntimeError> {
     let mut problems = Vec::new();
-    let mount_point = dir.join(MOUNT_NAME);
-    match unmount_all(&mount_point) {
-        Ok(_) => match std::fs::remove_dir(&mount_point) {
-            Err(e) if e.kind() != ErrorKind::NotFound => {
-                problems.push(format!("remove {}: {e}", mount_point.display()))
-            }
-            _ => {}
-        },
-        Err(e) => problems.push(format!("unmount {}: {e}", mount_point.display())),
+    if let Err(e) = unmount(dir) {
+        problems.push(e.to_string());
     }
     let image = dir.join(IMAGE_NAME);
     match std::fs::remove_file(&image) {
@@ -165,11 +155,49 @@ pub fn remove(dir: &Path) -> Result<(), RuntimeError> {
     }
 }
 
-/// Replaces mkfs's root contents with the overlay's `upper` and `work` directories.
+/// Unmounts `<dir>/disk` if the host still has it mounted and removes the mount point, for
+/// teardown and crash reconciliation, which delete the image with the sandbox's directory.
+/// `Ok` when there is no disk.
+///
+/// Removing the mount point also detaches copies of mounts on it in other mount namespaces,
+/// a live sandbox's included: call this after the sandbox is dead.
+pub fn unmount(dir: &Path) -> Result<(), RuntimeError> {
+    let mount_point = dir.join(MOUNT_NAME);
+    let problem = match unmount_all(&mount_point) {
+        Ok(_) => match std::fs::remove_dir(&mount_point) {
+            Err(e) if e.kind() != ErrorKind::NotFound => {
+                format!("remove {}: {e}", mount_point.display())
+            }
+            _ => return Ok(()),
+        },
+        Err(e) => format!("unmount {}: {e}", mount_point.display()),
+    };
+    Err(RuntimeError::Teardown(problem))
+}
+
+/// Gives the disk's root the overlay's `upper` and `work` directories, owned by `owner`. An
+/// overlay template ([`DiskTemplates::overlay`]) has them already, so then this only chowns;
+/// other templates still have mkfs's `lost+found`, which goes.
 fn prepare_root(
     root: &Path,
     owner: Option<(u32, u32)>,
 ) -> Result<(PathBuf, PathBuf), RuntimeError> {
+    let upper = root.join(OVERLAY_UPPER);
+    let work = root.join(OVERLAY_WORK);
+    if !upper.is_dir() {
+        lay_out(root, &upper, &work)?;
+    }
+    if let Some((uid, gid)) = owner {
+        for dir in [&upper, &work] {
+            std::os::unix::fs::chown(dir, Some(uid), Some(gid))
+                .map_err(RuntimeError::io(format!("chown {}", dir.display())))?;
+        }
+    }
+    Ok((upper, work))
+}
+
+/// What [`DiskTemplates::overlay`] bakes in, for a disk made from a plain template.
+fn lay_out(root: &Path, upper: &Path, work: &Path) -> Result<(), RuntimeError> {
     let lost = root.join("lost+found");
     match std::fs::remove_dir(&lost) {
         Err(e) if e.kind() != ErrorKind::NotFound => {
@@ -179,18 +207,12 @@ fn prepare_root(
     }
     // Sandbox uids only need to pass through to their directories.
     set_mode(root, 0o711)?;
-    let upper = root.join("upper");
-    let work = root.join("work");
     // upper's mode becomes the mode of the sandbox's `/`.
-    for (dir, mode) in [(&upper, 0o755), (&work, 0o700)] {
+    for (dir, mode) in [(upper, 0o755), (work, 0o700)] {
         std::fs::create_dir(dir).map_err(RuntimeError::io(format!("create {}", dir.display())))?;
         set_mode(dir, mode)?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(dir, Some(uid), Some(gid))
-                .map_err(RuntimeError::io(format!("chown {}", dir.display())))?;
-        }
     }
-    Ok((upper, work))
+    Ok(())
 }
 
 /// Removes a half-built disk when `create` fails.

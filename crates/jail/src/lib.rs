@@ -19,13 +19,14 @@ mod volumes;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{chown, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use koder_agent_protocol::init::{InitConfig, InitVolume, Rlimits};
 use koder_agent_protocol::AgentClient;
-use koder_cgroups::{Cgroup, CgroupDriver, CpuQuota};
+use koder_cgroups::{Cgroup, CgroupDriver, CgroupVersion, CpuQuota};
 use koder_hostkit::install::install_executable;
 use koder_hostkit::mode::{check_traversable, set_mode};
 use koder_hostkit::reap::{self, ExeMatch};
@@ -96,6 +97,11 @@ impl JailConfig {
 }
 
 pub struct JailRuntime {
+    /// Shared with the blocking tasks that set sandboxes up.
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     cfg: JailConfig,
     /// Prefix of this runtime's cgroup names, derived from its state dir, so that several
     /// daemons (or test runs) sharing a cgroup parent never reconcile each other's sandboxes.
@@ -122,6 +128,7 @@ impl JailRuntime {
             run_dir(&cfg),
             cfg.state_dir.join("images"),
             cfg.state_dir.join("bin"),
+            trash_dir(&cfg),
         ] {
             std::fs::create_dir_all(&dir)
                 .map_err(RuntimeError::io(format!("create {}", dir.display())))?;
@@ -131,6 +138,7 @@ impl JailRuntime {
         set_mode(&cfg.state_dir, 0o711)?;
         set_mode(&sandboxes_dir(&cfg), 0o711)?;
         set_mode(&run_dir(&cfg), 0o700)?;
+        set_mode(&trash_dir(&cfg), 0o700)?;
         check_traversable(&cfg.state_dir)?;
         // Sandbox uids exec the agent, wherever it was built or installed (a build dir under
         // /root, say); agents still running keep the binary they started from.
@@ -190,7 +198,9 @@ impl JailRuntime {
             enforcement
                 .enforced
                 .push("disk quota (per-session ext4 on a loop device)".into());
-            Some(disk::DiskTemplates::new(cfg.state_dir.join("images/disks")))
+            Some(disk::DiskTemplates::overlay(
+                cfg.state_dir.join("images/disks"),
+            ))
         };
         if rootless {
             enforcement.not_enforced.push(NotEnforced {
@@ -201,7 +211,7 @@ impl JailRuntime {
         for n in &enforcement.not_enforced {
             tracing::warn!(what = %n.what, why = %n.why, "jail runtime cannot enforce");
         }
-        Ok(Self {
+        let inner = Inner {
             cgroup_prefix: koder_cgroups::instance_prefix(&cfg.state_dir),
             disks,
             slots: Slots::new(cfg.max_sandboxes),
@@ -211,11 +221,25 @@ impl JailRuntime {
             cgroups,
             image,
             enforcement,
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
         })
     }
+}
 
+impl Inner {
     fn cgroup_name(&self, id: &str) -> String {
         format!("{}{id}", self.cgroup_prefix)
+    }
+
+    fn parts(&self, id: &str, cgroup: Option<Box<dyn Cgroup>>) -> Parts {
+        Parts::new(
+            sandboxes_dir(&self.cfg).join(id),
+            run_dir(&self.cfg).join(format!("{id}.sock")),
+            trash_dir(&self.cfg),
+            cgroup,
+        )
     }
 
     fn ids_for(&self, slot: u32) -> IdMap {
@@ -380,22 +404,19 @@ impl JailRuntime {
         Ok(agent)
     }
 
-    async fn start(
+    /// Everything of a start up to the agent's clone; blocking throughout (disk, mounts,
+    /// cgroupfs), so it runs on a blocking thread.
+    fn spawn(
         &self,
         spec: &SandboxSpec,
         slot: u32,
         parts: &mut Parts,
-    ) -> Result<Started, RuntimeError> {
+    ) -> Result<spawn::Spawned, RuntimeError> {
         let ids = self.ids_for(slot);
         let limits = self.effective_limits(spec.limits);
         self.prepare_layers(parts, ids, limits.disk_mib)?;
         if !spec.layers.is_empty() {
-            let (upper, layers) = (parts.upper.clone(), spec.layers.clone());
-            tokio::task::spawn_blocking(move || {
-                layers::apply(&upper, &layers, ids, limits.disk_mib)
-            })
-            .await
-            .map_err(|e| RuntimeError::Start(format!("layer task: {e}")))??;
+            layers::apply(&parts.upper, &spec.layers, ids, limits.disk_mib)?;
         }
         let agent_cgroup = match &self.cgroups {
             Some(driver) => Some(self.create_cgroups(&**driver, &spec.id, &limits, parts)?),
@@ -414,61 +435,144 @@ impl JailRuntime {
         let _ = std::fs::remove_file(&parts.socket);
         let listener = std::os::unix::net::UnixListener::bind(&parts.socket)
             .map_err(RuntimeError::io("bind agent socket"))?;
-        let has_volumes = !volume_mounts.is_empty();
         let init = self.init_config(spec, parts, cgroup_procs.len(), volume_mounts);
         let config = serde_json::to_string(&init)
             .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
-        let cgroup = agent_cgroup.as_deref();
-        let spawned = spawn::spawn_agent(
+        // On v2 the agent is cloned straight into its leaf; on v1 it migrates there, which
+        // waits for an RCU grace period (milliseconds) on a host without `favordynmods`.
+        let into_cgroup = match (&self.cgroups, &agent_cgroup) {
+            (Some(driver), Some(cg)) if driver.version() == CgroupVersion::V2 => {
+                cg.paths().first().map(open_cgroup_dir).transpose()?
+            }
+            _ => None,
+        };
+        let migrate = agent_cgroup.as_deref().filter(|_| into_cgroup.is_none());
+        spawn::spawn_agent(
             &self.cfg.agent_bin,
             &config,
             OwnedFd::from(listener),
             cgroup_procs,
             ids,
             self.rootless,
-            |pid| match cgroup {
+            into_cgroup.as_ref().map(AsFd::as_fd),
+            |pid| match migrate {
                 Some(cg) => cg
                     .add_process(pid as u32)
                     .map_err(|e| RuntimeError::Cgroup(e.to_string())),
                 None => Ok(()),
             },
-        )?;
-        let pidfd = spawned.pidfd;
-        if let Some(disk) = &parts.disk {
-            // The sandbox's mount namespace now holds the disk; the host's copy goes, so no
-            // sandbox mount stays visible on the host and the loop device frees itself when
-            // the sandbox ends.
-            if let Err(e) = disk.detach_host_mount() {
-                spawn::kill_and_reap(&pidfd);
-                return Err(e);
-            }
-        }
-        // Likewise the volumes: the agent has its own copies to mount.
-        if has_volumes {
-            if let Err(e) = volumes::detach_host_mounts(&parts.dir) {
-                spawn::kill_and_reap(&pidfd);
-                return Err(e);
-            }
-        }
-        reap::record(&parts.dir.join(AGENT_PID_FILE), &[spawned.pid])?;
-        let ready = tokio::time::timeout(
-            self.cfg.start_timeout,
-            wait_ready(spawned.stderr, &parts.socket),
         )
-        .await;
-        match ready {
-            Ok(Ok(agent)) => Ok(Started { pidfd, agent }),
-            Ok(Err(e)) => {
-                spawn::kill_and_reap(&pidfd);
+    }
+}
+
+fn open_cgroup_dir(path: &PathBuf) -> Result<OwnedFd, RuntimeError> {
+    std::fs::File::open(path)
+        .map(OwnedFd::from)
+        .map_err(RuntimeError::io(format!("open {}", path.display())))
+}
+
+/// What follows the agent's clone on the host: the sandbox's mount namespace now holds the
+/// disk and the volumes, so the host's copies go (no sandbox mount stays visible on the host,
+/// and the loop device frees itself when the sandbox ends); the agent's pid is recorded for
+/// reconciliation after a crash.
+fn after_clone(parts: &Parts, pid: i32, has_volumes: bool) -> Result<(), RuntimeError> {
+    if let Some(disk) = &parts.disk {
+        disk.detach_host_mount()?;
+    }
+    if has_volumes {
+        volumes::detach_host_mounts(&parts.dir)?;
+    }
+    reap::record(&parts.dir.join(AGENT_PID_FILE), &[pid])
+}
+
+/// A sandbox being started, with everything made for it so far. Dropped before
+/// [`Pending::into_live`] (a failed start, or a create whose future was dropped), it is torn
+/// down, its agent killed first, on a blocking thread when there is a runtime.
+struct Pending(Option<Starting>);
+
+struct Starting {
+    parts: Parts,
+    agent: Option<OwnedFd>,
+    slot: u32,
+    slots: Slots,
+}
+
+impl Starting {
+    fn release(self) {
+        if let Some(agent) = &self.agent {
+            spawn::kill_and_reap(agent);
+        }
+        if let Err(e) = teardown(&self.parts) {
+            tracing::error!(dir = %self.parts.dir.display(), error = %e, "cleanup after failed start");
+        }
+        self.slots.release(self.slot);
+    }
+}
+
+impl Pending {
+    fn starting(&mut self) -> Result<&mut Starting, RuntimeError> {
+        self.0
+            .as_mut()
+            .ok_or_else(|| RuntimeError::Start("sandbox already handed out".into()))
+    }
+
+    /// The blocking part of a start: returns the agent's stderr, which `wait_ready` reads.
+    /// On failure everything made is gone again before this returns.
+    fn spawn(
+        mut self,
+        inner: &Inner,
+        spec: &SandboxSpec,
+    ) -> Result<(Pending, OwnedFd), RuntimeError> {
+        match self.try_spawn(inner, spec) {
+            Ok(stderr) => Ok((self, stderr)),
+            Err(e) => {
+                self.release_now();
                 Err(e)
             }
-            Err(_) => {
-                spawn::kill_and_reap(&pidfd);
-                Err(RuntimeError::Start(format!(
-                    "agent not ready within {:?}",
-                    self.cfg.start_timeout
-                )))
-            }
+        }
+    }
+
+    fn try_spawn(&mut self, inner: &Inner, spec: &SandboxSpec) -> Result<OwnedFd, RuntimeError> {
+        let starting = self.starting()?;
+        let spawned = inner.spawn(spec, starting.slot, &mut starting.parts)?;
+        starting.agent = Some(spawned.pidfd);
+        after_clone(&starting.parts, spawned.pid, !spec.volumes.is_empty())?;
+        Ok(spawned.stderr)
+    }
+
+    fn release_now(&mut self) {
+        if let Some(starting) = self.0.take() {
+            starting.release();
+        }
+    }
+
+    /// Tears down on a blocking thread and waits for it.
+    async fn abort(mut self) {
+        let starting = self.0.take();
+        let _ = tokio::task::spawn_blocking(move || starting.map(Starting::release)).await;
+    }
+
+    fn into_live(mut self) -> Result<Live, RuntimeError> {
+        let starting = self.starting()?;
+        let pidfd = starting
+            .agent
+            .take()
+            .ok_or_else(|| RuntimeError::Start("no agent".into()))?;
+        let Some(Starting { parts, slot, .. }) = self.0.take() else {
+            return Err(RuntimeError::Start("sandbox already handed out".into()));
+        };
+        Ok(Live { pidfd, parts, slot })
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(starting) = self.0.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(move || starting.release())),
+            Err(_) => starting.release(),
         }
     }
 }
@@ -528,6 +632,8 @@ fn open_procs_files(workload: &dyn Cgroup) -> Result<Vec<OwnedFd>, RuntimeError>
 struct Parts {
     dir: PathBuf,
     socket: PathBuf,
+    /// Where `dir` goes to be deleted in the background.
+    trash: PathBuf,
     /// The sandbox's top cgroup; destroying it takes its leaves with it.
     cgroup: Option<Box<dyn Cgroup>>,
     /// Its `workload` leaf, which resource control and verdicts look at.
@@ -539,22 +645,18 @@ struct Parts {
 }
 
 impl Parts {
-    fn new(dir: PathBuf, socket: PathBuf, cgroup: Option<Box<dyn Cgroup>>) -> Self {
+    fn new(dir: PathBuf, socket: PathBuf, trash: PathBuf, cgroup: Option<Box<dyn Cgroup>>) -> Self {
         Self {
             upper: dir.join("upper"),
             work: dir.join("work"),
             dir,
             socket,
+            trash,
             cgroup,
             workload: None,
             disk: None,
         }
     }
-}
-
-struct Started {
-    pidfd: OwnedFd,
-    agent: AgentClient,
 }
 
 /// Reads the agent's set-up log until it closes stderr (set-up done) and then checks health;
@@ -596,63 +698,77 @@ impl Runtime for JailRuntime {
     }
 
     fn enforcement(&self) -> &Enforcement {
-        &self.enforcement
+        &self.inner.enforcement
     }
 
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
+        let inner = &self.inner;
         validate_id(&spec.id)?;
         image::require_known(&spec.image)?;
-        self.check_volumes(&spec)?;
-        let slot = self.slots.acquire()?;
-        let mut parts = Parts::new(
-            sandboxes_dir(&self.cfg).join(&spec.id),
-            run_dir(&self.cfg).join(format!("{}.sock", spec.id)),
-            None,
-        );
+        inner.check_volumes(&spec)?;
+        let slot = inner.slots.acquire()?;
+        let parts = inner.parts(&spec.id, None);
         if parts.dir.exists() {
-            self.slots.release(slot);
+            inner.slots.release(slot);
             return Err(RuntimeError::InvalidSpec(format!(
                 "sandbox {} already exists",
                 spec.id
             )));
         }
-        match self.start(&spec, slot, &mut parts).await {
-            Ok(started) => Ok(Arc::new(JailSandbox {
-                id: spec.id,
-                has_cgroup: parts.cgroup.is_some(),
-                agent: started.agent,
-                state: tokio::sync::Mutex::new(Some(Live {
-                    pidfd: started.pidfd,
-                    parts,
-                    slot,
-                })),
-                slots: self.slots.clone(),
-            })),
-            Err(e) => {
-                if let Err(t) = teardown(&parts) {
-                    tracing::error!(id = %spec.id, error = %t, "cleanup after failed start");
-                }
-                self.slots.release(slot);
-                Err(e)
+        let pending = Pending(Some(Starting {
+            parts,
+            agent: None,
+            slot,
+            slots: inner.slots.clone(),
+        }));
+        // Disk, mounts, cgroupfs and the clone block for milliseconds: not on a worker other
+        // requests wait for. Should this future be dropped meanwhile, the task still finishes
+        // and its `Pending` tears itself down.
+        let (blocking, task_spec) = (inner.clone(), spec.clone());
+        let (pending, stderr) =
+            tokio::task::spawn_blocking(move || pending.spawn(&blocking, &task_spec))
+                .await
+                .map_err(|e| RuntimeError::Start(format!("start task: {e}")))??;
+        let socket = run_dir(&inner.cfg).join(format!("{}.sock", spec.id));
+        let ready =
+            tokio::time::timeout(inner.cfg.start_timeout, wait_ready(stderr, &socket)).await;
+        let error = match ready {
+            Ok(Ok(agent)) => {
+                let live = pending.into_live()?;
+                return Ok(Arc::new(JailSandbox {
+                    id: spec.id,
+                    has_cgroup: live.parts.cgroup.is_some(),
+                    agent,
+                    state: tokio::sync::Mutex::new(Some(live)),
+                    slots: inner.slots.clone(),
+                }));
             }
-        }
+            Ok(Err(e)) => e,
+            Err(_) => RuntimeError::Start(format!(
+                "agent not ready within {:?}",
+                inner.cfg.start_timeout
+            )),
+        };
+        pending.abort().await;
+        Err(error)
     }
 
     async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {
+        let inner = &self.inner;
         let mut report = ReconcileReport::default();
         let mut names: Vec<String> = Vec::new();
-        if let Some(driver) = &self.cgroups {
+        if let Some(driver) = &inner.cgroups {
             let all = driver
                 .list()
                 .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
             // Only this runtime's own cgroups: other daemons may share the parent.
             names.extend(
                 all.iter()
-                    .filter_map(|n| n.strip_prefix(&self.cgroup_prefix))
+                    .filter_map(|n| n.strip_prefix(&inner.cgroup_prefix))
                     .map(String::from),
             );
         }
-        let entries = std::fs::read_dir(sandboxes_dir(&self.cfg))
+        let entries = std::fs::read_dir(sandboxes_dir(&inner.cfg))
             .map_err(RuntimeError::io("list sandboxes"))?;
         for entry in entries.flatten() {
             names.push(entry.file_name().to_string_lossy().into_owned());
@@ -660,21 +776,37 @@ impl Runtime for JailRuntime {
         names.sort();
         names.dedup();
         for id in names.into_iter().filter(|n| validate_id(n).is_ok()) {
-            let dir = sandboxes_dir(&self.cfg).join(&id);
+            let dir = sandboxes_dir(&inner.cfg).join(&id);
             // After a daemon crash the agent is no longer our child: killing it (PID 1) takes
             // its whole pid namespace.
-            let agent = ExeMatch::Path(self.cfg.agent_bin.clone());
+            let agent = ExeMatch::Path(inner.cfg.agent_bin.clone());
             reap::kill_recorded(&dir.join(AGENT_PID_FILE), &agent).await;
-            let cgroup = match &self.cgroups {
-                Some(d) => d.open(&self.cgroup_name(&id)).ok(),
+            let cgroup = match &inner.cgroups {
+                Some(d) => d.open(&inner.cgroup_name(&id)).ok(),
                 None => None,
             };
-            let parts = Parts::new(dir, run_dir(&self.cfg).join(format!("{id}.sock")), cgroup);
-            teardown(&parts)?;
+            let parts = inner.parts(&id, cgroup);
+            blocking(move || teardown(&parts)).await?;
             report.sandboxes_removed.push(id);
         }
+        // What destroys before a crash left to delete.
+        let trash = trash_dir(&inner.cfg);
+        blocking(move || {
+            empty_trash(&trash);
+            Ok(())
+        })
+        .await?;
         Ok(report)
     }
+}
+
+/// Runs `f` on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, RuntimeError> + Send + 'static,
+) -> Result<T, RuntimeError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(RuntimeError::Teardown(format!("blocking task: {e}"))))
 }
 
 struct Live {
@@ -713,9 +845,7 @@ impl Sandbox for JailSandbox {
         // Emptying the cgroup and removing the layers block for milliseconds: not on a worker
         // that other requests are waiting for.
         let Live { parts, slot, .. } = live;
-        let result = tokio::task::spawn_blocking(move || teardown(&parts))
-            .await
-            .unwrap_or_else(|e| Err(RuntimeError::Teardown(format!("teardown task: {e}"))));
+        let result = blocking(move || teardown(&parts)).await;
         self.slots.release(slot);
         result
     }
@@ -825,24 +955,69 @@ fn teardown(parts: &Parts) -> Result<(), RuntimeError> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => problems.push(format!("socket: {e}")),
         _ => {}
     }
-    // The disk (if any) is unmounted before its mount point's directory is removed.
-    if let Err(e) = disk::remove(&parts.dir) {
+    // The disk (if any) is unmounted before its mount point's directory is removed; its
+    // image goes with the directory.
+    if let Err(e) = disk::unmount(&parts.dir) {
         problems.push(format!("disk: {e}"));
     }
     // A volume that may still be attached holds a user's files: the tree stays then.
     match volumes::remove(&parts.dir) {
-        Ok(()) => match remove_tree(&parts.dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+        Ok(()) => {
+            if let Err(e) = discard(&parts.dir, &parts.trash) {
                 problems.push(format!("layers: {e}"))
             }
-            _ => {}
-        },
+        }
         Err(e) => problems.push(format!("volumes: {e}")),
     }
     if problems.is_empty() {
         Ok(())
     } else {
         Err(RuntimeError::Teardown(problems.join("; ")))
+    }
+}
+
+/// Deletes a sandbox's directory (no volume attached: `volumes::remove` succeeded) without
+/// waiting for it: the directory moves into `trash` at once and is deleted on a blocking
+/// thread, since unlinking a disk image frees all its extents, which takes tens of
+/// milliseconds on a busy disk. Deleted here and now where it cannot move.
+fn discard(dir: &Path, trash: &Path) -> std::io::Result<()> {
+    static DISCARDED: AtomicU64 = AtomicU64::new(0);
+    let Some(name) = dir.file_name() else {
+        return remove_tree(dir);
+    };
+    let to = trash.join(format!(
+        "{}.{}.{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        DISCARDED.fetch_add(1, Ordering::Relaxed)
+    ));
+    match std::fs::rename(dir, &to) {
+        Ok(()) => {
+            let delete = move || {
+                if let Err(e) = remove_tree(&to) {
+                    tracing::warn!(dir = %to.display(), error = %e, "delete discarded sandbox");
+                }
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn_blocking(delete)),
+                Err(_) => delete(),
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(_) => remove_tree(dir),
+    }
+}
+
+/// Deletes what [`discard`] left in `trash` (a crash, a runtime shut down first).
+fn empty_trash(trash: &Path) {
+    let Ok(entries) = std::fs::read_dir(trash) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if let Err(e) = remove_tree(&entry.path()) {
+            tracing::warn!(dir = %entry.path().display(), error = %e, "empty trash");
+        }
     }
 }
 
@@ -877,4 +1052,8 @@ fn sandboxes_dir(cfg: &JailConfig) -> PathBuf {
 
 fn run_dir(cfg: &JailConfig) -> PathBuf {
     cfg.state_dir.join("run")
+}
+
+fn trash_dir(cfg: &JailConfig) -> PathBuf {
+    cfg.state_dir.join("trash")
 }

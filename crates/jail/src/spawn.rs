@@ -18,7 +18,7 @@
 
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use koder_agent_protocol::init::{CONFIG_FD, LISTEN_FD, WORKLOAD_CGROUP_FD};
@@ -69,8 +69,10 @@ const HIGH_FD: RawFd = 10;
 /// Starts `agent init` in new namespaces, with `listener` as its fd 3, `config_json` to
 /// read on fd 4 and `cgroup_procs` from fd 5 on.
 ///
-/// `place` runs after the child exists but before it may run (write maps, join cgroups); if it
-/// fails the child is killed and reaped.
+/// `into_cgroup`, a cgroup-v2 directory, is where the child starts (`CLONE_INTO_CGROUP`): no
+/// migration afterwards. `place` runs after the child exists but before it may run (write
+/// maps, join cgroups); if it fails the child is killed and reaped.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn_agent(
     agent: &Path,
     config_json: &str,
@@ -78,6 +80,7 @@ pub fn spawn_agent(
     cgroup_procs: Vec<OwnedFd>,
     ids: IdMap,
     rootless: bool,
+    into_cgroup: Option<BorrowedFd<'_>>,
     place: impl FnOnce(i32) -> Result<(), RuntimeError>,
 ) -> Result<Spawned, RuntimeError> {
     let cstr = |s: &str| {
@@ -132,7 +135,7 @@ pub fn spawn_agent(
 
     // SAFETY: the child branch below only calls `child`, which keeps to async-signal-safe
     // syscalls on CStrings/fds prepared above and ends in execve or _exit.
-    let (pid, pidfd) = match unsafe { clone_pidfd(NAMESPACES) } {
+    let (pid, pidfd) = match unsafe { clone_pidfd(NAMESPACES, into_cgroup) } {
         // SAFETY: we are the fork-like child; this never returns.
         Ok(Cloned::Child) => unsafe {
             child(sync, err_wfd, &handed, rootless, &path, &argv, &envp)
@@ -174,19 +177,27 @@ enum Cloned {
     Parent { pid: i32, pidfd: OwnedFd },
 }
 
-/// Fork-like `clone3` (no stack, no `CLONE_VM`) into the new `namespaces`, with a pidfd.
+/// `CLONE_INTO_CGROUP` of linux/sched.h (Linux 5.7), beyond the `int` of `clone(2)` flags.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Fork-like `clone3` (no stack, no `CLONE_VM`) into the new `namespaces`, with a pidfd; in
+/// the cgroup-v2 directory `cgroup` if given.
 ///
 /// # Safety
 /// In the [`Cloned::Child`] branch the caller may only make async-signal-safe calls (the
 /// process is a copy of a multi-threaded one) and must end in execve or _exit.
-unsafe fn clone_pidfd(namespaces: u64) -> std::io::Result<Cloned> {
+unsafe fn clone_pidfd(namespaces: u64, cgroup: Option<BorrowedFd<'_>>) -> std::io::Result<Cloned> {
     let mut pidfd: RawFd = -1;
-    let args = CloneArgs {
+    let mut args = CloneArgs {
         flags: namespaces | libc::CLONE_PIDFD as u64,
         pidfd: &mut pidfd as *mut RawFd as u64,
         exit_signal: libc::SIGCHLD as u64,
         ..Default::default()
     };
+    if let Some(cgroup) = cgroup {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = cgroup.as_raw_fd() as u64;
+    }
     // SAFETY: `args` is a valid `struct clone_args` of the size given; fork-like, so the child
     // continues on a copy of this stack, and the caller keeps it to async-signal-safe calls.
     let pid = unsafe {
@@ -218,7 +229,7 @@ pub fn user_namespace(ids: IdMap) -> Result<OwnedFd, RuntimeError> {
         write: hold_w.as_raw_fd(),
     };
     // SAFETY: the child branch only calls `hold_until_released`, async-signal-safe throughout.
-    let (pid, pidfd) = match unsafe { clone_pidfd(libc::CLONE_NEWUSER as u64) } {
+    let (pid, pidfd) = match unsafe { clone_pidfd(libc::CLONE_NEWUSER as u64, None) } {
         // SAFETY: we are the fork-like child; this never returns.
         Ok(Cloned::Child) => unsafe { hold_until_released(hold) },
         Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
@@ -414,4 +425,62 @@ fn cloexec_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 
 fn high(fd: OwnedFd) -> std::io::Result<OwnedFd> {
     Ok(rustix::io::fcntl_dupfd_cloexec(&fd, HIGH_FD)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where the host has a cgroup-v2 hierarchy (here or beside v1 ones), a child cloned into
+    /// one of its groups is a member from its first instruction.
+    #[test]
+    fn clone_into_cgroup_starts_the_child_in_the_group() {
+        let Some((root, _)) = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .into_iter()
+            .map(Path::new)
+            .map(|p| (p, rustix::fs::statfs(p)))
+            .find(|(_, s)| {
+                s.as_ref()
+                    .is_ok_and(|s| s.f_type == libc::CGROUP2_SUPER_MAGIC)
+            })
+        else {
+            eprintln!("skipped: no cgroup v2 hierarchy");
+            return;
+        };
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let name = format!("koder-test-clone-{}", std::process::id());
+        let group = root.join(&name);
+        std::fs::create_dir(&group).expect("create cgroup");
+        let dir = std::fs::File::open(&group).expect("open cgroup");
+        let (hold_r, hold_w) = cloexec_pipe().expect("pipe");
+        let hold = SyncFds {
+            read: hold_r.as_raw_fd(),
+            write: hold_w.as_raw_fd(),
+        };
+        // SAFETY: the child branch only calls `hold_until_released`, async-signal-safe.
+        let cloned = match unsafe { clone_pidfd(0, Some(dir.as_fd())) } {
+            // SAFETY: we are the fork-like child; this never returns.
+            Ok(Cloned::Child) => unsafe { hold_until_released(hold) },
+            other => other,
+        };
+        let membership = match &cloned {
+            Ok(Cloned::Parent { pid, .. }) => {
+                std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup of child")
+            }
+            _ => String::new(),
+        };
+        if let Ok(Cloned::Parent { pidfd, .. }) = &cloned {
+            kill_and_reap(pidfd);
+        }
+        drop((hold_r, hold_w));
+        std::fs::remove_dir(&group).expect("remove cgroup");
+        assert!(cloned.is_ok(), "clone3: {:?}", cloned.err());
+        assert!(
+            membership.lines().any(|l| l == format!("0::/{name}")),
+            "{membership}"
+        );
+    }
 }

@@ -44,7 +44,7 @@ impl Scratch {
     }
 
     fn templates(&self) -> DiskTemplates {
-        DiskTemplates::new(self.root.join("images"))
+        DiskTemplates::overlay(self.root.join("images"))
     }
 
     fn sandbox_dir(&self, name: &str) -> PathBuf {
@@ -327,6 +327,48 @@ fn detach_under_a_shared_parent_leaves_the_sandbox_copy() {
     slave.stop();
 }
 
+/// A disk from a plain template (mkfs's root, `lost+found`) gets the layout an overlay
+/// template has baked in.
+#[test]
+fn plain_and_overlay_templates_give_the_same_layout() {
+    let Some(()) = usable_or_skip() else { return };
+    let scratch = Scratch::new();
+    let plain = DiskTemplates::new(scratch.root.join("plain"));
+    let layout = |templates: &DiskTemplates, name: &str| {
+        let dir = scratch.sandbox_dir(name);
+        let _guard = DiskGuard(dir.clone());
+        let disk = Disk::create(templates, &dir, 16, Some((200_000, 200_001))).expect("disk");
+        let mut entries: Vec<_> = std::fs::read_dir(&disk.mount_point)
+            .expect("disk root")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        entries.sort();
+        let stat = |p: &Path| {
+            let m = std::fs::metadata(p).expect("stat");
+            (m.mode(), m.uid(), m.gid())
+        };
+        let layout = (
+            entries,
+            stat(&disk.mount_point),
+            stat(&disk.upper),
+            stat(&disk.work),
+        );
+        disk::remove(&dir).expect("remove");
+        layout
+    };
+    let overlay = layout(&scratch.templates(), "overlay");
+    assert_eq!(overlay, layout(&plain, "plain"));
+    assert_eq!(overlay.0, ["upper", "work"]);
+    assert_eq!(
+        (
+            overlay.1 .0 & 0o7777,
+            overlay.2 .0 & 0o7777,
+            overlay.3 .0 & 0o7777
+        ),
+        (0o711, 0o755, 0o700)
+    );
+}
+
 #[test]
 fn templates_are_built_once_per_size() {
     let Some(()) = usable_or_skip() else { return };
@@ -342,7 +384,7 @@ fn templates_are_built_once_per_size() {
         started.elapsed()
     );
     let template = templates.template(64).expect("template");
-    assert_eq!(template, scratch.root.join("images/disk-64m.img"));
+    assert_eq!(template, scratch.root.join("images/overlay-64m.img"));
     let mtime = std::fs::metadata(&template)
         .expect("template")
         .modified()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::*;
 use koder_agent_protocol::ExecRequest;
 use koder_jail::{JailConfig, JailRuntime};
-use koder_runtime::{Runtime, RuntimeError, SandboxSpec};
+use koder_runtime::{Limits, Runtime, RuntimeError, SandboxSpec};
 
 /// The sandbox's cgroup directories, one per hierarchy (its name is `<runtime prefix>-<id>`).
 fn cgroup_dirs(parent: &str, id: &str) -> Vec<PathBuf> {
@@ -118,6 +118,10 @@ async fn destroy_leaves_no_process_cgroup_mount_or_file() {
     assert_eq!(cgroup_dirs(&parent, &id), Vec::<PathBuf>::new());
     assert!(!sandbox_dir.exists(), "writable layer left behind");
     assert!(!socket.exists(), "agent socket left behind");
+    assert!(
+        eventually(|| trash_entries(env.dir.path()) == 0).await,
+        "the discarded layer is never deleted"
+    );
     assert_eq!(
         mounts_mentioning(env.dir.path()),
         0,
@@ -143,7 +147,12 @@ async fn restart_reconciles_what_a_crash_left() {
     let mut cfg = JailConfig::new(env.dir.path(), agent_bin());
     cfg.cgroup_parent = parent.clone();
     let restarted = JailRuntime::new(cfg).unwrap();
+    // A layer discarded just before the crash, still waiting to be deleted.
+    let discarded = env.dir.path().join("trash/old.1.0/upper");
+    std::fs::create_dir_all(&discarded).unwrap();
+    std::fs::write(discarded.join("f"), "x").unwrap();
     let report = restarted.reconcile().await.unwrap();
+    assert_eq!(trash_entries(env.dir.path()), 0);
     assert_eq!(report.sandboxes_removed, vec![id.clone()]);
     for pid in &pids {
         assert!(!alive(*pid), "process {pid} survived reconciliation");
@@ -198,6 +207,83 @@ async fn a_failed_start_cleans_up_and_says_why() {
             .count(),
         0
     );
+    for c in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        let _ = std::fs::remove_dir(c.path().join(&parent));
+    }
+}
+
+/// What waits in the state dir's trash to be deleted.
+fn trash_entries(state: &Path) -> usize {
+    std::fs::read_dir(state.join("trash")).map_or(0, |d| d.count())
+}
+
+/// Polls `done` for up to 10 s.
+async fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    for _ in 0..200 {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    done()
+}
+
+/// Creates whose futures are dropped at every stage (a client gone, a timeout) leave nothing
+/// behind and give their slots back: the blocking part runs to its end and its result tears
+/// itself down, as does a start dropped while the agent sets up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_creates_leave_nothing() {
+    let Some(()) = root_or_skip() else { return };
+    let dir = tempfile::Builder::new()
+        .prefix("kj-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let parent = format!("koder-test-abandon-{}", std::process::id());
+    let mut cfg = JailConfig::new(dir.path(), agent_bin());
+    cfg.cgroup_parent = parent.clone();
+    // One slot per attempt: each is given back only after its teardown, which `clean` below
+    // cannot observe.
+    cfg.max_sandboxes = 8;
+    let rt = JailRuntime::new(cfg).unwrap();
+    let spec = |id: String| SandboxSpec {
+        id,
+        image: "host".into(),
+        limits: Limits {
+            disk_mib: Some(16),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let clean = || {
+        std::fs::read_dir(dir.path().join("sandboxes")).map_or(0, |d| d.count()) == 0
+            && trash_entries(dir.path()) == 0
+            && mounts_mentioning(dir.path()) == 0
+            && (0..8).all(|n| cgroup_dirs(&parent, &format!("abandon-{n}")).is_empty())
+    };
+    let mut abandoned = 0;
+    for (n, after_ms) in [0, 1, 2, 4, 8, 16, 32, 64].into_iter().enumerate() {
+        let create = rt.create(spec(format!("abandon-{n}")));
+        match tokio::time::timeout(Duration::from_millis(after_ms), create).await {
+            Ok(Ok(sb)) => sb.destroy().await.unwrap(),
+            Ok(Err(e)) => panic!("create abandon-{n} failed: {e}"),
+            Err(_) => abandoned += 1,
+        }
+        assert!(
+            eventually(clean).await,
+            "create abandoned after {after_ms} ms left something"
+        );
+    }
+    assert!(abandoned > 0, "every create finished within its deadline");
+    // Every slot is free again (the last one a moment after its layer went).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut again = Vec::new();
+    for n in 0..8 {
+        let created = rt.create(spec(format!("again-{n}"))).await;
+        again.push(created.unwrap_or_else(|e| panic!("slot {n}: {e}")));
+    }
+    for sb in again {
+        sb.destroy().await.unwrap();
+    }
     for c in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
         let _ = std::fs::remove_dir(c.path().join(&parent));
     }
