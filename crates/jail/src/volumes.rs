@@ -26,16 +26,14 @@ use std::sync::Mutex;
 use koder_agent_protocol::init::InitVolume;
 use koder_runtime::{RuntimeError, VolumeMount};
 use rustix::io::Errno;
-use rustix::mount::{MountPropagationFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags};
+use rustix::mount::{MountPropagationFlags, MoveMountFlags, OpenTreeFlags};
+
+use koder_hostkit::loopdev::unmount_all;
 
 use crate::spawn::{self, IdMap};
 
 /// Where a sandbox's volumes are attached on the host, relative to its directory.
 pub const VOLUMES_DIR: &str = "volumes";
-
-/// Mounts stacked at one point by us: the self-bind (or a volume). More means something else
-/// is going on; stop rather than loop.
-const MAX_STACKED_MOUNTS: usize = 8;
 
 /// One user namespace per slot, carrying that slot's id mapping (which never changes), made on
 /// first use and kept for the runtime's life: only the descriptor, no process, stays.
@@ -194,21 +192,6 @@ pub fn remove(dir: &Path) -> Result<(), RuntimeError> {
         std::fs::remove_dir(&path).map_err(fail(&path))?;
     }
     std::fs::remove_dir(&root).map_err(fail(&root))
-}
-
-/// Lazily unmounts everything stacked at `path`; returns how many mounts went.
-fn unmount_all(path: &Path) -> io::Result<usize> {
-    for n in 0..MAX_STACKED_MOUNTS {
-        match rustix::mount::unmount(path, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {
-            Ok(()) => {}
-            // Not (or no longer) a mount point, or no such path: nothing left to unmount.
-            Err(Errno::INVAL | Errno::NOENT) => return Ok(n),
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(io::Error::other(format!(
-        "still a mount point after {MAX_STACKED_MOUNTS} unmounts"
-    )))
 }
 
 #[cfg(test)]

@@ -393,6 +393,8 @@ fn chmod_path_fd(fd: &OwnedFd, mode: u32) -> Result<(), Errno> {
 const RESOLVE: ResolveFlags = ResolveFlags::IN_ROOT
     .union(ResolveFlags::NO_MAGICLINKS)
     .union(ResolveFlags::NO_XDEV);
+/// Tries of an `openat2` that a concurrent mount or rename made answer `EAGAIN`.
+const OPENAT2_RETRIES: usize = 64;
 
 /// One step down from a directory fd: a single component, no symlink followed anywhere.
 fn open_child<P: rustix::path::Arg>(
@@ -609,13 +611,20 @@ impl<'a> VolPath<'a> {
         } else {
             self.comps.join("/")
         };
-        rustix::fs::openat2(
-            root.as_fd(),
-            OsStr::from_bytes(rel.as_bytes()),
-            flags | OFlags::CLOEXEC,
-            Mode::empty(),
-            RESOLVE,
-        )
-        .map_err(|e| VolumeError::errno(self.text(), e))
+        // `RESOLVE_IN_ROOT` answers `EAGAIN` when a rename or mount anywhere on the host (a
+        // sandbox starting) might have let a `..` of a symlink escape; trying again is safe.
+        let mut tries = 0;
+        loop {
+            match rustix::fs::openat2(
+                root.as_fd(),
+                OsStr::from_bytes(rel.as_bytes()),
+                flags | OFlags::CLOEXEC,
+                Mode::empty(),
+                RESOLVE,
+            ) {
+                Err(Errno::AGAIN | Errno::INTR) if tries < OPENAT2_RETRIES => tries += 1,
+                result => return result.map_err(|e| VolumeError::errno(self.text(), e)),
+            }
+        }
     }
 }

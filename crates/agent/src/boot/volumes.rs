@@ -131,14 +131,23 @@ fn make_dir_in_root(root: BorrowedFd<'_>, target: &str) -> std::io::Result<Owned
     Ok(dir)
 }
 
+/// `RESOLVE_IN_ROOT` answers `EAGAIN` when a mount or rename anywhere on the host (another
+/// sandbox starting) might have let a `..` escape; trying again is safe.
 fn open_in_root(root: BorrowedFd<'_>, path: &str) -> Result<OwnedFd, Errno> {
-    rustix::fs::openat2(
-        root,
-        path,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
-    )
+    const RETRIES: usize = 64;
+    let mut tries = 0;
+    loop {
+        match rustix::fs::openat2(
+            root,
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Err(Errno::AGAIN | Errno::INTR) if tries < RETRIES => tries += 1,
+            result => return result,
+        }
+    }
 }
 
 fn raw(fd: &OwnedFd) -> i32 {
