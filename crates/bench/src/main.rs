@@ -3,11 +3,11 @@
 //! pass/fail, and writes the same as JSON. `--smoke` runs every phase with tiny counts in
 //! seconds (CI keeps the harness from rotting; no timing is asserted there).
 //!
-//! Daemon "pool" (warm pool `bash = { min = 2, max = 64 }, python = 1`): exec latency (JSON and
-//! SSE, with host spawn, bwrap and `runc exec` sampled in between), the E2B Python SDK
-//! (`commands.run`, time to interactive vs. host `node -v`), warm create, create+exec+destroy,
-//! python, warm interpreter, throughput (vs. the host spawning from as many threads), sustained
-//! creates, files. Every ratio is against a baseline measured in the same run, interleaved.
+//! Daemon "pool" (warm pool `bash = 2, python = 1`): exec latency (JSON and SSE, with host
+//! spawn, bwrap and `runc exec` sampled in between), the E2B Python SDK (`commands.run`,
+//! time to interactive vs. host `node -v`), warm create, create+exec+destroy, python, warm
+//! interpreter, throughput (vs. the host spawning from as many threads), sustained creates,
+//! files. Every ratio is against a baseline measured in the same run, interleaved.
 //! Daemon "cold" (`pool = {}`): create with an empty pool, destroy, density.
 
 mod daemon;
@@ -358,7 +358,7 @@ async fn run(args: &Args) -> Result<Report> {
         settle(&settings).await;
         progress("starting the daemon with a warm pool");
         let pool_toml = format!(
-            "pool = {{ bash = {{ min = {}, max = 64 }}, python = 1 }}\nreap_interval = 1.0\n",
+            "pool = {{ bash = {}, python = 1 }}\nreap_interval = 1.0\n",
             settings.warm_pool_bash
         );
         match Daemon::start(&daemon_bin, &args.work_root, "pool", &pool_toml, args.keep).await {
