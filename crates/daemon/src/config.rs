@@ -160,6 +160,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use koder_sessions::config::PoolSize;
 
     #[test]
     fn file_then_flags() {
@@ -167,7 +168,7 @@ mod tests {
         let path = dir.path().join("k.toml");
         std::fs::write(
             &path,
-            "env = \"dev\"\n[server]\nlisten = \"127.0.0.1:9000\"\n[sessions]\ndefault_timeout_s = 60\npool = { python = 3 }\n[tenants.acme]\nplan = \"pro\"\nmax_sessions = 5\n",
+            "env = \"dev\"\n[server]\nlisten = \"127.0.0.1:9000\"\n[sessions]\ndefault_timeout_s = 60\npool = { python = 3, bash = { min = 1, max = 16 } }\n[tenants.acme]\nplan = \"pro\"\nmax_sessions = 5\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -180,7 +181,8 @@ mod tests {
         assert_eq!(cfg.server.listen.port(), 9000);
         assert_eq!(cfg.server.data_dir, PathBuf::from("/tmp/x"));
         assert_eq!(cfg.sessions.default_timeout_s, 60);
-        assert_eq!(cfg.sessions.pool.get("python"), Some(&3));
+        assert_eq!(cfg.sessions.pool["python"], PoolSize::fixed(3));
+        assert_eq!(cfg.sessions.pool["bash"], PoolSize { min: 1, max: 16 });
         assert_eq!(cfg.tenants["acme"].max_sessions, Some(5));
         assert_eq!(cfg.auth.api_keys, ["acme:abcdefgh"]);
     }

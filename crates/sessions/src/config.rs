@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use koder_api_types::Limits;
-use serde::Deserialize;
+use serde::de::{self, MapAccess, Unexpected, Visitor};
+use serde::{Deserialize, Deserializer};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -23,10 +24,13 @@ pub struct SessionConfig {
     pub max_file_bytes: u64,
     /// Per plan tier: maxima tighter than `max_limits` for that plan's tenants.
     pub plans: BTreeMap<String, PlanConfig>,
-    /// Ready sandboxes kept per language.
-    pub pool: BTreeMap<String, usize>,
-    /// Ready microVMs kept per language (each holds guest memory: keep it small).
-    pub microvm_pool: BTreeMap<String, usize>,
+    /// Ready sandboxes kept per language: `python = 2` keeps exactly two, `python = { min = 1,
+    /// max = 16 }` keeps at least one and grows towards 16 with the recent create rate (see
+    /// [`PoolSize`]).
+    pub pool: BTreeMap<String, PoolSize>,
+    /// Ready microVMs kept per language, in the same forms as `pool` (each holds guest memory:
+    /// keep `max` small).
+    pub microvm_pool: BTreeMap<String, PoolSize>,
     /// Egress policy settings (`[network]` of the daemon config).
     #[serde(skip)]
     pub network: koder_netpolicy::NetConfig,
@@ -82,7 +86,9 @@ impl Default for SessionConfig {
             max_exec_timeout_ms: 3_600_000,
             max_file_bytes: 1024 * 1024 * 1024,
             plans: BTreeMap::new(),
-            pool: BTreeMap::from([("bash".into(), 1), ("python".into(), 1), ("node".into(), 1)]),
+            pool: ["bash", "python", "node"]
+                .map(|lang| (lang.to_string(), PoolSize::fixed(1)))
+                .into(),
             microvm_pool: BTreeMap::new(),
             reap_interval: Duration::from_secs(1),
             network: Default::default(),
@@ -104,6 +110,76 @@ impl Default for SessionConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct PlanConfig {
     pub max_limits: Limits,
+}
+
+/// How many warm sandboxes one language keeps. Between `min` and `max` the pool's target follows
+/// demand: as many as creates asked for in the last minute, so a burst is met from the pool the
+/// next time it comes; without demand it falls back to `min` (the pool's own docs say how).
+///
+/// In a config either a number, `python = 2`, which means `min = max = 2`: a fixed pool, exactly
+/// what that line meant before the pool could grow, so no existing config starts holding more
+/// sandboxes than it asked for; or a table, `python = { min = 1, max = 16 }` (`min` defaults to
+/// 0, `max` to `min`; other keys and `max < min` are config errors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSize {
+    pub min: usize,
+    pub max: usize,
+}
+
+impl PoolSize {
+    /// Exactly `n`, never more, never fewer.
+    pub const fn fixed(n: usize) -> Self {
+        Self { min: n, max: n }
+    }
+}
+
+/// The table form, checked before it becomes a [`PoolSize`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolRange {
+    #[serde(default)]
+    min: usize,
+    max: Option<usize>,
+}
+
+impl<'de> Deserialize<'de> for PoolSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(PoolSizeVisitor)
+    }
+}
+
+/// A visitor rather than `#[serde(untagged)]`: an untagged enum reports every mistake as "did
+/// not match any variant", hiding which key was unknown or that `max` is below `min`.
+struct PoolSizeVisitor;
+
+impl<'de> Visitor<'de> for PoolSizeVisitor {
+    type Value = PoolSize;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a number of sandboxes or a table { min = N, max = M }")
+    }
+
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<PoolSize, E> {
+        usize::try_from(n)
+            .map(PoolSize::fixed)
+            .map_err(|_| E::invalid_value(Unexpected::Unsigned(n), &self))
+    }
+
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<PoolSize, E> {
+        let n = u64::try_from(n).map_err(|_| E::invalid_value(Unexpected::Signed(n), &self))?;
+        self.visit_u64(n)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PoolSize, A::Error> {
+        let range = PoolRange::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        let (min, max) = (range.min, range.max.unwrap_or(range.min));
+        if max < min {
+            return Err(de::Error::custom(format!(
+                "pool max ({max}) is below its min ({min})"
+            )));
+        }
+        Ok(PoolSize { min, max })
+    }
 }
 
 mod secs {

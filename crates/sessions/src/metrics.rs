@@ -14,6 +14,7 @@ pub struct Metrics {
     pub exec_seconds: Histogram,
     pub create_seconds: HistogramVec,
     pub pool_ready: IntGaugeVec,
+    pub pool_target: IntGaugeVec,
     pub pool_failures: IntCounter,
     pub snapshots_taken: IntCounter,
     pub forks: IntCounter,
@@ -71,6 +72,14 @@ impl Metrics {
                 &["language"],
             )
             .unwrap_or_else(unreachable_metric),
+            pool_target: IntGaugeVec::new(
+                Opts::new(
+                    "pool_target",
+                    "Warm sandboxes the pool is filling towards (follows recent creates), by language",
+                ),
+                &["language"],
+            )
+            .unwrap_or_else(unreachable_metric),
             pool_failures: IntCounter::new(
                 "pool_fill_failures_total",
                 "Warm sandboxes that failed to start",
@@ -90,6 +99,7 @@ impl Metrics {
             Box::new(m.exec_seconds.clone()),
             Box::new(m.create_seconds.clone()),
             Box::new(m.pool_ready.clone()),
+            Box::new(m.pool_target.clone()),
             Box::new(m.pool_failures.clone()),
             Box::new(m.snapshots_taken.clone()),
             Box::new(m.forks.clone()),

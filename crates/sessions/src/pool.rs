@@ -1,63 +1,179 @@
 //! Warm pool: sandboxes started ahead of demand, per language, so a create only hands one out.
 //!
-//! A filler task keeps each language at its target; a create that finds the pool empty starts a
+//! Each language keeps between `min` and `max` ready sandboxes ([`PoolSize`]). The target in
+//! between is the number of creates that asked for that language in the last
+//! [`DEMAND_WINDOW`], clamped to `[min, max]`: the recent create rate times a refill horizon as
+//! long as the window, which needs nothing but the take times (no rate estimate to tune), lets a
+//! burst raise the target by its own size at once (the next burst of that size is met from the
+//! pool), and lets the target sink back to `min` by itself once a window passes without creates;
+//! sandboxes above the target are then destroyed, so an idle pool returns to `min`.
+//!
+//! A filler task starts refills on their own tasks, up to one per core at a time, so a drained
+//! pool fills in parallel. Refills hold back while creates are arriving ([`QUIET`], at most
+//! [`MAX_DEFER`]): the request that just took a sandbox gets the CPU for its first calls instead
+//! of sharing it with the sandbox replacing it. A create that finds the pool empty starts a
 //! sandbox itself. Pool sandboxes carry default limits until handed out, when the session's own
 //! limits are applied.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use koder_runtime::{Limits, Runtime, Sandbox, SandboxSpec};
+use koder_runtime::{Limits, Runtime, RuntimeError, Sandbox, SandboxSpec};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
+use crate::config::PoolSize;
 use crate::metrics::Metrics;
+
+/// How far back creates count towards the target, and so how long a burst keeps the pool large.
+pub(crate) const DEMAND_WINDOW: Duration = Duration::from_secs(60);
+/// Refills wait until no sandbox was taken for this long...
+pub(crate) const QUIET: Duration = Duration::from_millis(50);
+/// ...but no longer than this, so a steady stream of creates still gets its pool back.
+pub(crate) const MAX_DEFER: Duration = Duration::from_millis(500);
+/// How often the filler looks again without being woken (the target sinks as demand ages).
+const TICK: Duration = Duration::from_secs(1);
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 pub struct Pool {
     runtime: Arc<dyn Runtime>,
-    targets: BTreeMap<String, usize>,
     limits: Limits,
-    ready: Mutex<HashMap<String, VecDeque<Arc<dyn Sandbox>>>>,
+    /// Refills in flight at most (all languages together).
+    parallelism: usize,
+    state: Mutex<State>,
+    /// Wakes the filler: a take, a finished refill, a discarded sandbox.
     wake: Notify,
+    /// A refill finished (what `drain` waits for).
+    settled: Notify,
     metrics: Arc<Metrics>,
+}
+
+struct State {
+    lanes: BTreeMap<String, Lane>,
+    /// Refills in flight, all languages.
+    starting: usize,
+    last_take: Option<Instant>,
+    /// Since when refills have been held back for a quiet moment.
+    deferred_since: Option<Instant>,
+    /// After a failed start, no refill before this; `backoff` doubles per failure.
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    /// Set by `drain`: nothing new starts, finished refills are destroyed.
+    closed: bool,
+}
+
+/// One language's pool.
+struct Lane {
+    size: PoolSize,
+    ready: VecDeque<Arc<dyn Sandbox>>,
+    starting: usize,
+    /// Times of recent creates, oldest first; never more than `size.max` (the target's cap).
+    demand: VecDeque<Instant>,
+}
+
+impl Lane {
+    fn new(size: PoolSize) -> Self {
+        Self {
+            size,
+            ready: VecDeque::new(),
+            starting: 0,
+            demand: VecDeque::new(),
+        }
+    }
+
+    fn record_demand(&mut self, now: Instant) {
+        if self.size.max == 0 {
+            return;
+        }
+        if self.demand.len() == self.size.max {
+            self.demand.pop_front();
+        }
+        self.demand.push_back(now);
+    }
+
+    fn target(&mut self, now: Instant) -> usize {
+        while self
+            .demand
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= DEMAND_WINDOW)
+        {
+            self.demand.pop_front();
+        }
+        self.demand.len().clamp(self.size.min, self.size.max)
+    }
+
+    fn held(&self) -> usize {
+        self.ready.len() + self.starting
+    }
+}
+
+/// What one look at the pool decided.
+struct Plan {
+    start: Vec<String>,
+    surplus: Vec<Arc<dyn Sandbox>>,
+    /// When to look again unless woken.
+    next: Instant,
 }
 
 impl Pool {
     pub fn new(
         runtime: Arc<dyn Runtime>,
-        targets: BTreeMap<String, usize>,
+        sizes: BTreeMap<String, PoolSize>,
         limits: Limits,
         metrics: Arc<Metrics>,
     ) -> Self {
+        for (language, size) in &sizes {
+            metrics.pool_ready.with_label_values(&[language]).set(0);
+            metrics
+                .pool_target
+                .with_label_values(&[language])
+                .set(size.min as i64);
+        }
         Self {
             runtime,
-            targets,
             limits,
-            ready: Mutex::default(),
+            parallelism: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            state: Mutex::new(State {
+                lanes: sizes
+                    .into_iter()
+                    .map(|(language, size)| (language, Lane::new(size)))
+                    .collect(),
+                starting: 0,
+                last_take: None,
+                deferred_since: None,
+                retry_at: None,
+                backoff: FIRST_BACKOFF,
+                closed: false,
+            }),
             wake: Notify::new(),
+            settled: Notify::new(),
             metrics,
         }
     }
 
     /// A ready sandbox for `language`, if the pool has one that fits: CPU, memory and pids
-    /// limits can change at hand-out, the size of its disk cannot.
+    /// limits can change at hand-out, the size of its disk cannot. Every call counts as demand,
+    /// a miss too (that create is what the pool should have had ready).
     pub fn take(&self, language: &str, disk_mib: Option<u64>) -> Option<Arc<dyn Sandbox>> {
         if disk_mib != self.limits.disk_mib {
             return None;
         }
+        let now = Instant::now();
         let taken = {
-            let mut ready = self.ready.lock();
-            let queue = ready.get_mut(language)?;
+            let mut state = self.state.lock();
+            state.last_take = Some(now);
+            let lane = state.lanes.get_mut(language)?;
+            lane.record_demand(now);
             // A dead one not yet removed by its watcher stays for the watcher to destroy.
-            let sb = queue
+            let sb = lane
+                .ready
                 .iter()
                 .position(|sb| !sb.agent().is_closed())
-                .and_then(|at| queue.remove(at));
-            self.metrics
-                .pool_ready
-                .with_label_values(&[language])
-                .set(queue.len() as i64);
+                .and_then(|at| lane.ready.remove(at));
+            self.publish(language, lane, now);
             sb
         };
         self.wake.notify_one();
@@ -65,73 +181,168 @@ impl Pool {
     }
 
     pub fn depth(&self, language: &str) -> usize {
-        self.ready.lock().get(language).map_or(0, VecDeque::len)
+        self.state
+            .lock()
+            .lanes
+            .get(language)
+            .map_or(0, |lane| lane.ready.len())
     }
 
-    /// Refills forever; start once as a task.
+    /// Keeps every language at its target until drained; start once as a task.
     pub async fn run_filler(self: Arc<Self>) {
-        let mut backoff = Duration::from_millis(100);
         loop {
-            match self.fill_one().await {
-                Fill::Added => backoff = Duration::from_millis(100),
-                Fill::Full => {
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(5), self.wake.notified()).await;
-                }
-                Fill::Failed => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
-                }
+            let plan = self.plan(Instant::now());
+            for sb in plan.surplus {
+                tokio::spawn(async move {
+                    if let Err(e) = sb.destroy().await {
+                        tracing::warn!(error = %e, "destroying a surplus warm sandbox");
+                    }
+                });
             }
+            for language in plan.start {
+                self.spawn_refill(language);
+            }
+            let _ = tokio::time::timeout_at(plan.next, self.wake.notified()).await;
         }
     }
 
-    /// Starts one sandbox for the language furthest below its target.
-    async fn fill_one(self: &Arc<Self>) -> Fill {
-        let language = {
-            let ready = self.ready.lock();
-            self.targets
-                .iter()
-                .map(|(lang, target)| {
-                    (
-                        lang,
-                        target.saturating_sub(ready.get(lang).map_or(0, VecDeque::len)),
-                    )
-                })
-                .filter(|(_, missing)| *missing > 0)
-                .max_by_key(|(_, missing)| *missing)
-                .map(|(lang, _)| lang.clone())
+    /// Under the lock: surplus above each target out, and as many refills as may start now
+    /// marked as starting (the language furthest below its target first).
+    fn plan(&self, now: Instant) -> Plan {
+        let mut state = self.state.lock();
+        let mut plan = Plan {
+            start: Vec::new(),
+            surplus: Vec::new(),
+            next: now + TICK,
         };
-        let Some(language) = language else {
-            return Fill::Full;
-        };
-        let spec = SandboxSpec {
-            id: format!("w{}", uuid::Uuid::new_v4().simple()),
-            image: "host".into(),
-            limits: self.limits,
-            env: Vec::new(),
-            egress: false,
-            layers: Vec::new(),
-            volumes: Vec::new(),
-        };
-        match self.runtime.create(spec).await {
+        if state.closed {
+            return plan;
+        }
+        let mut missing: Vec<(String, usize)> = Vec::new();
+        for (language, lane) in state.lanes.iter_mut() {
+            let target = lane.target(now);
+            while lane.held() > target {
+                let Some(sb) = lane.ready.pop_front() else {
+                    break;
+                };
+                plan.surplus.push(sb);
+            }
+            self.publish(language, lane, now);
+            if lane.held() < target {
+                missing.push((language.clone(), target - lane.held()));
+            }
+        }
+        if missing.is_empty() {
+            state.deferred_since = None;
+            return plan;
+        }
+        if let Some(hold) = state.hold_until(now) {
+            plan.next = plan.next.min(hold);
+            return plan;
+        }
+        state.deferred_since = None;
+        while state.starting < self.parallelism {
+            let Some((language, left)) = missing.iter_mut().max_by_key(|(_, left)| *left) else {
+                break;
+            };
+            if *left == 0 {
+                break;
+            }
+            *left -= 1;
+            if let Some(lane) = state.lanes.get_mut(language.as_str()) {
+                lane.starting += 1;
+            }
+            state.starting += 1;
+            plan.start.push(language.clone());
+        }
+        plan
+    }
+
+    /// Starts one sandbox for `language` on its own task (already counted as starting).
+    fn spawn_refill(self: &Arc<Self>, language: String) {
+        let pool = self.clone();
+        tokio::spawn(async move {
+            let spec = SandboxSpec {
+                id: format!("w{}", uuid::Uuid::new_v4().simple()),
+                image: "host".into(),
+                limits: pool.limits,
+                env: Vec::new(),
+                egress: false,
+                layers: Vec::new(),
+                volumes: Vec::new(),
+            };
+            let created = pool.runtime.create(spec).await;
+            pool.finish_refill(&language, created).await;
+        });
+    }
+
+    async fn finish_refill(
+        self: &Arc<Self>,
+        language: &str,
+        created: Result<Arc<dyn Sandbox>, RuntimeError>,
+    ) {
+        match created {
             Ok(sb) => {
-                self.watch(&language, &sb);
-                let mut ready = self.ready.lock();
-                let queue = ready.entry(language.clone()).or_default();
-                queue.push_back(sb);
-                self.metrics
-                    .pool_ready
-                    .with_label_values(&[&language])
-                    .set(queue.len() as i64);
-                Fill::Added
+                if self.add_ready(language, &sb) {
+                    self.watch(language, &sb);
+                } else {
+                    // Drained meanwhile: destroyed before it stops counting as starting, so
+                    // `drain` returns only once it is gone.
+                    if let Err(e) = sb.destroy().await {
+                        tracing::warn!(error = %e, "destroying a warm sandbox after drain");
+                    }
+                    self.done_starting(language, Ok(()));
+                }
             }
             Err(e) => {
                 self.metrics.pool_failures.inc();
                 tracing::warn!(%language, error = %e, "warm sandbox failed to start");
-                Fill::Failed
+                self.done_starting(language, Err(()));
             }
         }
+        self.settled.notify_waiters();
+        self.wake.notify_one();
+    }
+
+    /// Puts a started sandbox into its queue; false once the pool is drained.
+    fn add_ready(&self, language: &str, sb: &Arc<dyn Sandbox>) -> bool {
+        let mut state = self.state.lock();
+        if state.closed {
+            return false;
+        }
+        state.starting -= 1;
+        state.backoff = FIRST_BACKOFF;
+        let now = Instant::now();
+        if let Some(lane) = state.lanes.get_mut(language) {
+            lane.starting -= 1;
+            lane.ready.push_back(sb.clone());
+            self.publish(language, lane, now);
+        }
+        true
+    }
+
+    /// A refill that added nothing stops counting as starting; a failed one delays the next.
+    fn done_starting(&self, language: &str, outcome: Result<(), ()>) {
+        let mut state = self.state.lock();
+        state.starting -= 1;
+        if let Some(lane) = state.lanes.get_mut(language) {
+            lane.starting -= 1;
+        }
+        if outcome.is_err() {
+            state.retry_at = Some(Instant::now() + state.backoff);
+            state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    fn publish(&self, language: &str, lane: &mut Lane, now: Instant) {
+        self.metrics
+            .pool_ready
+            .with_label_values(&[language])
+            .set(lane.ready.len() as i64);
+        self.metrics
+            .pool_target
+            .with_label_values(&[language])
+            .set(lane.target(now) as i64);
     }
 
     /// A warm sandbox whose agent dies is taken out and destroyed at once: it is never handed
@@ -159,32 +370,149 @@ impl Pool {
 
     /// Takes `sb` out of the ready queue; false if it was no longer there (handed out, drained).
     fn remove(&self, language: &str, sb: &Arc<dyn Sandbox>) -> bool {
-        let mut ready = self.ready.lock();
-        let Some(queue) = ready.get_mut(language) else {
+        let mut state = self.state.lock();
+        let Some(lane) = state.lanes.get_mut(language) else {
             return false;
         };
-        let before = queue.len();
-        queue.retain(|q| !Arc::ptr_eq(q, sb));
-        self.metrics
-            .pool_ready
-            .with_label_values(&[language])
-            .set(queue.len() as i64);
-        queue.len() != before
+        let before = lane.ready.len();
+        lane.ready.retain(|q| !Arc::ptr_eq(q, sb));
+        let removed = lane.ready.len() != before;
+        self.publish(language, lane, Instant::now());
+        removed
     }
 
-    /// Destroys every ready sandbox (shutdown).
+    /// Destroys every ready sandbox and every one still starting, once it has started
+    /// (shutdown); nothing is refilled afterwards.
     pub async fn drain(&self) {
-        let all: Vec<_> = self.ready.lock().drain().flat_map(|(_, q)| q).collect();
-        for sb in all {
-            if let Err(e) = sb.destroy().await {
-                tracing::warn!(error = %e, "destroying a warm sandbox");
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            let (ready, starting) = {
+                let mut state = self.state.lock();
+                state.closed = true;
+                let ready: Vec<_> = state
+                    .lanes
+                    .values_mut()
+                    .flat_map(|lane| lane.ready.drain(..))
+                    .collect();
+                (ready, state.starting)
+            };
+            for sb in ready {
+                if let Err(e) = sb.destroy().await {
+                    tracing::warn!(error = %e, "destroying a warm sandbox");
+                }
             }
+            if starting == 0 {
+                break;
+            }
+            settled.await;
+        }
+        let state = self.state.lock();
+        for language in state.lanes.keys() {
+            self.metrics
+                .pool_ready
+                .with_label_values(&[language])
+                .set(0);
         }
     }
 }
 
-enum Fill {
-    Added,
-    Full,
-    Failed,
+impl State {
+    /// Until when refills wait (a recent take, a recent failure), if they must.
+    fn hold_until(&mut self, now: Instant) -> Option<Instant> {
+        let mut hold = self.retry_at.filter(|at| *at > now);
+        if let Some(quiet) = self.last_take.map(|t| t + QUIET).filter(|at| *at > now) {
+            let limit = *self.deferred_since.get_or_insert(now) + MAX_DEFER;
+            if limit > now {
+                hold = Some(hold.map_or(quiet.min(limit), |h| h.max(quiet.min(limit))));
+            }
+        }
+        hold
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use koder_runtime_memory::MemoryRuntime;
+
+    fn pool(runtime: &MemoryRuntime, size: PoolSize) -> Arc<Pool> {
+        let pool = Arc::new(Pool::new(
+            Arc::new(runtime.clone()),
+            [("python".to_string(), size)].into(),
+            Limits::default(),
+            Arc::new(Metrics::new()),
+        ));
+        tokio::spawn(pool.clone().run_filler());
+        pool
+    }
+
+    /// Lets the (paused) clock run until `cond` holds.
+    async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+        for _ in 0..10_000 {
+            if cond() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never happened: {what}");
+    }
+
+    fn target(pool: &Pool) -> i64 {
+        pool.metrics
+            .pool_target
+            .with_label_values(&["python"])
+            .get()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_target_follows_a_burst_then_decays_to_min() {
+        let rt = MemoryRuntime::new();
+        let pool = pool(&rt, PoolSize { min: 1, max: 4 });
+        until("min is ready", || pool.depth("python") == 1).await;
+        // One hit, five misses (which cold creates would serve): demand all the same.
+        let taken: Vec<_> = (0..6).filter_map(|_| pool.take("python", None)).collect();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(target(&pool), 4, "six creates, capped at max");
+        until("the pool grows to max", || pool.depth("python") == 4).await;
+        // Held while demand is recent...
+        tokio::time::sleep(DEMAND_WINDOW / 2).await;
+        assert_eq!(pool.depth("python"), 4);
+        // ...and back to min once a window passed without creates, the surplus destroyed.
+        tokio::time::sleep(DEMAND_WINDOW).await;
+        assert_eq!(target(&pool), 1);
+        until("surplus destroyed", || rt.live().len() == taken.len() + 1).await;
+        assert_eq!(pool.depth("python"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refills_wait_for_a_quiet_moment_but_not_forever() {
+        let rt = MemoryRuntime::new();
+        let pool = pool(&rt, PoolSize::fixed(1));
+        until("ready", || pool.depth("python") == 1).await;
+        assert!(pool.take("python", None).is_some());
+        tokio::time::sleep(QUIET / 2).await;
+        assert_eq!(rt.live().len(), 1, "no refill right after a take");
+        until("refilled after the quiet gap", || pool.depth("python") == 1).await;
+        // A take every QUIET/2 never leaves a quiet gap; the refill still comes.
+        let started = tokio::time::Instant::now();
+        while pool.depth("python") == 0 || started.elapsed() < QUIET {
+            pool.take("python", None);
+            tokio::time::sleep(QUIET / 2).await;
+            assert!(
+                started.elapsed() <= MAX_DEFER + QUIET,
+                "refill deferred too long"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_start_backs_off() {
+        let rt = MemoryRuntime::new();
+        rt.fail_next_create(RuntimeError::Start("no".into()));
+        let pool = pool(&rt, PoolSize::fixed(1));
+        until("ready after the retry", || pool.depth("python") == 1).await;
+        assert_eq!(pool.metrics.pool_failures.get(), 1);
+    }
 }

@@ -210,8 +210,8 @@ impl Manager {
         let tasks: Vec<JoinHandle<()>> = self.tasks.lock().drain(..).collect();
         for t in tasks {
             t.abort();
-            // Abort lands at the task's next await; a warm sandbox start in the middle of its
-            // synchronous set-up must finish (or stop) before the final sweep below.
+            // Abort lands at the task's next await; the filler's refills run on tasks of their
+            // own, which `drain` below waits for and destroys.
             let _ = t.await;
         }
         let live: Vec<(String, Arc<Live>)> = self
@@ -230,7 +230,8 @@ impl Manager {
         if let Ok(vm) = &self.microvm {
             vm.pool.drain().await;
         }
-        // A warm sandbox whose start the abort above interrupted is only reachable this way.
+        // Whatever a crashed start left behind (the runtime cleans up after itself) is only
+        // reachable this way.
         let vm = self.microvm.as_ref().ok().map(|e| &e.runtime);
         for runtime in std::iter::once(&self.runtime).chain(vm) {
             if let Err(e) = runtime.reconcile().await {
