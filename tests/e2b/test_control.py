@@ -165,7 +165,7 @@ def test_unsupported_api_answers_in_e2b_shape(sandbox, api):
     assert "not supported" in r.json()["message"]
     assert api.put(f"/sandboxes/{sandbox.sandbox_id}", json={}).json()["code"] == 501
     assert api.get("/templates").json()["code"] == 501
-    assert api.get("/volumes").json()["code"] == 501
+    assert api.get("/secrets").json()["code"] == 501
 
 
 def test_connect_answers_200_running_201_resumed(fresh, api):
