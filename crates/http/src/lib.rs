@@ -29,6 +29,7 @@ use utoipa::OpenApi;
 
 pub use error::{status_of, ApiError};
 pub use extract::declared_length;
+pub use volumes::file_response as volume_file_response;
 
 /// Largest JSON request body (uploads stream and are bounded separately).
 pub const MAX_JSON_BODY: usize = 1024 * 1024;

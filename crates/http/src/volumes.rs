@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use koder_api_types::{CreateVolume, ErrorBody, FileEntry, FileList, Volume, VolumeList};
-use koder_sessions::VolumeMeta;
+use koder_sessions::{VolumeFile, VolumeMeta};
 use serde::Deserialize;
 
 use crate::error::ApiError;
@@ -194,16 +194,21 @@ pub async fn download(
     Query(q): Query<VolumePath>,
 ) -> ApiResult<Response> {
     let f = s.manager.volume_download(&who, &volume, &q.path).await?;
+    Ok(file_response(f))
+}
+
+/// A volume file as an `application/octet-stream` answer of its length (the E2B surface
+/// answers its downloads the same way).
+pub fn file_response(f: VolumeFile) -> Response {
     let size = f.size;
-    let stream = f.into_stream();
-    Ok((
+    (
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
             (header::CONTENT_LENGTH, size.to_string()),
         ],
-        Body::from_stream(stream),
+        Body::from_stream(f.into_stream()),
     )
-        .into_response())
+        .into_response()
 }
 
 #[utoipa::path(delete, path = "/v1/sandbox/volumes/{volume}/files", tag = "volumes",

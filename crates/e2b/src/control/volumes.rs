@@ -8,7 +8,7 @@
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -278,16 +278,7 @@ async fn read_file(
     Query(q): Query<PathQuery>,
 ) -> Result<Response, HttpError> {
     let f = e2b.manager().volume_download(&who, &id, &q.path).await?;
-    let size = f.size;
-    let stream = f.into_stream();
-    Ok((
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-            (header::CONTENT_LENGTH, size.to_string()),
-        ],
-        Body::from_stream(stream),
-    )
-        .into_response())
+    Ok(koder_http::volume_file_response(f))
 }
 
 async fn write_file(
