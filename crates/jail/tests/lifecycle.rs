@@ -239,6 +239,7 @@ async fn abandoned_creates_leave_nothing() {
         .tempdir_in("/tmp")
         .unwrap();
     let parent = format!("koder-test-abandon-{}", std::process::id());
+    let _parent_goes = RemoveCgroupParent(parent.clone());
     let mut cfg = JailConfig::new(dir.path(), agent_bin());
     cfg.cgroup_parent = parent.clone();
     // One slot per attempt: each is given back only after its teardown, which `clean` below
@@ -284,8 +285,31 @@ async fn abandoned_creates_leave_nothing() {
     for sb in again {
         sb.destroy().await.unwrap();
     }
-    for c in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        let _ = std::fs::remove_dir(c.path().join(&parent));
+}
+
+/// Removes a test's cgroup parent in every hierarchy when the test ends, also when it fails
+/// (a teardown finishing on a background thread may still hold a child for a moment).
+struct RemoveCgroupParent(String);
+
+impl Drop for RemoveCgroupParent {
+    fn drop(&mut self) {
+        let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
+            return;
+        };
+        let dirs: Vec<PathBuf> = controllers
+            .flatten()
+            .map(|c| c.path().join(&self.0))
+            .collect();
+        for _ in 0..50 {
+            let left = dirs
+                .iter()
+                .filter(|d| d.exists() && std::fs::remove_dir(d).is_err())
+                .count();
+            if left == 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
