@@ -338,6 +338,8 @@ mod tests {
                 }
             }
         }
+        let sessions = &paths["/v1/sandbox/sessions"]["post"]["responses"];
+        assert!(sessions["409"].is_object() && sessions["501"].is_object());
         let create = &paths["/v1/sandbox/volumes"]["post"]["responses"];
         assert!(create["507"].is_object() && create["409"].is_object());
         assert!(spec["components"]["schemas"]["Volume"].is_object());
