@@ -11,8 +11,9 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests start the real agent binary, so every binary is built first.
 cargo build --workspace --bins --locked
-# The microVM guest (kernel + root disk), built once and kept in target/ (minutes the first time).
-export KODER_MICROVM_IMAGES="$PWD/target/microvm-images"
+# The microVM guest (kernel + root disk), built once into the test cache outside the clone and
+# rebuilt when its recipe's version changes (minutes the first time).
+export KODER_MICROVM_IMAGES="${KODER_TEST_CACHE:-/var/cache/koder-sandbox-test}/microvm-images"
 target/debug/ksandbox image build --images-dir "$KODER_MICROVM_IMAGES"
 cargo test --workspace --locked
 target/debug/koder-bench --smoke  # benchmark harness end to end, tiny counts, no timing asserted

@@ -2,7 +2,8 @@
 //! batch with native JSON execs, and time to interactive (create → first `node -v` answered)
 //! one after the other and 50 at once, each against the host's own `node -v` measured
 //! interleaved in the same run. The SDK runs from the venv scripts/bench.sh and
-//! scripts/e2b-tests.sh make (`target/e2b-venv`); without it the rows say n/a.
+//! scripts/e2b-tests.sh make (`/var/cache/koder-sandbox-test/e2b-venv`); without it the rows
+//! say n/a.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -19,11 +20,10 @@ use crate::stats::{fmt_ms, Summary};
 
 const DRIVER: &str = include_str!("e2b_driver.py");
 
-/// The venv's python: `--e2b-python`, else `target/e2b-venv/bin/python` next to the build
-/// directory this executable is in.
-pub fn default_python() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    Some(exe.parent()?.parent()?.join("e2b-venv/bin/python"))
+/// The venv's python when `--e2b-python` is not given: the one the project's scripts make in
+/// the test cache.
+pub fn default_python() -> PathBuf {
+    PathBuf::from("/var/cache/koder-sandbox-test/e2b-venv/bin/python")
 }
 
 /// The driver process; killed (it is ours) if still running when dropped.
@@ -115,7 +115,7 @@ const NODE_BURST_NAME: &str = "`node -v` on the host, 50 at once";
 const TTI_BURST_NAME: &str =
     "time to interactive via the E2B SDK, 50 at once (threads released together)";
 
-pub async fn run(ctx: &Ctx<'_>, python: Option<&Path>, rows: &mut Vec<Row>) {
+pub async fn run(ctx: &Ctx<'_>, python: &Path, rows: &mut Vec<Row>) {
     let ids = [
         "e2b_run",
         "host_node",
@@ -130,16 +130,16 @@ pub async fn run(ctx: &Ctx<'_>, python: Option<&Path>, rows: &mut Vec<Row>) {
         NODE_BURST_NAME,
         TTI_BURST_NAME,
     ];
-    let missing = match python {
-        None => Some("no E2B SDK venv path".to_string()),
-        Some(p) if !p.exists() => Some(format!(
+    let missing = if !python.exists() {
+        Some(format!(
             "no E2B SDK venv at {}; scripts/bench.sh makes it",
-            p.display()
-        )),
-        Some(p) => match Command::new(p).args(["-c", "import e2b"]).output() {
+            python.display()
+        ))
+    } else {
+        match Command::new(python).args(["-c", "import e2b"]).output() {
             Ok(o) if o.status.success() => None,
-            _ => Some(format!("{} cannot import e2b", p.display())),
-        },
+            _ => Some(format!("{} cannot import e2b", python.display())),
+        }
     };
     if let Some(why) = missing {
         for (id, name) in ids.iter().zip(names) {
@@ -147,7 +147,6 @@ pub async fn run(ctx: &Ctx<'_>, python: Option<&Path>, rows: &mut Vec<Row>) {
         }
         return;
     }
-    let python = python.expect("checked above");
     let mut driver = match Driver::start(python, ctx) {
         Ok(d) => d,
         Err(e) => {

@@ -115,10 +115,10 @@ struct Args {
     #[arg(
         long,
         env = "KODER_MICROVM_IMAGES",
-        default_value = "target/microvm-images"
+        default_value = "/var/cache/koder-sandbox-test/microvm-images"
     )]
     microvm_images: PathBuf,
-    /// Python of a venv with the `e2b` SDK (default: `target/e2b-venv/bin/python`, which
+    /// Python of a venv with the `e2b` SDK (default: the test cache's `e2b-venv/bin/python`, which
     /// scripts/bench.sh makes).
     #[arg(long, env = "KODER_E2B_PYTHON")]
     e2b_python: Option<PathBuf>,
@@ -380,8 +380,8 @@ async fn run(args: &Args) -> Result<Report> {
                 };
                 if wants(Phase::E2b) {
                     progress("E2B Python SDK: commands.run, time to interactive");
-                    let python = args.e2b_python.clone().or_else(e2b::default_python);
-                    e2b::run(&ctx, python.as_deref(), &mut rows).await;
+                    let python = args.e2b_python.clone().unwrap_or_else(e2b::default_python);
+                    e2b::run(&ctx, &python, &mut rows).await;
                 }
                 if wants(Phase::Create) {
                     progress("warm create, create+exec+destroy");

@@ -2,6 +2,7 @@
 //! manager and the REST transport.
 
 pub mod config;
+mod keyfile;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -42,6 +43,9 @@ pub struct ServeArgs {
 
 /// File in the data dir holding the dev tenant's key, so it survives restarts.
 pub const DEV_KEY_FILE: &str = "dev-api-key";
+/// File in the data dir holding the key of the tokens the daemon derives (E2B envd and volume
+/// tokens), so tokens handed out before a restart still open what outlived it.
+const TOKEN_KEY_FILE: &str = "token-key";
 pub const DEV_TENANT: &str = "dev";
 
 /// Runs the daemon until SIGINT/SIGTERM.
@@ -87,7 +91,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         keys: Arc::new(RwLock::new(keys)),
         admin_keys: Arc::new(admin_keys(&cfg)?),
     };
-    let e2b = koder_e2b::E2b::new(state.clone(), cfg.sessions.clone());
+    let e2b = koder_e2b::E2b::new(state.clone(), cfg.sessions.clone(), token_key(data_dir)?);
     let app = koder_e2b::mount(koder_http::router(state), e2b);
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
         .await
@@ -212,16 +216,21 @@ async fn upsert_tenant(store: &Store, id: &str, t: &TenantConfig) -> anyhow::Res
 }
 
 fn dev_key(data_dir: &Path) -> anyhow::Result<String> {
-    let path = data_dir.join(DEV_KEY_FILE);
-    if let Ok(existing) = std::fs::read_to_string(&path) {
-        let existing = existing.trim().to_string();
-        if existing.len() >= koder_auth::MIN_KEY_LEN {
-            return Ok(existing);
-        }
-    }
-    let key = koder_auth::generate_key();
-    std::fs::write(&path, format!("{key}\n"))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    keyfile::read_or_create(
+        &data_dir.join(DEV_KEY_FILE),
+        |k| k.len() >= koder_auth::MIN_KEY_LEN,
+        koder_auth::generate_key,
+    )
+}
+
+fn token_key(data_dir: &Path) -> anyhow::Result<[u8; 32]> {
+    let hex_key = keyfile::read_or_create(
+        &data_dir.join(TOKEN_KEY_FILE),
+        |k| hex::decode(k).is_ok_and(|b| b.len() == 32),
+        || hex::encode(rand::random::<[u8; 32]>()),
+    )?;
+    let mut key = [0u8; 32];
+    hex::decode_to_slice(hex_key, &mut key).context("the token key file is not 32 hex bytes")?;
     Ok(key)
 }
 

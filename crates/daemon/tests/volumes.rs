@@ -172,6 +172,22 @@ async fn volumes_persist_with_one_writer_and_sandbox_owners() {
     );
     let (_, v) = d.json(GET, "/v1/sandbox/volumes/data", Value::Null).await;
     assert_eq!(v["mounts"].as_array().map(Vec::len), Some(2), "{v}");
+    // The session list shows each session's own mounts, with the volume's name.
+    let (_, list) = d.json(GET, "/v1/sandbox/sessions", Value::Null).await;
+    let mounts_of = |id: &str| {
+        list["sessions"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["id"] == id))
+            .map(|s| s["volumes"].clone())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(
+        mounts_of(&a),
+        json!([{"volume_id": vid, "name": "data", "path": "/data"}]),
+        "{list}"
+    );
+    assert_eq!(mounts_of(&b)[0]["path"], "/mnt/ro", "{list}");
+    assert_eq!(mounts_of(&b)[0]["read_only"], true, "{list}");
 
     // The file API sees and feeds the same filesystem.
     assert_eq!(
@@ -393,6 +409,16 @@ async fn volumes_and_their_claims_survive_a_restart() {
         .create(json!({"volumes": [{"name": "keep", "path": "/keep"}]}))
         .await;
     sh_ok(&d, &s, "echo before > /keep/f", "user").await;
+    // An E2B volume token handed out before the restart still opens its volume after it.
+    let (status, e2b_volume) = d.json(POST, "/volumes", json!({"name": "tok"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{e2b_volume}");
+    let content = format!(
+        "/volumecontent/{}/dir?path=/",
+        e2b_volume["volumeID"].as_str().unwrap()
+    );
+    let token = e2b_volume["token"].as_str().unwrap().to_string();
+    let listed = |d: &Daemon| d.req(Method::GET, &content, &token).send();
+    assert_eq!(listed(&d).await.unwrap().status(), StatusCode::OK);
     let (status, v) = d
         .json(
             POST,
@@ -403,6 +429,7 @@ async fn volumes_and_their_claims_survive_a_restart() {
     assert_eq!(status, StatusCode::OK, "{v}");
     d.stop();
     d.launch().await;
+    assert_eq!(listed(&d).await.unwrap().status(), StatusCode::OK);
     // The paused session still holds its claim, so another writer is refused.
     let (status, v) = d
         .json(

@@ -4,10 +4,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use hmac::{Hmac, Mac};
 use koder_http::AppState;
 use koder_sessions::{Manager, SessionConfig};
 use parking_lot::Mutex;
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 
 use crate::control::cpu::CpuSample;
 use crate::envd::sandbox::SandboxCtx;
@@ -21,8 +22,8 @@ pub struct E2b {
 struct Inner {
     app: AppState,
     sessions: SessionConfig,
-    /// Keys the derivation of per-sandbox envd access tokens; new at every start, so tokens of
-    /// a previous run (whose sandboxes are gone anyway) never verify.
+    /// Keys the derivation of envd and volume tokens. It outlives a restart (the daemon keeps
+    /// it in its data dir): paused sandboxes and volumes do, and their clients keep the tokens.
     token_secret: [u8; 32],
     /// Per-sandbox envd state: processes started through E2B, watchers, interpreter contexts.
     sandboxes: Mutex<HashMap<String, Arc<SandboxCtx>>>,
@@ -31,13 +32,14 @@ struct Inner {
 }
 
 impl E2b {
-    /// `sessions` is the configuration the manager runs with (timeouts the E2B defaults map to).
-    pub fn new(app: AppState, sessions: SessionConfig) -> Self {
+    /// `sessions` is the configuration the manager runs with (timeouts the E2B defaults map to);
+    /// `token_secret` keys every token this adapter hands out.
+    pub fn new(app: AppState, sessions: SessionConfig, token_secret: [u8; 32]) -> Self {
         Self {
             inner: Arc::new(Inner {
                 app,
                 sessions,
-                token_secret: rand::random(),
+                token_secret,
                 sandboxes: Mutex::default(),
                 cpu_samples: Mutex::default(),
             }),
@@ -57,7 +59,7 @@ impl E2b {
     }
 
     /// The envd access token of a sandbox, derived rather than stored: any daemon component
-    /// can check it and a restart (which ends every sandbox) invalidates all of them.
+    /// can check it, and a sandbox resumed after a restart keeps its token.
     pub fn envd_token(&self, id: &str) -> String {
         hex::encode(hmac_sha256(&self.inner.token_secret, id.as_bytes()))
     }
@@ -95,20 +97,11 @@ impl E2b {
     }
 }
 
-/// HMAC-SHA256 (RFC 2104) with a key of at most one block.
 fn hmac_sha256(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
-    let mut block = [0u8; 64];
-    block[..32].copy_from_slice(key);
-    let pad = |byte: u8| block.map(|b| b ^ byte);
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(msg)
-        .finalize();
-    Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize()
-        .into()
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    mac.update(msg);
+    mac.finalize().into_bytes().into()
 }
 
 #[cfg(test)]
@@ -116,7 +109,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hmac_matches_rfc_4231_shape() {
+    fn hmac_matches_rfc_4231() {
         // RFC 4231 test case 2 uses a short key; with the key zero-padded to 32 bytes the
         // HMAC is unchanged (keys are zero-padded to the block size either way).
         let mut key = [0u8; 32];

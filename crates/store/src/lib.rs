@@ -27,7 +27,7 @@ mod tests;
 mod volumes;
 
 pub use state::{LayerRecord, SessionDurable, SnapshotRecord};
-pub use volumes::{VolumeMountRecord, VolumeRecord};
+pub use volumes::{NamedVolumeMount, VolumeMountRecord, VolumeRecord};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 

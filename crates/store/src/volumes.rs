@@ -28,6 +28,13 @@ pub struct VolumeMountRecord {
     pub read_only: bool,
 }
 
+/// A mount with the name of its volume, as session answers show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedVolumeMount {
+    pub mount: VolumeMountRecord,
+    pub name: String,
+}
+
 const VOLUME_COLUMNS: &str = "id, tenant_id, name, size_mib, backend, created_at_ms";
 
 impl Store {
@@ -180,6 +187,39 @@ impl Store {
         rows.iter().map(mount_from_row).collect()
     }
 
+    /// The mounts of every session of the tenant with their volumes' names, in mount order per
+    /// session: one query for a whole session list.
+    pub async fn tenant_volume_mounts(
+        &self,
+        tenant_id: &str,
+    ) -> Result<Vec<NamedVolumeMount>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT m.volume_id, m.session_id, m.path, m.read_only, v.name FROM volume_mounts m \
+             JOIN volumes v ON v.id = m.volume_id \
+             WHERE v.tenant_id = $1 ORDER BY m.session_id, m.position",
+        )
+        .bind(tenant_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(named_mount_from_row).collect()
+    }
+
+    /// The session's mounts with their volumes' names, in mount order.
+    pub async fn session_volume_mounts_named(
+        &self,
+        session_id: &str,
+    ) -> Result<Vec<NamedVolumeMount>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT m.volume_id, m.session_id, m.path, m.read_only, v.name FROM volume_mounts m \
+             JOIN volumes v ON v.id = m.volume_id \
+             WHERE m.session_id = $1 ORDER BY m.position",
+        )
+        .bind(session_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(named_mount_from_row).collect()
+    }
+
     /// The sessions that have the volume mounted.
     pub async fn volume_mounts(
         &self,
@@ -252,6 +292,13 @@ fn mount_from_row(row: &SqliteRow) -> Result<VolumeMountRecord, StoreError> {
         session_id: get(row, "session_id")?,
         path: get(row, "path")?,
         read_only: get(row, "read_only")?,
+    })
+}
+
+fn named_mount_from_row(row: &SqliteRow) -> Result<NamedVolumeMount, StoreError> {
+    Ok(NamedVolumeMount {
+        mount: mount_from_row(row)?,
+        name: get(row, "name")?,
     })
 }
 
@@ -363,5 +410,57 @@ mod tests {
         assert_eq!(store.release_orphan_volume_mounts().await.unwrap(), 1);
         assert!(store.delete_volume("v1").await.unwrap());
         assert!(!store.delete_volume("v1").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn mounts_with_names_per_session_and_per_tenant() {
+        let store = store_with(&["a", "b"]).await;
+        for (id, tenant, name) in [("v1", "a", "data"), ("v2", "a", "more"), ("v3", "b", "x")] {
+            store
+                .insert_volume(&volume(id, tenant, name))
+                .await
+                .unwrap();
+        }
+        for (s, tenant) in [("s1", "a"), ("s2", "a"), ("s3", "b")] {
+            store.insert_session(&session(s, tenant, 0)).await.unwrap();
+        }
+        // Mount order is kept: v2 was asked for first.
+        store
+            .insert_volume_mounts(&[mount("v2", "s1", true), mount("v1", "s1", true)])
+            .await
+            .unwrap();
+        store
+            .insert_volume_mounts(&[mount("v1", "s2", true)])
+            .await
+            .unwrap();
+        store
+            .insert_volume_mounts(&[mount("v3", "s3", false)])
+            .await
+            .unwrap();
+        let named = |m: &[NamedVolumeMount]| -> Vec<(String, String)> {
+            m.iter()
+                .map(|n| (n.mount.session_id.clone(), n.name.clone()))
+                .collect()
+        };
+        let s1 = store.session_volume_mounts_named("s1").await.unwrap();
+        assert_eq!(
+            named(&s1),
+            [("s1".into(), "more".into()), ("s1".into(), "data".into())]
+        );
+        let a = store.tenant_volume_mounts("a").await.unwrap();
+        assert_eq!(
+            named(&a),
+            [
+                ("s1".into(), "more".into()),
+                ("s1".into(), "data".into()),
+                ("s2".into(), "data".into())
+            ]
+        );
+        // Another tenant's mounts never show.
+        assert_eq!(
+            named(&store.tenant_volume_mounts("b").await.unwrap()).len(),
+            1
+        );
+        assert!(store.tenant_volume_mounts("c").await.unwrap().is_empty());
     }
 }

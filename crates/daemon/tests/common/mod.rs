@@ -39,14 +39,13 @@ pub struct Daemon {
 }
 
 /// The `[microvm]` table pointing at the image `ksandbox image build` made
-/// (`KODER_MICROVM_IMAGES`, default `target/microvm-images`; scripts/test.sh builds it), with
+/// (`KODER_MICROVM_IMAGES`, default the test cache's `microvm-images`; scripts/test.sh builds
+/// it), with
 /// the backend `KODER_MICROVM_BACKEND` names (default qemu; firecracker on a KVM host).
 pub fn microvm_section() -> String {
     let images = std::env::var_os("KODER_MICROVM_IMAGES")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/microvm-images")
-        });
+        .unwrap_or_else(|| "/var/cache/koder-sandbox-test/microvm-images".into());
     assert!(
         images.join("microvm/manifest.json").is_file(),
         "no microvm image in {} (scripts/test.sh builds it: ksandbox image build --images-dir ...)",

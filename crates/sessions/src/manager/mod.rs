@@ -246,11 +246,18 @@ impl Manager {
     }
 
     pub async fn list(&self, who: &Identity) -> Result<Vec<Session>, Error> {
-        let mut out = Vec::new();
-        for r in self.store.list_sessions(&who.tenant_id, false).await? {
-            out.push(self.view(&r).await?);
-        }
-        Ok(out)
+        let mut volumes = self.tenant_session_volumes(&who.tenant_id).await?;
+        let records = self.store.list_sessions(&who.tenant_id, false).await?;
+        Ok(records
+            .iter()
+            .map(|r| {
+                let mut s = view(r);
+                if r.state != SessionState::Stopped {
+                    s.volumes = volumes.remove(&r.id).unwrap_or_default();
+                }
+                s
+            })
+            .collect())
     }
 
     pub async fn get(&self, who: &Identity, id: &str) -> Result<Session, Error> {

@@ -2,13 +2,15 @@
 //! sessions hold on the volumes they mount. A claim is a store row (the one-writer rule is the
 //! store's), taken before the sandbox starts and released when the session ends.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use koder_api_types::{
     CreateVolume, SessionVolume, Volume, VolumeList, VolumeMountRequest, VolumeUse,
 };
 use koder_auth::Identity;
 use koder_runtime::VolumeMount;
-use koder_store::{Store, StoreError, VolumeMountRecord, VolumeRecord};
+use koder_store::{NamedVolumeMount, Store, StoreError, VolumeMountRecord, VolumeRecord};
 
 use super::Manager;
 use crate::volumes::{validate_mounts, validate_name, Volumes, MIN_SIZE_MIB};
@@ -275,22 +277,23 @@ impl Manager {
         &self,
         session_id: &str,
     ) -> Result<Vec<SessionVolume>, Error> {
-        let mut out = Vec::new();
-        for m in self.store.session_volume_mounts(session_id).await? {
-            let name = self
-                .store
-                .get_volume(&m.volume_id)
-                .await?
-                .map(|v| v.name)
-                .unwrap_or_default();
-            out.push(SessionVolume {
-                volume_id: m.volume_id,
-                name,
-                path: m.path,
-                read_only: m.read_only,
-            });
+        let mounts = self.store.session_volume_mounts_named(session_id).await?;
+        Ok(mounts.into_iter().map(session_volume).collect())
+    }
+
+    /// The volumes of every session of the tenant, by session, in one store query.
+    pub(super) async fn tenant_session_volumes(
+        &self,
+        tenant_id: &str,
+    ) -> Result<HashMap<String, Vec<SessionVolume>>, Error> {
+        let mut by_session: HashMap<String, Vec<SessionVolume>> = HashMap::new();
+        for m in self.store.tenant_volume_mounts(tenant_id).await? {
+            by_session
+                .entry(m.mount.session_id.clone())
+                .or_default()
+                .push(session_volume(m));
         }
-        Ok(out)
+        Ok(by_session)
     }
 
     /// The mount requests that give a fork the source's volumes: read-only, since a volume has
@@ -381,4 +384,13 @@ impl Drop for ReleaseOnDrop {
 /// A volume file time in API terms.
 pub(crate) fn time(t: std::time::SystemTime) -> DateTime<Utc> {
     DateTime::<Utc>::from(t)
+}
+
+fn session_volume(m: NamedVolumeMount) -> SessionVolume {
+    SessionVolume {
+        volume_id: m.mount.volume_id,
+        name: m.name,
+        path: m.mount.path,
+        read_only: m.mount.read_only,
+    }
 }
