@@ -62,7 +62,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let keys = load_keys(&cfg, &store, data_dir).await?;
     let agent = agent_bin(&cfg)?;
     let runtimes = koder_sessions::Runtimes {
-        jail: jail_runtime(&cfg, &agent)?,
+        jail: {
+            check_id_ranges(&cfg)?;
+            jail_runtime(&cfg, &agent)?
+        },
         microvm: microvm_runtime(&cfg, &agent),
     };
     let mut sessions = cfg.sessions.clone();
@@ -314,6 +317,34 @@ fn microvm_runtime(cfg: &Config, agent: &Path) -> Result<Arc<dyn Runtime>, Strin
     }
 }
 
+/// The jail's and the microVMs' host id ranges, which must not meet: a jail and a VMM with
+/// the same host uid could signal and read each other.
+fn check_id_ranges(cfg: &Config) -> anyhow::Result<()> {
+    use koder_runtime::slots::host_ids;
+    let jail_default = JailConfig::new("", "");
+    let jail = host_ids(
+        cfg.jail.uid_base.unwrap_or(jail_default.uid_base),
+        cfg.jail.max_sandboxes.unwrap_or(jail_default.max_sandboxes),
+        koder_jail::SANDBOX_IDS,
+    )?;
+    if !cfg.microvm.enabled {
+        return Ok(());
+    }
+    let vm_default = MicroVmConfig::new("", "", "");
+    let vms = host_ids(
+        cfg.microvm.uid_base.unwrap_or(vm_default.uid_base),
+        cfg.microvm.max_vms.unwrap_or(vm_default.max_vms),
+        1,
+    )?;
+    if jail.start < vms.end && vms.start < jail.end {
+        bail!(
+            "the jail's host ids {jail:?} and the microVMs' {vms:?} overlap: set [jail] uid_base \
+             or [microvm] uid_base apart"
+        );
+    }
+    Ok(())
+}
+
 fn jail_runtime(cfg: &Config, agent: &Path) -> anyhow::Result<Arc<dyn Runtime>> {
     let mut jc = JailConfig::new(cfg.server.data_dir.join("jail"), agent);
     if let Some(v) = cfg.jail.uid_base {
@@ -346,4 +377,34 @@ async fn shutdown_signal() {
         () = term => {}
     }
     tracing::info!("shutting down: destroying sandboxes");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(toml: &str) -> Config {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, toml).unwrap();
+        Config::load(&ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn host_id_ranges_are_checked_at_start() {
+        assert!(check_id_ranges(&config("")).is_ok());
+        // The default microVM range sits below the jail's.
+        assert!(check_id_ranges(&config("[microvm]\nenabled = true\n")).is_ok());
+        let wraps = check_id_ranges(&config("[jail]\nmax_sandboxes = 70000\n")).unwrap_err();
+        assert!(wraps.to_string().contains("do not fit"), "{wraps}");
+        let low = check_id_ranges(&config("[jail]\nuid_base = 1000\n")).unwrap_err();
+        assert!(low.to_string().contains("do not fit"), "{low}");
+        let overlap =
+            check_id_ranges(&config("[microvm]\nenabled = true\nuid_base = 200100\n")).unwrap_err();
+        assert!(overlap.to_string().contains("overlap"), "{overlap}");
+    }
 }

@@ -82,7 +82,8 @@ impl JailConfig {
             state_dir: state_dir.into(),
             agent_bin: agent_bin.into(),
             uid_base: 200_000,
-            max_sandboxes: 1024,
+            // 2000 idle sessions fit in well under 24 GB; the ranges end at 268 M host ids.
+            max_sandboxes: 4096,
             cgroup_parent: "koder-sandbox".into(),
             default_limits: Limits {
                 cpu_millis: Some(1000),
@@ -210,6 +211,9 @@ impl JailRuntime {
         }
         for n in &enforcement.not_enforced {
             tracing::warn!(what = %n.what, why = %n.why, "jail runtime cannot enforce");
+        }
+        if !rootless {
+            koder_runtime::slots::host_ids(cfg.uid_base, cfg.max_sandboxes, SANDBOX_IDS)?;
         }
         let inner = Inner {
             cgroup_prefix: koder_cgroups::instance_prefix(&cfg.state_dir),

@@ -3,6 +3,7 @@
 //! limits (RLIMIT_NPROC) connect them.
 
 use std::collections::BTreeSet;
+use std::ops::Range;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -44,9 +45,50 @@ impl Slots {
     }
 }
 
+/// Host ids below this are the host's own accounts (system users and people); no sandbox range
+/// may start among them.
+pub const MIN_ID_BASE: u32 = 65_536;
+
+/// The host ids `slots` ranges of `per_slot` ids from `base` cover, or why they cannot be used:
+/// a range running past the last valid id would wrap around to low host ids, root's among them.
+pub fn host_ids(base: u32, slots: u32, per_slot: u32) -> Result<Range<u64>, RuntimeError> {
+    let end = u64::from(base) + u64::from(slots) * u64::from(per_slot);
+    // u32::MAX is "no id" ((uid_t)-1) to the kernel.
+    if base < MIN_ID_BASE || end > u64::from(u32::MAX) {
+        return Err(RuntimeError::InvalidSpec(format!(
+            "{slots} sandboxes of {per_slot} host ids from {base} do not fit between {MIN_ID_BASE} \
+             and {}: lower the sandbox count or move the uid base",
+            u32::MAX
+        )));
+    }
+    Ok(u64::from(base)..end)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn id_ranges_never_wrap_or_reach_host_accounts() {
+        assert_eq!(
+            host_ids(200_000, 4096, 65_536).unwrap(),
+            200_000..268_635_456
+        );
+        assert_eq!(host_ids(150_000, 64, 1).unwrap(), 150_000..150_064);
+        for (base, slots, per) in [
+            (200_000, 65_534, 65_536),
+            (u32::MAX - 10, 11, 1),
+            (0, 1, 65_536),
+            (1000, 1, 1),
+            (u32::MAX, 1, 1),
+        ] {
+            assert!(host_ids(base, slots, per).is_err(), "{base} {slots} {per}");
+        }
+        assert_eq!(
+            host_ids(u32::MAX - 10, 10, 1).unwrap().end,
+            u64::from(u32::MAX)
+        );
+    }
 
     #[test]
     fn slots_are_unique_and_reused() {
