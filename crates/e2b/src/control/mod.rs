@@ -293,9 +293,16 @@ async fn create(
         },
     };
     let lifecycle = lifecycle_of(req.auto_pause, req.auto_pause_memory, req.auto_resume)?;
-    if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
+    // The SDK itself starts `mcp-gateway` inside the sandbox after the create; the control
+    // plane only checks the configuration's shape. An image without the gateway makes that
+    // start fail, and the SDK kills the sandbox.
+    if req
+        .mcp
+        .as_ref()
+        .is_some_and(|m| !m.is_null() && !m.is_object())
+    {
         return Err(HttpError::bad_request(
-            "MCP gateways are not supported by koder-sandbox",
+            "mcp must be an object of MCP server configurations",
         ));
     }
     let volumes = req
@@ -586,12 +593,14 @@ async fn matching(
     let mut wanted_meta: Vec<(String, String)> = Vec::new();
     let mut template = None;
     let mut asc = false;
+    let mut started_after = None;
     for (k, v) in params {
         match k.as_str() {
             "state" => states.extend(v.split(',').map(|s| s.trim().to_string())),
             "metadata" => wanted_meta.extend(parse_metadata_query(v)?),
             "template" => template = Some(v.clone()),
             "order" => asc = v == "asc",
+            "startedAfter" => started_after = Some(parse_time("startedAfter", v)?),
             _ => {}
         }
     }
@@ -617,12 +626,20 @@ async fn matching(
                 .as_deref()
                 .is_none_or(|t| t == template_of(&s.language))
         })
+        .filter(|s| started_after.is_none_or(|after| s.created_at >= after))
         .collect();
     out.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
     if asc {
         out.reverse();
     }
     Ok(out)
+}
+
+/// An RFC 3339 instant of a query parameter (the SDK sends Python's `isoformat()`).
+fn parse_time(name: &str, v: &str) -> Result<DateTime<Utc>, HttpError> {
+    DateTime::parse_from_rfc3339(v)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| HttpError::bad_request(format!("{name} {v:?} is no RFC 3339 time: {e}")))
 }
 
 /// The SDK sends `metadata` as a URL-encoded query string of its own (`k=v&k2=v2`) whose keys
@@ -690,16 +707,49 @@ async fn list_v2(
     ))
 }
 
+/// `start`/`end` of a metrics query: unix seconds, both optional.
+#[derive(Debug, Default)]
+struct MetricsRange {
+    start: Option<i64>,
+    end: Option<i64>,
+}
+
+impl MetricsRange {
+    fn parse(params: &[(String, String)]) -> Result<Self, HttpError> {
+        let mut range = Self::default();
+        for (k, v) in params {
+            let slot = match k.as_str() {
+                "start" => &mut range.start,
+                "end" => &mut range.end,
+                _ => continue,
+            };
+            *slot = Some(v.parse().map_err(|_| {
+                HttpError::bad_request(format!("{k} {v:?} is no unix time in seconds"))
+            })?);
+        }
+        Ok(range)
+    }
+
+    /// Whether a sample taken at unix second `at` falls in the range. The bounds have second
+    /// precision and the SDK truncates `end`, so a sample up to a second after it still counts.
+    fn holds(&self, at: i64) -> bool {
+        self.start.is_none_or(|s| s <= at) && self.end.is_none_or(|e| at <= e.saturating_add(1))
+    }
+}
+
 /// The sandbox's resource use now, as a one-sample series: CPU over the time since the
 /// previous request (or since the start), memory and disk now. Page cache is not measured
-/// per session, so `memCache` is 0. A paused sandbox has no samples.
+/// per session, so `memCache` is 0. A paused sandbox has no samples, and a range that does not
+/// hold the present holds none either (no history is kept).
 async fn metrics(
     State(e2b): State<E2b>,
     ApiCaller(who): ApiCaller,
     Path(id): Path<String>,
+    Query(params): Query<Vec<(String, String)>>,
 ) -> Result<axum::Json<Vec<Value>>, HttpError> {
+    let range = MetricsRange::parse(&params)?;
     let s = live_session(&e2b, &who, &id).await?;
-    if s.state == SessionState::Paused {
+    if s.state == SessionState::Paused || !range.holds(Utc::now().timestamp()) {
         return Ok(axum::Json(Vec::new()));
     }
     let m = e2b.manager().metrics_of(&who, &id).await?;
@@ -741,6 +791,32 @@ mod tests {
         for native in ["/v1/sandbox/sessions", "/sandboxesx", "/healthz", "/"] {
             assert!(!is_control_path(native), "{native}");
         }
+    }
+
+    #[test]
+    fn metric_ranges() {
+        let r = |start, end| MetricsRange { start, end };
+        assert!(r(None, None).holds(100));
+        assert!(r(Some(90), Some(100)).holds(100));
+        assert!(
+            r(Some(90), Some(100)).holds(101),
+            "end is truncated by the SDK"
+        );
+        assert!(!r(Some(90), Some(100)).holds(102));
+        assert!(!r(Some(101), None).holds(100));
+        assert!(r(Some(i64::MIN), Some(i64::MAX)).holds(0));
+        let q = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
+        assert_eq!(MetricsRange::parse(&q("end", "7")).unwrap().end, Some(7));
+        for bad in ["x", "1.5", "", "99999999999999999999"] {
+            assert!(MetricsRange::parse(&q("start", bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn query_times() {
+        let t = parse_time("startedAfter", "2026-12-01T20:29:18.286000+00:00").unwrap();
+        assert_eq!(t.timestamp_millis() % 1000, 286);
+        assert!(parse_time("startedAfter", "yesterday").is_err());
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub mod entry;
 pub mod watcher;
 
 use super::auth::Target;
-use super::user::split_parent;
+use super::user::{normalize, split_parent};
 use crate::connect::{self, Code, RpcError, Sink};
 use crate::proto::filesystem::{
     watch_dir_response, CreateWatcherRequest, CreateWatcherResponse, GetWatcherEventsRequest,
@@ -42,8 +42,10 @@ pub async fn rpc(
         "Stat" => {
             connect::unary(&headers, body, |r: StatRequest| async move {
                 let path = t.user.resolve(&r.path);
-                let entry = Some(entry_info(&stat(&t, &path).await?));
-                Ok(StatResponse { entry })
+                let entry = followed(&t, stat(&t, &path).await?).await;
+                Ok(StatResponse {
+                    entry: Some(entry_info(&entry)),
+                })
             })
             .await
         }
@@ -53,12 +55,17 @@ pub async fn rpc(
         "Remove" => {
             connect::unary(&headers, body, |r: RemoveRequest| async move {
                 let path = t.user.resolve(&r.path);
-                // envd removes like `rm -rf`.
-                t.e2b
+                // envd removes like `rm -rf` (Go's RemoveAll): a path that is not there is
+                // already removed.
+                match t
+                    .e2b
                     .manager()
                     .remove_file(&t.who, &t.id, &path, true)
-                    .await?;
-                Ok(RemoveResponse {})
+                    .await
+                {
+                    Ok(()) | Err(koder_sessions::Error::FileNotFound(_)) => Ok(RemoveResponse {}),
+                    Err(e) => Err(e.into()),
+                }
             })
             .await
         }
@@ -133,6 +140,46 @@ pub async fn stat(t: &Target, abs: &str) -> Result<FileEntry, RpcError> {
         return stat_by_exec(t, abs).await;
     }
     Err(missing(abs))
+}
+
+/// Symlinks a Stat follows before giving up: a loop, or a chain too long to be meant.
+const MAX_LINK_HOPS: usize = 8;
+
+/// A symlink as envd's Stat reports it: the type, size and mode of what it finally points at,
+/// with that target's absolute path; a dangling or looping link stays a symlink. Paths are
+/// resolved lexically, as the agent resolves them inside the sandbox's root.
+async fn followed(t: &Target, link: FileEntry) -> FileEntry {
+    let mut current = link.clone();
+    for _ in 0..MAX_LINK_HOPS {
+        let (EntryType::Symlink, Some(target)) = (current.kind, current.symlink_target.as_deref())
+        else {
+            break;
+        };
+        let abs = link_target(&current.path, target);
+        match stat(t, &abs).await {
+            Ok(next) => current = next,
+            Err(_) => return link,
+        }
+    }
+    if current.kind == EntryType::Symlink {
+        return link;
+    }
+    FileEntry {
+        kind: current.kind,
+        size: current.size,
+        mode: current.mode,
+        symlink_target: Some(current.path),
+        ..link
+    }
+}
+
+/// The absolute path a link at `link_path` with content `target` names.
+fn link_target(link_path: &str, target: &str) -> String {
+    if target.starts_with('/') {
+        return normalize(target);
+    }
+    let parent = split_parent(link_path).map_or("/", |(p, _)| p);
+    normalize(&format!("{parent}/{target}"))
 }
 
 fn missing(abs: &str) -> RpcError {
@@ -342,4 +389,19 @@ async fn relay_watch(sink: Sink, root: String, mut watch: Watch) {
 
 fn watch_message(event: Event) -> WatchDirResponse {
     WatchDirResponse { event: Some(event) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_targets_resolve_against_the_links_directory() {
+        assert_eq!(link_target("/home/user/d/l", "t.txt"), "/home/user/d/t.txt");
+        assert_eq!(link_target("/home/user/d/l", "../x/./y"), "/home/user/x/y");
+        assert_eq!(link_target("/home/user/d/l", "/etc//passwd"), "/etc/passwd");
+        // `..` never climbs above the sandbox's root.
+        assert_eq!(link_target("/l", "../../../etc"), "/etc");
+        assert_eq!(link_target("/l", ""), "/");
+    }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use axum::response::Response;
 use bytes::Bytes;
 use koder_api_types::{codes, ExecRequest, ExecResult};
+use koder_auth::Identity;
 use koder_sessions::execs::{ExecEvent, Follow};
 use tokio::sync::broadcast;
 
@@ -15,7 +16,9 @@ use crate::connect::{self, Code, RpcError, Sink};
 use crate::envd::auth::Target;
 use crate::proto::process::process_event::data_event::Output;
 use crate::proto::process::{ProcessConfig, StartResponse};
+use crate::E2b;
 
+const SIGKILL: i32 = 9;
 /// How long a new process may take to report its pid.
 const START_WAIT: Duration = Duration::from_secs(10);
 
@@ -52,6 +55,7 @@ pub(super) async fn start(
             .await;
     }
     let pid = wait_for_pid(&t, &exec_id, &cfg.cmd).await?;
+    let owner = Owner::of(&t, &exec_id);
     t.ctx.procs.lock().insert(
         pid,
         Proc {
@@ -61,8 +65,41 @@ pub(super) async fn start(
         },
     );
     let (sink, resp) = connect::stream_response();
-    tokio::spawn(relay(sink, pid, follow, keepalive, true));
+    tokio::spawn(relay(sink, pid, follow, owner, keepalive, true));
     Ok(resp)
+}
+
+/// The exec a relay streams, to tell a process that was killed from one whose sandbox went
+/// away under it: envd ends the latter's stream with UNAVAILABLE, so the SDK probes the
+/// sandbox and reports it gone.
+pub(super) struct Owner {
+    e2b: E2b,
+    who: Identity,
+    id: String,
+    exec_id: String,
+}
+
+impl Owner {
+    pub(super) fn of(t: &Target, exec_id: &str) -> Self {
+        Self {
+            e2b: t.e2b.clone(),
+            who: t.who.clone(),
+            id: t.id.clone(),
+            exec_id: exec_id.to_string(),
+        }
+    }
+
+    /// The session leaves the manager's live set before its sandbox is torn down, so an exec
+    /// that died with its sandbox finds it gone.
+    async fn sandbox_gone(&self) -> bool {
+        matches!(
+            self.e2b
+                .manager()
+                .exec_status(&self.who, &self.id, &self.exec_id)
+                .await,
+            Err(koder_sessions::Error::NotFound)
+        )
+    }
 }
 
 /// The exec's pid once the agent reported it started. The manager records it as the first
@@ -118,7 +155,14 @@ fn verdict_text(code: &str) -> &'static str {
 
 /// Streams an exec's events: start, output (the retained past too when `with_past`), then the
 /// end event. Leaving the stream leaves the process running.
-pub(super) async fn relay(sink: Sink, pid: u32, follow: Follow, every: Duration, with_past: bool) {
+pub(super) async fn relay(
+    sink: Sink,
+    pid: u32,
+    follow: Follow,
+    owner: Owner,
+    every: Duration,
+    with_past: bool,
+) {
     if !sink.send(&events::start(pid)).await {
         return;
     }
@@ -163,6 +207,10 @@ pub(super) async fn relay(sink: Sink, pid: u32, follow: Follow, every: Duration,
             ExecEvent::Stdout(b) => sink.send(&events::data(Output::Stdout(b.to_vec()))).await,
             ExecEvent::Stderr(b) => sink.send(&events::data(Output::Stderr(b.to_vec()))).await,
             ExecEvent::Exit(r) => {
+                if r.signal == Some(SIGKILL) && owner.sandbox_gone().await {
+                    sink.end(Some(stream_lost())).await;
+                    return;
+                }
                 let (end, err) = exec_end(&r);
                 if sink.send(&end).await {
                     sink.end(err).await;

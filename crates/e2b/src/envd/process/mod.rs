@@ -101,7 +101,8 @@ async fn reconnect(
                 .follow_exec(&t.who, &t.id, &exec_id)
                 .await
                 .map_err(|_| not_found(pid))?;
-            tokio::spawn(exec::relay(sink, pid, follow, keepalive, false));
+            let owner = exec::Owner::of(&t, &exec_id);
+            tokio::spawn(exec::relay(sink, pid, follow, owner, keepalive, false));
         }
         Kind::Pty(p) => pty::follow(&p, sink, pid, keepalive),
     }
