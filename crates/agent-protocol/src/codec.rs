@@ -5,7 +5,7 @@
 
 use std::marker::PhantomData;
 
-use bytes::BytesMut;
+use bytes::{BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
 use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
@@ -20,6 +20,9 @@ pub enum CodecError {
     #[error("frame of {0} bytes exceeds the limit")]
     TooLarge(usize),
 }
+
+/// Bytes of the length prefix.
+const LEN_BYTES: usize = 4;
 
 /// Encodes `Frame<Out>` and decodes `Frame<In>`.
 pub struct FrameCodec<In, Out> {
@@ -43,6 +46,8 @@ impl<In: DeserializeOwned, Out> Decoder for FrameCodec<In, Out> {
     type Error = CodecError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame<In>>, CodecError> {
+        // The frame is split off `src`, not copied; postcard then copies only what the owned
+        // message keeps.
         match self.inner.decode(src)? {
             Some(bytes) => Ok(Some(postcard::from_bytes(&bytes)?)),
             None => Ok(None),
@@ -53,13 +58,30 @@ impl<In: DeserializeOwned, Out> Decoder for FrameCodec<In, Out> {
 impl<In, Out: Serialize> Encoder<Frame<Out>> for FrameCodec<In, Out> {
     type Error = CodecError;
 
+    /// Serialises straight into `dst` behind a length prefix filled in afterwards (the
+    /// format `LengthDelimitedCodec` decodes): no buffer of its own, no copy. A frame over the
+    /// limit (or one that fails to serialise) leaves `dst` as it was.
     fn encode(&mut self, frame: Frame<Out>, dst: &mut BytesMut) -> Result<(), CodecError> {
-        let bytes = postcard::to_allocvec(&frame)?;
-        if bytes.len() > MAX_FRAME_BYTES {
-            return Err(CodecError::TooLarge(bytes.len()));
+        let start = dst.len();
+        dst.put_u32(0);
+        let written = postcard::to_io(&frame, dst.writer()).map(drop);
+        let len = dst.len() - start - LEN_BYTES;
+        let checked = written.map_err(CodecError::from).and_then(|()| {
+            u32::try_from(len)
+                .ok()
+                .filter(|_| len <= MAX_FRAME_BYTES)
+                .ok_or(CodecError::TooLarge(len))
+        });
+        match checked {
+            Ok(prefix) => {
+                dst[start..start + LEN_BYTES].copy_from_slice(&prefix.to_be_bytes());
+                Ok(())
+            }
+            Err(e) => {
+                dst.truncate(start);
+                Err(e)
+            }
         }
-        self.inner.encode(bytes::Bytes::from(bytes), dst)?;
-        Ok(())
     }
 }
 
@@ -67,7 +89,6 @@ impl<In, Out: Serialize> Encoder<Frame<Out>> for FrameCodec<In, Out> {
 mod tests {
     use super::*;
     use crate::messages::{ExecRequest, FromAgent, ToAgent};
-    use bytes::BufMut;
 
     type AgentSide = FrameCodec<ToAgent, FromAgent>;
 
@@ -143,5 +164,91 @@ mod tests {
             Err(CodecError::TooLarge(_))
         ));
         assert!(buf.is_empty());
+    }
+
+    /// The frames this codec writes are exactly what a plain length-delimited reader expects,
+    /// appended after whatever `dst` held; one over the limit leaves what was there untouched.
+    #[test]
+    fn encoded_frames_are_length_delimited_and_appended() {
+        let mut agent = AgentSide::default();
+        let mut buf = BytesMut::from(&b"kept"[..]);
+        let frames = [
+            Frame {
+                stream: 3,
+                msg: FromAgent::Stdout(vec![7; 100_000]),
+            },
+            Frame {
+                stream: u64::MAX,
+                msg: FromAgent::Started { pid: 42 },
+            },
+        ];
+        for f in &frames {
+            agent.encode(f.clone(), &mut buf).unwrap();
+        }
+        let too_big = Frame {
+            stream: 1,
+            msg: FromAgent::Stdout(vec![0; MAX_FRAME_BYTES]),
+        };
+        let before = buf.clone();
+        assert!(matches!(
+            agent.encode(too_big, &mut buf),
+            Err(CodecError::TooLarge(n)) if n > MAX_FRAME_BYTES
+        ));
+        assert_eq!(buf, before);
+
+        assert_eq!(&buf.split_to(4)[..], b"kept");
+        let mut plain = LengthDelimitedCodec::new();
+        for f in &frames {
+            let payload = plain.decode(&mut buf).unwrap().unwrap();
+            assert_eq!(payload, postcard::to_allocvec(f).unwrap());
+        }
+        assert!(buf.is_empty());
+    }
+
+    /// A frame of exactly the limit passes both ways; the decoder refuses one byte more.
+    #[test]
+    fn the_limit_is_the_same_on_both_sides() {
+        let fits = |n: usize| Frame {
+            stream: 1,
+            msg: FromAgent::Stdout(vec![1; n]),
+        };
+        let overhead = postcard::to_allocvec(&fits(0)).unwrap().len();
+        // The length of a 1 MiB vector takes two bytes more than an empty one's.
+        let exact = fits(MAX_FRAME_BYTES - overhead - 2);
+        assert_eq!(
+            postcard::to_allocvec(&exact).unwrap().len(),
+            MAX_FRAME_BYTES
+        );
+        let mut agent = AgentSide::default();
+        let mut buf = BytesMut::new();
+        agent.encode(exact.clone(), &mut buf).unwrap();
+        let mut daemon = FrameCodec::<FromAgent, ToAgent>::default();
+        assert_eq!(daemon.decode(&mut buf).unwrap(), Some(exact));
+
+        let mut buf = BytesMut::new();
+        buf.put_u32(MAX_FRAME_BYTES as u32 + 1);
+        buf.put_slice(&[0; 64]);
+        assert!(matches!(daemon.decode(&mut buf), Err(CodecError::Io(_))));
+    }
+
+    #[test]
+    fn truncated_payload_is_malformed() {
+        let full = postcard::to_allocvec(&Frame {
+            stream: 9,
+            msg: ToAgent::Exec(ExecRequest {
+                argv: vec!["/bin/true".into()],
+                ..Default::default()
+            }),
+        })
+        .unwrap();
+        // A length prefix that cuts the message short: the frame is complete, its content not.
+        let mut buf = BytesMut::new();
+        buf.put_u32(full.len() as u32 - 3);
+        buf.put_slice(&full[..full.len() - 3]);
+        let mut agent = AgentSide::default();
+        assert!(matches!(
+            agent.decode(&mut buf),
+            Err(CodecError::Malformed(_))
+        ));
     }
 }

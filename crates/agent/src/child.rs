@@ -1,7 +1,9 @@
 //! What every process the agent starts (exec, terminal, interpreter) goes through between fork
 //! and exec, in one place so no spawn path can forget a step.
 
-use std::os::fd::{IntoRawFd, OwnedFd, RawFd};
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use koder_agent_protocol::init::MAX_WORKLOAD_CGROUP_FDS;
@@ -87,4 +89,460 @@ pub fn mark_cloexec_from(first: RawFd) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// What [`vfork_spawn`] starts: argv, environment and working directory, checked and turned
+/// into C strings before the child exists (it may not allocate).
+pub(crate) struct Plan {
+    /// Paths `execve` tries in turn, as `execvp` would: argv[0] itself when it names a path
+    /// (has a slash), else each `PATH` entry joined with it (an empty entry: the working
+    /// directory, i.e. the bare name).
+    candidates: Vec<CString>,
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    cwd: CString,
+}
+
+/// `execvp`'s search path when the environment has no `PATH` (glibc's `_CS_PATH`).
+const DEFAULT_PATH: &str = "/bin:/usr/bin";
+
+/// How much stack the child runs on: a handful of syscalls deep.
+const CHILD_STACK_BYTES: usize = 64 * 1024;
+
+impl Plan {
+    /// `env` in order, a later value of a name replacing an earlier one; `PATH` is the one the
+    /// program will see.
+    pub(crate) fn new(argv: &[String], env: &[(&str, &str)], cwd: &str) -> std::io::Result<Self> {
+        let c = |s: &str| {
+            CString::new(s).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+        };
+        let program = argv
+            .first()
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        let env: BTreeMap<&str, &str> = env.iter().copied().collect();
+        let candidates = if program.contains('/') {
+            vec![c(program)?]
+        } else {
+            let path = env.get("PATH").copied().unwrap_or(DEFAULT_PATH);
+            path.split(':')
+                .map(|dir| match dir {
+                    "" => c(program),
+                    dir => c(&format!("{}/{program}", dir.trim_end_matches('/'))),
+                })
+                .collect::<Result<_, _>>()?
+        };
+        Ok(Self {
+            candidates,
+            argv: argv.iter().map(|a| c(a)).collect::<Result<_, _>>()?,
+            env: env
+                .iter()
+                .map(|(k, v)| c(&format!("{k}={v}")))
+                .collect::<Result<_, _>>()?,
+            cwd: c(cwd)?,
+        })
+    }
+}
+
+/// A child started by [`vfork_spawn`]: its pid and the parent's ends of its stdio pipes.
+pub(crate) struct Spawned {
+    pub(crate) pid: i32,
+    pub(crate) stdin: OwnedFd,
+    pub(crate) stdout: OwnedFd,
+    pub(crate) stderr: OwnedFd,
+}
+
+/// What the child reads (all of it prepared and owned by the parent, which is suspended until
+/// the child has exec'd or exited) and the one thing it writes back: why it failed.
+struct ChildArgs {
+    stdio: [RawFd; 3],
+    cwd: *const libc::c_char,
+    candidates: *const *const libc::c_char,
+    argv: *const *const libc::c_char,
+    /// `/bin/sh`, a free slot for the candidate, then argv[1..]: `execvp`'s fallback for a
+    /// file without an executable format.
+    sh_argv: *mut *const libc::c_char,
+    envp: *const *const libc::c_char,
+    errno: AtomicI32,
+}
+
+/// Starts `plan` with `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does: the child borrows
+/// the agent's memory until it execs, so nothing of the agent's address space is copied (a
+/// fork's page-table copy and the copy-on-write faults after it are most of what an exec costs
+/// the agent). The child takes the same steps as [`before_exec`] (workload cgroup,
+/// close-on-exec above its stdio) plus a new session, its stdio pipes and working directory.
+/// The parent gets control back once the program runs; a failure before that is the child's
+/// errno, and its zombie is left to the reaper.
+pub(crate) fn vfork_spawn(plan: &Plan) -> std::io::Result<Spawned> {
+    let (stdin_r, stdin) = pipe()?;
+    let (stdout, stdout_w) = pipe()?;
+    let (stderr, stderr_w) = pipe()?;
+    let ends = [stdin_r, stdout_w, stderr_w];
+    let nul_terminated = |v: &[CString]| -> Vec<*const libc::c_char> {
+        v.iter()
+            .map(|s| s.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let candidates = nul_terminated(&plan.candidates);
+    let argv = nul_terminated(&plan.argv);
+    let envp = nul_terminated(&plan.env);
+    let mut sh_argv: Vec<*const libc::c_char> = [c"/bin/sh".as_ptr(), std::ptr::null()]
+        .into_iter()
+        .chain(argv.iter().skip(1).copied())
+        .collect();
+    let args = ChildArgs {
+        stdio: ends.each_ref().map(|fd| fd.as_raw_fd()),
+        cwd: plan.cwd.as_ptr(),
+        candidates: candidates.as_ptr(),
+        argv: argv.as_ptr(),
+        sh_argv: sh_argv.as_mut_ptr(),
+        envp: envp.as_ptr(),
+        errno: AtomicI32::new(0),
+    };
+    // Uninitialised memory: only the child writes it, as its stack, which grows down from
+    // the (16-byte aligned) top.
+    let mut stack = Vec::<u8>::with_capacity(CHILD_STACK_BYTES);
+    let top = stack
+        .spare_capacity_mut()
+        .as_mut_ptr()
+        .wrapping_add(CHILD_STACK_BYTES);
+    let top = top.wrapping_sub(top as usize % 16);
+    let pid = with_signals_blocked(|| {
+        // SAFETY: the child runs `vfork_child` on its own stack in our memory while this thread
+        // is suspended (CLONE_VFORK), reads only `args` and what it points to (alive until
+        // clone returns), writes only `args.errno` and a slot of `sh_argv`, and makes nothing
+        // but async-signal-safe calls; it starts with every signal blocked, so none of our
+        // handlers can run on its stack.
+        unsafe {
+            libc::clone(
+                vfork_child,
+                top.cast(),
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                std::ptr::from_ref(&args).cast_mut().cast(),
+            )
+        }
+    });
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    drop(ends);
+    match args.errno.load(Ordering::Relaxed) {
+        0 => Ok(Spawned {
+            pid,
+            stdin,
+            stdout,
+            stderr,
+        }),
+        errno => Err(std::io::Error::from_raw_os_error(errno)),
+    }
+}
+
+/// A close-on-exec pipe whose ends are both above the stdio numbers (the agent runs with 2
+/// closed, so a pipe could land there and be clobbered by the child's `dup2`s).
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let above = |fd: OwnedFd| -> std::io::Result<OwnedFd> {
+        if fd.as_raw_fd() > 2 {
+            return Ok(fd);
+        }
+        Ok(rustix::io::fcntl_dupfd_cloexec(&fd, 3)?)
+    };
+    Ok((above(r)?, above(w)?))
+}
+
+/// Runs `f` with every signal blocked on this thread, so a child cloned meanwhile starts with
+/// them blocked too.
+fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data, filled in by sigfillset before use; pthread_sigmask only
+    // reads `all` and writes `old`.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let out = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        out
+    }
+}
+
+/// The child's side of [`vfork_spawn`]: only ever returns by `_exit`.
+extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the parent's `ChildArgs`, alive and unchanged until this child has
+    // exec'd or exited.
+    let args = unsafe { &*arg.cast::<ChildArgs>().cast_const() };
+    // SAFETY: as `vfork_spawn` requires of the child: async-signal-safe calls only.
+    let errno = unsafe { child_steps(args) };
+    args.errno.store(errno, Ordering::Relaxed);
+    // SAFETY: _exit never returns and runs nothing of the parent's (no atexit handlers).
+    unsafe { libc::_exit(127) }
+}
+
+fn errno() -> libc::c_int {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// Everything between clone and exec; returns the errno of what failed.
+///
+/// # Safety
+/// Only in the child of `vfork_spawn`, with `args` from it.
+unsafe fn child_steps(args: &ChildArgs) -> libc::c_int {
+    // SAFETY: plain syscalls on prepared, NUL-terminated strings and arrays.
+    unsafe {
+        default_signal_handlers();
+        if let Err(e) = join_workload_cgroup() {
+            return e.raw_os_error().unwrap_or(libc::EIO);
+        }
+        libc::setsid();
+        for (target, &fd) in args.stdio.iter().enumerate() {
+            if libc::dup2(fd, target as RawFd) < 0 {
+                return errno();
+            }
+        }
+        if libc::chdir(args.cwd) < 0 {
+            return errno();
+        }
+        if let Err(e) = mark_cloexec_from(3) {
+            return e.raw_os_error().unwrap_or(libc::EIO);
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        exec_first(args)
+    }
+}
+
+/// Handlers are the agent's code: none may run in the child before exec (which resets them
+/// anyway). SIGPIPE, which the agent ignores, gets its default back too, as std does for its
+/// children; other ignored signals stay ignored across exec, as they always did.
+///
+/// # Safety
+/// Only in the child of `vfork_spawn` (its signal dispositions are its own copy).
+unsafe fn default_signal_handlers() {
+    // SAFETY: sigaction on plain structs; failures (signals that cannot be changed) are
+    // skipped.
+    unsafe {
+        for sig in 1..libc::SIGRTMAX() + 1 {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+                continue;
+            }
+            let keep = old.sa_sigaction == libc::SIG_DFL
+                || (old.sa_sigaction == libc::SIG_IGN && sig != libc::SIGPIPE);
+            if keep {
+                continue;
+            }
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        }
+    }
+}
+
+/// `execvp`'s search over the prepared candidates: on to the next one where the file is not
+/// there (or not permitted: EACCES is reported if nothing else works), a shell for a file
+/// without an executable format, any other error at once.
+///
+/// # Safety
+/// Only in the child of `vfork_spawn`, with `args` from it.
+unsafe fn exec_first(args: &ChildArgs) -> libc::c_int {
+    let mut denied = false;
+    let mut last = libc::ENOENT;
+    // SAFETY: the arrays are NUL-terminated, their strings alive; `sh_argv[1]` is the slot
+    // kept for the candidate.
+    unsafe {
+        let mut next = args.candidates;
+        while !(*next).is_null() {
+            let candidate = *next;
+            libc::execve(candidate, args.argv, args.envp);
+            last = errno();
+            if last == libc::ENOEXEC {
+                *args.sh_argv.add(1) = candidate;
+                libc::execve(*args.sh_argv, args.sh_argv.cast_const(), args.envp);
+                last = errno();
+            }
+            match last {
+                libc::EACCES => denied = true,
+                libc::ENOENT | libc::ESTALE | libc::ENOTDIR | libc::ENODEV | libc::ETIMEDOUT => {}
+                _ => return last,
+            }
+            next = next.add(1);
+        }
+    }
+    if denied {
+        libc::EACCES
+    } else {
+        last
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+
+    use super::*;
+
+    /// These tests wait for their children themselves (no reaper runs in this test binary),
+    /// and a failed spawn's zombie can only be reaped by any-pid waits: one test at a time.
+    pub(crate) static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+    /// Runs `argv` through `vfork_spawn` and returns (exit code, stdout).
+    fn run(argv: &[&str], env: &[(&str, &str)], cwd: &Path) -> std::io::Result<(i32, String)> {
+        let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+        let plan = Plan::new(&argv, env, cwd.to_str().unwrap())?;
+        let child = vfork_spawn(&plan)?;
+        drop(child.stdin);
+        let mut out = String::new();
+        std::fs::File::from(child.stdout)
+            .read_to_string(&mut out)
+            .unwrap();
+        let mut status = 0;
+        // SAFETY: waitpid writes only into `status`.
+        let waited = unsafe { libc::waitpid(child.pid, &mut status, 0) };
+        assert_eq!(waited, child.pid);
+        Ok((libc::WEXITSTATUS(status), out))
+    }
+
+    fn script(path: &Path, body: &str) {
+        std::fs::write(path, body).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// Reaps the zombie a failed spawn leaves (the reaper would).
+    fn reap_failed_children() {
+        // SAFETY: waitpid with a null status pointer.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    }
+
+    #[test]
+    fn the_program_is_searched_on_the_environments_path_in_order() {
+        let _serial = SERIAL.lock();
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        script(&b.join("prog"), "#!/bin/sh\necho from-b \"$@\"\n");
+        let path = format!(
+            "/nonexistent:{}:{}/:/usr/bin:/bin",
+            a.display(),
+            b.display()
+        );
+        let env = [("PATH", "/usr/bin"), ("PATH", path.as_str())];
+        assert_eq!(
+            run(&["prog", "x"], &env, tmp.path()).unwrap(),
+            (0, "from-b x\n".into())
+        );
+        // The first match wins.
+        script(&a.join("prog"), "#!/bin/sh\necho from-a\n");
+        assert_eq!(
+            run(&["prog"], &env, tmp.path()).unwrap(),
+            (0, "from-a\n".into())
+        );
+        // Without PATH, execvp's default.
+        assert_eq!(
+            run(&["echo", "hi"], &[], tmp.path()).unwrap(),
+            (0, "hi\n".into())
+        );
+    }
+
+    #[test]
+    fn a_missing_program_is_not_found_and_a_forbidden_one_denied() {
+        let _serial = SERIAL.lock();
+        let tmp = tempfile::tempdir().unwrap();
+        let env = [("PATH", "/nonexistent:/usr/bin")];
+        let err = run(&["no-such-program"], &env, tmp.path()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
+        reap_failed_children();
+        // A directory of that name is skipped, and EACCES reported only when nothing ran.
+        std::fs::create_dir(tmp.path().join("sub")).unwrap();
+        std::fs::write(tmp.path().join("sub/noexec"), "#!/bin/sh\n").unwrap();
+        let path = format!("{}/sub", tmp.path().display());
+        let err = run(&["noexec"], &[("PATH", path.as_str())], tmp.path()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
+        reap_failed_children();
+        let err = run(&["/bin/true"], &[], &tmp.path().join("gone")).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
+        reap_failed_children();
+    }
+
+    #[test]
+    fn names_with_a_slash_and_empty_path_entries_are_relative_to_the_working_directory() {
+        let _serial = SERIAL.lock();
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("bin")).unwrap();
+        script(&tmp.path().join("bin/here"), "#!/bin/sh\necho relative\n");
+        script(&tmp.path().join("local"), "#!/bin/sh\necho local\n");
+        // A slash: no search, even with a PATH that would find something else.
+        let env = [("PATH", "/usr/bin:/bin")];
+        assert_eq!(
+            run(&["bin/here"], &env, tmp.path()).unwrap(),
+            (0, "relative\n".into())
+        );
+        assert_eq!(
+            run(&["./local"], &env, tmp.path()).unwrap(),
+            (0, "local\n".into())
+        );
+        // An empty entry (leading, trailing or doubled) is the working directory.
+        for path in [":/usr/bin", "/nonexistent::/usr/bin", "/nonexistent:"] {
+            assert_eq!(
+                run(&["local"], &[("PATH", path)], tmp.path()).unwrap(),
+                (0, "local\n".into()),
+                "{path:?}"
+            );
+        }
+        // Without one, the working directory is not searched.
+        let err = run(&["local"], &env, tmp.path()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+        reap_failed_children();
+    }
+
+    #[test]
+    fn a_file_without_an_executable_format_runs_in_the_shell() {
+        let _serial = SERIAL.lock();
+        let tmp = tempfile::tempdir().unwrap();
+        script(&tmp.path().join("plain"), "echo shell \"$0\" \"$1\"\n");
+        let path = format!("{}", tmp.path().display());
+        assert_eq!(
+            run(&["plain", "arg"], &[("PATH", path.as_str())], tmp.path()).unwrap(),
+            (0, format!("shell {}/plain arg\n", tmp.path().display()))
+        );
+    }
+
+    #[test]
+    fn the_child_gets_its_session_environment_and_nothing_else_open() {
+        let _serial = SERIAL.lock();
+        let tmp = tempfile::tempdir().unwrap();
+        // A descriptor of ours without close-on-exec must not reach the program either.
+        let leaked = std::fs::File::open("/dev/null").unwrap();
+        let raw = leaked.as_raw_fd();
+        // SAFETY: fcntl on a descriptor we own.
+        unsafe { libc::fcntl(raw, libc::F_SETFD, 0) };
+        let env = [("PATH", "/usr/bin:/bin"), ("A", "1"), ("A", "2")];
+        let (code, out) = run(
+            &[
+                "/bin/sh",
+                "-c",
+                "echo $A; ls /proc/self/fd | sort -n | tr '\\n' ' '; echo; \
+                 echo $$ $$; cut -d' ' -f5,6 /proc/$$/stat",
+            ],
+            &env,
+            tmp.path(),
+        )
+        .unwrap();
+        assert_eq!(code, 0);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "2", "{out}");
+        // 0-2, and the one `ls` itself opens for /proc/self/fd.
+        let fds: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(&fds[..3], ["0", "1", "2"], "{out}");
+        assert!(fds.len() <= 4, "{out}");
+        // Its process group and session are its own (pgrp and sid are its pid).
+        assert_eq!(lines[2], lines[3], "a session and group of its own: {out}");
+        drop(leaked);
+    }
 }

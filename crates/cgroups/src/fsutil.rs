@@ -1,14 +1,16 @@
 //! Small helpers for talking to cgroupfs control files.
 
-use std::fs::{self, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+use nix::libc;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use parking_lot::Mutex;
 
 use crate::error::CgroupError;
 
@@ -214,5 +216,119 @@ pub(crate) fn freeze_kill_loop(
         killed?;
         thawed?;
         thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Largest control file [`HeldFile`] reads: the flat-keyed files it serves are a few lines.
+const HELD_READ_MAX: usize = 512;
+
+/// A control file opened on first use and kept open, so each read is one `pread` at offset 0
+/// (cgroupfs regenerates the content for every read from 0) instead of a path walk, an open,
+/// a read and a close. For the counters read around every exec.
+pub(crate) struct HeldFile {
+    path: PathBuf,
+    writable: bool,
+    file: Mutex<Option<File>>,
+}
+
+impl HeldFile {
+    pub(crate) fn read_only(path: PathBuf) -> Self {
+        Self {
+            path,
+            writable: false,
+            file: Mutex::new(None),
+        }
+    }
+
+    /// Opened for reading and writing where the kernel allows writing (v2 `memory.peak` only
+    /// takes writes since 6.12), else for reading alone; writes then fail.
+    pub(crate) fn writable(path: PathBuf) -> Self {
+        Self {
+            writable: true,
+            ..Self::read_only(path)
+        }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn open(&self) -> io::Result<File> {
+        let read_only = || File::open(&self.path);
+        if !self.writable {
+            return read_only();
+        }
+        match OpenOptions::new().read(true).write(true).open(&self.path) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => read_only(),
+            other => other,
+        }
+    }
+
+    /// Runs `f` on the open file; `Ok(None)` when the file does not exist (an older kernel,
+    /// or a group that is gone), which is not remembered: a later call tries again.
+    fn with_file<T>(&self, f: impl FnOnce(&File) -> Result<T>) -> Result<Option<T>> {
+        let mut slot = self.file.lock();
+        if slot.is_none() {
+            match self.open() {
+                Ok(file) => *slot = Some(file),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(CgroupError::io("open", &self.path, e)),
+            }
+        }
+        match slot.as_ref() {
+            Some(file) => f(file).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// `parse` applied to the whole content; `Ok(None)` when the file does not exist.
+    pub(crate) fn read<T>(
+        &self,
+        parse: impl FnOnce(&Path, &str) -> Result<T>,
+    ) -> Result<Option<T>> {
+        self.with_file(|file| {
+            let mut buf = [0u8; HELD_READ_MAX];
+            let n = rustix::io::pread(file, &mut buf[..], 0)
+                .map_err(|e| CgroupError::io("read", &self.path, e.into()))?;
+            if n == buf.len() {
+                return Err(CgroupError::Parse {
+                    path: self.path.clone(),
+                    detail: format!("more than {HELD_READ_MAX} bytes"),
+                });
+            }
+            let text = std::str::from_utf8(&buf[..n]).map_err(|e| CgroupError::Parse {
+                path: self.path.clone(),
+                detail: e.to_string(),
+            })?;
+            parse(&self.path, text)
+        })
+    }
+
+    /// Like [`HeldFile::read`], for a file the kernel always has: a missing one is an error.
+    pub(crate) fn read_present<T>(
+        &self,
+        parse: impl FnOnce(&Path, &str) -> Result<T>,
+    ) -> Result<T> {
+        self.read(parse)?.ok_or_else(|| self.missing())
+    }
+
+    /// One `pwrite` at offset 0 (cgroupfs takes each write on its own); `Ok(false)` when the
+    /// file does not exist.
+    pub(crate) fn write(&self, value: &[u8]) -> Result<bool> {
+        let written = self.with_file(|file| {
+            rustix::io::pwrite(file, value, 0)
+                .map(drop)
+                .map_err(|e| CgroupError::io("write", &self.path, e.into()))
+        })?;
+        Ok(written.is_some())
+    }
+
+    pub(crate) fn missing(&self) -> CgroupError {
+        CgroupError::io("open", &self.path, io::ErrorKind::NotFound.into())
+    }
+
+    /// Closes the descriptor (the next use opens the file again).
+    pub(crate) fn close(&self) {
+        *self.file.lock() = None;
     }
 }

@@ -123,6 +123,15 @@ pub struct Stats {
     pub pids_max_hits: u64,
 }
 
+/// The counters an exec's verdict is drawn from, as [`Cgroup::exec_counters`] reads them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExecCounters {
+    /// As [`Stats::oom_kills`].
+    pub oom_kills: u64,
+    /// As [`Stats::pids_max_hits`].
+    pub pids_max_hits: u64,
+}
+
 pub trait CgroupDriver: Send + Sync {
     fn version(&self) -> CgroupVersion;
     /// Creates `<parent>/<name>` (and the parent if missing). Fails with
@@ -156,7 +165,14 @@ pub trait Cgroup: Send + Sync {
     /// Opens an existing child group, as [`CgroupDriver::open`] does.
     fn open_child(&self, name: &str) -> Result<Box<dyn Cgroup>>;
     fn set_limits(&self, limits: &Limits) -> Result<()>;
+    /// Every figure: for metrics and usage reports.
     fn stats(&self) -> Result<Stats>;
+    /// The OOM-kill and `pids.max` counters alone, from descriptors opened on first use and
+    /// kept (one `pread` each, no path walk): cheap enough for every exec.
+    fn exec_counters(&self) -> Result<ExecCounters>;
+    /// [`Stats::memory_peak_bytes`] alone, through a descriptor kept like those of
+    /// [`Cgroup::exec_counters`] (the one `reset_memory_peak` writes to).
+    fn memory_peak(&self) -> Result<u64>;
     /// Restarts peak-memory tracking. `Unsupported` where the kernel can't.
     fn reset_memory_peak(&self) -> Result<()>;
     /// Returns once the kernel reports the group frozen, or `Timeout`.

@@ -8,9 +8,10 @@ use std::time::Duration;
 use tracing::debug;
 
 use crate::error::CgroupError;
-use crate::fsutil;
+use crate::fsutil::{self, HeldFile};
 use crate::{
-    validate_name, Cgroup, CgroupDriver, CgroupVersion, Limits, Result, Stats, FREEZE_TIMEOUT,
+    validate_name, Cgroup, CgroupDriver, CgroupVersion, ExecCounters, Limits, Result, Stats,
+    FREEZE_TIMEOUT,
 };
 
 /// Inside `kill_all` a stalled freeze (task stuck in uninterruptible
@@ -141,10 +142,7 @@ impl CgroupDriver for V1Driver {
         if !dirs.distinct().iter().any(|d| d.is_dir()) {
             return Err(CgroupError::NotFound { path: dirs.memory });
         }
-        Ok(Box::new(V1Cgroup {
-            name: name.to_string(),
-            dirs,
-        }))
+        Ok(Box::new(V1Cgroup::new(name.to_string(), dirs)))
     }
 
     fn list(&self) -> Result<Vec<String>> {
@@ -163,9 +161,42 @@ impl CgroupDriver for V1Driver {
 pub(crate) struct V1Cgroup {
     name: String,
     dirs: Dirs,
+    held: Held,
+}
+
+/// The files every exec reads, kept open (see [`HeldFile`]).
+struct Held {
+    /// `oom_kill` (kernel >= 4.13); failcnt would count every limit hit, most of which
+    /// reclaim succeeds for.
+    oom_control: HeldFile,
+    /// `max`: forks refused at `pids.max`.
+    pids_events: HeldFile,
+    /// `memory.max_usage_in_bytes`: read for the peak, written to reset it.
+    peak: HeldFile,
+}
+
+impl Held {
+    fn new(dirs: &Dirs) -> Self {
+        Self {
+            oom_control: HeldFile::read_only(dirs.memory.join("memory.oom_control")),
+            pids_events: HeldFile::read_only(dirs.pids.join("pids.events")),
+            peak: HeldFile::writable(dirs.memory.join("memory.max_usage_in_bytes")),
+        }
+    }
+
+    fn close(&self) {
+        for f in [&self.oom_control, &self.pids_events, &self.peak] {
+            f.close();
+        }
+    }
 }
 
 impl V1Cgroup {
+    fn new(name: String, dirs: Dirs) -> V1Cgroup {
+        let held = Held::new(&dirs);
+        V1Cgroup { name, dirs, held }
+    }
+
     /// Creates `dirs` in every hierarchy, all or none.
     fn make(name: String, dirs: Dirs) -> Result<V1Cgroup> {
         let mut made: Vec<PathBuf> = Vec::new();
@@ -187,15 +218,15 @@ impl V1Cgroup {
             }
             return Err(failure);
         }
-        Ok(V1Cgroup { name, dirs })
+        Ok(V1Cgroup::new(name, dirs))
     }
 
     fn child(&self, name: &str) -> Result<V1Cgroup> {
         validate_name(name)?;
-        Ok(V1Cgroup {
-            name: format!("{}/{name}", self.name),
-            dirs: self.dirs.join(name),
-        })
+        Ok(V1Cgroup::new(
+            format!("{}/{name}", self.name),
+            self.dirs.join(name),
+        ))
     }
 
     fn freezer_state(&self) -> PathBuf {
@@ -334,13 +365,11 @@ impl Cgroup for V1Cgroup {
 
     fn stats(&self) -> Result<Stats> {
         let mem = &self.dirs.memory;
+        let counters = self.exec_counters()?;
         Ok(Stats {
             memory_current_bytes: fsutil::read_u64(&mem.join("memory.usage_in_bytes"))?,
-            memory_peak_bytes: fsutil::read_u64(&mem.join("memory.max_usage_in_bytes"))?,
-            // failcnt would count every limit hit, most of which reclaim
-            // succeeds for; oom_kill counts actual kills (kernel >= 4.13).
-            oom_kills: fsutil::read_keyed(&mem.join("memory.oom_control"), "oom_kill")?
-                .unwrap_or(0),
+            memory_peak_bytes: self.memory_peak()?,
+            oom_kills: counters.oom_kills,
             cpu_usage_us: fsutil::read_u64(&self.dirs.cpuacct.join("cpuacct.usage"))? / 1000,
             cpu_throttled_us: fsutil::read_keyed_opt(
                 &self.dirs.cpu.join("cpu.stat"),
@@ -348,14 +377,37 @@ impl Cgroup for V1Cgroup {
             )?
             .map(|ns| ns / 1000),
             pids_current: fsutil::read_u64(&self.dirs.pids.join("pids.current"))?,
-            pids_max_hits: fsutil::read_keyed_opt(&self.dirs.pids.join("pids.events"), "max")?
-                .unwrap_or(0),
+            pids_max_hits: counters.pids_max_hits,
         })
+    }
+
+    fn exec_counters(&self) -> Result<ExecCounters> {
+        let oom_kills = self
+            .held
+            .oom_control
+            .read_present(|path, text| fsutil::parse_keyed(path, text, "oom_kill"))?;
+        // pids.events is younger than the pids controller (4.x).
+        let pids_max_hits = self
+            .held
+            .pids_events
+            .read(|path, text| fsutil::parse_keyed(path, text, "max"))?;
+        Ok(ExecCounters {
+            oom_kills: oom_kills.unwrap_or(0),
+            pids_max_hits: pids_max_hits.flatten().unwrap_or(0),
+        })
+    }
+
+    fn memory_peak(&self) -> Result<u64> {
+        self.held.peak.read_present(fsutil::parse_u64)
     }
 
     fn reset_memory_peak(&self) -> Result<()> {
         // Any write resets the high-water mark to current usage.
-        fsutil::write_str(&self.dirs.memory.join("memory.max_usage_in_bytes"), "0")
+        if self.held.peak.write(b"0")? {
+            Ok(())
+        } else {
+            Err(self.held.peak.missing())
+        }
     }
 
     fn freeze(&self) -> Result<()> {
@@ -419,6 +471,7 @@ impl Cgroup for V1Cgroup {
             self.child(&name)?.destroy()?;
         }
         self.kill_all()?;
+        self.held.close();
         for d in self.dirs.distinct() {
             fsutil::rmdir(&d, RMDIR_TIMEOUT)?;
         }
@@ -430,7 +483,7 @@ impl Cgroup for V1Cgroup {
 mod tests {
     use super::*;
     use crate::testutil::{populate_v1, read, v1_roots, write};
-    use crate::CpuQuota;
+    use crate::{CpuQuota, ExecCounters};
 
     const MIB: u64 = 1024 * 1024;
 
@@ -643,7 +696,62 @@ mod tests {
 
         cg.reset_memory_peak().expect("reset");
         let mem = dir(&roots, V1Controller::Memory, "box");
-        assert_eq!(read(&mem.join("memory.max_usage_in_bytes")), "0");
+        // One write at offset 0 through the kept descriptor (a plain file keeps its tail).
+        assert!(read(&mem.join("memory.max_usage_in_bytes")).starts_with('0'));
+    }
+
+    #[test]
+    fn exec_counters_through_kept_descriptors() {
+        let (_tmp, driver, roots) = setup(true);
+        let cg = driver.create("box").expect("create");
+        populate_v1(&cg.paths());
+        assert_eq!(
+            cg.exec_counters().expect("counters"),
+            ExecCounters {
+                oom_kills: 3,
+                pids_max_hits: 4,
+            }
+        );
+        assert_eq!(cg.memory_peak().expect("peak"), 33_554_432);
+        let mem = dir(&roots, V1Controller::Memory, "box");
+        let pids = dir(&roots, V1Controller::Pids, "box");
+        write(
+            &mem.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 1\noom_kill 10\n",
+        );
+        write(&pids.join("pids.events"), "max 5\n");
+        write(&mem.join("memory.max_usage_in_bytes"), "65536\n");
+        assert_eq!(
+            cg.exec_counters().expect("counters"),
+            ExecCounters {
+                oom_kills: 10,
+                pids_max_hits: 5,
+            }
+        );
+        assert_eq!(cg.memory_peak().expect("peak"), 65_536);
+
+        // Kernels before 4.13 (no oom_kill) and without pids.events count nothing.
+        let old = driver.create("old").expect("create");
+        populate_v1(&old.paths());
+        write(
+            &dir(&roots, V1Controller::Memory, "old").join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\n",
+        );
+        fs::remove_file(dir(&roots, V1Controller::Pids, "old").join("pids.events")).expect("rm");
+        assert_eq!(
+            old.exec_counters().expect("counters"),
+            ExecCounters::default()
+        );
+        // A group without its memory files is broken, not quiet.
+        let other = driver.create("bare").expect("create");
+        assert!(matches!(
+            other.exec_counters().expect_err("no files"),
+            CgroupError::Io { .. }
+        ));
+        assert!(matches!(
+            other.memory_peak().expect_err("no files"),
+            CgroupError::Io { .. }
+        ));
     }
 
     #[test]

@@ -1,20 +1,17 @@
 //! cgroup v2 backend: a single unified directory per cgroup.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nix::libc;
-use parking_lot::Mutex;
 use tracing::debug;
 
 use crate::error::CgroupError;
-use crate::fsutil;
+use crate::fsutil::{self, HeldFile};
 use crate::{
-    validate_name, Cgroup, CgroupDriver, CgroupVersion, CpuQuota, Limits, Result, Stats,
-    FREEZE_TIMEOUT, KILL_TIMEOUT,
+    validate_name, Cgroup, CgroupDriver, CgroupVersion, CpuQuota, ExecCounters, Limits, Result,
+    Stats, FREEZE_TIMEOUT, KILL_TIMEOUT,
 };
 
 /// Controllers that must be enabled for sandbox cgroups.
@@ -111,10 +108,14 @@ impl CgroupDriver for V2Driver {
 pub(crate) struct V2Cgroup {
     name: String,
     dir: PathBuf,
+    /// `oom_kill`.
+    memory_events: HeldFile,
+    /// `max`: forks refused at `pids.max`.
+    pids_events: HeldFile,
     /// Since 6.12 a write to memory.peak resets the peak as seen through
-    /// that open file only, so the fd used for the reset must be kept and
-    /// used for later reads.
-    peak_fd: Mutex<Option<File>>,
+    /// that open file only, so the reset and every later read go through
+    /// this one descriptor.
+    peak: HeldFile,
 }
 
 fn is_not_found(e: &CgroupError) -> bool {
@@ -125,8 +126,10 @@ impl V2Cgroup {
     fn new(name: &str, dir: PathBuf) -> V2Cgroup {
         V2Cgroup {
             name: name.to_string(),
+            memory_events: HeldFile::read_only(dir.join("memory.events")),
+            pids_events: HeldFile::read_only(dir.join("pids.events")),
+            peak: HeldFile::writable(dir.join("memory.peak")),
             dir,
-            peak_fd: Mutex::new(None),
         }
     }
 
@@ -160,25 +163,6 @@ impl V2Cgroup {
         }
         fsutil::write_str(&path, if on { "1" } else { "0" })?;
         fsutil::poll_until(FREEZE_TIMEOUT, || Ok(self.frozen()? == on))
-    }
-
-    fn read_peak(&self) -> Result<u64> {
-        let path = self.dir.join("memory.peak");
-        let guard = self.peak_fd.lock();
-        if let Some(f) = guard.as_ref() {
-            let mut buf = [0u8; 64];
-            let n = f
-                .read_at(&mut buf, 0)
-                .map_err(|e| CgroupError::io("read", &path, e))?;
-            let text = String::from_utf8_lossy(&buf[..n]);
-            return fsutil::parse_u64(&path, &text);
-        }
-        match fs::read_to_string(&path) {
-            Ok(text) => fsutil::parse_u64(&path, &text),
-            // memory.peak appeared in 5.19.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(CgroupError::io("read", &path, e)),
-        }
     }
 }
 
@@ -241,44 +225,57 @@ impl Cgroup for V2Cgroup {
         let d = &self.dir;
         let cpu_path = d.join("cpu.stat");
         let cpu_stat = fsutil::read_string(&cpu_path)?;
+        let counters = self.exec_counters()?;
         Ok(Stats {
             memory_current_bytes: fsutil::read_u64(&d.join("memory.current"))?,
-            memory_peak_bytes: self.read_peak()?,
-            oom_kills: fsutil::read_keyed(&d.join("memory.events"), "oom_kill")?.unwrap_or(0),
+            memory_peak_bytes: self.memory_peak()?,
+            oom_kills: counters.oom_kills,
             cpu_usage_us: fsutil::parse_keyed(&cpu_path, &cpu_stat, "usage_usec")?.unwrap_or(0),
             cpu_throttled_us: fsutil::parse_keyed(&cpu_path, &cpu_stat, "throttled_usec")?,
             pids_current: fsutil::read_u64(&d.join("pids.current"))?,
-            pids_max_hits: fsutil::read_keyed_opt(&d.join("pids.events"), "max")?.unwrap_or(0),
+            pids_max_hits: counters.pids_max_hits,
         })
     }
 
+    fn exec_counters(&self) -> Result<ExecCounters> {
+        let oom_kills = self
+            .memory_events
+            .read_present(|path, text| fsutil::parse_keyed(path, text, "oom_kill"))?;
+        let pids_max_hits = self
+            .pids_events
+            .read(|path, text| fsutil::parse_keyed(path, text, "max"))?;
+        Ok(ExecCounters {
+            oom_kills: oom_kills.unwrap_or(0),
+            pids_max_hits: pids_max_hits.flatten().unwrap_or(0),
+        })
+    }
+
+    fn memory_peak(&self) -> Result<u64> {
+        // memory.peak appeared in 5.19.
+        Ok(self.peak.read(fsutil::parse_u64)?.unwrap_or(0))
+    }
+
     fn reset_memory_peak(&self) -> Result<()> {
-        let path = self.dir.join("memory.peak");
-        let unsupported = |path: PathBuf| CgroupError::Unsupported {
+        let unsupported = || CgroupError::Unsupported {
             what: "resetting memory.peak (needs Linux 6.12)",
-            path,
+            path: self.peak.path().to_path_buf(),
         };
-        // Before 6.12 memory.peak is read-only (open for write gives EACCES
-        // even to root); before 5.19 it doesn't exist.
-        let is_unsupported = |e: &io::Error| {
-            e.kind() == io::ErrorKind::NotFound
-                || matches!(
-                    e.raw_os_error(),
-                    Some(libc::EACCES | libc::EPERM | libc::EINVAL)
-                )
-        };
-        let mut f = match OpenOptions::new().read(true).write(true).open(&path) {
-            Ok(f) => f,
-            Err(e) if is_unsupported(&e) => return Err(unsupported(path)),
-            Err(e) => return Err(CgroupError::io("open", &path, e)),
-        };
-        match f.write_all(b"reset\n") {
-            Ok(()) => {}
-            Err(e) if is_unsupported(&e) => return Err(unsupported(path)),
-            Err(e) => return Err(CgroupError::io("write", &path, e)),
+        // Before 6.12 memory.peak is read-only (the descriptor could only be opened for
+        // reading, so the write fails with EBADF; or the kernel refuses it); before 5.19 it
+        // doesn't exist.
+        match self.peak.write(b"reset\n") {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(unsupported()),
+            Err(CgroupError::Io { source, .. })
+                if matches!(
+                    source.raw_os_error(),
+                    Some(libc::EBADF | libc::EACCES | libc::EPERM | libc::EINVAL)
+                ) =>
+            {
+                Err(unsupported())
+            }
+            Err(e) => Err(e),
         }
-        *self.peak_fd.lock() = Some(f);
-        Ok(())
     }
 
     fn freeze(&self) -> Result<()> {
@@ -363,13 +360,17 @@ impl Cgroup for V2Cgroup {
             self.open_child(&name)?.destroy()?;
         }
         self.kill_all()?;
-        *self.peak_fd.lock() = None;
+        for f in [&self.memory_events, &self.pids_events, &self.peak] {
+            f.close();
+        }
         fsutil::rmdir(&self.dir, RMDIR_TIMEOUT)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
     use crate::testutil::{populate_v2, read, v2_root, write};
 
@@ -464,7 +465,7 @@ mod tests {
     #[test]
     fn stats_parse() {
         let (_tmp, driver, _root) = setup();
-        let (cg, dir) = make(&driver, "box");
+        let (cg, _dir) = make(&driver, "box");
         assert_eq!(
             cg.stats().expect("stats"),
             Stats {
@@ -478,8 +479,86 @@ mod tests {
             }
         );
         // Pre-5.19 kernels have no memory.peak.
+        let (cg, dir) = make(&driver, "old");
         fs::remove_file(dir.join("memory.peak")).expect("rm");
         assert_eq!(cg.stats().expect("stats").memory_peak_bytes, 0);
+        assert_eq!(cg.memory_peak().expect("peak"), 0);
+    }
+
+    #[test]
+    fn exec_counters_read_the_event_files_through_kept_descriptors() {
+        let (_tmp, driver, _root) = setup();
+        let (cg, dir) = make(&driver, "box");
+        assert_eq!(
+            cg.exec_counters().expect("counters"),
+            ExecCounters {
+                oom_kills: 2,
+                pids_max_hits: 4,
+            }
+        );
+        assert_eq!(cg.memory_peak().expect("peak"), 8_388_608);
+        // Rewritten in place (same inode, as the kernel's files stay): the kept descriptors
+        // see the new content, read again from offset 0, longer or shorter than before.
+        write(
+            &dir.join("memory.events"),
+            "low 0\nhigh 0\nmax 17\noom 9\noom_kill 12\noom_group_kill 0\nsock_throttled 0\n",
+        );
+        write(&dir.join("pids.events"), "max 1234567\n");
+        write(&dir.join("memory.peak"), "4096\n");
+        assert_eq!(
+            cg.exec_counters().expect("counters"),
+            ExecCounters {
+                oom_kills: 12,
+                pids_max_hits: 1_234_567,
+            }
+        );
+        assert_eq!(cg.memory_peak().expect("peak"), 4096);
+        write(&dir.join("memory.events"), "oom_kill 3\n");
+        write(&dir.join("pids.events"), "max 0\n");
+        assert_eq!(
+            cg.exec_counters().expect("counters"),
+            ExecCounters {
+                oom_kills: 3,
+                pids_max_hits: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn exec_counters_of_older_kernels_and_broken_files() {
+        let (_tmp, driver, _root) = setup();
+        // No oom_kill key (before 4.13) and no pids.events: zero, as `stats` says.
+        let (cg, dir) = make(&driver, "old");
+        write(&dir.join("memory.events"), "low 0\nhigh 0\nmax 0\noom 0\n");
+        fs::remove_file(dir.join("pids.events")).expect("rm");
+        assert_eq!(
+            cg.exec_counters().expect("counters"),
+            ExecCounters::default()
+        );
+        // memory.events always exists with the memory controller: its absence is an error.
+        let (cg, dir) = make(&driver, "gone");
+        fs::remove_file(dir.join("memory.events")).expect("rm");
+        assert!(matches!(
+            cg.exec_counters().expect_err("missing"),
+            CgroupError::Io { .. }
+        ));
+        // Garbage, and content beyond what a flat-keyed file can hold, are parse errors.
+        let (cg, dir) = make(&driver, "bad");
+        write(&dir.join("pids.events"), "max lots\n");
+        assert!(matches!(
+            cg.exec_counters().expect_err("garbage"),
+            CgroupError::Parse { .. }
+        ));
+        write(&dir.join("pids.events"), &"max 1\n".repeat(200));
+        assert!(matches!(
+            cg.exec_counters().expect_err("too long"),
+            CgroupError::Parse { .. }
+        ));
+        write(&dir.join("memory.peak"), "-1\n");
+        assert!(matches!(
+            cg.memory_peak().expect_err("negative"),
+            CgroupError::Parse { .. }
+        ));
     }
 
     #[test]
@@ -492,9 +571,8 @@ mod tests {
         write(&dir.join("memory.peak"), "4096\n");
         assert_eq!(cg.stats().expect("stats").memory_peak_bytes, 4096);
 
-        fs::remove_file(dir.join("memory.peak")).expect("rm");
-        let (cg2, _dir2) = make(&driver, "box2");
-        fs::remove_file(_dir2.join("memory.peak")).expect("rm");
+        let (cg2, dir2) = make(&driver, "box2");
+        fs::remove_file(dir2.join("memory.peak")).expect("rm");
         let err = cg2.reset_memory_peak().expect_err("unsupported");
         assert!(matches!(err, CgroupError::Unsupported { .. }));
     }

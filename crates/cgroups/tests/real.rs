@@ -429,3 +429,102 @@ fn v2_core_on_controllerless_mount() {
     cg.destroy().expect("destroy");
     assert!(!dir.exists());
 }
+
+/// The per-exec reads through kept descriptors follow the kernel as the full `stats` does: the
+/// OOM kill, the refused forks and the peak of a workload leaf, read before and after; and
+/// the descriptors kept open in that leaf do not stop its parent's destroy from removing it.
+#[test]
+fn exec_counters_follow_the_kernel() {
+    let Some(driver) = driver_or_skip("exec_counters_follow_the_kernel") else {
+        return;
+    };
+    let python = "/usr/bin/python3";
+    if !Path::new(python).exists() {
+        eprintln!("SKIP exec_counters_follow_the_kernel: {python} missing");
+        return;
+    }
+    let name = format!("t{}-counters", std::process::id());
+    let guard = Guard(driver.create(&name).expect("create"));
+    let top = &*guard.0;
+    let workload = top.create_child("workload").expect("workload child");
+    let cap = 32 * MIB;
+    workload
+        .set_limits(&Limits {
+            memory_max_bytes: Some(cap),
+            pids_max: Some(3),
+            ..Limits::default()
+        })
+        .expect("workload limits");
+    // What the files say when opened and read afresh by path.
+    let same_as_stats = |cg: &dyn Cgroup| {
+        let keyed = |file: &str, key: &str| -> u64 {
+            let text = read(&dir_with(cg, file).join(file));
+            text.lines()
+                .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let oom_file = match driver.version() {
+            CgroupVersion::V1 => "memory.oom_control",
+            CgroupVersion::V2 => "memory.events",
+        };
+        let counters = cg.exec_counters().expect("counters");
+        assert_eq!(
+            (counters.oom_kills, counters.pids_max_hits),
+            (keyed(oom_file, "oom_kill "), keyed("pids.events", "max ")),
+        );
+        counters
+    };
+    let before = same_as_stats(&*workload);
+    assert_eq!((before.oom_kills, before.pids_max_hits), (0, 0));
+
+    let mut hog = spawn_gated(&[python, "-c", "a = bytearray(200 * 1024 * 1024)"]);
+    workload.add_process(hog.0.id()).expect("add hog");
+    release(&mut hog);
+    let status = hog.0.wait().expect("wait hog");
+    assert_eq!(status.signal(), Some(nix::libc::SIGKILL), "{status:?}");
+    let after_oom = same_as_stats(&*workload);
+    assert!(after_oom.oom_kills > before.oom_kills, "{after_oom:?}");
+    assert_eq!(after_oom.pids_max_hits, 0);
+    let peak = workload.memory_peak().expect("peak");
+    assert!(
+        peak > cap * 3 / 4 && peak <= cap + MIB,
+        "peak {peak} not near cap {cap}"
+    );
+
+    // The reset goes through the descriptor the peak is read from: the high-water mark starts
+    // again from what the (now empty) group holds.
+    match workload.reset_memory_peak() {
+        Ok(()) => {
+            let reset = workload.memory_peak().expect("peak");
+            assert!(reset < cap / 2, "peak {reset} after reset");
+        }
+        Err(e) => assert!(matches!(e, CgroupError::Unsupported { .. }), "{e}"),
+    }
+
+    let mut forks = spawn_gated(&[
+        "/bin/sh",
+        "-c",
+        "for i in 1 2 3 4 5; do sleep 30 & done 2>/dev/null; wait",
+    ]);
+    workload.add_process(forks.0.id()).expect("add forker");
+    release(&mut forks);
+    assert!(
+        wait_until(Duration::from_secs(2), || {
+            workload.exec_counters().expect("counters").pids_max_hits > 0
+        }),
+        "no fork refused"
+    );
+    let after_forks = same_as_stats(&*workload);
+    assert_eq!(after_forks.oom_kills, after_oom.oom_kills);
+
+    let paths: Vec<PathBuf> = [top.paths(), workload.paths()].concat();
+    top.destroy()
+        .expect("destroy with the leaf's descriptors still open");
+    for p in &paths {
+        assert!(!p.exists(), "{} still exists", p.display());
+    }
+    forks.0.wait().expect("wait forker");
+    // What the kept descriptors read once the group is gone is an error, never stale figures.
+    assert!(workload.exec_counters().is_err());
+    assert!(workload.memory_peak().is_err());
+}

@@ -881,6 +881,20 @@ impl ResourceControl for JailSandbox {
         })
     }
 
+    /// The workload's counters, through the descriptors its cgroup keeps: two reads per exec
+    /// instead of the full usage of both groups.
+    async fn exec_counters(&self) -> Result<koder_runtime::ExecCounters, RuntimeError> {
+        let c = self.with_cgroup(|workload| workload.exec_counters())?;
+        Ok(koder_runtime::ExecCounters {
+            oom_kills: c.oom_kills,
+            pids_max_hits: c.pids_max_hits,
+        })
+    }
+
+    async fn memory_peak(&self) -> Result<u64, RuntimeError> {
+        self.with_cgroup(|workload| workload.memory_peak())
+    }
+
     async fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError> {
         self.with_cgroups(|top, workload| apply_limits(top, workload, limits))
     }

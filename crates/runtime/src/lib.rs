@@ -66,6 +66,13 @@ pub struct Limits {
 /// guest agent's cgroup (microVM) reports them.
 pub use koder_agent_protocol::GuestUsage as Usage;
 
+/// The counters an exec's verdict comes from: what [`ResourceControl::exec_counters`] reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExecCounters {
+    pub oom_kills: u64,
+    pub pids_max_hits: u64,
+}
+
 /// Which protections a runtime could put in force on this host, stated at start-up instead of
 /// pretending (a rootless jail cannot enforce cgroup limits, for example).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -193,6 +200,19 @@ pub trait Sandbox: Send + Sync {
 #[async_trait]
 pub trait ResourceControl: Send + Sync {
     async fn usage(&self) -> Result<Usage, RuntimeError>;
+    /// The OOM-kill and pids-limit counters of [`ResourceControl::usage`] alone, read around
+    /// every exec: runtimes that can read them more cheaply than the whole usage do.
+    async fn exec_counters(&self) -> Result<ExecCounters, RuntimeError> {
+        let u = self.usage().await?;
+        Ok(ExecCounters {
+            oom_kills: u.oom_kills,
+            pids_max_hits: u.pids_max_hits,
+        })
+    }
+    /// The peak memory of [`ResourceControl::usage`] alone, as cheaply as the runtime can.
+    async fn memory_peak(&self) -> Result<u64, RuntimeError> {
+        Ok(self.usage().await?.memory_peak_bytes)
+    }
     /// Applies new limits to a running sandbox (warm-pool sandboxes learn theirs at hand-out).
     async fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError>;
     async fn reset_memory_peak(&self) -> Result<(), RuntimeError>;

@@ -20,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::child;
 use crate::outbox::Outbox;
 
 /// How a process ended.
@@ -83,12 +84,33 @@ impl Reaper {
         unsafe {
             cmd.pre_exec(|| crate::child::before_exec(3));
         }
-        let mut waiters = self.waiters.lock();
-        let child = cmd.spawn()?;
-        let (tx, rx) = oneshot::channel();
-        waiters.insert(child.id() as i32, tx);
-        Ok((child, rx))
+        self.register(|| {
+            let child = cmd.spawn()?;
+            let pid = child.id() as i32;
+            Ok((child, pid))
+        })
     }
+
+    /// Runs `start` (which returns what it started and its pid) under the lock the reaper
+    /// takes, and registers for that pid's exit.
+    fn register<T>(
+        &self,
+        start: impl FnOnce() -> std::io::Result<(T, i32)>,
+    ) -> std::io::Result<(T, oneshot::Receiver<Status>)> {
+        let mut waiters = self.waiters.lock();
+        let (started, pid) = start()?;
+        let (tx, rx) = oneshot::channel();
+        waiters.insert(pid, tx);
+        Ok((started, rx))
+    }
+}
+
+/// A started exec: its pid and the agent's ends of its stdin, stdout and stderr.
+struct Started {
+    pid: i32,
+    stdin: Option<OwnedFd>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
 }
 
 /// Settings every exec inherits.
@@ -104,7 +126,7 @@ pub async fn run(
     mut rx: mpsc::Receiver<ToAgent>,
     out: Outbox,
 ) {
-    let (mut child, exit_rx) = match validate(&req).and_then(|()| spawn(reaper, defaults, &req)) {
+    let (child, exit_rx) = match validate(&req).and_then(|()| spawn(reaper, defaults, &req)) {
         Ok(c) => c,
         Err(e) => {
             let _ = out.send(FromAgent::Error(e)).await;
@@ -112,11 +134,12 @@ pub async fn run(
         }
     };
     let started = Instant::now();
-    let pid = child.id() as i32;
-    let stdin = child.stdin.take().map(OwnedFd::from);
-    let stdout = child.stdout.take().map(OwnedFd::from);
-    let stderr = child.stderr.take().map(OwnedFd::from);
-    drop(child);
+    let Started {
+        pid,
+        stdin,
+        stdout,
+        stderr,
+    } = child;
     let limit = req.output_limit_bytes;
     let stdout_cut = Arc::new(AtomicBool::new(false));
     let stderr_cut = Arc::new(AtomicBool::new(false));
@@ -220,30 +243,38 @@ fn validate(req: &ExecRequest) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// Starts the exec in a new session (a process group of its own, so a timeout or signal
+/// reaches every process it started): with `vfork_spawn` (no copy of the agent's memory), or
+/// through std's fork for another account, whose switch std makes.
 fn spawn(
     reaper: &Reaper,
     defaults: &ExecDefaults,
     req: &ExecRequest,
-) -> Result<(std::process::Child, oneshot::Receiver<Status>), AgentError> {
-    let mut cmd = Command::new(&req.argv[0]);
-    cmd.args(&req.argv[1..])
-        .env_clear()
-        .envs(defaults.env.iter().map(|(k, v)| (k, v)))
-        .envs(req.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(req.cwd.as_deref().unwrap_or(&defaults.workdir))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    run_as(&mut cmd, req.uid, req.gid);
-    // SAFETY: setsid is async-signal-safe; it makes the exec a process-group leader so a
-    // timeout or signal reaches every process it started in the group.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    reaper.spawn(&mut cmd).map_err(|e| {
+) -> Result<(Started, oneshot::Receiver<Status>), AgentError> {
+    let cwd = req.cwd.as_deref().unwrap_or(&defaults.workdir);
+    let started = if req.uid.is_none() && req.gid.is_none() {
+        let env: Vec<(&str, &str)> = defaults
+            .env
+            .iter()
+            .chain(&req.env)
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        child::Plan::new(&req.argv, &env, cwd).and_then(|plan| {
+            reaper.register(|| {
+                let c = child::vfork_spawn(&plan)?;
+                let started = Started {
+                    pid: c.pid,
+                    stdin: Some(c.stdin),
+                    stdout: Some(c.stdout),
+                    stderr: Some(c.stderr),
+                };
+                Ok((started, c.pid))
+            })
+        })
+    } else {
+        spawn_as(reaper, defaults, req, cwd)
+    };
+    started.map_err(|e| {
         let code = match e.kind() {
             std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
                 ErrorCode::SpawnFailed
@@ -253,6 +284,40 @@ fn spawn(
         };
         AgentError::new(code, format!("cannot start {:?}: {e}", req.argv[0]))
     })
+}
+
+/// The fork path, for an exec under another account.
+fn spawn_as(
+    reaper: &Reaper,
+    defaults: &ExecDefaults,
+    req: &ExecRequest,
+    cwd: &str,
+) -> std::io::Result<(Started, oneshot::Receiver<Status>)> {
+    let mut cmd = Command::new(&req.argv[0]);
+    cmd.args(&req.argv[1..])
+        .env_clear()
+        .envs(defaults.env.iter().map(|(k, v)| (k, v)))
+        .envs(req.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    run_as(&mut cmd, req.uid, req.gid);
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let (mut child, exit_rx) = reaper.spawn(&mut cmd)?;
+    let started = Started {
+        pid: child.id() as i32,
+        stdin: child.stdin.take().map(OwnedFd::from),
+        stdout: child.stdout.take().map(OwnedFd::from),
+        stderr: child.stderr.take().map(OwnedFd::from),
+    };
+    Ok((started, exit_rx))
 }
 
 fn spawn_pump(
@@ -340,5 +405,50 @@ pub(super) fn run_as(cmd: &mut Command, uid: Option<u32>, gid: Option<u32>) {
     }
     if let Some(uid) = uid {
         cmd.uid(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The spawn paths fail alike: a missing program, a missing working directory and a
+    /// non-executable file give the same typed errors through vfork as through std's fork.
+    #[test]
+    fn spawn_failures_are_typed_alike_on_both_paths() {
+        let _serial = crate::child::tests::SERIAL.lock();
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("data"), "x").unwrap();
+        let reaper = Reaper::default();
+        let defaults = ExecDefaults {
+            env: vec![("PATH".into(), "/nonexistent:/usr/bin:/bin".into())],
+            workdir: tmp.path().to_string_lossy().into_owned(),
+        };
+        let root = own_uid();
+        for (argv, cwd) in [
+            ("no-such-program", None),
+            ("./data", None),
+            ("/bin/true", Some("/nonexistent-dir")),
+        ] {
+            let req = |uid| ExecRequest {
+                argv: vec![argv.into()],
+                cwd: cwd.map(String::from),
+                uid,
+                ..Default::default()
+            };
+            let vfork = spawn(&reaper, &defaults, &req(None)).err().expect("fails");
+            let fork = spawn(&reaper, &defaults, &req(Some(root)))
+                .err()
+                .expect("fails");
+            assert_eq!(vfork.code, ErrorCode::SpawnFailed, "{argv}: {vfork:?}");
+            assert_eq!((vfork.code, &vfork.message), (fork.code, &fork.message));
+        }
+        // SAFETY: waitpid with a null status pointer: the failed children's zombies.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    }
+
+    fn own_uid() -> u32 {
+        // SAFETY: getuid has no failure mode.
+        unsafe { libc::getuid() }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use koder_agent_protocol as proto;
 use koder_api_types::codes;
-use koder_runtime::{ResourceControl, Usage};
+use koder_runtime::{ExecCounters, ResourceControl, Usage};
 
 use super::SIGKILL;
 use crate::metrics::Metrics;
@@ -20,10 +20,22 @@ pub(crate) async fn usage_of(rc: Option<&dyn ResourceControl>) -> Option<Usage> 
     }
 }
 
-/// Resource counters around one exec, for its verdict and peak memory.
+/// The counters verdicts come from, where the runtime reports them; a failed reading counts as
+/// none.
+async fn counters_of(rc: Option<&dyn ResourceControl>) -> Option<ExecCounters> {
+    match rc {
+        Some(rc) => rc.exec_counters().await.ok(),
+        None => None,
+    }
+}
+
+/// Resource counters around one exec, for its verdict and peak memory: the OOM-kill and
+/// pids-limit counters before it (they must be read then: another process of the session may
+/// have moved them since any earlier reading), the same after it only when its ending could be
+/// theirs, and the peak only where it describes this exec.
 pub(crate) struct Meter {
     live: Arc<Live>,
-    before: Option<Usage>,
+    before: Option<ExecCounters>,
     peak_tracked: bool,
     started: Instant,
 }
@@ -37,7 +49,7 @@ impl Meter {
             Some(rc) if alone => rc.reset_memory_peak().await.is_ok(),
             _ => false,
         };
-        let before = usage_of(rc).await;
+        let before = counters_of(rc).await;
         Self {
             live,
             before,
@@ -58,7 +70,16 @@ impl Meter {
         killed: bool,
         metrics: &Metrics,
     ) -> (Option<&'static str>, Option<u64>) {
-        let after = usage_of(self.live.sandbox.resources()).await;
+        let rc = self.live.sandbox.resources();
+        let after = match needs_counters(exit, killed) {
+            true => counters_of(rc).await,
+            false => None,
+        };
+        // Read before this exec stops counting as running, so no other one resets it first.
+        let peak = match rc {
+            Some(rc) if self.peak_tracked => rc.memory_peak().await.ok().map(|b| b / 1024),
+            _ => None,
+        };
         self.live.running_execs.fetch_sub(1, Ordering::SeqCst);
         let verdict = verdict(self.before, after, exit, killed);
         metrics
@@ -68,23 +89,26 @@ impl Meter {
         metrics
             .exec_seconds
             .observe(self.started.elapsed().as_secs_f64());
-        let peak = after
-            .filter(|_| self.peak_tracked)
-            .map(|u| u.memory_peak_bytes / 1024);
         (verdict, peak)
     }
+}
+
+/// Whether [`verdict`] looks at the counters after an exec that ended so: only a SIGKILL (an
+/// OOM kill) or a failing status (a refused fork) can be theirs, and neither when the exec was
+/// killed or timed out.
+fn needs_counters(exit: &proto::ExitInfo, killed: bool) -> bool {
+    !killed && !exit.timed_out && (exit.signal == Some(SIGKILL) || exit.exit_code != Some(0))
 }
 
 /// What ended an exec, from its exit and the session's counters before and after it
 /// (`None`: it ended on its own).
 fn verdict(
-    before: Option<Usage>,
-    after: Option<Usage>,
+    before: Option<ExecCounters>,
+    after: Option<ExecCounters>,
     exit: &proto::ExitInfo,
     killed: bool,
 ) -> Option<&'static str> {
-    let grew =
-        |f: fn(&Usage) -> u64| matches!((before, after), (Some(b), Some(a)) if f(&a) > f(&b));
+    let grew = |f: fn(&ExecCounters) -> u64| matches!((before, after), (Some(b), Some(a)) if f(&a) > f(&b));
     if killed {
         Some(codes::EXEC_KILLED)
     } else if exit.timed_out {
@@ -103,11 +127,10 @@ fn verdict(
 mod tests {
     use super::*;
 
-    fn usage(oom_kills: u64, pids_max_hits: u64) -> Option<Usage> {
-        Some(Usage {
+    fn usage(oom_kills: u64, pids_max_hits: u64) -> Option<ExecCounters> {
+        Some(ExecCounters {
             oom_kills,
             pids_max_hits,
-            ..Usage::default()
         })
     }
 
@@ -176,5 +199,41 @@ mod tests {
             None
         );
         assert_eq!(verdict(usage(0, 5), None, &failed, false), None);
+    }
+
+    /// Where the counters after an exec are not read, no reading could have changed its verdict.
+    #[test]
+    fn skipping_the_reading_after_never_changes_a_verdict() {
+        let exits = [
+            exit(Some(0), None, false),
+            exit(Some(1), None, false),
+            exit(Some(3), None, true),
+            exit(None, Some(SIGKILL), false),
+            exit(None, Some(SIGKILL), true),
+            exit(None, Some(15), false),
+            exit(Some(0), None, true),
+        ];
+        let readings = [None, usage(0, 0), usage(1, 0), usage(0, 1), usage(1, 1)];
+        let mut skipped = 0;
+        for e in &exits {
+            for killed in [false, true] {
+                if needs_counters(e, killed) {
+                    continue;
+                }
+                skipped += 1;
+                for before in readings {
+                    for after in readings {
+                        assert_eq!(
+                            verdict(before, after, e, killed),
+                            verdict(before, None, e, killed),
+                            "{e:?} killed={killed} {before:?} -> {after:?}"
+                        );
+                    }
+                }
+            }
+        }
+        // The common case, a clean exit, is among them.
+        assert!(!needs_counters(&exit(Some(0), None, false), false));
+        assert!(skipped >= 8, "{skipped}");
     }
 }
