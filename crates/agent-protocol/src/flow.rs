@@ -90,6 +90,15 @@ impl SendCredit {
     pub fn close(&self) {
         self.units.close();
     }
+
+    /// Stops the credit binding for good: the peer cancelled the stream, so it either dropped it
+    /// (and discards what still comes) or keeps counting it against its window (and ends the
+    /// stream if that overflows). Either way nothing is buffered there, and the operation winds
+    /// down without waiting for credit that may never come.
+    pub fn lift(&self) {
+        let room = Semaphore::MAX_PERMITS.saturating_sub(self.units.available_permits());
+        self.units.add_permits(room);
+    }
 }
 
 /// The receiving half of one stream: what the peer sent and was not granted back yet.
@@ -178,5 +187,25 @@ mod tests {
         c.reserve(5).await.unwrap().forget();
         c.close();
         assert_eq!(c.reserve(1).await.unwrap_err(), StreamClosed);
+    }
+
+    #[tokio::test]
+    async fn a_lifted_credit_no_longer_binds() {
+        let c = std::sync::Arc::new(SendCredit::default());
+        c.reserve(STREAM_WINDOW).await.unwrap().forget();
+        let waiter = tokio::spawn({
+            let c = c.clone();
+            async move {
+                for _ in 0..100 {
+                    c.reserve(STREAM_WINDOW).await.unwrap().forget();
+                }
+            }
+        });
+        tokio::task::yield_now().await;
+        c.lift();
+        // A grant afterwards changes nothing (and cannot overflow the count).
+        c.grant(u32::MAX);
+        let wait = std::time::Duration::from_secs(5);
+        tokio::time::timeout(wait, waiter).await.unwrap().unwrap();
     }
 }

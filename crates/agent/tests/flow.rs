@@ -154,9 +154,10 @@ fn a_daemon_sending_beyond_its_credit_loses_that_stream_only() {
         })
         .await
         .unwrap();
-        // Stdin for a process that never reads it, ignoring credit: more than a window.
+        // Stdin for a process that never reads it, ignoring credit: windows more than the exec
+        // takes in before it stalls (its pipe and its stdin queue).
         let chunk = ToAgent::Stdin(vec![0; CHUNK_BYTES]);
-        let n = 2 * STREAM_WINDOW / flow::cost(&chunk);
+        let n = 4 * STREAM_WINDOW / flow::cost(&chunk);
         let flood = async {
             for _ in 0..n {
                 sink.send(Frame {
@@ -178,7 +179,8 @@ fn a_daemon_sending_beyond_its_credit_loses_that_stream_only() {
                         assert!(e.message.contains("credit"), "{}", e.message);
                         return;
                     }
-                    FromAgent::Started { .. } | FromAgent::Exited(_) => {}
+                    // Credit for what the exec took in before it stalled; the flood ignores it.
+                    FromAgent::Started { .. } | FromAgent::Exited(_) | FromAgent::Credit(_) => {}
                     other => panic!("unexpected {other:?}"),
                 }
             }
@@ -198,5 +200,50 @@ fn a_daemon_sending_beyond_its_credit_loses_that_stream_only() {
                 break;
             }
         }
+    });
+}
+
+/// Descriptors of this process (which hosts the agent) open on `path`.
+fn open_on(path: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target == path)
+        .count()
+}
+
+#[test]
+fn a_dropped_download_ends_in_the_agent_without_credit() {
+    let root = tempfile::tempdir().unwrap();
+    let client = connect(agent(root.path(), &[]));
+    let big = root.path().join("workspace/big");
+    std::fs::write(&big, vec![1u8; 24 << 20]).unwrap();
+    rt().block_on(async {
+        let reader = client.open_read("/workspace/big", u64::MAX).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(open_on(&big), 1, "the download is open, stalled on credit");
+        drop(reader);
+        for _ in 0..250 {
+            if open_on(&big) == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the agent kept a dropped download open");
+    });
+}
+
+#[test]
+fn a_cancel_sent_while_reading_still_brings_the_exit() {
+    let root = tempfile::tempdir().unwrap();
+    let client = connect(agent(root.path(), &[]));
+    rt().block_on(async {
+        let mut s = client.exec(exec(&["sleep", "30"])).await.unwrap();
+        assert!(matches!(s.recv().await.unwrap(), FromAgent::Started { .. }));
+        s.handle().send(ToAgent::Cancel).await.unwrap();
+        let FromAgent::Exited(exit) = within(s.recv()).await.unwrap() else {
+            panic!("no exit")
+        };
+        assert_eq!(exit.signal, Some(libc::SIGKILL));
     });
 }

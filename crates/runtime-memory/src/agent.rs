@@ -234,7 +234,7 @@ async fn serve(io: DuplexStream, state: Arc<State>) {
                             continue;
                         }
                         ToAgent::Cancel => {
-                            credit.close();
+                            credit.lift();
                             0
                         }
                         ref msg => flow::cost(msg),

@@ -107,14 +107,6 @@ struct Route {
     credit: Arc<SendCredit>,
 }
 
-impl Drop for Route {
-    fn drop(&mut self) {
-        // The stream is over (finished, cancelled, broken or its connection gone): an operation
-        // waiting to send on it stops waiting.
-        self.credit.close();
-    }
-}
-
 type Streams = Arc<Mutex<HashMap<u64, Route>>>;
 type Out = mpsc::Sender<Frame<FromAgent>>;
 
@@ -146,8 +138,11 @@ where
             open(&agent, &streams, frame, &tx).await;
         }
     }
-    // Dropping the routes tells every running operation its caller is gone.
-    streams.lock().clear();
+    // Dropping the routes tells every running operation its caller is gone, and nothing it
+    // still sends can go out.
+    for (_, route) in streams.lock().drain() {
+        route.credit.close();
+    }
     drop(tx);
     let _ = writer.await;
 }
@@ -166,7 +161,9 @@ async fn deliver(streams: &Streams, frame: Frame<ToAgent>, tx: &Out) {
                 return;
             }
             ToAgent::Cancel => {
-                // The last word on the stream: the operation sees it after what came before.
+                // The last word on the stream: the operation sees it after what came before, and
+                // winds down without waiting for credit.
+                route.credit.lift();
                 let _ = route.inbox.send((ToAgent::Cancel, 0));
                 streams.remove(&id);
                 return;
@@ -177,7 +174,9 @@ async fn deliver(streams: &Streams, frame: Frame<ToAgent>, tx: &Out) {
                 if admitted {
                     let _ = route.inbox.send((msg, cost));
                 } else {
-                    // The operation sees its caller gone; what it queued still comes first.
+                    // The operation sees its caller gone (after what it queued) and can send
+                    // nothing more: the error below is the stream's end.
+                    route.credit.close();
                     streams.remove(&id);
                 }
                 !admitted
@@ -267,7 +266,7 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
             agent.running_execs.fetch_sub(1, Ordering::Relaxed);
             return;
         }
-        ToAgent::ReadFile(req) => return read_file(fs, req, out).await,
+        ToAgent::ReadFile(req) => return read_file(fs, req, rx, out).await,
         ToAgent::WriteFile(req) => return write_file(fs, req, rx, out).await,
         ToAgent::List { path, depth } => {
             blocking(move || {
@@ -334,7 +333,12 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
     let _ = out.send(answer.unwrap_or_else(FromAgent::Error)).await;
 }
 
-async fn read_file(fs: Arc<Fs>, req: ReadFileRequest, out: Outbox) {
+async fn read_file(
+    fs: Arc<Fs>,
+    req: ReadFileRequest,
+    mut rx: mpsc::Receiver<ToAgent>,
+    out: Outbox,
+) {
     let opened = blocking(move || fs.open_read(&req.path, req.max_bytes)).await;
     let file = match opened {
         Ok(f) => f,
@@ -352,11 +356,23 @@ async fn read_file(fs: Arc<Fs>, req: ReadFileRequest, out: Outbox) {
             Err(e) => (FromAgent::Error(e), true),
         };
         // Returning drops `chunks`, which stops the reader.
-        if out.send(msg).await.is_err() || last {
+        if out.send(msg).await.is_err() || last || cancelled(&mut rx) {
             return;
         }
     }
     let _ = out.send(FromAgent::FileEnd).await;
+}
+
+/// Whether the daemon gave up on this stream (cancelled it or went away).
+fn cancelled(rx: &mut mpsc::Receiver<ToAgent>) -> bool {
+    use tokio::sync::mpsc::error::TryRecvError;
+    loop {
+        match rx.try_recv() {
+            Ok(ToAgent::Cancel) | Err(TryRecvError::Disconnected) => return true,
+            Ok(_) => {} // nothing else means anything to a download
+            Err(TryRecvError::Empty) => return false,
+        }
+    }
 }
 
 /// Reads `file` in whole chunks until its end, a read error or the sender's end going away.
