@@ -1,9 +1,12 @@
 //! Host-side client of one agent connection.
 //!
-//! One reader task demultiplexes frames to per-stream channels and one writer task serialises
-//! outgoing frames, so any number of operations can run at once over one socket. Everything the
-//! agent says is untrusted: frames are size-bounded by the codec, unknown stream ids are dropped,
-//! and collected output is re-bounded here whatever the agent claims.
+//! One reader task demultiplexes frames to per-stream queues and one writer task serialises
+//! outgoing frames, so any number of operations can run at once over one socket. The reader never
+//! waits for a stream's consumer: each stream has its own credit ([`crate::flow`]), so a consumer
+//! that stops reading stalls only its stream and its queue stays within one window. Everything
+//! the agent says is untrusted: frames are size-bounded by the codec, unknown stream ids are
+//! dropped, a stream the agent floods beyond its credit ends with a protocol error, and collected
+//! output is re-bounded here whatever the agent claims.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -18,6 +21,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 
 use crate::codec::{CodecError, FrameCodec};
+use crate::flow::{self, RecvWindow, SendCredit};
 use crate::messages::*;
 
 #[derive(Debug, thiserror::Error)]
@@ -37,15 +41,35 @@ pub enum ClientError {
 
 type Result<T> = std::result::Result<T, ClientError>;
 
-/// Frames a stream may have queued before the connection reader waits for its consumer.
-const STREAM_QUEUE: usize = 32;
-
 /// How long a one-shot request (health, file operations, usage...) may wait for its answer.
 pub const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// What the reader delivers to one stream's consumer.
+enum Delivery {
+    Msg(FromAgent, u32),
+    /// The agent sent beyond its credit; nothing more comes on this stream.
+    Overrun,
+}
+
+/// The reader's end of one stream.
+struct Route {
+    /// Unbounded, but holds at most one window: [`RecvWindow::admit`] comes first.
+    tx: mpsc::UnboundedSender<Delivery>,
+    window: Arc<RecvWindow>,
+    /// What this side may still send on the stream.
+    credit: Arc<SendCredit>,
+}
+
+impl Drop for Route {
+    fn drop(&mut self) {
+        // Whoever waits to send on a stream that is gone stops waiting.
+        self.credit.close();
+    }
+}
+
 struct Shared {
     next_stream: AtomicU64,
-    streams: Mutex<HashMap<u64, mpsc::Sender<FromAgent>>>,
+    streams: Mutex<HashMap<u64, Route>>,
     outgoing: mpsc::Sender<Frame<ToAgent>>,
     /// Cancelled, under the `streams` lock, once either direction of the connection ends: a
     /// stream opened afterwards would wait for an answer no reader will ever deliver.
@@ -57,6 +81,48 @@ impl Shared {
         let mut streams = self.streams.lock();
         self.closed.cancel();
         streams.clear();
+    }
+
+    /// Hands one frame to its stream without waiting: a credit is booked, a message queued
+    /// within the stream's window, and a stream that overruns its window is ended.
+    fn route(&self, frame: Frame<FromAgent>) {
+        let cost = match frame.msg {
+            FromAgent::Credit(units) => {
+                if let Some(route) = self.streams.lock().get(&frame.stream) {
+                    route.credit.grant(units);
+                }
+                return;
+            }
+            ref msg => flow::cost(msg),
+        };
+        let mut streams = self.streams.lock();
+        let Some(route) = streams.get(&frame.stream) else {
+            return; // a stream that ended here: late output nobody reads
+        };
+        if route.window.admit(cost).is_ok() {
+            // A consumer that went away is not an error: its stream is being dropped.
+            let _ = route.tx.send(Delivery::Msg(frame.msg, cost));
+        } else {
+            tracing::warn!(
+                stream = frame.stream,
+                "agent sent beyond its credit; ending the stream"
+            );
+            let _ = route.tx.send(Delivery::Overrun);
+            streams.remove(&frame.stream);
+        }
+    }
+
+    /// Queues a frame that must not be lost (a cancel, a credit grant) without waiting: when
+    /// the outgoing queue is full it goes out from a task.
+    fn send_soon(&self, frame: Frame<ToAgent>) {
+        if let Err(mpsc::error::TrySendError::Full(frame)) = self.outgoing.try_send(frame) {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let outgoing = self.outgoing.clone();
+                handle.spawn(async move {
+                    let _ = outgoing.send(frame).await;
+                });
+            }
+        }
     }
 }
 
@@ -117,12 +183,7 @@ impl AgentClient {
                     }
                 };
                 let Some(shared) = weak.upgrade() else { break };
-                let tx = shared.streams.lock().get(&frame.stream).cloned();
-                drop(shared);
-                if let Some(tx) = tx {
-                    // A consumer that went away is not an error: its stream is being dropped.
-                    let _ = tx.send(frame.msg).await;
-                }
+                shared.route(frame);
             }
             if let Some(shared) = weak.upgrade() {
                 shared.close();
@@ -144,28 +205,50 @@ impl AgentClient {
     /// Opens a new stream and sends its first message.
     pub async fn open(&self, first: ToAgent) -> Result<AgentStream> {
         let id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let window = Arc::new(RecvWindow::default());
+        let credit = Arc::new(SendCredit::default());
         {
             let mut streams = self.shared.streams.lock();
             if self.shared.closed.is_cancelled() {
                 return Err(ClientError::Disconnected);
             }
-            streams.insert(id, tx);
+            let route = Route {
+                tx,
+                window: window.clone(),
+                credit: credit.clone(),
+            };
+            streams.insert(id, route);
         }
         let stream = AgentStream {
             id,
             client: self.clone(),
             rx,
+            window,
+            credit,
             finished: false,
         };
-        stream.send(first).await?;
+        // The opening message needs no credit.
+        self.shared
+            .outgoing
+            .send(Frame {
+                stream: id,
+                msg: first,
+            })
+            .await
+            .map_err(|_| ClientError::Disconnected)?;
         Ok(stream)
     }
 
+    /// The agent's health; an agent speaking another protocol version is refused.
     pub async fn health(&self) -> Result<HealthInfo> {
         let mut s = self.open(ToAgent::Health).await?;
         match s.recv_final().await? {
-            FromAgent::Health(h) => Ok(h),
+            FromAgent::Health(h) if h.protocol_version == PROTOCOL_VERSION => Ok(h),
+            FromAgent::Health(h) => Err(ClientError::Protocol(format!(
+                "the agent speaks protocol version {}, this daemon {PROTOCOL_VERSION}",
+                h.protocol_version
+            ))),
             other => Err(unexpected(&other)),
         }
     }
@@ -239,6 +322,7 @@ impl AgentClient {
     pub async fn write_file(&self, req: WriteFileRequest) -> Result<FileWriter> {
         Ok(FileWriter {
             stream: self.open(ToAgent::WriteFile(req)).await?,
+            chunk: Vec::new(),
         })
     }
 
@@ -376,7 +460,9 @@ pub struct ExecOutput {
 pub struct AgentStream {
     id: u64,
     client: AgentClient,
-    rx: mpsc::Receiver<FromAgent>,
+    rx: mpsc::UnboundedReceiver<Delivery>,
+    window: Arc<RecvWindow>,
+    credit: Arc<SendCredit>,
     finished: bool,
 }
 
@@ -391,22 +477,51 @@ impl AgentStream {
         StreamHandle {
             id: self.id,
             outgoing: self.client.shared.outgoing.clone(),
+            credit: self.credit.clone(),
         }
     }
 
-    /// The next message; an agent-side error becomes `Err(ClientError::Agent)`.
+    /// The next message; an agent-side error becomes `Err(ClientError::Agent)`. Cancel-safe.
     pub async fn recv(&mut self) -> Result<FromAgent> {
-        match self.rx.recv().await {
-            Some(FromAgent::Error(e)) => {
+        let delivery = self.rx.recv().await;
+        self.take(delivery)
+    }
+
+    /// A message already queued, if any.
+    fn try_recv(&mut self) -> Option<Result<FromAgent>> {
+        let delivery = self.rx.try_recv().ok()?;
+        Some(self.take(Some(delivery)))
+    }
+
+    /// Accounts for a consumed delivery (granting credit back when due) and interprets it.
+    fn take(&mut self, delivery: Option<Delivery>) -> Result<FromAgent> {
+        let msg = match delivery {
+            Some(Delivery::Msg(msg, cost)) => {
+                if let Some(units) = self.window.consumed(cost) {
+                    self.client.shared.send_soon(Frame {
+                        stream: self.id,
+                        msg: ToAgent::Credit(units),
+                    });
+                }
+                msg
+            }
+            Some(Delivery::Overrun) => {
+                return Err(ClientError::Protocol(
+                    "the agent sent beyond its credit on this stream".into(),
+                ))
+            }
+            None => return Err(ClientError::Disconnected),
+        };
+        match msg {
+            FromAgent::Error(e) => {
                 self.finished = true;
                 Err(ClientError::Agent(e))
             }
-            Some(FromAgent::Exited(e)) => {
+            FromAgent::Exited(e) => {
                 self.finished = true;
                 Ok(FromAgent::Exited(e))
             }
-            Some(m) => Ok(m),
-            None => Err(ClientError::Disconnected),
+            m => Ok(m),
         }
     }
 
@@ -431,22 +546,11 @@ impl Drop for AgentStream {
         if self.finished {
             return;
         }
-        let cancel = Frame {
+        // Lost, the cancel would leave the agent's operation open until the connection ends.
+        self.client.shared.send_soon(Frame {
             stream: self.id,
             msg: ToAgent::Cancel,
-        };
-        // A full queue must not lose the cancel (the agent would keep the operation open
-        // until the connection ends), so it then goes out from a task.
-        if let Err(mpsc::error::TrySendError::Full(cancel)) =
-            self.client.shared.outgoing.try_send(cancel)
-        {
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                let outgoing = self.client.shared.outgoing.clone();
-                handle.spawn(async move {
-                    let _ = outgoing.send(cancel).await;
-                });
-            }
-        }
+        });
     }
 }
 
@@ -574,46 +678,72 @@ where
 pub struct StreamHandle {
     id: u64,
     outgoing: mpsc::Sender<Frame<ToAgent>>,
+    credit: Arc<SendCredit>,
 }
 
 impl StreamHandle {
+    /// Sends `msg`, first waiting (on this stream alone) for the credit it costs.
     pub async fn send(&self, msg: ToAgent) -> Result<()> {
+        let permit = if flow::is_exempt(&msg) {
+            None
+        } else {
+            // A stream that ended here has no credit to wait for: what is sent then is late,
+            // and the agent drops it.
+            self.credit.reserve(flow::cost(&msg)).await.ok()
+        };
         self.outgoing
             .send(Frame {
                 stream: self.id,
                 msg,
             })
             .await
-            .map_err(|_| ClientError::Disconnected)
+            .map_err(|_| ClientError::Disconnected)?;
+        if let Some(permit) = permit {
+            permit.forget();
+        }
+        Ok(())
     }
 }
 
-/// An upload in progress.
+/// An upload in progress. Bytes are gathered into chunks of [`FILE_CHUNK_BYTES`], whatever
+/// sizes the caller writes.
 pub struct FileWriter {
     stream: AgentStream,
+    chunk: Vec<u8>,
 }
 
 impl FileWriter {
-    /// Sends `data` in protocol-sized chunks. Fails early if the agent already refused the upload
-    /// (quota, size limit, bad path).
-    pub async fn write(&mut self, data: &[u8]) -> Result<()> {
-        for chunk in data.chunks(CHUNK_BYTES) {
-            if let Ok(msg) = self.stream.rx.try_recv() {
-                return Err(match msg {
-                    FromAgent::Error(e) => {
-                        self.stream.finished = true;
-                        ClientError::Agent(e)
-                    }
-                    other => unexpected(&other),
-                });
+    /// Takes `data`, sending every chunk it fills. Fails early if the agent already refused the
+    /// upload (quota, size limit, bad path).
+    pub async fn write(&mut self, mut data: &[u8]) -> Result<()> {
+        while !data.is_empty() {
+            let take = data.len().min(FILE_CHUNK_BYTES - self.chunk.len());
+            self.chunk.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if self.chunk.len() == FILE_CHUNK_BYTES {
+                self.flush().await?;
             }
-            self.stream.send(ToAgent::FileChunk(chunk.to_vec())).await?;
         }
         Ok(())
     }
 
+    async fn flush(&mut self) -> Result<()> {
+        if let Some(answer) = self.stream.try_recv() {
+            return Err(match answer {
+                Err(e) => e,
+                Ok(other) => unexpected(&other),
+            });
+        }
+        // Only an upload that filled a chunk gets a whole one reserved up front.
+        let chunk = std::mem::replace(&mut self.chunk, Vec::with_capacity(FILE_CHUNK_BYTES));
+        self.stream.send(ToAgent::FileChunk(chunk)).await
+    }
+
     /// Commits the upload and returns the new file's entry.
     pub async fn finish(mut self) -> Result<Entry> {
+        if !self.chunk.is_empty() {
+            self.flush().await?;
+        }
         self.stream.send(ToAgent::FileEnd).await?;
         match self.stream.recv_final().await? {
             FromAgent::Entry(e) => Ok(e),
@@ -672,6 +802,243 @@ mod tests {
         assert!(matches!(
             client.open(ToAgent::ListeningPorts).await,
             Err(ClientError::Disconnected)
+        ));
+    }
+
+    /// The agent's end of a connection, played by the test.
+    struct Peer {
+        frames: FramedRead<
+            tokio::io::ReadHalf<tokio::io::DuplexStream>,
+            FrameCodec<ToAgent, FromAgent>,
+        >,
+        sink: FramedWrite<
+            tokio::io::WriteHalf<tokio::io::DuplexStream>,
+            FrameCodec<ToAgent, FromAgent>,
+        >,
+    }
+
+    impl Peer {
+        fn new(io: tokio::io::DuplexStream) -> Self {
+            let (r, w) = tokio::io::split(io);
+            Self {
+                frames: FramedRead::new(r, FrameCodec::default()),
+                sink: FramedWrite::new(w, FrameCodec::default()),
+            }
+        }
+
+        async fn next(&mut self) -> Frame<ToAgent> {
+            let wait = std::time::Duration::from_secs(10);
+            let frame = tokio::time::timeout(wait, self.frames.next()).await;
+            frame.expect("no frame from the client").unwrap().unwrap()
+        }
+
+        /// The next frame that is not a credit grant.
+        async fn next_request(&mut self) -> Frame<ToAgent> {
+            loop {
+                let frame = self.next().await;
+                if !matches!(frame.msg, ToAgent::Credit(_)) {
+                    return frame;
+                }
+            }
+        }
+
+        async fn send(&mut self, stream: u64, msg: FromAgent) {
+            self.sink.send(Frame { stream, msg }).await.unwrap();
+        }
+
+        /// Answers the next request, which must be a health check.
+        async fn answer_health(&mut self) {
+            let frame = self.next_request().await;
+            assert_eq!(frame.msg, ToAgent::Health);
+            let info = HealthInfo {
+                protocol_version: PROTOCOL_VERSION,
+                ..HealthInfo::default()
+            };
+            self.send(frame.stream, FromAgent::Health(info)).await;
+        }
+    }
+
+    fn small_chunk(i: usize) -> FromAgent {
+        FromAgent::FileChunk(vec![i as u8; 1024])
+    }
+
+    /// Small chunks filling one window exactly (many more than any fixed queue held before).
+    fn chunks_per_window() -> usize {
+        (flow::STREAM_WINDOW / flow::cost(&small_chunk(0))) as usize
+    }
+
+    async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(std::time::Duration::from_secs(10), f)
+            .await
+            .expect("stalled")
+    }
+
+    #[tokio::test]
+    async fn a_stream_nobody_reads_stalls_neither_the_connection_nor_its_data() {
+        let (client, agent) = pair();
+        let mut peer = Peer::new(agent);
+        let mut unread = client.open(ToAgent::ListeningPorts).await.unwrap();
+        let id = peer.next().await.stream;
+        let n = chunks_per_window();
+        assert!(n > 1000);
+        for i in 0..n {
+            peer.send(id, small_chunk(i)).await;
+        }
+        // A whole window queued for a consumer that reads nothing; other operations go on.
+        let health = tokio::spawn({
+            let client = client.clone();
+            async move { client.health().await }
+        });
+        peer.answer_health().await;
+        within(health).await.unwrap().unwrap();
+        // The stalled stream got everything, in order, and grants credit as it drains.
+        for i in 0..n {
+            assert_eq!(unread.recv().await.unwrap(), small_chunk(i));
+        }
+        let mut granted = 0u64;
+        while granted < u64::from(flow::STREAM_WINDOW) / 2 {
+            match peer.next().await {
+                Frame {
+                    stream,
+                    msg: ToAgent::Credit(units),
+                } if stream == id => granted += u64::from(units),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert!(granted <= u64::from(flow::STREAM_WINDOW));
+    }
+
+    #[tokio::test]
+    async fn an_agent_overrunning_its_credit_ends_that_stream_only() {
+        let (client, agent) = pair();
+        let mut peer = Peer::new(agent);
+        let mut flooded = client.open(ToAgent::ListeningPorts).await.unwrap();
+        let id = peer.next().await.stream;
+        let n = chunks_per_window();
+        // A hostile agent: a flood far beyond its credit on one stream.
+        for i in 0..n * 4 {
+            peer.send(id, small_chunk(i)).await;
+        }
+        // What stays queued is one window, the rest was dropped; then the stream is broken.
+        for i in 0..n {
+            assert_eq!(flooded.recv().await.unwrap(), small_chunk(i));
+        }
+        assert!(matches!(
+            flooded.recv().await,
+            Err(ClientError::Protocol(m)) if m.contains("credit")
+        ));
+        assert!(!client.shared.streams.lock().contains_key(&id));
+        // Dropping the broken stream cancels the agent's operation.
+        drop(flooded);
+        loop {
+            let frame = peer.next().await;
+            if frame.stream == id && frame.msg == ToAgent::Cancel {
+                break;
+            }
+        }
+        // The connection and its other streams live on.
+        assert!(!client.is_closed());
+        let health = tokio::spawn({
+            let client = client.clone();
+            async move { client.health().await }
+        });
+        peer.answer_health().await;
+        within(health).await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_upload_without_credit_waits_on_its_own_stream() {
+        let (client, agent) = pair();
+        let mut peer = Peer::new(agent);
+        let req = WriteFileRequest {
+            path: "/f".into(),
+            mode: None,
+            create_parents: false,
+            max_bytes: None,
+            owner: None,
+        };
+        let data: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let upload = tokio::spawn({
+            let (client, data) = (client.clone(), data.clone());
+            async move {
+                let mut w = client.write_file(req).await?;
+                w.write(&data).await?;
+                w.finish().await
+            }
+        });
+        let id = peer.next().await.stream;
+        // An agent that grants nothing gets one window and no more.
+        let mut got = Vec::new();
+        let mut sent_cost = 0u64;
+        while sent_cost + u64::from(flow::cost(&ToAgent::FileChunk(vec![0; FILE_CHUNK_BYTES])))
+            <= u64::from(flow::STREAM_WINDOW)
+        {
+            let frame = peer.next().await;
+            assert_eq!(frame.stream, id);
+            sent_cost += u64::from(flow::cost(&frame.msg));
+            let ToAgent::FileChunk(c) = frame.msg else {
+                panic!("expected a chunk")
+            };
+            got.extend_from_slice(&c);
+        }
+        let more = tokio::time::timeout(std::time::Duration::from_millis(200), peer.next());
+        assert!(more.await.is_err(), "sent beyond its credit");
+        assert!(!upload.is_finished());
+        // Meanwhile the connection serves other streams.
+        let health = tokio::spawn({
+            let client = client.clone();
+            async move { client.health().await }
+        });
+        peer.answer_health().await;
+        within(health).await.unwrap().unwrap();
+        // Credit lets the rest through.
+        peer.send(id, FromAgent::Credit(sent_cost as u32)).await;
+        loop {
+            let frame = peer.next().await;
+            match frame.msg {
+                ToAgent::FileChunk(c) => {
+                    let units = flow::cost(&ToAgent::FileChunk(c.clone()));
+                    got.extend_from_slice(&c);
+                    peer.send(id, FromAgent::Credit(units)).await;
+                }
+                ToAgent::FileEnd => break,
+                ToAgent::Credit(_) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert!(got == data, "upload corrupted");
+        let entry = Entry {
+            name: "f".into(),
+            path: "/f".into(),
+            kind: EntryKind::File,
+            size: data.len() as u64,
+            mode: 0o644,
+            modified_ms: 0,
+            symlink_target: None,
+            uid: 0,
+            gid: 0,
+        };
+        peer.send(id, FromAgent::Entry(entry.clone())).await;
+        assert_eq!(within(upload).await.unwrap().unwrap(), entry);
+    }
+
+    #[tokio::test]
+    async fn an_agent_of_another_protocol_version_is_refused() {
+        let (client, agent) = pair();
+        let mut peer = Peer::new(agent);
+        let health = tokio::spawn({
+            let client = client.clone();
+            async move { client.health().await }
+        });
+        let frame = peer.next().await;
+        let info = HealthInfo {
+            protocol_version: PROTOCOL_VERSION - 1,
+            ..HealthInfo::default()
+        };
+        peer.send(frame.stream, FromAgent::Health(info)).await;
+        assert!(matches!(
+            within(health).await.unwrap(),
+            Err(ClientError::Protocol(m)) if m.contains("version")
         ));
     }
 

@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod codec;
+pub mod flow;
 pub mod init;
 pub mod messages;
 pub mod mount_target;

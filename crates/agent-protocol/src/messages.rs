@@ -5,11 +5,16 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Version of this protocol; the agent reports it in [`HealthInfo`].
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version of this protocol; the agent reports it in [`HealthInfo`] and the client refuses an
+/// agent speaking another. 2: per-stream credit (`Credit`, see [`crate::flow`]).
+pub const PROTOCOL_VERSION: u32 = 2;
 
-/// Largest data chunk (stdout, stdin, file bytes) carried in one frame.
+/// Largest data chunk of a byte stream (stdout, stdin, relayed bytes) carried in one frame.
 pub const CHUNK_BYTES: usize = 64 * 1024;
+
+/// Largest chunk of a file transfer: bigger than [`CHUNK_BYTES`] because a file's bytes are all
+/// there at once, so fewer frames (and fewer disk round trips) move the same data.
+pub const FILE_CHUNK_BYTES: usize = 256 * 1024;
 
 /// Largest encoded frame either side accepts. Bigger frames end the connection: the peer is
 /// broken or hostile, and a length prefix must never make the reader allocate without bound.
@@ -148,6 +153,9 @@ pub enum ToAgent {
     },
     /// Abandon the operation on this stream (an upload is discarded, an exec is killed).
     Cancel,
+    /// The daemon consumed this many more cost units of what the agent sent on this stream
+    /// ([`crate::flow`]).
+    Credit(u32),
 }
 
 /// Limits a microVM's agent applies to the cgroup its sandbox processes run in (the VM's own
@@ -210,6 +218,7 @@ impl ToAgent {
             ToAgent::CaptureLayer { .. } => "CaptureLayer",
             ToAgent::KillAll => "KillAll",
             ToAgent::Cancel => "Cancel",
+            ToAgent::Credit(_) => "Credit",
         }
     }
 
@@ -226,6 +235,7 @@ impl ToAgent {
                 | ToAgent::FileChunk(_)
                 | ToAgent::FileEnd
                 | ToAgent::Cancel
+                | ToAgent::Credit(_)
         )
     }
 }
@@ -290,6 +300,9 @@ pub enum FromAgent {
     RunDone(RunOutcome),
     Done,
     Error(AgentError),
+    /// The agent consumed this many more cost units of what the daemon sent on this stream
+    /// ([`crate::flow`]).
+    Credit(u32),
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

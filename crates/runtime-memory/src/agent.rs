@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
+use koder_agent_protocol::flow::{self, SendCredit};
 use koder_agent_protocol::{
     AgentClient, AgentError, Entry, EntryKind, ErrorCode, ExecRequest, ExitInfo, Frame, FrameCodec,
     FromAgent, HealthInfo, ToAgent, WriteFileRequest, CHUNK_BYTES, MAX_LIST_ENTRIES,
@@ -211,8 +212,10 @@ async fn serve(io: DuplexStream, state: Arc<State>) {
     let mut sink = FramedWrite::new(w, FrameCodec::<ToAgent, FromAgent>::default());
     let (out_tx, mut out_rx) = mpsc::channel::<Frame<FromAgent>>(64);
     // Unbounded: this loop must never wait for an operation that itself waits for this loop to
-    // send its output. Follow-ups are few and tests are short.
-    let mut follow_ups: HashMap<u64, mpsc::UnboundedSender<ToAgent>> = HashMap::new();
+    // send its output. Follow-ups are few and tests are short, so their credit is granted back
+    // as they arrive.
+    let mut follow_ups: HashMap<u64, (mpsc::UnboundedSender<ToAgent>, Arc<SendCredit>)> =
+        HashMap::new();
     loop {
         tokio::select! {
             _ = state.dead.cancelled() => break,
@@ -224,15 +227,32 @@ async fn serve(io: DuplexStream, state: Arc<State>) {
             frame = frames.next() => {
                 let Some(Ok(Frame { stream, msg })) = frame else { break };
                 if msg.is_follow_up() {
-                    if let Some(tx) = follow_ups.get(&stream) {
-                        let _ = tx.send(msg);
+                    let Some((tx, credit)) = follow_ups.get(&stream) else { continue };
+                    let granted = match msg {
+                        ToAgent::Credit(units) => {
+                            credit.grant(units);
+                            continue;
+                        }
+                        ToAgent::Cancel => {
+                            credit.lift();
+                            0
+                        }
+                        ref msg => flow::cost(msg),
+                    };
+                    let _ = tx.send(msg);
+                    if granted > 0 {
+                        let msg = FromAgent::Credit(granted);
+                        if sink.send(Frame { stream, msg }).await.is_err() {
+                            break;
+                        }
                     }
                     continue;
                 }
-                follow_ups.retain(|_, tx| !tx.is_closed());
+                follow_ups.retain(|_, (tx, _)| !tx.is_closed());
                 let (tx, rx) = mpsc::unbounded_channel();
-                follow_ups.insert(stream, tx);
-                let out = Out { stream, tx: out_tx.clone() };
+                let credit = Arc::new(SendCredit::default());
+                follow_ups.insert(stream, (tx, credit.clone()));
+                let out = Out { stream, tx: out_tx.clone(), credit };
                 tokio::spawn(operation(state.clone(), msg, rx, out));
             }
         }
@@ -242,16 +262,23 @@ async fn serve(io: DuplexStream, state: Arc<State>) {
 struct Out {
     stream: u64,
     tx: mpsc::Sender<Frame<FromAgent>>,
+    credit: Arc<SendCredit>,
 }
 
 impl Out {
+    /// Sends within the stream's credit, as a real agent does.
     async fn send(&self, msg: FromAgent) {
+        // The agent is gone or the client hung up: nobody is left to tell.
+        let Ok(permit) = self.credit.reserve(flow::cost(&msg)).await else {
+            return;
+        };
         let frame = Frame {
             stream: self.stream,
             msg,
         };
-        // The agent is gone or the client hung up: nobody is left to tell.
-        let _ = self.tx.send(frame).await;
+        if self.tx.send(frame).await.is_ok() {
+            permit.forget();
+        }
     }
 }
 

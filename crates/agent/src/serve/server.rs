@@ -1,8 +1,10 @@
 //! Serves the agent protocol on each accepted connection.
 //!
 //! The daemon is trusted to drive the agent, but the agent still validates every frame: a
-//! malformed frame ends that connection, a stale message for a finished stream is dropped, and
-//! the number of concurrent streams per connection is capped.
+//! malformed frame ends that connection, a stale message for a finished stream is dropped, the
+//! number of concurrent streams per connection is capped, and a stream the daemon floods beyond
+//! its credit ([`koder_agent_protocol::flow`]) ends with an error. The connection's reader never
+//! waits for an operation: a process that does not read its stdin stalls only its own stream.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -10,18 +12,19 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::{SinkExt, StreamExt};
+use koder_agent_protocol::flow::{self, RecvWindow, SendCredit};
 use koder_agent_protocol::{
-    AgentError, ErrorCode, Frame, FrameCodec, FromAgent, HealthInfo, ReadFileRequest, ToAgent,
-    WriteFileRequest, CHUNK_BYTES, PROTOCOL_VERSION,
+    AgentError, Entry, ErrorCode, Frame, FrameCodec, FromAgent, HealthInfo, ReadFileRequest,
+    ToAgent, WriteFileRequest, FILE_CHUNK_BYTES, PROTOCOL_VERSION,
 };
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::egress::{self, Egress};
 use super::exec::{self, ExecDefaults, Reaper};
-use super::fs::Fs;
+use super::fs::{Fs, PendingWrite};
 use super::interp::{self, Contexts};
 use super::{killall, layer, net, pty, watch};
 use crate::confinement::Confinement;
@@ -95,7 +98,17 @@ pub async fn serve_listener(agent: Arc<Agent>, listener: tokio::net::UnixListene
     }
 }
 
-type Streams = Arc<Mutex<HashMap<u64, mpsc::Sender<ToAgent>>>>;
+/// The reader's end of one stream.
+struct Route {
+    /// Unbounded, but holds at most one window: [`RecvWindow::admit`] comes first.
+    inbox: mpsc::UnboundedSender<(ToAgent, u32)>,
+    window: Arc<RecvWindow>,
+    /// What the operation's [`Outbox`] may still send.
+    credit: Arc<SendCredit>,
+}
+
+type Streams = Arc<Mutex<HashMap<u64, Route>>>;
+type Out = mpsc::Sender<Frame<FromAgent>>;
 
 pub async fn serve_connection<S>(agent: Arc<Agent>, conn: S)
 where
@@ -118,37 +131,129 @@ where
             // Framing is lost after a bad frame; the daemon reconnects.
             break;
         };
-        let existing = streams.lock().get(&frame.stream).cloned();
-        if let Some(op) = existing {
-            let _ = op.send(frame.msg).await;
-            continue;
+        if streams.lock().contains_key(&frame.stream) {
+            deliver(&streams, frame, &tx).await;
+        } else if !frame.msg.is_follow_up() {
+            // (A follow-up here is late, for a stream that already finished.)
+            open(&agent, &streams, frame, &tx).await;
         }
-        let out = Outbox::new(frame.stream, tx.clone());
-        if frame.msg.is_follow_up() {
-            continue; // late message for a stream that already finished
-        }
-        if streams.lock().len() >= MAX_STREAMS {
-            let _ = out
-                .send(FromAgent::Error(AgentError::new(
-                    ErrorCode::InvalidRequest,
-                    "too many concurrent operations on this connection",
-                )))
-                .await;
-            continue;
-        }
-        let (op_tx, op_rx) = mpsc::channel(16);
-        streams.lock().insert(frame.stream, op_tx);
-        let (agent, streams) = (agent.clone(), streams.clone());
-        tokio::spawn(async move {
-            let id = out.stream();
-            handle(&agent, frame.msg, op_rx, out).await;
-            streams.lock().remove(&id);
-        });
     }
-    // Dropping the stream senders tells every running operation its caller is gone.
-    streams.lock().clear();
+    // Dropping the routes tells every running operation its caller is gone, and nothing it
+    // still sends can go out.
+    for (_, route) in streams.lock().drain() {
+        route.credit.close();
+    }
     drop(tx);
     let _ = writer.await;
+}
+
+/// Hands a message to its running stream without waiting for the operation.
+async fn deliver(streams: &Streams, frame: Frame<ToAgent>, tx: &Out) {
+    let id = frame.stream;
+    let overrun = {
+        let mut streams = streams.lock();
+        let Some(route) = streams.get(&id) else {
+            return;
+        };
+        match frame.msg {
+            ToAgent::Credit(units) => {
+                route.credit.grant(units);
+                return;
+            }
+            ToAgent::Cancel => {
+                // The last word on the stream: the operation sees it after what came before, and
+                // winds down without waiting for credit.
+                route.credit.lift();
+                let _ = route.inbox.send((ToAgent::Cancel, 0));
+                streams.remove(&id);
+                return;
+            }
+            msg => {
+                let cost = flow::cost(&msg);
+                let admitted = route.window.admit(cost).is_ok();
+                if admitted {
+                    let _ = route.inbox.send((msg, cost));
+                } else {
+                    // The operation sees its caller gone (after what it queued) and can send
+                    // nothing more: the error below is the stream's end.
+                    route.credit.close();
+                    streams.remove(&id);
+                }
+                !admitted
+            }
+        }
+    };
+    if overrun {
+        let err = AgentError::new(
+            ErrorCode::InvalidRequest,
+            "the daemon sent beyond its credit on this stream",
+        );
+        let _ = tx
+            .send(Frame {
+                stream: id,
+                msg: FromAgent::Error(err),
+            })
+            .await;
+    }
+}
+
+/// Starts the operation a stream's first message asks for.
+async fn open(agent: &Arc<Agent>, streams: &Streams, frame: Frame<ToAgent>, tx: &Out) {
+    let credit = Arc::new(SendCredit::default());
+    let out = Outbox::new(frame.stream, tx.clone(), credit.clone());
+    if streams.lock().len() >= MAX_STREAMS {
+        let _ = out
+            .send(FromAgent::Error(AgentError::new(
+                ErrorCode::InvalidRequest,
+                "too many concurrent operations on this connection",
+            )))
+            .await;
+        return;
+    }
+    let window = Arc::new(RecvWindow::default());
+    let (inbox, inbox_rx) = mpsc::unbounded_channel();
+    let route = Route {
+        inbox,
+        window: window.clone(),
+        credit,
+    };
+    streams.lock().insert(frame.stream, route);
+    // One message in hand at a time: everything else waits in the inbox, within the window.
+    let (op_tx, op_rx) = mpsc::channel(1);
+    let (agent, streams, tx) = (agent.clone(), streams.clone(), tx.clone());
+    tokio::spawn(async move {
+        let id = out.stream();
+        let run = async {
+            handle(&agent, frame.msg, op_rx, out).await;
+            streams.lock().remove(&id);
+        };
+        tokio::join!(run, forward(id, inbox_rx, op_tx, &window, &tx));
+    });
+}
+
+/// Moves a stream's queued messages to its operation as it takes them, granting the daemon
+/// credit for what was taken. Ends when the stream's route or its operation is gone.
+async fn forward(
+    id: u64,
+    mut inbox: mpsc::UnboundedReceiver<(ToAgent, u32)>,
+    op: mpsc::Sender<ToAgent>,
+    window: &RecvWindow,
+    tx: &Out,
+) {
+    while let Some((msg, cost)) = inbox.recv().await {
+        if op.send(msg).await.is_err() {
+            return;
+        }
+        if let Some(units) = window.consumed(cost) {
+            let credit = Frame {
+                stream: id,
+                msg: FromAgent::Credit(units),
+            };
+            if tx.send(credit).await.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out: Outbox) {
@@ -161,7 +266,7 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
             agent.running_execs.fetch_sub(1, Ordering::Relaxed);
             return;
         }
-        ToAgent::ReadFile(req) => return read_file(fs, req, out).await,
+        ToAgent::ReadFile(req) => return read_file(fs, req, rx, out).await,
         ToAgent::WriteFile(req) => return write_file(fs, req, rx, out).await,
         ToAgent::List { path, depth } => {
             blocking(move || {
@@ -228,7 +333,12 @@ async fn handle(agent: &Agent, first: ToAgent, rx: mpsc::Receiver<ToAgent>, out:
     let _ = out.send(answer.unwrap_or_else(FromAgent::Error)).await;
 }
 
-async fn read_file(fs: Arc<Fs>, req: ReadFileRequest, out: Outbox) {
+async fn read_file(
+    fs: Arc<Fs>,
+    req: ReadFileRequest,
+    mut rx: mpsc::Receiver<ToAgent>,
+    out: Outbox,
+) {
     let opened = blocking(move || fs.open_read(&req.path, req.max_bytes)).await;
     let file = match opened {
         Ok(f) => f,
@@ -237,64 +347,117 @@ async fn read_file(fs: Arc<Fs>, req: ReadFileRequest, out: Outbox) {
             return;
         }
     };
-    let mut file = tokio::fs::File::from_std(file);
-    let mut buf = vec![0u8; CHUNK_BYTES];
-    loop {
-        match file.read(&mut buf).await {
-            Ok(0) => break,
-            Ok(n) => {
-                if out
-                    .send(FromAgent::FileChunk(buf[..n].to_vec()))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            Err(e) => {
-                let err = AgentError::new(ErrorCode::Io, format!("read failed: {e}"));
-                let _ = out.send(FromAgent::Error(err)).await;
-                return;
-            }
+    // One blocking reader per download, a couple of chunks ahead of the daemon's credit.
+    let (chunks_tx, mut chunks) = mpsc::channel(2);
+    tokio::task::spawn_blocking(move || read_chunks(file, &chunks_tx));
+    while let Some(chunk) = chunks.recv().await {
+        let (msg, last) = match chunk {
+            Ok(data) => (FromAgent::FileChunk(data), false),
+            Err(e) => (FromAgent::Error(e), true),
+        };
+        // Returning drops `chunks`, which stops the reader.
+        if out.send(msg).await.is_err() || last || cancelled(&mut rx) {
+            return;
         }
     }
     let _ = out.send(FromAgent::FileEnd).await;
 }
 
-async fn write_file(
-    fs: Arc<Fs>,
-    req: WriteFileRequest,
-    mut rx: mpsc::Receiver<ToAgent>,
-    out: Outbox,
-) {
-    let result = async {
-        let mut pending = blocking(move || fs.begin_write(&req)).await?;
-        loop {
-            match rx.recv().await {
-                Some(ToAgent::FileChunk(data)) => {
-                    pending = blocking(move || pending.write(&data).map(|()| pending)).await?;
-                }
-                Some(ToAgent::FileEnd) => {
-                    return blocking(move || pending.commit()).await.map(Some)
-                }
-                // Cancelled or caller gone: dropping `pending` discards the upload.
-                Some(ToAgent::Cancel) | None => return Ok(None),
-                Some(other) => {
-                    return Err(AgentError::new(
-                        ErrorCode::InvalidRequest,
-                        format!("unexpected {} during upload", other.kind()),
-                    ))
-                }
-            }
+/// Whether the daemon gave up on this stream (cancelled it or went away).
+fn cancelled(rx: &mut mpsc::Receiver<ToAgent>) -> bool {
+    use tokio::sync::mpsc::error::TryRecvError;
+    loop {
+        match rx.try_recv() {
+            Ok(ToAgent::Cancel) | Err(TryRecvError::Disconnected) => return true,
+            Ok(_) => {} // nothing else means anything to a download
+            Err(TryRecvError::Empty) => return false,
         }
     }
-    .await;
-    let msg = match result {
+}
+
+/// Reads `file` in whole chunks until its end, a read error or the sender's end going away.
+fn read_chunks(file: std::fs::File, chunks: &mpsc::Sender<Result<Vec<u8>, AgentError>>) {
+    use std::io::Read;
+    let mut file = file.take(0);
+    loop {
+        let mut buf = Vec::with_capacity(FILE_CHUNK_BYTES);
+        file.set_limit(FILE_CHUNK_BYTES as u64);
+        // read_to_end fills the spare capacity without zeroing it first.
+        let chunk = match file.read_to_end(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => Ok(buf),
+            Err(e) => Err(AgentError::new(ErrorCode::Io, format!("read failed: {e}"))),
+        };
+        let more = matches!(&chunk, Ok(b) if b.len() == FILE_CHUNK_BYTES);
+        if chunks.blocking_send(chunk).is_err() || !more {
+            return;
+        }
+    }
+}
+
+/// What the upload's blocking writer is fed.
+enum Upload {
+    Chunk(Vec<u8>),
+    Commit,
+}
+
+async fn write_file(fs: Arc<Fs>, req: WriteFileRequest, rx: mpsc::Receiver<ToAgent>, out: Outbox) {
+    let msg = match upload(fs, req, rx).await {
         Ok(Some(entry)) => FromAgent::Entry(entry),
         Ok(None) => return,
         Err(e) => FromAgent::Error(e),
     };
     let _ = out.send(msg).await;
+}
+
+/// Feeds one blocking writer per upload; `None` when the upload was cancelled (and so
+/// discarded).
+async fn upload(
+    fs: Arc<Fs>,
+    req: WriteFileRequest,
+    mut rx: mpsc::Receiver<ToAgent>,
+) -> Result<Option<Entry>, AgentError> {
+    let pending = blocking(move || fs.begin_write(&req)).await?;
+    let (chunks, chunks_rx) = mpsc::channel(2);
+    let writer = tokio::task::spawn_blocking(move || write_chunks(pending, chunks_rx));
+    loop {
+        let item = match rx.recv().await {
+            Some(ToAgent::FileChunk(data)) => Upload::Chunk(data),
+            Some(ToAgent::FileEnd) => Upload::Commit,
+            // Cancelled or caller gone: the writer discards the upload once `chunks` is gone.
+            Some(ToAgent::Cancel) | None => break,
+            Some(other) => {
+                drop(chunks);
+                let _ = writer.await;
+                return Err(AgentError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("unexpected {} during upload", other.kind()),
+                ));
+            }
+        };
+        let commit = matches!(item, Upload::Commit);
+        // A send fails once the writer has stopped on an error; it reports that error below.
+        if chunks.send(item).await.is_err() || commit {
+            break;
+        }
+    }
+    drop(chunks);
+    writer.await.unwrap_or_else(|e| Err(failed(e)))
+}
+
+/// Writes what arrives until the commit; an upload whose feed ends before is discarded (by
+/// dropping `pending`).
+fn write_chunks(
+    mut pending: PendingWrite,
+    mut chunks: mpsc::Receiver<Upload>,
+) -> Result<Option<Entry>, AgentError> {
+    while let Some(item) = chunks.blocking_recv() {
+        match item {
+            Upload::Chunk(data) => pending.write(&data)?,
+            Upload::Commit => return pending.commit().map(Some),
+        }
+    }
+    Ok(None)
 }
 
 /// statvfs of the root: on an overlay root it reports the upper (writable) layer's filesystem,
@@ -327,10 +490,11 @@ async fn guest_op(
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
 ) -> Result<T, AgentError> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(AgentError::new(
-            ErrorCode::Io,
-            format!("file operation failed: {e}"),
-        ))
-    })
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(failed(e)))
+}
+
+fn failed(e: tokio::task::JoinError) -> AgentError {
+    AgentError::new(ErrorCode::Io, format!("file operation failed: {e}"))
 }
