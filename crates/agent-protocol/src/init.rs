@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn sync_lines_are_found_in_garbage_fed_in_pieces() {
         let mut input = vec![0u8, 0, 0, 9, 1, 2, 3];
-        input.extend(std::iter::repeat(b'x').take(10_000));
+        input.extend(std::iter::repeat_n(b'x', 10_000));
         input.extend(b"\nKODER-SYNC 0123\n");
         input.extend(b"KODER-SYNC 0123456789ABCDEF0123456789abcdef\n");
         input.extend(sync::ready_line(NONCE).as_bytes());
