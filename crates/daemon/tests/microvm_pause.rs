@@ -17,6 +17,9 @@ use serde_json::{json, Value};
 
 const S: &str = "/v1/sandbox/sessions";
 
+/// One test at a time: TCG guests on a small CI host are slow enough one by one.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn config() -> String {
     format!("{BASE_CONFIG}\n{}", microvm_section())
 }
@@ -102,6 +105,7 @@ fn listed_state(list: &Value, id: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn microvm_memory_pause_survives_restarts_and_kills() {
     let Some(()) = root_or_skip() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut d = Daemon::start(&config()).await;
     let id = d
         .create(json!({"runtime": "microvm", "language": "python", "limits": {"memory_mib": 128}}))
@@ -227,6 +231,7 @@ async fn microvm_memory_pause_survives_restarts_and_kills() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_killed_while_saving_a_vm_leaves_no_half_snapshot() {
     let Some(()) = root_or_skip() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut d = Daemon::start(&config()).await;
     let mut ids = Vec::new();
     for point in ["vm-suspend-before-commit", "vm-pause-before-record"] {
