@@ -9,7 +9,7 @@ scripts/setup.sh
 # The daemon finds the agent binary next to itself, so both are built together.
 cargo build --release --bins --locked
 if [ "$(id -u)" -eq 0 ]; then
-  # runtime "microvm": QEMU, vhost-device-vsock and the guest kernel + root disk (about a minute
+  # runtime "microvm": QEMU and the guest kernel + root disk (about a minute
   # the first time, then nothing). Without them the daemon still serves jails and says why.
   if ! { scripts/setup-microvm.sh &&
          target/release/ksandbox image build --images-dir /var/lib/koder-sandbox/images; }; then

@@ -92,8 +92,14 @@ pub struct VmConfig {
     pub writable_dirs: Vec<String>,
     pub rlimits: Rlimits,
     pub tmp_size_mib: u64,
-    /// The agent listens on this vsock port for the daemon's one connection.
+    /// The agent listens on this vsock port for the daemon's one connection (when
+    /// `serial_port` is `None`).
     pub vsock_port: u32,
+    /// The name of the virtio-serial port the agent serves the daemon on instead of vsock
+    /// (QEMU: a migratable device, so the VM can be saved to a file). One byte stream across
+    /// reconnections, so each connection starts with the [`sync`] handshake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_port: Option<String>,
     pub limits: crate::messages::GuestLimits,
     /// Serial numbers (`/sys/block/vdX/serial`) of the read-only image disk and of the scratch
     /// disk holding the writable layer: QEMU sets them, Firecracker derives them from the
@@ -121,9 +127,9 @@ pub struct VmLayers {
     pub max_bytes: u64,
 }
 
-/// What the guest agent prints on its console once it listens on vsock; the runtime waits for
-/// it before the first connection.
-pub const VM_READY_LINE: &str = "koder-agent: ready on vsock port";
+/// What the guest agent prints on its console once it serves its channel (vsock or serial);
+/// the runtime waits for it before the first connection.
+pub const VM_READY_LINE: &str = "koder-agent: ready on";
 
 /// Where the guest agent reads its [`VmConfig`].
 pub const VM_CONFIG_PATH: &str = "/koder/config.json";
@@ -139,9 +145,147 @@ pub const VM_SCRATCH_DISK_SERIAL: &str = "koder-scratch";
 /// Serial of the read-only disk holding [`VmLayers`].
 pub const VM_LAYERS_DISK_SERIAL: &str = "koder-layers";
 
+/// The resynchronisation of a byte stream that outlives its connections (a virtio-serial port:
+/// the guest sees one device whether or not the host is connected, and bytes of a half-sent
+/// frame of an earlier connection may still sit in either direction).
+///
+/// On every connection the host sends `\nKODER-SYNC <nonce>\n` with a fresh random nonce and
+/// then nothing until it has read `KODER-READY <nonce>\n` back, discarding everything before
+/// it; the guest discards input until a `KODER-SYNC` line, answers it, and both start fresh
+/// codecs right after those lines. The marker starts with a byte no frame length can start
+/// with (frames are at most [`crate::MAX_FRAME_BYTES`], so their 4-byte big-endian length
+/// begins with 0): a guest still reading frames of an older connection recognises a marker at
+/// a frame boundary and goes back to the handshake.
+pub mod sync {
+    /// What the host sends first on every connection, before the nonce.
+    pub const SYNC: &str = "KODER-SYNC ";
+    /// What the guest answers, before the same nonce.
+    pub const READY: &str = "KODER-READY ";
+    /// Hex digits of a nonce.
+    pub const NONCE_LEN: usize = 32;
+    /// Longest line the scanner keeps; longer ones are skipped as garbage.
+    const MAX_LINE: usize = 64;
+
+    /// The line the host sends for `nonce`.
+    pub fn sync_line(nonce: &str) -> String {
+        format!("\n{SYNC}{nonce}\n")
+    }
+
+    /// The line the guest answers `nonce` with.
+    pub fn ready_line(nonce: &str) -> String {
+        format!("\n{READY}{nonce}\n")
+    }
+
+    /// Whether `head` (the first bytes at a frame boundary) can only be a marker, never a frame
+    /// length.
+    pub fn is_marker_start(head: u8) -> bool {
+        head != 0
+    }
+
+    /// Finds `<prefix><nonce>\n` lines in a byte stream fed in pieces, in bounded memory:
+    /// lines longer than a marker are dropped as they come.
+    #[derive(Debug)]
+    pub struct LineScanner {
+        prefix: &'static str,
+        line: Vec<u8>,
+        /// Inside a line already too long to be a marker: skip to its end.
+        skipping: bool,
+    }
+
+    impl LineScanner {
+        pub fn new(prefix: &'static str) -> Self {
+            Self {
+                prefix,
+                line: Vec::with_capacity(MAX_LINE),
+                skipping: false,
+            }
+        }
+
+        /// Feeds `input`; at the first marker line returns its nonce and how many bytes of
+        /// `input` it took (up to and including the line's `\n`): the rest is the new stream.
+        pub fn feed(&mut self, input: &[u8]) -> Option<(String, usize)> {
+            for (i, &b) in input.iter().enumerate() {
+                if b == b'\n' {
+                    let found = (!self.skipping).then(|| self.nonce()).flatten();
+                    self.line.clear();
+                    self.skipping = false;
+                    if let Some(nonce) = found {
+                        return Some((nonce, i + 1));
+                    }
+                } else if !self.skipping {
+                    if self.line.len() >= MAX_LINE {
+                        self.line.clear();
+                        self.skipping = true;
+                    } else {
+                        self.line.push(b);
+                    }
+                }
+            }
+            None
+        }
+
+        fn nonce(&self) -> Option<String> {
+            let nonce = self.line.strip_prefix(self.prefix.as_bytes())?;
+            let ok = nonce.len() == NONCE_LEN
+                && nonce
+                    .iter()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+            ok.then(|| String::from_utf8_lossy(nonce).into_owned())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const NONCE: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn sync_lines_are_found_in_garbage_fed_in_pieces() {
+        let mut input = vec![0u8, 0, 0, 9, 1, 2, 3];
+        input.extend(std::iter::repeat_n(b'x', 10_000));
+        input.extend(b"\nKODER-SYNC 0123\n");
+        input.extend(b"KODER-SYNC 0123456789ABCDEF0123456789abcdef\n");
+        input.extend(sync::ready_line(NONCE).as_bytes());
+        input.extend(sync::sync_line(NONCE).as_bytes());
+        input.extend(b"after");
+        let mut scanner = sync::LineScanner::new(sync::SYNC);
+        let mut taken = 0;
+        let mut found = None;
+        for chunk in input.chunks(7) {
+            if let Some((nonce, n)) = scanner.feed(chunk) {
+                found = Some(nonce);
+                taken += n;
+                break;
+            }
+            taken += chunk.len();
+        }
+        assert_eq!(found.as_deref(), Some(NONCE));
+        assert_eq!(&input[taken..taken + 1], b"a");
+    }
+
+    #[test]
+    fn a_marker_inside_a_long_line_is_no_marker() {
+        let mut scanner = sync::LineScanner::new(sync::READY);
+        let mut input = vec![b'y'; 100];
+        input.extend(sync::ready_line(NONCE).trim_start().as_bytes());
+        assert_eq!(scanner.feed(&input), None);
+        let (nonce, n) = scanner.feed(sync::ready_line(NONCE).as_bytes()).unwrap();
+        assert_eq!((nonce.as_str(), n), (NONCE, sync::ready_line(NONCE).len()));
+    }
+
+    #[test]
+    fn markers_never_look_like_frames() {
+        for line in [sync::sync_line(NONCE), sync::ready_line(NONCE)] {
+            let head = line.as_bytes();
+            assert!(sync::is_marker_start(head[0]));
+            let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+            assert!(len > crate::MAX_FRAME_BYTES);
+        }
+        let frame_len = (crate::MAX_FRAME_BYTES as u32).to_be_bytes();
+        assert!(!sync::is_marker_start(frame_len[0]));
+    }
 
     /// A runtime that knows nothing of volumes still configures an agent that does.
     #[test]

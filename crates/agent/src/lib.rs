@@ -10,12 +10,14 @@
 //!
 //! What both phases share lives in leaf modules that import neither: the pre-exec step and
 //! workload cgroup ([`child`]), the boot error, what the walls put in force ([`confinement`]),
-//! the guest cgroup, the per-stream outbox and a lock helper.
+//! the guest cgroup, the per-stream outbox and a lock helper; [`serial`] is the microVM guest's
+//! agent channel on a virtio-serial port.
 
 pub mod boot;
 pub mod child;
 pub mod confinement;
 mod guest_cgroup;
 mod outbox;
+pub mod serial;
 pub mod serve;
 mod setup_error;

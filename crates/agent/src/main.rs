@@ -8,11 +8,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use koder_agent::boot::{confine, guest, setup};
-use koder_agent::child;
 use koder_agent::confinement::Confinement;
 use koder_agent::serve::exec::{ExecDefaults, Reaper};
 use koder_agent::serve::fs::Fs;
 use koder_agent::serve::server::{serve_connection, serve_listener, Agent};
+use koder_agent::{child, serial};
 use koder_agent_protocol::init::{
     self, InitConfig, CONFIG_FD, LISTEN_FD, MAX_WORKLOAD_CGROUP_FDS, WORKLOAD_CGROUP_FD,
 };
@@ -142,13 +142,30 @@ fn confined(
     Ok((fs, confinement, defaults, runtime))
 }
 
-/// The agent as the kernel's init in a microVM: boots the guest, then serves the daemon's
-/// connections on vsock.
+/// How a guest agent is reached.
+enum Channel {
+    Serial(OwnedFd),
+    Vsock(vsock::VsockListener),
+}
+
+/// The agent as the kernel's init in a microVM: boots the guest, then serves the daemon on its
+/// virtio-serial port (QEMU) or on vsock (Firecracker).
 fn guest_init() -> Result<Never, Box<dyn std::error::Error>> {
-    let (cfg, cgroup, upper) = guest::boot()?;
+    let guest::Booted {
+        cfg,
+        cgroup,
+        upper,
+        serial,
+    } = guest::boot()?;
     // Bound before the walls go up: the seccomp filter refuses AF_VSOCK sockets to everyone in
     // the guest, the agent included, so sandbox processes can never reach the host's vsock.
-    let vsock = vsock::VsockListener::bind_with_cid_port(vsock::VMADDR_CID_ANY, cfg.vsock_port)?;
+    let channel = match serial {
+        Some(fd) => Channel::Serial(fd),
+        None => Channel::Vsock(vsock::VsockListener::bind_with_cid_port(
+            vsock::VMADDR_CID_ANY,
+            cfg.vsock_port,
+        )?),
+    };
     let (fs, confinement, defaults, runtime) = confined(
         &cfg.workdir,
         &cfg.env,
@@ -158,7 +175,6 @@ fn guest_init() -> Result<Never, Box<dyn std::error::Error>> {
     )?;
     runtime.block_on(async move {
         let reaper = Reaper::start()?;
-        let listener = tokio_vsock::VsockListener::from(std::os::fd::OwnedFd::from(vsock));
         let mut agent = Agent::new(reaper, fs, defaults, confinement);
         agent.guest = Some(Arc::new(cgroup));
         agent.upper = Some(Arc::new(upper));
@@ -166,15 +182,27 @@ fn guest_init() -> Result<Never, Box<dyn std::error::Error>> {
         if cfg.egress {
             agent.egress.start().await?;
         }
-        eprintln!("{} {}", init::VM_READY_LINE, cfg.vsock_port);
-        loop {
-            match listener.accept().await {
-                Ok((conn, _)) => {
-                    tokio::spawn(serve_connection(agent.clone(), conn));
-                }
-                Err(e) => {
-                    eprintln!("koder-agent: vsock accept: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        match channel {
+            Channel::Serial(fd) => {
+                let port = serial::Port::new(fd)?;
+                eprintln!("{} serial port", init::VM_READY_LINE);
+                let e =
+                    serial::serve_forever(port, |conn| serve_connection(agent.clone(), conn)).await;
+                Err(format!("serial port: {e}").into())
+            }
+            Channel::Vsock(vsock) => {
+                let listener = tokio_vsock::VsockListener::from(OwnedFd::from(vsock));
+                eprintln!("{} vsock port {}", init::VM_READY_LINE, cfg.vsock_port);
+                loop {
+                    match listener.accept().await {
+                        Ok((conn, _)) => {
+                            tokio::spawn(serve_connection(agent.clone(), conn));
+                        }
+                        Err(e) => {
+                            eprintln!("koder-agent: vsock accept: {e}");
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        }
+                    }
                 }
             }
         }

@@ -171,7 +171,7 @@ async fn measure(
     rows.push(
         Row::info(
             "microvm_memory",
-            format!("host memory of one idle microVM: QEMU + vhost-device-vsock ({accel})"),
+            format!("host memory of one idle microVM: QEMU ({accel})"),
             format!(
                 "RSS {:.1} MiB · PSS {:.1} MiB (guest sized 512 MiB + overhead)",
                 mem.0 as f64 / 1024.0,

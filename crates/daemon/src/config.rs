@@ -81,6 +81,8 @@ pub struct MicroVmSection {
     /// `auto` (Firecracker with hardware KVM, else QEMU), `qemu` or `firecracker`.
     pub backend: String,
     pub qemu_bin: Option<PathBuf>,
+    /// Ignored: QEMU guests reach their agent over virtio-serial now. Accepted so that
+    /// configurations written for vhost-device-vsock still load.
     pub vhost_vsock_bin: Option<PathBuf>,
     pub firecracker_bin: Option<PathBuf>,
     pub uid_base: Option<u32>,

@@ -280,7 +280,6 @@ fn microvm_runtime(cfg: &Config, agent: &Path) -> Result<Arc<dyn Runtime>, Strin
     }
     for (slot, value) in [
         (&mut mc.qemu_bin, &section.qemu_bin),
-        (&mut mc.vhost_vsock_bin, &section.vhost_vsock_bin),
         (&mut mc.firecracker_bin, &section.firecracker_bin),
     ] {
         if let Some(v) = value {

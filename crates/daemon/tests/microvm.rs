@@ -197,7 +197,8 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
         "{r}"
     );
 
-    // Pause freezes the guest's sandbox processes (the agent keeps answering), resume thaws.
+    // Pause saves the VM with its memory (QEMU: nothing of it runs), resume starts it again
+    // from there: the background process ticks on.
     d.exec(&id, json!({"shell": "nohup sh -c 'while :; do echo x >> /tmp/tick; sleep 0.05; done' >/dev/null 2>&1 &"})).await;
     let (status, p) = d
         .json(Method::POST, &format!("{S}/{id}/pause"), Value::Null)
@@ -207,14 +208,10 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
         (StatusCode::OK, Some("paused")),
         "{p}"
     );
-    let frozen_at = d
-        .json(Method::GET, &format!("{S}/{id}/metrics"), Value::Null)
-        .await
-        .1;
-    let (status, _) = d
+    let (status, r) = d
         .json(Method::POST, &format!("{S}/{id}/resume"), Value::Null)
         .await;
-    assert_eq!(status, StatusCode::OK, "{frozen_at}");
+    assert_eq!(status, StatusCode::OK, "{r}");
     let r = d.exec(&id, json!({"shell": "a=$(wc -l < /tmp/tick); sleep 0.5; b=$(wc -l < /tmp/tick); [ $b -gt $a ] && echo ticking"})).await;
     assert_eq!(r["stdout"], "ticking\n", "{r}");
 
@@ -237,7 +234,7 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
         .map(|e| e.path())
         .collect();
     assert_eq!(vm_dirs.len(), 1);
-    assert!(vm_dirs[0].join("vsock.sock").exists());
+    assert!(vm_dirs[0].join("agent.sock").exists());
     let needle = vm_dirs[0].to_string_lossy().into_owned();
     let vmm = processes_mentioning(&needle);
     assert!(!vmm.is_empty(), "no VMM process found");

@@ -1,6 +1,6 @@
 //! Firecracker backend (KVM only): one `firecracker` process per VM, configured and booted
 //! through its HTTP API on a unix socket in the VM's directory. Its virtio-vsock device is
-//! served by Firecracker itself on `Launch::vsock_uds`, in the `CONNECT <port>` convention.
+//! served by Firecracker itself on `Launch::vsock_uds()`, in the `CONNECT <port>` convention.
 //!
 //! Two Firecracker rules shape the disks: API resource ids may only hold alphanumerics and
 //! `_` (so the drive ids cannot be the guest-facing serials, which contain `-`), and the
@@ -25,7 +25,7 @@ use tokio::process::{Child, Command};
 
 use crate::kvm;
 use crate::qemu::find_program;
-use crate::vmm::{Accel, Launch, VmProcesses, Vmm};
+use crate::vmm::{Accel, AgentChannel, Launch, VmProcesses, Vmm};
 
 /// The API socket's name inside the VM directory.
 const API_SOCKET: &str = "firecracker.sock";
@@ -71,7 +71,7 @@ impl Firecracker {
         let api_sock = api_socket(&launch.dir);
         // Firecracker refuses to bind over an existing socket; in the VM's private directory
         // one can only be a previous run's.
-        for stale in [&api_sock, &launch.vsock_uds] {
+        for stale in std::iter::once(api_sock.as_path()).chain(launch.vsock_uds()) {
             remove_if_present(stale)?;
         }
         let mut child = self
@@ -124,6 +124,13 @@ impl Firecracker {
 impl Vmm for Firecracker {
     fn name(&self) -> &'static str {
         "firecracker"
+    }
+
+    fn agent_channel(&self, dir: &Path, vsock_port: u32) -> AgentChannel {
+        AgentChannel::Vsock {
+            uds: dir.join("vsock.sock"),
+            port: vsock_port,
+        }
     }
 
     fn disk_serial(&self, path: &Path, _label: &str) -> Result<String, RuntimeError> {
@@ -245,11 +252,17 @@ fn boot_requests(launch: &Launch) -> Result<Vec<ApiRequest>, RuntimeError> {
     requests.extend([
         ApiRequest::put(
             "/vsock",
-            json!({ "guest_cid": GUEST_CID, "uds_path": utf8("vsock socket", &launch.vsock_uds)? }),
+            json!({ "guest_cid": GUEST_CID, "uds_path": utf8("vsock socket", vsock_uds(launch)?)? }),
         ),
         ApiRequest::put("/actions", json!({ "action_type": "InstanceStart" })),
     ]);
     Ok(requests)
+}
+
+fn vsock_uds(launch: &Launch) -> Result<&Path, RuntimeError> {
+    launch
+        .vsock_uds()
+        .ok_or_else(|| RuntimeError::Start("firecracker guests are reached over vsock".into()))
 }
 
 /// The init finds its root filesystem in the initrd, so no drive is Firecracker's root device.
@@ -576,7 +589,10 @@ mod tests {
             layers_disk: None,
             vcpus: 2,
             memory_mib: 672,
-            vsock_uds: dir.join("vsock.sock"),
+            channel: AgentChannel::Vsock {
+                uds: dir.join("vsock.sock"),
+                port: 1024,
+            },
             uid: 150_000,
             gid: 150_000,
             accel: Accel::Kvm,

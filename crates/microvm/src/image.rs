@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::kernel::{self, EGRESS_MODULES, GUEST_MODULES};
 
 /// Bumped when the image layout or content rules change, so old images are rebuilt.
-pub const IMAGE_VERSION: u32 = 2;
+pub const IMAGE_VERSION: u32 = 3;
 const MANIFEST: &str = "manifest.json";
 
 /// Large trees of the host's /usr a sandbox's languages do not use; the guest's root disk

@@ -294,6 +294,7 @@ mod tests {
             },
             tmp_size_mib: 8,
             vsock_port: 1024,
+            serial_port: Some("koder.agent".into()),
             limits: Default::default(),
             root_disk_serial: "koder-root".into(),
             scratch_disk_serial: "koder-scratch".into(),

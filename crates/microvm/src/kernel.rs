@@ -1,15 +1,18 @@
 //! The guest kernel: an uncompressed `vmlinux` for direct ELF (PVH) boot, pulled out of a
 //! distribution `bzImage`, and the handful of modules the guest loads before it can see its
-//! disks and its vsock.
+//! disks and its agent channel.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Modules the agent loads at boot (Debian's cloud kernel builds virtio, virtio-blk, vsock and
-/// overlayfs as modules); their dependencies are added from the modules' own metadata.
+/// Modules the agent loads at boot (Debian's cloud kernel builds virtio, virtio-blk, the
+/// virtio console, vsock and overlayfs as modules); their dependencies are added from the
+/// modules' own metadata. The agent channel is a virtio-serial port under QEMU (a migratable
+/// device: memory snapshots) and vsock under Firecracker.
 pub const GUEST_MODULES: &[&str] = &[
     "virtio_mmio",
     "virtio_blk",
+    "virtio_console",
     "overlay",
     "vmw_vsock_virtio_transport",
 ];

@@ -1,14 +1,21 @@
 //! The microVM runtime: every sandbox is its own virtual machine (QEMU `microvm` or Firecracker)
 //! booting a distribution kernel whose init is the koder agent. The daemon talks to the agent
-//! over virtio-vsock with the same protocol a jail uses, so every API works unchanged; the
-//! guest's own cgroup, driven by the agent, carries the session's limits inside a VM sized to
-//! the server's maximum.
+//! over a virtio-serial port (QEMU) or virtio-vsock (Firecracker) with the same protocol a jail
+//! uses, so every API works unchanged; the guest's own cgroup, driven by the agent, carries the
+//! session's limits inside a VM sized to the server's maximum.
 //!
 //! Host side of one VM: a private directory `<state>/vms/<id>` (owned by the VM's unprivileged
 //! uid) with its initrd (shared base + its config), a sparse scratch disk (the guest's writable
 //! layer, sized to the disk quota), for a VM made from a snapshot a read-only disk of its
-//! layers ([`layers`]), the vsock sockets and the console log; the VMM processes run as that
-//! uid. Destroying the VM kills them and removes the directory.
+//! layers ([`layers`]), the agent and monitor sockets, the console log and the record of how
+//! it was launched; the VMM processes run as that uid. Destroying the VM kills them and removes
+//! the directory.
+//!
+//! On QEMU a VM can be suspended ([`MemorySnapshot`]): its memory and device state go to
+//! `memory.snap` in its directory (written as `memory.partial`, fsynced, renamed: a file by that
+//! name is always complete), its processes end and its uid is given back; a later resume (also
+//! after a daemon restart) starts QEMU on the same machine from that file, deletes the file
+//! before the guest runs again (from then on its disks move on) and reconnects to the agent.
 
 pub mod firecracker;
 pub mod image;
@@ -17,10 +24,13 @@ pub mod kernel;
 pub mod kvm;
 pub mod layers;
 pub mod qemu;
+pub mod qmp;
+pub mod serial;
 pub mod vmm;
 pub mod vsock;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,13 +46,15 @@ use koder_hostkit::mode::set_mode;
 use koder_hostkit::reap::{self, ExeMatch};
 use koder_runtime::slots::Slots;
 use koder_runtime::{
-    validate_id, Enforcement, Limits, NotEnforced, ReconcileReport, ResourceControl, Runtime,
-    RuntimeError, Sandbox, SandboxSpec, Usage,
+    validate_id, Enforcement, Limits, MemorySnapshot, NotEnforced, ReconcileReport,
+    ResourceControl, Runtime, RuntimeError, Sandbox, SandboxSpec, Usage,
 };
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::process::Child;
 
-use crate::vmm::{Accel, Launch, Vmm};
+use crate::vmm::{Accel, AgentChannel, Launch, Vmm};
 
 /// vsock port the guest agent listens on.
 pub const AGENT_VSOCK_PORT: u32 = 1024;
@@ -50,9 +62,9 @@ pub const AGENT_VSOCK_PORT: u32 = 1024;
 pub const GUEST_OVERHEAD_MIB: u64 = 160;
 const DEFAULT_DISK_MIB: u64 = 2048;
 /// Host memory a VMM needs beyond its guest's RAM (QEMU's mappings and heap, the TCG
-/// translation cache, vhost-device-vsock).
+/// translation cache).
 const VMM_OVERHEAD_MIB: u64 = 320;
-/// Threads of one VM's VMM processes (QEMU's vCPU, I/O and RCU threads, the vsock backend's).
+/// Threads of one VM's VMM processes (QEMU's vCPU, I/O and RCU threads).
 const VMM_PIDS: u64 = 256;
 /// How the agent's own console lines start (sandbox code has no console device).
 const AGENT_CONSOLE_PREFIX: &str = "koder-agent: ";
@@ -80,7 +92,6 @@ pub struct MicroVmConfig {
     pub agent_bin: PathBuf,
     pub backend: Backend,
     pub qemu_bin: PathBuf,
-    pub vhost_vsock_bin: PathBuf,
     pub firecracker_bin: PathBuf,
     /// First host uid/gid of VMM processes; VM `n` runs as `uid_base + n`.
     pub uid_base: u32,
@@ -109,7 +120,6 @@ impl MicroVmConfig {
             agent_bin: agent_bin.into(),
             backend: Backend::Auto,
             qemu_bin: "qemu-system-x86_64".into(),
-            vhost_vsock_bin: "vhost-device-vsock".into(),
             firecracker_bin: "firecracker".into(),
             uid_base: 150_000,
             max_vms: 64,
@@ -129,7 +139,7 @@ impl MicroVmConfig {
 
 pub struct MicroVmRuntime {
     cfg: MicroVmConfig,
-    vmm: Box<dyn Vmm>,
+    vmm: Arc<dyn Vmm>,
     accel: Accel,
     image: image::VmImage,
     initrd_base: PathBuf,
@@ -180,7 +190,7 @@ impl MicroVmRuntime {
                 "read-only root disk, per-VM scratch disk sized to the disk quota".into(),
                 "guest cgroup limits: memory, cpu, pids".into(),
                 "seccomp, landlock, no_new_privs inside the guest".into(),
-                "no network device: loopback only, or egress mediated by the agent over vsock"
+                "no network device: loopback only, or egress mediated by the agent over its channel"
                     .into(),
             ],
             not_enforced: Vec::new(),
@@ -266,11 +276,7 @@ impl MicroVmRuntime {
     }
 
     /// Boots a VM into `host` (whose directory exists and is empty) and connects to its agent.
-    async fn boot(
-        &self,
-        spec: &SandboxSpec,
-        host: &VmHost,
-    ) -> Result<(AgentClient, u64), RuntimeError> {
+    async fn boot(&self, spec: &SandboxSpec, host: &VmHost) -> Result<Started, RuntimeError> {
         let dir = &host.dir;
         let limits = merge(&spec.limits, &self.cfg.default_limits);
         let capacity_mib = limits.memory_mib.unwrap_or(0).max(self.cfg.vm_memory_mib);
@@ -288,7 +294,8 @@ impl MicroVmRuntime {
                 .disk_serial(&self.image.rootfs, VM_ROOT_DISK_SERIAL)?,
             self.vmm.disk_serial(&scratch, VM_SCRATCH_DISK_SERIAL)?,
         );
-        let vm_cfg = self.vm_config(spec, &limits, serials, vm_layers);
+        let channel = self.vmm.agent_channel(dir, AGENT_VSOCK_PORT);
+        let vm_cfg = self.vm_config(spec, &limits, serials, vm_layers, &channel);
         initrd::write_for_vm(&self.initrd_base, &vm_cfg, &initrd)
             .map_err(|e| RuntimeError::Start(format!("guest initrd: {e}")))?;
         for path in [dir, &scratch, &initrd].into_iter().chain(&layers_disk) {
@@ -307,33 +314,175 @@ impl MicroVmRuntime {
             layers_disk,
             vcpus,
             memory_mib: capacity_mib + GUEST_OVERHEAD_MIB,
-            vsock_uds: dir.join("vsock.sock"),
+            channel,
             uid: host.uid,
             gid: self.vmm_gid(host.uid),
             accel: self.accel,
         };
-        let _permit = self
-            .boot_permits
+        let record = VmRecord {
+            rootfs: FileStamp::of(&launch.root_disk)?,
+            launch,
+            memory_capacity_mib: capacity_mib,
+        };
+        write_durably(&dir.join(RECORD_FILE), &record.encode()?)?;
+        let _permit = self.permit().await?;
+        self.start_vmm(host, &record.launch, |l| self.vmm.start(l))
+            .await?;
+        let agent = self.agent_of(&record.launch, host).await?;
+        Ok(Started {
+            agent,
+            launch: record.launch,
+            memory_capacity_mib: capacity_mib,
+        })
+    }
+
+    async fn permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, RuntimeError> {
+        self.boot_permits
             .acquire()
             .await
-            .map_err(|_| RuntimeError::Unavailable("the runtime is shutting down".into()))?;
-        // Owned by `host` at once, so a failure from here on tears all of it down.
-        *host.cgroup.lock() = self.host_cgroup(&spec.id, launch.memory_mib, vcpus)?;
-        let processes = self.vmm.start(&launch).await?;
+            .map_err(|_| RuntimeError::Unavailable("the runtime is shutting down".into()))
+    }
+
+    /// Starts the VMM processes of `launch` with `start`, in a host cgroup of their own, all
+    /// owned by `host` at once, so a failure from here on tears all of it down.
+    async fn start_vmm<'a, F, Fut>(
+        &self,
+        host: &VmHost,
+        launch: &'a Launch,
+        start: F,
+    ) -> Result<(), RuntimeError>
+    where
+        F: FnOnce(&'a Launch) -> Fut,
+        Fut: std::future::Future<Output = Result<vmm::VmProcesses, RuntimeError>>,
+    {
+        *host.cgroup.lock() = self.host_cgroup(&launch.id, launch.memory_mib, launch.vcpus)?;
+        let processes = start(launch).await?;
         let pids: Vec<u32> = processes.children.iter().filter_map(|c| c.id()).collect();
         host.children.lock().extend(processes.children);
-        reap::record(&dir.join(PIDS_FILE), &pids)?;
+        reap::record(&launch.dir.join(PIDS_FILE), &pids)?;
         if let Some(cg) = host.cgroup.lock().as_ref() {
             for pid in &pids {
                 cg.add_process(*pid)
                     .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
             }
         }
-        let agent = self.connect(&launch, host).await.map_err(|e| {
+        Ok(())
+    }
+
+    /// The guest agent of a started VM, with the end of its console when it does not answer.
+    async fn agent_of(&self, launch: &Launch, host: &VmHost) -> Result<AgentClient, RuntimeError> {
+        self.connect(launch, host).await.map_err(|e| {
             let console = console_tail(&launch.console_log());
             RuntimeError::Start(format!("{e}; console: {console}"))
-        })?;
-        Ok((agent, capacity_mib))
+        })
+    }
+
+    /// Starts the VM `suspend` saved in `host`'s directory, under `host`'s uid.
+    async fn restore(&self, host: &VmHost, record: VmRecord) -> Result<Started, RuntimeError> {
+        let vmm = self.vmm.memory_snapshots().ok_or_else(no_snapshots)?;
+        if FileStamp::of(&record.launch.root_disk)? != record.rootfs {
+            return Err(RuntimeError::Start(
+                "the image's root disk changed since the VM was saved".into(),
+            ));
+        }
+        let mut launch = record.launch;
+        launch.uid = host.uid;
+        launch.gid = self.vmm_gid(host.uid);
+        chown_dir(&host.dir, host.uid)?;
+        let snapshot = host.dir.join(SNAPSHOT_FILE);
+        let state = std::fs::File::open(&snapshot)
+            .map_err(RuntimeError::io(format!("open {}", snapshot.display())))?;
+        let _permit = self.permit().await?;
+        self.start_vmm(host, &launch, |l| vmm.start_paused(l))
+            .await?;
+        vmm.load(&launch, &state).await?;
+        // From here on the guest's disks move on: the saved state can never be used again,
+        // even if the daemon dies before the session says it runs.
+        std::fs::remove_file(&snapshot).map_err(RuntimeError::io("remove the used state"))?;
+        fsync_dir(&host.dir)?;
+        vmm.cont(&launch).await?;
+        let agent = self.agent_of(&launch, host).await?;
+        Ok(Started {
+            agent,
+            launch,
+            memory_capacity_mib: record.memory_capacity_mib,
+        })
+    }
+
+    /// A fresh host side for the VM `id` (directory `dir`), on a uid slot of its own.
+    fn host(&self, id: &str) -> Result<VmHost, RuntimeError> {
+        let slot = self.slots.acquire()?;
+        Ok(VmHost {
+            dir: vms_dir(&self.cfg).join(id),
+            uid: self.cfg.uid_base + slot,
+            children: Mutex::default(),
+            cgroup: Mutex::default(),
+            slot: Mutex::new(Some(slot)),
+            slots: self.slots.clone(),
+            kept: AtomicBool::new(false),
+        })
+    }
+
+    /// `host` running what `started` says, or torn down with the error.
+    async fn finish(
+        &self,
+        host: VmHost,
+        started: Result<Started, RuntimeError>,
+    ) -> Result<Arc<dyn Sandbox>, RuntimeError> {
+        match started {
+            Ok(s) => Ok(Arc::new(MicroVm {
+                id: s.launch.id.clone(),
+                agent: s.agent,
+                memory_capacity_mib: s.memory_capacity_mib,
+                launch: s.launch,
+                vmm: self.vmm.clone(),
+                host,
+            })),
+            Err(e) => {
+                let _ = host.teardown().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Keeps or removes (with its processes) each VM directory a previous run left: kept are
+    /// the complete suspended VMs `keep` names (all of them for `None`).
+    async fn sweep(&self, keep: Option<&[String]>) -> Result<ReconcileReport, RuntimeError> {
+        let mut report = ReconcileReport::default();
+        // The cgroups first: destroying one kills whatever VMM still runs in it.
+        if let Some(driver) = &self.cgroups {
+            let names = driver
+                .list()
+                .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
+            for name in names.iter().filter(|n| n.starts_with(&self.cgroup_prefix)) {
+                if let Ok(cg) = driver.open(name) {
+                    cg.destroy()
+                        .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
+                }
+            }
+        }
+        let Ok(entries) = std::fs::read_dir(vms_dir(&self.cfg)) else {
+            return Ok(report);
+        };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            let id = entry.file_name().to_string_lossy().into_owned();
+            reap::kill_recorded(&dir.join(PIDS_FILE), &vmm_executables()).await;
+            let wanted = keep.is_none_or(|k| k.contains(&id));
+            if wanted && is_suspended(&dir) {
+                // What a run of it left beside the saved state (a crash mid-resume cannot
+                // have: the state is removed before the guest runs).
+                for leftover in [PIDS_FILE, SNAPSHOT_PARTIAL] {
+                    let _ = std::fs::remove_file(dir.join(leftover));
+                }
+                report.suspended_kept.push(id);
+                continue;
+            }
+            std::fs::remove_dir_all(&dir)
+                .map_err(RuntimeError::io(format!("remove {}", dir.display())))?;
+            report.sandboxes_removed.push(id);
+        }
+        Ok(report)
     }
 
     /// The host cgroup of a VM's VMM processes: guest memory plus what QEMU itself needs (its
@@ -377,9 +526,9 @@ impl MicroVmRuntime {
     /// Waits for the guest agent: connects until it answers a health check, the VMM dies or
     /// the boot deadline passes.
     ///
-    /// The first connection waits for the agent's line on the console: vhost-device-vsock
-    /// loses (and then stops reading) connections made before the guest's vsock driver is up,
-    /// and every attempt is bounded, so nothing here can hang past the deadline.
+    /// The first connection waits for the agent's line on the console (a vsock connection made
+    /// before the guest's driver is up is lost; a resumed guest has the line already), and
+    /// every attempt is bounded, so nothing here can hang past the deadline.
     async fn connect(&self, launch: &Launch, vm: &VmHost) -> Result<AgentClient, RuntimeError> {
         let deadline = Instant::now() + self.cfg.boot_timeout;
         let console = launch.console_log();
@@ -391,10 +540,7 @@ impl MicroVmRuntime {
             }
             if agent_announced(&console) {
                 let attempt = async {
-                    let stream = vsock::connect(&launch.vsock_uds, AGENT_VSOCK_PORT)
-                        .await
-                        .ok()?;
-                    let (r, w) = stream.into_split();
+                    let (r, w) = open_channel(&launch.channel).await.ok()?;
                     let agent = AgentClient::new(r, w);
                     agent.health().await.ok().map(|_| agent)
                 };
@@ -418,6 +564,7 @@ impl MicroVmRuntime {
         limits: &Limits,
         serials: (String, String),
         layers: Option<VmLayers>,
+        channel: &AgentChannel,
     ) -> VmConfig {
         let mut env = koder_image::default_env();
         for (k, v) in &spec.env {
@@ -439,6 +586,10 @@ impl MicroVmRuntime {
             },
             tmp_size_mib: self.cfg.tmp_size_mib,
             vsock_port: AGENT_VSOCK_PORT,
+            serial_port: match channel {
+                AgentChannel::Serial { name, .. } => Some(name.clone()),
+                AgentChannel::Vsock { .. } => None,
+            },
             limits: guest_limits(limits),
             root_disk_serial: serials.0,
             scratch_disk_serial: serials.1,
@@ -505,21 +656,17 @@ fn host_cgroups(
 
 /// The backend: Firecracker (KVM only) where asked or, for `auto`, where it and usable KVM
 /// exist; QEMU otherwise. `no_kvm` says why KVM is not usable, if it is not.
-fn select_vmm(cfg: &MicroVmConfig, no_kvm: Option<&str>) -> Result<Box<dyn Vmm>, RuntimeError> {
-    let qemu = || -> Result<Box<dyn Vmm>, RuntimeError> {
-        Ok(Box::new(qemu::Qemu::new(
-            cfg.qemu_bin.clone(),
-            cfg.vhost_vsock_bin.clone(),
-            &cfg.state_dir.join("bin"),
-        )?))
+fn select_vmm(cfg: &MicroVmConfig, no_kvm: Option<&str>) -> Result<Arc<dyn Vmm>, RuntimeError> {
+    let qemu = || -> Result<Arc<dyn Vmm>, RuntimeError> {
+        Ok(Arc::new(qemu::Qemu::new(cfg.qemu_bin.clone())?))
     };
-    let firecracker = || -> Result<Box<dyn Vmm>, RuntimeError> {
+    let firecracker = || -> Result<Arc<dyn Vmm>, RuntimeError> {
         if let Some(why) = no_kvm {
             return Err(RuntimeError::Unavailable(format!(
                 "firecracker needs hardware KVM: {why}"
             )));
         }
-        Ok(Box::new(firecracker::Firecracker::new(
+        Ok(Arc::new(firecracker::Firecracker::new(
             cfg.firecracker_bin.clone(),
         )?))
     };
@@ -544,62 +691,51 @@ impl Runtime for MicroVmRuntime {
         validate_id(&spec.id)?;
         koder_image::require_known(&spec.image)?;
         refuse_volumes(&spec)?;
-        let slot = self.slots.acquire()?;
-        let dir = vms_dir(&self.cfg).join(&spec.id);
-        let _ = std::fs::remove_dir_all(&dir);
-        if let Err(e) = std::fs::create_dir(&dir) {
-            self.slots.release(slot);
-            return Err(RuntimeError::io(format!("create {}", dir.display()))(e));
-        }
-        let host = VmHost {
-            dir,
-            uid: self.cfg.uid_base + slot,
-            children: Mutex::default(),
-            cgroup: Mutex::default(),
-            slot: Mutex::new(Some(slot)),
-            slots: self.slots.clone(),
+        let host = self.host(&spec.id)?;
+        let _ = std::fs::remove_dir_all(&host.dir);
+        let started = match std::fs::create_dir(&host.dir) {
+            Ok(()) => self.boot(&spec, &host).await,
+            Err(e) => Err(RuntimeError::io(format!("create {}", host.dir.display()))(
+                e,
+            )),
         };
-        match self.boot(&spec, &host).await {
-            Ok((agent, memory_capacity_mib)) => Ok(Arc::new(MicroVm {
-                id: spec.id,
-                agent,
-                host,
-                memory_capacity_mib,
-            })),
-            Err(e) => {
-                let _ = host.teardown().await;
-                Err(e)
-            }
-        }
+        self.finish(host, started).await
     }
 
     async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {
-        let mut report = ReconcileReport::default();
-        // The cgroups first: destroying one kills whatever VMM still runs in it.
-        if let Some(driver) = &self.cgroups {
-            let names = driver
-                .list()
-                .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
-            for name in names.iter().filter(|n| n.starts_with(&self.cgroup_prefix)) {
-                if let Ok(cg) = driver.open(name) {
-                    cg.destroy()
-                        .map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
-                }
-            }
+        self.sweep(None).await
+    }
+
+    async fn reconcile_keeping(&self, keep: &[String]) -> Result<ReconcileReport, RuntimeError> {
+        self.sweep(Some(keep)).await
+    }
+
+    async fn resume_suspended(&self, id: &str) -> Result<Arc<dyn Sandbox>, RuntimeError> {
+        validate_id(id)?;
+        let dir = vms_dir(&self.cfg).join(id);
+        if !is_suspended(&dir) {
+            let _ = remove_dir(&dir);
+            return Err(RuntimeError::Start(format!("VM {id} has no saved state")));
         }
-        let Ok(entries) = std::fs::read_dir(vms_dir(&self.cfg)) else {
-            return Ok(report);
+        let record = std::fs::read(dir.join(RECORD_FILE))
+            .map_err(RuntimeError::io("read the VM's record"))
+            .and_then(|raw| VmRecord::decode(&raw));
+        // Exhausted: nothing touched, the state stays for a later try.
+        let host = self.host(id)?;
+        let started = match record {
+            Ok(record) => self.restore(&host, record).await,
+            Err(e) => Err(e),
         };
-        for entry in entries.flatten() {
-            let dir = entry.path();
-            reap::kill_recorded(&dir.join(PIDS_FILE), &vmm_executables()).await;
-            std::fs::remove_dir_all(&dir)
-                .map_err(RuntimeError::io(format!("remove {}", dir.display())))?;
-            report
-                .sandboxes_removed
-                .push(entry.file_name().to_string_lossy().into_owned());
+        let resumed = self.finish(host, started).await;
+        if let Err(e) = &resumed {
+            tracing::warn!(vm = %id, error = %e, "resuming a saved VM failed; its state is gone");
         }
-        Ok(report)
+        resumed
+    }
+
+    async fn discard_suspended(&self, id: &str) -> Result<(), RuntimeError> {
+        validate_id(id)?;
+        remove_dir(&vms_dir(&self.cfg).join(id))
     }
 }
 
@@ -609,6 +745,122 @@ pub struct MicroVm {
     host: VmHost,
     /// Guest memory available to the sandbox: the most its memory limit can be.
     memory_capacity_mib: u64,
+    /// How it was started: a suspended VM comes back on exactly this machine.
+    launch: Launch,
+    vmm: Arc<dyn Vmm>,
+}
+
+/// A VM whose agent answered.
+struct Started {
+    agent: AgentClient,
+    launch: Launch,
+    memory_capacity_mib: u64,
+}
+
+/// What a VM's directory records about it ([`RECORD_FILE`]), for a resume in a later run.
+#[derive(Debug, Serialize, Deserialize)]
+struct VmRecord {
+    launch: Launch,
+    memory_capacity_mib: u64,
+    /// The image's root disk as the guest last saw it: a guest resumed over another disk
+    /// would read blocks its page cache does not match.
+    rootfs: FileStamp,
+}
+
+impl VmRecord {
+    fn encode(&self) -> Result<Vec<u8>, RuntimeError> {
+        serde_json::to_vec(self)
+            .map_err(|e| RuntimeError::Start(format!("encode the VM's record: {e}")))
+    }
+
+    fn decode(raw: &[u8]) -> Result<Self, RuntimeError> {
+        serde_json::from_slice(raw)
+            .map_err(|e| RuntimeError::Start(format!("the VM's record: {e}")))
+    }
+}
+
+/// Size and modification time of a file.
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct FileStamp {
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Result<Self, RuntimeError> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path)
+            .map_err(RuntimeError::io(format!("stat {}", path.display())))?;
+        Ok(Self {
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        })
+    }
+}
+
+/// The VM's launch record, its saved state and the state while it is written.
+const RECORD_FILE: &str = "vm.json";
+const SNAPSHOT_FILE: &str = "memory.snap";
+const SNAPSHOT_PARTIAL: &str = "memory.partial";
+
+/// A directory holding a complete saved VM: its state file exists only once complete.
+fn is_suspended(dir: &Path) -> bool {
+    dir.join(SNAPSHOT_FILE).is_file() && dir.join(RECORD_FILE).is_file()
+}
+
+fn no_snapshots() -> RuntimeError {
+    RuntimeError::Unavailable("this VMM cannot save VMs to files".into())
+}
+
+/// Writes `bytes` to `path` so that a crash leaves the old file or the new one, never a part.
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let io = |what: &str| RuntimeError::io(format!("{what} {}", tmp.display()));
+    let mut f = std::fs::File::create(&tmp).map_err(io("create"))?;
+    f.write_all(bytes).map_err(io("write"))?;
+    f.sync_all().map_err(io("fsync"))?;
+    std::fs::rename(&tmp, path).map_err(io("rename"))?;
+    fsync_dir(path.parent().unwrap_or(Path::new("/")))
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), RuntimeError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(RuntimeError::io(format!("fsync {}", dir.display())))
+}
+
+/// Gives `dir` and the files in it to `uid` (a resumed VM runs under a uid of its own).
+fn chown_dir(dir: &Path, uid: u32) -> Result<(), RuntimeError> {
+    let chown = |p: &Path| {
+        std::os::unix::fs::lchown(p, Some(uid), Some(uid))
+            .map_err(RuntimeError::io(format!("chown {}", p.display())))
+    };
+    chown(dir)?;
+    for entry in std::fs::read_dir(dir).map_err(RuntimeError::io("list the VM's files"))? {
+        let entry = entry.map_err(RuntimeError::io("list the VM's files"))?;
+        chown(&entry.path())?;
+    }
+    Ok(())
+}
+
+/// A byte stream to the guest agent, reached the way its VMM offers.
+async fn open_channel(
+    channel: &AgentChannel,
+) -> std::io::Result<(
+    Box<dyn AsyncRead + Send + Unpin>,
+    Box<dyn AsyncWrite + Send + Unpin>,
+)> {
+    Ok(match channel {
+        AgentChannel::Vsock { uds, port } => {
+            let (r, w) = vsock::connect(uds, *port).await?.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        AgentChannel::Serial { socket, .. } => {
+            let (r, w) = serial::connect(socket).await?;
+            (Box::new(r), Box::new(w))
+        }
+    })
 }
 
 /// The host side of one VM: its directory, VMM processes and uid slot.
@@ -620,6 +872,8 @@ struct VmHost {
     cgroup: Mutex<Option<Box<dyn Cgroup>>>,
     slot: Mutex<Option<u32>>,
     slots: Slots,
+    /// Saved to a file: the directory outlives this handle.
+    kept: AtomicBool,
 }
 
 impl VmHost {
@@ -630,23 +884,37 @@ impl VmHost {
             .find_map(|c| c.try_wait().ok().flatten().map(|s| s.to_string()))
     }
 
-    /// Kills the VMM processes, removes the directory and frees the uid; idempotent.
+    /// Kills the VMM processes, removes the directory (unless the VM was saved to a file) and
+    /// frees the uid; idempotent.
     async fn teardown(&self) -> Result<(), RuntimeError> {
-        let children = std::mem::take(&mut *self.children.lock());
-        kill_all(children).await;
-        let cgroup = self.cgroup.lock().take();
-        let cgroup_result = match cgroup {
-            Some(cg) => cg
-                .destroy()
-                .map_err(|e| RuntimeError::Teardown(format!("VMM cgroup: {e}"))),
-            None => Ok(()),
-        };
-        let result = remove_dir(&self.dir).and(cgroup_result);
+        let mut result = self.stop_processes().await;
+        if !self.kept.load(Ordering::SeqCst) {
+            result = remove_dir(&self.dir).and(result);
+        }
         // The uid is free only once nothing runs as it and its files are gone.
         if let Some(slot) = self.slot.lock().take() {
             self.slots.release(slot);
         }
         result
+    }
+
+    /// Kills the VMM processes and removes their cgroup and pid record.
+    async fn stop_processes(&self) -> Result<(), RuntimeError> {
+        let children = std::mem::take(&mut *self.children.lock());
+        kill_all(children).await;
+        let _ = std::fs::remove_file(self.dir.join(PIDS_FILE));
+        match self.cgroup.lock().take() {
+            Some(cg) => cg
+                .destroy()
+                .map_err(|e| RuntimeError::Teardown(format!("VMM cgroup: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// After the VM was saved: its processes end, its uid goes back, its files stay.
+    async fn release_kept(&self) -> Result<(), RuntimeError> {
+        self.kept.store(true, Ordering::SeqCst);
+        self.teardown().await
     }
 }
 
@@ -711,6 +979,60 @@ impl Sandbox for MicroVm {
     fn resources(&self) -> Option<&dyn ResourceControl> {
         Some(self)
     }
+
+    fn memory_snapshot(&self) -> Option<&dyn MemorySnapshot> {
+        self.vmm
+            .memory_snapshots()
+            .map(|_| self as &dyn MemorySnapshot)
+    }
+}
+
+#[async_trait]
+impl MemorySnapshot for MicroVm {
+    async fn suspend(&self) -> Result<(), RuntimeError> {
+        let vmm = self.vmm.memory_snapshots().ok_or_else(no_snapshots)?;
+        let started = Instant::now();
+        let dir = &self.host.dir;
+        let partial = dir.join(SNAPSHOT_PARTIAL);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&partial)
+            .map_err(RuntimeError::io(format!("create {}", partial.display())))?;
+        if let Err(e) = vmm.save(&self.launch, &file).await {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+        koder_hostkit::crash::point("vm-suspend-before-commit");
+        // The VM is stopped and its state written: its processes can go (QEMU drained the
+        // disks' requests when it stopped the VM).
+        self.host.stop_processes().await?;
+        let (scratch, dir_owned) = (self.launch.scratch_disk.clone(), dir.clone());
+        let bytes = tokio::task::spawn_blocking(move || commit(file, &scratch, &dir_owned))
+            .await
+            .map_err(|e| RuntimeError::Start(format!("commit task: {e}")))??;
+        self.host.release_kept().await?;
+        tracing::info!(vm = %self.id, bytes, took = ?started.elapsed(), "VM saved to a file");
+        Ok(())
+    }
+}
+
+/// Makes a written state durable and complete: the state and the scratch disk on disk, then
+/// the state renamed to the name that says it is complete. Returns its size.
+fn commit(state: std::fs::File, scratch: &Path, dir: &Path) -> Result<u64, RuntimeError> {
+    state
+        .sync_all()
+        .map_err(RuntimeError::io("fsync the VM state"))?;
+    std::fs::File::open(scratch)
+        .and_then(|f| f.sync_all())
+        .map_err(RuntimeError::io("fsync the scratch disk"))?;
+    let bytes = state.metadata().map_or(0, |m| m.len());
+    std::fs::rename(dir.join(SNAPSHOT_PARTIAL), dir.join(SNAPSHOT_FILE))
+        .map_err(RuntimeError::io("commit the VM state"))?;
+    fsync_dir(dir)?;
+    Ok(bytes)
 }
 
 #[async_trait]
@@ -809,11 +1131,11 @@ fn guest_agent(agent: &Path, state_dir: &Path) -> Result<PathBuf, RuntimeError> 
 /// The VMM processes of a VM, recorded so a later daemon can kill them after a crash.
 const PIDS_FILE: &str = "vmm.pids";
 
-/// What a recorded VMM pid must still be running to be killed: their paths are configurable
-/// (and vhost-device-vsock is a copy), their names are not.
+/// What a recorded VMM pid must still be running to be killed: their paths are configurable,
+/// their names are not.
 fn vmm_executables() -> ExeMatch {
     ExeMatch::NamePrefix(
-        ["qemu-system-x86_64", "vhost-device-vsock", "firecracker"]
+        ["qemu-system-x86_64", "firecracker"]
             .map(String::from)
             .to_vec(),
     )

@@ -1,7 +1,9 @@
-//! QEMU backend: the `microvm` machine (virtio-mmio only, no PCI, no firmware beyond qboot),
-//! with virtio-vsock served by `vhost-device-vsock` so the host side speaks the same unix-socket
-//! `CONNECT <port>` convention as Firecracker.
+//! QEMU backend: the `microvm` machine (virtio-mmio only, no PCI, no firmware beyond qboot).
+//! The agent channel is a virtio-serial port whose host end is a unix socket QEMU listens on,
+//! and the VM has a QMP monitor: every device migrates, so a running VM can be saved to a file
+//! (memory and device state; its disks are files already) and started again from it.
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -10,53 +12,57 @@ use async_trait::async_trait;
 use koder_agent_protocol::init::{
     VM_LAYERS_DISK_SERIAL, VM_ROOT_DISK_SERIAL, VM_SCRATCH_DISK_SERIAL,
 };
-use koder_hostkit::install::install_executable;
-use koder_hostkit::mode::set_mode;
 use koder_runtime::RuntimeError;
-use tokio::process::{Child, Command};
+use serde_json::json;
+use tokio::process::Command;
 
-use crate::vmm::{Accel, Launch, VmProcesses, Vmm};
+use crate::qmp::{Qmp, QmpError};
+use crate::vmm::{Accel, AgentChannel, Launch, Suspend, VmProcesses, Vmm};
 
-/// The guest CID every VM uses: each VM has its own vhost-device-vsock, so CIDs never meet.
-const GUEST_CID: u32 = 3;
-const SOCKET_WAIT: Duration = Duration::from_secs(5);
+/// The name the guest finds its agent's virtio-serial port by.
+pub const AGENT_PORT_NAME: &str = "koder.agent";
+/// QEMU's monitor socket in the VM's directory.
+const QMP_SOCKET: &str = "qmp.sock";
+/// The agent channel's socket in the VM's directory.
+const AGENT_SOCKET: &str = "agent.sock";
+/// The name the snapshot file's descriptor has in QEMU.
+const SNAPSHOT_FD: &str = "snapshot";
+/// QEMU creates its sockets at start.
+const SOCKET_WAIT: Duration = Duration::from_secs(10);
+/// Saving or loading guest RAM; TCG hosts write a few hundred MiB/s.
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub struct Qemu {
     qemu: PathBuf,
-    vhost_vsock: PathBuf,
 }
 
 impl Qemu {
-    /// Unavailable (with the reason) unless both programs are installed. `bin_dir` receives a
-    /// copy of vhost-device-vsock: `cargo install` puts it below root's home, where the VM's
-    /// unprivileged uid cannot execute it.
-    pub fn new(qemu: PathBuf, vhost_vsock: PathBuf, bin_dir: &Path) -> Result<Self, RuntimeError> {
+    /// Unavailable (with the reason) unless QEMU is installed.
+    pub fn new(qemu: PathBuf) -> Result<Self, RuntimeError> {
         let qemu = find_program(&qemu).ok_or_else(|| {
             RuntimeError::Unavailable(format!(
                 "{} not found (install qemu-system-x86: scripts/setup-microvm.sh)",
                 qemu.display()
             ))
         })?;
-        let vhost_vsock = find_program(&vhost_vsock).ok_or_else(|| {
-            RuntimeError::Unavailable(format!(
-                "{} not found (cargo install vhost-device-vsock: scripts/setup-microvm.sh)",
-                vhost_vsock.display()
-            ))
-        })?;
-        let vhost_vsock = install_program(&vhost_vsock, bin_dir)?;
-        Ok(Self { qemu, vhost_vsock })
+        Ok(Self { qemu })
     }
-}
 
-/// Copies `program` into `bin_dir` (world-executable) unless an identical copy is there.
-fn install_program(program: &Path, bin_dir: &Path) -> Result<PathBuf, RuntimeError> {
-    let name = program
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| RuntimeError::Unavailable(format!("{} is no program", program.display())))?;
-    let target = install_executable(program, bin_dir, name)?;
-    set_mode(bin_dir, 0o755)?;
-    Ok(target)
+    async fn spawn(&self, launch: &Launch, incoming: bool) -> Result<VmProcesses, RuntimeError> {
+        for stale in [QMP_SOCKET, AGENT_SOCKET] {
+            let _ = std::fs::remove_file(launch.dir.join(stale));
+        }
+        let mut qemu = unprivileged(Command::new(&self.qemu), launch)?;
+        qemu.args(qemu_args(launch, incoming))
+            .stdout(log_file(launch)?)
+            .stderr(log_file(launch)?);
+        let qemu = qemu
+            .spawn()
+            .map_err(|e| RuntimeError::Start(format!("start qemu: {e}")))?;
+        Ok(VmProcesses {
+            children: vec![qemu],
+        })
+    }
 }
 
 /// `program` itself when it is a path, else its first match on PATH.
@@ -81,38 +87,83 @@ impl Vmm for Qemu {
     }
 
     async fn start(&self, launch: &Launch) -> Result<VmProcesses, RuntimeError> {
-        let vhost_socket = launch.dir.join("vhost-user.sock");
-        let mut vsock = unprivileged(Command::new(&self.vhost_vsock), launch)?;
-        // Its warnings are about guest traffic; only errors go to the (host-side) log.
-        vsock
-            .env("RUST_LOG", "error")
-            .arg("--vm")
-            .arg(format!(
-                "guest-cid={GUEST_CID},socket={},uds-path={}",
-                vhost_socket.display(),
-                launch.vsock_uds.display()
-            ))
-            .stderr(log_file(launch)?);
-        let mut vsock = vsock
-            .spawn()
-            .map_err(|e| RuntimeError::Start(format!("start vhost-device-vsock: {e}")))?;
-        if let Err(e) = wait_for_socket(&vhost_socket, &mut vsock).await {
-            let _ = vsock.start_kill();
-            return Err(e);
+        self.spawn(launch, false).await
+    }
+
+    fn agent_channel(&self, dir: &Path, _vsock_port: u32) -> AgentChannel {
+        AgentChannel::Serial {
+            socket: dir.join(AGENT_SOCKET),
+            name: AGENT_PORT_NAME.into(),
         }
-        let mut qemu = unprivileged(Command::new(&self.qemu), launch)?;
-        qemu.args(qemu_args(launch, &vhost_socket))
-            .stdout(log_file(launch)?)
-            .stderr(log_file(launch)?);
-        match qemu.spawn() {
-            Ok(qemu) => Ok(VmProcesses {
-                children: vec![qemu, vsock],
-            }),
-            Err(e) => {
-                let _ = vsock.start_kill();
-                Err(RuntimeError::Start(format!("start qemu: {e}")))
-            }
+    }
+
+    fn memory_snapshots(&self) -> Option<&dyn Suspend> {
+        Some(self)
+    }
+}
+
+async fn monitor(launch: &Launch) -> Result<Qmp, RuntimeError> {
+    Qmp::connect(&launch.dir.join(QMP_SOCKET), Instant::now() + SOCKET_WAIT)
+        .await
+        .map_err(qmp_err)
+}
+
+fn qmp_err(e: QmpError) -> RuntimeError {
+    RuntimeError::Start(format!("qemu monitor: {e}"))
+}
+
+/// QEMU writes the migration stream into a descriptor it is given (`getfd` + `fd:` URI): it
+/// may not spawn a helper (`-sandbox spawn=deny`) and cannot open the daemon's files.
+#[async_trait]
+impl Suspend for Qemu {
+    async fn save(&self, launch: &Launch, to: &std::fs::File) -> Result<(), RuntimeError> {
+        let mut qmp = monitor(launch).await?;
+        // Stopped first: one pass over memory, and the disks see no write after the state.
+        qmp.execute("stop", json!({})).await.map_err(qmp_err)?;
+        let saved = async {
+            qmp.execute_with_fd("getfd", json!({ "fdname": SNAPSHOT_FD }), Some(to.as_fd()))
+                .await?;
+            qmp.execute("migrate", json!({ "uri": format!("fd:{SNAPSHOT_FD}") }))
+                .await?;
+            qmp.wait_migration(Instant::now() + MIGRATION_TIMEOUT).await
         }
+        .await;
+        if let Err(e) = saved {
+            // The VM carries on as it was.
+            let _ = qmp.execute("cont", json!({})).await;
+            return Err(qmp_err(e));
+        }
+        Ok(())
+    }
+
+    async fn start_paused(&self, launch: &Launch) -> Result<VmProcesses, RuntimeError> {
+        self.spawn(launch, true).await
+    }
+
+    async fn load(&self, launch: &Launch, from: &std::fs::File) -> Result<(), RuntimeError> {
+        let mut qmp = monitor(launch).await?;
+        qmp.execute_with_fd(
+            "getfd",
+            json!({ "fdname": SNAPSHOT_FD }),
+            Some(from.as_fd()),
+        )
+        .await
+        .map_err(qmp_err)?;
+        qmp.execute(
+            "migrate-incoming",
+            json!({ "uri": format!("fd:{SNAPSHOT_FD}") }),
+        )
+        .await
+        .map_err(qmp_err)?;
+        qmp.wait_migration(Instant::now() + MIGRATION_TIMEOUT)
+            .await
+            .map_err(qmp_err)
+    }
+
+    async fn cont(&self, launch: &Launch) -> Result<(), RuntimeError> {
+        let mut qmp = monitor(launch).await?;
+        qmp.execute("cont", json!({})).await.map_err(qmp_err)?;
+        Ok(())
     }
 }
 
@@ -140,26 +191,9 @@ fn log_file(launch: &Launch) -> Result<Stdio, RuntimeError> {
         .map_err(RuntimeError::io("open the console log"))
 }
 
-async fn wait_for_socket(path: &Path, child: &mut Child) -> Result<(), RuntimeError> {
-    let deadline = Instant::now() + SOCKET_WAIT;
-    while !path.exists() {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(RuntimeError::Start(format!(
-                "vhost-device-vsock exited at start ({status})"
-            )));
-        }
-        if Instant::now() > deadline {
-            return Err(RuntimeError::Start(
-                "vhost-device-vsock did not create its socket".into(),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(())
-}
-
-/// The QEMU command line for one guest.
-pub fn qemu_args(launch: &Launch, vhost_socket: &Path) -> Vec<String> {
+/// The QEMU command line for one guest; `incoming`: started paused, waiting for its state
+/// from a file (`migrate-incoming`), on exactly the machine it was saved from.
+pub fn qemu_args(launch: &Launch, incoming: bool) -> Vec<String> {
     let mem = format!("{}M", launch.memory_mib);
     let (accel, cpu) = match launch.accel {
         Accel::Kvm => ("kvm", "host"),
@@ -171,11 +205,8 @@ pub fn qemu_args(launch: &Launch, vhost_socket: &Path) -> Vec<String> {
     let mut args: Vec<String> = vec![
         "-name".into(),
         format!("koder-{}", launch.id),
-        // vhost-user needs guest memory the backend can map: a shared memfd.
         "-machine".into(),
-        "microvm,memory-backend=mem".into(),
-        "-object".into(),
-        format!("memory-backend-memfd,id=mem,size={mem},share=on"),
+        "microvm".into(),
         "-m".into(),
         mem,
         "-accel".into(),
@@ -214,10 +245,22 @@ pub fn qemu_args(launch: &Launch, vhost_socket: &Path) -> Vec<String> {
         ),
         "-device".into(),
         format!("virtio-blk-device,drive=scratch,serial={VM_SCRATCH_DISK_SERIAL}"),
-        "-chardev".into(),
-        format!("socket,id=vsock,path={}", p(vhost_socket)),
+        // The agent channel: a virtio-serial port on a socket QEMU serves (wait=off: the
+        // guest runs whether or not the daemon is connected).
         "-device".into(),
-        "vhost-user-vsock-device,chardev=vsock".into(),
+        "virtio-serial-device".into(),
+        "-chardev".into(),
+        format!(
+            "socket,id=agent,path={},server=on,wait=off",
+            p(&launch.dir.join(AGENT_SOCKET))
+        ),
+        "-device".into(),
+        format!("virtserialport,chardev=agent,name={AGENT_PORT_NAME}"),
+        "-qmp".into(),
+        format!(
+            "unix:{},server=on,wait=off",
+            p(&launch.dir.join(QMP_SOCKET))
+        ),
     ];
     if let Some(layers) = &launch.layers_disk {
         args.extend([
@@ -232,6 +275,9 @@ pub fn qemu_args(launch: &Launch, vhost_socket: &Path) -> Vec<String> {
     }
     // No NIC: the guest has loopback only (network `none`).
     args.extend(["-net".into(), "none".into()]);
+    if incoming {
+        args.extend(["-incoming".into(), "defer".into()]);
+    }
     args
 }
 
@@ -251,7 +297,10 @@ mod tests {
             layers_disk: None,
             vcpus: 2,
             memory_mib: 640,
-            vsock_uds: "/state/vms/a/vsock.sock".into(),
+            channel: AgentChannel::Serial {
+                socket: "/state/vms/a/agent.sock".into(),
+                name: AGENT_PORT_NAME.into(),
+            },
             uid: 150_000,
             gid: 150_000,
             accel: Accel::Tcg,
@@ -267,7 +316,7 @@ mod tests {
 
     #[test]
     fn command_line() {
-        let args = qemu_args(&launch(), Path::new("/state/vms/a/vhost-user.sock"));
+        let args = qemu_args(&launch(), false);
         assert_eq!(after(&args, "-accel"), ["tcg,tb-size=64"]);
         assert_eq!(after(&args, "-cpu"), ["max"]);
         assert_eq!(after(&args, "-smp"), ["2"]);
@@ -280,11 +329,27 @@ mod tests {
         let devices = after(&args, "-device");
         assert!(devices.contains(&"virtio-blk-device,drive=root,serial=koder-root"));
         assert!(devices.contains(&"virtio-blk-device,drive=scratch,serial=koder-scratch"));
-        assert!(after(&args, "-object")[0].contains("share=on"));
+        // Every device migrates: no vhost-user, no shared memory backend.
+        assert!(devices.contains(&"virtio-serial-device"));
+        assert!(devices.contains(&"virtserialport,chardev=agent,name=koder.agent"));
+        assert!(!args
+            .iter()
+            .any(|a| a.contains("vhost") || a.contains("memfd")));
+        assert_eq!(
+            after(&args, "-chardev"),
+            ["socket,id=agent,path=/state/vms/a/agent.sock,server=on,wait=off"]
+        );
+        assert_eq!(
+            after(&args, "-qmp"),
+            ["unix:/state/vms/a/qmp.sock,server=on,wait=off"]
+        );
+        assert!(after(&args, "-sandbox")[0].contains("spawn=deny"));
+        assert!(after(&args, "-incoming").is_empty());
         assert!(!args.iter().any(|a| a.contains("layers")));
         let mut restored = launch();
         restored.layers_disk = Some("/state/vms/a/layers.img".into());
-        let args = qemu_args(&restored, Path::new("/v"));
+        let args = qemu_args(&restored, true);
+        assert_eq!(after(&args, "-incoming"), ["defer"]);
         let drives = after(&args, "-drive");
         assert!(
             drives[2].contains("file=/state/vms/a/layers.img") && drives[2].contains("readonly=on"),
@@ -295,21 +360,14 @@ mod tests {
         );
         let mut kvm = launch();
         kvm.accel = Accel::Kvm;
-        let args = qemu_args(&kvm, Path::new("/v"));
+        let args = qemu_args(&kvm, false);
         assert_eq!(after(&args, "-accel"), ["kvm"]);
         assert_eq!(after(&args, "-cpu"), ["host"]);
     }
 
     #[test]
     fn missing_programs_are_unavailable() {
-        let dir = tempfile::tempdir().unwrap();
-        let err = Qemu::new(
-            "/nonexistent/qemu".into(),
-            "vhost-device-vsock".into(),
-            dir.path(),
-        )
-        .err()
-        .unwrap();
+        let err = Qemu::new("/nonexistent/qemu".into()).err().unwrap();
         assert!(matches!(err, RuntimeError::Unavailable(m) if m.contains("/nonexistent/qemu")));
     }
 }

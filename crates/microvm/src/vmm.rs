@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use koder_runtime::RuntimeError;
+use serde::{Deserialize, Serialize};
 
 /// How guest code executes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Accel {
     /// Hardware virtualization through /dev/kvm.
     Kvm,
@@ -15,8 +16,20 @@ pub enum Accel {
     Tcg,
 }
 
-/// Everything a backend needs to start one guest.
-#[derive(Debug, Clone)]
+/// How the daemon reaches the guest agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AgentChannel {
+    /// virtio-vsock behind the VMM's unix socket, in the `CONNECT <port>` convention
+    /// (Firecracker).
+    Vsock { uds: PathBuf, port: u32 },
+    /// A virtio-serial port called `name` whose host end is the unix socket `socket` the VMM
+    /// listens on (QEMU): a migratable device, one byte stream for the guest's life.
+    Serial { socket: PathBuf, name: String },
+}
+
+/// Everything a backend needs to start one guest. Recorded in the VM's directory: a VM saved
+/// to a file comes back on exactly the same machine (devices, sizes, disks).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Launch {
     /// The VM's private directory (sockets, console log, scratch disk), owned by `uid`.
     pub dir: PathBuf,
@@ -35,8 +48,7 @@ pub struct Launch {
     pub layers_disk: Option<PathBuf>,
     pub vcpus: u32,
     pub memory_mib: u64,
-    /// Host end of the guest's vsock: a unix socket that speaks the `CONNECT <port>` convention.
-    pub vsock_uds: PathBuf,
+    pub channel: AgentChannel,
     /// Unprivileged host uid/gid the VMM processes run as.
     pub uid: u32,
     pub gid: u32,
@@ -47,6 +59,14 @@ impl Launch {
     /// Where a backend sends the guest's serial console.
     pub fn console_log(&self) -> PathBuf {
         self.dir.join("console.log")
+    }
+
+    /// The host end of the guest's vsock (`CONNECT <port>` convention), where it has one.
+    pub fn vsock_uds(&self) -> Option<&Path> {
+        match &self.channel {
+            AgentChannel::Vsock { uds, .. } => Some(uds),
+            AgentChannel::Serial { .. } => None,
+        }
     }
 }
 
@@ -62,11 +82,37 @@ pub trait Vmm: Send + Sync {
     /// Starts the guest and returns once it is booting; the runtime then waits for its agent.
     async fn start(&self, launch: &Launch) -> Result<VmProcesses, RuntimeError>;
 
+    /// The agent channel of a VM whose directory is `dir`.
+    fn agent_channel(&self, dir: &Path, vsock_port: u32) -> AgentChannel;
+
+    /// Saving a running VM to a file and starting it again from there, where this backend can.
+    fn memory_snapshots(&self) -> Option<&dyn Suspend> {
+        None
+    }
+
     /// The serial the guest will see on the disk backed by `path`, which this backend is asked
     /// to label `label`.
     fn disk_serial(&self, _path: &Path, label: &str) -> Result<String, RuntimeError> {
         Ok(label.to_string())
     }
+}
+
+/// A backend that can save a running VM to a file and start it again from there. The disks
+/// are files already and stay where they are; the file holds guest memory and device state.
+#[async_trait]
+pub trait Suspend: Send + Sync {
+    /// Stops the VM of `launch` and writes its state into `to`. The VMM processes still run
+    /// afterwards (stopped); on error the VM carries on as before.
+    async fn save(&self, launch: &Launch, to: &std::fs::File) -> Result<(), RuntimeError>;
+
+    /// Starts the VMM of `launch` waiting for a state to load; nothing runs in the guest yet.
+    async fn start_paused(&self, launch: &Launch) -> Result<VmProcesses, RuntimeError>;
+
+    /// Loads the state `save` wrote into a VMM `start_paused` started; the guest stays stopped.
+    async fn load(&self, launch: &Launch, from: &std::fs::File) -> Result<(), RuntimeError>;
+
+    /// Lets the loaded guest run.
+    async fn cont(&self, launch: &Launch) -> Result<(), RuntimeError>;
 }
 
 /// A VMM gets its stdio and nothing else the daemon holds (its HTTP listener, agent

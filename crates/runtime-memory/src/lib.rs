@@ -154,6 +154,7 @@ impl Runtime for MemoryRuntime {
     async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {
         Ok(ReconcileReport {
             sandboxes_removed: std::mem::take(&mut *self.inner.leftovers.lock()),
+            ..Default::default()
         })
     }
 }

@@ -164,6 +164,9 @@ pub fn agent_code(e: &ClientError) -> ErrorCode {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReconcileReport {
     pub sandboxes_removed: Vec<String>,
+    /// Suspended sandboxes (see [`MemorySnapshot`]) kept because they are complete and wanted.
+    #[serde(default)]
+    pub suspended_kept: Vec<String>,
 }
 
 #[async_trait]
@@ -175,8 +178,32 @@ pub trait Runtime: Send + Sync {
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError>;
 
     /// Removes every sandbox a previous run of this runtime left behind (processes, cgroups,
-    /// sockets, writable layers). Call once at start-up, before creating sandboxes.
+    /// sockets, writable layers). Call once at start-up, before creating sandboxes. Complete
+    /// suspended sandboxes ([`MemorySnapshot`]) are kept: [`Runtime::reconcile_keeping`] says
+    /// which of them are still wanted.
     async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError>;
+
+    /// [`Runtime::reconcile`], keeping only the suspended sandboxes `keep` names (and only
+    /// complete ones: a half-written state is removed like any leftover).
+    async fn reconcile_keeping(&self, _keep: &[String]) -> Result<ReconcileReport, RuntimeError> {
+        self.reconcile().await
+    }
+
+    /// Starts a sandbox [`MemorySnapshot::suspend`] saved (in this run of the daemon or an
+    /// earlier one) and reconnects to its agent: every process carries on as it was. Its
+    /// saved state is used up. On `Exhausted` nothing was touched (try again later); on any
+    /// other error the saved state is gone.
+    async fn resume_suspended(&self, id: &str) -> Result<Arc<dyn Sandbox>, RuntimeError> {
+        Err(RuntimeError::Unavailable(format!(
+            "{} cannot resume sandbox {id}: no memory snapshots",
+            self.name()
+        )))
+    }
+
+    /// Removes what a suspended sandbox left (its saved state, disks); idempotent.
+    async fn discard_suspended(&self, _id: &str) -> Result<(), RuntimeError> {
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -193,6 +220,25 @@ pub trait Sandbox: Send + Sync {
     fn resources(&self) -> Option<&dyn ResourceControl> {
         None
     }
+
+    /// Saving the whole sandbox to files and bringing it back later, where the runtime can.
+    fn memory_snapshot(&self) -> Option<&dyn MemorySnapshot> {
+        None
+    }
+}
+
+/// Optional capability: the sandbox's whole state (memory, processes, devices; its disks stay
+/// where they are) saved into files of the runtime, and the sandbox stopped: nothing runs and
+/// nothing is held but those files, which outlive the daemon.
+/// [`Runtime::resume_suspended`] brings it back by its id; [`Runtime::discard_suspended`]
+/// removes the files.
+#[async_trait]
+pub trait MemorySnapshot: Send + Sync {
+    /// Saves and stops the sandbox. Afterwards this handle is spent: its agent connection is
+    /// closed, and `destroy` leaves the saved files alone. On error the sandbox runs on as
+    /// before, unless it died on the way (then its agent connection is closed too and the
+    /// caller ends it).
+    async fn suspend(&self) -> Result<(), RuntimeError>;
 }
 
 /// Optional capability: live usage, peak reset and freeze/thaw (pause). Asynchronous because a

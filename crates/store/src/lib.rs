@@ -26,7 +26,7 @@ mod state;
 mod tests;
 mod volumes;
 
-pub use state::{LayerRecord, SessionDurable, SnapshotRecord};
+pub use state::{DurablePause, LayerRecord, SessionDurable, SnapshotRecord};
 pub use volumes::{NamedVolumeMount, VolumeMountRecord, VolumeRecord};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -676,7 +676,8 @@ impl Store {
             .collect()
     }
 
-    /// The session was paused to disk at `at` (a no-op if a pause is open already).
+    /// The session was paused holding no sandbox (to disk, or its VM saved to a file) at `at`
+    /// (a no-op if a pause is open already).
     pub async fn begin_disk_pause(&self, id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO session_pauses (session_id, from_ms) SELECT $1, $2 \
@@ -689,7 +690,7 @@ impl Store {
         Ok(())
     }
 
-    /// The session's open pause to disk (if any) ended at `at`: it resumed or stopped.
+    /// The session's open pause (if any) ended at `at`: it resumed or stopped.
     pub async fn end_disk_pause(&self, id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
         sqlx::query("UPDATE session_pauses SET to_ms = $2 WHERE session_id = $1 AND to_ms IS NULL")
             .bind(id)

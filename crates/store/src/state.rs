@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use koder_api_types::{Lifecycle, PauseKind};
+use koder_api_types::Lifecycle;
 use sqlx::sqlite::SqliteRow;
 
 use crate::{db_kind, from_json, from_ms, get, to_json, to_ms, Store, StoreError};
@@ -43,9 +43,39 @@ pub struct SnapshotRecord {
 pub struct SessionDurable {
     /// Layer ids its sandbox starts from, bottom first.
     pub layers: Vec<String>,
-    /// How it is paused, while it is.
-    pub pause: Option<PauseKind>,
+    /// How it is paused, while it is paused in a way that outlives the daemon (a jail's
+    /// freezer pause is not recorded: it ends with the daemon).
+    pub pause: Option<DurablePause>,
     pub lifecycle: Lifecycle,
+}
+
+/// How a paused session that holds no sandbox is kept. Either way nothing runs for it, so its
+/// time is not session time, and it lives for the snapshot retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DurablePause {
+    /// Its filesystem is its layers; resume boots a fresh sandbox on them.
+    Disk,
+    /// Its whole VM (memory, processes, disks) is saved by the runtime under the session's
+    /// sandbox id; resume starts it from there, every process as it was.
+    VmMemory,
+}
+
+impl DurablePause {
+    /// The `sessions.pause_kind` value ("disk" is what earlier versions wrote).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DurablePause::Disk => "disk",
+            DurablePause::VmMemory => "vm_memory",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "disk" => Some(DurablePause::Disk),
+            "vm_memory" => Some(DurablePause::VmMemory),
+            _ => None,
+        }
+    }
 }
 
 const SNAPSHOT_COLUMNS: &str = "id, tenant_id, name, session_id, runtime, language, image, \
@@ -244,7 +274,7 @@ impl Store {
         let what = |col: &str| format!("session {id:?} {col}");
         let pause = get::<Option<String>>(&row, "pause_kind")?
             .map(|k| {
-                PauseKind::parse(&k)
+                DurablePause::parse(&k)
                     .ok_or_else(|| StoreError::Corrupt(format!("{}: {k:?}", what("pause_kind"))))
             })
             .transpose()?;
@@ -267,7 +297,7 @@ impl Store {
         )
         .bind(id)
         .bind(to_json(&d.layers)?)
-        .bind(d.pause.map(PauseKind::as_str))
+        .bind(d.pause.map(DurablePause::as_str))
         .bind(to_json(&d.lifecycle)?)
         .execute(&self.pool)
         .await?;
@@ -469,15 +499,21 @@ mod tests {
             store.session_durable("x").await.unwrap(),
             SessionDurable::default()
         );
-        let d = SessionDurable {
+        let mut d = SessionDurable {
             layers: vec!["l1".into(), "l2".into()],
-            pause: Some(PauseKind::Disk),
+            pause: Some(DurablePause::Disk),
             lifecycle: Lifecycle {
                 on_timeout: OnTimeout::Pause,
                 auto_resume: true,
                 keep_memory: true,
             },
         };
+        store.set_session_durable("x", &d).await.unwrap();
+        assert_eq!(store.session_durable("x").await.unwrap(), d);
+        d.pause = Some(DurablePause::VmMemory);
+        store.set_session_durable("x", &d).await.unwrap();
+        assert_eq!(store.session_durable("x").await.unwrap(), d);
+        d.pause = None;
         store.set_session_durable("x", &d).await.unwrap();
         assert_eq!(store.session_durable("x").await.unwrap(), d);
         assert!(matches!(

@@ -44,12 +44,28 @@ pub fn is_guest_init() -> bool {
     std::process::id() == 1 && Path::new(VM_CONFIG_PATH).exists()
 }
 
-/// Boots the guest up to the point where the agent can serve: returns its configuration, the
-/// sandbox cgroup and the overlay's upper directory (see [`setup::build_root`]).
-pub fn boot() -> Result<(VmConfig, SandboxCgroup, OwnedFd), SetupError> {
+/// What a booted guest serves from.
+pub struct Booted {
+    pub cfg: VmConfig,
+    pub cgroup: SandboxCgroup,
+    /// The overlay's upper directory (see [`setup::build_root`]).
+    pub upper: OwnedFd,
+    /// The agent's virtio-serial port, when the configuration names one (else vsock).
+    pub serial: Option<OwnedFd>,
+}
+
+/// Boots the guest up to the point where the agent can serve.
+pub fn boot() -> Result<Booted, SetupError> {
     mount_kernel_filesystems()?;
     load_modules(VM_MODULES_LIST)?;
     let cfg = read_config()?;
+    // Opened from the kernel's /dev: the sandbox's sealed /dev never has the node.
+    let serial = cfg
+        .serial_port
+        .as_deref()
+        .map(crate::serial::open)
+        .transpose()
+        .step("open the agent's serial port")?;
     if cfg.egress {
         load_modules(VM_EGRESS_MODULES_LIST)?;
     }
@@ -72,7 +88,12 @@ pub fn boot() -> Result<(VmConfig, SandboxCgroup, OwnedFd), SetupError> {
         egress_rules::prepare()?;
     }
     std::env::set_current_dir(&cfg.workdir).step("enter workdir")?;
-    Ok((cfg, cgroup, upper))
+    Ok(Booted {
+        cfg,
+        cgroup,
+        upper,
+        serial,
+    })
 }
 
 fn mount_kernel_filesystems() -> Result<(), SetupError> {

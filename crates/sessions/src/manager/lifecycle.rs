@@ -8,12 +8,10 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use chrono::Duration as ChronoDuration;
-use koder_api_types::{
-    CreateSession, Limits, Network, NetworkMode, PauseKind, Session, SessionState,
-};
+use koder_api_types::{CreateSession, Limits, Network, NetworkMode, Session, SessionState};
 use koder_auth::Identity;
 use koder_runtime::{Sandbox, SandboxSpec, VolumeMount};
-use koder_store::{SessionDurable, SessionRecord, Store};
+use koder_store::{DurablePause, SessionDurable, SessionRecord, Store};
 use parking_lot::Mutex;
 
 use super::{validate_env, Manager, Runtimes};
@@ -32,14 +30,20 @@ const MINUTES_CHECK_TICKS: u32 = 5;
 const TRASH_PURGE_TICKS: u32 = 60;
 
 /// Marks every session a previous run could not hand over as stopped and destroys the
-/// sandboxes it left behind.
+/// sandboxes it left behind; VMs saved to files for sessions paused with their memory stay.
 pub(super) async fn reconcile(store: &Store, runtimes: &Runtimes) -> Result<(), Error> {
+    // (session, sandbox) of sessions whose VM is saved.
+    let mut saved = Vec::new();
     for stale in store.live_sessions().await? {
         let durable = store.session_durable(&stale.id).await?;
         let reason = match (stale.state, durable.pause) {
             // Nothing of it ran here: its layers are all it is.
-            (SessionState::Paused, Some(PauseKind::Disk)) => continue,
-            (SessionState::Paused, _) => "daemon restarted (a memory pause does not survive it)",
+            (SessionState::Paused, Some(DurablePause::Disk)) => continue,
+            (SessionState::Paused, Some(DurablePause::VmMemory)) => {
+                saved.push((stale.id.clone(), stale.sandbox_id.clone()));
+                continue;
+            }
+            (SessionState::Paused, None) => "daemon restarted (a memory pause does not survive it)",
             _ => "daemon restarted",
         };
         store
@@ -47,8 +51,22 @@ pub(super) async fn reconcile(store: &Store, runtimes: &Runtimes) -> Result<(), 
             .await?;
     }
     let mut removed = runtimes.jail.reconcile().await?.sandboxes_removed.len();
+    let mut kept = Vec::new();
     if let Ok(vm) = &runtimes.microvm {
-        removed += vm.reconcile().await?.sandboxes_removed.len();
+        let keep: Vec<String> = saved.iter().map(|(_, sandbox)| sandbox.clone()).collect();
+        let report = vm.reconcile_keeping(&keep).await?;
+        removed += report.sandboxes_removed.len();
+        kept = report.suspended_kept;
+    }
+    // A saved VM that is not complete (a crash while it was saved or resumed) is gone.
+    for (session, _) in saved.iter().filter(|(_, sandbox)| !kept.contains(sandbox)) {
+        store
+            .set_session_state(
+                session,
+                SessionState::Stopped,
+                Some("daemon restarted (its VM's saved state is incomplete or unavailable)"),
+            )
+            .await?;
     }
     if removed > 0 {
         tracing::info!(count = removed, "removed sandboxes left by a previous run");
@@ -322,13 +340,16 @@ impl Manager {
         Ok(())
     }
 
-    /// Freezes every process of the session (state `paused`); execs are refused until resumed.
+    /// Pauses the session with its processes kept (state `paused`); execs are refused until
+    /// resumed.
     pub async fn pause(&self, who: &Identity, id: &str) -> Result<Session, Error> {
         self.pause_session(who, id, true).await
     }
 
-    /// Pauses with processes kept (`memory`: frozen in place, lost if the daemon stops) or
-    /// to disk (filesystem kept in the blob store, sandbox gone, survives restarts).
+    /// Pauses with processes kept (`memory`) or to disk (filesystem kept in the blob store,
+    /// sandbox gone, survives restarts). With `memory`, a VM that can be saved to a file is
+    /// (nothing runs, nothing is held but files, which survive restarts); other sandboxes are
+    /// frozen in place (lost if the daemon stops).
     pub async fn pause_session(
         &self,
         who: &Identity,
@@ -339,14 +360,22 @@ impl Manager {
             self.pause_to_disk(who, id).await?;
             return self.get(who, id).await;
         }
-        if self.paused_to_disk(id).await? {
-            self.record(who, id).await?;
-            return Err(Error::Conflict(
-                "the session is paused to disk; resume it first".into(),
-            ));
+        match self.held_pause(id).await? {
+            Some(DurablePause::Disk) => {
+                self.record(who, id).await?;
+                return Err(Error::Conflict(
+                    "the session is paused to disk; resume it first".into(),
+                ));
+            }
+            Some(DurablePause::VmMemory) => return self.get(who, id).await,
+            None => {}
         }
         let live = self.live_any(who, id)?;
         if *live.paused.lock() {
+            return self.get(who, id).await;
+        }
+        if live.sandbox.memory_snapshot().is_some() {
+            self.save_vm(who, id, live).await?;
             return self.get(who, id).await;
         }
         let rc = live
@@ -373,13 +402,21 @@ impl Manager {
         }
     }
 
-    /// Thaws a paused session, or boots one paused to disk; resuming a running one is a no-op.
+    /// Thaws a paused session, boots one paused to disk, or starts its saved VM again;
+    /// resuming a running one is a no-op.
     pub async fn resume(&self, who: &Identity, id: &str) -> Result<Session, Error> {
-        if self.record(who, id).await?.state == SessionState::Paused
-            && self.paused_to_disk(id).await?
-        {
-            self.resume_from_disk(who, id).await?;
-            return self.get(who, id).await;
+        if self.record(who, id).await?.state == SessionState::Paused {
+            match self.held_pause(id).await? {
+                Some(DurablePause::Disk) => {
+                    self.resume_from_disk(who, id).await?;
+                    return self.get(who, id).await;
+                }
+                Some(DurablePause::VmMemory) => {
+                    self.resume_vm(who, id).await?;
+                    return self.get(who, id).await;
+                }
+                None => {}
+            }
         }
         let live = self.live_any(who, id)?;
         if !*live.paused.lock() {
@@ -439,7 +476,7 @@ impl Manager {
         self.finish_end(id, live, reason).await;
     }
 
-    async fn finish_end(&self, id: &str, live: Option<Arc<Live>>, reason: &str) {
+    pub(super) async fn finish_end(&self, id: &str, live: Option<Arc<Live>>, reason: &str) {
         if let Some(live) = live {
             self.retire(id, &live).await;
             self.admission.release(&live.tenant_id);
@@ -459,6 +496,7 @@ impl Manager {
         if let Err(e) = self.store.end_disk_pause(id, self.now()).await {
             tracing::error!(session = %id, error = %e, "closing the session's pause");
         }
+        self.discard_saved_vm(id).await;
         if let Err(e) = self.store.release_volume_mounts(id).await {
             tracing::error!(session = %id, error = %e, "releasing the session's volumes");
         }

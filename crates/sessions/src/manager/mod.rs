@@ -73,6 +73,9 @@ pub struct Manager {
     volumes: Option<Arc<Volumes>>,
     /// Serializes volume creates (quota check, then insert).
     volume_lock: tokio::sync::Mutex<()>,
+    /// Serializes saving VMs to files and resuming them: two resumes of one saved VM would
+    /// race for its state.
+    vm_state_lock: tokio::sync::Mutex<()>,
 }
 
 impl Manager {
@@ -162,6 +165,7 @@ impl Manager {
             layers,
             volumes,
             volume_lock: tokio::sync::Mutex::default(),
+            vm_state_lock: tokio::sync::Mutex::default(),
         });
         manager.reconcile_volumes().await?;
         let reaper = tokio::spawn(Self::reap_forever(Arc::downgrade(&manager)));

@@ -12,11 +12,13 @@ use std::path::PathBuf;
 
 use chrono::Duration as ChronoDuration;
 use futures::StreamExt;
-use koder_api_types::{
-    CreateSession, CreateSnapshot, OnTimeout, PauseKind, Session, SessionState, Snapshot,
-};
+use std::sync::Arc;
+use std::time::Instant;
+
+use koder_api_types::{CreateSession, CreateSnapshot, OnTimeout, Session, SessionState, Snapshot};
 use koder_auth::Identity;
-use koder_store::{LayerRecord, SessionDurable, SessionRecord, SnapshotRecord};
+use koder_runtime::RuntimeError;
+use koder_store::{DurablePause, LayerRecord, SessionDurable, SessionRecord, SnapshotRecord};
 
 use super::{validate_env, Manager};
 use crate::layers::{Layers, Pin};
@@ -117,8 +119,14 @@ impl Manager {
         if record.state == SessionState::Stopped {
             return Err(Error::Conflict("the session has ended".into()));
         }
-        if durable.pause == Some(PauseKind::Disk) {
-            return Ok((durable.layers, None));
+        match durable.pause {
+            Some(DurablePause::Disk) => return Ok((durable.layers, None)),
+            Some(DurablePause::VmMemory) => {
+                return Err(Error::Conflict(
+                    "the session's VM is saved with its memory; resume it first".into(),
+                ))
+            }
+            None => {}
         }
         let live = self.live_any(who, &record.id)?;
         let (layer, pin) = self.capture(&live).await?;
@@ -267,25 +275,25 @@ impl Manager {
         self.get(who, id).await
     }
 
+    /// An admission slot for a session that holds none (paused to disk or saved).
+    async fn admit_again(&self, record: &SessionRecord) -> Result<crate::quota::Ticket, Error> {
+        let tenant = self
+            .store
+            .get_tenant(&record.tenant_id)
+            .await?
+            .ok_or_else(|| {
+                Error::PlanRequired(format!("tenant {} has no plan", record.tenant_id))
+            })?;
+        self.admission.admit(&self.store, &tenant, self.now()).await
+    }
+
     /// Starts a new sandbox for `record` from `durable.layers` and makes it the session's
     /// (replacing a running one), recording the session as running. A session paused to disk
-    /// holds no admission slot, so it takes one first.
+    /// or saved holds no admission slot, so it takes one first; a saved VM it had is removed.
     async fn boot(&self, record: &SessionRecord, mut durable: SessionDurable) -> Result<(), Error> {
-        let ticket = if durable.pause == Some(PauseKind::Disk) {
-            let tenant = self
-                .store
-                .get_tenant(&record.tenant_id)
-                .await?
-                .ok_or_else(|| {
-                    Error::PlanRequired(format!("tenant {} has no plan", record.tenant_id))
-                })?;
-            Some(
-                self.admission
-                    .admit(&self.store, &tenant, self.now())
-                    .await?,
-            )
-        } else {
-            None
+        let ticket = match durable.pause {
+            Some(_) => Some(self.admit_again(record).await?),
+            None => None,
         };
         let env = validate_env(&record.env)?;
         let policy = crate::egress::policy_for(&record.network, &self.cfg.network).await?;
@@ -303,7 +311,7 @@ impl Manager {
             )
             .await?;
         koder_hostkit::crash::point("restore-before-install");
-        let was_disk = durable.pause.take() == Some(PauseKind::Disk);
+        let held = durable.pause.take();
         self.store.set_session_durable(&record.id, &durable).await?;
         self.store
             .set_session_sandbox(&record.id, sandbox.id())
@@ -311,13 +319,11 @@ impl Manager {
         self.store
             .set_session_state(&record.id, SessionState::Running, None)
             .await?;
-        if was_disk {
-            self.store.end_disk_pause(&record.id, self.now()).await?;
-            let expires = self.now()
-                + ChronoDuration::seconds(
-                    i64::try_from(self.cfg.default_timeout_s).unwrap_or(i64::MAX),
-                );
-            self.store.set_session_expiry(&record.id, expires).await?;
+        if held.is_some() {
+            self.end_held_pause(&record.id).await?;
+        }
+        if held == Some(DurablePause::VmMemory) {
+            self.discard_vm(&record.sandbox_id).await;
         }
         self.install(record, sandbox, env, policy).await;
         if let Some(t) = ticket {
@@ -326,37 +332,169 @@ impl Manager {
         Ok(())
     }
 
+    /// A session that held nothing holds a sandbox again: its time counts, and its timeout is
+    /// a running session's.
+    async fn end_held_pause(&self, id: &str) -> Result<(), Error> {
+        self.store.end_disk_pause(id, self.now()).await?;
+        let expires = self.now()
+            + ChronoDuration::seconds(
+                i64::try_from(self.cfg.default_timeout_s).unwrap_or(i64::MAX),
+            );
+        self.store.set_session_expiry(id, expires).await?;
+        Ok(())
+    }
+
+    /// From now on the session holds nothing: its time is not session time, and it is kept
+    /// for the snapshot retention.
+    async fn begin_held_pause(&self, id: &str) -> Result<(), Error> {
+        self.store
+            .set_session_state(id, SessionState::Paused, None)
+            .await?;
+        self.store.begin_disk_pause(id, self.now()).await?;
+        self.store
+            .set_session_expiry(id, self.now() + self.retention())
+            .await?;
+        Ok(())
+    }
+
+    /// Removes `live` from the live sessions if it is still `id`'s.
+    fn take_live(&self, id: &str, live: &Arc<Live>) -> Option<Arc<Live>> {
+        let mut all = self.live.lock();
+        match all.get(id) {
+            Some(l) if Arc::ptr_eq(l, live) => all.remove(id),
+            _ => None,
+        }
+    }
+
+    /// Saves a running session's VM with its memory to files of the runtime: its processes
+    /// stop where they are, nothing runs, its admission slot is given back; the session stays
+    /// `paused` across daemon restarts for the snapshot retention.
+    pub(super) async fn save_vm(
+        &self,
+        who: &Identity,
+        id: &str,
+        live: Arc<Live>,
+    ) -> Result<(), Error> {
+        let _serial = self.vm_state_lock.lock().await;
+        let record = self.record(who, id).await?;
+        // Out of the live sessions first: the VMM's exit closes the agent connection, which
+        // must not read as the sandbox dying.
+        let live = self
+            .take_live(id, &live)
+            .ok_or_else(|| Error::Conflict("the session changed while pausing".into()))?;
+        let snapshot = live
+            .sandbox
+            .memory_snapshot()
+            .ok_or_else(|| Error::NotImplemented("this sandbox cannot be saved".into()))?;
+        let started = Instant::now();
+        if let Err(e) = snapshot.suspend().await {
+            if live.sandbox.agent().is_closed() {
+                self.finish_end(id, Some(live), "its VM stopped while being saved")
+                    .await;
+            } else {
+                self.live.lock().entry(id.to_string()).or_insert(live);
+            }
+            return Err(e.into());
+        }
+        koder_hostkit::crash::point("vm-pause-before-record");
+        let mut durable = self.store.session_durable(id).await?;
+        durable.pause = Some(DurablePause::VmMemory);
+        self.store.set_session_durable(id, &durable).await?;
+        self.begin_held_pause(id).await?;
+        // Followed execs end with the connection; their processes were saved with the VM.
+        live.execs.mark_running_killed();
+        self.admission.release(&record.tenant_id);
+        self.metrics.sessions_active.dec();
+        tracing::info!(session = %id, took = ?started.elapsed(), "session paused with its VM saved");
+        Ok(())
+    }
+
+    /// Starts a saved VM again and makes it the session's: every process carries on. It
+    /// needs an admission slot (429 otherwise, the VM stays saved); a VM that cannot be
+    /// started again ends the session.
+    pub(super) async fn resume_vm(&self, who: &Identity, id: &str) -> Result<(), Error> {
+        let _serial = self.vm_state_lock.lock().await;
+        let record = self.record(who, id).await?;
+        let mut durable = self.store.session_durable(id).await?;
+        if durable.pause != Some(DurablePause::VmMemory) {
+            // Resumed by a request that got here first.
+            return Ok(());
+        }
+        let runtime = match &self.microvm {
+            Ok(engine) => engine.runtime.clone(),
+            Err(why) => {
+                return Err(Error::RuntimeUnavailable(format!(
+                    "the microvm runtime is not available on this server: {why}"
+                )))
+            }
+        };
+        let ticket = self.admit_again(&record).await?;
+        let env = validate_env(&record.env)?;
+        let policy = crate::egress::policy_for(&record.network, &self.cfg.network).await?;
+        let started = Instant::now();
+        let sandbox = match runtime.resume_suspended(&record.sandbox_id).await {
+            Ok(sandbox) => sandbox,
+            Err(e @ RuntimeError::Exhausted(_)) => return Err(e.into()),
+            Err(e) => {
+                self.finish_end(id, None, "its saved VM could not be started again")
+                    .await;
+                return Err(e.into());
+            }
+        };
+        durable.pause = None;
+        self.store.set_session_durable(id, &durable).await?;
+        self.store
+            .set_session_state(id, SessionState::Running, None)
+            .await?;
+        self.end_held_pause(id).await?;
+        self.install(&record, sandbox, env, policy).await;
+        ticket.forget();
+        tracing::info!(session = %id, took = ?started.elapsed(), "session resumed from its saved VM");
+        Ok(())
+    }
+
+    /// Removes the saved VM of a session that ends while paused with it.
+    pub(super) async fn discard_saved_vm(&self, id: &str) {
+        let saved = matches!(
+            self.store.session_durable(id).await,
+            Ok(d) if d.pause == Some(DurablePause::VmMemory)
+        );
+        if !saved {
+            return;
+        }
+        if let Ok(Some(record)) = self.store.get_session(id).await {
+            self.discard_vm(&record.sandbox_id).await;
+        }
+    }
+
+    async fn discard_vm(&self, sandbox: &str) {
+        if let Ok(engine) = &self.microvm {
+            if let Err(e) = engine.runtime.discard_suspended(sandbox).await {
+                tracing::error!(%sandbox, error = %e, "removing a saved VM");
+            }
+        }
+    }
+
     /// Pauses to disk: the filesystem is captured, the sandbox destroyed; nothing runs and
     /// nothing is held but the layers, which outlive the daemon. The session is kept for the
     /// snapshot retention.
     pub(super) async fn pause_to_disk(&self, who: &Identity, id: &str) -> Result<(), Error> {
         let record = self.record(who, id).await?;
-        let mut durable = self.store.session_durable(id).await?;
-        if durable.pause == Some(PauseKind::Disk) {
-            return Ok(());
+        match self.held_pause(id).await? {
+            Some(DurablePause::Disk) => return Ok(()),
+            // Its files are inside the saved VM: it runs again to have them captured.
+            Some(DurablePause::VmMemory) => self.resume_vm(who, id).await?,
+            None => {}
         }
+        let mut durable = self.store.session_durable(id).await?;
         let live = self.live_any(who, id)?;
         let (layer, _pin) = self.capture(&live).await?;
         // The whole filesystem above the image, as in `current_layers`.
         durable.layers = vec![layer.id];
-        durable.pause = Some(PauseKind::Disk);
+        durable.pause = Some(DurablePause::Disk);
         self.store.set_session_durable(id, &durable).await?;
-        self.store
-            .set_session_state(id, SessionState::Paused, None)
-            .await?;
-        // From now on it holds nothing: its time is not session time.
-        self.store.begin_disk_pause(id, self.now()).await?;
-        self.store
-            .set_session_expiry(id, self.now() + self.retention())
-            .await?;
-        let removed = {
-            let mut all = self.live.lock();
-            match all.get(id) {
-                Some(l) if std::sync::Arc::ptr_eq(l, &live) => all.remove(id),
-                _ => None,
-            }
-        };
-        if let Some(old) = removed {
+        self.begin_held_pause(id).await?;
+        if let Some(old) = self.take_live(id, &live) {
             self.retire(id, &old).await;
             self.admission.release(&record.tenant_id);
             self.metrics.sessions_active.dec();
@@ -387,7 +525,7 @@ impl Manager {
     pub(super) async fn resume_from_disk(&self, who: &Identity, id: &str) -> Result<(), Error> {
         let record = self.record(who, id).await?;
         let durable = self.store.session_durable(id).await?;
-        if durable.pause != Some(PauseKind::Disk) {
+        if durable.pause != Some(DurablePause::Disk) {
             return Err(Error::Conflict("the session is not paused".into()));
         }
         self.boot(&record, durable).await?;
@@ -395,9 +533,9 @@ impl Manager {
         Ok(())
     }
 
-    /// Whether the session is paused to disk (it has no live sandbox then).
-    pub(super) async fn paused_to_disk(&self, id: &str) -> Result<bool, Error> {
-        Ok(self.store.session_durable(id).await?.pause == Some(PauseKind::Disk))
+    /// How the session is paused holding no sandbox, if it is (to disk, or its VM saved).
+    pub(super) async fn held_pause(&self, id: &str) -> Result<Option<DurablePause>, Error> {
+        Ok(self.store.session_durable(id).await?.pause)
     }
 
     /// The running session, woken first when it is paused and its lifecycle says a request
