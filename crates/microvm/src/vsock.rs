@@ -1,4 +1,4 @@
-//! The host side of virtio-vsock in the convention Firecracker and `vhost-device-vsock` share:
+//! The host side of virtio-vsock in the convention Firecracker uses (Firecracker guests only):
 //! the VMM listens on a unix socket; a host process connects, writes `CONNECT <port>\n` and,
 //! once the guest accepted, reads `OK <host port>\n`. After that the socket is the stream.
 
