@@ -193,15 +193,11 @@ impl Store {
         &self,
         tenant_id: &str,
     ) -> Result<Vec<NamedVolumeMount>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT m.volume_id, m.session_id, m.path, m.read_only, v.name FROM volume_mounts m \
-             JOIN volumes v ON v.id = m.volume_id \
-             WHERE v.tenant_id = $1 ORDER BY m.session_id, m.position",
+        self.named_mounts(
+            "v.tenant_id = $1 ORDER BY m.session_id, m.position",
+            tenant_id,
         )
-        .bind(tenant_id)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(named_mount_from_row).collect()
+        .await
     }
 
     /// The session's mounts with their volumes' names, in mount order.
@@ -209,12 +205,21 @@ impl Store {
         &self,
         session_id: &str,
     ) -> Result<Vec<NamedVolumeMount>, StoreError> {
-        let rows = sqlx::query(
+        self.named_mounts("m.session_id = $1 ORDER BY m.position", session_id)
+            .await
+    }
+
+    /// Mounts joined with their volumes' names, selected by `filter` on the one bound `key`.
+    async fn named_mounts(
+        &self,
+        filter: &'static str,
+        key: &str,
+    ) -> Result<Vec<NamedVolumeMount>, StoreError> {
+        let rows = sqlx::query(&format!(
             "SELECT m.volume_id, m.session_id, m.path, m.read_only, v.name FROM volume_mounts m \
-             JOIN volumes v ON v.id = m.volume_id \
-             WHERE m.session_id = $1 ORDER BY m.position",
-        )
-        .bind(session_id)
+             JOIN volumes v ON v.id = m.volume_id WHERE {filter}"
+        ))
+        .bind(key)
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(named_mount_from_row).collect()
