@@ -100,6 +100,11 @@ impl Shared {
             return; // a stream that ended here: late output nobody reads
         };
         if route.window.admit(cost).is_ok() {
+            // The agent's last word on a stream: it grants no more credit, so a sender waiting
+            // for some (an upload refused mid-way, stdin after the exit) must stop waiting.
+            if matches!(frame.msg, FromAgent::Error(_) | FromAgent::Exited(_)) {
+                route.credit.close();
+            }
             // A consumer that went away is not an error: its stream is being dropped.
             let _ = route.tx.send(Delivery::Msg(frame.msg, cost));
         } else {
@@ -946,17 +951,73 @@ mod tests {
         within(health).await.unwrap().unwrap();
     }
 
-    #[tokio::test]
-    async fn an_upload_without_credit_waits_on_its_own_stream() {
-        let (client, agent) = pair();
-        let mut peer = Peer::new(agent);
-        let req = WriteFileRequest {
+    fn upload_request() -> WriteFileRequest {
+        WriteFileRequest {
             path: "/f".into(),
             mode: None,
             create_parents: false,
             max_bytes: None,
             owner: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_upload_refused_while_it_waits_for_credit_ends_at_once() {
+        let (client, agent) = pair();
+        let mut peer = Peer::new(agent);
+        let upload = tokio::spawn({
+            let client = client.clone();
+            async move {
+                let mut w = client.write_file(upload_request()).await?;
+                // Far more than a window: the writer is left waiting for credit.
+                w.write(&vec![7u8; 3 * flow::STREAM_WINDOW as usize])
+                    .await?;
+                w.finish().await
+            }
+        });
+        let id = peer.next().await.stream;
+        let chunk_cost = flow::cost(&ToAgent::FileChunk(vec![0; FILE_CHUNK_BYTES]));
+        for _ in 0..flow::STREAM_WINDOW / chunk_cost {
+            assert!(matches!(peer.next().await.msg, ToAgent::FileChunk(_)));
+        }
+        // The agent refuses (a full disk, say) and grants nothing back.
+        let refusal = AgentError::new(ErrorCode::NoSpace, "quota");
+        peer.send(id, FromAgent::Error(refusal)).await;
+        let ended = within(upload).await.unwrap();
+        assert!(
+            matches!(ended, Err(ClientError::Agent(ref e)) if e.code == ErrorCode::NoSpace),
+            "{:?}",
+            ended.map(|_| ())
+        );
+        // The chunk that was waiting went out late, without credit; the agent drops such
+        // frames. Nothing else follows on that stream, and the connection serves others.
+        let health = tokio::spawn({
+            let client = client.clone();
+            async move { client.health().await }
+        });
+        let mut frame = peer.next_request().await;
+        while frame.stream == id {
+            assert!(
+                matches!(frame.msg, ToAgent::FileChunk(_)),
+                "{:?}",
+                frame.msg
+            );
+            frame = peer.next_request().await;
+        }
+        assert_eq!(frame.msg, ToAgent::Health);
+        let info = HealthInfo {
+            protocol_version: PROTOCOL_VERSION,
+            ..HealthInfo::default()
         };
+        peer.send(frame.stream, FromAgent::Health(info)).await;
+        within(health).await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_upload_without_credit_waits_on_its_own_stream() {
+        let (client, agent) = pair();
+        let mut peer = Peer::new(agent);
+        let req = upload_request();
         let data: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
         let upload = tokio::spawn({
             let (client, data) = (client.clone(), data.clone());

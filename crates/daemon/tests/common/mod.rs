@@ -108,7 +108,7 @@ impl Daemon {
             .arg("127.0.0.1:0")
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", test_log_filter())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if self.keys {
@@ -404,7 +404,7 @@ impl Daemon {
             .arg(listen)
             .arg("--data-dir")
             .arg(self.data_dir())
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", test_log_filter())
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -447,4 +447,10 @@ pub fn processes_of(exe: &std::path::Path, needle: &str) -> Vec<i32> {
             runs && String::from_utf8_lossy(&cmdline).contains(needle)
         })
         .collect()
+}
+
+/// The daemon's log filter: `warn`, or KODER_TEST_LOG (a RUST_LOG filter) to watch a hanging
+/// test's daemon at work.
+fn test_log_filter() -> String {
+    std::env::var("KODER_TEST_LOG").unwrap_or_else(|_| "warn".into())
 }
