@@ -52,6 +52,11 @@ pub struct InitConfig {
     /// Volumes the agent mounts into the root, after every other mount.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<InitVolume>,
+    /// Captured session layers between `upper_dir` and `image_layers`, top first: host paths of
+    /// read-only mounts the runtime prepared (id-mapped onto the sandbox's ids, as volumes are),
+    /// which the agent clones before its pivot and stacks as lower layers of the root overlay.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_mounts: Vec<String>,
 }
 
 /// One volume for the agent to mount.
@@ -309,9 +314,10 @@ mod tests {
             egress: false,
             workload_cgroup_fds: 0,
             volume_mounts: Vec::new(),
+            layer_mounts: Vec::new(),
         };
         let json = serde_json::to_string(&cfg).expect("encode");
-        assert!(!json.contains("volume_mounts"));
+        assert!(!json.contains("volume_mounts") && !json.contains("layer_mounts"));
         assert_eq!(
             serde_json::from_str::<InitConfig>(&json).expect("decode"),
             cfg
@@ -322,6 +328,7 @@ mod tests {
                 target: "/data".into(),
                 read_only: true,
             }],
+            layer_mounts: vec!["/s/layers/0".into()],
             ..cfg
         };
         let json = serde_json::to_string(&with).expect("encode");

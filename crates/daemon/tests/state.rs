@@ -578,3 +578,152 @@ async fn a_deleted_restored_file_stays_deleted() {
     post_ok(&d, &format!("{b}/resume"), Value::Null).await;
     assert_eq!(sh(&d, &b, CHECK).await, "y\ngone\n");
 }
+
+/// Unpacked layers the jail runtime holds (one per layer it stacks below sandboxes).
+fn trees(d: &Daemon) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(d.data_dir().join("jail/layers"))
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+async fn fork(d: &Daemon, id: &str, count: u32) -> Vec<String> {
+    let (status, v) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{id}/fork"),
+            json!({ "count": count }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    v["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+async fn delete_snapshot(d: &Daemon, sid: &str) {
+    let resp = d
+        .req(
+            Method::DELETE,
+            &format!("/v1/sandbox/snapshots/{sid}"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+}
+
+/// A fork's copies stack the source's capture as one shared lower layer: each sees the
+/// source's files and writes only its own; what a copy changes and deletes survives its
+/// snapshots, pauses and restores; the source and its snapshots may go while copies run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forked_copies_share_one_layer_and_keep_their_own_changes() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let a = d.create(json!({})).await;
+    sh(&d, &a, WRITE).await;
+    let want = sh(&d, &a, DIGEST).await;
+    let early = snapshot(&d, &a, Value::Null).await["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let copies = fork(&d, &a, 3).await;
+    // One tree for the three copies.
+    assert_eq!(trees(&d).len(), 1, "{:?}", trees(&d));
+    for c in &copies {
+        assert_eq!(sh(&d, c, DIGEST).await, want);
+    }
+
+    // A copy's changes are its own.
+    const CHANGE: &str = "echo changed > /home/user/proj/a.txt; rm -r /home/user/proj/sub; \
+         echo new > /home/user/proj/new.txt";
+    const CHANGED: &str = "cat /home/user/proj/a.txt /home/user/proj/new.txt; \
+         test -e /home/user/proj/sub && echo sub || echo no-sub";
+    sh(&d, &copies[0], CHANGE).await;
+    let changed = sh(&d, &copies[0], CHANGED).await;
+    assert_eq!(changed, "changed\nnew\nno-sub\n");
+    assert_eq!(sh(&d, &copies[1], DIGEST).await, want);
+    assert_eq!(sh(&d, &a, DIGEST).await, want);
+
+    // Its snapshot holds everything it sees: the shared layer and its own changes.
+    let snap = snapshot(&d, &copies[0], Value::Null).await;
+    let sid = snap["snapshot_id"].as_str().unwrap().to_string();
+    let from = d.create(json!({ "from_snapshot": sid })).await;
+    assert_eq!(sh(&d, &from, CHANGED).await, changed);
+    // Restored into another copy, too.
+    post_ok(
+        &d,
+        &format!("{}/restore", copies[1]),
+        json!({ "snapshot_id": sid }),
+    )
+    .await;
+    assert_eq!(sh(&d, &copies[1], CHANGED).await, changed);
+    // And a fork of a copy.
+    let grandchild = fork(&d, &copies[0], 1).await.remove(0);
+    assert_eq!(sh(&d, &grandchild, CHANGED).await, changed);
+    // A pause to disk of a copy keeps its changes on top of the shared layer.
+    sh(&d, &copies[2], "echo paused > /home/user/p").await;
+    post_ok(
+        &d,
+        &format!("{}/pause", copies[2]),
+        json!({"memory": false}),
+    )
+    .await;
+    post_ok(&d, &format!("{}/resume", copies[2]), Value::Null).await;
+    assert_eq!(
+        sh(&d, &copies[2], "cat /home/user/p /home/user/proj/a.txt").await,
+        "paused\ndata\n"
+    );
+
+    // The source and its snapshots go; the copies keep working on their shared trees.
+    let resp = d
+        .req(Method::DELETE, &format!("/v1/sandbox/sessions/{a}"), KEY1)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    delete_snapshot(&d, &early).await;
+    delete_snapshot(&d, &sid).await;
+    let in_use = trees(&d);
+    assert!(!in_use.is_empty());
+    assert_eq!(sh(&d, &copies[2], DIGEST).await, want);
+    assert_eq!(sh(&d, &grandchild, CHANGED).await, changed);
+
+    // Once nothing uses them, their layers and trees go.
+    for s in copies.iter().chain([&from, &grandchild]) {
+        let resp = d
+            .req(Method::DELETE, &format!("/v1/sandbox/sessions/{s}"), KEY1)
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "{}", resp.status());
+    }
+    // Deleting a snapshot runs the collector; the next destroy sweeps the trees.
+    let last = d.create(json!({})).await;
+    let sid = snapshot(&d, &last, Value::Null).await["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    delete_snapshot(&d, &sid).await;
+    let resp = d
+        .req(
+            Method::DELETE,
+            &format!("/v1/sandbox/sessions/{last}"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success());
+    assert!(layer_files(&d).is_empty(), "{:?}", layer_files(&d));
+    assert!(trees(&d).is_empty(), "{:?}", trees(&d));
+}

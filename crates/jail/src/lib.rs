@@ -38,6 +38,7 @@ use koder_runtime::{
 use koder_image as image;
 pub use koder_image::{default_env, Image, WRITABLE_DIRS};
 use koder_runtime::slots::Slots;
+pub use layers::MAX_LOWER_LAYERS;
 pub use spawn::IdMap;
 
 /// Ids inside a sandbox: 0..65536, like a normal Linux system.
@@ -113,8 +114,11 @@ struct Inner {
     /// Size-limited writable layers, where the host can make them (root, loop devices, mkfs).
     disks: Option<disk::DiskTemplates>,
     slots: Slots,
-    /// Id mappings for idmapped volume mounts, one per slot.
+    /// Id mappings for idmapped volume and layer mounts, one per slot.
     user_namespaces: volumes::UserNamespaces,
+    /// Captured layers unpacked as shared lower layers; `None` where mounts cannot be
+    /// id-mapped (rootless), so layers are applied into each sandbox's upper layer.
+    trees: Option<Arc<layers::Trees>>,
     enforcement: Enforcement,
 }
 
@@ -215,7 +219,16 @@ impl JailRuntime {
         if !rootless {
             koder_runtime::slots::host_ids(cfg.uid_base, cfg.max_sandboxes, SANDBOX_IDS)?;
         }
+        let trees = if rootless {
+            None
+        } else {
+            Some(layers::Trees::new(
+                cfg.state_dir.join("layers"),
+                trash_dir(&cfg),
+            )?)
+        };
         let inner = Inner {
+            trees,
             cgroup_prefix: koder_cgroups::instance_prefix(&cfg.state_dir),
             disks,
             slots: Slots::new(cfg.max_sandboxes),
@@ -290,11 +303,16 @@ impl Inner {
     /// the host can make one, else on the state dir's filesystem. Directories sandbox code may
     /// write to are pre-created in the upper layer, owned by the sandbox's root (or `user`),
     /// since the image's own copies belong to the host.
+    ///
+    /// A sandbox whose captured layers sit below its upper layer gets none of those
+    /// (`!upper_dirs`): the layers hold them as the source sandbox had them (owners, modes),
+    /// which the upper layer must not cover.
     fn prepare_layers(
         &self,
         parts: &mut Parts,
         ids: IdMap,
         disk_mib: Option<u64>,
+        upper_dirs: bool,
     ) -> Result<(), RuntimeError> {
         let io = |what: &str| RuntimeError::io(format!("prepare sandbox {what}"));
         let host_id = |in_sandbox: u32| (!self.rootless).then_some(ids.host_base + in_sandbox);
@@ -316,6 +334,13 @@ impl Inner {
                 }
             }
         }
+        for sub in ["", "root"] {
+            chown(dir.join(sub), host_id(0), host_id(0)).map_err(io("ownership"))?;
+        }
+        set_mode(&dir, 0o700)?;
+        if !upper_dirs {
+            return Ok(());
+        }
         let upper = parts.upper.clone();
         for sub in image::UPPER_DIRS {
             std::fs::create_dir_all(upper.join(sub)).map_err(io(sub))?;
@@ -328,10 +353,6 @@ impl Inner {
             host_id(SANDBOX_USER_UID),
         )
         .map_err(io("ownership"))?;
-        for sub in ["", "root"] {
-            chown(dir.join(sub), host_id(0), host_id(0)).map_err(io("ownership"))?;
-        }
-        set_mode(&dir, 0o700)?;
         set_mode(&upper.join("root"), 0o700)?;
         for sticky in ["tmp", "var/tmp"] {
             set_mode(&upper.join(sticky), 0o1777)?;
@@ -345,6 +366,7 @@ impl Inner {
         parts: &Parts,
         cgroup_fds: usize,
         volume_mounts: Vec<InitVolume>,
+        layer_mounts: Vec<String>,
     ) -> InitConfig {
         let dir = &parts.dir;
         let s = |p: PathBuf| p.to_string_lossy().into_owned();
@@ -385,6 +407,7 @@ impl Inner {
             },
             workload_cgroup_fds: cgroup_fds as u32,
             volume_mounts,
+            layer_mounts,
         }
     }
 
@@ -408,6 +431,34 @@ impl Inner {
         Ok(agent)
     }
 
+    /// Attaches the volumes and shared layers of the sandbox, id-mapped for `slot`, under its
+    /// directory; returns what the agent mounts.
+    fn attach_mounts(
+        &self,
+        spec: &SandboxSpec,
+        parts: &Parts,
+        slot: u32,
+        ids: IdMap,
+    ) -> Result<(Vec<InitVolume>, Vec<String>), RuntimeError> {
+        if spec.volumes.is_empty() && parts.leases.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let userns = self.user_namespaces.for_slot(slot, ids)?;
+        let volume_mounts = if spec.volumes.is_empty() {
+            Vec::new()
+        } else {
+            volumes::attach(&parts.dir, &spec.volumes, userns.as_fd(), ids.host_base)?
+        };
+        // Top first, as overlayfs stacks them.
+        let trees: Vec<&Path> = parts.leases.iter().rev().map(|l| l.path()).collect();
+        let layer_mounts = if trees.is_empty() {
+            Vec::new()
+        } else {
+            volumes::attach_layers(&parts.dir, &trees, userns.as_fd(), ids.host_base)?
+        };
+        Ok((volume_mounts, layer_mounts))
+    }
+
     /// Everything of a start up to the agent's clone; blocking throughout (disk, mounts,
     /// cgroupfs), so it runs on a blocking thread.
     fn spawn(
@@ -418,9 +469,14 @@ impl Inner {
     ) -> Result<spawn::Spawned, RuntimeError> {
         let ids = self.ids_for(slot);
         let limits = self.effective_limits(spec.limits);
-        self.prepare_layers(parts, ids, limits.disk_mib)?;
-        if !spec.layers.is_empty() {
-            layers::apply(&parts.upper, &spec.layers, ids, limits.disk_mib)?;
+        let shared = self
+            .trees
+            .as_ref()
+            .filter(|_| !spec.layers.is_empty() && spec.layers.len() <= layers::MAX_LOWER_LAYERS);
+        self.prepare_layers(parts, ids, limits.disk_mib, shared.is_none())?;
+        match shared {
+            Some(trees) => parts.leases = trees.lease(&spec.layers)?,
+            None => layers::apply(&parts.upper, &spec.layers, ids, limits.disk_mib)?,
         }
         let agent_cgroup = match &self.cgroups {
             Some(driver) => Some(self.create_cgroups(&**driver, &spec.id, &limits, parts)?),
@@ -430,16 +486,11 @@ impl Inner {
             Some(workload) => open_procs_files(&**workload)?,
             None => Vec::new(),
         };
-        let volume_mounts = if spec.volumes.is_empty() {
-            Vec::new()
-        } else {
-            let userns = self.user_namespaces.for_slot(slot, ids)?;
-            volumes::attach(&parts.dir, &spec.volumes, userns.as_fd(), ids.host_base)?
-        };
+        let (volume_mounts, layer_mounts) = self.attach_mounts(spec, parts, slot, ids)?;
         let _ = std::fs::remove_file(&parts.socket);
         let listener = std::os::unix::net::UnixListener::bind(&parts.socket)
             .map_err(RuntimeError::io("bind agent socket"))?;
-        let init = self.init_config(spec, parts, cgroup_procs.len(), volume_mounts);
+        let init = self.init_config(spec, parts, cgroup_procs.len(), volume_mounts, layer_mounts);
         let config = serde_json::to_string(&init)
             .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
         // On v2 the agent is cloned straight into its leaf; on v1 it migrates there, which
@@ -476,14 +527,14 @@ fn open_cgroup_dir(path: &PathBuf) -> Result<OwnedFd, RuntimeError> {
 }
 
 /// What follows the agent's clone on the host: the sandbox's mount namespace now holds the
-/// disk and the volumes, so the host's copies go (no sandbox mount stays visible on the host,
-/// and the loop device frees itself when the sandbox ends); the agent's pid is recorded for
-/// reconciliation after a crash.
+/// disk, the volumes and the shared layers, so the host's copies go (no sandbox mount stays
+/// visible on the host, and the loop device frees itself when the sandbox ends); the agent's
+/// pid is recorded for reconciliation after a crash.
 fn after_clone(parts: &Parts, pid: i32, has_volumes: bool) -> Result<(), RuntimeError> {
     if let Some(disk) = &parts.disk {
         disk.detach_host_mount()?;
     }
-    if has_volumes {
+    if has_volumes || !parts.leases.is_empty() {
         volumes::detach_host_mounts(&parts.dir)?;
     }
     reap::record(&parts.dir.join(AGENT_PID_FILE), &[pid])
@@ -646,6 +697,9 @@ struct Parts {
     upper: PathBuf,
     work: PathBuf,
     disk: Option<disk::Disk>,
+    /// The shared layers below it, kept until this is dropped (after teardown: the sandbox is
+    /// dead by then).
+    leases: Vec<layers::Lease>,
 }
 
 impl Parts {
@@ -659,6 +713,7 @@ impl Parts {
             cgroup,
             workload: None,
             disk: None,
+            leases: Vec::new(),
         }
     }
 }
@@ -742,6 +797,8 @@ impl Runtime for JailRuntime {
                 return Ok(Arc::new(JailSandbox {
                     id: spec.id,
                     has_cgroup: live.parts.cgroup.is_some(),
+                    layers_below: !live.parts.leases.is_empty(),
+                    trees: inner.trees.clone(),
                     agent,
                     state: tokio::sync::Mutex::new(Some(live)),
                     slots: inner.slots.clone(),
@@ -793,10 +850,15 @@ impl Runtime for JailRuntime {
             blocking(move || teardown(&parts)).await?;
             report.sandboxes_removed.push(id);
         }
-        // What destroys before a crash left to delete.
+        // What destroys before a crash left to delete; trees no sandbox uses any more (none
+        // runs now) go with it.
         let trash = trash_dir(&inner.cfg);
+        let trees = inner.trees.clone();
         blocking(move || {
             empty_trash(&trash);
+            if let Some(trees) = trees {
+                trees.reconcile();
+            }
             Ok(())
         })
         .await?;
@@ -822,6 +884,10 @@ struct Live {
 pub struct JailSandbox {
     id: String,
     has_cgroup: bool,
+    /// Its captured layers are shared lower layers (not applied into its upper layer).
+    layers_below: bool,
+    /// Swept at each destroy for trees whose layer went meanwhile.
+    trees: Option<Arc<layers::Trees>>,
     agent: AgentClient,
     state: tokio::sync::Mutex<Option<Live>>,
     slots: Slots,
@@ -849,7 +915,17 @@ impl Sandbox for JailSandbox {
         // Emptying the cgroup and removing the layers block for milliseconds: not on a worker
         // that other requests are waiting for.
         let Live { parts, slot, .. } = live;
-        let result = blocking(move || teardown(&parts)).await;
+        let trees = self.trees.clone();
+        let result = blocking(move || {
+            let done = teardown(&parts);
+            // Gives its leases back (the sandbox is dead), then looks at every unused tree.
+            drop(parts);
+            if let Some(trees) = trees {
+                trees.sweep();
+            }
+            done
+        })
+        .await;
         self.slots.release(slot);
         result
     }
@@ -857,6 +933,10 @@ impl Sandbox for JailSandbox {
     /// Only with a cgroup (a rootless jail has none and says so at start-up).
     fn resources(&self) -> Option<&dyn ResourceControl> {
         self.has_cgroup.then_some(self as &dyn ResourceControl)
+    }
+
+    fn layers_below(&self) -> bool {
+        self.layers_below
     }
 }
 

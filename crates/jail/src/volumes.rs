@@ -1,21 +1,23 @@
-//! Volumes in a jail sandbox: host directories mounted through an id mapping onto the
-//! sandbox's own ids, so files stored with sandbox-relative ("neutral") owners appear in every
-//! sandbox as those owners, whichever host range the sandbox runs in.
+//! Volumes and shared session layers in a jail sandbox: host directories mounted through an
+//! id mapping onto the sandbox's own ids, so files stored with sandbox-relative ("neutral")
+//! owners appear in every sandbox as those owners, whichever host range the sandbox runs in.
 //!
-//! The host side: each volume's root is cloned as a detached mount (`open_tree`), given the
-//! slot's id mapping, `nosuid` and `nodev` (and `rdonly`) with `mount_setattr`, and attached at
-//! `<dir>/volumes/<n>`, where the agent (a clone of the host's mount namespace) finds it and
-//! clones it again before its pivot; it mounts it at its target itself. Once the agent has been
-//! cloned the host's copies are detached ([`detach_host_mounts`]), so no sandbox mount stays
-//! visible on the host.
+//! The host side: each volume's root (or unpacked layer's, see `layers.rs`) is cloned as a
+//! detached mount (`open_tree`), given the slot's id mapping, `nosuid` and `nodev` (and
+//! `rdonly`: always for a layer) with `mount_setattr`, and attached at `<dir>/volumes/<n>`
+//! (`<dir>/layers/<n>`), where the agent (a clone of the host's mount namespace) finds it and
+//! clones it again before its pivot; it mounts a volume at its target itself and stacks a layer
+//! into its root overlay. Once the agent has been cloned the host's copies are detached
+//! ([`detach_host_mounts`]), so no sandbox mount stays visible on the host.
 //!
-//! Mount layout: `<dir>/volumes` is a private bind of the directory onto itself, and the
-//! volumes sit under it, for the reasons the top of `disk.rs` gives: mounts directly under a
-//! shared parent would be copied into other namespaces, and the host's detach would propagate
-//! into the sandbox's copies.
+//! Mount layout: `<dir>/volumes` (`<dir>/layers`) is a private bind of the directory onto
+//! itself, and the mounts sit under it, for the reasons the top of `disk.rs` gives: mounts
+//! directly under a shared parent would be copied into other namespaces, and the host's detach
+//! would propagate into the sandbox's copies.
 //!
-//! Teardown never recurses into `<dir>/volumes` ([`remove`] unmounts and only removes empty
-//! directories): a volume still mounted there holds a user's files.
+//! Teardown never recurses into those directories ([`remove`] unmounts and only removes empty
+//! directories): a volume still mounted there holds a user's files, a layer the files other
+//! sandboxes share.
 
 use std::collections::HashMap;
 use std::io;
@@ -34,6 +36,8 @@ use crate::spawn::{self, IdMap};
 
 /// Where a sandbox's volumes are attached on the host, relative to its directory.
 pub const VOLUMES_DIR: &str = "volumes";
+/// Where its shared session layers are attached.
+pub const LAYERS_DIR: &str = "layers";
 
 /// One user namespace per slot, carrying that slot's id mapping (which never changes), made on
 /// first use and kept for the runtime's life: only the descriptor, no process, stays.
@@ -65,21 +69,52 @@ pub fn attach(
     userns: BorrowedFd<'_>,
     owner: u32,
 ) -> Result<Vec<InitVolume>, RuntimeError> {
-    let root = dir.join(VOLUMES_DIR);
-    make_private_dir(&root, owner)?;
-    volumes
+    let sources = volumes.iter().map(|v| {
+        let what = format!("volume {} ({})", v.target, v.source.display());
+        (v.source.as_path(), v.read_only, what)
+    });
+    let attached = attach_all(&dir.join(VOLUMES_DIR), sources, userns, owner)?;
+    Ok(volumes
         .iter()
+        .zip(attached)
+        .map(|(volume, at)| InitVolume {
+            source: at,
+            target: volume.target.clone(),
+            read_only: volume.read_only,
+        })
+        .collect())
+}
+
+/// Attaches unpacked layers (`trees`, in the order given), id-mapped through `userns` and
+/// read-only, under `<dir>/layers`, and returns their host paths for the agent. As [`attach`].
+pub fn attach_layers(
+    dir: &Path,
+    trees: &[&Path],
+    userns: BorrowedFd<'_>,
+    owner: u32,
+) -> Result<Vec<String>, RuntimeError> {
+    let sources = trees
+        .iter()
+        .map(|t| (*t, true, format!("layer {}", t.display())));
+    attach_all(&dir.join(LAYERS_DIR), sources, userns, owner)
+}
+
+/// Makes `root` and attaches each `(source, read_only, what)` at `root/<n>`.
+fn attach_all<'a>(
+    root: &Path,
+    sources: impl Iterator<Item = (&'a Path, bool, String)>,
+    userns: BorrowedFd<'_>,
+    owner: u32,
+) -> Result<Vec<String>, RuntimeError> {
+    make_private_dir(root, owner)?;
+    sources
         .enumerate()
-        .map(|(n, volume)| {
+        .map(|(n, (source, read_only, what))| {
             let at = root.join(n.to_string());
             std::fs::create_dir(&at)
                 .map_err(RuntimeError::io(format!("create {}", at.display())))?;
-            attach_one(volume, userns, &at)?;
-            Ok(InitVolume {
-                source: at.to_string_lossy().into_owned(),
-                target: volume.target.clone(),
-                read_only: volume.read_only,
-            })
+            attach_one(source, read_only, &what, userns, &at)?;
+            Ok(at.to_string_lossy().into_owned())
         })
         .collect()
 }
@@ -98,24 +133,23 @@ fn make_private_dir(root: &Path, owner: u32) -> Result<(), RuntimeError> {
     rustix::mount::mount_change(root, MountPropagationFlags::PRIVATE).map_err(errno("make private"))
 }
 
-fn attach_one(volume: &VolumeMount, userns: BorrowedFd<'_>, at: &Path) -> Result<(), RuntimeError> {
-    let err = |what: &str| {
-        let context = format!(
-            "volume {} ({}): {what}",
-            volume.target,
-            volume.source.display()
-        );
-        RuntimeError::io(context)
-    };
+fn attach_one(
+    source: &Path,
+    read_only: bool,
+    what: &str,
+    userns: BorrowedFd<'_>,
+    at: &Path,
+) -> Result<(), RuntimeError> {
+    let err = |step: &str| RuntimeError::io(format!("{what}: {step}"));
     let tree = rustix::mount::open_tree(
         rustix::fs::CWD,
-        &volume.source,
+        source,
         OpenTreeFlags::OPEN_TREE_CLONE
             | OpenTreeFlags::AT_RECURSIVE
             | OpenTreeFlags::OPEN_TREE_CLOEXEC,
     )
     .map_err(|e| err("clone")(e.into()))?;
-    set_idmapped(tree.as_fd(), userns, volume.read_only).map_err(err("id-map"))?;
+    set_idmapped(tree.as_fd(), userns, read_only).map_err(err("id-map"))?;
     rustix::mount::move_mount(
         tree.as_fd(),
         "",
@@ -161,37 +195,46 @@ fn set_idmapped(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>, read_only: bool) -
     Ok(())
 }
 
-/// Lazily unmounts the host's copies of the sandbox's volumes (the self-bind and everything
-/// under it). Call it once the agent has been cloned: the sandbox's mount namespace keeps its
-/// own copies, which this does not reach.
+/// Lazily unmounts the host's copies of the sandbox's volumes and layers (the self-binds and
+/// everything under them). Call it once the agent has been cloned: the sandbox's mount
+/// namespace keeps its own copies, which this does not reach.
 pub fn detach_host_mounts(dir: &Path) -> Result<(), RuntimeError> {
-    let root = dir.join(VOLUMES_DIR);
-    unmount_all(&root)
-        .map(drop)
-        .map_err(RuntimeError::io(format!("unmount {}", root.display())))
+    for sub in [VOLUMES_DIR, LAYERS_DIR] {
+        let root = dir.join(sub);
+        if root.exists() {
+            unmount_all(&root).map_err(RuntimeError::io(format!("unmount {}", root.display())))?;
+        }
+    }
+    Ok(())
 }
 
-/// Removes `<dir>/volumes` for teardown and crash reconciliation: unmounts whatever the host
-/// still has there, then removes the (then empty) directories, never their contents. `Ok` when
-/// there is none. An error means a volume may still be attached: the caller must not remove
-/// the sandbox's directory recursively.
+/// Removes `<dir>/volumes` and `<dir>/layers` for teardown and crash reconciliation: unmounts
+/// whatever the host still has there, then removes the (then empty) directories, never their
+/// contents. `Ok` when there are none. An error means a volume or layer may still be attached:
+/// the caller must not remove the sandbox's directory recursively.
 pub fn remove(dir: &Path) -> Result<(), RuntimeError> {
-    let root = dir.join(VOLUMES_DIR);
+    for sub in [VOLUMES_DIR, LAYERS_DIR] {
+        remove_mounts(&dir.join(sub))?;
+    }
+    Ok(())
+}
+
+fn remove_mounts(root: &Path) -> Result<(), RuntimeError> {
     let fail = |what: &Path| {
-        let context = format!("remove volume mount {}", what.display());
+        let context = format!("remove mount {}", what.display());
         move |e: io::Error| RuntimeError::Teardown(format!("{context}: {e}"))
     };
-    unmount_all(&root).map_err(fail(&root))?;
-    let entries = match std::fs::read_dir(&root) {
+    unmount_all(root).map_err(fail(root))?;
+    let entries = match std::fs::read_dir(root) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        other => other.map_err(fail(&root))?,
+        other => other.map_err(fail(root))?,
     };
     for entry in entries {
-        let path: PathBuf = entry.map_err(fail(&root))?.path();
+        let path: PathBuf = entry.map_err(fail(root))?.path();
         unmount_all(&path).map_err(fail(&path))?;
         std::fs::remove_dir(&path).map_err(fail(&path))?;
     }
-    std::fs::remove_dir(&root).map_err(fail(&root))
+    std::fs::remove_dir(root).map_err(fail(root))
 }
 
 #[cfg(test)]

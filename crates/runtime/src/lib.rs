@@ -225,6 +225,15 @@ pub trait Sandbox: Send + Sync {
     fn memory_snapshot(&self) -> Option<&dyn MemorySnapshot> {
         None
     }
+
+    /// Whether the sandbox's [`SandboxSpec::layers`] sit *below* its writable layer (shared,
+    /// read-only lower layers): a capture of the writable layer then holds only what changed
+    /// above them, deletions as whiteouts, and the filesystem is those layers plus the capture.
+    /// `false` (the default): the layers were applied into the writable layer, whose capture
+    /// is then the whole filesystem above the image.
+    fn layers_below(&self) -> bool {
+        false
+    }
 }
 
 /// Optional capability: the sandbox's whole state (memory, processes, devices; its disks stay

@@ -41,20 +41,22 @@ pub struct Layers {
     pinned: Arc<Mutex<HashMap<String, u32>>>,
 }
 
-/// Keeps a fresh layer from the garbage collector until whoever captured it has recorded a
-/// reference to it (or given up, when the collector may take it).
+/// Keeps layers from the garbage collector until whoever needs them has recorded a reference
+/// to them (or given up, when the collector may take them).
 pub struct Pin {
-    id: String,
+    ids: Vec<String>,
     pinned: Arc<Mutex<HashMap<String, u32>>>,
 }
 
 impl Drop for Pin {
     fn drop(&mut self) {
         let mut pinned = self.pinned.lock();
-        if let Some(n) = pinned.get_mut(&self.id) {
-            *n -= 1;
-            if *n == 0 {
-                pinned.remove(&self.id);
+        for id in &self.ids {
+            if let Some(n) = pinned.get_mut(id) {
+                *n -= 1;
+                if *n == 0 {
+                    pinned.remove(id);
+                }
             }
         }
     }
@@ -80,6 +82,18 @@ impl Layers {
         })
     }
 
+    /// Pins the layers `ids` while the returned [`Pin`] lives.
+    pub fn pin(&self, ids: &[String]) -> Pin {
+        let mut pinned = self.pinned.lock();
+        for id in ids {
+            *pinned.entry(id.clone()).or_default() += 1;
+        }
+        Pin {
+            ids: ids.to_vec(),
+            pinned: self.pinned.clone(),
+        }
+    }
+
     fn cached(&self, id: &str) -> PathBuf {
         self.cache.join(format!("{id}.tar"))
     }
@@ -95,11 +109,7 @@ impl Layers {
         max_entries: u64,
     ) -> Result<(LayerRecord, Pin), Error> {
         let id = format!("lyr-{}", uuid::Uuid::new_v4().simple());
-        *self.pinned.lock().entry(id.clone()).or_default() += 1;
-        let pin = Pin {
-            id: id.clone(),
-            pinned: self.pinned.clone(),
-        };
+        let pin = self.pin(std::slice::from_ref(&id));
         let part = self.cache.join(format!("{id}.tar{PART}"));
         let result = self
             .capture_into(tenant, &id, &part, agent, max_bytes, max_entries)

@@ -31,7 +31,12 @@ pub fn build_root(cfg: &InitConfig) -> Result<OwnedFd, SetupError> {
     let upper = open_dir(Path::new(&cfg.upper_dir)).step("open upper layer")?;
     // Cloned while their host paths resolve; attached once the root is complete.
     let volumes = super::volumes::open_all(&cfg.volume_mounts)?;
-    let root = mount_overlay(cfg)?;
+    let layers = cfg
+        .layer_mounts
+        .iter()
+        .map(|source| super::volumes::clone_mount(source).step("clone session layer"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let root = mount_overlay(cfg, layers)?;
     for bind in &cfg.ro_binds {
         bind_read_only(Path::new(&bind.source), &inside(&root, &bind.target))?;
     }
@@ -63,9 +68,11 @@ pub fn open_dir(path: &Path) -> std::io::Result<OwnedFd> {
 /// Mounts the root overlay and returns where. overlayfs shows its layer options in mountinfo as
 /// they were given, and sandbox processes read that, so no host path may be among them: the
 /// overlay is mounted from a staging tmpfs on `root_target` whose symlinks stand for the host's
-/// layers, with relative names. The staging tmpfs exists only in this mount namespace and goes
-/// with the old root after the pivot.
-fn mount_overlay(cfg: &InitConfig) -> Result<PathBuf, SetupError> {
+/// layers, with relative names, and on whose directories `s0…` the session's shared layers
+/// (`layers`, detached mounts, top first) are attached, above the image's. The staging tmpfs
+/// and those mounts exist only in this mount namespace and go with the old root after the
+/// pivot (the overlay keeps its own references to its layers).
+fn mount_overlay(cfg: &InitConfig, layers: Vec<OwnedFd>) -> Result<PathBuf, SetupError> {
     let staging = PathBuf::from(&cfg.root_target);
     mount(
         Some("tmpfs"),
@@ -75,7 +82,22 @@ fn mount_overlay(cfg: &InitConfig) -> Result<PathBuf, SetupError> {
         Some("mode=700,size=64k"),
     )
     .step("mount overlay staging")?;
-    let mut lower = Vec::with_capacity(cfg.image_layers.len());
+    let mut lower = Vec::with_capacity(layers.len() + cfg.image_layers.len());
+    for (i, tree) in layers.iter().enumerate() {
+        let name = format!("s{i}");
+        let at = staging.join(&name);
+        std::fs::create_dir(&at).step("stage session layer")?;
+        rustix::mount::move_mount(
+            std::os::fd::AsFd::as_fd(tree),
+            "",
+            rustix::fs::CWD,
+            &at,
+            rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .map_err(std::io::Error::from)
+        .step("stage session layer")?;
+        lower.push(name);
+    }
     for (i, layer) in cfg.image_layers.iter().enumerate() {
         let name = format!("l{i}");
         symlink(layer, staging.join(&name)).step("stage image layer")?;

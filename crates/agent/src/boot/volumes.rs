@@ -33,21 +33,25 @@ pub fn open_all(volumes: &[InitVolume]) -> Result<Vec<Volume>, SetupError> {
     volumes
         .iter()
         .map(|v| {
-            let tree = rustix::mount::open_tree(
-                rustix::fs::CWD,
-                Path::new(&v.source),
-                OpenTreeFlags::OPEN_TREE_CLONE
-                    | OpenTreeFlags::AT_RECURSIVE
-                    | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-            )
-            .map_err(std::io::Error::from)
-            .step(format!("clone volume for {}", v.target))?;
+            let tree = clone_mount(&v.source).step(format!("clone volume for {}", v.target))?;
             Ok(Volume {
                 tree,
                 target: v.target.clone(),
             })
         })
         .collect()
+}
+
+/// A detached copy of the mount the runtime prepared at the host path `source` (which the
+/// runtime made: no path of the sandbox's), with its id mapping and locked flags.
+pub(super) fn clone_mount(source: &str) -> std::io::Result<OwnedFd> {
+    Ok(rustix::mount::open_tree(
+        rustix::fs::CWD,
+        Path::new(source),
+        OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::AT_RECURSIVE
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )?)
 }
 
 /// Attaches every volume at its target inside the root `/` (call after the pivot).

@@ -72,8 +72,30 @@ impl Manager {
     }
 
     /// Captures a live session's writable layer with its processes frozen (a paused session's
-    /// are frozen already).
-    async fn capture(&self, live: &Live) -> Result<(LayerRecord, Pin), Error> {
+    /// are frozen already) and returns the layers its filesystem above the image is now, given
+    /// `below`, the layers its sandbox was made from. The pin keeps them all until the caller
+    /// has recorded the stack.
+    ///
+    /// A sandbox whose layers sit below its writable layer (shared lower layers) wrote only
+    /// what changed since, deletions as whiteouts: the capture stacks onto `below`. Otherwise
+    /// its writable layer started as `below` applied and holds everything, so the capture
+    /// replaces the stack (stacking it would bring back what the session deleted since, which
+    /// no capture records then).
+    async fn capture(&self, live: &Live, below: &[String]) -> Result<(Vec<String>, Pin), Error> {
+        let (layer, _fresh) = self.capture_layer(live).await?;
+        let mut stack = if live.sandbox.layers_below() {
+            below.to_vec()
+        } else {
+            Vec::new()
+        };
+        stack.push(layer.id);
+        // The layers below are the session's until it ends, which may be before the caller
+        // records the stack: pinned with the capture.
+        let pin = self.layer_store()?.pin(&stack);
+        Ok((stack, pin))
+    }
+
+    async fn capture_layer(&self, live: &Live) -> Result<(LayerRecord, Pin), Error> {
         let layers = self.layer_store()?;
         let room = self.room(&live.tenant_id).await?;
         let rc = live.sandbox.resources();
@@ -129,11 +151,8 @@ impl Manager {
             None => {}
         }
         let live = self.live_any(who, &record.id)?;
-        let (layer, pin) = self.capture(&live).await?;
-        // The sandbox's upper dir started as its layers applied, so the capture is the whole
-        // filesystem above the image: it replaces the stack (stacking it would bring back
-        // what the session deleted since, which no capture records).
-        durable.layers = vec![layer.id];
+        let (layers, pin) = self.capture(&live, &durable.layers).await?;
+        durable.layers = layers;
         Ok((durable.layers, Some(pin)))
     }
 
@@ -488,9 +507,9 @@ impl Manager {
         }
         let mut durable = self.store.session_durable(id).await?;
         let live = self.live_any(who, id)?;
-        let (layer, _pin) = self.capture(&live).await?;
-        // The whole filesystem above the image, as in `current_layers`.
-        durable.layers = vec![layer.id];
+        // Its filesystem as a stack of layers, as in `current_layers`.
+        let (layers, _pin) = self.capture(&live, &durable.layers).await?;
+        durable.layers = layers;
         durable.pause = Some(DurablePause::Disk);
         self.store.set_session_durable(id, &durable).await?;
         self.begin_held_pause(id).await?;
