@@ -61,14 +61,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let store = Store::open_sqlite(&data_dir.join("state.db")).await?;
     let keys = load_keys(&cfg, &store, data_dir).await?;
     let agent = agent_bin(&cfg)?;
+    let images = image_store(data_dir)?;
     let runtimes = koder_sessions::Runtimes {
-        jail: jail_runtime(&cfg, &agent)?,
+        jail: jail_runtime(&cfg, &agent, &images)?,
         microvm: microvm_runtime(&cfg, &agent),
     };
     let mut sessions = cfg.sessions.clone();
     sessions.network = cfg.network.clone();
     sessions.state_dir = Some(data_dir.clone());
     sessions.blobs = cfg.blobs.clone();
+    sessions.images = cfg.images.clone();
+    sessions.image_store = Some(images);
     sessions.tenant_snapshot_storage_mib = cfg
         .tenants
         .iter()
@@ -314,8 +317,24 @@ fn microvm_runtime(cfg: &Config, agent: &Path) -> Result<Arc<dyn Runtime>, Strin
     }
 }
 
-fn jail_runtime(cfg: &Config, agent: &Path) -> anyhow::Result<Arc<dyn Runtime>> {
+/// The image store under `<data_dir>/images`, rid of what no name points at any more and of
+/// what builds killed mid-way left (no sandbox runs yet, and sessions resume onto names).
+fn image_store(data_dir: &Path) -> anyhow::Result<koder_image::ImageStore> {
+    let store = koder_image::ImageStore::open(&data_dir.join("images"))?;
+    let removed = store.collect_garbage()?;
+    if !removed.is_empty() {
+        tracing::info!(?removed, "removed unnamed and unfinished images");
+    }
+    Ok(store)
+}
+
+fn jail_runtime(
+    cfg: &Config,
+    agent: &Path,
+    images: &koder_image::ImageStore,
+) -> anyhow::Result<Arc<dyn Runtime>> {
     let mut jc = JailConfig::new(cfg.server.data_dir.join("jail"), agent);
+    jc.images = Some(images.clone());
     if let Some(v) = cfg.jail.uid_base {
         jc.uid_base = v;
     }
