@@ -11,6 +11,7 @@ cd "$(dirname "$0")"
   python3.11-venv=/usr/lib/python3.11/ensurepip/__init__.py `# venv of the E2B SDK suite (scripts/e2b-tests.sh)` \
   iproute2=/usr/sbin/ip \
   util-linux=/usr/bin/unshare \
+  mmdebstrap=/usr/bin/mmdebstrap `# language packs (ksandbox image build python|node|bash)` \
   bubblewrap=/usr/bin/bwrap `# one-shot sandbox baseline of the benchmark (scripts/bench.sh)` \
   e2fsprogs=/usr/sbin/mkfs.ext4 `# per-session disk quota images, volume images` \
   btrfs-progs=/usr/bin/btrfs `# btrfs volume backend (its tests make a btrfs filesystem)` \

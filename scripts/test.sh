@@ -15,6 +15,13 @@ cargo build --workspace --bins --locked
 # rebuilt when its recipe's version changes (minutes the first time).
 export KODER_MICROVM_IMAGES="${KODER_TEST_CACHE:-/var/cache/koder-sandbox-test}/microvm-images"
 target/debug/ksandbox image build --images-dir "$KODER_MICROVM_IMAGES"
+# The language packs the image tests run on, built once into the test cache (keyed by recipe
+# digest: a changed recipe is a new build, an unchanged one a look-up); tests link them into
+# their data dirs.
+export KODER_PACK_CACHE="${KODER_TEST_CACHE:-/var/cache/koder-sandbox-test}/packs"
+for pack in python bash; do
+  target/debug/ksandbox image build "$pack" --images-dir "$KODER_PACK_CACHE"
+done
 cargo test --workspace --locked
 target/debug/koder-bench --smoke  # benchmark harness end to end, tiny counts, no timing asserted
 scripts/e2b-tests.sh  # the real E2B SDKs from PyPI against the daemon (tests/e2b)

@@ -10,8 +10,10 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "openapi")]
 use utoipa::ToSchema;
 
+mod images;
 mod state;
 mod volumes;
+pub use images::{Image, ImageLanguage, ImageList};
 pub use state::{
     CreateSnapshot, ForkResult, ForkSession, Lifecycle, OnTimeout, PauseKind, PauseSession,
     RestoreSnapshot, Snapshot, SnapshotList,
@@ -46,6 +48,10 @@ pub mod codes {
     pub const QUOTA_VOLUME_STORAGE: &str = "SANDBOX-QUOTA-VOLUME-STORAGE";
     /// 409: the volume is in use (mounted by a session, or already mounted read-write).
     pub const VOLUME_BUSY: &str = "SANDBOX-VOLUME-BUSY";
+    /// 404: no image of that name on this server (`GET /v1/sandbox/images` lists them).
+    pub const IMAGE_NOT_FOUND: &str = "SANDBOX-IMAGE-NOT-FOUND";
+    /// 409: the image is in use (a running or paused session, or a warm pool) and stays.
+    pub const IMAGE_IN_USE: &str = "SANDBOX-IMAGE-IN-USE";
 
     /// Exec verdicts (inside an exec result, not HTTP errors).
     pub const EXEC_KILLED_OOM: &str = "SANDBOX-EXEC-KILLED-OOM";
@@ -80,6 +86,8 @@ pub enum ErrorCode {
     QuotaSnapshotStorage,
     QuotaVolumeStorage,
     VolumeBusy,
+    ImageNotFound,
+    ImageInUse,
 }
 
 impl ErrorCode {
@@ -105,6 +113,8 @@ impl ErrorCode {
             ErrorCode::QuotaSnapshotStorage => codes::QUOTA_SNAPSHOT_STORAGE,
             ErrorCode::QuotaVolumeStorage => codes::QUOTA_VOLUME_STORAGE,
             ErrorCode::VolumeBusy => codes::VOLUME_BUSY,
+            ErrorCode::ImageNotFound => codes::IMAGE_NOT_FOUND,
+            ErrorCode::ImageInUse => codes::IMAGE_IN_USE,
         }
     }
 }

@@ -33,6 +33,8 @@ pub struct Config {
     /// Where snapshots and durable pauses are kept: `<data_dir>/blobs` by default, or an
     /// S3-compatible bucket (`url = "s3://bucket/prefix"`, `endpoint`, keys).
     pub blobs: koder_blobs::BlobConfig,
+    /// Images: `language_packs = { python = "python" }` runs a language's sessions on a pack.
+    pub images: koder_sessions::config::ImagesConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]

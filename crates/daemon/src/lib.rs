@@ -61,10 +61,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let store = Store::open_sqlite(&data_dir.join("state.db")).await?;
     let keys = load_keys(&cfg, &store, data_dir).await?;
     let agent = agent_bin(&cfg)?;
+    let images = image_store(data_dir)?;
     let runtimes = koder_sessions::Runtimes {
         jail: {
             check_id_ranges(&cfg)?;
-            jail_runtime(&cfg, &agent)?
+            jail_runtime(&cfg, &agent, &images)?
         },
         microvm: microvm_runtime(&cfg, &agent),
     };
@@ -72,6 +73,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     sessions.network = cfg.network.clone();
     sessions.state_dir = Some(data_dir.clone());
     sessions.blobs = cfg.blobs.clone();
+    sessions.images = cfg.images.clone();
+    sessions.image_store = Some(images);
     sessions.tenant_snapshot_storage_mib = cfg
         .tenants
         .iter()
@@ -344,8 +347,24 @@ fn check_id_ranges(cfg: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn jail_runtime(cfg: &Config, agent: &Path) -> anyhow::Result<Arc<dyn Runtime>> {
+/// The image store under `<data_dir>/images`, rid of what no name points at any more and of
+/// what builds killed mid-way left (no sandbox runs yet, and sessions resume onto names).
+fn image_store(data_dir: &Path) -> anyhow::Result<koder_image::ImageStore> {
+    let store = koder_image::ImageStore::open(&data_dir.join("images"))?;
+    let removed = store.collect_garbage()?;
+    if !removed.is_empty() {
+        tracing::info!(?removed, "removed unnamed and unfinished images");
+    }
+    Ok(store)
+}
+
+fn jail_runtime(
+    cfg: &Config,
+    agent: &Path,
+    images: &koder_image::ImageStore,
+) -> anyhow::Result<Arc<dyn Runtime>> {
     let mut jc = JailConfig::new(cfg.server.data_dir.join("jail"), agent);
+    jc.images = Some(images.clone());
     if let Some(v) = cfg.jail.uid_base {
         jc.uid_base = v;
     }

@@ -525,7 +525,7 @@ async fn malformed_requests_get_typed_errors() {
             400,
             "SANDBOX-INVALID-ARGUMENT",
         ),
-        (json!({"image": "nope"}), 400, "SANDBOX-INVALID-ARGUMENT"),
+        (json!({"image": "nope"}), 404, "SANDBOX-IMAGE-NOT-FOUND"),
         (
             json!({"runtime": "vmware"}),
             400,

@@ -115,8 +115,9 @@ impl From<koder_sessions::Error> for RpcError {
             | E::FileNotFound(_)
             | E::TenantNotFound(_)
             | E::SnapshotNotFound
-            | E::VolumeNotFound => Code::NotFound,
-            E::Conflict(_) | E::VolumeBusy(_) => Code::FailedPrecondition,
+            | E::VolumeNotFound
+            | E::ImageNotFound(_) => Code::NotFound,
+            E::Conflict(_) | E::VolumeBusy(_) | E::ImageInUse(_) => Code::FailedPrecondition,
             E::PermissionDenied(_) | E::PlanRequired(_) => Code::PermissionDenied,
             E::PayloadTooLarge(_)
             | E::FsQuotaExceeded(_)

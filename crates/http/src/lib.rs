@@ -6,6 +6,7 @@ mod contexts;
 pub mod credentials;
 mod error;
 mod extract;
+mod images;
 mod live;
 mod preview;
 mod routes;
@@ -60,7 +61,8 @@ pub struct AppState {
         volumes::create_volume, volumes::list_volumes, volumes::get_volume, volumes::delete_volume,
         volumes::upload, volumes::download, volumes::remove, volumes::set_metadata,
         volumes::list_files, volumes::stat, volumes::make_dir,
-        admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key
+        admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key,
+        images::list_images, images::get_image, images::delete_image
     ),
     modifiers(&BearerAuth)
 )]
@@ -133,6 +135,7 @@ pub fn router(state: AppState) -> Router {
         .nest("/v1/sandbox/sessions", sessions)
         .nest("/v1/sandbox/snapshots", state::snapshot_routes())
         .nest("/v1/sandbox/volumes", volumes::routes())
+        .nest("/v1/sandbox/images", images::routes())
         .nest("/v1/sandbox/admin", admin)
         .route("/v1/sandbox/audit/network", get(audit::network))
         .route("/healthz", get(healthz))

@@ -75,6 +75,8 @@ pub struct JailConfig {
     pub tmp_size_mib: u64,
     /// How long a sandbox may take from clone to a healthy agent.
     pub start_timeout: Duration,
+    /// Where images other than `host` come from (a spec names one by name or digest).
+    pub images: Option<image::ImageStore>,
 }
 
 impl JailConfig {
@@ -94,6 +96,7 @@ impl JailConfig {
             },
             tmp_size_mib: 256,
             start_timeout: Duration::from_secs(10),
+            images: None,
         }
     }
 }
@@ -363,6 +366,7 @@ impl Inner {
     fn init_config(
         &self,
         spec: &SandboxSpec,
+        image: &Image,
         parts: &Parts,
         cgroup_fds: usize,
         volume_mounts: Vec<InitVolume>,
@@ -370,7 +374,7 @@ impl Inner {
     ) -> InitConfig {
         let dir = &parts.dir;
         let s = |p: PathBuf| p.to_string_lossy().into_owned();
-        let mut env = self.image.env.clone();
+        let mut env = image.env.clone();
         for (k, v) in &spec.env {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
@@ -378,10 +382,10 @@ impl Inner {
         InitConfig {
             hostname: "sandbox".into(),
             root_target: s(dir.join("root")),
-            image_layers: vec![s(self.image.layer.clone())],
+            image_layers: vec![s(image.layer.clone())],
             upper_dir: s(parts.upper.clone()),
             work_dir: s(parts.work.clone()),
-            ro_binds: self.image.ro_binds.clone(),
+            ro_binds: image.ro_binds.clone(),
             tmp_size_mib: self.cfg.tmp_size_mib,
             workdir: "/workspace".into(),
             env,
@@ -467,6 +471,8 @@ impl Inner {
         slot: u32,
         parts: &mut Parts,
     ) -> Result<spawn::Spawned, RuntimeError> {
+        // Read here, on the blocking thread: a store image is a manifest on disk.
+        let image = image::resolve(&self.image, self.cfg.images.as_ref(), &spec.image)?;
         let ids = self.ids_for(slot);
         let limits = self.effective_limits(spec.limits);
         let shared = self
@@ -490,7 +496,14 @@ impl Inner {
         let _ = std::fs::remove_file(&parts.socket);
         let listener = std::os::unix::net::UnixListener::bind(&parts.socket)
             .map_err(RuntimeError::io("bind agent socket"))?;
-        let init = self.init_config(spec, parts, cgroup_procs.len(), volume_mounts, layer_mounts);
+        let init = self.init_config(
+            spec,
+            &image,
+            parts,
+            cgroup_procs.len(),
+            volume_mounts,
+            layer_mounts,
+        );
         let config = serde_json::to_string(&init)
             .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
         // On v2 the agent is cloned straight into its leaf; on v1 it migrates there, which
@@ -763,7 +776,6 @@ impl Runtime for JailRuntime {
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
         let inner = &self.inner;
         validate_id(&spec.id)?;
-        image::require_known(&spec.image)?;
         inner.check_volumes(&spec)?;
         let slot = inner.slots.acquire()?;
         let parts = inner.parts(&spec.id, None);

@@ -35,6 +35,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+mod images;
 pub mod live;
 
 pub use koder_api_types as types;

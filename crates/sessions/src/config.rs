@@ -62,6 +62,21 @@ pub struct SessionConfig {
     pub tenant_volume_storage_mib: BTreeMap<String, u64>,
     /// How long a deleted volume's data stays on disk before it is purged.
     pub volume_delete_grace_s: u64,
+    /// Image settings (`[images]` of the daemon config).
+    #[serde(skip)]
+    pub images: ImagesConfig,
+    /// The image store (`<data_dir>/images/store`); without it only `host` exists.
+    #[serde(skip)]
+    pub image_store: Option<koder_image::ImageStore>,
+}
+
+/// `[images]`: which image a language's sessions run on when they name none.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImagesConfig {
+    /// `python = "python"` runs `"language": "python"` sessions (and the python warm pool) on
+    /// the `python` pack; a language not listed stays on `host`. Empty by default.
+    pub language_packs: BTreeMap<String, String>,
 }
 
 impl Default for SessionConfig {
@@ -102,6 +117,8 @@ impl Default for SessionConfig {
             volume_storage_mib: 100 * 1024,
             tenant_volume_storage_mib: BTreeMap::new(),
             volume_delete_grace_s: 3600,
+            images: ImagesConfig::default(),
+            image_store: None,
         }
     }
 }

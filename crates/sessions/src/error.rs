@@ -59,6 +59,11 @@ pub enum Error {
     #[error("{0}")]
     QuotaVolumeStorage(String),
     #[error("{0}")]
+    ImageNotFound(String),
+    /// A session (running or paused) or a warm pool uses it.
+    #[error("{0}")]
+    ImageInUse(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -86,6 +91,8 @@ impl Error {
             Error::SnapshotNotFound | Error::VolumeNotFound => ErrorCode::NotFound,
             Error::VolumeBusy(_) => ErrorCode::VolumeBusy,
             Error::QuotaVolumeStorage(_) => ErrorCode::QuotaVolumeStorage,
+            Error::ImageNotFound(_) => ErrorCode::ImageNotFound,
+            Error::ImageInUse(_) => ErrorCode::ImageInUse,
             Error::Internal(_) => ErrorCode::Internal,
         }
     }

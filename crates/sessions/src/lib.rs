@@ -6,6 +6,7 @@ pub mod config;
 mod egress;
 mod error;
 pub mod execs;
+pub mod images;
 pub mod languages;
 mod layers;
 mod limits;

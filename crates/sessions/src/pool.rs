@@ -1,4 +1,6 @@
 //! Warm pool: sandboxes started ahead of demand, per language, so a create only hands one out.
+//! Each language's sandboxes run on that language's image (`host`, or its configured pack), and
+//! only a create asking for that image gets one.
 //!
 //! Each language keeps between `min` and `max` ready sandboxes ([`PoolSize`]). The target in
 //! between is the number of creates that asked for that language in the last
@@ -68,6 +70,8 @@ struct State {
 /// One language's pool.
 struct Lane {
     size: PoolSize,
+    /// The image its sandboxes run on.
+    image: String,
     ready: VecDeque<Arc<dyn Sandbox>>,
     starting: usize,
     /// Times of recent creates, oldest first; never more than `size.max` (the target's cap).
@@ -75,9 +79,10 @@ struct Lane {
 }
 
 impl Lane {
-    fn new(size: PoolSize) -> Self {
+    fn new(size: PoolSize, image: String) -> Self {
         Self {
             size,
+            image,
             ready: VecDeque::new(),
             starting: 0,
             demand: VecDeque::new(),
@@ -119,9 +124,11 @@ struct Plan {
 }
 
 impl Pool {
+    /// `images`: the image of each language's sandboxes (`host` for a language not listed).
     pub fn new(
         runtime: Arc<dyn Runtime>,
         sizes: BTreeMap<String, PoolSize>,
+        images: &BTreeMap<String, String>,
         limits: Limits,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -139,7 +146,13 @@ impl Pool {
             state: Mutex::new(State {
                 lanes: sizes
                     .into_iter()
-                    .map(|(language, size)| (language, Lane::new(size)))
+                    .map(|(language, size)| {
+                        let image = images
+                            .get(&language)
+                            .map_or(koder_image::HOST, String::as_str);
+                        let lane = Lane::new(size, image.to_string());
+                        (language, lane)
+                    })
                     .collect(),
                 starting: 0,
                 last_take: None,
@@ -154,10 +167,16 @@ impl Pool {
         }
     }
 
-    /// A ready sandbox for `language`, if the pool has one that fits: CPU, memory and pids
-    /// limits can change at hand-out, the size of its disk cannot. Every call counts as demand,
-    /// a miss too (that create is what the pool should have had ready).
-    pub fn take(&self, language: &str, disk_mib: Option<u64>) -> Option<Arc<dyn Sandbox>> {
+    /// A ready sandbox for `language` on `image`, if the pool has one that fits: CPU, memory
+    /// and pids limits can change at hand-out, the size of its disk and its image cannot. Every
+    /// call for the lane's image counts as demand, a miss too (that create is what the pool
+    /// should have had ready).
+    pub fn take(
+        &self,
+        language: &str,
+        image: &str,
+        disk_mib: Option<u64>,
+    ) -> Option<Arc<dyn Sandbox>> {
         if disk_mib != self.limits.disk_mib {
             return None;
         }
@@ -165,7 +184,10 @@ impl Pool {
         let taken = {
             let mut state = self.state.lock();
             state.last_take = Some(now);
-            let lane = state.lanes.get_mut(language)?;
+            let lane = state
+                .lanes
+                .get_mut(language)
+                .filter(|lane| lane.image == image)?;
             lane.record_demand(now);
             // A dead one not yet removed by its watcher stays for the watcher to destroy.
             let sb = lane
@@ -261,10 +283,14 @@ impl Pool {
     /// Starts one sandbox for `language` on its own task (already counted as starting).
     fn spawn_refill(self: &Arc<Self>, language: String) {
         let pool = self.clone();
+        let image = {
+            let state = self.state.lock();
+            state.lanes.get(&language).map(|lane| lane.image.clone())
+        };
         tokio::spawn(async move {
             let spec = SandboxSpec {
                 id: format!("w{}", uuid::Uuid::new_v4().simple()),
-                image: "host".into(),
+                image: image.unwrap_or_else(|| koder_image::HOST.into()),
                 limits: pool.limits,
                 env: Vec::new(),
                 egress: false,
@@ -441,6 +467,7 @@ mod tests {
         let pool = Arc::new(Pool::new(
             Arc::new(runtime.clone()),
             [("python".to_string(), size)].into(),
+            &[("python".to_string(), "python".to_string())].into(),
             Limits::default(),
             Arc::new(Metrics::new()),
         ));
@@ -472,7 +499,9 @@ mod tests {
         let pool = pool(&rt, PoolSize { min: 1, max: 4 });
         until("min is ready", || pool.depth("python") == 1).await;
         // One hit, five misses (which cold creates would serve): demand all the same.
-        let taken: Vec<_> = (0..6).filter_map(|_| pool.take("python", None)).collect();
+        let taken: Vec<_> = (0..6)
+            .filter_map(|_| pool.take("python", "python", None))
+            .collect();
         assert_eq!(taken.len(), 1);
         assert_eq!(target(&pool), 4, "six creates, capped at max");
         until("the pool grows to max", || pool.depth("python") == 4).await;
@@ -491,20 +520,36 @@ mod tests {
         let rt = MemoryRuntime::new();
         let pool = pool(&rt, PoolSize::fixed(1));
         until("ready", || pool.depth("python") == 1).await;
-        assert!(pool.take("python", None).is_some());
+        assert!(pool.take("python", "python", None).is_some());
         tokio::time::sleep(QUIET / 2).await;
         assert_eq!(rt.live().len(), 1, "no refill right after a take");
         until("refilled after the quiet gap", || pool.depth("python") == 1).await;
         // A take every QUIET/2 never leaves a quiet gap; the refill still comes.
         let started = tokio::time::Instant::now();
         while pool.depth("python") == 0 || started.elapsed() < QUIET {
-            pool.take("python", None);
+            pool.take("python", "python", None);
             tokio::time::sleep(QUIET / 2).await;
             assert!(
                 started.elapsed() <= MAX_DEFER + QUIET,
                 "refill deferred too long"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_holds_its_image_and_serves_only_it() {
+        let rt = MemoryRuntime::new();
+        let pool = pool(&rt, PoolSize::fixed(1));
+        until("ready", || pool.depth("python") == 1).await;
+        let id = rt.live().pop().unwrap();
+        assert_eq!(rt.sandbox(&id).unwrap().spec().image, "python");
+        assert!(pool.take("python", "host", None).is_none());
+        assert_eq!(
+            pool.depth("python"),
+            1,
+            "another image's create takes nothing"
+        );
+        assert!(pool.take("python", "python", None).is_some());
     }
 
     #[tokio::test(start_paused = true)]

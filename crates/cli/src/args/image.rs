@@ -2,22 +2,54 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
+use super::{LocalOpts, OnlyOpts};
+
 #[derive(Debug, Subcommand)]
 pub enum ImageCommand {
-    /// Build the `host` image and the microVM guest (kernel, boot modules, root disk).
-    /// Idempotent: an image of the current version is kept unless --force.
+    /// Build an image on this host (locally, as root; no daemon needed): `build python|node|bash`
+    /// builds that language pack from Debian's packages into the image store (once per recipe:
+    /// later builds find it); without a pack, the `host` image and the microVM guest (kernel,
+    /// boot modules, root disk), kept unless --force.
     Build(ImageBuildArgs),
+    /// List the daemon's images (any API key).
+    #[command(alias = "ls")]
+    List(OnlyOpts),
+    /// Show one image: languages, recipe, size, the end of its build log.
+    Get(ImageNameArgs),
+    /// Delete an image and its names; needs an admin key (--api-key or KSANDBOX_ADMIN_KEY).
+    #[command(alias = "rm")]
+    Delete(ImageNameArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct ImageBuildArgs {
-    /// Images directory the daemon reads (`[microvm] images_dir`, default <data_dir>/images).
+    /// Language pack to build: python (3.11, pip, venv), node (20, npm) or bash (+ coreutils).
+    #[arg(value_parser = ["python", "node", "bash"])]
+    pub pack: Option<String>,
+    /// Images directory the daemon reads (<data_dir>/images; packs go to its `store`, the
+    /// microVM guest is `[microvm] images_dir`).
     #[arg(long, default_value = "/var/lib/koder-sandbox/images")]
     pub images_dir: PathBuf,
-    /// A linux-image-*.deb to use instead of downloading Debian's current cloud kernel.
-    #[arg(long)]
+    /// A linux-image-*.deb to use instead of downloading Debian's current cloud kernel (microVM).
+    #[arg(long, conflicts_with = "pack")]
     pub kernel_deb: Option<PathBuf>,
-    /// Rebuild even when an image of this version exists.
-    #[arg(long)]
+    /// Rebuild the microVM guest even when one of this version exists (packs are
+    /// content-addressed: the same recipe is the same image).
+    #[arg(long, conflicts_with = "pack")]
     pub force: bool,
+    /// Debian mirror packs are fetched from.
+    #[arg(
+        long,
+        default_value = "http://deb.debian.org/debian",
+        requires = "pack"
+    )]
+    pub mirror: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ImageNameArgs {
+    /// Image name (`python`, `python:3.11`; `get` also takes `host` or a digest).
+    pub name: String,
+    #[command(flatten)]
+    pub c: LocalOpts,
 }

@@ -156,7 +156,7 @@ pub enum ClientCommand {
     Audit(AuditArgs),
     /// Operator commands; need an admin key (--api-key or KSANDBOX_ADMIN_KEY).
     Admin(AdminArgs),
-    /// Build sandbox images on this host (runs locally, as root; no daemon needed).
+    /// Images: build language packs and the microVM guest locally; list, inspect, delete.
     #[command(subcommand)]
     Image(ImageCommand),
 }

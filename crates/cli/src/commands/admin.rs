@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::output;
 
 /// The admin key: explicit `--api-key`, else KSANDBOX_ADMIN_KEY, else KSANDBOX_API_KEY.
-fn admin_ctx(g: &GlobalOpts, local: &LocalOpts) -> Result<Ctx> {
+pub(super) fn admin_ctx(g: &GlobalOpts, local: &LocalOpts) -> Result<Ctx> {
     let mut local = local.clone();
     if local.api_key.is_none() {
         local.api_key = std::env::var("KSANDBOX_ADMIN_KEY")

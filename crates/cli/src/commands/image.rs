@@ -1,11 +1,67 @@
-//! image build (local, no daemon).
+//! image build (local, no daemon) and list/get/delete (the daemon's images).
 
-use crate::args::{ImageBuildArgs, ImageCommand};
+use koder_sdk::types;
+
+use super::admin::admin_ctx;
+use super::Ctx;
+use crate::args::{GlobalOpts, ImageBuildArgs, ImageCommand};
 use crate::error::{CliError, IoContext as _, Result};
+use crate::output::{format_size, format_time};
 
-pub async fn run(cmd: ImageCommand) -> Result<i32> {
-    let ImageCommand::Build(a) = cmd;
-    build(a).await
+pub async fn run(g: &GlobalOpts, cmd: ImageCommand) -> Result<i32> {
+    match cmd {
+        ImageCommand::Build(a) => match a.pack.clone() {
+            Some(pack) => build_pack(&pack, a).await,
+            None => build(a).await,
+        },
+        ImageCommand::List(o) => {
+            let ctx = Ctx::new(g, &o.c)?;
+            let list = ctx.client.list_images().await?;
+            ctx.out.print(&list, |l| images_table(&l.images))?;
+            Ok(0)
+        }
+        ImageCommand::Get(a) => {
+            let ctx = Ctx::new(g, &a.c)?;
+            let image = ctx.client.image(&a.name).await?;
+            ctx.out.print(&image, image_details)?;
+            Ok(0)
+        }
+        ImageCommand::Delete(a) => {
+            let ctx = admin_ctx(g, &a.c)?;
+            let image = ctx.client.delete_image(&a.name).await?;
+            ctx.out
+                .print(&image, |i| format!("deleted {}", i.names.join(", ")))?;
+            Ok(0)
+        }
+    }
+}
+
+async fn build_pack(pack: &str, a: ImageBuildArgs) -> Result<i32> {
+    let pack = koder_image::packs::Pack::parse(pack)
+        .ok_or_else(|| CliError::msg(format!("unknown pack {pack:?}")))?;
+    let store = koder_image::ImageStore::open(&a.images_dir)
+        .map_err(|e| CliError::msg(format!("image store: {e}")))?;
+    let opts = koder_image::packs::BuildOptions {
+        mirror: a.mirror,
+        ..Default::default()
+    };
+    let started = std::time::Instant::now();
+    // Minutes of blocking work the first time (downloads, dpkg).
+    let built = tokio::task::spawn_blocking(move || koder_image::packs::build(&store, pack, &opts))
+        .await
+        .map_err(|e| CliError::msg(format!("pack build task: {e}")))?
+        .map_err(|e| CliError::msg(format!("pack build: {e}")))?;
+    let m = &built.image.manifest;
+    println!(
+        "{} {} in {:.1}s: {} ({}), digest {}",
+        if built.built { "built" } else { "found" },
+        built.image.names.join(", "),
+        started.elapsed().as_secs_f64(),
+        built.image.root.display(),
+        format_size(m.size_bytes),
+        m.digest
+    );
+    Ok(0)
 }
 
 async fn build(a: ImageBuildArgs) -> Result<i32> {
@@ -30,4 +86,125 @@ async fn build(a: ImageBuildArgs) -> Result<i32> {
         image.rootfs.display()
     );
     Ok(0)
+}
+
+fn languages(i: &types::Image) -> String {
+    i.languages
+        .iter()
+        .map(|l| match &l.version {
+            Some(v) => format!("{} {v}", l.name),
+            None => l.name.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn images_table(images: &[types::Image]) -> String {
+    let rows: Vec<[String; 5]> = images
+        .iter()
+        .map(|i| {
+            [
+                i.names.join(", "),
+                i.kind.clone(),
+                languages(i),
+                i.size_bytes.map_or("-".into(), format_size),
+                i.digest
+                    .as_deref()
+                    .map_or("-".into(), |d| d[..12].to_string()),
+            ]
+        })
+        .collect();
+    let header = ["NAME", "KIND", "LANGUAGES", "SIZE", "DIGEST"].map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    std::iter::once(&header)
+        .chain(&rows)
+        .map(|row| {
+            row.iter()
+                .zip(widths)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect::<Vec<_>>()
+                .join("  ")
+                .trim_end()
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn image_details(i: &types::Image) -> String {
+    let mut lines = vec![
+        format!("name:       {}", i.names.join(", ")),
+        format!("kind:       {}", i.kind),
+        format!("digest:     {}", i.digest.as_deref().unwrap_or("-")),
+        format!("languages:  {}", languages(i)),
+        format!(
+            "size:       {}",
+            i.size_bytes.map_or("-".into(), format_size)
+        ),
+        format!(
+            "created:    {}",
+            i.created_at.as_ref().map_or("-".into(), format_time)
+        ),
+        format!("in use:     {}", i.in_use),
+    ];
+    for l in &i.languages {
+        lines.push(format!("  {}: {}", l.name, l.interpreter));
+    }
+    if let Some(log) = &i.build_log {
+        lines.push("build log (end):".into());
+        lines.extend(
+            log.lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .map(|l| format!("  {l}")),
+        );
+    }
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_aligns_and_dashes_what_host_lacks() {
+        let host = types::Image {
+            name: "host".into(),
+            names: vec!["host".into()],
+            digest: None,
+            kind: "host".into(),
+            languages: vec![types::ImageLanguage {
+                name: "bash".into(),
+                interpreter: "/bin/bash".into(),
+                version: None,
+            }],
+            env: Default::default(),
+            workdir: "/workspace".into(),
+            user: "root".into(),
+            created_at: None,
+            size_bytes: None,
+            recipe: None,
+            build_log: None,
+            in_use: true,
+        };
+        let mut py = host.clone();
+        py.names = vec!["python".into(), "python:3.11".into()];
+        py.kind = "pack".into();
+        py.digest = Some("ab".repeat(32));
+        py.size_bytes = Some(3 << 20);
+        let table = images_table(&[host, py]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[1].starts_with("host  "), "{table}");
+        assert!(lines[2].contains("3.0 MiB") && lines[2].ends_with(&"ab".repeat(6)));
+        assert_eq!(lines[0].find("KIND"), lines[2].find("pack"));
+    }
 }

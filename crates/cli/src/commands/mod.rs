@@ -81,7 +81,7 @@ pub async fn dispatch(g: &GlobalOpts, command: Command) -> Result<i32> {
         Command::Watch(a) => live::watch(Ctx::new(g, &a.c)?, a).await,
         Command::Audit(a) => live::audit(Ctx::new(g, &a.c)?, a).await,
         Command::Admin(a) => admin::run(g, a).await,
-        Command::Image(a) => image::run(a).await,
+        Command::Image(a) => image::run(g, a).await,
     }
 }
 

@@ -16,7 +16,6 @@ use parking_lot::Mutex;
 
 use super::{validate_env, Manager, Runtimes};
 use crate::error::AGENT_EXITED;
-use crate::languages::{self, DEFAULT_LANGUAGE};
 use crate::limits;
 use crate::quota;
 use crate::session::Live;
@@ -92,15 +91,11 @@ impl Manager {
         layers: Vec<String>,
     ) -> Result<Session, Error> {
         let started = Instant::now();
-        let language = languages::canonical(req.language.as_deref().unwrap_or(DEFAULT_LANGUAGE))?;
-        let image = match req.image.as_deref() {
-            None | Some("host") => "host",
-            Some(other) => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown image {other:?}; available: host"
-                )))
-            }
-        };
+        // Pinned until the session is recorded: a delete cannot take the image meanwhile.
+        let image = self
+            .images
+            .choose(req.image.as_deref(), req.language.as_deref())?;
+        let language = image.language;
         let runtime = match req.runtime.as_deref() {
             None | Some("jail") => "jail",
             Some("microvm") => match &self.microvm {
@@ -149,9 +144,23 @@ impl Manager {
                     .into(),
             ));
         }
+        if image.spec_image != koder_image::HOST && runtime == "microvm" {
+            return Err(Error::NotImplemented(format!(
+                "image {:?} runs in jail sessions only (microVM images are not built yet)",
+                image.name
+            )));
+        }
         let (volumes, claim) = self.claim_volumes(who, &session_id, &req.volumes).await?;
         let (sandbox, source) = self
-            .sandbox_for(runtime, language, &limits, egress, layer_files, volumes)
+            .sandbox_on(
+                runtime,
+                &image.spec_image,
+                language,
+                &limits,
+                egress,
+                layer_files,
+                volumes,
+            )
             .await?;
         // If this request is dropped (the client went away) before the session is recorded,
         // the sandbox must not outlive it.
@@ -163,7 +172,7 @@ impl Manager {
             sandbox_id: sandbox.id().to_string(),
             runtime: runtime.into(),
             language: language.into(),
-            image: image.into(),
+            image: image.name.clone(),
             state: SessionState::Running,
             limits,
             network,
@@ -245,11 +254,13 @@ impl Manager {
         }
     }
 
-    /// A warm sandbox with the session's limits applied, or a fresh one; a sandbox made from
-    /// layers is always fresh.
-    pub(super) async fn sandbox_for(
+    /// A warm sandbox on `image` (`host` or a digest) with the session's limits applied, or a
+    /// fresh one; a sandbox made from layers is always fresh.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn sandbox_on(
         &self,
         runtime: &str,
+        image: &str,
         language: &str,
         limits: &Limits,
         egress: bool,
@@ -263,7 +274,11 @@ impl Manager {
         let runtime_limits = limits::to_runtime_limits(limits);
         // Warm sandboxes have no network; one with egress is always made for its session.
         let fresh = egress || !layers.is_empty() || !volumes.is_empty();
-        while let Some(sb) = pool.take(language, limits.disk_mib).filter(|_| !fresh) {
+        let lane_image = self.pool_image_of(image, language);
+        while let Some(sb) = pool
+            .take(language, &lane_image, limits.disk_mib)
+            .filter(|_| !fresh)
+        {
             let applied = match sb.resources() {
                 Some(rc) => rc.set_limits(&runtime_limits).await,
                 None => Ok(()),
@@ -278,7 +293,7 @@ impl Manager {
         }
         let spec = SandboxSpec {
             id: format!("s{}", uuid::Uuid::new_v4().simple()),
-            image: "host".into(),
+            image: image.into(),
             limits: runtime_limits,
             env: Vec::new(),
             egress,

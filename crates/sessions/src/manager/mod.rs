@@ -6,6 +6,7 @@
 
 pub(crate) mod exec;
 mod files;
+mod images;
 mod lifecycle;
 mod observe;
 mod state;
@@ -29,6 +30,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::SessionConfig;
 use crate::error::AGENT_EXITED;
+use crate::images::Images;
 use crate::layers::Layers;
 use crate::limits;
 use crate::metrics::Metrics;
@@ -76,6 +78,8 @@ pub struct Manager {
     /// Serializes saving VMs to files and resuming them: two resumes of one saved VM would
     /// race for its state.
     vm_state_lock: tokio::sync::Mutex<()>,
+    /// The images sessions run on, and which are in use.
+    images: Images,
 }
 
 impl Manager {
@@ -132,11 +136,13 @@ impl Manager {
             }
             None => None,
         };
+        let images = Images::new(cfg.image_store.clone(), &cfg.images.language_packs)?;
         let runtime = runtimes.jail;
         let metrics = Arc::new(Metrics::new());
         let pool = Arc::new(Pool::new(
             runtime.clone(),
             cfg.pool.clone(),
+            &images.pool_images(),
             limits::to_runtime_limits(&cfg.default_limits),
             metrics.clone(),
         ));
@@ -144,6 +150,7 @@ impl Manager {
             pool: Arc::new(Pool::new(
                 runtime.clone(),
                 cfg.microvm_pool.clone(),
+                &BTreeMap::new(),
                 limits::to_runtime_limits(&cfg.default_limits),
                 metrics.clone(),
             )),
@@ -166,6 +173,7 @@ impl Manager {
             volumes,
             volume_lock: tokio::sync::Mutex::default(),
             vm_state_lock: tokio::sync::Mutex::default(),
+            images,
         });
         manager.reconcile_volumes().await?;
         let reaper = tokio::spawn(Self::reap_forever(Arc::downgrade(&manager)));

@@ -319,9 +319,14 @@ impl Manager {
         let files = self.layer_files(&record.tenant_id, &durable.layers).await?;
         let egress = record.network.mode != koder_api_types::NetworkMode::None;
         let volumes = self.session_mounts(&record.id).await?;
+        // The image the session was created on, by the name it was recorded with.
+        let image = self
+            .images
+            .choose(Some(&record.image), Some(&record.language))?;
         let (sandbox, _) = self
-            .sandbox_for(
+            .sandbox_on(
                 &record.runtime,
+                &image.spec_image,
                 &record.language,
                 &record.limits,
                 egress,

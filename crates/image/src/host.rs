@@ -1,0 +1,147 @@
+//! The `host` image: the host's /usr, read-only, under a generated minimal root.
+//!
+//! Only what programs need to run is generated or copied (accounts, name service switch, hosts,
+//! CA certificates, the dynamic linker cache, Debian's alternatives symlinks). Nothing else of
+//! the host's /etc — shadow, ssh keys, machine-id, private TLS keys — ever enters a sandbox.
+
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::Path;
+
+use koder_agent_protocol::init::Bind;
+use koder_runtime::RuntimeError;
+
+use crate::{default_env, Image, HOST};
+
+/// Bumped whenever the generated content changes, so old trees are rebuilt.
+const HOST_IMAGE_VERSION: &str = "2";
+const MARKER: &str = ".koder-image";
+
+/// Builds (once per version) and returns the `host` image under `images_dir`.
+pub fn host_image(images_dir: &Path) -> Result<Image, RuntimeError> {
+    let layer = images_dir.join("host");
+    let marker = layer.join(MARKER);
+    if std::fs::read_to_string(&marker).ok().as_deref() != Some(HOST_IMAGE_VERSION) {
+        build_host_layer(images_dir, &layer)?;
+    }
+    let mut ro_binds = vec![Bind {
+        source: "/usr".into(),
+        target: "/usr".into(),
+    }];
+    ro_binds.retain(|b| Path::new(&b.source).is_dir());
+    Ok(Image {
+        name: HOST.into(),
+        layer,
+        ro_binds,
+        env: default_env(),
+    })
+}
+
+fn build_host_layer(images_dir: &Path, layer: &Path) -> Result<(), RuntimeError> {
+    let io = |what: &str| RuntimeError::io(format!("build host image: {what}"));
+    let staging = images_dir.join(format!("host.staging-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    crate::rootfs::make_dirs(&staging).map_err(io("directories"))?;
+    for (link, target) in [
+        ("bin", "usr/bin"),
+        ("sbin", "usr/sbin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("lib32", "usr/lib32"),
+    ] {
+        if Path::new("/usr")
+            .join(target.trim_start_matches("usr/"))
+            .exists()
+        {
+            symlink(target, staging.join(link)).map_err(io(link))?;
+        }
+    }
+    let etc = staging.join("etc");
+    crate::rootfs::write_etc(&etc).map_err(io("etc"))?;
+    symlink("/usr/share/zoneinfo/Etc/UTC", etc.join("localtime")).map_err(io("localtime"))?;
+    symlink("../usr/lib/os-release", etc.join("os-release")).map_err(io("os-release"))?;
+    for public in [
+        "ssl/certs",
+        "ssl/openssl.cnf",
+        "ca-certificates.conf",
+        "alternatives",
+        "ld.so.cache",
+        "ld.so.conf",
+        "ld.so.conf.d",
+        "matplotlibrc",
+    ] {
+        copy_public(&Path::new("/etc").join(public), &etc.join(public)).map_err(io(public))?;
+    }
+    std::fs::write(staging.join(MARKER), HOST_IMAGE_VERSION).map_err(io("marker"))?;
+    let _ = std::fs::remove_dir_all(layer);
+    std::fs::rename(&staging, layer).map_err(io("install"))
+}
+
+/// Copies a public host file or tree (regular files and symlinks only; anything else, such as
+/// sockets or devices, is skipped). Missing sources are fine: not every host has every file.
+fn copy_public(src: &Path, dst: &Path) -> std::io::Result<()> {
+    let meta = match std::fs::symlink_metadata(src) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if let Some(parent) = dst.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        symlink(std::fs::read_link(src)?, dst)
+    } else if ft.is_dir() {
+        std::fs::create_dir_all(dst)?;
+        for entry in std::fs::read_dir(src)? {
+            let entry = entry?;
+            copy_public(&entry.path(), &dst.join(entry.file_name()))?;
+        }
+        Ok(())
+    } else if ft.is_file() {
+        std::fs::copy(src, dst)?;
+        std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o644))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_image_has_no_host_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = host_image(dir.path()).unwrap();
+        let etc = img.layer.join("etc");
+        assert!(etc.join("passwd").is_file());
+        for secret in [
+            "shadow",
+            "gshadow",
+            "ssh",
+            "machine-id",
+            "ssl/private",
+            "sudoers",
+        ] {
+            assert!(!etc.join(secret).exists(), "{secret} leaked into the image");
+        }
+        let passwd = std::fs::read_to_string(etc.join("passwd")).unwrap();
+        assert_eq!(passwd, crate::rootfs::PASSWD);
+        assert!(img.ro_binds.iter().any(|b| b.target == "/usr"));
+    }
+
+    #[test]
+    fn image_is_built_once_per_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = host_image(dir.path()).unwrap();
+        std::fs::write(first.layer.join("etc/extra"), "x").unwrap();
+        let second = host_image(dir.path()).unwrap();
+        assert!(
+            second.layer.join("etc/extra").exists(),
+            "rebuilt without need"
+        );
+        std::fs::write(first.layer.join(MARKER), "0").unwrap();
+        let third = host_image(dir.path()).unwrap();
+        assert!(!third.layer.join("etc/extra").exists(), "stale image kept");
+    }
+}

@@ -1,0 +1,194 @@
+//! What every image root tree gets: its directories, generated accounts and resolver files, and
+//! (for trees made from packages) the clean-up that makes it safe to share read-only among
+//! sandboxes.
+
+use std::io;
+use std::os::unix::fs::{lchown, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use crate::ROOT_DIRS;
+
+pub(crate) const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\n\
+user:x:1000:1000:user:/home/user:/bin/bash\n\
+nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+pub(crate) const GROUP: &str = "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n";
+const HOSTS: &str = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n";
+const RESOLV: &str = "# koder-sandbox: name resolution follows the session's network policy\n";
+
+/// Files of a package-built /etc no sandbox gets: password hashes (of accounts that are replaced
+/// anyway), the build host's identity, and the package manager's state.
+const REMOVED: &[&str] = &[
+    "etc/shadow",
+    "etc/shadow-",
+    "etc/gshadow",
+    "etc/gshadow-",
+    "etc/passwd-",
+    "etc/group-",
+    "etc/subuid",
+    "etc/subgid",
+    "etc/machine-id",
+    "var/lib/dbus/machine-id",
+    "etc/ssh",
+    "var/cache/apt",
+    "var/cache/debconf",
+    "var/lib/apt/lists",
+    "var/log",
+];
+
+/// The directories every root has, the temporary ones sticky and world-writable.
+pub(crate) fn make_dirs(root: &Path) -> io::Result<()> {
+    for dir in ROOT_DIRS {
+        std::fs::create_dir_all(root.join(dir))?;
+    }
+    for dir in ["tmp", "var/tmp"] {
+        std::fs::set_permissions(root.join(dir), std::fs::Permissions::from_mode(0o1777))?;
+    }
+    Ok(())
+}
+
+/// The generated accounts (root, `user` = 1000, nobody) and resolver files, replacing whatever
+/// `etc` held (a symlink there is replaced, never followed).
+pub(crate) fn write_etc(etc: &Path) -> io::Result<()> {
+    for (name, content) in [
+        ("passwd", PASSWD),
+        ("group", GROUP),
+        ("hosts", HOSTS),
+        ("nsswitch.conf", NSSWITCH),
+        ("resolv.conf", RESOLV),
+        ("hostname", "sandbox\n"),
+    ] {
+        let path = etc.join(name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::fs::write(&path, content)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+    }
+    Ok(())
+}
+
+/// Makes a tree built from packages fit to be every sandbox's read-only lower layer: secrets
+/// and package-manager state out, only directories, regular files and symlinks left (device
+/// nodes, fifos and sockets are dropped: the agent builds /dev itself), every entry owned by
+/// host root with its setuid and setgid bits cleared (a sandbox runs under no_new_privs anyway;
+/// a tree that never has them cannot hand them to another runtime), the generated accounts and
+/// root directories in place. Returns the tree's size in bytes.
+pub(crate) fn sanitize(root: &Path) -> io::Result<u64> {
+    for rel in REMOVED {
+        remove_any(&root.join(rel))?;
+    }
+    for dir in ["dev", "proc", "sys", "tmp", "var/tmp", "run"] {
+        empty_dir(&root.join(dir))?;
+    }
+    make_dirs(root)?;
+    std::fs::create_dir_all(root.join("var/log"))?;
+    write_etc(&root.join("etc"))?;
+    let mut size = 0;
+    walk(root, &mut size)?;
+    Ok(size)
+}
+
+fn walk(path: &Path, size: &mut u64) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(path)?;
+    let ft = meta.file_type();
+    if !(ft.is_dir() || ft.is_file() || ft.is_symlink()) {
+        return std::fs::remove_file(path);
+    }
+    if meta.uid() != 0 || meta.gid() != 0 {
+        lchown(path, Some(0), Some(0))?;
+    }
+    if !ft.is_symlink() {
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o6000 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & !0o6000))?;
+        }
+    }
+    *size += meta.len();
+    if ft.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            walk(&entry?.path(), size)?;
+        }
+    }
+    Ok(())
+}
+
+fn remove_any(path: &Path) -> io::Result<()> {
+    let result = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(e) => Err(e),
+    };
+    match result {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+fn empty_dir(dir: &Path) -> io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        remove_any(&entry?.path())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn sanitize_strips_privilege_and_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+        std::fs::create_dir_all(root.join("etc/ssh")).unwrap();
+        std::fs::create_dir_all(root.join("dev")).unwrap();
+        std::fs::write(root.join("usr/bin/su"), b"elf").unwrap();
+        std::fs::set_permissions(
+            root.join("usr/bin/su"),
+            std::fs::Permissions::from_mode(0o4755),
+        )
+        .unwrap();
+        std::fs::write(root.join("etc/shadow"), b"root:$6$hash").unwrap();
+        std::fs::write(root.join("etc/ssh/ssh_host_ed25519_key"), b"k").unwrap();
+        std::fs::write(root.join("dev/null"), b"").unwrap();
+        // A symlink out of the tree is kept as a link, never followed.
+        symlink("/etc/passwd", root.join("etc/hostname")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            root.join("usr/fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        let size = sanitize(root).unwrap();
+        assert!(size > 0);
+        let mode = std::fs::metadata(root.join("usr/bin/su")).unwrap().mode();
+        assert_eq!(mode & 0o7777, 0o755, "setuid bit kept");
+        for gone in ["etc/shadow", "etc/ssh", "dev/null", "usr/fifo"] {
+            assert!(
+                std::fs::symlink_metadata(root.join(gone)).is_err(),
+                "{gone} kept"
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(root.join("etc/passwd")).unwrap(),
+            PASSWD
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("etc/hostname")).unwrap(),
+            "sandbox\n"
+        );
+        assert!(root.join("home/user").is_dir() && root.join("workspace").is_dir());
+        let tmp = std::fs::metadata(root.join("tmp")).unwrap().mode();
+        assert_eq!(tmp & 0o7777, 0o1777);
+    }
+}

@@ -1,0 +1,439 @@
+//! The image store: content-addressed images under `<images_dir>/store`.
+//!
+//! ```text
+//! store/<digest>/manifest.json   an image: its manifest...
+//! store/<digest>/rootfs/         ...and its read-only root tree (host root's, no setuid)
+//! store/<digest>/build.log
+//! store/names/<name>             symlink to "<digest>": the names pointing at an image
+//! store/.tmp/                    images being built or deleted (never listed)
+//! ```
+//!
+//! An image is built in `.tmp` and renamed into place only once its tree and manifest are
+//! complete and synced, so a listed image is always whole, also after a kill -9 mid-build; what
+//! a killed build left in `.tmp` is collected later. Names are replaced atomically (a new
+//! symlink renamed over the old). Which images sessions use is not the store's business: the
+//! session manager checks that before it deletes one.
+
+mod manifest;
+pub mod name;
+
+use std::io;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use manifest::{digest_of, Language, Manifest, MANIFEST_VERSION};
+pub use name::{check_name, check_reference, is_digest};
+
+use crate::Image;
+
+const MANIFEST: &str = "manifest.json";
+const ROOTFS: &str = "rootfs";
+pub const BUILD_LOG: &str = "build.log";
+const NAMES: &str = "names";
+const TMP: &str = ".tmp";
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("image {0:?} not found")]
+    NotFound(String),
+    #[error("invalid image name {0}")]
+    InvalidName(String),
+    #[error("image {digest}: unreadable manifest: {why}")]
+    Corrupt { digest: String, why: String },
+    #[error("image build failed: {0}")]
+    Build(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl ImageError {
+    pub fn io(context: impl Into<String>) -> impl FnOnce(io::Error) -> Self {
+        let context = context.into();
+        move |source| ImageError::Io { context, source }
+    }
+}
+
+type Result<T> = std::result::Result<T, ImageError>;
+
+/// A complete image in the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredImage {
+    pub manifest: Manifest,
+    /// The names pointing at it, sorted.
+    pub names: Vec<String>,
+    /// Its root tree.
+    pub root: PathBuf,
+}
+
+impl StoredImage {
+    /// The image as a runtime mounts it: the tree alone (it has its own /usr), with its
+    /// environment.
+    pub fn image(&self) -> Image {
+        Image {
+            name: self.manifest.name.clone(),
+            layer: self.root.clone(),
+            ro_binds: Vec::new(),
+            env: self.manifest.env.clone(),
+        }
+    }
+}
+
+/// The store under one images directory. Cheap to clone; every call reads the disk, so a
+/// store opened by the CLI and one opened by the daemon see each other's changes.
+#[derive(Debug, Clone)]
+pub struct ImageStore {
+    root: PathBuf,
+}
+
+impl ImageStore {
+    /// Opens (creating) the store under `images_dir`. Sandbox uids traverse it to their lower
+    /// layer, so the directories down to the trees are 0711; names and temporary trees are the
+    /// daemon's alone.
+    pub fn open(images_dir: &Path) -> Result<Self> {
+        let root = images_dir.join("store");
+        for (dir, mode) in [
+            (images_dir.to_path_buf(), 0o711),
+            (root.clone(), 0o711),
+            (root.join(NAMES), 0o700),
+            (root.join(TMP), 0o700),
+        ] {
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| {
+                    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
+                })
+                .map_err(ImageError::io(format!("create {}", dir.display())))?;
+        }
+        Ok(Self { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The image a reference (name or digest) points at.
+    pub fn get(&self, reference: &str) -> Result<StoredImage> {
+        check_reference(reference)?;
+        let digest = if is_digest(reference) {
+            reference.to_string()
+        } else {
+            self.digest_of_name(reference)?
+                .ok_or_else(|| ImageError::NotFound(reference.into()))?
+        };
+        self.by_digest(&digest)?
+            .ok_or_else(|| ImageError::NotFound(reference.into()))
+    }
+
+    /// The digest a name points at, if it does.
+    pub fn digest_of_name(&self, name: &str) -> Result<Option<String>> {
+        check_name(name)?;
+        match std::fs::read_link(self.root.join(NAMES).join(name)) {
+            Ok(target) => Ok(target.to_str().filter(|t| is_digest(t)).map(str::to_string)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ImageError::io(format!("read name {name:?}"))(e)),
+        }
+    }
+
+    /// The image stored under `digest`, if there is one.
+    pub fn by_digest(&self, digest: &str) -> Result<Option<StoredImage>> {
+        if !is_digest(digest) {
+            return Ok(None);
+        }
+        let dir = self.root.join(digest);
+        let text = match std::fs::read_to_string(dir.join(MANIFEST)) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(ImageError::io(format!("read manifest of {digest}"))(e)),
+        };
+        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| ImageError::Corrupt {
+            digest: digest.into(),
+            why: e.to_string(),
+        })?;
+        Ok(Some(StoredImage {
+            names: self.names_of(digest)?,
+            manifest,
+            root: dir.join(ROOTFS),
+        }))
+    }
+
+    /// Every complete image, by name of first name (unnamed ones last).
+    pub fn list(&self) -> Result<Vec<StoredImage>> {
+        let mut images = Vec::new();
+        for entry in read_dir(&self.root)? {
+            let name = entry.file_name();
+            if let Some(image) = name.to_str().map(|d| self.by_digest(d)).transpose()? {
+                images.extend(image);
+            }
+        }
+        images.sort_by(|a, b| {
+            (a.names.is_empty(), a.names.first()).cmp(&(b.names.is_empty(), b.names.first()))
+        });
+        Ok(images)
+    }
+
+    /// The names pointing at `digest`, sorted.
+    pub fn names_of(&self, digest: &str) -> Result<Vec<String>> {
+        Ok(self
+            .all_names()?
+            .into_iter()
+            .filter(|(_, d)| d == digest)
+            .map(|(n, _)| n)
+            .collect())
+    }
+
+    /// (name, digest) of every name, sorted by name.
+    fn all_names(&self) -> Result<Vec<(String, String)>> {
+        let mut names = Vec::new();
+        for entry in read_dir(&self.root.join(NAMES))? {
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if check_name(&name).is_err() {
+                continue;
+            }
+            if let Some(digest) = self.digest_of_name(&name)? {
+                names.push((name, digest));
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Points `name` at the image `digest` (replacing what it pointed at, atomically).
+    pub fn set_name(&self, name: &str, digest: &str) -> Result<()> {
+        check_name(name)?;
+        if self.by_digest(digest)?.is_none() {
+            return Err(ImageError::NotFound(digest.into()));
+        }
+        let names = self.root.join(NAMES);
+        let tmp = names.join(format!(".{name}.{}", unique()));
+        symlink(digest, &tmp).map_err(ImageError::io(format!("name {name:?}")))?;
+        std::fs::rename(&tmp, names.join(name)).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            ImageError::io(format!("name {name:?}"))(e)
+        })
+    }
+
+    /// Deletes the image `name` points at, with every name pointing at it; returns what it was.
+    /// Names go first, so a concurrent lookup finds either the whole image or none.
+    pub fn delete(&self, name: &str) -> Result<StoredImage> {
+        let image = self.get(name)?;
+        for other in &image.names {
+            match std::fs::remove_file(self.root.join(NAMES).join(other)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(ImageError::io(format!("remove name {other:?}"))(e))
+                }
+                _ => {}
+            }
+        }
+        self.remove_digest(&image.manifest.digest)?;
+        Ok(image)
+    }
+
+    /// Removes a digest's tree: moved out of sight first, then deleted.
+    fn remove_digest(&self, digest: &str) -> Result<()> {
+        let doomed = self
+            .root
+            .join(TMP)
+            .join(format!("deleted-{digest}.{}", unique()));
+        match std::fs::rename(self.root.join(digest), &doomed) {
+            Ok(()) => std::fs::remove_dir_all(&doomed)
+                .map_err(ImageError::io(format!("delete image {digest}"))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(ImageError::io(format!("delete image {digest}"))(e)),
+        }
+    }
+
+    /// A fresh directory to build the image `digest` in; dropped without
+    /// [`Staging::commit`], it is removed.
+    pub fn staging(&self, digest: &str) -> Result<Staging> {
+        if !is_digest(digest) {
+            return Err(ImageError::InvalidName(format!("{digest:?}: not a digest")));
+        }
+        let dir = self.root.join(TMP).join(format!("{digest}.{}", unique()));
+        std::fs::create_dir(&dir)
+            .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)))
+            .map_err(ImageError::io(format!("create {}", dir.display())))?;
+        Ok(Staging {
+            dir,
+            digest: digest.into(),
+            store: self.clone(),
+            done: false,
+        })
+    }
+
+    /// Brings the image `reference` names in `other` into this store under the same digest and
+    /// names, as hard links where both are on one filesystem (a copy otherwise): a pack built
+    /// once into a cache serves many data dirs for the price of a tree of links.
+    pub fn link_from(&self, other: &ImageStore, reference: &str) -> Result<StoredImage> {
+        let source = other.get(reference)?;
+        let digest = source.manifest.digest.clone();
+        if self.by_digest(&digest)?.is_none() {
+            let staging = self.staging(&digest)?;
+            let from = other.root.join(&digest);
+            for file in [MANIFEST, BUILD_LOG] {
+                link_or_copy(&from.join(file), &staging.dir.join(file))
+                    .map_err(ImageError::io(format!("link {file}")))?;
+            }
+            link_tree(&source.root, &staging.rootfs())
+                .map_err(ImageError::io(format!("link image {digest}")))?;
+            staging.install()?;
+        }
+        for name in &source.names {
+            self.set_name(name, &digest)?;
+        }
+        self.get(&digest)
+    }
+
+    /// Removes what no name points at and what builds and deletes a dead process began. Call
+    /// where no sandbox can be using an unnamed image (the daemon's start: sessions resume onto
+    /// names).
+    pub fn collect_garbage(&self) -> Result<Vec<String>> {
+        let named: Vec<String> = self.all_names()?.into_iter().map(|(_, d)| d).collect();
+        let mut removed = Vec::new();
+        for entry in read_dir(&self.root)? {
+            let Some(digest) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if is_digest(&digest) && !named.contains(&digest) {
+                self.remove_digest(&digest)?;
+                removed.push(digest);
+            }
+        }
+        for entry in read_dir(&self.root.join(TMP))? {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !owner_alive(&name) {
+                std::fs::remove_dir_all(entry.path())
+                    .map_err(ImageError::io(format!("remove {}", entry.path().display())))?;
+                removed.push(name);
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// An image under construction in the store's `.tmp`.
+pub struct Staging {
+    dir: PathBuf,
+    digest: String,
+    store: ImageStore,
+    done: bool,
+}
+
+impl Staging {
+    /// Where its root tree goes (not created: builders such as mmdebstrap create it).
+    pub fn rootfs(&self) -> PathBuf {
+        self.dir.join(ROOTFS)
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join(BUILD_LOG)
+    }
+
+    /// Writes the manifest and moves the image into place. Should the digest have appeared
+    /// meanwhile (a concurrent build of the same recipe), that one stays and this is dropped.
+    pub fn commit(self, manifest: &Manifest) -> Result<StoredImage> {
+        if manifest.digest != self.digest {
+            return Err(ImageError::Build(format!(
+                "manifest digest {} is not the staging's {}",
+                manifest.digest, self.digest
+            )));
+        }
+        let json = serde_json::to_vec_pretty(manifest).map_err(|e| ImageError::Corrupt {
+            digest: self.digest.clone(),
+            why: e.to_string(),
+        })?;
+        std::fs::write(self.dir.join(MANIFEST), json).map_err(ImageError::io("write manifest"))?;
+        self.install()
+    }
+
+    fn install(mut self) -> Result<StoredImage> {
+        // Everything on disk before the rename makes it visible.
+        let dir = std::fs::File::open(&self.dir).map_err(ImageError::io("open staging"))?;
+        rustix::fs::syncfs(&dir).map_err(|e| ImageError::io("sync image")(io::Error::from(e)))?;
+        let target = self.store.root.join(&self.digest);
+        match std::fs::rename(&self.dir, &target) {
+            Ok(()) => self.done = true,
+            Err(e) if target.join(MANIFEST).is_file() => {
+                tracing::debug!(error = %e, digest = %self.digest, "image built twice; keeping the first");
+            }
+            Err(e) => return Err(ImageError::io(format!("install image {}", self.digest))(e)),
+        }
+        self.store
+            .by_digest(&self.digest)?
+            .ok_or_else(|| ImageError::NotFound(self.digest.clone()))
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "remove unfinished image");
+                }
+            }
+        }
+    }
+}
+
+fn unique() -> String {
+    format!(
+        "{}.{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Whether the process that made a `.tmp` entry (`<what>.<pid>.<n>`) still runs.
+fn owner_alive(entry: &str) -> bool {
+    let mut parts = entry.rsplit('.');
+    let _n = parts.next();
+    parts
+        .next()
+        .and_then(|pid| pid.parse::<u32>().ok())
+        .is_some_and(|pid| Path::new("/proc").join(pid.to_string()).exists())
+}
+
+fn read_dir(dir: &Path) -> Result<Vec<std::fs::DirEntry>> {
+    std::fs::read_dir(dir)
+        .and_then(|entries| entries.collect::<io::Result<Vec<_>>>())
+        .map_err(ImageError::io(format!("list {}", dir.display())))
+}
+
+fn link_or_copy(from: &Path, to: &Path) -> io::Result<()> {
+    match std::fs::hard_link(from, to) {
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error()) => {
+            std::fs::copy(from, to).map(drop)
+        }
+        other => other,
+    }
+}
+
+/// Recreates the tree `from` at `to`: directories with their modes, symlinks as they are,
+/// regular files as hard links. Owners are kept (both trees are host root's).
+fn link_tree(from: &Path, to: &Path) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(from)?;
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        std::fs::create_dir(to)?;
+        for entry in std::fs::read_dir(from)? {
+            let entry = entry?;
+            link_tree(&entry.path(), &to.join(entry.file_name()))?;
+        }
+        std::fs::set_permissions(to, meta.permissions())
+    } else if ft.is_symlink() {
+        symlink(std::fs::read_link(from)?, to)
+    } else {
+        link_or_copy(from, to)
+    }
+}
+
+#[cfg(test)]
+mod tests;
