@@ -1,0 +1,3 @@
+module github.com/koder-ai/koder-sandbox/sdks/go
+
+go 1.19
