@@ -7,6 +7,7 @@ and the API modules; here is only how to send it and how to iterate a streamed a
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Generic, Iterator, TypeVar
 
 import httpx
@@ -275,6 +276,27 @@ class SyncTransport:
             yield wrap(ws)
 
 
+UPLOAD_CHUNK = 256 * 1024
+
+
+async def _chunks_of(content: Any) -> AsyncIterator[bytes]:
+    if hasattr(content, "read"):
+        while chunk := content.read(UPLOAD_CHUNK):
+            yield chunk
+    else:
+        for chunk in content:
+            yield chunk
+
+
+def async_content(request: Request) -> Request:
+    """The request with a file object or sync iterable body made an async iterable, which is
+    what an ``httpx.AsyncClient`` can send."""
+    content = request.content
+    if content is None or isinstance(content, (bytes, str)) or hasattr(content, "__aiter__"):
+        return request
+    return replace(request, content=_chunks_of(content))
+
+
 class AsyncTransport:
     """Sends calls with an ``httpx.AsyncClient``."""
 
@@ -282,6 +304,7 @@ class AsyncTransport:
         self.http = http
 
     async def _send(self, request: Request, stream: bool) -> httpx.Response:
+        request = async_content(request)
         built = self.http.build_request(request.method, request.path, **request.send_kwargs())
         try:
             response = await self.http.send(built, stream=stream)
