@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import Any
 
@@ -89,7 +90,11 @@ async def test_network_audit(client: Any) -> None:
     try:
         # A private address is refused by the SSRF guard, and the attempt is audited.
         await run(s.exec(shell="exec 3<>/dev/tcp/10.255.255.1/80", timeout_ms=5000))
-        page = await run(client.network_audit(s.id))
+        for _ in range(50):  # the audit log is written beside the decision, not before it
+            page = await run(client.network_audit(s.id))
+            if page.entries:
+                break
+            await asyncio.sleep(0.1)
         assert isinstance(page, ks.AuditPage) and page.entries
         entry = page.entries[0]
         assert (entry.session_id, entry.dest, entry.port, entry.allowed) == (s.id, "10.255.255.1", 80, False)
