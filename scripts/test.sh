@@ -18,3 +18,4 @@ target/debug/ksandbox image build --images-dir "$KODER_MICROVM_IMAGES"
 cargo test --workspace --locked
 target/debug/koder-bench --smoke  # benchmark harness end to end, tiny counts, no timing asserted
 scripts/e2b-tests.sh  # the real E2B SDKs from PyPI against the daemon (tests/e2b)
+scripts/mcp-tests.sh  # the official MCP client from PyPI against `ksandbox mcp` (tests/mcp)
