@@ -17,7 +17,7 @@ mod server;
 use rmcp::ServiceExt as _;
 
 pub use http::{serve_http, HttpOptions, HttpServer, MCP_PATH};
-pub use reply::{ToolError, TRANSPORT};
+pub use reply::{ToolError, CANCELLED, TRANSPORT};
 pub use server::SandboxMcp;
 
 /// Why serving stopped.

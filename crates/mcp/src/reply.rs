@@ -20,6 +20,9 @@ use serde_json::{json, Value};
 /// read): the daemon never saw or never answered the request.
 pub const TRANSPORT: &str = "SANDBOX-MCP-TRANSPORT";
 
+/// Code of a call the client cancelled before it finished.
+pub const CANCELLED: &str = "SANDBOX-MCP-CANCELLED";
+
 /// A failed tool call, as the agent sees it: `CODE: message`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]

@@ -12,12 +12,13 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{tool, tool_handler, tool_router, ServerHandler};
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
 use crate::args::{
     CreateSessionArgs, ListFilesArgs, ReadFileArgs, ReadOutputArgs, RunCodeArgs, RunCommandArgs,
     SessionArgs, StopProcessArgs, WriteFileArgs,
 };
-use crate::reply::{answer, input_schema, tail, Args, ToolError};
+use crate::reply::{answer, input_schema, tail, Args, ToolError, CANCELLED};
 
 /// Output of one stream kept in a tool result (the tail: that is where errors are). The daemon
 /// bounds what it keeps too; this keeps a model's context from filling with one run's output.
@@ -75,15 +76,23 @@ impl SandboxMcp {
     /// stdout, stderr, exit_code and verdict (null, or why the sandbox stopped it, e.g.
     /// SANDBOX-EXEC-TIMEOUT or SANDBOX-EXEC-KILLED-OOM).
     #[tool(input_schema = input_schema::<RunCodeArgs>())]
-    async fn run_code(&self, Args(args): Args<RunCodeArgs>) -> CallToolResult {
-        answer(self.exec(args.and_then(RunCodeArgs::request)).await)
+    async fn run_code(
+        &self,
+        Args(args): Args<RunCodeArgs>,
+        ct: CancellationToken,
+    ) -> CallToolResult {
+        answer(unless_cancelled(ct, self.exec(args.and_then(RunCodeArgs::request))).await)
     }
 
     /// Run a command in a session (a shell line in `command`, or a program with arguments in
     /// `argv`) and wait for it to finish. Returns stdout, stderr, exit_code and verdict.
     #[tool(input_schema = input_schema::<RunCommandArgs>())]
-    async fn run_command(&self, Args(args): Args<RunCommandArgs>) -> CallToolResult {
-        answer(self.exec(args.and_then(RunCommandArgs::request)).await)
+    async fn run_command(
+        &self,
+        Args(args): Args<RunCommandArgs>,
+        ct: CancellationToken,
+    ) -> CallToolResult {
+        answer(unless_cancelled(ct, self.exec(args.and_then(RunCommandArgs::request))).await)
     }
 
     /// Start a command in the background (a server, a long job) and return its process_id at
@@ -97,8 +106,12 @@ impl SandboxMcp {
     /// the start), waiting up to wait_ms for it to finish. state is `running` or `exited`; once
     /// exited, exit_code and verdict are set.
     #[tool(input_schema = input_schema::<ReadOutputArgs>(), annotations(read_only_hint = true))]
-    async fn read_process_output(&self, Args(args): Args<ReadOutputArgs>) -> CallToolResult {
-        answer(self.do_read_output(args).await)
+    async fn read_process_output(
+        &self,
+        Args(args): Args<ReadOutputArgs>,
+        ct: CancellationToken,
+    ) -> CallToolResult {
+        answer(unless_cancelled(ct, self.do_read_output(args)).await)
     }
 
     /// Send a signal (default SIGTERM) to a background process.
@@ -269,6 +282,19 @@ impl SandboxMcp {
             url_inside_sandbox: upstream.url,
             auth: "Authorization: Bearer <the API key>",
         })
+    }
+}
+
+/// `work`, abandoned when the client cancels the call or goes away (rmcp runs each call as a
+/// task of its own and only signals `ct`): no one would read the answer. A run already started
+/// in the sandbox still ends by its own timeout.
+async fn unless_cancelled<T>(
+    ct: CancellationToken,
+    work: impl std::future::Future<Output = Result<T, ToolError>>,
+) -> Result<T, ToolError> {
+    tokio::select! {
+        done = work => done,
+        () = ct.cancelled() => Err(ToolError::new(CANCELLED, "the client cancelled the call")),
     }
 }
 

@@ -55,7 +55,10 @@ fn every_tool_is_listed_with_a_description_and_an_object_schema() {
 async fn argument_errors_are_tool_errors_with_the_code() {
     let s = server();
     let r = s
-        .run_code(Args(Err(ToolError::invalid("missing field `code`"))))
+        .run_code(
+            Args(Err(ToolError::invalid("missing field `code`"))),
+            CancellationToken::new(),
+        )
         .await;
     assert_eq!(r.is_error, Some(true));
     assert_eq!(structured(&r)["error"]["code"], "SANDBOX-INVALID-ARGUMENT");
@@ -187,4 +190,13 @@ fn file_contents_are_text_or_base64() {
     // The same bytes, not cut: the file itself is not UTF-8.
     let f = FileContent::new("/d".into(), vec![b'a', 0xc3], false);
     assert_eq!(f.encoding, "base64");
+}
+
+#[tokio::test]
+async fn a_cancelled_call_stops_waiting() {
+    let ct = CancellationToken::new();
+    ct.cancel();
+    let never = futures::future::pending::<Result<(), ToolError>>();
+    let err = unless_cancelled(ct, never).await.unwrap_err();
+    assert_eq!(err.code, CANCELLED);
 }
