@@ -5,6 +5,7 @@ mod exec;
 mod files;
 mod image;
 mod live;
+mod mcp;
 mod sessions;
 mod state;
 mod volumes;
@@ -17,6 +18,7 @@ pub use exec::{ExecArgs, ExecOpts, RunArgs};
 pub use files::{CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs};
 pub use image::{ImageBuildArgs, ImageCommand};
 pub use live::{AttachArgs, AuditArgs, LogsArgs, WatchArgs};
+pub use mcp::McpArgs;
 pub use sessions::{CreateArgs, KillArgs, SessionArgs, SessionOpts, TimeoutArgs};
 pub use state::{
     ForkArgs, LifecycleOpts, PauseArgs, RestoreArgs, SnapshotCommand, SnapshotCreateArgs,
@@ -156,6 +158,8 @@ pub enum ClientCommand {
     Audit(AuditArgs),
     /// Operator commands; need an admin key (--api-key or KSANDBOX_ADMIN_KEY).
     Admin(AdminArgs),
+    /// Serve the sandbox as MCP tools for AI agents: stdio, or streamable HTTP with --http.
+    Mcp(McpArgs),
     /// Images: build language packs and the microVM guest locally; list, inspect, delete.
     #[command(subcommand)]
     Image(ImageCommand),

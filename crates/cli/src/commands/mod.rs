@@ -5,6 +5,7 @@ mod exec;
 mod files;
 mod image;
 mod live;
+mod mcp;
 mod sessions;
 mod state;
 mod terminal;
@@ -29,11 +30,7 @@ impl Ctx {
             .flatten()
             .find(|u| !u.trim().is_empty())
             .map_or(koder_sdk::DEFAULT_URL, String::as_str);
-        let key = [&local.api_key, &global.api_key]
-            .into_iter()
-            .flatten()
-            .find(|k| !k.is_empty())
-            .map_or("", String::as_str);
+        let key = api_key(global, local);
         let ca = [&local.ca_cert, &global.ca_cert]
             .into_iter()
             .flatten()
@@ -49,6 +46,15 @@ impl Ctx {
             },
         })
     }
+}
+
+/// The API key: the local option, else the global one (or its environment variable).
+fn api_key<'a>(global: &'a GlobalOpts, local: &'a LocalOpts) -> &'a str {
+    [&local.api_key, &global.api_key]
+        .into_iter()
+        .flatten()
+        .find(|k| !k.is_empty())
+        .map_or("", String::as_str)
 }
 
 /// Runs a client command; returns the exit status.
@@ -81,6 +87,10 @@ pub async fn dispatch(g: &GlobalOpts, command: Command) -> Result<i32> {
         Command::Watch(a) => live::watch(Ctx::new(g, &a.c)?, a).await,
         Command::Audit(a) => live::audit(Ctx::new(g, &a.c)?, a).await,
         Command::Admin(a) => admin::run(g, a).await,
+        Command::Mcp(a) => {
+            let key = api_key(g, &a.c).to_string();
+            mcp::run(Ctx::new(g, &a.c)?, key, a).await
+        }
         Command::Image(a) => image::run(g, a).await,
     }
 }
