@@ -98,7 +98,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         admin_keys: Arc::new(admin_keys(&cfg)?),
     };
     let e2b = koder_e2b::E2b::new(state.clone(), cfg.sessions.clone(), token_key(data_dir)?);
-    let app = koder_e2b::mount(koder_http::router(state), e2b);
+    let app = koder_http::drain_unread_bodies(koder_e2b::mount(koder_http::router(state), e2b));
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
         .await
         .with_context(|| format!("listening on {}", cfg.server.listen))?;

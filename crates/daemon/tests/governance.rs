@@ -299,13 +299,14 @@ async fn disk_filler_hits_the_quota_and_uploads_get_507() {
     assert!(m["disk_used_kib"].as_u64().unwrap() * 1024 >= filled, "{m}");
 
     let f = format!("{S}/{id}/files");
-    // Small enough to be written whole before the early 507 arrives, and sent on a client of
-    // its own since the server closes that connection.
-    let resp = reqwest::Client::new()
+    // Far beyond the agent's credit window (a refusal there once stalled the upload), and
+    // answered before the body is read: its rest is drained, so the answer arrives.
+    let resp = d
+        .http
         .put(format!("{}{f}", d.base))
         .bearer_auth(KEY1)
         .query(&[("path", "/workspace/upload.bin")])
-        .body(vec![7u8; 3 * 1024 * 1024])
+        .body(vec![7u8; 32 * 1024 * 1024])
         .send()
         .await
         .unwrap();

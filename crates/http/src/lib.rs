@@ -4,6 +4,7 @@ mod admin;
 mod audit;
 mod contexts;
 pub mod credentials;
+mod drain;
 mod error;
 mod extract;
 mod images;
@@ -82,6 +83,8 @@ impl utoipa::Modify for BearerAuth {
 }
 
 /// The OpenAPI document, generated from the handlers' annotations.
+pub use drain::drain_unread_bodies;
+
 pub fn openapi() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }

@@ -97,12 +97,11 @@ async def test_file_errors(sb: Any, other: Any) -> None:
 async def test_disk_quota(client: Any) -> None:
     s = await run(client.sessions.create(limits={"disk_mib": 64}))
     try:
-        # Fill the disk from inside, then the upload hits ENOSPC at once. (Kept small: the
-        # daemon answers 507 before reading the rest and then stops reading, so a body that
-        # overflows by several MiB never sees the answer; see README, Known limits.)
+        # Fill the disk from inside, then the upload hits ENOSPC at once; an upload far beyond
+        # the daemon's per-stream window still gets its 507 (it once stalled).
         await run(s.exec(shell="dd if=/dev/zero of=/workspace/fill bs=1M count=100"))
         with pytest.raises(ks.QuotaExceededError) as e:
-            await run(s.files.write("/workspace/more.bin", b"\1" * (1024 * 1024)))
+            await run(s.files.write("/workspace/more.bin", b"\1" * (16 * 1024 * 1024)))
         assert e.value.status == 507 and e.value.code == "SANDBOX-FS-QUOTA-EXCEEDED"
         with pytest.raises(ks.NotFoundError):
             await run(s.files.stat("/workspace/more.bin"))
