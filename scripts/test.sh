@@ -28,3 +28,4 @@ scripts/e2b-tests.sh  # the real E2B SDKs from PyPI against the daemon (tests/e2
 scripts/go-sdk-tests.sh  # the Go SDK (sdks/go): go vet, unit tests, integration tests against the daemon
 scripts/python-sdk-tests.sh  # the Python SDK (sdks/python) against the daemon
 scripts/mcp-tests.sh  # the official MCP client from PyPI against `ksandbox mcp` (tests/mcp)
+scripts/quickstart-tests.sh  # the README Quick start block, as typed, against the daemon
