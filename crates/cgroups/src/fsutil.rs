@@ -13,6 +13,7 @@ use nix::unistd::Pid;
 use parking_lot::Mutex;
 
 use crate::error::CgroupError;
+use crate::ExecCounters;
 
 type Result<T> = std::result::Result<T, CgroupError>;
 
@@ -331,4 +332,16 @@ impl HeldFile {
     pub(crate) fn close(&self) {
         *self.file.lock() = None;
     }
+}
+
+/// The exec counters from the two files both versions keep open: the `oom_kill` key of the
+/// memory group's events (`memory.oom_control` on v1, `memory.events` on v2; required) and the
+/// `max` key of `pids.events` (absent on kernels older than the file: none counted).
+pub(crate) fn exec_counters(oom_events: &HeldFile, pids_events: &HeldFile) -> Result<ExecCounters> {
+    let oom_kills = oom_events.read_present(|path, text| parse_keyed(path, text, "oom_kill"))?;
+    let pids_max_hits = pids_events.read(|path, text| parse_keyed(path, text, "max"))?;
+    Ok(ExecCounters {
+        oom_kills: oom_kills.unwrap_or(0),
+        pids_max_hits: pids_max_hits.flatten().unwrap_or(0),
+    })
 }

@@ -382,19 +382,7 @@ impl Cgroup for V1Cgroup {
     }
 
     fn exec_counters(&self) -> Result<ExecCounters> {
-        let oom_kills = self
-            .held
-            .oom_control
-            .read_present(|path, text| fsutil::parse_keyed(path, text, "oom_kill"))?;
-        // pids.events is younger than the pids controller (4.x).
-        let pids_max_hits = self
-            .held
-            .pids_events
-            .read(|path, text| fsutil::parse_keyed(path, text, "max"))?;
-        Ok(ExecCounters {
-            oom_kills: oom_kills.unwrap_or(0),
-            pids_max_hits: pids_max_hits.flatten().unwrap_or(0),
-        })
+        fsutil::exec_counters(&self.held.oom_control, &self.held.pids_events)
     }
 
     fn memory_peak(&self) -> Result<u64> {

@@ -238,16 +238,7 @@ impl Cgroup for V2Cgroup {
     }
 
     fn exec_counters(&self) -> Result<ExecCounters> {
-        let oom_kills = self
-            .memory_events
-            .read_present(|path, text| fsutil::parse_keyed(path, text, "oom_kill"))?;
-        let pids_max_hits = self
-            .pids_events
-            .read(|path, text| fsutil::parse_keyed(path, text, "max"))?;
-        Ok(ExecCounters {
-            oom_kills: oom_kills.unwrap_or(0),
-            pids_max_hits: pids_max_hits.flatten().unwrap_or(0),
-        })
+        fsutil::exec_counters(&self.memory_events, &self.pids_events)
     }
 
     fn memory_peak(&self) -> Result<u64> {

@@ -2,7 +2,10 @@
 //! makes the whole process abort at that point, so tests can crash a daemon exactly there.
 //! Points: `jail-before-release` (a child cloned and placed, not yet released to exec),
 //! `layer-before-commit` (a layer's blob stored, its row not yet written),
-//! `restore-before-install` (a restored sandbox started, not yet the session's).
+//! `restore-before-install` (a restored sandbox started, not yet the session's),
+//! `vm-suspend-before-commit` (a microVM's memory saved to its partial file, not yet renamed
+//! into place), `vm-pause-before-record` (a microVM saved and ended, the pause not yet
+//! recorded in the store).
 
 /// Aborts the process if the test hook names `point`; release builds never do.
 pub fn point(point: &str) {

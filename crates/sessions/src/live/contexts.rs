@@ -283,7 +283,7 @@ impl Manager {
         }
         let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
         let rc = live.sandbox.resources();
-        let before = crate::manager::exec::usage_of(rc).await;
+        let before = crate::manager::exec::counters_of(rc).await;
         let began = Instant::now();
         let msg = ToAgent::ContextRun {
             context_id: cid.into(),
@@ -340,7 +340,11 @@ impl Manager {
             run.duration_ms = began.elapsed().as_millis() as u64;
             return Ok(run);
         };
-        let after = crate::manager::exec::usage_of(rc).await;
+        // Only a restarted interpreter may have been OOM-killed.
+        let after = match outcome.restarted {
+            true => crate::manager::exec::counters_of(rc).await,
+            false => None,
+        };
         let oom = matches!((before, after), (Some(b), Some(a)) if a.oom_kills > b.oom_kills);
         run.verdict = if outcome.timed_out {
             Some(codes::EXEC_TIMEOUT)

@@ -6,23 +6,15 @@ use std::time::Instant;
 
 use koder_agent_protocol as proto;
 use koder_api_types::codes;
-use koder_runtime::{ExecCounters, ResourceControl, Usage};
+use koder_runtime::{ExecCounters, ResourceControl};
 
 use super::SIGKILL;
 use crate::metrics::Metrics;
 use crate::session::Live;
 
-/// Current usage where the runtime reports it; a failed reading counts as none.
-pub(crate) async fn usage_of(rc: Option<&dyn ResourceControl>) -> Option<Usage> {
-    match rc {
-        Some(rc) => rc.usage().await.ok(),
-        None => None,
-    }
-}
-
 /// The counters verdicts come from, where the runtime reports them; a failed reading counts as
 /// none.
-async fn counters_of(rc: Option<&dyn ResourceControl>) -> Option<ExecCounters> {
+pub(crate) async fn counters_of(rc: Option<&dyn ResourceControl>) -> Option<ExecCounters> {
     match rc {
         Some(rc) => rc.exec_counters().await.ok(),
         None => None,

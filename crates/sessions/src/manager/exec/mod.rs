@@ -12,7 +12,7 @@ use koder_agent_protocol::{self as proto, AgentClient, ClientError, FromAgent};
 use koder_api_types::{ExecRequest, ExecResult, ExecStatus};
 use koder_auth::Identity;
 
-pub(crate) use meter::usage_of;
+pub(crate) use meter::counters_of;
 use meter::Meter;
 
 use super::{account, validate_env, within, Manager};
