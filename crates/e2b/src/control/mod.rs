@@ -655,32 +655,12 @@ fn parse_metadata_query(q: &str) -> Result<Vec<(String, String)>, HttpError> {
         .collect()
 }
 
+/// One form-decoding pass: `+` is a space, `%XX` a byte, and the result must be UTF-8.
 fn percent_decode(s: &str) -> Result<String, HttpError> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| HttpError::bad_request("metadata: bad percent-encoding"))?;
-                out.push(hex);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| HttpError::bad_request("metadata: not UTF-8"))
+    percent_encoding::percent_decode_str(&s.replace('+', " "))
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|_| HttpError::bad_request("metadata: not UTF-8"))
 }
 
 async fn list_v1(
@@ -840,7 +820,12 @@ mod tests {
                 ("k".into(), "v".into())
             ]
         );
-        assert!(parse_metadata_query("a=%zz").is_err());
+        // A stray `%` stays as it is (as in WHATWG form decoding); bytes must be UTF-8.
+        assert_eq!(
+            parse_metadata_query("a=%zz").unwrap(),
+            [("a".into(), "%zz".into())]
+        );
+        assert!(parse_metadata_query("a=%25ff").is_err());
     }
 
     #[test]

@@ -99,13 +99,14 @@ pub async fn download(t: Target, q: Params, headers: HeaderMap) -> Result<Respon
     Ok(resp)
 }
 
+/// Everything but RFC 3986's unreserved characters (`~` aside, as the SDK's own encoder).
+const FILENAME_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.');
+
 fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
-            other => format!("%{other:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(s, FILENAME_ESCAPED).to_string()
 }
 
 /// Compresses a body stream chunk by chunk, each chunk flushed so the client sees progress.
