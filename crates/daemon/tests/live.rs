@@ -48,6 +48,24 @@ async fn sse_output_arrives_as_it_is_produced() {
         exit.data.get("stdout").is_none(),
         "exit carries the result minus output"
     );
+
+    // A program that cannot start is a bad request on every path, as for an awaited exec.
+    for (accept, body) in [
+        ("text/event-stream", json!({"cmd": ["/no/such/program"]})),
+        ("application/json", json!({"cmd": ["/no/such/program"], "background": true})),
+        ("application/json", json!({"cmd": ["/no/such/program"]})),
+    ] {
+        let resp = d
+            .req(Method::POST, &format!("{S}/{id}/exec"), KEY1)
+            .header("accept", accept)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{body}");
+        let e: Value = resp.json().await.unwrap();
+        assert_eq!(error_code(&e), "SANDBOX-INVALID-ARGUMENT", "{body}: {e}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,7 +95,7 @@ async fn background_execs_replay_follow_stdin_and_signals() {
         )
         .await;
     assert_eq!(status["state"], "running");
-    assert!(status["pid"].is_number() || status["pid"].is_null());
+    assert!(status["pid"].is_number(), "handed out once it runs: {status}");
     let (_, list) = d
         .json(Method::GET, &format!("{S}/{id}/execs"), Value::Null)
         .await;

@@ -140,6 +140,15 @@ pub async fn run(
         stdout,
         stderr,
     } = child;
+    // The first word on the stream, before any output: the daemon waits for it (or for the
+    // error of a spawn that failed) before it hands a followed exec to its client.
+    if out
+        .send(FromAgent::Started { pid: pid as u32 })
+        .await
+        .is_err()
+    {
+        kill_group(pid, libc::SIGKILL);
+    }
     let limit = req.output_limit_bytes;
     let stdout_cut = Arc::new(AtomicBool::new(false));
     let stderr_cut = Arc::new(AtomicBool::new(false));
@@ -160,13 +169,6 @@ pub async fn run(
         ),
     ];
     let mut stdin_tx = spawn_stdin(stdin, req.stdin, req.keep_stdin_open);
-    if out
-        .send(FromAgent::Started { pid: pid as u32 })
-        .await
-        .is_err()
-    {
-        kill_group(pid, libc::SIGKILL);
-    }
 
     let deadline = req
         .timeout_ms

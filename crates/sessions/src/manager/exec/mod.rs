@@ -15,7 +15,7 @@ use koder_auth::Identity;
 pub(crate) use meter::counters_of;
 use meter::Meter;
 
-use super::{account, validate_env, within, Manager};
+use super::{account, first_answer, validate_env, within, Manager};
 use crate::execs::{signal_number, ExecEvent, Follow, FollowedExec};
 use crate::languages;
 use crate::session::Live;
@@ -166,14 +166,28 @@ impl Manager {
         let command = agent_req.argv.clone();
         let deadline = tokio::time::Instant::now() + exec_deadline(agent_req.timeout_ms);
         let meter = Meter::start(live.clone()).await;
-        let stream = match live.sandbox.agent().exec(agent_req).await {
+        // Handed out only once it runs: a program that cannot start is the caller's error (as
+        // for an awaited exec), not an exec that ends at once.
+        let started = match live.sandbox.agent().exec(agent_req).await {
+            Ok(mut s) => match first_answer(&mut s).await {
+                Ok(FromAgent::Started { pid }) => Ok((s, pid)),
+                Ok(other) => Err(Error::Internal(format!(
+                    "sandbox agent: an exec began with {}",
+                    message_name(&other)
+                ))),
+                Err(e) => Err(self.agent_failed(id, e).await),
+            },
+            Err(e) => Err(self.agent_failed(id, e).await),
+        };
+        let (stream, pid) = match started {
             Ok(s) => s,
             Err(e) => {
                 meter.abandon();
-                return Err(self.agent_failed(id, e).await);
+                return Err(e);
             }
         };
         let exec = FollowedExec::new(command, background, stream.handle());
+        exec.set_pid(pid);
         live.execs.insert(exec.clone());
         let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
         tokio::spawn(consume(
@@ -251,7 +265,6 @@ async fn consume(
             .await
             .unwrap_or(Err(ClientError::Disconnected));
         match next {
-            Ok(FromAgent::Started { pid }) => exec.set_pid(pid),
             Ok(FromAgent::Stdout(d)) => exec.record(ExecEvent::Stdout(Bytes::from(d)), limit),
             Ok(FromAgent::Stderr(d)) => exec.record(ExecEvent::Stderr(Bytes::from(d)), limit),
             Ok(FromAgent::Exited(exit)) => break (exit, false),
@@ -387,4 +400,9 @@ mod tests {
         );
         assert_eq!(exec_deadline(None), proto::client::REQUEST_DEADLINE);
     }
+}
+
+/// A message's kind for an error text (never its hostile contents).
+fn message_name(msg: &FromAgent) -> String {
+    format!("{msg:?}").chars().take_while(char::is_ascii_alphanumeric).collect()
 }
