@@ -369,6 +369,11 @@ fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
     data.len() > room
 }
 
+/// A message's kind for an error text (never its hostile contents).
+fn message_name(msg: &FromAgent) -> String {
+    format!("{msg:?}").chars().take_while(char::is_ascii_alphanumeric).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,9 +405,4 @@ mod tests {
         );
         assert_eq!(exec_deadline(None), proto::client::REQUEST_DEADLINE);
     }
-}
-
-/// A message's kind for an error text (never its hostile contents).
-fn message_name(msg: &FromAgent) -> String {
-    format!("{msg:?}").chars().take_while(char::is_ascii_alphanumeric).collect()
 }
