@@ -52,7 +52,10 @@ async fn sse_output_arrives_as_it_is_produced() {
     // A program that cannot start is a bad request on every path, as for an awaited exec.
     for (accept, body) in [
         ("text/event-stream", json!({"cmd": ["/no/such/program"]})),
-        ("application/json", json!({"cmd": ["/no/such/program"], "background": true})),
+        (
+            "application/json",
+            json!({"cmd": ["/no/such/program"], "background": true}),
+        ),
         ("application/json", json!({"cmd": ["/no/such/program"]})),
     ] {
         let resp = d
@@ -95,7 +98,10 @@ async fn background_execs_replay_follow_stdin_and_signals() {
         )
         .await;
     assert_eq!(status["state"], "running");
-    assert!(status["pid"].is_number(), "handed out once it runs: {status}");
+    assert!(
+        status["pid"].is_number(),
+        "handed out once it runs: {status}"
+    );
     let (_, list) = d
         .json(Method::GET, &format!("{S}/{id}/execs"), Value::Null)
         .await;

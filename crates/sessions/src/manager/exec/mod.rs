@@ -371,7 +371,10 @@ fn append_bounded(buf: &mut Vec<u8>, data: &[u8], limit: usize) -> bool {
 
 /// A message's kind for an error text (never its hostile contents).
 fn message_name(msg: &FromAgent) -> String {
-    format!("{msg:?}").chars().take_while(char::is_ascii_alphanumeric).collect()
+    format!("{msg:?}")
+        .chars()
+        .take_while(char::is_ascii_alphanumeric)
+        .collect()
 }
 
 #[cfg(test)]
