@@ -276,6 +276,40 @@ async fn files_round_trip_and_errors() {
         ["/workspace/a/b", "/workspace/a/b/c", "/workspace/a/big.bin"]
     );
 
+    // One entry by path; a symlink is described, not followed; missing and hostile paths.
+    d.exec(&id, json!({"shell": "ln -s /etc/passwd /tmp/link"}))
+        .await;
+    for (path, status, kind) in [
+        ("/workspace/a/big.bin", StatusCode::OK, Some("file")),
+        ("/workspace/a", StatusCode::OK, Some("dir")),
+        ("/tmp/link", StatusCode::OK, Some("symlink")),
+        ("/workspace/none", StatusCode::NOT_FOUND, None),
+        ("/../../../etc/shadow", StatusCode::NOT_FOUND, None),
+        ("", StatusCode::BAD_REQUEST, None),
+    ] {
+        let resp = d
+            .req(Method::GET, &format!("{f}/stat"), KEY1)
+            .query(&[("path", path)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), status, "{path}");
+        let e: Value = resp.json().await.unwrap();
+        assert_eq!(e["type"].as_str(), kind, "{path}: {e}");
+    }
+    let (s, e) = d
+        .json_as(
+            KEY2,
+            Method::GET,
+            &format!("{f}/stat?path=/workspace/a"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (s, error_code(&e)),
+        (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND")
+    );
+
     let del = |path: &'static str, recursive: &'static str| {
         d.req(Method::DELETE, &f, KEY1)
             .query(&[("path", path), ("recursive", recursive)])

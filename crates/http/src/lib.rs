@@ -50,7 +50,7 @@ pub struct AppState {
     info(title = "koder-sandbox", description = "Run untrusted code in isolated sandboxes."),
     paths(
         routes::create_session, routes::list_sessions, routes::get_session, routes::delete_session,
-        routes::set_timeout, routes::exec, routes::upload, routes::download, routes::list_files,
+        routes::set_timeout, routes::exec, routes::upload, routes::download, routes::list_files, routes::stat_file,
         routes::remove_file, routes::make_dir, routes::move_file, routes::session_metrics,
         live::list_execs, live::exec_status, live::exec_stream, live::exec_stdin, live::exec_signal,
         live::report_error, live::list_errors, terminal::terminal, watch::watch,
@@ -105,6 +105,7 @@ pub fn router(state: AppState) -> Router {
                 .delete(routes::remove_file),
         )
         .route("/{id}/files/list", get(routes::list_files))
+        .route("/{id}/files/stat", get(routes::stat_file))
         .route("/{id}/files/mkdir", post(routes::make_dir))
         .route("/{id}/files/move", post(routes::move_file))
         .route("/{id}/metrics", get(routes::session_metrics))

@@ -205,6 +205,20 @@ pub async fn list_files(
     ))
 }
 
+#[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/files/stat", tag = "files",
+    description = "The entry of one path (a symlink is described, not followed).",
+    params(("id" = String, Path), PathQuery),
+    responses((status = 200, body = FileEntry), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn stat_file(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+) -> ApiResult<axum::Json<FileEntry>> {
+    Ok(axum::Json(s.manager.stat_file(&who, &id, &q.path).await?))
+}
+
 #[utoipa::path(delete, path = "/v1/sandbox/sessions/{id}/files", tag = "files",
     params(("id" = String, Path), RemoveQuery),
     responses((status = 204), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody), (status = 409, body = ErrorBody)),

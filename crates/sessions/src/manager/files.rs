@@ -99,6 +99,21 @@ impl Manager {
         }
     }
 
+    /// The entry of `path` itself (a symlink is described, not followed).
+    pub async fn stat_file(
+        &self,
+        who: &Identity,
+        id: &str,
+        path: &str,
+    ) -> Result<FileEntry, Error> {
+        let live = self.awake(who, id).await?;
+        validate_path(path)?;
+        match live.sandbox.agent().stat(path).await {
+            Ok(e) => Ok(file_entry(e)),
+            Err(e) => Err(self.agent_failed(id, e).await),
+        }
+    }
+
     pub async fn remove_file(
         &self,
         who: &Identity,
