@@ -2,11 +2,9 @@ package sandbox
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"path"
 	"strconv"
 )
 
@@ -78,27 +76,18 @@ func (c *Client) ListFiles(ctx context.Context, id, dir string, depth int) (*Fil
 	return &out, nil
 }
 
-// StatFile describes one file. The daemon has no stat call for session files, so this lists
-// the file's directory and picks the entry: a missing file answers CodeNotFound like the
-// daemon does, and in a directory cut at the server's entry limit a file beyond the cut is
-// reported missing too.
+// StatFile describes one path (a symlink itself, not its target); a missing one answers
+// CodeNotFound.
 func (c *Client) StatFile(ctx context.Context, id, filePath string) (*FileEntry, error) {
-	clean := path.Clean(filePath)
-	name := path.Base(clean)
-	if name == "/" || name == "." {
-		return nil, fmt.Errorf("koder-sandbox: cannot stat %q: it has no parent directory", filePath)
-	}
-	list, err := c.ListFiles(ctx, id, path.Dir(clean), 1)
+	p, err := sessionPath(id, "/files/stat")
 	if err != nil {
 		return nil, err
 	}
-	for i := range list.Entries {
-		if list.Entries[i].Name == name {
-			return &list.Entries[i], nil
-		}
+	var out FileEntry
+	if err := c.doJSON(ctx, http.MethodGet, p, url.Values{"path": {filePath}}, nil, &out); err != nil {
+		return nil, err
 	}
-	return nil, &SandboxError{Status: http.StatusNotFound, Code: CodeNotFound,
-		Message: fmt.Sprintf("no file %q", filePath)}
+	return &out, nil
 }
 
 // DeleteFile removes a file, or a directory (an empty one unless recursive).

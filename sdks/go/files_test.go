@@ -123,11 +123,15 @@ func TestReadFileCutShortFailsTheRead(t *testing.T) {
 	}
 }
 
-func TestStatFileListsTheParent(t *testing.T) {
+func TestStatFileAsksForOnePath(t *testing.T) {
 	var queries []string
 	c := testClient(t, func(w http.ResponseWriter, r *http.Request) {
 		queries = append(queries, r.URL.Path+"?"+r.URL.RawQuery)
-		answer(w, 200, "application/json", `{"entries":[`+entryJSON+`],"truncated":false}`)
+		if r.URL.Query().Get("path") == "sub/missing" {
+			answer(w, 404, "application/json", `{"error":{"code":"SANDBOX-NOT-FOUND","message":"no such file"}}`)
+			return
+		}
+		answer(w, 200, "application/json", entryJSON)
 	})
 	ctx := context.Background()
 	e, err := c.StatFile(ctx, "s1", "/workspace/a b&c.txt")
@@ -138,14 +142,11 @@ func TestStatFileListsTheParent(t *testing.T) {
 		t.Fatalf("missing: %v", err)
 	}
 	want := []string{
-		"/v1/sandbox/sessions/s1/files/list?depth=1&path=%2Fworkspace",
-		"/v1/sandbox/sessions/s1/files/list?depth=1&path=sub",
+		"/v1/sandbox/sessions/s1/files/stat?path=%2Fworkspace%2Fa+b%26c.txt",
+		"/v1/sandbox/sessions/s1/files/stat?path=sub%2Fmissing",
 	}
 	if strings.Join(queries, " ") != strings.Join(want, " ") {
 		t.Errorf("queries %q", queries)
-	}
-	if _, err := c.StatFile(ctx, "s1", "/"); err == nil {
-		t.Error("stat of / answered")
 	}
 }
 

@@ -8,7 +8,6 @@ Objects: :class:`SandboxBase` (one session: exec, lifecycle, live) with :class:`
 
 from __future__ import annotations
 
-import posixpath
 from typing import (
     Any,
     Awaitable,
@@ -137,16 +136,6 @@ def _list(base: str, path: str, depth: int | None) -> Call[FileList]:
     )
 
 
-def _entry_named(name: str, path: str) -> Callable[[FileList], FileEntry]:
-    def pick(listing: FileList) -> FileEntry:
-        for entry in listing.entries:
-            if entry.name == name:
-                return entry
-        raise NotFoundError(f"no such file: {path}", code="SANDBOX-NOT-FOUND", status=404)
-
-    return pick
-
-
 class _FileReads(Bound[F]):
     """Reading files: the same for a session's files and a volume's."""
 
@@ -163,6 +152,12 @@ class _FileReads(Bound[F]):
     def read_text(self, path: str, encoding: str = "utf-8") -> Call[str]:
         """Reads a whole file as text."""
         return Call(_read(self._base, path), as_bytes).map(lambda b: b.decode(encoding))
+
+    @op
+    def stat(self, path: str) -> Call[FileEntry]:
+        """Describes one file, directory or symlink (the link itself, not its target)."""
+        request = Request("GET", f"{self._base}/files/stat", params=query(path=path))
+        return Call(request, as_model(FileEntry))
 
     @download_op
     def download(self, path: str) -> DownloadCall:
@@ -187,16 +182,6 @@ class Files(_FileReads[F]):
     def list(self, path: str, depth: int | None = None) -> Call[FileList]:
         """Lists a directory, ``depth`` levels deep (1 by default, at most 32)."""
         return _list(self._base, path, depth)
-
-    @op
-    def stat(self, path: str) -> Call[FileEntry]:
-        """Describes one file or directory (found in its parent's listing)."""
-        full = path if path.startswith("/") else posixpath.join("/workspace", path)
-        full = posixpath.normpath(full)
-        if full == "/":
-            raise ValueError("stat of / is not possible: it has no parent to list")
-        parent, name = posixpath.split(full)
-        return _list(self._base, parent, 1).map(_entry_named(name, path))
 
     @op
     def remove(self, path: str, recursive: bool = False) -> Call[None]:
@@ -713,12 +698,6 @@ class VolumeFiles(_FileReads[F]):
     def list(self, path: str = "/", depth: int | None = None) -> Call[FileList]:
         """Lists a directory, ``depth`` levels deep (1 by default)."""
         return _list(self._base, path, depth)
-
-    @op
-    def stat(self, path: str) -> Call[FileEntry]:
-        """Describes one file or directory."""
-        request = Request("GET", f"{self._base}/files/stat", params=query(path=path))
-        return Call(request, as_model(FileEntry))
 
     @op
     def remove(self, path: str) -> Call[None]:
