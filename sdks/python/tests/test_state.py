@@ -1,4 +1,4 @@
-"""Snapshots (take, list, get, delete, create from, restore) and volumes."""
+"""Snapshots (take, list, get, delete, create from, restore), volumes and images."""
 
 from __future__ import annotations
 
@@ -105,3 +105,20 @@ async def test_volume_copy(client: Any) -> None:
         for v in (src, dst):
             with contextlib.suppress(ks.NotFoundError):
                 await run(client.volumes.delete(v))
+
+
+async def test_images(client: Any, admin: Any) -> None:
+    images = await run(client.images.list())
+    assert images[0].name == "host" and images[0].kind == "host", images
+    host = await run(client.images.get("host"))
+    assert isinstance(host, ks.ImageInfo) and host.languages, host
+    assert {lang.name for lang in host.languages} >= {"python", "bash"}, host.languages
+    with pytest.raises(ks.NotFoundError) as e:
+        await run(client.images.get("ruby"))
+    assert e.value.code == "SANDBOX-IMAGE-NOT-FOUND"
+    with pytest.raises(ks.InvalidArgumentError):
+        await run(client.images.get("../etc"))
+    with pytest.raises(ks.PermissionDeniedError):
+        await run(client.images.delete("host"))
+    with pytest.raises(ks.InvalidArgumentError):
+        await run(admin.images.delete("host"))

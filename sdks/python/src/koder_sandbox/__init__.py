@@ -21,6 +21,7 @@ from ._api import (
     SandboxBase,
     Sessions,
     Snapshots,
+    Images,
     VolumeFiles,
     Volumes,
 )
@@ -80,6 +81,8 @@ from ._models import (
     TenantInfo,
     UpstreamInfo,
     VolumeInfo,
+    ImageInfo,
+    ImageLanguage,
     VolumeMount,
     VolumeUse,
 )
@@ -153,6 +156,9 @@ __all__ = [
     "Sessions",
     "SnapshotInfo",
     "Snapshots",
+    "Images",
+    "ImageInfo",
+    "ImageLanguage",
     "Sync",
     "TenantInfo",
     "Terminal",

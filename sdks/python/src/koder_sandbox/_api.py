@@ -67,6 +67,7 @@ from ._models import (
     TenantInfo,
     UpstreamInfo,
     VolumeInfo,
+    ImageInfo,
     VolumeMount,
     decode,
 )
@@ -673,6 +674,27 @@ class Snapshots(Bound[F]):
         return Call(request, no_content)
 
 
+class Images(Bound[F]):
+    """The images sessions run on (``"image": name`` on create)."""
+
+    @op
+    def list(self) -> Call[List[ImageInfo]]:
+        """Every image of the daemon, ``host`` first."""
+        return Call(Request("GET", "/v1/sandbox/images"), as_list(ImageInfo, "images"))
+
+    @op
+    def get(self, name: str) -> Call[ImageInfo]:
+        """One image by any of its names (``python``, ``python:3.11``), with its build log."""
+        return Call(Request("GET", f"/v1/sandbox/images/{_seg(name)}"), as_model(ImageInfo))
+
+    @op
+    def delete(self, name: str) -> Call[ImageInfo]:
+        """Deletes an image and all its names (admin keys only); one in use by a session or a
+        warm pool raises :class:`ConflictError` (``SANDBOX-IMAGE-IN-USE``)."""
+        request = Request("DELETE", f"/v1/sandbox/images/{_seg(name)}")
+        return Call(request, as_model(ImageInfo))
+
+
 class VolumeFiles(_FileReads[F]):
     """Files of a volume, without a session. Paths are from the volume's root; new files
     and directories belong to ``uid``/``gid`` (default 1000) with ``mode``."""
@@ -822,6 +844,7 @@ class ClientBase(Bound[F]):
         sessions: This tenant's sessions.
         snapshots: This tenant's snapshots.
         volumes: This tenant's volumes.
+        images: The daemon's images.
         admin: Tenant administration (needs an admin key).
     """
 
@@ -830,6 +853,7 @@ class ClientBase(Bound[F]):
         self.sessions: Sessions[F] = Sessions(transport)
         self.snapshots: Snapshots[F] = Snapshots(transport)
         self.volumes: Volumes[F] = Volumes(transport)
+        self.images: Images[F] = Images(transport)
         self.admin: Admin[F] = Admin(transport)
 
     @op
@@ -862,6 +886,7 @@ __all__ = [
     "Contexts",
     "Sessions",
     "Snapshots",
+    "Images",
     "Volumes",
     "VolumeFiles",
     "Admin",

@@ -208,6 +208,34 @@ class VolumeInfo:
 
 
 @dataclass(frozen=True)
+class ImageLanguage:
+    """A language an image's sessions can run."""
+
+    name: str
+    interpreter: str
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """An image sessions run on (``host``, or a language pack built from Debian)."""
+
+    name: str
+    kind: str
+    workdir: str
+    user: str
+    names: list[str] = field(default_factory=list)
+    languages: list[ImageLanguage] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    digest: str | None = None
+    created_at: _dt.datetime | None = None
+    size_bytes: int | None = None
+    recipe: Any = None
+    build_log: str | None = None
+    in_use: bool = False
+
+
+@dataclass(frozen=True)
 class ContextInfo:
     """A code-interpreter context (one long-lived interpreter)."""
 
