@@ -322,7 +322,14 @@ async fn dropping_an_sse_stream_kills_its_exec() {
         .await
         .unwrap();
     let mut body = resp.bytes_stream();
-    let _ = body.next().await; // the start event
+    let start = body.next().await.unwrap().unwrap(); // the start event
+    let start = String::from_utf8_lossy(&start);
+    let exec_id = start
+        .split("\"exec_id\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no exec id in {start}"))
+        .to_string();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let seen = d
         .exec(
@@ -337,6 +344,20 @@ async fn dropping_an_sse_stream_kills_its_exec() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         left = d.exec(&id, json!({"shell": "cat /proc/*/cmdline | tr '\\0' '\\n' | grep -c '^koder-orpha[n]'"})).await["stdout"].as_str().unwrap().to_string();
         if left == "0\n" {
+            // Its record says it was killed, not that it exited by a signal of its own.
+            let path = format!("{S}/{id}/execs/{exec_id}");
+            let mut status = Value::Null;
+            for _ in 0..50 {
+                status = d.json(Method::GET, &path, Value::Null).await.1;
+                if status["state"] == "exited" {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(
+                status["result"]["verdict"], "SANDBOX-EXEC-KILLED",
+                "{status}"
+            );
             return;
         }
     }

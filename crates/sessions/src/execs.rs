@@ -51,6 +51,10 @@ pub struct CancelOnDrop {
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if self.exec.state.lock().result.is_none() {
+            // Its end is the cancel's doing: a killed exec, not a process that chose SIGKILL.
+            self.exec
+                .killed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             let handle = self.exec.handle.clone();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
@@ -69,7 +73,8 @@ pub(crate) struct FollowedExec {
     handle: StreamHandle,
     state: Mutex<State>,
     events: broadcast::Sender<ExecEvent>,
-    /// Set when the session's processes were all killed while this one ran.
+    /// Set when the session's processes were all killed while this one ran, or its follower
+    /// went away and cancelled it.
     killed: std::sync::atomic::AtomicBool,
 }
 
@@ -177,7 +182,7 @@ impl FollowedExec {
         self.state.lock().pid = Some(pid);
     }
 
-    /// Whether the session's processes were all killed while this exec ran.
+    /// Whether the session's processes were all killed while this exec ran, or it was cancelled.
     pub(crate) fn was_killed(&self) -> bool {
         self.killed.load(std::sync::atomic::Ordering::SeqCst)
     }
