@@ -284,9 +284,13 @@ impl Layers {
 
     /// Garbage collection: layers nothing references any more. Run by the reaper.
     pub async fn collect_garbage(&self) -> Result<u64, Error> {
+        // The pins as they were before the references are read: a capture drops its pin only
+        // once its reference is recorded, so a layer unpinned since then is seen referenced,
+        // and one still pinned then is spared.
+        let pinned: HashSet<String> = self.pinned.lock().keys().cloned().collect();
         let mut n = 0;
         for l in self.store.unreferenced_layers().await? {
-            if self.pinned.lock().contains_key(&l.id) {
+            if pinned.contains(&l.id) || self.pinned.lock().contains_key(&l.id) {
                 continue;
             }
             self.remove(&l).await?;

@@ -144,7 +144,11 @@ impl Store {
 
     /// Layers neither a snapshot nor a session that is not stopped lists. Kept simple and
     /// portable (no JSON functions in SQL): the references are gathered here.
+    /// Layers no snapshot or unstopped session lists. Listed before the references are read:
+    /// a layer is recorded before anything refers to it, so one recorded meanwhile is no
+    /// candidate, and a reference written meanwhile to a listed one is seen.
     pub async fn unreferenced_layers(&self) -> Result<Vec<LayerRecord>, StoreError> {
+        let candidates = self.all_layers().await?;
         let mut used: HashSet<String> = HashSet::new();
         for row in sqlx::query("SELECT layers_json FROM snapshots")
             .fetch_all(&self.pool)
@@ -164,9 +168,7 @@ impl Store {
                 "session layers",
             )?);
         }
-        Ok(self
-            .all_layers()
-            .await?
+        Ok(candidates
             .into_iter()
             .filter(|l| !used.contains(&l.id))
             .collect())
