@@ -167,11 +167,18 @@ fn report(result: &RunResult, save: Option<&Path>, json: bool) -> Result<i32> {
                     eprintln!("ksandbox: saved {}", path.display());
                 }
             }
-            None if !files.is_empty() && !json => {
-                eprintln!(
-                    "ksandbox: {} (save with --save-results DIR)",
-                    summary(n + 1, &files)
-                );
+            None if !json => {
+                // A value's JSON form says nothing its text (printed above) did not.
+                let unshown: Vec<_> = files
+                    .into_iter()
+                    .filter(|(name, _)| rich.text.is_none() || !name.ends_with(".json"))
+                    .collect();
+                if !unshown.is_empty() {
+                    eprintln!(
+                        "ksandbox: {} (save with --save-results DIR)",
+                        summary(n + 1, &unshown)
+                    );
+                }
             }
             None => {}
         }
