@@ -566,6 +566,19 @@ fn preview_errors_images_flow(daemon: &Daemon) {
             .is_some_and(|l| l.iter().any(|i| i["name"] == "host")),
         "{images}"
     );
+    let stat: serde_json::Value = serde_json::from_str(
+        &cli.ok(&["stat", &id, "/tmp/site/index.html", "--json"])
+            .stdout,
+    )
+    .expect("stat --json");
+    assert_eq!(
+        (stat["type"].as_str(), stat["size"].as_u64()),
+        (Some("file"), Some(11)),
+        "{stat}"
+    );
+    let missing = cli.run(&["stat", &id, "/tmp/site/none"]);
+    assert_eq!(missing.code, 1, "{missing:?}");
+    assert!(missing.stderr.contains("SANDBOX-NOT-FOUND"), "{missing:?}");
     let host = cli.ok(&["image", "get", "host"]).stdout;
     assert!(host.contains("kind:       host"), "{host}");
     let refused = cli.run(&["image", "delete", "host"]);

@@ -709,6 +709,13 @@ impl Client {
         decode(self.send(builder).await?).await
     }
 
+    /// `GET .../files/stat?path=`: one entry (a symlink is described, not followed).
+    pub async fn stat(&self, id: &str, path: &str) -> Result<FileEntry> {
+        let url = self.session_url(id, &["files", "stat"])?;
+        let builder = self.request(Method::GET, url).query(&[("path", path)]);
+        decode(self.send(builder).await?).await
+    }
+
     /// `DELETE .../files?path=&recursive=`.
     pub async fn remove(&self, id: &str, path: &str, recursive: bool) -> Result<()> {
         let url = self.session_url(id, &["files"])?;

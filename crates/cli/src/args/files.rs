@@ -41,6 +41,16 @@ pub struct FilesArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct StatArgs {
+    /// Session id.
+    pub session: String,
+    /// Path inside the sandbox (a symlink is described, not followed).
+    pub path: String,
+    #[command(flatten)]
+    pub c: LocalOpts,
+}
+
+#[derive(Debug, Args)]
 pub struct MkdirArgs {
     /// Session id.
     pub session: String,

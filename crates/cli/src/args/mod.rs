@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 pub use admin::{AdminArgs, AdminCommand, TenantCommand};
 pub use exec::{ExecArgs, ExecOpts, RunArgs};
-pub use files::{CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs};
+pub use files::{CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs, StatArgs};
 pub use image::{ImageBuildArgs, ImageCommand};
 #[cfg(test)]
 pub(crate) use interp::ContextLanguage;
@@ -136,6 +136,8 @@ pub enum ClientCommand {
     Kill(KillArgs),
     /// List files in a session.
     Files(FilesArgs),
+    /// Show one file's type, size, mode and owner in a session.
+    Stat(StatArgs),
     /// Create a directory (and its parents) in a session.
     Mkdir(MkdirArgs),
     /// Move or rename a file in a session.

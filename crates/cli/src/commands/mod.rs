@@ -82,6 +82,7 @@ pub async fn dispatch(g: &GlobalOpts, command: Command) -> Result<i32> {
         Command::Files(a) => files::list(Ctx::new(g, &a.c)?, a).await,
         Command::Mkdir(a) => files::mkdir(Ctx::new(g, &a.c)?, a).await,
         Command::Mv(a) => files::mv(Ctx::new(g, &a.c)?, a).await,
+        Command::Stat(a) => files::stat(Ctx::new(g, &a.c)?, a).await,
         Command::Shell(a) => live::terminal(Ctx::new(g, &a.c)?, &a.session, &[]).await,
         Command::Attach(a) => live::terminal(Ctx::new(g, &a.c)?, &a.session, &a.cmd).await,
         Command::Logs(a) => live::logs(Ctx::new(g, &a.c)?, a).await,
