@@ -48,8 +48,12 @@ impl CliError {
 
     /// The daemon-down message when the error is a refused or failed connection.
     pub fn unreachable_daemon(&self) -> Option<String> {
-        let CliError::Sdk(koder_sdk::Error::Transport(e)) = self else {
-            return None;
+        let e = match self {
+            CliError::Sdk(koder_sdk::Error::Transport(e)) => e,
+            CliError::Sdk(koder_sdk::Error::Connect { url, source }) => {
+                return Some(daemon_down_message(url, &source.to_string()));
+            }
+            _ => return None,
         };
         if !e.is_connect() {
             return None;

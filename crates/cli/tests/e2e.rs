@@ -326,6 +326,12 @@ fn e2e_cli_without_a_daemon() {
     ] {
         assert!(out.stderr.contains(part), "{part}: {out:?}");
     }
+    let watch = down.run(&["watch", "s1"]);
+    assert_eq!(watch.code, 1, "{watch:?}");
+    assert!(
+        watch.stderr.contains("ws://127.0.0.1:9/") && watch.stderr.contains("scripts/serve.sh"),
+        "a WebSocket command too: {watch:?}"
+    );
     let no_key = Cli {
         url: "http://127.0.0.1:9".into(),
         key: String::new(),

@@ -79,6 +79,9 @@ pub enum Error {
     /// reset, a failing upload source, ...).
     #[error("transport error: {}", error_chain(.0))]
     Transport(reqwest::Error),
+    /// A WebSocket (terminal, file watch) could not connect to the daemon at `url`.
+    #[error("cannot connect to {url}: {source}")]
+    Connect { url: String, source: std::io::Error },
     /// A 2xx answer whose body is not the documented JSON shape.
     #[error("could not decode the daemon's answer: {0}")]
     Decode(String),

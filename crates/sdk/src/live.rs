@@ -189,6 +189,12 @@ impl Client {
                 .map_err(|_| Error::Decode("API key is not a valid header value".into()))?;
             req.headers_mut().insert("authorization", value);
         }
+        // Named in a connect error without the query (paths, commands).
+        let target = {
+            let mut u = url.clone();
+            u.set_query(None);
+            u.to_string()
+        };
         let connector = tokio_tungstenite::Connector::Rustls(self.ws_tls.clone());
         match tokio_tungstenite::connect_async_tls_with_config(req, None, false, Some(connector))
             .await
@@ -199,6 +205,10 @@ impl Client {
                 let body = resp.body().clone().unwrap_or_default();
                 Err(Error::from_response_parts(status, &body))
             }
+            Err(tokio_tungstenite::tungstenite::Error::Io(source)) => Err(Error::Connect {
+                url: target,
+                source,
+            }),
             Err(e) => Err(Error::Decode(format!("websocket: {e}"))),
         }
     }

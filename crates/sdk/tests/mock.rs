@@ -296,6 +296,16 @@ async fn transport_errors_are_typed() {
     let err = client.list_sessions().await.expect_err("refused");
     assert!(matches!(err, Error::Transport(_)), "{err:?}");
     assert!(!client.health().await);
+    let Err(err) = client.watch("s-1", "/workspace", false).await else {
+        panic!("a watch without a daemon")
+    };
+    match err {
+        Error::Connect { url, .. } => assert_eq!(
+            url,
+            format!("ws://127.0.0.1:{port}/v1/sandbox/sessions/s-1/fs/watch")
+        ),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test]
