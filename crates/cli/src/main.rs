@@ -60,6 +60,10 @@ async fn run(cli: Cli) -> i32 {
 }
 
 fn print_error(err: &CliError) {
+    if let Some(message) = err.unreachable_daemon() {
+        eprintln!("error: {message}");
+        return;
+    }
     match err {
         CliError::Sdk(koder_sdk::Error::Api {
             code,

@@ -565,3 +565,264 @@ fn volume_tables() {
         ]
     );
 }
+
+/// Every argument of every subcommand, with the path of subcommands leading to it.
+fn all_args(cmd: &clap::Command, path: &str, out: &mut Vec<(String, clap::Arg)>) {
+    for arg in cmd.get_arguments() {
+        out.push((path.to_string(), arg.clone()));
+    }
+    for sub in cmd.get_subcommands() {
+        all_args(sub, &format!("{path} {}", sub.get_name()), out);
+    }
+}
+
+#[test]
+fn every_argument_has_help() {
+    let mut cli = Cli::command();
+    cli.build();
+    let mut args = Vec::new();
+    all_args(&cli, "ksandbox", &mut args);
+    assert!(
+        args.len() > 200,
+        "the walk found only {} arguments",
+        args.len()
+    );
+    let missing: Vec<String> = args
+        .iter()
+        .filter(|(_, a)| a.get_help().is_none() && a.get_long_help().is_none())
+        .map(|(path, a)| format!("{path} {}", a.get_id()))
+        .collect();
+    assert!(missing.is_empty(), "arguments without help: {missing:#?}");
+}
+
+#[test]
+fn fixed_choices_are_shown() {
+    let mut cli = Cli::command();
+    cli.build();
+    let values = |sub: &[&str], arg: &str| -> Vec<String> {
+        let mut cmd = &cli;
+        for s in sub {
+            cmd = cmd.find_subcommand(s).unwrap_or_else(|| panic!("{s}"));
+        }
+        let a = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == arg)
+            .unwrap_or_else(|| panic!("{sub:?} {arg}"));
+        a.get_possible_values()
+            .iter()
+            .map(|v| v.get_name().to_string())
+            .collect()
+    };
+    assert_eq!(values(&["create"], "runtime"), ["jail", "microvm"]);
+    assert_eq!(
+        values(&["create"], "network"),
+        ["none", "open", "allowlist"]
+    );
+    assert_eq!(values(&["create"], "language"), ["python", "node", "bash"]);
+    assert_eq!(values(&["run"], "language"), ["python", "node", "bash"]);
+    assert_eq!(values(&["run-code"], "language"), ["python", "node"]);
+    assert_eq!(
+        values(&["context", "create"], "language"),
+        ["python", "node"]
+    );
+    assert!(values(&["signal"], "signal").contains(&"TERM".to_string()));
+    assert_eq!(
+        values(&["completions"], "shell"),
+        ["bash", "elvish", "fish", "powershell", "zsh"]
+    );
+    let help = cli
+        .find_subcommand_mut("create")
+        .unwrap()
+        .render_long_help()
+        .to_string();
+    assert!(help.contains("jail") && help.contains("microvm"), "{help}");
+    // The daemon's aliases still parse.
+    assert!(parse(&["create", "--language", "js"]).is_ok());
+    assert!(parse(&["create", "--language", "ruby"]).is_err());
+    assert!(parse(&["create", "--runtime", "vm"]).is_err());
+}
+
+#[test]
+fn context_and_run_code_forms() {
+    use crate::args::{ContextCommand, ContextLanguage};
+    let cli = parse(&["context", "create", "s1", "-l", "node", "-e", "A=1"]).unwrap();
+    let Command::Client(ClientCommand::Context(ContextCommand::Create(a))) = cli.command else {
+        panic!("not context create")
+    };
+    assert_eq!(
+        (a.session.as_str(), a.language),
+        ("s1", ContextLanguage::Node)
+    );
+    assert_eq!(a.env, [("A".to_string(), "1".to_string())]);
+    let cli = parse(&["context", "create", "s1"]).unwrap();
+    let Command::Client(ClientCommand::Context(ContextCommand::Create(a))) = cli.command else {
+        panic!("not context create")
+    };
+    assert_eq!(a.language, ContextLanguage::Python);
+    assert!(parse(&["context", "rm", "s1"]).is_err(), "rm needs an id");
+    assert!(parse(&["context", "restart", "s1", "c1"]).is_ok());
+    assert!(parse(&["context", "ls", "s1", "--json"]).is_ok());
+
+    let cli = parse(&[
+        "run-code",
+        "s1",
+        "x = 1",
+        "--context",
+        "c1",
+        "--timeout-ms",
+        "900",
+    ])
+    .unwrap();
+    let Command::Client(ClientCommand::RunCode(a)) = cli.command else {
+        panic!("not run-code")
+    };
+    assert_eq!(
+        (a.code.as_str(), a.context.as_deref()),
+        ("x = 1", Some("c1"))
+    );
+    assert_eq!(a.timeout_ms, Some(900));
+    assert!(parse(&["run-code", "s1", "-", "--language", "js"]).is_ok());
+    assert!(
+        parse(&[
+            "run-code",
+            "s1",
+            "1",
+            "--context",
+            "c",
+            "--language",
+            "node"
+        ])
+        .is_err(),
+        "a context has its own language"
+    );
+    assert!(parse(&["run-code", "s1"]).is_err(), "no code");
+}
+
+#[test]
+fn preview_signal_errors_forms() {
+    let cli = parse(&["preview", "s1", "--port", "8000"]).unwrap();
+    let Command::Client(ClientCommand::Preview(a)) = cli.command else {
+        panic!("not preview")
+    };
+    assert_eq!(a.port, Some(8000));
+    assert!(parse(&["preview", "s1", "--port", "0"]).is_err());
+    assert!(parse(&["preview", "s1", "--port", "70000"]).is_err());
+    for (given, wire) in [
+        ("sigkill", "SIGKILL"),
+        ("INT", "SIGINT"),
+        ("term", "SIGTERM"),
+    ] {
+        let cli = parse(&["signal", "s1", "e1", given]).unwrap();
+        let Command::Client(ClientCommand::Signal(a)) = cli.command else {
+            panic!("not signal")
+        };
+        assert_eq!(a.signal.wire_name(), wire);
+    }
+    let cli = parse(&["signal", "s1", "e1"]).unwrap();
+    let Command::Client(ClientCommand::Signal(a)) = cli.command else {
+        panic!("not signal")
+    };
+    assert_eq!(a.signal.wire_name(), "SIGTERM");
+    assert!(parse(&["signal", "s1", "e1", "SIGFOO"]).is_err());
+    assert!(parse(&["errors", "s1", "--json"]).is_ok());
+}
+
+#[test]
+fn completion_scripts_name_the_subcommands() {
+    use clap_complete::Shell;
+    for shell in [
+        Shell::Bash,
+        Shell::Zsh,
+        Shell::Fish,
+        Shell::PowerShell,
+        Shell::Elvish,
+    ] {
+        let mut out = Vec::new();
+        crate::commands::completions(shell, &mut out);
+        let script = String::from_utf8(out).unwrap();
+        for word in ["ksandbox", "run-code", "preview", "snapshot"] {
+            assert!(script.contains(word), "{shell}: no {word}");
+        }
+    }
+}
+
+#[test]
+fn the_daemon_down_message_says_where_and_how() {
+    let m = crate::error::daemon_down_message("http://127.0.0.1:9/v1/x", "Connection refused");
+    for part in [
+        "http://127.0.0.1:9/v1/x",
+        "Connection refused",
+        "scripts/serve.sh",
+        "koder-sandbox serve",
+        "--url",
+        "KSANDBOX_URL",
+    ] {
+        assert!(m.contains(part), "{part}: {m}");
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_reported_as_the_daemon_being_down() {
+    // Port 9 (discard) on loopback: nothing listens.
+    let client = koder_sdk::Client::new("http://127.0.0.1:9", "k").unwrap();
+    let err = crate::error::CliError::from(client.list_sessions().await.unwrap_err());
+    let m = err.unreachable_daemon().expect("a connect error");
+    assert!(
+        m.starts_with("cannot reach the daemon at http://127.0.0.1:9/"),
+        "{m}"
+    );
+    assert!(m.contains("scripts/serve.sh"), "{m}");
+    let api = crate::error::CliError::from(koder_sdk::Error::from_response_parts(404, b""));
+    assert!(api.unreachable_daemon().is_none());
+}
+
+#[test]
+fn admin_key_errors_say_where_keys_come_from() {
+    use crate::error::CliError;
+    let denied = koder_sdk::Error::from_response_parts(
+        403,
+        br#"{"error":{"code":"SANDBOX-PERMISSION-DENIED","message":"admin key required"}}"#,
+    );
+    let text = CliError::admin(denied).to_string();
+    for part in [
+        "SANDBOX-PERMISSION-DENIED",
+        "[auth]",
+        "admin_keys",
+        "--admin-key",
+        "--api-key",
+        "KSANDBOX_ADMIN_KEY",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    assert!(CliError::AdminKey(None)
+        .to_string()
+        .starts_with("no admin key given"));
+    let other = CliError::admin(koder_sdk::Error::from_response_parts(409, b"in use"));
+    assert!(matches!(other, CliError::Sdk(_)), "{other}");
+}
+
+#[test]
+fn rich_results_become_files() {
+    use crate::commands::{result_files, summary};
+    let rich = koder_sdk::interp::RichOutput {
+        text: Some("<Figure>".into()),
+        png: Some("iVBORw0KGgo=".into()),
+        html: Some("<b>x</b>".into()),
+        json: Some(serde_json::json!({"a": 1})),
+        ..Default::default()
+    };
+    let files = result_files(&rich, 2).unwrap();
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["result-2.png", "result-2.html", "result-2.json"]);
+    assert_eq!(files[0].1, b"\x89PNG\r\n\x1a\n");
+    assert_eq!(
+        summary(2, &files),
+        "result 2: png (8 B), html (8 B), json (12 B)"
+    );
+    let broken = koder_sdk::interp::RichOutput {
+        png: Some("not base64!".into()),
+        ..Default::default()
+    };
+    assert!(result_files(&broken, 1).is_err());
+    assert!(result_files(&Default::default(), 1).unwrap().is_empty());
+}

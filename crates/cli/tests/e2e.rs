@@ -304,6 +304,293 @@ fn e2e_sdk_and_cli_against_the_real_daemon() {
     cli_flow(&daemon);
     admin_flow(&daemon);
     live_flow(&daemon);
+    interpreter_flow(&daemon);
+    preview_errors_images_flow(&daemon);
+}
+
+/// What needs no daemon: completions, and the errors that say how to reach one.
+#[test]
+fn e2e_cli_without_a_daemon() {
+    // Port 9 (discard) on loopback: nothing listens.
+    let down = Cli {
+        url: "http://127.0.0.1:9".into(),
+        key: KEY1.into(),
+    };
+    let out = down.run(&["ls"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    for part in [
+        "http://127.0.0.1:9/",
+        "scripts/serve.sh",
+        "koder-sandbox serve",
+        "KSANDBOX_URL",
+    ] {
+        assert!(out.stderr.contains(part), "{part}: {out:?}");
+    }
+    let watch = down.run(&["watch", "s1"]);
+    assert_eq!(watch.code, 1, "{watch:?}");
+    assert!(
+        watch.stderr.contains("ws://127.0.0.1:9/") && watch.stderr.contains("scripts/serve.sh"),
+        "a WebSocket command too: {watch:?}"
+    );
+    let no_key = Cli {
+        url: "http://127.0.0.1:9".into(),
+        key: String::new(),
+    };
+    let out = no_key.run(&["admin", "tenant", "ls"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stderr.contains("no admin key") && out.stderr.contains("admin_keys"),
+        "{out:?}"
+    );
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef ksandbox"),
+        ("fish", "complete -c ksandbox"),
+        ("powershell", "Register-ArgumentCompleter"),
+        ("elvish", "edit:completion"),
+    ] {
+        let out = no_key.ok(&["completions", shell]);
+        assert!(out.stdout.contains(marker), "{shell}: {out:?}");
+        assert!(out.stdout.contains("run-code"), "{shell}: {out:?}");
+    }
+    assert_ne!(no_key.run(&["completions", "tcsh"]).code, 0);
+}
+
+/// Interpreter contexts through the CLI: state kept between runs, errors, rich results saved.
+fn interpreter_flow(daemon: &Daemon) {
+    let cli = daemon.cli(KEY1);
+    let id = cli
+        .ok(&["create", "--language", "python"])
+        .stdout
+        .trim()
+        .to_string();
+    let ctx = cli
+        .ok(&["context", "create", &id])
+        .stdout
+        .trim()
+        .to_string();
+    assert!(!ctx.is_empty());
+    let listed: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["context", "ls", &id, "--json"]).stdout)
+            .expect("context ls --json");
+    assert!(
+        listed.as_array().is_some_and(|l| l
+            .iter()
+            .any(|c| c["context_id"] == ctx.as_str() && c["language"] == "python")),
+        "{listed}"
+    );
+    cli.ok(&["run-code", &id, "--context", &ctx, "x = 20"]);
+    let out = cli.ok(&[
+        "run-code",
+        &id,
+        "--context",
+        &ctx,
+        "print('x is', x); x * 2 + 2",
+    ]);
+    assert_eq!(out.stdout, "x is 20\n42\n", "{out:?}");
+    let streamed = cli.ok(&[
+        "run-code",
+        &id,
+        "--context",
+        &ctx,
+        "--stream",
+        "import time\nprint('a', flush=True); time.sleep(0.3); print('b')",
+    ]);
+    assert_eq!(streamed.stdout, "a\nb\n", "{streamed:?}");
+    let failed = cli.run(&["run-code", &id, "--context", &ctx, "1 / 0"]);
+    assert_eq!(failed.code, 1, "{failed:?}");
+    assert!(failed.stderr.contains("ZeroDivisionError"), "{failed:?}");
+
+    let dir = tempfile::tempdir().expect("results dir");
+    let dir_arg = dir.path().to_str().expect("utf-8 temp path");
+    let html = "class H:\n    def _repr_html_(self): return '<b>hi</b>'\nH()";
+    let rich = cli.ok(&[
+        "run-code",
+        &id,
+        "--context",
+        &ctx,
+        "--save-results",
+        dir_arg,
+        html,
+    ]);
+    assert!(rich.stderr.contains("saved"), "{rich:?}");
+    let saved = std::fs::read_to_string(dir.path().join("result-1.html")).expect("saved html");
+    assert_eq!(saved, "<b>hi</b>");
+    let json: serde_json::Value = serde_json::from_str(
+        &cli.ok(&["run-code", &id, "--context", &ctx, "--json", html])
+            .stdout,
+    )
+    .expect("run-code --json");
+    assert_eq!(json["results"][0]["html"], "<b>hi</b>", "{json}");
+
+    let restarted: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["context", "restart", &id, &ctx, "--json"]).stdout)
+            .expect("context restart --json");
+    assert_eq!(restarted["execution_count"], 0, "{restarted}");
+    let gone = cli.run(&["run-code", &id, "--context", &ctx, "x"]);
+    assert!(gone.stderr.contains("NameError"), "{gone:?}");
+    cli.ok(&["context", "rm", &id, &ctx]);
+    let after: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["context", "ls", &id, "--json"]).stdout)
+            .expect("context ls --json");
+    assert!(
+        after
+            .as_array()
+            .is_some_and(|l| l.iter().all(|c| c["context_id"] != ctx.as_str())),
+        "{after}"
+    );
+
+    // Stdin, the default context and a throw-away Node context.
+    let piped = cli.run_with_stdin(&["run-code", &id, "-"], Some("print(6 * 7)\n"));
+    assert_eq!(
+        (piped.code, piped.stdout.as_str()),
+        (0, "42\n"),
+        "{piped:?}"
+    );
+    let node = cli.ok(&["run-code", &id, "--language", "node", "console.log(1 + 1)"]);
+    assert!(node.stdout.starts_with("2\n"), "{node:?}");
+    let left: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["context", "ls", &id, "--json"]).stdout)
+            .expect("context ls --json");
+    assert!(
+        left.as_array()
+            .is_some_and(|l| l.iter().all(|c| c["language"] != "node")),
+        "the throw-away context is removed: {left}"
+    );
+    cli.ok(&["kill", &id]);
+}
+
+/// A GET through the daemon's preview proxy with the bearer key; the status and the body.
+fn preview_get(url: &str, key: &str) -> (u16, String) {
+    let rest = url.strip_prefix("http://").expect("http URL");
+    let (host, path) = rest.split_once('/').expect("a path");
+    let mut stream = std::net::TcpStream::connect(host).expect("connect to the daemon");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    write!(
+        stream,
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, answer)
+}
+
+/// preview (pinned and detected), the error ring, the daemon's images, a signal.
+fn preview_errors_images_flow(daemon: &Daemon) {
+    let cli = daemon.cli(KEY1);
+    let id = cli.ok(&["create"]).stdout.trim().to_string();
+    let nothing = cli.run(&["preview", &id]);
+    assert_eq!(nothing.code, 1, "{nothing:?}");
+    assert!(
+        nothing.stderr.contains("SANDBOX-PREVIEW-NOT-LISTENING"),
+        "{nothing:?}"
+    );
+    let serve = "mkdir -p /tmp/site && echo preview-ok > /tmp/site/index.html && \
+                 exec python3 -m http.server 8765 --bind 127.0.0.1 --directory /tmp/site";
+    let server = cli
+        .ok(&["exec", &id, "--background", "--shell", serve])
+        .stdout
+        .trim()
+        .to_string();
+    let expected = format!("{}/v1/sandbox/sessions/{id}/preview/", daemon.url);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let detected = loop {
+        let out = cli.run(&["preview", &id, "--json"]);
+        if out.code == 0 {
+            break out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server never listened: {out:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let info: serde_json::Value = serde_json::from_str(&detected.stdout).expect("preview --json");
+    assert_eq!(
+        (
+            info["preview_url"].as_str(),
+            info["port"].as_u64(),
+            info["pinned"].as_bool()
+        ),
+        (Some(expected.as_str()), Some(8765), Some(false)),
+        "{info}"
+    );
+    let pinned = cli.ok(&["preview", &id, "--port", "8765"]);
+    assert_eq!(pinned.stdout.trim(), expected, "{pinned:?}");
+    let (status, body) = preview_get(&expected, KEY1);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("preview-ok"), "{body}");
+    let elsewhere = cli.ok(&["preview", &id, "--port", "8766"]);
+    assert!(
+        elsewhere.stderr.contains("nothing listens"),
+        "{elsewhere:?}"
+    );
+
+    cli.ok(&["signal", &id, &server, "sigterm"]);
+    let ended = cli.run(&["logs", &id, &server]);
+    assert_ne!(ended.code, 0, "a terminated server: {ended:?}");
+
+    let empty = cli.ok(&["errors", &id, "--json"]);
+    assert_eq!(empty.stdout.trim(), "[]", "{empty:?}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let client = Client::new(&daemon.url, KEY1).expect("client");
+    runtime
+        .block_on(client.report_error(
+            &id,
+            &koder_sdk::types::ReportError {
+                source: "browser".into(),
+                message: "TypeError: x is undefined\n at line 3".into(),
+                stack: None,
+            },
+        ))
+        .expect("report an error");
+    let table = cli.ok(&["errors", &id]).stdout;
+    let row = table.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.contains("browser")
+            && row.contains("TypeError: x is undefined")
+            && !row.contains("line 3"),
+        "{table}"
+    );
+
+    let images: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["image", "list", "--json"]).stdout).expect("image list");
+    assert!(
+        images["images"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|i| i["name"] == "host")),
+        "{images}"
+    );
+    let stat: serde_json::Value = serde_json::from_str(
+        &cli.ok(&["stat", &id, "/tmp/site/index.html", "--json"])
+            .stdout,
+    )
+    .expect("stat --json");
+    assert_eq!(
+        (stat["type"].as_str(), stat["size"].as_u64()),
+        (Some("file"), Some(11)),
+        "{stat}"
+    );
+    let missing = cli.run(&["stat", &id, "/tmp/site/none"]);
+    assert_eq!(missing.code, 1, "{missing:?}");
+    assert!(missing.stderr.contains("SANDBOX-NOT-FOUND"), "{missing:?}");
+    let host = cli.ok(&["image", "get", "host"]).stdout;
+    assert!(host.contains("kind:       host"), "{host}");
+    let refused = cli.run(&["image", "delete", "host"]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(refused.stderr.contains("KSANDBOX_ADMIN_KEY"), "{refused:?}");
+    cli.ok(&["kill", &id]);
 }
 
 /// State that outlives a sandbox, through the CLI alone: snapshot, create from it, restore,
@@ -519,6 +806,10 @@ fn admin_flow(daemon: &Daemon) {
     assert_eq!(refused.code, 1, "{refused:?}");
     assert!(
         refused.stderr.contains("SANDBOX-PERMISSION-DENIED"),
+        "{refused:?}"
+    );
+    assert!(
+        refused.stderr.contains("admin_keys") && refused.stderr.contains("--admin-key"),
         "{refused:?}"
     );
 

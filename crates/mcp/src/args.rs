@@ -411,6 +411,26 @@ impl ListFilesArgs {
     }
 }
 
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct PreviewArgs {
+    /// Id of the session (from `create_session` or `list_sessions`).
+    pub session_id: String,
+    /// The port the web server listens on inside the sandbox (1-65535); the preview is pinned
+    /// to it. Default: the port detected from the session's listening sockets.
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+impl PreviewArgs {
+    pub fn checked(self) -> Result<(String, Option<u16>), ToolError> {
+        check_id("session_id", &self.session_id)?;
+        if let Some(port) = self.port {
+            check_range("port", u64::from(port), 1, u64::from(u16::MAX))?;
+        }
+        Ok((self.session_id, self.port))
+    }
+}
+
 fn invalid(message: impl Into<String>) -> ToolError {
     ToolError::invalid(message)
 }

@@ -15,8 +15,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{
-    CreateSessionArgs, ListFilesArgs, ReadFileArgs, ReadOutputArgs, RunCodeArgs, RunCommandArgs,
-    SessionArgs, StopProcessArgs, WriteFileArgs,
+    CreateSessionArgs, ListFilesArgs, PreviewArgs, ReadFileArgs, ReadOutputArgs, RunCodeArgs,
+    RunCommandArgs, SessionArgs, StopProcessArgs, WriteFileArgs,
 };
 use crate::reply::{answer, input_schema, tail, Args, ToolError, CANCELLED};
 
@@ -141,9 +141,10 @@ impl SandboxMcp {
 
     /// The URL where the web server a session listens on can be reached (the daemon's preview
     /// proxy; requests to it need the same API key as a bearer token). Start the server with
-    /// start_process first; until it listens this is SANDBOX-PREVIEW-NOT-LISTENING.
-    #[tool(input_schema = input_schema::<SessionArgs>(), annotations(read_only_hint = true))]
-    async fn get_preview_url(&self, Args(args): Args<SessionArgs>) -> CallToolResult {
+    /// start_process first; until it listens this is SANDBOX-PREVIEW-NOT-LISTENING. With
+    /// `port`, the preview is pinned to that port instead of the detected one.
+    #[tool(input_schema = input_schema::<PreviewArgs>())]
+    async fn get_preview_url(&self, Args(args): Args<PreviewArgs>) -> CallToolResult {
         answer(self.do_preview(args).await)
     }
 }
@@ -267,17 +268,14 @@ impl SandboxMcp {
         Ok(self.client.list_files(&id, &path, depth).await?)
     }
 
-    async fn do_preview(&self, args: Result<SessionArgs, ToolError>) -> Result<Preview, ToolError> {
-        let id = args?.checked()?;
-        let upstream: UpstreamInfo = serde_json::from_value(self.client.upstream(&id).await?)
-            .map_err(|e| {
-                ToolError::new(crate::reply::TRANSPORT, format!("upstream answer: {e}"))
-            })?;
-        let proxy = self
-            .client
-            .url(&["v1", "sandbox", "sessions", &id, "preview"])?;
+    async fn do_preview(&self, args: Result<PreviewArgs, ToolError>) -> Result<Preview, ToolError> {
+        let (id, port) = args?.checked()?;
+        let upstream = match port {
+            Some(port) => self.client.pin_preview(&id, port).await?,
+            None => self.client.upstream(&id).await?,
+        };
         Ok(Preview {
-            url: format!("{proxy}/"),
+            url: self.client.preview_url(&id)?.to_string(),
             port: upstream.port,
             url_inside_sandbox: upstream.url,
             auth: "Authorization: Bearer <the API key>",
@@ -531,13 +529,6 @@ impl FileContent {
             truncated,
         }
     }
-}
-
-/// `GET .../upstream`'s answer (the SDK hands it over as JSON).
-#[derive(serde::Deserialize)]
-struct UpstreamInfo {
-    url: String,
-    port: u16,
 }
 
 #[derive(Serialize)]

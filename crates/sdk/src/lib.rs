@@ -36,6 +36,7 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 mod images;
+pub mod interp;
 pub mod live;
 
 pub use koder_api_types as types;
@@ -78,6 +79,9 @@ pub enum Error {
     /// reset, a failing upload source, ...).
     #[error("transport error: {}", error_chain(.0))]
     Transport(reqwest::Error),
+    /// A WebSocket (terminal, file watch) could not connect to the daemon at `url`.
+    #[error("cannot connect to {url}: {source}")]
+    Connect { url: String, source: std::io::Error },
     /// A 2xx answer whose body is not the documented JSON shape.
     #[error("could not decode the daemon's answer: {0}")]
     Decode(String),
@@ -705,6 +709,13 @@ impl Client {
         if let Some(depth) = depth {
             builder = builder.query(&[("depth", depth)]);
         }
+        decode(self.send(builder).await?).await
+    }
+
+    /// `GET .../files/stat?path=`: one entry (a symlink is described, not followed).
+    pub async fn stat(&self, id: &str, path: &str) -> Result<FileEntry> {
+        let url = self.session_url(id, &["files", "stat"])?;
+        let builder = self.request(Method::GET, url).query(&[("path", path)]);
         decode(self.send(builder).await?).await
     }
 

@@ -27,6 +27,20 @@ pub enum ExecEvent {
     Exit(types::ExecResult),
 }
 
+/// Where a session's dev server is (`GET .../upstream`, `POST .../preview`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct UpstreamInfo {
+    /// Its address inside the sandbox.
+    pub url: String,
+    pub port: u16,
+    /// Pinned with [`Client::pin_preview`] rather than detected.
+    #[serde(default)]
+    pub pinned: bool,
+    /// The path of the daemon's reverse proxy to it.
+    #[serde(default)]
+    pub preview_path: String,
+}
+
 /// The WebSocket of a terminal or a file watch.
 pub type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -175,6 +189,12 @@ impl Client {
                 .map_err(|_| Error::Decode("API key is not a valid header value".into()))?;
             req.headers_mut().insert("authorization", value);
         }
+        // Named in a connect error without the query (paths, commands).
+        let target = {
+            let mut u = url.clone();
+            u.set_query(None);
+            u.to_string()
+        };
         let connector = tokio_tungstenite::Connector::Rustls(self.ws_tls.clone());
         match tokio_tungstenite::connect_async_tls_with_config(req, None, false, Some(connector))
             .await
@@ -185,6 +205,10 @@ impl Client {
                 let body = resp.body().clone().unwrap_or_default();
                 Err(Error::from_response_parts(status, &body))
             }
+            Err(tokio_tungstenite::tungstenite::Error::Io(source)) => Err(Error::Connect {
+                url: target,
+                source,
+            }),
             Err(e) => Err(Error::Decode(format!("websocket: {e}"))),
         }
     }
@@ -214,10 +238,36 @@ impl Client {
         decode(self.send(self.request(Method::GET, url)).await?).await
     }
 
-    /// The session's dev server (`GET .../upstream`).
-    pub async fn upstream(&self, id: &str) -> Result<Value> {
+    /// The session's dev server (`GET .../upstream`): the pinned port, else the one detected
+    /// from its listening sockets.
+    pub async fn upstream(&self, id: &str) -> Result<UpstreamInfo> {
         let url = self.session_url(id, &["upstream"])?;
         decode(self.send(self.request(Method::GET, url)).await?).await
+    }
+
+    /// Pins the port the preview proxy forwards to (`POST .../preview`). A pinned port nothing
+    /// listens on yet is a 503 `SANDBOX-PREVIEW-NOT-LISTENING`, and stays pinned.
+    pub async fn pin_preview(&self, id: &str, port: u16) -> Result<UpstreamInfo> {
+        let url = self.session_url(id, &["preview"])?;
+        let body = serde_json::json!({ "port": port });
+        decode(
+            self.send(self.request(Method::POST, url).json(&body))
+                .await?,
+        )
+        .await
+    }
+
+    /// The URL of the daemon's reverse proxy to a session's dev server (it needs the API key
+    /// as a bearer token, like every other call).
+    pub fn preview_url(&self, id: &str) -> Result<reqwest::Url> {
+        let mut url = self.session_url(id, &["preview"])?;
+        url.path_segments_mut()
+            .map_err(|()| Error::InvalidUrl {
+                url: self.base.to_string(),
+                reason: "not a base URL".into(),
+            })?
+            .push("");
+        Ok(url)
     }
 
     pub async fn report_error(

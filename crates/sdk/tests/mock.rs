@@ -296,6 +296,16 @@ async fn transport_errors_are_typed() {
     let err = client.list_sessions().await.expect_err("refused");
     assert!(matches!(err, Error::Transport(_)), "{err:?}");
     assert!(!client.health().await);
+    let Err(err) = client.watch("s-1", "/workspace", false).await else {
+        panic!("a watch without a daemon")
+    };
+    match err {
+        Error::Connect { url, .. } => assert_eq!(
+            url,
+            format!("ws://127.0.0.1:{port}/v1/sandbox/sessions/s-1/fs/watch")
+        ),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -1026,4 +1036,89 @@ async fn volume_errors_carry_their_codes() {
         .await
         .expect_err("507");
     assert_eq!(err.status(), Some(507));
+}
+
+const CONTEXT: &str =
+    r#"{"context_id":"c-1","language":"node","execution_count":0,"cwd":"/workspace"}"#;
+const UPSTREAM: &str = r#"{"url":"http://127.0.0.1:8000","port":8000,"pinned":true,
+    "preview_path":"/v1/sandbox/sessions/s-1/preview/"}"#;
+
+#[tokio::test]
+async fn context_and_preview_calls() {
+    use koder_sdk::interp::{CreateContext, RunCode, DEFAULT_CONTEXT};
+    let mock = Mock::start(|rec| match (rec.method.as_str(), rec.target.as_str()) {
+        ("POST", "/v1/sandbox/sessions/s-1/contexts") => json(201, CONTEXT),
+        ("GET", "/v1/sandbox/sessions/s-1/contexts") => {
+            json(200, &format!(r#"{{"contexts":[{CONTEXT}]}}"#))
+        }
+        ("DELETE", _) => no_content(),
+        ("POST", t) if t.ends_with("/restart") => json(200, CONTEXT),
+        ("POST", t) if t.ends_with("/run") => json(
+            200,
+            r#"{"stdout":"","stderr":"","stdout_truncated":false,"stderr_truncated":false,
+                "results":[{"is_main_result":false,"png":"iVBORw0K"}],
+                "error":{"name":"ValueError","value":"bad","traceback":"tb"},
+                "execution_count":1,"duration_ms":3,"verdict":null,"restarted":false}"#,
+        ),
+        ("POST", "/v1/sandbox/sessions/s-1/preview") => json(200, UPSTREAM),
+        ("GET", "/v1/sandbox/sessions/s-1/upstream") => json(
+            503,
+            r#"{"error":{"code":"SANDBOX-PREVIEW-NOT-LISTENING","message":"nothing listens"}}"#,
+        ),
+        _ => json(
+            404,
+            r#"{"error":{"code":"SANDBOX-NOT-FOUND","message":"no"}}"#,
+        ),
+    })
+    .await;
+    let client = Client::new(&mock.url, "k").expect("client");
+    let created = client
+        .create_context(
+            "s-1",
+            &CreateContext {
+                language: Some("node".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create");
+    assert_eq!(created.context_id, "c-1");
+    assert_eq!(client.list_contexts("s-1").await.expect("list"), [created]);
+    client.delete_context("s-1", "c-1").await.expect("delete");
+    client.restart_context("s-1", "c-1").await.expect("restart");
+    let run = client
+        .run_in_context(
+            "s-1",
+            DEFAULT_CONTEXT,
+            &RunCode {
+                code: "raise ValueError('bad')".into(),
+                timeout_ms: Some(500),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("run");
+    assert_eq!(run.error.map(|e| e.name).as_deref(), Some("ValueError"));
+    assert_eq!(run.results[0].png.as_deref(), Some("iVBORw0K"));
+    let pinned = client.pin_preview("s-1", 8000).await.expect("pin");
+    assert!(pinned.pinned && pinned.port == 8000, "{pinned:?}");
+    let err = client.upstream("s-1").await.expect_err("503");
+    assert_eq!(err.code(), Some("SANDBOX-PREVIEW-NOT-LISTENING"));
+    assert_eq!(
+        client.preview_url("s-1").expect("url").as_str(),
+        format!("{}/v1/sandbox/sessions/s-1/preview/", mock.url)
+    );
+
+    let seen = mock.seen.lock().unwrap().clone();
+    assert_eq!(body_json(&seen[0]), serde_json::json!({"language": "node"}));
+    assert_eq!(seen[2].target, "/v1/sandbox/sessions/s-1/contexts/c-1");
+    assert_eq!(
+        seen[4].target,
+        "/v1/sandbox/sessions/s-1/contexts/default/run"
+    );
+    assert_eq!(
+        body_json(&seen[4]),
+        serde_json::json!({"code": "raise ValueError('bad')", "timeout_ms": 500})
+    );
+    assert_eq!(body_json(&seen[5]), serde_json::json!({"port": 8000}));
 }

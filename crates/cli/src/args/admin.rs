@@ -29,6 +29,7 @@ pub enum TenantCommand {
 
 #[derive(Debug, Args)]
 pub struct TenantIdArgs {
+    /// Tenant id.
     pub tenant: String,
     #[command(flatten)]
     pub c: LocalOpts,
@@ -36,14 +37,19 @@ pub struct TenantIdArgs {
 
 #[derive(Debug, Args)]
 pub struct TenantSetArgs {
+    /// Tenant id (created when new).
     pub tenant: String,
+    /// Plan name (1-64 characters); `none` has no sandbox access.
     #[arg(long)]
     pub plan: String,
+    /// Display name.
     #[arg(long)]
     pub name: Option<String>,
+    /// Most live sessions at once (default: unlimited, or the server's).
     #[arg(long)]
     pub max_sessions: Option<u32>,
-    #[arg(long = "daily-minutes")]
+    /// Session minutes a day (default: unlimited, or the server's).
+    #[arg(long = "daily-minutes", value_name = "MINUTES")]
     pub daily_session_minutes: Option<u64>,
     #[command(flatten)]
     pub c: LocalOpts,

@@ -23,6 +23,7 @@ pub struct ExecOpts {
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
+    /// Session id.
     pub session: String,
     /// Run this command line with /bin/bash -c.
     #[arg(long, conflicts_with = "cmd")]
@@ -51,7 +52,8 @@ pub struct ExecArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// python, node or bash (inferred from --file's extension when omitted).
+    /// Language (inferred from --file's extension when omitted).
+    #[arg(value_parser = super::language_parser())]
     pub language: Option<String>,
     /// Source code to run.
     #[arg(short = 'c', long = "code", conflicts_with_all = ["file", "args"])]

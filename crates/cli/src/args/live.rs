@@ -4,6 +4,7 @@ use super::LocalOpts;
 
 #[derive(Debug, Args)]
 pub struct AttachArgs {
+    /// Session id.
     pub session: String,
     #[command(flatten)]
     pub c: LocalOpts,
@@ -14,7 +15,9 @@ pub struct AttachArgs {
 
 #[derive(Debug, Args)]
 pub struct LogsArgs {
+    /// Session id.
     pub session: String,
+    /// Id of the exec to follow (printed by `exec --background`).
     pub exec_id: Option<String>,
     /// List the session's followed execs instead.
     #[arg(long, conflicts_with = "exec_id")]
@@ -25,9 +28,12 @@ pub struct LogsArgs {
 
 #[derive(Debug, Args)]
 pub struct WatchArgs {
+    /// Session id.
     pub session: String,
+    /// Directory inside the sandbox.
     #[arg(default_value = "/workspace")]
     pub path: String,
+    /// Include its subdirectories.
     #[arg(short, long)]
     pub recursive: bool,
     #[command(flatten)]
@@ -45,8 +51,83 @@ pub struct AuditArgs {
     /// Only allowed attempts.
     #[arg(long)]
     pub allowed: bool,
+    /// Most entries to show (newest first).
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
     #[command(flatten)]
     pub c: LocalOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct PreviewArgs {
+    /// Session id.
+    pub session: String,
+    /// Pin the preview to this port inside the sandbox (default: the port detected from the
+    /// session's listening sockets, or the one pinned before).
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: Option<u16>,
+    #[command(flatten)]
+    pub c: LocalOpts,
+}
+
+/// The signals the daemon knows by name (`SIGTERM`, `term` and `TERM` all work).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "UPPER")]
+pub enum Signal {
+    #[value(alias = "SIGHUP")]
+    Hup,
+    #[value(alias = "SIGINT")]
+    Int,
+    #[value(alias = "SIGQUIT")]
+    Quit,
+    #[value(alias = "SIGKILL")]
+    Kill,
+    #[value(alias = "SIGUSR1")]
+    Usr1,
+    #[value(alias = "SIGUSR2")]
+    Usr2,
+    #[value(alias = "SIGPIPE")]
+    Pipe,
+    #[value(alias = "SIGALRM")]
+    Alrm,
+    #[value(alias = "SIGTERM")]
+    Term,
+    #[value(alias = "SIGCONT")]
+    Cont,
+    #[value(alias = "SIGSTOP")]
+    Stop,
+    #[value(alias = "SIGTSTP")]
+    Tstp,
+    #[value(alias = "SIGWINCH")]
+    Winch,
+}
+
+impl Signal {
+    /// The name on the wire: `SIGTERM`.
+    pub fn wire_name(self) -> String {
+        let name = clap::ValueEnum::to_possible_value(&self)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
+        format!("SIG{name}")
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct SignalArgs {
+    /// Session id.
+    pub session: String,
+    /// Id of a background or followed exec (see `logs --list`).
+    pub exec_id: String,
+    /// Signal sent to the exec's process group.
+    #[arg(value_enum, ignore_case = true, default_value_t = Signal::Term)]
+    pub signal: Signal,
+    #[command(flatten)]
+    pub c: LocalOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to write a completion script for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }

@@ -4,6 +4,7 @@ mod admin;
 mod exec;
 mod files;
 mod image;
+mod interp;
 mod live;
 mod mcp;
 mod sessions;
@@ -15,9 +16,14 @@ use std::path::PathBuf;
 
 pub use admin::{AdminArgs, AdminCommand, TenantCommand};
 pub use exec::{ExecArgs, ExecOpts, RunArgs};
-pub use files::{CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs};
+pub use files::{CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs, StatArgs};
 pub use image::{ImageBuildArgs, ImageCommand};
-pub use live::{AttachArgs, AuditArgs, LogsArgs, WatchArgs};
+#[cfg(test)]
+pub(crate) use interp::ContextLanguage;
+pub use interp::{ContextCommand, RunCodeArgs};
+pub use live::{
+    AttachArgs, AuditArgs, CompletionsArgs, LogsArgs, PreviewArgs, SignalArgs, WatchArgs,
+};
 pub use mcp::McpArgs;
 pub use sessions::{CreateArgs, KillArgs, SessionArgs, SessionOpts, TimeoutArgs};
 pub use state::{
@@ -39,6 +45,16 @@ pub struct Cli {
     pub global: GlobalOpts,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The languages a session or a run is created for, with the aliases the daemon takes.
+pub(crate) fn language_parser() -> clap::builder::PossibleValuesParser {
+    use clap::builder::PossibleValue;
+    clap::builder::PossibleValuesParser::new([
+        PossibleValue::new("python").alias("py"),
+        PossibleValue::new("node").aliases(["js", "javascript", "nodejs"]),
+        PossibleValue::new("bash").alias("sh"),
+    ])
 }
 
 /// Options in front of the subcommand (`ksandbox --json ls`).
@@ -120,6 +136,8 @@ pub enum ClientCommand {
     Kill(KillArgs),
     /// List files in a session.
     Files(FilesArgs),
+    /// Show one file's type, size, mode and owner in a session.
+    Stat(StatArgs),
     /// Create a directory (and its parents) in a session.
     Mkdir(MkdirArgs),
     /// Move or rename a file in a session.
@@ -142,6 +160,18 @@ pub enum ClientCommand {
     Pause(PauseArgs),
     /// Resume a paused session.
     Resume(SessionArgs),
+    /// Interpreter contexts: long-lived Python/Node interpreters whose variables persist.
+    #[command(subcommand)]
+    Context(ContextCommand),
+    /// Run code in a session's interpreter context: `run-code S 'x = 1'`, `run-code S - < f.py`.
+    RunCode(RunCodeArgs),
+    /// Print the preview URL of a session's web server (the daemon's proxy to it), pinning
+    /// the port with --port.
+    Preview(PreviewArgs),
+    /// List the errors reported for a session (the last 50, oldest first).
+    Errors(SessionArgs),
+    /// Send a signal to a background or followed exec.
+    Signal(SignalArgs),
     /// Check that the daemon answers (GET /healthz).
     Health(OnlyOpts),
     /// Live resource use of a session (CPU, memory, pids, disk).
@@ -163,6 +193,9 @@ pub enum ClientCommand {
     /// Images: build language packs and the microVM guest locally; list, inspect, delete.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Print a shell completion script: `source <(ksandbox completions bash)`, or save it to
+    /// your shell's completion directory (zsh: a `_ksandbox` file on $fpath).
+    Completions(CompletionsArgs),
 }
 
 pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {

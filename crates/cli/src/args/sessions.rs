@@ -6,6 +6,7 @@ use super::{parse_kv, LifecycleOpts, LocalOpts};
 
 #[derive(Debug, Args)]
 pub struct SessionArgs {
+    /// Session id.
     pub session: String,
     #[command(flatten)]
     pub c: LocalOpts,
@@ -17,22 +18,25 @@ pub struct SessionOpts {
     /// Session lifetime in seconds.
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
+    /// Memory limit in MiB.
     #[arg(long, value_name = "MIB")]
     pub memory_mib: Option<u64>,
     /// CPU quota in thousandths of a core.
     #[arg(long, value_name = "N")]
     pub cpu_millis: Option<u32>,
+    /// Disk quota in MiB (the sandbox's writable layer).
     #[arg(long, value_name = "MIB")]
     pub disk_mib: Option<u64>,
+    /// Most processes (and threads) at once.
     #[arg(long, value_name = "N")]
     pub pids: Option<u64>,
-    /// Image name instead of a language.
-    #[arg(long)]
+    /// Image name instead of a language (see `ksandbox image list`).
+    #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
-    /// `jail` or `microvm` (default: the server's).
-    #[arg(long)]
+    /// Where the session runs (default: the server's).
+    #[arg(long, value_parser = ["jail", "microvm"])]
     pub runtime: Option<String>,
-    /// Network mode: none, open or allowlist.
+    /// Network mode: none (loopback only), open, or allowlist (the --allow destinations).
     #[arg(long, value_parser = ["none", "open", "allowlist"])]
     pub network: Option<String>,
     /// Allowed destination for `--network allowlist` (host, CIDR, `:port` suffix); repeatable.
@@ -45,8 +49,8 @@ pub struct SessionOpts {
 
 #[derive(Debug, Args)]
 pub struct CreateArgs {
-    /// python, node or bash.
-    #[arg(long, short = 'l')]
+    /// Language of the session (default: the server's).
+    #[arg(long, short = 'l', value_parser = super::language_parser())]
     pub language: Option<String>,
     /// Session environment variable; repeatable.
     #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_kv)]
@@ -64,6 +68,7 @@ pub struct CreateArgs {
 
 #[derive(Debug, Args)]
 pub struct KillArgs {
+    /// Session ids.
     #[arg(required = true)]
     pub sessions: Vec<String>,
     #[command(flatten)]
@@ -72,6 +77,7 @@ pub struct KillArgs {
 
 #[derive(Debug, Args)]
 pub struct TimeoutArgs {
+    /// Session id.
     pub session: String,
     /// Seconds from now.
     pub secs: u64,

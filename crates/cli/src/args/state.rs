@@ -18,8 +18,9 @@ pub enum SnapshotCommand {
 
 #[derive(Debug, Args)]
 pub struct SnapshotCreateArgs {
+    /// Session id.
     pub session: String,
-    /// 1–128 characters of [A-Za-z0-9._-].
+    /// A name for it: 1–128 characters of [A-Za-z0-9._-].
     #[arg(long)]
     pub name: Option<String>,
     #[command(flatten)]
@@ -28,6 +29,7 @@ pub struct SnapshotCreateArgs {
 
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
+    /// Snapshot id.
     pub snapshot: String,
     #[command(flatten)]
     pub c: LocalOpts,
@@ -35,7 +37,9 @@ pub struct SnapshotArgs {
 
 #[derive(Debug, Args)]
 pub struct RestoreArgs {
+    /// Session id.
     pub session: String,
+    /// Id of the snapshot to restore.
     pub snapshot: String,
     #[command(flatten)]
     pub c: LocalOpts,
@@ -43,6 +47,7 @@ pub struct RestoreArgs {
 
 #[derive(Debug, Args)]
 pub struct ForkArgs {
+    /// Session id.
     pub session: String,
     /// How many copies.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -53,6 +58,7 @@ pub struct ForkArgs {
 
 #[derive(Debug, Args)]
 pub struct PauseArgs {
+    /// Session id.
     pub session: String,
     /// Keep only the filesystem, durably (survives a daemon restart; resume boots afresh)
     /// instead of freezing the processes in memory.
@@ -68,7 +74,8 @@ pub struct LifecycleOpts {
     /// Start on this snapshot's filesystem.
     #[arg(long, value_name = "SNAPSHOT")]
     pub from_snapshot: Option<String>,
-    /// What the session's timeout does: kill it, or pause it (to disk unless --keep-memory).
+    /// What the session's timeout does: kill it (default), or pause it (to disk unless
+    /// --keep-memory).
     #[arg(long, value_parser = ["kill", "pause"])]
     pub on_timeout: Option<String>,
     /// A request to the paused session resumes it first.

@@ -53,6 +53,7 @@ pub struct VolumeArgs {
 pub struct VolumePathArgs {
     /// Volume name or id.
     pub volume: String,
+    /// Path in the volume (`/` is its root).
     pub path: String,
     #[command(flatten)]
     pub c: LocalOpts,
@@ -62,8 +63,10 @@ pub struct VolumePathArgs {
 pub struct VolumeLsArgs {
     /// Volume name or id.
     pub volume: String,
+    /// Directory in the volume.
     #[arg(default_value = "/")]
     pub path: String,
+    /// How many levels to descend (1 = the directory's own entries).
     #[arg(long)]
     pub depth: Option<u32>,
     #[command(flatten)]
@@ -99,6 +102,7 @@ pub struct VolumePutArgs {
 pub struct VolumeRmArgs {
     /// Volume name or id.
     pub volume: String,
+    /// Paths in the volume.
     #[arg(required = true)]
     pub paths: Vec<String>,
     #[command(flatten)]
@@ -109,6 +113,7 @@ pub struct VolumeRmArgs {
 pub struct VolumeMkdirArgs {
     /// Volume name or id.
     pub volume: String,
+    /// Directory to create in the volume.
     pub path: String,
     /// Make missing parents too; an existing directory is no error.
     #[arg(short = 'p', long)]

@@ -4,16 +4,20 @@ use koder_sdk::types;
 
 use super::Ctx;
 use crate::args::{AdminArgs, AdminCommand, GlobalOpts, LocalOpts, TenantCommand};
-use crate::error::Result;
+use crate::error::{CliError, Result};
 use crate::output;
 
-/// The admin key: explicit `--api-key`, else KSANDBOX_ADMIN_KEY, else KSANDBOX_API_KEY.
+/// The admin key: explicit `--api-key`, else KSANDBOX_ADMIN_KEY, else KSANDBOX_API_KEY; none
+/// at all is refused here, saying where admin keys come from.
 pub(super) fn admin_ctx(g: &GlobalOpts, local: &LocalOpts) -> Result<Ctx> {
     let mut local = local.clone();
-    if local.api_key.is_none() {
+    if local.api_key.as_deref().is_none_or(str::is_empty) {
         local.api_key = std::env::var("KSANDBOX_ADMIN_KEY")
             .ok()
             .filter(|k| !k.is_empty());
+    }
+    if super::api_key(g, &local).is_empty() {
+        return Err(CliError::AdminKey(None));
     }
     Ctx::new(g, &local)
 }
@@ -24,6 +28,13 @@ fn print_tenant(ctx: &Ctx, t: &types::TenantInfo) -> Result<()> {
 }
 
 pub async fn run(g: &GlobalOpts, a: AdminArgs) -> Result<i32> {
+    tenant(g, a).await.map_err(|e| match e {
+        CliError::Sdk(e) => CliError::admin(e),
+        other => other,
+    })
+}
+
+async fn tenant(g: &GlobalOpts, a: AdminArgs) -> Result<i32> {
     let AdminCommand::Tenant(cmd) = a.what;
     match cmd {
         TenantCommand::Ls(o) => {

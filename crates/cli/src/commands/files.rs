@@ -6,7 +6,7 @@ use futures::StreamExt as _;
 use koder_sdk::{Client, FileEntry};
 
 use super::Ctx;
-use crate::args::{usage_error, CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs};
+use crate::args::{usage_error, CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs, StatArgs};
 use crate::error::{CliError, IoContext as _, Result};
 use crate::output;
 
@@ -196,6 +196,12 @@ pub(super) fn print_listing(out: &output::Output, list: &koder_sdk::FileList) ->
 
 pub async fn mkdir(ctx: Ctx, a: MkdirArgs) -> Result<i32> {
     ctx.client.mkdir(&a.session, &a.path).await?;
+    Ok(0)
+}
+
+pub async fn stat(ctx: Ctx, a: StatArgs) -> Result<i32> {
+    let entry = ctx.client.stat(&a.session, &a.path).await?;
+    ctx.out.print(&entry, output::file_table)?;
     Ok(0)
 }
 

@@ -28,7 +28,11 @@ pub async fn run(g: &GlobalOpts, cmd: ImageCommand) -> Result<i32> {
         }
         ImageCommand::Delete(a) => {
             let ctx = admin_ctx(g, &a.c)?;
-            let image = ctx.client.delete_image(&a.name).await?;
+            let image = ctx
+                .client
+                .delete_image(&a.name)
+                .await
+                .map_err(CliError::admin)?;
             ctx.out
                 .print(&image, |i| format!("deleted {}", i.names.join(", ")))?;
             Ok(0)

@@ -1,9 +1,9 @@
-//! shell/attach, logs, watch, audit.
+//! shell/attach, logs, signal, watch, audit, preview, errors.
 
 use futures::StreamExt as _;
 
 use super::{terminal, Ctx};
-use crate::args::{AuditArgs, LogsArgs, WatchArgs};
+use crate::args::{AuditArgs, LogsArgs, PreviewArgs, SignalArgs, WatchArgs};
 use crate::error::{CliError, Result};
 use crate::output::{self, print_line, print_stream};
 
@@ -58,5 +58,54 @@ pub async fn audit(ctx: Ctx, a: AuditArgs) -> Result<i32> {
         .network_audit(a.session.as_deref(), verdict, None, a.limit)
         .await?;
     ctx.out.print(&page, output::audit_table)?;
+    Ok(0)
+}
+
+pub async fn preview(ctx: Ctx, a: PreviewArgs) -> Result<i32> {
+    let url = ctx.client.preview_url(&a.session)?;
+    let info = match a.port {
+        Some(port) => match ctx.client.pin_preview(&a.session, port).await {
+            Ok(info) => info,
+            // The pin holds; the server is just not up yet, and the URL is already right.
+            Err(e) if e.code() == Some(koder_sdk::codes::PREVIEW_NOT_LISTENING) => {
+                eprintln!("ksandbox: pinned port {port}, but nothing listens there yet");
+                let pinned =
+                    serde_json::json!({"preview_url": url.as_str(), "port": port, "pinned": true});
+                ctx.out.print(&pinned, |_| url.to_string())?;
+                return Ok(0);
+            }
+            Err(e) => return Err(e.into()),
+        },
+        None => ctx.client.upstream(&a.session).await?,
+    };
+    let mut shown = serde_json::to_value(&info)?;
+    if let Some(o) = shown.as_object_mut() {
+        o.insert("preview_url".into(), url.as_str().into());
+    }
+    ctx.out.print(&shown, |_| url.to_string())?;
+    if !ctx.out.json {
+        let how = if info.pinned { "pinned" } else { "detected" };
+        eprintln!(
+            "ksandbox: proxies to {} inside the sandbox (port {how}); requests need the API key \
+             as `Authorization: Bearer KEY`",
+            info.url
+        );
+    }
+    Ok(0)
+}
+
+pub async fn errors(ctx: Ctx, session: &str) -> Result<i32> {
+    let errors = ctx.client.errors(session).await?;
+    ctx.out.print(&errors, |e| output::errors_table(e))?;
+    Ok(0)
+}
+
+pub async fn signal(ctx: Ctx, a: SignalArgs) -> Result<i32> {
+    let name = a.signal.wire_name();
+    ctx.client
+        .exec_signal(&a.session, &a.exec_id, &name)
+        .await?;
+    ctx.out
+        .print_json_only(&serde_json::json!({"exec_id": a.exec_id, "signal": name}))?;
     Ok(0)
 }

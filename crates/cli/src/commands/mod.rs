@@ -4,6 +4,7 @@ mod admin;
 mod exec;
 mod files;
 mod image;
+mod interp;
 mod live;
 mod mcp;
 mod sessions;
@@ -81,6 +82,7 @@ pub async fn dispatch(g: &GlobalOpts, command: Command) -> Result<i32> {
         Command::Files(a) => files::list(Ctx::new(g, &a.c)?, a).await,
         Command::Mkdir(a) => files::mkdir(Ctx::new(g, &a.c)?, a).await,
         Command::Mv(a) => files::mv(Ctx::new(g, &a.c)?, a).await,
+        Command::Stat(a) => files::stat(Ctx::new(g, &a.c)?, a).await,
         Command::Shell(a) => live::terminal(Ctx::new(g, &a.c)?, &a.session, &[]).await,
         Command::Attach(a) => live::terminal(Ctx::new(g, &a.c)?, &a.session, &a.cmd).await,
         Command::Logs(a) => live::logs(Ctx::new(g, &a.c)?, a).await,
@@ -92,13 +94,30 @@ pub async fn dispatch(g: &GlobalOpts, command: Command) -> Result<i32> {
             mcp::run(Ctx::new(g, &a.c)?, key, a).await
         }
         Command::Image(a) => image::run(g, a).await,
+        Command::Context(a) => interp::context(g, a).await,
+        Command::RunCode(a) => interp::run_code(Ctx::new(g, &a.c)?, a).await,
+        Command::Preview(a) => live::preview(Ctx::new(g, &a.c)?, a).await,
+        Command::Errors(a) => live::errors(Ctx::new(g, &a.c)?, &a.session).await,
+        Command::Signal(a) => live::signal(Ctx::new(g, &a.c)?, a).await,
+        Command::Completions(a) => {
+            completions(a.shell, &mut std::io::stdout());
+            Ok(0)
+        }
     }
+}
+
+/// The completion script of the whole command line for `shell`.
+pub(crate) fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
+    let mut cli = <crate::args::Cli as clap::CommandFactory>::command();
+    clap_complete::generate(shell, &mut cli, "ksandbox", out);
 }
 
 #[cfg(test)]
 pub(crate) use exec::infer_language;
 #[cfg(test)]
 pub(crate) use files::{parse_loc, remote_basename, Loc};
+#[cfg(test)]
+pub(crate) use interp::{result_files, summary};
 #[cfg(test)]
 pub(crate) use sessions::{create_args_request, create_request};
 #[cfg(test)]

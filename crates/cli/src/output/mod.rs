@@ -11,8 +11,9 @@ use serde::Serialize;
 pub use exec::exit_status;
 pub use exec::{print_result, print_stream};
 pub use tables::{
-    audit_table, execs_table, file_table, files_table, metrics_table, session_table,
-    sessions_table, snapshot_table, snapshots_table, tenants_table, volume_table, volumes_table,
+    audit_table, contexts_table, errors_table, execs_table, file_table, files_table, metrics_table,
+    session_table, sessions_table, snapshot_table, snapshots_table, tenants_table, volume_table,
+    volumes_table,
 };
 
 /// How a command prints what it got.

@@ -292,3 +292,30 @@ pub fn audit_table(page: &types::AuditPage) -> String {
         }),
     )
 }
+
+pub fn contexts_table(contexts: &[koder_sdk::interp::Context]) -> String {
+    table(
+        &["CONTEXT", "LANGUAGE", "RUNS", "CWD"],
+        contexts.iter().map(|c| {
+            vec![
+                c.context_id.clone(),
+                c.language.clone(),
+                c.execution_count.to_string(),
+                c.cwd.clone(),
+            ]
+        }),
+    )
+}
+
+pub fn errors_table(errors: &[types::ErrorEntry]) -> String {
+    table(
+        &["AT", "SOURCE", "MESSAGE"],
+        errors.iter().map(|e| {
+            vec![
+                format_time(&e.at),
+                e.source.clone(),
+                e.message.lines().next().unwrap_or_default().to_string(),
+            ]
+        }),
+    )
+}

@@ -316,3 +316,21 @@ fn flattened_options_are_in_the_schema() {
         .collect();
     assert_eq!(required, ["session_id", "code"]);
 }
+
+#[test]
+fn a_preview_port_is_optional_and_bounded() {
+    let p = args::<PreviewArgs>(json!({"session_id": "s"})).unwrap();
+    assert_eq!(p.checked().unwrap(), ("s".to_string(), None));
+    let p = args::<PreviewArgs>(json!({"session_id": "s", "port": 8000})).unwrap();
+    assert_eq!(p.checked().unwrap(), ("s".to_string(), Some(8000)));
+    refused(
+        args::<PreviewArgs>(json!({"session_id": "s", "port": 0})).and_then(PreviewArgs::checked),
+        "port must be between 1 and 65535",
+    );
+    assert!(args::<PreviewArgs>(json!({"session_id": "s", "port": 70000})).is_err());
+    let schema = serde_json::to_value(schemars::schema_for!(PreviewArgs)).unwrap();
+    assert!(
+        schema["properties"]["port"]["description"].is_string(),
+        "{schema}"
+    );
+}
