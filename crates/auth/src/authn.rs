@@ -121,10 +121,6 @@ impl Authenticator {
         self.static_keys
     }
 
-    pub fn jwt(&self) -> Option<&JwtVerifier> {
-        self.jwt.as_ref()
-    }
-
     /// A key issued at run time, usable at once.
     pub fn insert_key(&self, hash: [u8; 32], tenant_id: impl Into<String>) {
         self.keys.write().insert_hash(hash, tenant_id);

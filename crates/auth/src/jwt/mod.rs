@@ -125,10 +125,6 @@ impl JwtVerifier {
         })
     }
 
-    pub fn config(&self) -> &JwtConfig {
-        &self.cfg
-    }
-
     /// Fetches the key set now (at start-up, so a wrong URL shows at once); the number of
     /// usable keys.
     pub async fn prefetch(&self) -> Result<usize, String> {
