@@ -23,6 +23,10 @@ pub use volumes::{CreateVolume, SessionVolume, Volume, VolumeList, VolumeMountRe
 /// Stable error codes (API.md "Errors").
 pub mod codes {
     pub const AUTH: &str = "SANDBOX-AUTH-001";
+    /// 403: the credential is valid but its scopes do not cover the operation.
+    pub const AUTH_SCOPE: &str = "SANDBOX-AUTH-SCOPE";
+    /// 429 with `Retry-After`: the tenant's request rate, concurrent execs or open streams.
+    pub const RATE_LIMITED: &str = "SANDBOX-RATE-LIMITED";
     pub const NOT_FOUND: &str = "SANDBOX-NOT-FOUND";
     pub const INVALID_ARGUMENT: &str = "SANDBOX-INVALID-ARGUMENT";
     pub const QUOTA_SESSIONS: &str = "SANDBOX-QUOTA-SESSIONS";
@@ -67,6 +71,8 @@ pub mod codes {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
     Auth,
+    AuthScope,
+    RateLimited,
     NotFound,
     InvalidArgument,
     QuotaSessions,
@@ -94,6 +100,8 @@ impl ErrorCode {
     pub const fn as_str(self) -> &'static str {
         match self {
             ErrorCode::Auth => codes::AUTH,
+            ErrorCode::AuthScope => codes::AUTH_SCOPE,
+            ErrorCode::RateLimited => codes::RATE_LIMITED,
             ErrorCode::NotFound => codes::NOT_FOUND,
             ErrorCode::InvalidArgument => codes::INVALID_ARGUMENT,
             ErrorCode::QuotaSessions => codes::QUOTA_SESSIONS,

@@ -1,15 +1,27 @@
-//! Who is calling: a bearer token becomes an [`Identity`] bound to one tenant.
+//! Who is calling and whether they may: a bearer token becomes a [`Principal`] (an [`Identity`]
+//! bound to one tenant, with a subject and [`Scopes`]), and [`limits::Limiter`] admits or
+//! refuses the tenant's next request, exec or stream.
 //!
-//! Static API keys are high-entropy secrets, so storing their SHA-256 is enough to make a leaked
-//! database useless for authentication; lookups go by hash and the final comparison is
-//! constant-time.
+//! A token is either a static API key ([`KeyRing`]) or a JWT verified against the issuer's
+//! JWKS ([`jwt::JwtVerifier`]); [`Authenticator`] decides which by the token's shape and never
+//! tries the other kind for a token that failed. Nothing here knows a transport: REST, E2B and
+//! gRPC map the errors' [`koder_api_types::ErrorCode`] onto their wire.
 
-use std::collections::HashMap;
+mod authn;
+pub mod jwt;
+mod keys;
+pub mod limits;
+mod scope;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
+pub use authn::{AuthError, Authenticator, Credential, Principal, ScopeDenied};
+pub use keys::{
+    bearer_token, generate_key, hash_key, parse_key_spec, KeyRing, KeySpecError, MIN_KEY_LEN,
+};
+pub use scope::{Scope, Scopes};
 
-/// The authenticated caller every handler receives.
+/// The tenant a request acts for: what the session manager checks ownership against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub tenant_id: String,
@@ -18,130 +30,10 @@ pub struct Identity {
 /// Tenant ids name rows, metrics labels and directories: keep them plain.
 pub const MAX_TENANT_LEN: usize = 64;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum KeySpecError {
-    #[error("expected TENANT:KEY")]
-    Shape,
-    #[error("tenant id must be 1-{MAX_TENANT_LEN} characters of [A-Za-z0-9_-]")]
-    Tenant,
-    #[error("API keys must be at least {MIN_KEY_LEN} characters")]
-    ShortKey,
-}
-
-pub const MIN_KEY_LEN: usize = 8;
-
-pub fn hash_key(key: &str) -> [u8; 32] {
-    Sha256::digest(key.as_bytes()).into()
-}
-
 pub fn valid_tenant(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_TENANT_LEN
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
-/// Parses a `TENANT:KEY` flag value.
-pub fn parse_key_spec(spec: &str) -> Result<(String, String), KeySpecError> {
-    let (tenant, key) = spec.split_once(':').ok_or(KeySpecError::Shape)?;
-    if !valid_tenant(tenant) {
-        return Err(KeySpecError::Tenant);
-    }
-    if key.len() < MIN_KEY_LEN {
-        return Err(KeySpecError::ShortKey);
-    }
-    Ok((tenant.to_string(), key.to_string()))
-}
-
-/// A new random key: `ksk_` and 32 random bytes in hex.
-pub fn generate_key() -> String {
-    let bytes: [u8; 32] = rand::random();
-    format!("ksk_{}", hex::encode(bytes))
-}
-
-/// The set of valid keys, by hash.
-#[derive(Debug, Default, Clone)]
-pub struct KeyRing {
-    keys: HashMap<[u8; 32], String>,
-}
-
-impl KeyRing {
-    pub fn insert_hash(&mut self, hash: [u8; 32], tenant_id: impl Into<String>) {
-        self.keys.insert(hash, tenant_id.into());
-    }
-
-    pub fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-
-    /// The identity behind `Authorization: <header>`, if it carries a known bearer key.
-    pub fn authenticate(&self, header: &str) -> Option<Identity> {
-        let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))?
-            .trim();
-        self.verify_key(token)
-    }
-
-    pub fn verify_key(&self, key: &str) -> Option<Identity> {
-        let hash = hash_key(key);
-        let (stored, tenant) = self.keys.get_key_value(&hash)?;
-        bool::from(stored.ct_eq(&hash)).then(|| Identity {
-            tenant_id: tenant.clone(),
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_authenticate_their_tenant_only() {
-        let mut ring = KeyRing::default();
-        ring.insert_hash(hash_key("secret-one"), "t1");
-        ring.insert_hash(hash_key("secret-two"), "t2");
-        assert_eq!(
-            ring.authenticate("Bearer secret-one").unwrap().tenant_id,
-            "t1"
-        );
-        assert_eq!(
-            ring.authenticate("Bearer secret-two").unwrap().tenant_id,
-            "t2"
-        );
-        for bad in [
-            "Bearer secret-on",
-            "secret-one",
-            "Basic secret-one",
-            "Bearer ",
-            "",
-        ] {
-            assert!(ring.authenticate(bad).is_none(), "{bad:?} accepted");
-        }
-    }
-
-    #[test]
-    fn key_specs() {
-        assert_eq!(
-            parse_key_spec("t1:abcdefgh").unwrap(),
-            ("t1".into(), "abcdefgh".into())
-        );
-        assert_eq!(parse_key_spec("t1:ab:cdefgh").unwrap().1, "ab:cdefgh");
-        assert_eq!(parse_key_spec("nokey"), Err(KeySpecError::Shape));
-        assert_eq!(parse_key_spec("a/b:abcdefgh"), Err(KeySpecError::Tenant));
-        assert_eq!(parse_key_spec(":abcdefgh"), Err(KeySpecError::Tenant));
-        assert_eq!(parse_key_spec("t:short"), Err(KeySpecError::ShortKey));
-    }
-
-    #[test]
-    fn generated_keys_are_unique_and_long() {
-        let a = generate_key();
-        assert!(a.starts_with("ksk_") && a.len() == 68);
-        assert_ne!(a, generate_key());
-    }
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use koder_sessions::SessionConfig;
 use serde::Deserialize;
@@ -30,6 +31,9 @@ pub struct Config {
     pub network: koder_netpolicy::NetConfig,
     /// Tenants and their plans/quotas, by tenant id.
     pub tenants: BTreeMap<String, TenantConfig>,
+    /// Per-tenant request rate, concurrent execs and open streams: the server's, and per plan
+    /// (`[limits.plans.P]`); a tenant's own in `[tenants.X.limits]`.
+    pub limits: koder_auth::limits::LimitsConfig,
     /// Where snapshots and durable pauses are kept: `<data_dir>/blobs` by default, or an
     /// S3-compatible bucket (`url = "s3://bucket/prefix"`, `endpoint`, keys).
     pub blobs: koder_blobs::BlobConfig,
@@ -53,13 +57,66 @@ impl Default for ServerConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
-    /// Static keys, `TENANT:KEY`.
+    /// Static keys, `TENANT:KEY` (refused with `env = "prod"`).
     pub api_keys: Vec<String>,
     /// Operator keys for the admin endpoints.
     pub admin_keys: Vec<String>,
+    /// The JWT issuer, exactly as tokens' `iss` carry it; empty: JWTs are not accepted.
+    pub issuer_url: String,
+    /// The issuer's JWKS; empty: the `jwks_uri` of `<issuer_url>/.well-known/openid-configuration`.
+    pub jwks_url: String,
+    /// An `aud` every token must include.
+    pub audience: String,
+    /// The claim naming the caller's tenant.
+    pub tenant_claim: String,
+    /// The claim listing the caller's scopes (`sandbox:read`, `sandbox:write`, `sandbox:exec`,
+    /// `sandbox:admin`), space-separated or an array.
+    pub scopes_claim: String,
+    /// Clock skew tolerated on `exp` and `nbf`, seconds.
+    pub leeway_s: u64,
+    /// Least time between two fetches of the JWKS (a token with an unknown `kid` triggers one).
+    pub jwks_min_refresh_s: u64,
+    /// Keys older than this are refetched, seconds.
+    pub jwks_max_age_s: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        let jwt = koder_auth::jwt::JwtConfig::new("");
+        Self {
+            api_keys: Vec::new(),
+            admin_keys: Vec::new(),
+            issuer_url: String::new(),
+            jwks_url: String::new(),
+            audience: jwt.audience,
+            tenant_claim: jwt.tenant_claim,
+            scopes_claim: jwt.scopes_claim,
+            leeway_s: jwt.leeway.as_secs(),
+            jwks_min_refresh_s: jwt.min_refresh.as_secs(),
+            jwks_max_age_s: jwt.max_age.as_secs(),
+        }
+    }
+}
+
+impl AuthConfig {
+    /// The JWT verifier's settings, when an issuer is configured.
+    pub fn jwt(&self) -> Option<koder_auth::jwt::JwtConfig> {
+        if self.issuer_url.is_empty() {
+            return None;
+        }
+        let mut jwt = koder_auth::jwt::JwtConfig::new(&self.issuer_url);
+        jwt.jwks_url = (!self.jwks_url.is_empty()).then(|| self.jwks_url.clone());
+        jwt.audience = self.audience.clone();
+        jwt.tenant_claim = self.tenant_claim.clone();
+        jwt.scopes_claim = self.scopes_claim.clone();
+        jwt.leeway = Duration::from_secs(self.leeway_s);
+        jwt.min_refresh = Duration::from_secs(self.jwks_min_refresh_s);
+        jwt.max_age = Duration::from_secs(self.jwks_max_age_s);
+        Some(jwt)
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -122,6 +179,8 @@ pub struct TenantConfig {
     pub snapshot_storage_mib: Option<u64>,
     /// Sum of the tenant's volume sizes, MiB (default `[sessions] volume_storage_mib`).
     pub volume_storage_mib: Option<u64>,
+    /// The tenant's own rates, over its plan's and the server's (`[limits]`).
+    pub limits: koder_auth::limits::Rates,
 }
 
 impl Default for TenantConfig {
@@ -133,6 +192,7 @@ impl Default for TenantConfig {
             daily_session_minutes: None,
             snapshot_storage_mib: None,
             volume_storage_mib: None,
+            limits: Default::default(),
         }
     }
 }
@@ -189,6 +249,40 @@ mod tests {
         assert_eq!(cfg.sessions.pool["bash"], PoolSize { min: 1, max: 16 });
         assert_eq!(cfg.tenants["acme"].max_sessions, Some(5));
         assert_eq!(cfg.auth.api_keys, ["acme:abcdefgh"]);
+    }
+
+    #[test]
+    fn auth_and_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.toml");
+        std::fs::write(
+            &path,
+            "[auth]\nissuer_url = \"https://idp.example.com/\"\ntenant_claim = \"org\"\n\
+             [limits]\nrequests_per_second = 50\nstreams = 8\n[limits.plans.free]\nrequests_per_second = 2\n\
+             [tenants.acme]\nplan = \"free\"\nlimits = { concurrent_execs = 1 }\n",
+        )
+        .unwrap();
+        let cfg = Config::load(&ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .unwrap();
+        let jwt = cfg.auth.jwt().unwrap();
+        assert_eq!(
+            (
+                jwt.issuer.as_str(),
+                jwt.audience.as_str(),
+                jwt.tenant_claim.as_str()
+            ),
+            ("https://idp.example.com/", "sandbox", "org")
+        );
+        assert_eq!(jwt.jwks_url, None);
+        assert!(Config::default().auth.jwt().is_none());
+        assert_eq!(
+            cfg.limits.plans["free"].requests_per_second.unwrap().get(),
+            2
+        );
+        assert_eq!(cfg.tenants["acme"].limits.concurrent_execs, Some(1));
     }
 
     #[test]

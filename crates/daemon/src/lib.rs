@@ -12,12 +12,13 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use axum::serve::ListenerExt as _;
 use chrono::Utc;
-use koder_auth::KeyRing;
+use koder_auth::jwt::JwtVerifier;
+use koder_auth::limits::{Limiter, Policy};
+use koder_auth::{Authenticator, KeyRing};
 use koder_jail::{JailConfig, JailRuntime};
 use koder_microvm::{Backend, MicroVmConfig, MicroVmRuntime};
 use koder_runtime::Runtime;
 use koder_store::{Store, Tenant};
-use parking_lot::RwLock;
 
 use crate::config::{Config, Env, TenantConfig};
 
@@ -59,7 +60,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o711))?;
 
     let store = Store::open_sqlite(&data_dir.join("state.db")).await?;
-    let keys = load_keys(&cfg, &store, data_dir).await?;
+    let auth = authenticator(&cfg, &store, data_dir).await?;
     let agent = agent_bin(&cfg)?;
     let images = image_store(data_dir)?;
     let runtimes = koder_sessions::Runtimes {
@@ -94,8 +95,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .await?;
     let state = koder_http::AppState {
         manager: manager.clone(),
-        keys: Arc::new(RwLock::new(keys)),
+        auth: Arc::new(auth),
         admin_keys: Arc::new(admin_keys(&cfg)?),
+        limits: Arc::new(limiter(&cfg)),
     };
     let e2b = koder_e2b::E2b::new(state.clone(), cfg.sessions.clone(), token_key(data_dir)?);
     let app = koder_http::drain_unread_bodies(koder_e2b::mount(koder_http::router(state), e2b));
@@ -134,18 +136,72 @@ fn init_tracing() {
     };
 }
 
-/// Registers configured tenants and keys (revoking flag keys no longer given) and returns the
-/// key ring. Without any key outside prod mode, a dev tenant with a persistent key is made.
-async fn load_keys(cfg: &Config, store: &Store, data_dir: &Path) -> anyhow::Result<KeyRing> {
-    if cfg.env == Env::Prod {
-        bail!("env = \"prod\" refuses static API keys and the dev tenant, and JWT auth is not available yet");
-    }
+/// Registers configured tenants and sets up who may call: in prod mode JWTs only, otherwise
+/// static keys (see [`load_keys`]) and, with `[auth] issuer_url`, JWTs beside them.
+async fn authenticator(
+    cfg: &Config,
+    store: &Store,
+    data_dir: &Path,
+) -> anyhow::Result<Authenticator> {
     for (id, t) in &cfg.tenants {
         if !koder_auth::valid_tenant(id) {
             bail!("tenant id {id:?}: 1-64 characters of [A-Za-z0-9_-]");
         }
         upsert_tenant(store, id, t).await?;
     }
+    let jwt = jwt_verifier(cfg).await?;
+    if cfg.env == Env::Prod {
+        if !cfg.auth.api_keys.is_empty() {
+            bail!(
+                "env = \"prod\" refuses static API keys ([auth] api_keys, --api-key): tenants \
+                 authenticate with JWTs from [auth] issuer_url"
+            );
+        }
+        let Some(jwt) = jwt else {
+            bail!(
+                "env = \"prod\" needs JWT auth: set [auth] issuer_url (static API keys and the \
+                 dev tenant are refused in prod)"
+            );
+        };
+        return Ok(Authenticator::jwt_only(jwt));
+    }
+    Ok(Authenticator::new(
+        load_keys(cfg, store, data_dir).await?,
+        jwt,
+    ))
+}
+
+/// The configured issuer's verifier, its keys fetched once now so a wrong URL shows at start
+/// (an issuer that is down only delays that: keys are fetched again on demand).
+async fn jwt_verifier(cfg: &Config) -> anyhow::Result<Option<JwtVerifier>> {
+    let Some(jwt_cfg) = cfg.auth.jwt() else {
+        return Ok(None);
+    };
+    let verifier = JwtVerifier::new(jwt_cfg)?;
+    match verifier.prefetch().await {
+        Ok(n) => tracing::info!(issuer = cfg.auth.issuer_url, keys = n, "JWT auth enabled"),
+        Err(e) => eprintln!(
+            "koder-sandbox: JWT issuer {}: keys not fetched yet ({e}); tokens are refused until they are",
+            cfg.auth.issuer_url
+        ),
+    }
+    Ok(Some(verifier))
+}
+
+/// The configured tenants' rates over their plans' and the server's.
+fn limiter(cfg: &Config) -> Limiter {
+    let policy = cfg
+        .tenants
+        .iter()
+        .fold(Policy::new(&cfg.limits), |policy, (id, t)| {
+            policy.with_tenant(id, &t.plan, t.limits)
+        });
+    Limiter::new(policy)
+}
+
+/// Registers keys (revoking flag keys no longer given) and returns the key ring. Without any
+/// key, a dev tenant with a persistent key is made.
+async fn load_keys(cfg: &Config, store: &Store, data_dir: &Path) -> anyhow::Result<KeyRing> {
     let mut keep = Vec::new();
     for spec in &cfg.auth.api_keys {
         let (tenant, key) =

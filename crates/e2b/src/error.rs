@@ -9,6 +9,8 @@ use serde_json::json;
 pub struct HttpError {
     pub status: StatusCode,
     pub message: String,
+    /// `Retry-After`, seconds (rate limits).
+    pub retry_after: Option<u64>,
 }
 
 impl HttpError {
@@ -16,7 +18,14 @@ impl HttpError {
         Self {
             status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// An error of the native vocabulary: its status, and its `SANDBOX-...` code leading the
+    /// message (E2B's body has no field for it).
+    fn coded(code: koder_api_types::ErrorCode, message: impl std::fmt::Display) -> Self {
+        Self::new(koder_http::status_of(code), format!("{code}: {message}"))
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -48,10 +57,36 @@ impl From<koder_sessions::Error> for HttpError {
     }
 }
 
+impl From<koder_auth::AuthError> for HttpError {
+    fn from(e: koder_auth::AuthError) -> Self {
+        Self::coded(e.code(), e)
+    }
+}
+
+impl From<koder_auth::ScopeDenied> for HttpError {
+    fn from(e: koder_auth::ScopeDenied) -> Self {
+        Self::coded(e.code(), e)
+    }
+}
+
+impl From<koder_auth::limits::Limited> for HttpError {
+    fn from(e: koder_auth::limits::Limited) -> Self {
+        Self {
+            retry_after: Some(e.retry_after_secs()),
+            ..Self::coded(e.code(), &e)
+        }
+    }
+}
+
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let body = json!({"code": self.status.as_u16(), "message": self.message});
-        (self.status, axum::Json(body)).into_response()
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        resp
     }
 }
 

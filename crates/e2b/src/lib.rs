@@ -87,18 +87,30 @@ async fn by_surface(State(d): State<Dispatch>, mut req: Request, next: Next) -> 
         }
     };
     // Every in-sandbox surface, whatever the route (even an unknown one), is authenticated
-    // here, before a router sees the request.
-    match envd::auth::authenticate(req.headers(), &d.e2b).await {
-        Ok(auth) => {
+    // and admitted here, before a router sees the request.
+    let interpreter = port == INTERPRETER_PORT;
+    let admitted = match envd::auth::authenticate(req.headers(), &d.e2b).await {
+        Ok(auth) => auth
+            .admit(&d.e2b, req.headers(), req.uri().path(), interpreter)
+            .map(|places| (auth, places)),
+        Err(e) => Err(e),
+    };
+    let places = match admitted {
+        Ok((auth, places)) => {
             req.extensions_mut().insert(auth);
+            places
         }
         Err(e) => {
             let mut resp = e.into_response();
             close_connection(&mut resp);
             return resp;
         }
+    };
+    let resp = serve(router, req).await;
+    match places {
+        Some(places) => koder_http::hold_during_body(resp, places),
+        None => resp,
     }
-    serve(router, req).await
 }
 
 async fn serve(router: Router, req: Request) -> Response {

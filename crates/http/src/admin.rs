@@ -55,9 +55,16 @@ pub async fn issue_key(
     _: AdminCaller,
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, axum::Json<IssuedKey>)> {
+    if !s.auth.static_keys_enabled() {
+        return Err(ApiError::new(
+            409,
+            koder_api_types::codes::CONFLICT,
+            "static API keys are disabled on this server (env = \"prod\"): tenants use JWTs",
+        ));
+    }
     let issued = s.manager.issue_key(&id).await?;
     // Usable at once, without a restart: the request path checks this table, not the store.
-    s.keys.write().insert_hash(
+    s.auth.insert_key(
         koder_auth::hash_key(&issued.api_key),
         issued.tenant_id.clone(),
     );

@@ -9,6 +9,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// `Retry-After`, seconds (rate limits).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -17,7 +19,12 @@ impl ApiError {
             status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             code,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    fn of(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::new(status_of(code), code.as_str(), message)
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -35,13 +42,13 @@ pub fn status_of(code: ErrorCode) -> u16 {
         ErrorCode::InvalidArgument => 400,
         ErrorCode::Auth => 401,
         ErrorCode::PlanRequired => 402,
-        ErrorCode::PermissionDenied => 403,
+        ErrorCode::PermissionDenied | ErrorCode::AuthScope => 403,
         ErrorCode::NotFound | ErrorCode::ImageNotFound => 404,
         ErrorCode::Conflict | ErrorCode::VolumeBusy | ErrorCode::ImageInUse => 409,
         ErrorCode::SessionStopped => 410,
         ErrorCode::PayloadTooLarge => 413,
         ErrorCode::UnsupportedMediaType => 415,
-        ErrorCode::QuotaSessions | ErrorCode::QuotaMinutes => 429,
+        ErrorCode::QuotaSessions | ErrorCode::QuotaMinutes | ErrorCode::RateLimited => 429,
         ErrorCode::Internal => 500,
         ErrorCode::NotImplemented => 501,
         ErrorCode::RuntimeUnavailable | ErrorCode::PreviewNotListening => 503,
@@ -62,6 +69,27 @@ impl From<koder_sessions::Error> for ApiError {
     }
 }
 
+impl From<koder_auth::AuthError> for ApiError {
+    fn from(e: koder_auth::AuthError) -> Self {
+        Self::of(e.code(), e.to_string())
+    }
+}
+
+impl From<koder_auth::ScopeDenied> for ApiError {
+    fn from(e: koder_auth::ScopeDenied) -> Self {
+        Self::of(e.code(), e.to_string())
+    }
+}
+
+impl From<koder_auth::limits::Limited> for ApiError {
+    fn from(e: koder_auth::limits::Limited) -> Self {
+        Self {
+            retry_after: Some(e.retry_after_secs()),
+            ..Self::of(e.code(), e.to_string())
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
@@ -77,6 +105,10 @@ impl IntoResponse for ApiError {
                 axum::http::header::WWW_AUTHENTICATE,
                 axum::http::HeaderValue::from_static("Bearer"),
             );
+        }
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
         }
         resp
     }

@@ -5,59 +5,61 @@ use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use koder_api_types::codes;
-use koder_auth::Identity;
+use koder_auth::{Credential, Identity, Scope};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
+use crate::gate::Admitted;
 use crate::AppState;
 
-/// The authenticated caller. A missing or unknown bearer token is 401.
+/// The caller's tenant, as [`crate::gate`] admitted it (authenticated, in scope, within its
+/// rates).
 pub struct Caller(pub Identity);
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let header = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <api key>"))?;
-        let header = header
-            .to_str()
-            .map_err(|_| ApiError::unauthorized("malformed Authorization header"))?;
-        state
-            .keys
-            .read()
-            .authenticate(header)
-            .map(Caller)
-            .ok_or_else(|| ApiError::unauthorized("invalid API key"))
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, ApiError> {
+        match parts.extensions.get::<Admitted>() {
+            Some(Admitted(principal)) => Ok(Caller(principal.identity.clone())),
+            // Every tenant route is behind the gate; a route that is not has a bug.
+            None => Err(ApiError::new(
+                500,
+                codes::INTERNAL,
+                "tenant route served without admission",
+            )),
+        }
     }
 }
 
-/// An operator holding an admin key. A tenant key here is 403, anything else 401.
+/// An operator: an admin key, or a JWT with `sandbox:admin`. A tenant's credentials here are
+/// 403, anything else 401.
 pub struct AdminCaller;
 
 impl FromRequestParts<AppState> for AdminCaller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let header = parts
+        let is_admin_key = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|h| h.to_str().ok())
-            .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <admin key>"))?;
-        if state.admin_keys.authenticate(header).is_some() {
+            .is_some_and(|h| state.admin_keys.authenticate(h).is_some());
+        if is_admin_key {
             return Ok(AdminCaller);
         }
-        let tenant = state.keys.read().authenticate(header);
-        match tenant {
-            Some(_) => Err(ApiError::new(
-                403,
-                codes::PERMISSION_DENIED,
-                "this endpoint needs an admin key",
-            )),
-            None => Err(ApiError::unauthorized("invalid admin key")),
+        let principal = crate::gate::authenticate(state, &parts.headers).await?;
+        match principal.credential {
+            Credential::Jwt => principal.require(Scope::Admin)?,
+            Credential::ApiKey => {
+                return Err(ApiError::new(
+                    403,
+                    codes::PERMISSION_DENIED,
+                    "this endpoint needs an admin key",
+                ))
+            }
         }
+        Ok(AdminCaller)
     }
 }
 

@@ -7,6 +7,7 @@ pub mod credentials;
 mod drain;
 mod error;
 mod extract;
+mod gate;
 mod images;
 mod live;
 mod preview;
@@ -24,13 +25,14 @@ use axum::response::IntoResponse;
 use axum::routing::{any, get, post};
 use axum::Router;
 use koder_api_types::codes;
-use koder_auth::KeyRing;
+use koder_auth::limits::Limiter;
+use koder_auth::{Authenticator, KeyRing};
 use koder_sessions::Manager;
-use parking_lot::RwLock;
 use utoipa::OpenApi;
 
 pub use error::{status_of, ApiError};
 pub use extract::declared_length;
+pub use gate::hold_during_body;
 pub use volumes::file_response as volume_file_response;
 
 /// Largest JSON request body (uploads stream and are bounded separately).
@@ -39,10 +41,12 @@ pub const MAX_JSON_BODY: usize = 1024 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub manager: Arc<Manager>,
-    /// Tenant keys; admins add to it at run time.
-    pub keys: Arc<RwLock<KeyRing>>,
+    /// Tenant credentials (API keys, which admins add to at run time, and JWTs).
+    pub auth: Arc<Authenticator>,
     /// Operator keys for `/v1/sandbox/admin/...`.
     pub admin_keys: Arc<KeyRing>,
+    /// Per-tenant rates, shared with every other transport.
+    pub limits: Arc<Limiter>,
 }
 
 #[derive(OpenApi)]
@@ -79,6 +83,59 @@ impl utoipa::Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for op in operations.into_iter().flatten() {
+                if op.security.is_some() {
+                    admission_responses(&mut op.responses);
+                }
+            }
+        }
+    }
+}
+
+/// What the admission layer can answer on any authenticated route (API.md "Auth and tenancy").
+fn admission_responses(responses: &mut utoipa::openapi::Responses) {
+    use utoipa::openapi::{
+        header::Header, ContentBuilder, KnownFormat, ObjectBuilder, Ref, ResponseBuilder,
+        SchemaFormat, Type,
+    };
+    let error = || {
+        ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("ErrorBody")))
+            .build()
+    };
+    let answers = [
+        ("401", "SANDBOX-AUTH-001: missing, invalid or expired credentials"),
+        (
+            "403",
+            "SANDBOX-AUTH-SCOPE: the token's scopes do not cover this operation",
+        ),
+        (
+            "429",
+            "SANDBOX-RATE-LIMITED: over the tenant's request rate, concurrent execs or open streams (Retry-After)",
+        ),
+    ];
+    for (status, description) in answers {
+        let mut response = ResponseBuilder::new()
+            .description(description)
+            .content("application/json", error());
+        if status == "429" {
+            let seconds = ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)));
+            response = response.header("Retry-After", Header::new(seconds));
+        }
+        responses
+            .responses
+            .entry(status.to_string())
+            .or_insert_with(|| response.build().into());
     }
 }
 
@@ -146,6 +203,10 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            gate::admit,
+        ))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
 use crate::extract::{Caller, Json, Path};
+use crate::gate::HeldStream;
 use crate::AppState;
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -137,6 +138,7 @@ pub async fn proxy(
     let (upstream, conn) = s.manager.connect_upstream(&who, &id).await?;
     let upgrade = req.headers().contains_key(header::UPGRADE);
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let held = HeldStream::take_from(&mut req);
 
     let target = match req.uri().query() {
         Some(q) => format!("/{rest}?{q}"),
@@ -180,7 +182,7 @@ pub async fn proxy(
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_upgrade) = client_upgrade {
             let upstream_upgrade = hyper::upgrade::on(&mut resp);
-            tokio::spawn(async move {
+            tokio::spawn(held.during(async move {
                 if let (Ok(client), Ok(up)) = (client_upgrade.await, upstream_upgrade.await) {
                     let _ = tokio::io::copy_bidirectional(
                         &mut TokioIo::new(client),
@@ -188,7 +190,7 @@ pub async fn proxy(
                     )
                     .await;
                 }
-            });
+            }));
         }
     }
     let (mut parts, body) = resp.into_parts();

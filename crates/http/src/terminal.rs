@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::error::ApiError;
 use crate::extract::{Caller, Path, Query};
+use crate::gate::HeldStream;
 use crate::AppState;
 
 /// Terminal size before the client's first resize.
@@ -35,6 +36,7 @@ pub async fn terminal(
     Caller(who): Caller,
     Path(id): Path<String>,
     Query(params): Query<Vec<(String, String)>>,
+    held: HeldStream,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let mut cmd = None;
@@ -75,7 +77,7 @@ pub async fn terminal(
         ..Default::default()
     };
     let term = s.manager.terminal(&who, &id, spec).await?;
-    Ok(ws.on_upgrade(move |socket| bridge(socket, term)))
+    Ok(ws.on_upgrade(move |socket| held.during(bridge(socket, term))))
 }
 
 async fn bridge(mut socket: WebSocket, mut term: Terminal) {

@@ -12,6 +12,7 @@ use serde_json::json;
 
 use crate::error::ApiError;
 use crate::extract::{Caller, Path, Query};
+use crate::gate::HeldStream;
 use crate::AppState;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -34,13 +35,14 @@ pub async fn watch(
     Caller(who): Caller,
     Path(id): Path<String>,
     Query(q): Query<WatchQuery>,
+    held: HeldStream,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     // Watching starts before the upgrade: a missing directory is a plain HTTP error.
     s.manager.get(&who, &id).await?;
     let ws = crate::extract::websocket(ws)?;
     let watch = s.manager.watch(&who, &id, &q.path, q.recursive).await?;
-    Ok(ws.on_upgrade(move |socket| relay(socket, watch)))
+    Ok(ws.on_upgrade(move |socket| held.during(relay(socket, watch))))
 }
 
 async fn relay(mut socket: WebSocket, mut watch: Watch) {

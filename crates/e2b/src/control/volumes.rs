@@ -145,7 +145,10 @@ impl FromRequestParts<E2b> for VolumeCaller {
             return Err(HttpError::unauthorized("invalid volume token"));
         }
         match e2b.manager().volume_tenant(&id).await? {
-            Some(who) => Ok(VolumeCaller(who, id)),
+            Some(who) => {
+                e2b.app().limits.check_request(&who.tenant_id)?;
+                Ok(VolumeCaller(who, id))
+            }
             None => Err(HttpError::not_found(format!("volume {id} not found"))),
         }
     }

@@ -10,13 +10,14 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
 use base64::Engine as _;
 use koder_api_types::{Session, SessionState};
-use koder_auth::Identity;
+use koder_auth::limits::Slot;
+use koder_auth::{Identity, Scope};
 use koder_http::credentials;
 use subtle::ConstantTimeEq;
 
 use super::sandbox::SandboxCtx;
 use super::user::User;
-use crate::control::keys::verify_api_key;
+use crate::control::keys;
 use crate::error::HttpError;
 use crate::state::E2b;
 
@@ -60,7 +61,12 @@ pub(crate) async fn authenticate(
                 }
                 None
             }
-            (None, Some(key)) => Some(verify_api_key(e2b, key)?.tenant_id),
+            (None, Some(_)) => {
+                // envd runs code and reaches every file: the whole surface is `sandbox:exec`.
+                let principal = keys::authenticate(e2b, headers).await?;
+                principal.require(Scope::Exec)?;
+                Some(principal.identity.tenant_id)
+            }
             (None, None) => return Err(HttpError::unauthorized(
                 "missing X-Access-Token (the envdAccessToken of create or connect) or X-API-KEY",
             )),
@@ -80,6 +86,42 @@ pub(crate) async fn authenticate(
     };
     awake(e2b, &who, &id).await?;
     Ok(Authenticated { who, id })
+}
+
+/// The places an admitted request holds while its answer runs: an exec (process `Start`, the
+/// interpreter's `/execute`) and a stream (Connect server streams, `/execute`'s NDJSON).
+pub(crate) struct Places {
+    _exec: Option<Slot>,
+    _stream: Option<Slot>,
+}
+
+impl Authenticated {
+    /// Counts the request against the owning tenant's rates, as the native API does.
+    pub(crate) fn admit(
+        &self,
+        e2b: &E2b,
+        headers: &HeaderMap,
+        path: &str,
+        interpreter: bool,
+    ) -> Result<Option<Places>, HttpError> {
+        let limits = &e2b.app().limits;
+        let tenant = self.who.tenant_id.as_str();
+        limits.check_request(tenant)?;
+        let execute = interpreter && path == "/execute";
+        let starts_exec = execute || (!interpreter && path == "/process.Process/Start");
+        let streams = execute
+            || headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("application/connect+"));
+        if !starts_exec && !streams {
+            return Ok(None);
+        }
+        Ok(Some(Places {
+            _exec: starts_exec.then(|| limits.begin_exec(tenant)).transpose()?,
+            _stream: streams.then(|| limits.open_stream(tenant)).transpose()?,
+        }))
+    }
 }
 
 /// A paused E2B sandbox is unreachable: its envd answers as gone (502, which the SDK's

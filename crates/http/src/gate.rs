@@ -1,0 +1,297 @@
+//! The one admission layer in front of every tenant route (`/v1/sandbox/...` but the admin
+//! endpoints): authenticate the bearer token, check the route's scope, count the request
+//! against the tenant's rate, and hold an exec or stream place for as long as the answer runs.
+//! Handlers read the result through [`crate::extract::Caller`], so no tenant route can be served
+//! without it, including routes added later.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt as _;
+use koder_auth::limits::Slot;
+use koder_auth::{AuthError, Principal, Scope};
+use parking_lot::Mutex;
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// The admitted caller, for the extractors.
+#[derive(Clone)]
+pub(crate) struct Admitted(pub Principal);
+
+pub(crate) async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    let Some(route) = req.extensions().get::<MatchedPath>().cloned() else {
+        return next.run(req).await;
+    };
+    let Some(needed) = scope_of(req.method(), route.as_str()) else {
+        return next.run(req).await;
+    };
+    let places = match admission(&s, req.method(), req.headers(), route.as_str(), needed).await {
+        Ok(admitted) => admitted,
+        Err(e) => return e.into_response(),
+    };
+    let (principal, exec, mut stream) = places;
+    if is_websocket(req.headers()) {
+        // The connection outlives this response: the handler moves the place into it.
+        req.extensions_mut().insert(StreamPlace::new(stream.take()));
+    }
+    req.extensions_mut().insert(Admitted(principal));
+    let resp = next.run(req).await;
+    if is_event_stream(resp.headers()) {
+        hold_during_body(resp, (exec, stream))
+    } else {
+        resp
+    }
+}
+
+type Places = (Principal, Option<Slot>, Option<Slot>);
+
+async fn admission(
+    s: &AppState,
+    method: &Method,
+    headers: &HeaderMap,
+    route: &str,
+    needed: Scope,
+) -> Result<Places, ApiError> {
+    let principal = authenticate(s, headers).await?;
+    principal.require(needed)?;
+    let tenant = principal.identity.tenant_id.as_str();
+    s.limits.check_request(tenant)?;
+    let exec = is_exec(method, route)
+        .then(|| s.limits.begin_exec(tenant))
+        .transpose()?;
+    let stream = opens_stream(headers, route)
+        .then(|| s.limits.open_stream(tenant))
+        .transpose()?;
+    Ok((principal, exec, stream))
+}
+
+/// The caller behind the request's `Authorization` header; every failure is 401.
+pub(crate) async fn authenticate(s: &AppState, headers: &HeaderMap) -> Result<Principal, ApiError> {
+    let header = headers
+        .get(header::AUTHORIZATION)
+        .ok_or(AuthError::Missing)?
+        .to_str()
+        .map_err(|_| ApiError::unauthorized("malformed Authorization header"))?;
+    s.auth.authenticate_header(header).await.map_err(|e| {
+        tracing::debug!(error = %e, "authentication failed");
+        ApiError::from(e)
+    })
+}
+
+/// The scope a tenant route needs; `None` for routes that are not a tenant's (admin, health).
+/// Running code (and reaching what code serves) is `exec`; every other change is `write`.
+fn scope_of(method: &Method, route: &str) -> Option<Scope> {
+    const EXEC: &[&str] = &[
+        "/exec",
+        "/stdin",
+        "/signal",
+        "/terminal",
+        "/run",
+        "/kill-processes",
+        "/preview",
+        "/preview/",
+        "/preview/{*path}",
+    ];
+    let rest = route.strip_prefix("/v1/sandbox/")?;
+    if rest == "admin" || rest.starts_with("admin/") {
+        return None;
+    }
+    Some(if EXEC.iter().any(|e| route.ends_with(e)) {
+        Scope::Exec
+    } else if matches!(*method, Method::GET | Method::HEAD) {
+        Scope::Read
+    } else {
+        Scope::Write
+    })
+}
+
+/// Execs and code runs count against the tenant's concurrent execs.
+fn is_exec(method: &Method, route: &str) -> bool {
+    *method == Method::POST && (route.ends_with("/exec") || route.ends_with("/run"))
+}
+
+/// WebSockets, Server-Sent Events and the exec output stream count against open streams.
+fn opens_stream(headers: &HeaderMap, route: &str) -> bool {
+    is_websocket(headers) || crate::live::wants_sse(headers) || route.ends_with("/stream")
+}
+
+fn is_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// `resp` with `guard` kept alive until its body is sent or dropped (the client went away).
+pub fn hold_during_body<G: Send + 'static>(resp: Response, guard: G) -> Response {
+    let (parts, body) = resp.into_parts();
+    let guarded = body.into_data_stream().map(move |chunk| {
+        // Naming the guard moves it into the stream, which owns it to its end.
+        let _ = &guard;
+        chunk
+    });
+    Response::from_parts(parts, Body::from_stream(guarded))
+}
+
+/// A WebSocket's stream place, handed from the admission layer to the handler that upgrades.
+#[derive(Clone)]
+struct StreamPlace(Arc<Mutex<Option<Slot>>>);
+
+impl StreamPlace {
+    fn new(slot: Option<Slot>) -> Self {
+        Self(Arc::new(Mutex::new(slot)))
+    }
+}
+
+/// The stream place of an upgrading request, to be kept by the upgraded connection.
+pub(crate) struct HeldStream {
+    _slot: Option<Slot>,
+}
+
+impl HeldStream {
+    /// Runs `connection` holding the place.
+    pub async fn during<F: Future>(self, connection: F) -> F::Output {
+        let _place = self;
+        connection.await
+    }
+
+    /// Takes the place out of a request the handler consumes whole (the preview proxy).
+    pub fn take_from(req: &mut Request) -> Self {
+        Self {
+            _slot: req
+                .extensions_mut()
+                .remove::<StreamPlace>()
+                .and_then(|p| p.0.lock().take()),
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for HeldStream {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            _slot: parts
+                .extensions
+                .get::<StreamPlace>()
+                .and_then(|p| p.0.lock().take()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_need_their_scopes() {
+        let cases = [
+            (Method::GET, "/v1/sandbox/sessions", Some(Scope::Read)),
+            (Method::POST, "/v1/sandbox/sessions", Some(Scope::Write)),
+            (
+                Method::GET,
+                "/v1/sandbox/sessions/{id}/files",
+                Some(Scope::Read),
+            ),
+            (
+                Method::PUT,
+                "/v1/sandbox/sessions/{id}/files",
+                Some(Scope::Write),
+            ),
+            (
+                Method::POST,
+                "/v1/sandbox/sessions/{id}/exec",
+                Some(Scope::Exec),
+            ),
+            (
+                Method::GET,
+                "/v1/sandbox/sessions/{id}/execs/{exec_id}/stream",
+                Some(Scope::Read),
+            ),
+            (
+                Method::POST,
+                "/v1/sandbox/sessions/{id}/execs/{exec_id}/stdin",
+                Some(Scope::Exec),
+            ),
+            (
+                Method::GET,
+                "/v1/sandbox/sessions/{id}/terminal",
+                Some(Scope::Exec),
+            ),
+            (
+                Method::GET,
+                "/v1/sandbox/sessions/{id}/fs/watch",
+                Some(Scope::Read),
+            ),
+            (
+                Method::POST,
+                "/v1/sandbox/sessions/{id}/contexts/{cid}/run",
+                Some(Scope::Exec),
+            ),
+            (
+                Method::POST,
+                "/v1/sandbox/sessions/{id}/contexts",
+                Some(Scope::Write),
+            ),
+            (
+                Method::GET,
+                "/v1/sandbox/sessions/{id}/preview/{*path}",
+                Some(Scope::Exec),
+            ),
+            (
+                Method::DELETE,
+                "/v1/sandbox/volumes/{volume}",
+                Some(Scope::Write),
+            ),
+            (Method::GET, "/v1/sandbox/audit/network", Some(Scope::Read)),
+            (Method::GET, "/v1/sandbox/admin/tenants", None),
+            (Method::GET, "/healthz", None),
+        ];
+        for (method, route, scope) in cases {
+            assert_eq!(scope_of(&method, route), scope, "{method} {route}");
+        }
+        assert!(is_exec(&Method::POST, "/v1/sandbox/sessions/{id}/exec"));
+        assert!(!is_exec(&Method::GET, "/v1/sandbox/sessions/{id}/execs"));
+    }
+
+    #[test]
+    fn openapi_lists_the_admission_answers() {
+        let doc = crate::openapi();
+        let exec = doc.paths.paths["/v1/sandbox/sessions/{id}/exec"]
+            .post
+            .as_ref()
+            .unwrap();
+        for status in ["401", "403", "429"] {
+            assert!(exec.responses.responses.contains_key(status), "{status}");
+        }
+        let health = doc.paths.paths.get("/healthz");
+        assert!(health.is_none_or(|h| h.get.as_ref().unwrap().responses.responses.len() == 1));
+    }
+
+    #[tokio::test]
+    async fn a_guard_lives_as_long_as_the_body() {
+        let held = Arc::new(());
+        let resp = hold_during_body(Response::new(Body::from("data")), held.clone());
+        assert_eq!(Arc::strong_count(&held), 2);
+        let bytes = axum::body::to_bytes(resp.into_body(), 64).await.unwrap();
+        assert_eq!(&bytes[..], b"data");
+        assert_eq!(Arc::strong_count(&held), 1);
+        let resp = hold_during_body(Response::new(Body::from("x")), held.clone());
+        drop(resp);
+        assert_eq!(Arc::strong_count(&held), 1);
+    }
+}
