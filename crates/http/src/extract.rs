@@ -40,12 +40,7 @@ impl FromRequestParts<AppState> for AdminCaller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let is_admin_key = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|h| h.to_str().ok())
-            .is_some_and(|h| state.admin_keys.authenticate(h).is_some());
-        if is_admin_key {
+        if crate::gate::holds_admin_key(state, &parts.headers) {
             return Ok(AdminCaller);
         }
         let principal = crate::gate::authenticate(state, &parts.headers).await?;
