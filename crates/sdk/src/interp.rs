@@ -4,8 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use eventsource_stream::{EventStreamError, Eventsource as _};
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use reqwest::{header, Method};
 use serde::{Deserialize, Serialize};
 
@@ -180,22 +179,8 @@ where
     S: Stream<Item = std::result::Result<B, reqwest::Error>>,
     B: AsRef<[u8]>,
 {
-    let events = Box::pin(body.eventsource());
-    futures::stream::unfold(Some(events), |state| async move {
-        let mut events = state?;
-        loop {
-            let item = match events.next().await {
-                None => Err(Error::StreamEnded),
-                Some(Err(EventStreamError::Transport(e))) => Err(Error::Transport(e)),
-                Some(Err(e)) => Err(Error::Decode(format!("event stream: {e}"))),
-                Some(Ok(event)) => match run_event(&event.event, &event.data) {
-                    Some(item) => item,
-                    None => continue, // an event type this client does not know
-                },
-            };
-            let more = matches!(item, Ok(RunEvent::Stdout(_) | RunEvent::Stderr(_)));
-            return Some((item, more.then_some(events)));
-        }
+    crate::live::decoded_events(body, run_event, |ev| {
+        matches!(ev, RunEvent::Stdout(_) | RunEvent::Stderr(_))
     })
 }
 
@@ -218,6 +203,7 @@ fn run_event(name: &str, data: &str) -> Option<Result<RunEvent>> {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use futures::StreamExt;
 
     async fn events_of(body: &'static str) -> Vec<Result<RunEvent>> {
         let chunks = futures::stream::iter([Ok::<_, reqwest::Error>(Bytes::from(body))]);

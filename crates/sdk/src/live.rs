@@ -304,21 +304,36 @@ where
     S: Stream<Item = std::result::Result<B, reqwest::Error>>,
     B: AsRef<[u8]>,
 {
+    decoded_events(body, exec_event, |ev| !matches!(ev, ExecEvent::Exit(_)))
+}
+
+/// The events of an SSE body as `decode` reads them (`None`: an event type this client does
+/// not know, skipped), ending after the first error or the first event `more` refuses; a body
+/// that ends before that is [`Error::StreamEnded`].
+pub(crate) fn decoded_events<S, B, T>(
+    body: S,
+    decode: fn(&str, &str) -> Option<Result<T>>,
+    more: fn(&T) -> bool,
+) -> impl Stream<Item = Result<T>>
+where
+    S: Stream<Item = std::result::Result<B, reqwest::Error>>,
+    B: AsRef<[u8]>,
+{
     let events = Box::pin(body.eventsource());
-    futures::stream::unfold(Some(events), |state| async move {
+    futures::stream::unfold(Some(events), move |state| async move {
         let mut events = state?;
         loop {
             let item = match events.next().await {
                 None => Err(Error::StreamEnded),
                 Some(Err(EventStreamError::Transport(e))) => Err(Error::Transport(e)),
                 Some(Err(e)) => Err(Error::Decode(format!("event stream: {e}"))),
-                Some(Ok(event)) => match exec_event(&event.event, &event.data) {
+                Some(Ok(event)) => match decode(&event.event, &event.data) {
                     Some(item) => item,
-                    None => continue, // an event type this client does not know
+                    None => continue,
                 },
             };
-            let more = matches!(item, Ok(ref ev) if !matches!(ev, ExecEvent::Exit(_)));
-            return Some((item, more.then_some(events)));
+            let go_on = matches!(item, Ok(ref ev) if more(ev));
+            return Some((item, go_on.then_some(events)));
         }
     })
 }
