@@ -25,6 +25,7 @@ done
 cargo test --workspace --locked
 target/debug/koder-bench --smoke  # benchmark harness end to end, tiny counts, no timing asserted
 scripts/e2b-tests.sh  # the real E2B SDKs from PyPI against the daemon (tests/e2b)
+scripts/e2b-js-tests.sh  # the real E2B JavaScript SDKs from npm against the daemon (tests/e2b-js)
 scripts/go-sdk-tests.sh  # the Go SDK (sdks/go): go vet, unit tests, integration tests against the daemon
 scripts/python-sdk-tests.sh  # the Python SDK (sdks/python) against the daemon
 scripts/mcp-tests.sh  # the official MCP client from PyPI against `ksandbox mcp` (tests/mcp)

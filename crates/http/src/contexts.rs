@@ -1,6 +1,5 @@
 //! Code-interpreter routes under `/v1/sandbox/sessions/{id}/contexts` (API.md "Code
-//! interpreter"): stateful Python and Node contexts. The JSON shapes live here until they move
-//! to koder-api-types.
+//! interpreter"): stateful Python and Node contexts; the JSON shapes are koder-api-types'.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -8,12 +7,13 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
 use axum::Router;
+use koder_api_types::contexts::{
+    Context, ContextList, CreateContext, RichOutput, RunCode, RunError, RunResult,
+};
 use koder_api_types::ErrorBody;
 use koder_sessions::{ContextInfo, ContextOptions, RichResult, RunEvent, RunOutput, RunRequest};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::convert::Infallible;
-use utoipa::ToSchema;
 
 use crate::error::ApiError;
 use crate::extract::{Caller, Json, Path};
@@ -27,97 +27,6 @@ pub fn router() -> Router<AppState> {
         .route("/{id}/contexts/{cid}", delete(delete_context))
         .route("/{id}/contexts/{cid}/restart", post(restart_context))
         .route("/{id}/contexts/{cid}/run", post(run_code))
-}
-
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateContext {
-    /// "python" (default) or "node" (aliases: "py", "javascript", "js").
-    #[serde(default)]
-    pub language: Option<String>,
-    /// Working directory of the interpreter (an existing absolute path; default the session's).
-    #[serde(default)]
-    pub cwd: Option<String>,
-    /// Environment variables of this context's interpreter, beyond the session's.
-    #[serde(default)]
-    pub env: std::collections::BTreeMap<String, String>,
-}
-
-/// A code-interpreter context: one long-lived interpreter in the session's sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct Context {
-    pub context_id: String,
-    pub language: String,
-    /// Runs so far in this interpreter (0 after a restart).
-    pub execution_count: u64,
-    /// Working directory the interpreter started in.
-    pub cwd: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct ContextList {
-    /// In creation order.
-    pub contexts: Vec<Context>,
-}
-
-#[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RunCode {
-    pub code: String,
-    /// Default and maximum as for exec; on expiry the interpreter is killed and restarted.
-    #[serde(default)]
-    pub timeout_ms: Option<u64>,
-    /// Environment variables set for this run only.
-    #[serde(default)]
-    pub env: std::collections::BTreeMap<String, String>,
-}
-
-/// One displayable value in every representation it offered.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct RichOutput {
-    /// The value of the run's last expression (at most one per run).
-    pub is_main_result: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub html: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub markdown: Option<String>,
-    /// The value as JSON, where it has a JSON form.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub json: Option<serde_json::Value>,
-    /// Base64 PNG (matplotlib figures, `_repr_png_`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub png: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub svg: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct RunError {
-    /// Exception class ("ValueError", "TypeError"); "TimeoutError" or "InterpreterDied" when
-    /// the interpreter was killed.
-    pub name: String,
-    pub value: String,
-    pub traceback: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct RunResult {
-    pub stdout: String,
-    pub stderr: String,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    /// Rich outputs in display order (figures, displayed objects, the last value).
-    pub results: Vec<RichOutput>,
-    pub error: Option<RunError>,
-    pub execution_count: u64,
-    pub duration_ms: u64,
-    /// One of the exec verdict codes, or null for a run that ended by itself.
-    pub verdict: Option<String>,
-    /// The interpreter was killed (timeout, crash, OOM) and started afresh: state is lost.
-    pub restarted: bool,
 }
 
 fn context(c: ContextInfo) -> Context {

@@ -1,106 +1,18 @@
 //! Code-interpreter contexts (`.../contexts`): long-lived Python or Node interpreters whose
 //! variables persist between runs, and runs whose rich results (figures, HTML, JSON) come back
-//! alongside the output. The shapes mirror the daemon's (`crates/http/src/contexts.rs`).
-
-use std::collections::BTreeMap;
+//! alongside the output. The shapes are the daemon's own (`koder_api_types::contexts`).
 
 use futures::Stream;
+pub use koder_api_types::contexts::{
+    Context, ContextList, CreateContext, RichOutput, RunCode, RunError, RunResult,
+};
 use reqwest::{header, Method};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::{decode, Client, Error, Result};
 
 /// The context every session has without creating one: its Python interpreter.
 pub const DEFAULT_CONTEXT: &str = "default";
-
-/// `POST .../contexts`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct CreateContext {
-    /// `python` (the daemon's default) or `node`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub language: Option<String>,
-    /// An existing absolute directory (default: the session's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cwd: Option<String>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
-}
-
-/// One interpreter in a session.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Context {
-    pub context_id: String,
-    pub language: String,
-    /// Runs so far (0 after a restart).
-    pub execution_count: u64,
-    pub cwd: String,
-}
-
-#[derive(Deserialize)]
-struct ContextList {
-    contexts: Vec<Context>,
-}
-
-/// `POST .../contexts/{cid}/run`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct RunCode {
-    pub code: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub timeout_ms: Option<u64>,
-    /// Set for this run only.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
-}
-
-/// One displayable value, in every representation the interpreter offered.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RichOutput {
-    /// The value of the run's last expression.
-    pub is_main_result: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub html: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub markdown: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub json: Option<serde_json::Value>,
-    /// Base64 PNG.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub png: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub svg: Option<String>,
-}
-
-/// The exception a run raised (`TimeoutError` or `InterpreterDied` when it was killed).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunError {
-    pub name: String,
-    pub value: String,
-    pub traceback: String,
-}
-
-/// A run's outcome. Streamed runs deliver it without `stdout`/`stderr` (those came as events).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunResult {
-    #[serde(default)]
-    pub stdout: String,
-    #[serde(default)]
-    pub stderr: String,
-    #[serde(default)]
-    pub stdout_truncated: bool,
-    #[serde(default)]
-    pub stderr_truncated: bool,
-    #[serde(default)]
-    pub results: Vec<RichOutput>,
-    pub error: Option<RunError>,
-    pub execution_count: u64,
-    pub duration_ms: u64,
-    /// An exec verdict code (`SANDBOX-EXEC-TIMEOUT`, ...), or none for a run that ended by itself.
-    pub verdict: Option<String>,
-    /// The interpreter was killed and started afresh: its state is gone.
-    pub restarted: bool,
-}
 
 /// One event of a streamed run.
 #[derive(Debug, Clone, PartialEq)]

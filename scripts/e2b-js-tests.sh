@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# E2B compatibility from JavaScript: the official `e2b` and `@e2b/code-interpreter` packages
+# from npm drive a real daemon (tests/e2b-js, node's built-in test runner). The packages are
+# installed once into the test cache outside the clone, keyed by tests/e2b-js/package.json.
+# Needs root (jail sandboxes) and target/debug (scripts/test.sh builds it). Closes with
+# "e2b-js: N passed, M failed".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "e2b-js: 0 passed, 0 failed, 1 skipped (jail sandboxes need root)"
+  exit 0
+fi
+
+key=$(sha256sum tests/e2b-js/package.json | cut -c1-16)
+modules="${KODER_TEST_CACHE:-/var/cache/koder-sandbox-test}/e2b-js-$key"
+# The stamp is written last, so a half-made install is redone rather than trusted.
+if [ ! -f "$modules/.installed" ]; then
+  rm -rf "$modules"
+  mkdir -p "$modules"
+  cp tests/e2b-js/package.json "$modules/"
+  npm install --prefix "$modules" --no-audit --no-fund --loglevel=error >/dev/null
+  touch "$modules/.installed"
+fi
+# ES modules resolve packages next to the importing file, so the tests see the cached install
+# through a link (ignored by git).
+ln -sfn "$modules/node_modules" tests/e2b-js/node_modules
+
+. scripts/lib/daemon.sh
+start_daemon e2b-js
+
+status=0
+report="$DAEMON_TMP/tap.txt"
+E2B_API_URL="$DAEMON_URL" E2B_SANDBOX_URL="$DAEMON_URL" E2B_API_KEY="$DAEMON_KEY1" \
+  KODER_E2B_OTHER_KEY="$DAEMON_KEY2" \
+  node --test --test-reporter=tap --test-concurrency=2 tests/e2b-js/*.test.mjs >"$report" 2>&1 \
+  || status=$?
+grep -E '^# (pass|fail)|^not ok|^ *not ok' "$report" >/dev/null || cat "$report"
+if [ "$status" -ne 0 ]; then
+  # The failing tests with their diagnostics, and the daemon's side of the story.
+  grep -B2 -A25 'not ok' "$report" | head -200
+  daemon_log_tail
+fi
+passed=$(sed -n 's/^# pass //p' "$report")
+failed=$(sed -n 's/^# fail //p' "$report")
+echo "e2b-js: ${passed:-0} passed, ${failed:-?} failed"
+exit "$status"
