@@ -22,6 +22,7 @@ mod proto;
 mod state;
 
 use axum::extract::{Request, State};
+use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -64,7 +65,17 @@ async fn by_surface(State(d): State<Dispatch>, mut req: Request, next: Next) -> 
         if control::is_control_path(req.uri().path()) {
             return serve(d.control, req).await;
         }
-        return next.run(req).await;
+        // A signed file URL handed to a plain HTTP client names its sandbox by its signature.
+        match envd::auth::signer_of(req.method(), req.uri(), &d.e2b) {
+            Ok(Some(id)) => match HeaderValue::from_str(&id) {
+                Ok(v) => {
+                    req.headers_mut().insert(SANDBOX_ID_HEADER, v);
+                }
+                Err(_) => return next.run(req).await,
+            },
+            Ok(None) => return next.run(req).await,
+            Err(e) => return e.into_response(),
+        }
     }
     let port = req
         .headers()
@@ -89,12 +100,13 @@ async fn by_surface(State(d): State<Dispatch>, mut req: Request, next: Next) -> 
     // Every in-sandbox surface, whatever the route (even an unknown one), is authenticated
     // and admitted here, before a router sees the request.
     let interpreter = port == INTERPRETER_PORT;
-    let admitted = match envd::auth::authenticate(req.headers(), &d.e2b).await {
-        Ok(auth) => auth
-            .admit(&d.e2b, req.headers(), req.uri().path(), interpreter)
-            .map(|places| (auth, places)),
-        Err(e) => Err(e),
-    };
+    let admitted =
+        match envd::auth::authenticate(req.method(), req.uri(), req.headers(), &d.e2b).await {
+            Ok(auth) => auth
+                .admit(&d.e2b, req.headers(), req.uri().path(), interpreter)
+                .map(|places| (auth, places)),
+            Err(e) => Err(e),
+        };
     let places = match admitted {
         Ok((auth, places)) => {
             req.extensions_mut().insert(auth);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, Query};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, Method, Uri};
 use base64::Engine as _;
 use koder_api_types::{Session, SessionState};
 use koder_auth::limits::Slot;
@@ -16,6 +16,7 @@ use koder_http::credentials;
 use subtle::ConstantTimeEq;
 
 use super::sandbox::SandboxCtx;
+use super::signature::SignedFileUrl;
 use super::user::User;
 use crate::control::keys;
 use crate::error::HttpError;
@@ -23,6 +24,24 @@ use crate::state::E2b;
 
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+
+/// The sandbox whose access token signed this `/files` URL, for requests that name none; an
+/// unsigned request is `Ok(None)`, a signature no sandbox here made is 401.
+pub(crate) fn signer_of(
+    method: &Method,
+    uri: &Uri,
+    e2b: &E2b,
+) -> Result<Option<String>, HttpError> {
+    let Some(signed) = SignedFileUrl::of(method, uri).transpose()? else {
+        return Ok(None);
+    };
+    e2b.manager()
+        .live_ids()
+        .into_iter()
+        .find(|id| signed.signed_with(&e2b.envd_token(id)))
+        .map(Some)
+        .ok_or_else(|| HttpError::unauthorized("invalid signature: no sandbox here signed it"))
+}
 /// Who may act on the sandbox an envd or interpreter request names. Established once per
 /// request by [`authenticate`], in front of both routers (`crate::by_surface`), so no route
 /// can be served without it.
@@ -33,10 +52,13 @@ pub(crate) struct Authenticated {
 }
 
 /// The sandbox's access token (`X-Access-Token`, or `E2B-Traffic-Access-Token` as the
-/// interpreter SDK sends it) or an API key of the owning tenant (`X-API-KEY`). Without either
+/// interpreter SDK sends it), an API key of the owning tenant (`X-API-KEY`), or on `/files`
+/// a URL signed with the sandbox's token ([`SignedFileUrl`]). Without either
 /// 401, a wrong token 401; a sandbox that is unknown, ended or another tenant's answers as
 /// gone, so a key cannot probe other tenants' ids.
 pub(crate) async fn authenticate(
+    method: &Method,
+    uri: &Uri,
     headers: &HeaderMap,
     e2b: &E2b,
 ) -> Result<Authenticated, HttpError> {
@@ -51,9 +73,10 @@ pub(crate) async fn authenticate(
     let token = [credentials::ACCESS_TOKEN, credentials::TRAFFIC_ACCESS_TOKEN]
         .iter()
         .find_map(|h| headers.get(*h));
+    let signed = SignedFileUrl::of(method, uri).transpose()?;
     let tenant =
-        match (token, headers.get(credentials::API_KEY)) {
-            (Some(t), _) => {
+        match (token, headers.get(credentials::API_KEY), signed) {
+            (Some(t), _, _) => {
                 if !bool::from(t.as_bytes().ct_eq(e2b.envd_token(&id).as_bytes())) {
                     return Err(HttpError::unauthorized(
                         "invalid access token for this sandbox",
@@ -61,13 +84,22 @@ pub(crate) async fn authenticate(
                 }
                 None
             }
-            (None, Some(_)) => {
+            (None, Some(_), _) => {
                 // envd runs code and reaches every file: the whole surface is `sandbox:exec`.
                 let principal = keys::authenticate(e2b, headers).await?;
                 principal.require(Scope::Exec)?;
                 Some(principal.identity.tenant_id)
             }
-            (None, None) => return Err(HttpError::unauthorized(
+            (None, None, Some(signed)) => {
+                if !signed.signed_with(&e2b.envd_token(&id)) {
+                    return Err(HttpError::unauthorized(
+                        "invalid signature for this sandbox",
+                    ));
+                }
+                signed.check_unexpired(chrono::Utc::now().timestamp())?;
+                None
+            }
+            (None, None, None) => return Err(HttpError::unauthorized(
                 "missing X-Access-Token (the envdAccessToken of create or connect) or X-API-KEY",
             )),
         };
@@ -150,6 +182,7 @@ async fn awake(e2b: &E2b, who: &Identity, id: &str) -> Result<(), HttpError> {
 }
 
 /// The sandbox an envd or interpreter request is for, as authenticated, with the acting user.
+#[derive(Clone)]
 pub struct Target {
     pub who: Identity,
     pub id: String,

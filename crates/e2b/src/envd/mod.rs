@@ -9,6 +9,7 @@ pub mod filesystem;
 pub mod interpreter;
 pub mod process;
 pub mod sandbox;
+pub(crate) mod signature;
 pub mod user;
 
 use axum::http::StatusCode;

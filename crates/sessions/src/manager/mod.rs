@@ -213,6 +213,12 @@ impl Manager {
             }))
     }
 
+    /// Every session with a sandbox or a pause on this daemon, for transports whose credential
+    /// names no session (E2B's signed file URLs are recognised by the token that signed them).
+    pub fn live_ids(&self) -> Vec<String> {
+        self.live.lock().keys().cloned().collect()
+    }
+
     pub fn pool_depth(&self, language: &str) -> usize {
         self.pool.depth(language)
     }

@@ -21,10 +21,11 @@ use super::auth::Target;
 use super::user::{normalize, split_parent};
 use crate::connect::{self, Code, RpcError, Sink};
 use crate::proto::filesystem::{
-    watch_dir_response, CreateWatcherRequest, CreateWatcherResponse, GetWatcherEventsRequest,
-    GetWatcherEventsResponse, ListDirRequest, ListDirResponse, MakeDirRequest, MakeDirResponse,
-    MoveRequest, MoveResponse, RemoveRequest, RemoveResponse, RemoveWatcherRequest,
-    RemoveWatcherResponse, StatRequest, StatResponse, WatchDirRequest, WatchDirResponse,
+    watch_dir_response, CreateWatcherRequest, CreateWatcherResponse, EntryInfo, EventType,
+    FilesystemEvent, GetWatcherEventsRequest, GetWatcherEventsResponse, ListDirRequest,
+    ListDirResponse, MakeDirRequest, MakeDirResponse, MoveRequest, MoveResponse, RemoveRequest,
+    RemoveResponse, RemoveWatcherRequest, RemoveWatcherResponse, StatRequest, StatResponse,
+    WatchDirRequest, WatchDirResponse,
 };
 use entry::entry_info;
 use watch_dir_response::{Event, KeepAlive, StartEvent};
@@ -87,6 +88,7 @@ pub async fn rpc(
                     .get(&r.watcher_id)
                     .map(|w| w.buf.clone());
                 let buf = w.ok_or_else(|| no_watcher(&r.watcher_id))?;
+                settled(&buf).await;
                 let mut b = buf.lock();
                 if b.events.is_empty() {
                     if let Some(e) = b.error.take() {
@@ -320,12 +322,15 @@ async fn create_watcher(
     let (root, mut watch) = open_watch(&t, &r.path, r.recursive).await?;
     let buf = Arc::new(Mutex::new(WatchBuf::default()));
     let sink = buf.clone();
+    let describe = r.include_entry.then(|| t.clone());
     let task = tokio::spawn(async move {
         loop {
             match watch.next().await {
                 Ok(event) => {
+                    let evs = fs_events(&root, event.kind, &event.path, event.from.as_deref());
+                    let evs = described(describe.as_ref(), &root, evs).await;
                     let mut b = sink.lock();
-                    for ev in fs_events(&root, event.kind, &event.path, event.from.as_deref()) {
+                    for ev in evs {
                         b.push(ev);
                     }
                 }
@@ -350,11 +355,80 @@ async fn create_watcher(
 async fn watch_dir(t: Target, r: WatchDirRequest) -> Result<Response, RpcError> {
     let (root, watch) = open_watch(&t, &r.path, r.recursive).await?;
     let (sink, resp) = connect::stream_response();
-    tokio::spawn(relay_watch(sink, root, watch));
+    let describe = r.include_entry.then(|| t.clone());
+    tokio::spawn(relay_watch(sink, root, watch, describe));
     Ok(resp)
 }
 
-async fn relay_watch(sink: Sink, root: String, mut watch: Watch) {
+/// With `include_entry`, every event but a removal or a rename away carries its entry as it
+/// is when the event arrives (stat once per name of a batch).
+async fn described(
+    t: Option<&Target>,
+    root: &str,
+    mut evs: Vec<FilesystemEvent>,
+) -> Vec<FilesystemEvent> {
+    let Some(t) = t else {
+        return evs;
+    };
+    let mut last: Option<(String, Option<EntryInfo>)> = None;
+    for ev in &mut evs {
+        let gone = [EventType::Remove, EventType::Rename].map(i32::from);
+        if gone.contains(&ev.r#type) {
+            continue;
+        }
+        let entry = match &last {
+            Some((name, entry)) if *name == ev.name => entry.clone(),
+            _ => {
+                let abs = if root == "/" {
+                    format!("/{}", ev.name)
+                } else {
+                    format!("{root}/{}", ev.name)
+                };
+                let entry = stat(t, &abs).await.ok().map(|e| entry_info(&e));
+                last = Some((ev.name.clone(), entry.clone()));
+                entry
+            }
+        };
+        ev.entry = entry;
+    }
+    evs
+}
+
+/// Events of an operation that finished before a poll may still be on their way from the
+/// sandbox's agent (inotify there, then the agent's stream): a poll that finds none waits a
+/// little for them, and one that finds some lets the burst end, so a poll right after a write
+/// sees that write, as envd's in-process watcher would.
+async fn settled(buf: &Mutex<WatchBuf>) {
+    const FIRST: Duration = Duration::from_millis(100);
+    const QUIET: Duration = Duration::from_millis(15);
+    const LONGEST: Duration = Duration::from_millis(300);
+    const STEP: Duration = Duration::from_millis(5);
+    let start = tokio::time::Instant::now();
+    let mut seen = 0;
+    let mut changed = start;
+    loop {
+        let (n, ended) = {
+            let b = buf.lock();
+            (b.events.len(), b.error.is_some())
+        };
+        if n != seen {
+            seen = n;
+            changed = tokio::time::Instant::now();
+        }
+        let waited = start.elapsed();
+        let done = if seen == 0 {
+            waited >= FIRST
+        } else {
+            changed.elapsed() >= QUIET
+        };
+        if ended || done || waited >= LONGEST {
+            return;
+        }
+        tokio::time::sleep(STEP).await;
+    }
+}
+
+async fn relay_watch(sink: Sink, root: String, mut watch: Watch, describe: Option<Target>) {
     if !sink.send(&watch_message(Event::Start(StartEvent {}))).await {
         return;
     }
@@ -366,7 +440,8 @@ async fn relay_watch(sink: Sink, root: String, mut watch: Watch) {
         tokio::select! {
             got = watch.next() => match got {
                 Ok(event) => {
-                    for ev in fs_events(&root, event.kind, &event.path, event.from.as_deref()) {
+                    let evs = fs_events(&root, event.kind, &event.path, event.from.as_deref());
+                    for ev in described(describe.as_ref(), &root, evs).await {
                         if !sink.send(&watch_message(Event::Filesystem(ev))).await {
                             return;
                         }

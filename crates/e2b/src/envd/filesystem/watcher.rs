@@ -62,6 +62,7 @@ pub fn fs_events(
     if temp(path) {
         return Vec::new();
     }
+    let upload = from.is_some_and(temp);
     let from = from.filter(|f| !temp(f));
     let rel = |p: &str| -> String {
         let prefix = if root == "/" {
@@ -74,11 +75,17 @@ pub fn fs_events(
     let ev = |name: String, ty: EventType| FilesystemEvent {
         name,
         r#type: ty.into(),
+        entry: None,
     };
     match kind {
         FsEventKind::Created => vec![ev(rel(path), EventType::Create)],
         FsEventKind::Modified => vec![ev(rel(path), EventType::Write)],
         FsEventKind::Deleted => vec![ev(rel(path), EventType::Remove)],
+        // A finished upload: envd's in-place write is seen as create, write, chmod.
+        FsEventKind::Renamed if upload => [EventType::Create, EventType::Write, EventType::Chmod]
+            .into_iter()
+            .map(|ty| ev(rel(path), ty))
+            .collect(),
         FsEventKind::Renamed => {
             let mut out = Vec::new();
             if let Some(from) = from {
@@ -123,7 +130,14 @@ mod tests {
             "/d/f",
             Some("/d/.koder-upload-1-0-ab"),
         ));
-        assert_eq!(evs, vec![json!({"name": "f", "type": "EVENT_TYPE_CREATE"})]);
+        assert_eq!(
+            evs,
+            vec![
+                json!({"name": "f", "type": "EVENT_TYPE_CREATE"}),
+                json!({"name": "f", "type": "EVENT_TYPE_WRITE"}),
+                json!({"name": "f", "type": "EVENT_TYPE_CHMOD"}),
+            ]
+        );
         let evs = wire(fs_events(
             "/d",
             FsEventKind::Renamed,
