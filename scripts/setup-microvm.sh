@@ -7,6 +7,7 @@ cd "$(dirname "$0")"
 
 ./install-missing.sh --no-recommends \
   qemu-system-x86=/usr/bin/qemu-system-x86_64 \
+  qemu-system-common=/usr/lib/qemu/virtiofsd `# volumes: Debian 12's virtiofsd (a package of its own later)` \
   binutils=/usr/bin/strip `# strips the agent packed into the guest initrd` \
   e2fsprogs=/usr/sbin/mkfs.ext4 `# guest root and scratch disks` \
   util-linux=/usr/bin/unshare `# private mount namespace of the root-disk build`

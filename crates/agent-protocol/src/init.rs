@@ -117,6 +117,19 @@ pub struct VmConfig {
     /// Captured layers the writable layer starts from (a sandbox made from a snapshot).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layers: Option<VmLayers>,
+    /// Volumes shared from the host over virtio-fs, each mounted at its target.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VmVolume>,
+}
+
+/// A volume of a microVM: a virtio-fs share the host serves (read-only on the host side too
+/// when `read_only`), found by its tag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmVolume {
+    pub tag: String,
+    /// Absolute path inside the sandbox, under the same rules as [`InitVolume::target`].
+    pub target: String,
+    pub read_only: bool,
 }
 
 /// The layers of a microVM made from a snapshot: `koder-layer` tar streams laid end to end on
@@ -143,6 +156,8 @@ pub const VM_CONFIG_PATH: &str = "/koder/config.json";
 pub const VM_MODULES_LIST: &str = "/koder/modules/order";
 /// Modules loaded after those of [`VM_MODULES_LIST`] when the guest has egress.
 pub const VM_EGRESS_MODULES_LIST: &str = "/koder/modules/egress";
+/// Modules loaded after those of [`VM_MODULES_LIST`] when the guest mounts volumes (virtio-fs).
+pub const VM_VOLUME_MODULES_LIST: &str = "/koder/modules/volumes";
 /// Serial numbers QEMU gives the guest's disks: the read-only image and the session's scratch
 /// disk (the writable overlay layer).
 pub const VM_ROOT_DISK_SERIAL: &str = "koder-root";

@@ -596,6 +596,7 @@ mod tests {
             uid: 150_000,
             gid: 150_000,
             accel: Accel::Kvm,
+            shares: Vec::new(),
         }
     }
 

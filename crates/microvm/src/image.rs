@@ -8,10 +8,10 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
-use crate::kernel::{self, EGRESS_MODULES, GUEST_MODULES};
+use crate::kernel::{self, EGRESS_MODULES, GUEST_MODULES, VOLUME_MODULES};
 
 /// Bumped when the image layout or content rules change, so old images are rebuilt.
-pub const IMAGE_VERSION: u32 = 3;
+pub const IMAGE_VERSION: u32 = 4;
 const MANIFEST: &str = "manifest.json";
 
 /// Large trees of the host's /usr a sandbox's languages do not use; the guest's root disk
@@ -58,6 +58,8 @@ struct Manifest {
     modules: Vec<String>,
     /// Loaded after `modules` in guests with egress.
     egress_modules: Vec<String>,
+    /// Loaded after `modules` in guests that mount volumes.
+    volume_modules: Vec<String>,
 }
 
 /// A built image, ready to boot.
@@ -72,6 +74,8 @@ pub struct VmImage {
     pub modules: Vec<(String, PathBuf)>,
     /// Loaded after `modules` when the guest has egress.
     pub egress_modules: Vec<(String, PathBuf)>,
+    /// Loaded after `modules` when the guest mounts volumes.
+    pub volume_modules: Vec<(String, PathBuf)>,
 }
 
 /// Where the image lives under an images directory.
@@ -100,6 +104,7 @@ pub fn load(images_dir: &Path) -> Result<VmImage, ImageError> {
         rootfs: dir.join("rootfs.ext4"),
         modules: files(&manifest.modules),
         egress_modules: files(&manifest.egress_modules),
+        volume_modules: files(&manifest.volume_modules),
         kernel_version: manifest.kernel_version,
         dir,
     };
@@ -110,6 +115,7 @@ pub fn load(images_dir: &Path) -> Result<VmImage, ImageError> {
                 .modules
                 .iter()
                 .chain(&image.egress_modules)
+                .chain(&image.volume_modules)
                 .map(|(_, p)| p),
         )
         .all(|p| p.is_file());
@@ -166,12 +172,15 @@ fn build_into(opts: &BuildOptions, dir: &Path, work: &Path) -> Result<(), ImageE
     std::fs::write(dir.join("vmlinux"), vmlinux).map_err(io("write vmlinux"))?;
     let modules_root = unpacked.join("lib/modules").join(&kernel_version);
     let modules = kernel::resolve_modules(&modules_root, GUEST_MODULES)?;
-    let egress_modules: Vec<(String, PathBuf)> =
-        kernel::resolve_modules(&modules_root, EGRESS_MODULES)?
+    let extra = |wanted: &[&str]| -> Result<Vec<(String, PathBuf)>, ImageError> {
+        Ok(kernel::resolve_modules(&modules_root, wanted)?
             .into_iter()
             .filter(|(name, _)| !modules.iter().any(|(m, _)| m == name))
-            .collect();
-    for (name, file) in modules.iter().chain(&egress_modules) {
+            .collect())
+    };
+    let egress_modules = extra(EGRESS_MODULES)?;
+    let volume_modules = extra(VOLUME_MODULES)?;
+    for (name, file) in modules.iter().chain(&egress_modules).chain(&volume_modules) {
         let to = dir.join("modules").join(format!("{name}.ko"));
         std::fs::copy(file, &to).map_err(io(format!("copy module {name}")))?;
     }
@@ -181,6 +190,7 @@ fn build_into(opts: &BuildOptions, dir: &Path, work: &Path) -> Result<(), ImageE
         kernel_version,
         modules: modules.into_iter().map(|(n, _)| n).collect(),
         egress_modules: egress_modules.into_iter().map(|(n, _)| n).collect(),
+        volume_modules: volume_modules.into_iter().map(|(n, _)| n).collect(),
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| io("encode manifest")(e.into()))?;
     // Written last: its presence says the rest is complete.
@@ -367,6 +377,7 @@ mod tests {
                 kernel_version: "6.1.0-test".into(),
                 modules: vec!["virtio".into()],
                 egress_modules: vec![],
+                volume_modules: vec![],
             })
             .unwrap()
         };

@@ -6,9 +6,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::image::VmImage;
 use cpio::NewcBuilder;
 use koder_agent_protocol::init::{
-    VmConfig, VM_CONFIG_PATH, VM_EGRESS_MODULES_LIST, VM_MODULES_LIST,
+    VmConfig, VM_CONFIG_PATH, VM_EGRESS_MODULES_LIST, VM_MODULES_LIST, VM_VOLUME_MODULES_LIST,
 };
 
 const S_IFDIR: u32 = 0o040000;
@@ -103,13 +104,9 @@ impl<W: Write> Archive<W> {
 }
 
 /// Writes the shared base archive: `/init` (the agent), its libraries, the console node, the
-/// boot modules and the egress modules, each set with its load order.
-pub fn write_base(
-    out_path: &Path,
-    agent: &Path,
-    modules: &[(String, PathBuf)],
-    egress_modules: &[(String, PathBuf)],
-) -> Result<(), InitrdError> {
+/// boot modules and the image's optional module sets (egress, volumes), each set with its
+/// load order.
+pub fn write_base(out_path: &Path, agent: &Path, image: &VmImage) -> Result<(), InitrdError> {
     let tmp = out_path.with_extension("partial");
     let file = std::fs::File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
     let mut a = Archive::new(std::io::BufWriter::new(file));
@@ -125,8 +122,9 @@ pub fn write_base(
         a.parents("dev/console").map_err(w)?;
         a.entry("dev/console", S_IFCHR | 0o600, &[], (5, 1))
             .map_err(w)?;
-        add_modules(&mut a, VM_MODULES_LIST, modules)?;
-        add_modules(&mut a, VM_EGRESS_MODULES_LIST, egress_modules)?;
+        add_modules(&mut a, VM_MODULES_LIST, &image.modules)?;
+        add_modules(&mut a, VM_EGRESS_MODULES_LIST, &image.egress_modules)?;
+        add_modules(&mut a, VM_VOLUME_MODULES_LIST, &image.volume_modules)?;
         let mut out = a.finish().map_err(w)?;
         out.flush().map_err(w)?;
         Ok(())
@@ -275,13 +273,18 @@ mod tests {
         std::fs::write(&nft, b"nft bytes").unwrap();
         let agent = std::env::current_exe().unwrap();
         let base = dir.path().join("base.cpio");
-        write_base(
-            &base,
-            &agent,
-            &[("virtio".into(), module)],
-            &[("nf_tables".into(), nft)],
-        )
-        .unwrap();
+        let fuse = dir.path().join("fuse.ko");
+        std::fs::write(&fuse, b"fuse bytes").unwrap();
+        let image = VmImage {
+            dir: dir.path().into(),
+            kernel_version: "6.1.0-test".into(),
+            vmlinux: dir.path().join("vmlinux"),
+            rootfs: dir.path().join("rootfs.ext4"),
+            modules: vec![("virtio".into(), module)],
+            egress_modules: vec![("nf_tables".into(), nft)],
+            volume_modules: vec![("fuse".into(), fuse)],
+        };
+        write_base(&base, &agent, &image).unwrap();
         let cfg = VmConfig {
             hostname: "sandbox".into(),
             workdir: "/workspace".into(),
@@ -304,6 +307,11 @@ mod tests {
                 sizes: vec![10240, 2048],
                 max_bytes: 64 << 20,
             }),
+            volumes: vec![koder_agent_protocol::init::VmVolume {
+                tag: "koder-volume-0".into(),
+                target: "/data".into(),
+                read_only: true,
+            }],
         };
         let vm = dir.path().join("vm.cpio");
         write_for_vm(&base, &cfg, &vm).unwrap();
@@ -320,6 +328,7 @@ mod tests {
         assert_eq!(find("koder/modules/order").2, b"virtio.ko\n");
         assert_eq!(find("koder/modules/egress").2, b"nf_tables.ko\n");
         assert_eq!(find("koder/modules/nf_tables.ko").2, b"nft bytes");
+        assert_eq!(find("koder/modules/volumes").2, b"fuse.ko\n");
         let parsed: VmConfig = serde_json::from_slice(&find("koder/config.json").2).unwrap();
         assert_eq!(parsed, cfg);
         assert!(

@@ -21,6 +21,10 @@ pub const GUEST_MODULES: &[&str] = &[
 /// loaded only in guests of sessions with network access.
 pub const EGRESS_MODULES: &[&str] = &["nft_chain_nat", "nft_redir", "nft_ct"];
 
+/// Modules of the virtio-fs client (and FUSE under it), loaded only in guests that mount
+/// volumes.
+pub const VOLUME_MODULES: &[&str] = &["virtiofs"];
+
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
     #[error("no LZ4-compressed kernel found in {0} (only LZ4 bzImages are supported)")]

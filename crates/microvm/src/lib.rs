@@ -26,6 +26,7 @@ pub mod layers;
 pub mod qemu;
 pub mod qmp;
 pub mod serial;
+pub mod virtiofs;
 pub mod vmm;
 pub mod vsock;
 
@@ -36,8 +37,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use koder_agent_protocol::init::{
-    Rlimits, VmConfig, VmLayers, VM_LAYERS_DISK_SERIAL, VM_READY_LINE, VM_ROOT_DISK_SERIAL,
-    VM_SCRATCH_DISK_SERIAL,
+    Rlimits, VmConfig, VmLayers, VmVolume, VM_LAYERS_DISK_SERIAL, VM_READY_LINE,
+    VM_ROOT_DISK_SERIAL, VM_SCRATCH_DISK_SERIAL,
 };
 use koder_agent_protocol::{AgentClient, GuestLimits};
 use koder_cgroups::{Cgroup, CgroupDriver};
@@ -174,7 +175,7 @@ impl MicroVmRuntime {
         }
         let initrd_base = cfg.state_dir.join("initrd-base.cpio");
         let agent = guest_agent(&cfg.agent_bin, &cfg.state_dir)?;
-        initrd::write_base(&initrd_base, &agent, &image.modules, &image.egress_modules)
+        initrd::write_base(&initrd_base, &agent, &image)
             .map_err(|e| RuntimeError::Unavailable(format!("guest initrd: {e}")))?;
         set_mode(&initrd_base, 0o644)?;
         let mut enforcement = Enforcement {
@@ -318,6 +319,7 @@ impl MicroVmRuntime {
             uid: host.uid,
             gid: self.vmm_gid(host.uid),
             accel: self.accel,
+            shares: volume_shares(spec),
         };
         let record = VmRecord {
             rootfs: FileStamp::of(&launch.root_disk)?,
@@ -575,9 +577,16 @@ impl MicroVmRuntime {
             hostname: "sandbox".into(),
             workdir: "/workspace".into(),
             env,
+            // Landlock would otherwise leave a writable volume read-only.
             writable_dirs: koder_image::WRITABLE_DIRS
                 .iter()
                 .map(|d| d.to_string())
+                .chain(
+                    spec.volumes
+                        .iter()
+                        .filter(|v| !v.read_only)
+                        .map(|v| v.target.clone()),
+                )
                 .collect(),
             rlimits: Rlimits {
                 nofile: 4096,
@@ -595,6 +604,16 @@ impl MicroVmRuntime {
             scratch_disk_serial: serials.1,
             egress: spec.egress,
             layers,
+            volumes: spec
+                .volumes
+                .iter()
+                .enumerate()
+                .map(|(n, v)| VmVolume {
+                    tag: virtiofs::tag(n),
+                    target: v.target.clone(),
+                    read_only: v.read_only,
+                })
+                .collect(),
         }
     }
 }
@@ -690,7 +709,7 @@ impl Runtime for MicroVmRuntime {
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
         validate_id(&spec.id)?;
         koder_image::require_known(&spec.image)?;
-        refuse_volumes(&spec)?;
+        refuse_volumes(&spec, self.vmm.as_ref())?;
         let host = self.host(&spec.id)?;
         let _ = std::fs::remove_dir_all(&host.dir);
         let started = match std::fs::create_dir(&host.dir) {
@@ -932,16 +951,28 @@ impl Drop for VmHost {
     }
 }
 
-/// Volumes need idmapped mounts of host directories, which a guest kernel cannot reach (yet):
-/// refused before anything boots.
-fn refuse_volumes(spec: &SandboxSpec) -> Result<(), RuntimeError> {
+/// Volumes are file shares (virtio-fs); a backend without them refuses volumes before
+/// anything boots.
+fn refuse_volumes(spec: &SandboxSpec, vmm: &dyn Vmm) -> Result<(), RuntimeError> {
     if spec.volumes.is_empty() {
         Ok(())
     } else {
-        Err(RuntimeError::Unavailable(
-            "volumes are not supported on microVMs yet".into(),
-        ))
+        vmm.file_shares()
     }
+}
+
+/// The shares of a VM's volumes, in the order of `spec.volumes` (share `n` has tag
+/// [`virtiofs::tag`]`(n)`).
+fn volume_shares(spec: &SandboxSpec) -> Vec<vmm::Share> {
+    spec.volumes
+        .iter()
+        .enumerate()
+        .map(|(n, v)| vmm::Share {
+            source: v.source.clone(),
+            tag: virtiofs::tag(n),
+            read_only: v.read_only,
+        })
+        .collect()
 }
 
 async fn kill_all(children: Vec<Child>) {
@@ -980,7 +1011,12 @@ impl Sandbox for MicroVm {
         Some(self)
     }
 
+    /// None with volumes: a vhost-user device does not migrate (virtiofsd's state of the
+    /// guest's open files lives outside QEMU), so such a VM pauses without its memory.
     fn memory_snapshot(&self) -> Option<&dyn MemorySnapshot> {
+        if !self.launch.shares.is_empty() {
+            return None;
+        }
         self.vmm
             .memory_snapshots()
             .map(|_| self as &dyn MemorySnapshot)
@@ -1135,7 +1171,7 @@ const PIDS_FILE: &str = "vmm.pids";
 /// their names are not.
 fn vmm_executables() -> ExeMatch {
     ExeMatch::NamePrefix(
-        ["qemu-system-x86_64", "firecracker"]
+        ["qemu-system-x86_64", "firecracker", "virtiofsd"]
             .map(String::from)
             .to_vec(),
     )
@@ -1181,17 +1217,60 @@ fn console_tail(console: &Path) -> String {
 mod tests {
     use super::*;
 
+    /// A backend with or without file shares, for what the runtime decides before booting.
+    struct FakeVmm {
+        shares: bool,
+    }
+
+    #[async_trait]
+    impl Vmm for FakeVmm {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+
+        async fn start(&self, _launch: &Launch) -> Result<vmm::VmProcesses, RuntimeError> {
+            Err(RuntimeError::Start("not in unit tests".into()))
+        }
+
+        fn agent_channel(&self, dir: &Path, port: u32) -> AgentChannel {
+            AgentChannel::Vsock {
+                uds: dir.join("v.sock"),
+                port,
+            }
+        }
+
+        fn file_shares(&self) -> Result<(), RuntimeError> {
+            if self.shares {
+                Ok(())
+            } else {
+                Err(RuntimeError::Unsupported("no virtio-fs here".into()))
+            }
+        }
+    }
+
     #[test]
-    fn volumes_are_refused() {
+    fn volumes_need_file_shares() {
+        let (with, without) = (FakeVmm { shares: true }, FakeVmm { shares: false });
         let mut spec = SandboxSpec::default();
-        assert!(refuse_volumes(&spec).is_ok());
-        spec.volumes.push(koder_runtime::VolumeMount {
-            source: "/srv/v".into(),
-            target: "/data".into(),
-            read_only: false,
-        });
-        let err = refuse_volumes(&spec).expect_err("volumes on a microVM");
-        assert!(matches!(err, RuntimeError::Unavailable(_)), "{err}");
+        assert!(refuse_volumes(&spec, &without).is_ok());
+        for (target, read_only) in [("/data", false), ("/ref", true)] {
+            spec.volumes.push(koder_runtime::VolumeMount {
+                source: format!("/srv/volumes{target}").into(),
+                target: target.into(),
+                read_only,
+            });
+        }
+        let err = refuse_volumes(&spec, &without).expect_err("volumes without shares");
+        assert!(
+            matches!(&err, RuntimeError::Unsupported(m) if m.contains("virtio-fs")),
+            "{err}"
+        );
+        assert!(refuse_volumes(&spec, &with).is_ok());
+        let shares = volume_shares(&spec);
+        assert_eq!(shares.len(), 2);
+        assert_eq!(shares[1].source, Path::new("/srv/volumes/ref"));
+        assert_eq!(shares[1].tag, virtiofs::tag(1));
+        assert!(shares[1].read_only && !shares[0].read_only);
     }
 
     #[test]

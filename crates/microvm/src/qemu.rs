@@ -34,6 +34,8 @@ const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub struct Qemu {
     qemu: PathBuf,
+    /// The file-share server, where installed: without it VMs have no volumes.
+    virtiofsd: Option<PathBuf>,
 }
 
 impl Qemu {
@@ -45,12 +47,22 @@ impl Qemu {
                 qemu.display()
             ))
         })?;
-        Ok(Self { qemu })
+        Ok(Self {
+            qemu,
+            virtiofsd: crate::virtiofs::find(),
+        })
     }
 
     async fn spawn(&self, launch: &Launch, incoming: bool) -> Result<VmProcesses, RuntimeError> {
         for stale in [QMP_SOCKET, AGENT_SOCKET] {
             let _ = std::fs::remove_file(launch.dir.join(stale));
+        }
+        let mut children = Vec::with_capacity(launch.shares.len() + 1);
+        for (n, share) in launch.shares.iter().enumerate() {
+            let virtiofsd = self.virtiofsd.as_deref().ok_or_else(no_virtiofsd)?;
+            children.push(
+                crate::virtiofs::spawn(virtiofsd, launch, n, share, log_file(launch)?).await?,
+            );
         }
         let mut qemu = unprivileged(Command::new(&self.qemu), launch)?;
         qemu.args(qemu_args(launch, incoming))
@@ -59,10 +71,15 @@ impl Qemu {
         let qemu = qemu
             .spawn()
             .map_err(|e| RuntimeError::Start(format!("start qemu: {e}")))?;
-        Ok(VmProcesses {
-            children: vec![qemu],
-        })
+        children.push(qemu);
+        Ok(VmProcesses { children })
     }
+}
+
+fn no_virtiofsd() -> RuntimeError {
+    RuntimeError::Unavailable(
+        "virtiofsd not found (volumes on microVMs need it: scripts/install-missing.sh)".into(),
+    )
 }
 
 /// `program` itself when it is a path, else its first match on PATH.
@@ -99,6 +116,10 @@ impl Vmm for Qemu {
 
     fn memory_snapshots(&self) -> Option<&dyn Suspend> {
         Some(self)
+    }
+
+    fn file_shares(&self) -> Result<(), RuntimeError> {
+        self.virtiofsd.as_ref().map(|_| ()).ok_or_else(no_virtiofsd)
     }
 }
 
@@ -206,7 +227,11 @@ pub fn qemu_args(launch: &Launch, incoming: bool) -> Vec<String> {
         "-name".into(),
         format!("koder-{}", launch.id),
         "-machine".into(),
-        "microvm".into(),
+        if launch.shares.is_empty() {
+            "microvm".into()
+        } else {
+            "microvm,memory-backend=mem".into()
+        },
         "-m".into(),
         mem,
         "-accel".into(),
@@ -273,6 +298,7 @@ pub fn qemu_args(launch: &Launch, incoming: bool) -> Vec<String> {
             format!("virtio-blk-device,drive=layers,serial={VM_LAYERS_DISK_SERIAL}"),
         ]);
     }
+    args.extend(crate::virtiofs::qemu_args(launch));
     // No NIC: the guest has loopback only (network `none`).
     args.extend(["-net".into(), "none".into()]);
     if incoming {
@@ -304,6 +330,7 @@ mod tests {
             uid: 150_000,
             gid: 150_000,
             accel: Accel::Tcg,
+            shares: Vec::new(),
         }
     }
 
@@ -345,6 +372,7 @@ mod tests {
         );
         assert!(after(&args, "-sandbox")[0].contains("spawn=deny"));
         assert!(after(&args, "-incoming").is_empty());
+        assert!(after(&args, "-global").is_empty());
         assert!(!args.iter().any(|a| a.contains("layers")));
         let mut restored = launch();
         restored.layers_disk = Some("/state/vms/a/layers.img".into());
@@ -358,6 +386,22 @@ mod tests {
         assert!(
             after(&args, "-device").contains(&"virtio-blk-device,drive=layers,serial=koder-layers")
         );
+        let mut shared = launch();
+        shared.shares = vec![crate::vmm::Share {
+            source: "/data/volumes/v".into(),
+            tag: "unused".into(),
+            read_only: true,
+        }];
+        let args = qemu_args(&shared, false);
+        assert_eq!(after(&args, "-machine"), ["microvm,memory-backend=mem"]);
+        assert_eq!(after(&args, "-global"), ["virtio-mmio.force-legacy=false"]);
+        assert_eq!(
+            after(&args, "-object"),
+            ["memory-backend-memfd,id=mem,size=640M,share=on"]
+        );
+        assert!(after(&args, "-device")
+            .contains(&"vhost-user-fs-device,chardev=fs0,tag=koder-volume-0"));
+        assert!(after(&args, "-chardev").contains(&"socket,id=fs0,path=/state/vms/a/fs0.sock"));
         let mut kvm = launch();
         kvm.accel = Accel::Kvm;
         let args = qemu_args(&kvm, false);

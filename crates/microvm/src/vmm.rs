@@ -53,6 +53,20 @@ pub struct Launch {
     pub uid: u32,
     pub gid: u32,
     pub accel: Accel,
+    /// Host directories (volumes) the guest mounts over virtio-fs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<Share>,
+}
+
+/// A host directory shared with the guest at file level (virtio-fs): the host keeps it mounted
+/// for itself too, so it never becomes a block device of the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Share {
+    pub source: PathBuf,
+    /// The name the guest mounts it by.
+    pub tag: String,
+    /// Read-only on the host side of the share as well, not only in the guest's mount.
+    pub read_only: bool,
 }
 
 impl Launch {
@@ -88,6 +102,16 @@ pub trait Vmm: Send + Sync {
     /// Saving a running VM to a file and starting it again from there, where this backend can.
     fn memory_snapshots(&self) -> Option<&dyn Suspend> {
         None
+    }
+
+    /// Whether this backend can share host directories with its guests ([`Launch::shares`]):
+    /// `Unsupported` when it has no such device, `Unavailable` when this host lacks a piece.
+    fn file_shares(&self) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported(format!(
+            "{} has no file-share device (virtio-fs), and a volume the host keeps mounted is \
+             never handed to a guest as a block device; volumes need the QEMU backend",
+            self.name()
+        )))
     }
 
     /// The serial the guest will see on the disk backed by `path`, which this backend is asked

@@ -93,6 +93,9 @@ pub enum RuntimeError {
     Unavailable(String),
     #[error("invalid sandbox spec: {0}")]
     InvalidSpec(String),
+    /// A feature this runtime (or its backend) does not have, whatever the host offers.
+    #[error("not supported here: {0}")]
+    Unsupported(String),
     #[error("no capacity: {0}")]
     Exhausted(String),
     #[error("sandbox failed to start: {0}")]
@@ -121,6 +124,7 @@ impl RuntimeError {
                 ErrorCode::RuntimeUnavailable
             }
             RuntimeError::InvalidSpec(_) => ErrorCode::InvalidArgument,
+            RuntimeError::Unsupported(_) => ErrorCode::NotImplemented,
             RuntimeError::Agent(e) => agent_code(e),
             RuntimeError::Start(_)
             | RuntimeError::Teardown(_)

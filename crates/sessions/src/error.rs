@@ -114,6 +114,7 @@ impl From<RuntimeError> for Error {
     fn from(e: RuntimeError) -> Self {
         match e {
             RuntimeError::InvalidSpec(m) => Error::InvalidArgument(m),
+            RuntimeError::Unsupported(m) => Error::NotImplemented(m),
             RuntimeError::Unavailable(m) => Error::RuntimeUnavailable(m),
             RuntimeError::Exhausted(m) => Error::RuntimeUnavailable(m),
             RuntimeError::Agent(c) => c.into(),

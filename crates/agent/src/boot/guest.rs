@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use koder_agent_protocol::init::{
     VmConfig, VmLayers, VM_CONFIG_PATH, VM_EGRESS_MODULES_LIST, VM_MODULES_LIST,
+    VM_VOLUME_MODULES_LIST,
 };
 use koder_agent_protocol::GuestLimits;
 use koder_layer::{ApplyOptions, Limits, Owners};
@@ -69,6 +70,9 @@ pub fn boot() -> Result<Booted, SetupError> {
     if cfg.egress {
         load_modules(VM_EGRESS_MODULES_LIST)?;
     }
+    if !cfg.volumes.is_empty() {
+        load_modules(VM_VOLUME_MODULES_LIST)?;
+    }
     let root_disk = wait_for_disk(&cfg.root_disk_serial)?;
     let scratch_disk = wait_for_disk(&cfg.scratch_disk_serial)?;
     let upper = mount_root(&root_disk, &scratch_disk, cfg.layers.as_ref())?;
@@ -79,7 +83,11 @@ pub fn boot() -> Result<Booted, SetupError> {
     setup::mount_tmp(root, cfg.tmp_size_mib)?;
     std::fs::create_dir_all(root.join(cfg.workdir.trim_start_matches('/')))
         .step("create workdir")?;
+    // Attached after every other mount and the root switch, so each target resolves inside
+    // the sandbox's root, as in a jail.
+    let volumes = super::volumes::open_shares(&cfg.volumes)?;
     switch_root()?;
+    super::volumes::mount_all(volumes)?;
     rustix::system::sethostname(cfg.hostname.as_bytes())
         .map_err(std::io::Error::from)
         .step("set hostname")?;

@@ -43,6 +43,7 @@ pub fn build_root(cfg: &InitConfig) -> Result<OwnedFd, SetupError> {
     mount_proc(&root)?;
     mount_dev(&root)?;
     mount_tmp(&root, cfg.tmp_size_mib)?;
+    own_boot_id(&root).step("give the sandbox its boot id")?;
     std::fs::create_dir_all(inside(&root, &cfg.workdir)).step("create workdir")?;
     pivot_into(&root)?;
     // Last, so no other mount covers a volume or is made inside one.
@@ -203,6 +204,30 @@ pub(crate) fn mount_proc(root: &Path) -> Result<(), SetupError> {
         }
     }
     Ok(())
+}
+
+/// A boot id of the sandbox's own over the host kernel's: every start of a jail is a boot for
+/// the code inside (a session paused to disk resumes with a fresh one, as a guest kernel would),
+/// and the host's id is nothing a sandbox needs to learn. The file is made on the sandbox's
+/// fresh /tmp, bound read-only over the entry and unlinked again before anything runs.
+fn own_boot_id(root: &Path) -> std::io::Result<()> {
+    let target = inside(root, "/proc/sys/kernel/random/boot_id");
+    if !target.exists() {
+        return Ok(());
+    }
+    let id = std::fs::read("/proc/sys/kernel/random/uuid")?;
+    let file = inside(root, "/tmp/.koder-boot-id");
+    std::fs::write(&file, id)?;
+    let bound = mount(
+        Some(&file.to_string_lossy()),
+        &target,
+        None,
+        libc::MS_BIND,
+        None,
+    )
+    .and_then(|()| remount_read_only(&target));
+    std::fs::remove_file(&file)?;
+    bound
 }
 
 pub(crate) fn mount_dev(root: &Path) -> Result<(), SetupError> {

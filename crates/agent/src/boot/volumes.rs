@@ -6,15 +6,20 @@
 //! read-only volume writable). After the pivot and every other mount, [`mount_all`] resolves
 //! each target inside the root (symlinks the layers hold are followed, never out of it),
 //! creates what is missing and attaches the volume there.
+//!
+//! In a microVM guest a volume is a virtio-fs share of the host ([`open_shares`]): mounted
+//! detached from its tag with `nosuid`, `nodev` (and `rdonly`), then attached the same way.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
-use koder_agent_protocol::init::InitVolume;
+use std::time::{Duration, Instant};
+
+use koder_agent_protocol::init::{InitVolume, VmVolume};
 use koder_agent_protocol::{check_mount_target, check_mount_targets};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
-use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags, OpenTreeFlags};
 
 use crate::setup_error::{SetupError, Step};
 
@@ -40,6 +45,54 @@ pub fn open_all(volumes: &[InitVolume]) -> Result<Vec<Volume>, SetupError> {
             })
         })
         .collect()
+}
+
+/// A share's device can still be probing when the agent asks for it.
+const SHARE_WAIT: Duration = Duration::from_secs(10);
+
+/// Checks every target and mounts every virtio-fs share of a microVM, detached.
+pub fn open_shares(volumes: &[VmVolume]) -> Result<Vec<Volume>, SetupError> {
+    let targets: Vec<&str> = volumes.iter().map(|v| v.target.as_str()).collect();
+    check_mount_targets(&targets)
+        .map_err(invalid)
+        .step("check volume targets")?;
+    volumes
+        .iter()
+        .map(|v| {
+            let tree = mount_share(&v.tag, v.read_only)
+                .step(format!("mount volume share {} for {}", v.tag, v.target))?;
+            Ok(Volume {
+                tree,
+                target: v.target.clone(),
+            })
+        })
+        .collect()
+}
+
+fn mount_share(tag: &str, read_only: bool) -> std::io::Result<OwnedFd> {
+    let mut attrs = MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV;
+    if read_only {
+        attrs |= MountAttrFlags::MOUNT_ATTR_RDONLY;
+    }
+    let deadline = Instant::now() + SHARE_WAIT;
+    loop {
+        let fs = rustix::mount::fsopen("virtiofs", FsOpenFlags::FSOPEN_CLOEXEC)?;
+        rustix::mount::fsconfig_set_string(&fs, "source", tag)?;
+        match rustix::mount::fsconfig_create(&fs) {
+            // No device of that tag (yet).
+            Err(Errno::NOENT) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e.into()),
+            Ok(()) => {
+                return Ok(rustix::mount::fsmount(
+                    &fs,
+                    FsMountFlags::FSMOUNT_CLOEXEC,
+                    attrs,
+                )?)
+            }
+        }
+    }
 }
 
 /// A detached copy of the mount the runtime prepared at the host path `source` (which the

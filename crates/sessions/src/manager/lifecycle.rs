@@ -138,12 +138,6 @@ impl Manager {
         let egress = network.mode != NetworkMode::None;
         let layer_files = self.layer_files(&who.tenant_id, &layers).await?;
         let session_id = uuid::Uuid::new_v4().simple().to_string();
-        if !req.volumes.is_empty() && runtime == "microvm" {
-            return Err(Error::NotImplemented(
-                "volumes are mounted in jail sessions only (microVM volumes are not built yet)"
-                    .into(),
-            ));
-        }
         if image.spec_image != koder_image::HOST && runtime == "microvm" {
             return Err(Error::NotImplemented(format!(
                 "image {:?} runs in jail sessions only (microVM images are not built yet)",
