@@ -142,8 +142,9 @@ pub async fn run(
     }
 }
 
-/// A later event of the same path wins, except that a create followed by modifies stays a
-/// create (the file is new to the watcher).
+/// A later event of the same path wins, except that modifies after a create or a rename keep
+/// that (the file is new to the watcher; a finished upload's rename into place is followed by
+/// the close of its write, and where it came from must not be lost).
 fn merge(
     batch: &mut BTreeMap<String, (FsEventKind, Option<String>)>,
     path: String,
@@ -151,7 +152,8 @@ fn merge(
     from: Option<String>,
 ) {
     match batch.get(&path) {
-        Some((FsEventKind::Created, _)) if kind == FsEventKind::Modified => {}
+        Some((FsEventKind::Created | FsEventKind::Renamed, _)) if kind == FsEventKind::Modified => {
+        }
         _ => {
             batch.insert(path, (kind, from));
         }
@@ -232,5 +234,30 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modifies_keep_a_create_or_a_rename() {
+        let mut batch = BTreeMap::new();
+        merge(&mut batch, "/d/new".into(), FsEventKind::Created, None);
+        merge(&mut batch, "/d/new".into(), FsEventKind::Modified, None);
+        let from = Some("/d/.koder-upload-1".to_string());
+        merge(
+            &mut batch,
+            "/d/up".into(),
+            FsEventKind::Renamed,
+            from.clone(),
+        );
+        merge(&mut batch, "/d/up".into(), FsEventKind::Modified, None);
+        merge(&mut batch, "/d/old".into(), FsEventKind::Modified, None);
+        merge(&mut batch, "/d/old".into(), FsEventKind::Deleted, None);
+        assert_eq!(batch["/d/new"], (FsEventKind::Created, None));
+        assert_eq!(batch["/d/up"], (FsEventKind::Renamed, from));
+        assert_eq!(batch["/d/old"], (FsEventKind::Deleted, None));
     }
 }
