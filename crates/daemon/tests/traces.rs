@@ -79,6 +79,16 @@ async fn a_request_span_joins_the_callers_trace_and_parents_its_exec() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
+    // The same request in the Prometheus metrics, by route template, and the create by path.
+    let metrics = d.metrics().await;
+    for line in [
+        "koder_http_requests_total{route=\"/v1/sandbox/sessions/{id}/exec\",status=\"200\"} 1",
+        "koder_http_requests_total{route=\"/v1/sandbox/sessions\",status=\"201\"} 1",
+        "koder_http_request_duration_seconds_count{route=\"/v1/sandbox/sessions/{id}/exec\"} 1",
+        "koder_session_create_seconds_count{source=\"cold\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} not in:\n{metrics}");
+    }
     // Stopping flushes what the batch exporter still holds.
     d.stop();
 

@@ -216,6 +216,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_request,
+        ))
         .layer(
             tower_http::trace::TraceLayer::new_for_http()
                 .make_span_with(request_span)
@@ -229,6 +233,29 @@ pub fn router(state: AppState) -> Router {
                 .on_failure(()),
         )
         .with_state(state)
+}
+
+/// Counts the request and its latency by route template (never by path: ids would make
+/// every session a series of its own).
+async fn count_request(
+    State(s): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
+    let started = std::time::Instant::now();
+    let res = next.run(req).await;
+    let m = s.manager.metrics();
+    m.http_requests
+        .with_label_values(&[route.as_str(), res.status().as_str()])
+        .inc();
+    m.http_seconds
+        .with_label_values(&[route.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    res
 }
 
 /// A request's span, named by its route template (routing ran already: this layer wraps the
