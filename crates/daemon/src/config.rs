@@ -39,6 +39,10 @@ pub struct Config {
     pub blobs: koder_blobs::BlobConfig,
     /// Images: `language_packs = { python = "python" }` runs a language's sessions on a pack.
     pub images: koder_sessions::config::ImagesConfig,
+    /// Webhook deliveries: retries, backoff, and whether private targets are allowed.
+    pub webhooks: koder_webhooks::WebhookConfig,
+    /// OpenTelemetry: `otlp_endpoint` (OTLP/HTTP) exports spans; off by default.
+    pub telemetry: koder_telemetry::TelemetryConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]

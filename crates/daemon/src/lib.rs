@@ -51,8 +51,8 @@ pub const DEV_TENANT: &str = "dev";
 
 /// Runs the daemon until SIGINT/SIGTERM.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    init_tracing();
     let cfg = Config::load(&args)?;
+    let telemetry = init_tracing(&cfg)?;
     let data_dir = &cfg.server.data_dir;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
@@ -86,6 +86,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .iter()
         .filter_map(|(id, t)| Some((id.clone(), t.volume_storage_mib?)))
         .collect();
+    let webhooks =
+        koder_webhooks::Webhooks::start(store.clone(), cfg.webhooks.clone(), cfg.network.clone());
     let manager = koder_sessions::Manager::start_with_runtimes(
         store,
         runtimes,
@@ -93,11 +95,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         koder_sessions::quota::system_clock(),
     )
     .await?;
+    manager.set_event_sink(webhooks.clone());
     let state = koder_http::AppState {
         manager: manager.clone(),
         auth: Arc::new(auth),
         admin_keys: Arc::new(admin_keys(&cfg)?),
         limits: Arc::new(limiter(&cfg)),
+        webhooks: webhooks.clone(),
     };
     let e2b = koder_e2b::E2b::new(state.clone(), cfg.sessions.clone(), token_key(data_dir)?);
     let app = koder_http::drain_unread_bodies(koder_e2b::mount(koder_http::router(state), e2b));
@@ -119,21 +123,19 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_graceful_shutdown(shutdown_signal())
         .await;
     manager.shutdown().await;
+    // After the manager: the sessions it ended at shutdown are events too.
+    webhooks.shutdown().await;
+    // The exporter's flush blocks on its own thread's HTTP client.
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     served.context("HTTP server")
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=off,sqlx=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // Structured logs for machines when asked; `try_init` tolerates a host that set one up.
-    let _ = if std::env::var("KODER_LOG_FORMAT").as_deref() == Ok("json") {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+/// Logs, and spans to the configured OTLP collector.
+fn init_tracing(cfg: &Config) -> anyhow::Result<koder_telemetry::Telemetry> {
+    // Structured logs for machines when asked.
+    let json = std::env::var("KODER_LOG_FORMAT").as_deref() == Ok("json");
+    let filter = "info,tower_http=off,sqlx=warn";
+    Ok(koder_telemetry::init(&cfg.telemetry, filter, json)?)
 }
 
 /// Registers configured tenants and sets up who may call: in prod mode JWTs only, otherwise

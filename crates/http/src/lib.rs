@@ -16,6 +16,7 @@ mod state;
 mod terminal;
 mod volumes;
 mod watch;
+mod webhooks;
 
 use std::sync::Arc;
 
@@ -47,6 +48,8 @@ pub struct AppState {
     pub admin_keys: Arc<KeyRing>,
     /// Per-tenant rates, shared with every other transport.
     pub limits: Arc<Limiter>,
+    /// Tenants' webhook endpoints and their delivery logs.
+    pub webhooks: Arc<koder_webhooks::Webhooks>,
 }
 
 #[derive(OpenApi)]
@@ -67,7 +70,9 @@ pub struct AppState {
         volumes::upload, volumes::download, volumes::remove, volumes::set_metadata,
         volumes::list_files, volumes::stat, volumes::make_dir,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key,
-        images::list_images, images::get_image, images::delete_image
+        images::list_images, images::get_image, images::delete_image,
+        webhooks::create_webhook, webhooks::list_webhooks, webhooks::list_deliveries,
+        webhooks::delete_webhook
     ),
     modifiers(&BearerAuth)
 )]
@@ -197,6 +202,7 @@ pub fn router(state: AppState) -> Router {
         .nest("/v1/sandbox/snapshots", state::snapshot_routes())
         .nest("/v1/sandbox/volumes", volumes::routes())
         .nest("/v1/sandbox/images", images::routes())
+        .nest("/v1/sandbox/webhooks", webhooks::routes())
         .nest("/v1/sandbox/admin", admin)
         .route("/v1/sandbox/audit/network", get(audit::network))
         .route("/healthz", get(healthz))
@@ -210,8 +216,56 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
-        .layer(tower_http::trace::TraceLayer::new_for_http().on_failure(()))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_request,
+        ))
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_response(
+                    |res: &axum::http::Response<_>,
+                     _: std::time::Duration,
+                     span: &tracing::Span| {
+                        koder_telemetry::record_status(span, res.status().as_u16())
+                    },
+                )
+                .on_failure(()),
+        )
         .with_state(state)
+}
+
+/// Counts the request and its latency by route template (never by path: ids would make
+/// every session a series of its own).
+async fn count_request(
+    State(s): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
+    let started = std::time::Instant::now();
+    let res = next.run(req).await;
+    let m = s.manager.metrics();
+    m.http_requests
+        .with_label_values(&[route.as_str(), res.status().as_str()])
+        .inc();
+    m.http_seconds
+        .with_label_values(&[route.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    res
+}
+
+/// A request's span, named by its route template (routing ran already: this layer wraps the
+/// matched route).
+fn request_span(req: &axum::http::Request<axum::body::Body>) -> tracing::Span {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |m| m.as_str());
+    koder_telemetry::request_span(req.method().as_str(), route, req.headers())
 }
 
 async fn healthz() -> impl IntoResponse {

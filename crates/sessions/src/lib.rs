@@ -5,6 +5,7 @@
 pub mod config;
 mod egress;
 mod error;
+pub mod events;
 pub mod execs;
 pub mod images;
 pub mod languages;
@@ -21,6 +22,7 @@ mod volumes;
 
 pub use config::SessionConfig;
 pub use error::Error;
+pub use events::{Event, EventSink};
 pub use live::contexts::{
     ContextInfo, ContextOptions, ContextRun, RichResult, RunError, RunEvent, RunOutput, RunRequest,
 };

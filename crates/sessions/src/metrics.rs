@@ -18,6 +18,9 @@ pub struct Metrics {
     pub pool_failures: IntCounter,
     pub snapshots_taken: IntCounter,
     pub forks: IntCounter,
+    /// REST requests by route template and status, and their latency by route template.
+    pub http_requests: IntCounterVec,
+    pub http_seconds: HistogramVec,
 }
 
 const FAST_BUCKETS: &[f64] = &[
@@ -89,6 +92,23 @@ impl Metrics {
                 .unwrap_or_else(unreachable_metric),
             forks: IntCounter::new("forked_sessions_total", "Sessions made by forks")
                 .unwrap_or_else(unreachable_metric),
+            http_requests: IntCounterVec::new(
+                Opts::new(
+                    "http_requests_total",
+                    "REST requests, by route template and status",
+                ),
+                &["route", "status"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            http_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "http_request_duration_seconds",
+                    "REST request latency (to the answer's head), by route template",
+                )
+                .buckets(FAST_BUCKETS.to_vec()),
+                &["route"],
+            )
+            .unwrap_or_else(unreachable_metric),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -98,6 +118,8 @@ impl Metrics {
             Box::new(m.execs.clone()),
             Box::new(m.exec_seconds.clone()),
             Box::new(m.create_seconds.clone()),
+            Box::new(m.http_requests.clone()),
+            Box::new(m.http_seconds.clone()),
             Box::new(m.pool_ready.clone()),
             Box::new(m.pool_target.clone()),
             Box::new(m.pool_failures.clone()),

@@ -19,6 +19,9 @@ pub(crate) struct Live {
     pub(crate) sandbox: Arc<dyn Sandbox>,
     pub(crate) tenant_id: String,
     pub(crate) language: String,
+    /// `jail` or `microvm`, and the image's name: what spans describe an exec with.
+    pub(crate) runtime: String,
+    pub(crate) image: String,
     pub(crate) env: Vec<(String, String)>,
     pub(crate) running_execs: AtomicU32,
     pub(crate) execs: Registry,

@@ -25,9 +25,11 @@ mod state;
 #[cfg(test)]
 mod tests;
 mod volumes;
+mod webhooks;
 
 pub use state::{DurablePause, LayerRecord, SessionDurable, SnapshotRecord};
 pub use volumes::{NamedVolumeMount, VolumeMountRecord, VolumeRecord};
+pub use webhooks::{Attempt, DeliveryRecord, DeliveryState, NewEvent, WebhookRecord};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 

@@ -13,9 +13,11 @@ use koder_auth::Identity;
 use koder_runtime::{Sandbox, SandboxSpec, VolumeMount};
 use koder_store::{DurablePause, SessionDurable, SessionRecord, Store};
 use parking_lot::Mutex;
+use tracing::field::Empty;
 
 use super::{validate_env, Manager, Runtimes};
 use crate::error::AGENT_EXITED;
+use crate::events::{kinds, stop_cause, Events};
 use crate::limits;
 use crate::quota;
 use crate::session::Live;
@@ -30,8 +32,12 @@ const TRASH_PURGE_TICKS: u32 = 60;
 
 /// Marks every session a previous run could not hand over as stopped and destroys the
 /// sandboxes it left behind; VMs saved to files for sessions paused with their memory stay.
-pub(super) async fn reconcile(store: &Store, runtimes: &Runtimes) -> Result<(), Error> {
-    // (session, sandbox) of sessions whose VM is saved.
+pub(super) async fn reconcile(
+    store: &Store,
+    runtimes: &Runtimes,
+    events: &Events,
+) -> Result<(), Error> {
+    // (session, tenant, sandbox) of sessions whose VM is saved.
     let mut saved = Vec::new();
     for stale in store.live_sessions().await? {
         let durable = store.session_durable(&stale.id).await?;
@@ -39,7 +45,11 @@ pub(super) async fn reconcile(store: &Store, runtimes: &Runtimes) -> Result<(), 
             // Nothing of it ran here: its layers are all it is.
             (SessionState::Paused, Some(DurablePause::Disk)) => continue,
             (SessionState::Paused, Some(DurablePause::VmMemory)) => {
-                saved.push((stale.id.clone(), stale.sandbox_id.clone()));
+                saved.push((
+                    stale.id.clone(),
+                    stale.tenant_id.clone(),
+                    stale.sandbox_id.clone(),
+                ));
                 continue;
             }
             (SessionState::Paused, None) => "daemon restarted (a memory pause does not survive it)",
@@ -48,24 +58,27 @@ pub(super) async fn reconcile(store: &Store, runtimes: &Runtimes) -> Result<(), 
         store
             .set_session_state(&stale.id, SessionState::Stopped, Some(reason))
             .await?;
+        events.emit(
+            &stale.tenant_id,
+            kinds::SESSION_STOPPED,
+            stopped(&stale.id, reason),
+        );
     }
     let mut removed = runtimes.jail.reconcile().await?.sandboxes_removed.len();
     let mut kept = Vec::new();
     if let Ok(vm) = &runtimes.microvm {
-        let keep: Vec<String> = saved.iter().map(|(_, sandbox)| sandbox.clone()).collect();
+        let keep: Vec<String> = saved.iter().map(|(.., sandbox)| sandbox.clone()).collect();
         let report = vm.reconcile_keeping(&keep).await?;
         removed += report.sandboxes_removed.len();
         kept = report.suspended_kept;
     }
     // A saved VM that is not complete (a crash while it was saved or resumed) is gone.
-    for (session, _) in saved.iter().filter(|(_, sandbox)| !kept.contains(sandbox)) {
+    for (session, tenant, _) in saved.iter().filter(|(.., sandbox)| !kept.contains(sandbox)) {
+        let reason = "daemon restarted (its VM's saved state is incomplete or unavailable)";
         store
-            .set_session_state(
-                session,
-                SessionState::Stopped,
-                Some("daemon restarted (its VM's saved state is incomplete or unavailable)"),
-            )
+            .set_session_state(session, SessionState::Stopped, Some(reason))
             .await?;
+        events.emit(tenant, kinds::SESSION_STOPPED, stopped(session, reason));
     }
     if removed > 0 {
         tracing::info!(count = removed, "removed sandboxes left by a previous run");
@@ -84,6 +97,8 @@ impl Manager {
 
     /// Creates a session whose sandbox starts from `layers` (ids, bottom first; none for a
     /// fresh one).
+    #[tracing::instrument(name = "session.create", skip_all,
+        fields(tenant = %who.tenant_id, session = Empty, source = Empty))]
     pub(super) async fn create_with(
         &self,
         who: &Identity,
@@ -178,6 +193,9 @@ impl Manager {
             end_reason: None,
         };
         self.store.insert_session(&record).await?;
+        let span = tracing::Span::current();
+        span.record("session", record.id.as_str());
+        span.record("source", source);
         let durable = SessionDurable {
             layers,
             pause: None,
@@ -199,6 +217,17 @@ impl Manager {
             .with_label_values(&[source])
             .observe(started.elapsed().as_secs_f64());
         tracing::info!(session = %record.id, tenant = %record.tenant_id, language, source, "session created");
+        self.events.emit(
+            &record.tenant_id,
+            kinds::SESSION_CREATED,
+            serde_json::json!({
+                "session_id": record.id,
+                "language": record.language,
+                "image": record.image,
+                "runtime": record.runtime,
+                "source": source,
+            }),
+        );
         self.view(&record).await
     }
 
@@ -215,6 +244,8 @@ impl Manager {
             sandbox,
             tenant_id: record.tenant_id.clone(),
             language: record.language.clone(),
+            runtime: record.runtime.clone(),
+            image: record.image.clone(),
             env,
             running_execs: AtomicU32::new(0),
             execs: Default::default(),
@@ -341,6 +372,8 @@ impl Manager {
         self.view(&record).await
     }
 
+    #[tracing::instrument(name = "session.destroy", skip_all,
+        fields(tenant = %who.tenant_id, session = %id))]
     pub async fn destroy(&self, who: &Identity, id: &str) -> Result<(), Error> {
         let record = self.record(who, id).await?;
         if record.state != SessionState::Stopped {
@@ -359,12 +392,25 @@ impl Manager {
     /// sandbox gone, survives restarts). With `memory`, a VM that can be saved to a file is
     /// (nothing runs, nothing is held but files, which survive restarts); other sandboxes are
     /// frozen in place (lost if the daemon stops).
+    #[tracing::instrument(name = "session.pause", skip_all,
+        fields(tenant = %who.tenant_id, session = %id, memory = memory))]
     pub async fn pause_session(
         &self,
         who: &Identity,
         id: &str,
         memory: bool,
     ) -> Result<Session, Error> {
+        let before = self.record(who, id).await?.state;
+        let after = self.pause_now(who, id, memory).await?;
+        if before != SessionState::Paused && after.state == SessionState::Paused {
+            let data = serde_json::json!({"session_id": id, "memory": memory});
+            self.events
+                .emit(&who.tenant_id, kinds::SESSION_PAUSED, data);
+        }
+        Ok(after)
+    }
+
+    async fn pause_now(&self, who: &Identity, id: &str, memory: bool) -> Result<Session, Error> {
         if !memory {
             self.pause_to_disk(who, id).await?;
             return self.get(who, id).await;
@@ -413,8 +459,26 @@ impl Manager {
 
     /// Thaws a paused session, boots one paused to disk, or starts its saved VM again;
     /// resuming a running one is a no-op.
+    #[tracing::instrument(name = "session.resume", skip_all,
+        fields(tenant = %who.tenant_id, session = %id))]
     pub async fn resume(&self, who: &Identity, id: &str) -> Result<Session, Error> {
-        if self.record(who, id).await?.state == SessionState::Paused {
+        let before = self.record(who, id).await?.state;
+        let after = self.resume_now(who, id, before).await?;
+        if before == SessionState::Paused && after.state == SessionState::Running {
+            let data = serde_json::json!({"session_id": id});
+            self.events
+                .emit(&who.tenant_id, kinds::SESSION_RESUMED, data);
+        }
+        Ok(after)
+    }
+
+    async fn resume_now(
+        &self,
+        who: &Identity,
+        id: &str,
+        before: SessionState,
+    ) -> Result<Session, Error> {
+        if before == SessionState::Paused {
             match self.held_pause(id).await? {
                 Some(DurablePause::Disk) => {
                     self.resume_from_disk(who, id).await?;
@@ -486,6 +550,11 @@ impl Manager {
     }
 
     pub(super) async fn finish_end(&self, id: &str, live: Option<Arc<Live>>, reason: &str) {
+        let record = self.store.get_session(id).await.ok().flatten();
+        if let Some(r) = record.filter(|r| r.state != SessionState::Stopped) {
+            self.events
+                .emit(&r.tenant_id, kinds::SESSION_STOPPED, stopped(id, reason));
+        }
         if let Some(live) = live {
             self.retire(id, &live).await;
             self.admission.release(&live.tenant_id);
@@ -567,6 +636,11 @@ impl Manager {
             }
         }
     }
+}
+
+/// The data of a `session.stopped` event.
+fn stopped(id: &str, reason: &str) -> serde_json::Value {
+    serde_json::json!({"session_id": id, "reason": reason, "cause": stop_cause(reason)})
 }
 
 /// Destroys a sandbox on drop unless disarmed (see `Manager::create`).

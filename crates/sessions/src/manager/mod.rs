@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::SessionConfig;
 use crate::error::AGENT_EXITED;
+use crate::events::Events;
 use crate::images::Images;
 use crate::layers::Layers;
 use crate::limits;
@@ -80,6 +81,8 @@ pub struct Manager {
     vm_state_lock: tokio::sync::Mutex<()>,
     /// The images sessions run on, and which are in use.
     images: Images,
+    /// Where lifecycle events go (webhooks).
+    pub(crate) events: Events,
 }
 
 impl Manager {
@@ -114,7 +117,8 @@ impl Manager {
         cfg: SessionConfig,
         clock: Clock,
     ) -> Result<Arc<Self>, Error> {
-        lifecycle::reconcile(&store, &runtimes).await?;
+        let events = Events::default();
+        lifecycle::reconcile(&store, &runtimes, &events).await?;
         let layers = match &cfg.state_dir {
             Some(dir) => {
                 let layers = Layers::open(&cfg.blobs, dir, store.clone()).await?;
@@ -174,6 +178,7 @@ impl Manager {
             volume_lock: tokio::sync::Mutex::default(),
             vm_state_lock: tokio::sync::Mutex::default(),
             images,
+            events,
         });
         manager.reconcile_volumes().await?;
         let reaper = tokio::spawn(Self::reap_forever(Arc::downgrade(&manager)));
@@ -184,6 +189,11 @@ impl Manager {
             manager.tasks.lock().push(filler);
         }
         Ok(manager)
+    }
+
+    /// Sends lifecycle events to `sink` from now on (and those of the start-up reconciliation).
+    pub fn set_event_sink(&self, sink: Arc<dyn crate::EventSink>) {
+        self.events.set_sink(sink);
     }
 
     pub fn metrics(&self) -> &Metrics {

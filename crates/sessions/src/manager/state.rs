@@ -156,6 +156,8 @@ impl Manager {
         Ok((durable.layers, Some(pin)))
     }
 
+    #[tracing::instrument(name = "session.snapshot", skip_all,
+        fields(tenant = %who.tenant_id, session = %id))]
     pub async fn snapshot(
         &self,
         who: &Identity,
@@ -672,7 +674,7 @@ impl Manager {
             let paused = if lifecycle.keep_memory {
                 self.pause_in_memory_until_retention(&who, &s.id).await
             } else {
-                self.pause_to_disk(&who, &s.id).await
+                self.pause_session(&who, &s.id, false).await.map(|_| ())
             };
             match paused {
                 Ok(()) => return,

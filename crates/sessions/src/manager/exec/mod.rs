@@ -11,11 +11,13 @@ use bytes::Bytes;
 use koder_agent_protocol::{self as proto, AgentClient, ClientError, FromAgent};
 use koder_api_types::{ExecRequest, ExecResult, ExecStatus};
 use koder_auth::Identity;
+use tracing::field::Empty;
 
 pub(crate) use meter::counters_of;
 use meter::Meter;
 
 use super::{account, first_answer, validate_env, within, Manager};
+use crate::events::Events;
 use crate::execs::{signal_number, ExecEvent, Follow, FollowedExec};
 use crate::languages;
 use crate::session::Live;
@@ -27,6 +29,9 @@ const EXEC_GRACE: Duration = Duration::from_secs(10);
 pub(crate) const SIGKILL: i32 = 9;
 
 impl Manager {
+    #[tracing::instrument(name = "exec", skip_all, fields(
+        tenant = %who.tenant_id, session = %id, runtime = Empty, image = Empty,
+        verdict = Empty, exit_code = Empty, duration_ms = Empty))]
     pub async fn exec(
         &self,
         who: &Identity,
@@ -34,6 +39,9 @@ impl Manager {
         req: ExecRequest,
     ) -> Result<ExecResult, Error> {
         let live = self.awake(who, id).await?;
+        let span = tracing::Span::current();
+        span.record("runtime", live.runtime.as_str());
+        span.record("image", live.image.as_str());
         let agent_req = self.exec_request(&live, req, false)?;
         let meter = Meter::start(live.clone()).await;
         let deadline = exec_deadline(agent_req.timeout_ms);
@@ -50,8 +58,16 @@ impl Manager {
             }
         };
         let (verdict, peak_kib) = meter.finish(&out.exit, out.killed, &self.metrics).await;
+        let exec_id = uuid::Uuid::new_v4().simple().to_string();
+        report_verdict(
+            &self.events,
+            (&live.tenant_id, id, &exec_id),
+            verdict,
+            &out.exit,
+        );
+        record_outcome(&span, verdict, &out.exit);
         Ok(ExecResult {
-            exec_id: uuid::Uuid::new_v4().simple().to_string(),
+            exec_id,
             exit_code: out.exit.exit_code,
             signal: out.exit.signal,
             stdout: String::from_utf8_lossy(&std::mem::take(&mut out.stdout)).into_owned(),
@@ -190,10 +206,15 @@ impl Manager {
         exec.set_pid(pid);
         live.execs.insert(exec.clone());
         let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
+        let report = Report {
+            events: self.events.clone(),
+            tenant: live.tenant_id.clone(),
+            session: id.to_string(),
+        };
         tokio::spawn(consume(
             stream,
             exec.clone(),
-            meter,
+            (meter, report),
             self.metrics_handle(),
             (limit, deadline),
         ));
@@ -250,11 +271,46 @@ impl Manager {
     }
 }
 
+/// Where a followed exec's verdict is reported once it ends.
+struct Report {
+    events: Events,
+    tenant: String,
+    session: String,
+}
+
+/// An exec's end on its span.
+fn record_outcome(span: &tracing::Span, verdict: Option<&str>, exit: &proto::ExitInfo) {
+    span.record("verdict", verdict.unwrap_or("ok"));
+    if let Some(code) = exit.exit_code {
+        span.record("exit_code", code);
+    }
+    span.record("duration_ms", exit.duration_ms);
+}
+
+/// An `exec.verdict` event for an exec that did not end on its own.
+fn report_verdict(
+    events: &Events,
+    (tenant, session, exec_id): (&str, &str, &str),
+    verdict: Option<&str>,
+    exit: &proto::ExitInfo,
+) {
+    let Some(verdict) = verdict else { return };
+    let data = serde_json::json!({
+        "session_id": session,
+        "exec_id": exec_id,
+        "verdict": verdict,
+        "exit_code": exit.exit_code,
+        "signal": exit.signal,
+        "duration_ms": exit.duration_ms,
+    });
+    events.emit(tenant, crate::events::kinds::EXEC_VERDICT, data);
+}
+
 /// Drains a followed exec's agent stream into its buffer until it exits, then records its result.
 async fn consume(
     mut stream: proto::AgentStream,
     exec: Arc<FollowedExec>,
-    meter: Meter,
+    (meter, report): (Meter, Report),
     metrics: Arc<crate::Metrics>,
     (limit, deadline): (usize, tokio::time::Instant),
 ) {
@@ -281,6 +337,12 @@ async fn consume(
     };
     let killed = killed || exec.was_killed();
     let (verdict, peak) = meter.finish(&exit, killed, &metrics).await;
+    report_verdict(
+        &report.events,
+        (&report.tenant, &report.session, exec.id()),
+        verdict,
+        &exit,
+    );
     exec.finish(ExecResult {
         exec_id: exec.id().to_string(),
         exit_code: exit.exit_code,

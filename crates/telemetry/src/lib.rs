@@ -1,0 +1,148 @@
+//! The daemon's tracing set-up: logs on stderr (text or JSON) and, with
+//! `[telemetry] otlp_endpoint`, every span exported to an OpenTelemetry collector over
+//! OTLP/HTTP (protobuf). Incoming W3C `traceparent` headers make a request's span the child of
+//! the caller's.
+
+use opentelemetry::propagation::Extractor;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use serde::Deserialize;
+use tracing::Level;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// `[telemetry]` of the daemon config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/HTTP base URL (`http://collector:4318`; spans go to
+    /// `<base>/v1/traces`); empty (the default): no spans leave the daemon.
+    pub otlp_endpoint: String,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: String::new(),
+            service_name: "koder-sandbox".into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("[telemetry] otlp_endpoint: {0}")]
+    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+}
+
+/// The installed set-up; [`Telemetry::shutdown`] sends what is still buffered.
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    pub fn shutdown(&self) {
+        if let Some(p) = &self.provider {
+            if let Err(e) = p.shutdown() {
+                eprintln!("koder-sandbox: flushing spans at shutdown: {e}");
+            }
+        }
+    }
+}
+
+/// Installs the global subscriber: `filter` (or `RUST_LOG`) for logs, JSON logs when `json`,
+/// and the OTLP exporter when configured. A subscriber set up earlier by the host process is
+/// kept.
+pub fn init(cfg: &TelemetryConfig, filter: &str, json: bool) -> Result<Telemetry, TelemetryError> {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if json {
+        fmt.json().boxed()
+    } else {
+        fmt.boxed()
+    };
+    let fmt = fmt.with_filter(filter);
+    let provider = match cfg.otlp_endpoint.is_empty() {
+        true => None,
+        false => Some(provider(cfg)?),
+    };
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("koder-sandbox"))
+            .with_filter(span_filter())
+    });
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel)
+        .try_init();
+    Ok(Telemetry { provider })
+}
+
+/// The daemon's own spans whatever the log level (never the HTTP client's: the exporter's own
+/// requests would be traced and exported in turn).
+fn span_filter() -> Targets {
+    Targets::new().with_target("koder", Level::INFO)
+}
+
+fn provider(cfg: &TelemetryConfig) -> Result<SdkTracerProvider, TelemetryError> {
+    let base = cfg.otlp_endpoint.trim_end_matches('/');
+    let endpoint = match base.ends_with("/v1/traces") {
+        true => base.to_string(),
+        false => format!("{base}/v1/traces"),
+    };
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(endpoint)
+        .build()?;
+    let resource = opentelemetry_sdk::Resource::builder_empty()
+        .with_service_name(cfg.service_name.clone())
+        .build();
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
+}
+
+/// The span of one API request (`route` is the matched template, not the path, so ids stay
+/// out of span names), the child of the caller's trace when `headers` carry a `traceparent`.
+pub fn request_span(method: &str, route: &str, headers: &http::HeaderMap) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: "koder_http",
+        "request",
+        otel.name = format!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = method,
+        http.route = route,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(headers)));
+    // Fails only when no OpenTelemetry layer is installed: then there is no trace to join.
+    let _ = span.set_parent(parent);
+    span
+}
+
+/// Records the answer's status on a [`request_span`].
+pub fn record_status(span: &tracing::Span, status: u16) {
+    span.record("http.response.status_code", status);
+}
+
+struct Headers<'a>(&'a http::HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
