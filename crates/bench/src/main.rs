@@ -12,6 +12,7 @@
 
 mod daemon;
 mod e2b;
+mod grpc;
 mod host;
 mod microvm;
 mod phases;
@@ -60,6 +61,8 @@ enum Phase {
     Microvm,
     /// Snapshot, create from snapshot, restore, fork, pause→resume.
     State,
+    /// gRPC unary exec beside REST exec on a daemon with gRPC on, interleaved.
+    Grpc,
 }
 
 #[derive(Debug, Parser)]
@@ -455,6 +458,18 @@ async fn run(args: &Args) -> Result<Report> {
             }
             Err(e) => rows.push(Row::error("daemon_cold", "daemon with an empty pool", &e)),
         }
+    }
+    if wants(Phase::Grpc) {
+        settle(&settings).await;
+        progress("gRPC exec beside REST exec (interleaved)");
+        grpc::run(
+            &daemon_bin,
+            &args.work_root,
+            &settings,
+            args.keep,
+            &mut rows,
+        )
+        .await;
     }
     if wants(Phase::Microvm) {
         settle(&settings).await;

@@ -25,6 +25,8 @@ pub const ORDER: &[&str] = &[
     "runc_exec",
     "exec_true",
     "exec_stream",
+    "grpc_rest_exec",
+    "grpc_exec",
     "e2b_run",
     "host_node",
     "e2b_tti",
@@ -76,7 +78,7 @@ pub struct Ctx<'a> {
     pub base: &'a Baselines,
 }
 
-const TRUE: &str = "/bin/true";
+pub(crate) const TRUE: &str = "/bin/true";
 /// Idle sessions the density target asks for.
 pub const DENSITY_TARGET: usize = 2000;
 const SESSION_TIMEOUT_S: u64 = 3600;
@@ -130,7 +132,7 @@ where
     Ok(samples)
 }
 
-fn summary(samples: &[Duration]) -> Result<Summary> {
+pub(crate) fn summary(samples: &[Duration]) -> Result<Summary> {
     Summary::of(samples).ok_or_else(|| anyhow!("no samples"))
 }
 
@@ -301,7 +303,7 @@ fn ratio_targets(p50: f64, targets: &[(f64, &str, Option<f64>)]) -> (String, Sta
 }
 
 /// "p50 … = 2.10 × spawn, 0.40 × bwrap".
-fn with_ratios(sum: &Summary, bases: &[(&str, Option<f64>)]) -> String {
+pub(crate) fn with_ratios(sum: &Summary, bases: &[(&str, Option<f64>)]) -> String {
     let r: Vec<String> = bases
         .iter()
         .filter_map(|(what, b)| {

@@ -50,6 +50,22 @@ pub struct Config {
 pub struct ServerConfig {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// Where the gRPC service listens (`host:port`); empty: no gRPC.
+    pub grpc_addr: String,
+}
+
+impl ServerConfig {
+    /// The gRPC address, `None` when gRPC is off.
+    pub fn grpc_addr(&self) -> anyhow::Result<Option<SocketAddr>> {
+        if self.grpc_addr.is_empty() {
+            return Ok(None);
+        }
+        let addr = self
+            .grpc_addr
+            .parse()
+            .map_err(|e| anyhow::anyhow!("[server] grpc_addr {:?}: {e}", self.grpc_addr))?;
+        Ok(Some(addr))
+    }
 }
 
 impl Default for ServerConfig {
@@ -57,6 +73,7 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             data_dir: PathBuf::from("/var/lib/koder-sandbox"),
+            grpc_addr: String::new(),
         }
     }
 }
@@ -247,6 +264,7 @@ mod tests {
         };
         let cfg = Config::load(&args).unwrap();
         assert_eq!(cfg.server.listen.port(), 9000);
+        assert_eq!(cfg.server.grpc_addr().unwrap(), None);
         assert_eq!(cfg.server.data_dir, PathBuf::from("/tmp/x"));
         assert_eq!(cfg.sessions.default_timeout_s, 60);
         assert_eq!(cfg.sessions.pool["python"], PoolSize::fixed(3));

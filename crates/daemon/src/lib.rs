@@ -103,6 +103,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         limits: Arc::new(limiter(&cfg)),
         webhooks: webhooks.clone(),
     };
+    // gRPC shares the HTTP face's domain, credentials and rates.
+    let grpc = koder_grpc::GrpcState {
+        manager: state.manager.clone(),
+        auth: state.auth.clone(),
+        limits: state.limits.clone(),
+    };
     let e2b = koder_e2b::E2b::new(state.clone(), cfg.sessions.clone(), token_key(data_dir)?);
     let app = koder_http::drain_unread_bodies(koder_e2b::mount(koder_http::router(state), e2b));
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
@@ -119,8 +125,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             tracing::warn!(error = %e, "TCP_NODELAY on an accepted connection");
         }
     });
+    // One signal stops both servers.
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    spawn_grpc(&cfg, grpc, stopping).await?;
     let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            let _ = stop.send(true);
+        })
         .await;
     manager.shutdown().await;
     // After the manager: the sessions it ended at shutdown are events too.
@@ -128,6 +140,33 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // The exporter's flush blocks on its own thread's HTTP client.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     served.context("HTTP server")
+}
+
+/// Binds `[server] grpc_addr` (when set) and serves gRPC beside HTTP until `stopping` turns true.
+async fn spawn_grpc(
+    cfg: &Config,
+    grpc: koder_grpc::GrpcState,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let Some(addr) = cfg.server.grpc_addr()? else {
+        return Ok(());
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("gRPC: listening on {addr}"))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "koder-sandbox serving gRPC");
+    // After the HTTP line, which whoever started us reads first.
+    println!("koder-sandbox gRPC listening on http://{addr}");
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+        };
+        if let Err(e) = koder_grpc::serve(listener, grpc, stop).await {
+            tracing::error!(error = %e, "gRPC server failed");
+        }
+    });
+    Ok(())
 }
 
 /// Logs, and spans to the configured OTLP collector.

@@ -1,0 +1,71 @@
+//! A daemon with its gRPC face on, and a client of it generated from the same `.proto`.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use koder_grpc::proto as pb;
+use koder_grpc::SandboxClient;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+
+use crate::common::Daemon;
+
+pub type Client = SandboxClient<Channel>;
+
+/// Starts a daemon with `config` (TOML, as `Daemon::start`) and gRPC on a free loopback port.
+pub async fn start(config: &str) -> (Daemon, Client, String) {
+    // The port is picked here and handed over: the daemon's first stdout line (which the
+    // shared harness reads) is the HTTP address.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let d = Daemon::start(&format!(
+        "{config}\n[server]\ngrpc_addr = \"127.0.0.1:{port}\"\n"
+    ))
+    .await;
+    let url = format!("http://127.0.0.1:{port}");
+    let client = SandboxClient::connect(url.clone())
+        .await
+        .expect("gRPC connect");
+    (d, client, url)
+}
+
+/// `msg` with `key` as its bearer token.
+pub fn authed<T>(key: &str, msg: T) -> Request<T> {
+    let mut req = Request::new(msg);
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {key}").parse().expect("metadata value"),
+    );
+    req
+}
+
+/// The status code and the `SANDBOX-...` code of a failed call (checked to be in the message
+/// too).
+pub fn failure(s: &Status) -> (Code, String) {
+    let code = koder_grpc::status::sandbox_code(s).expect("ErrorInfo in the status details");
+    assert!(s.message().starts_with(&code), "{s:?}");
+    (s.code(), code)
+}
+
+pub fn shell(session: &str, cmd: &str) -> pb::ExecRequest {
+    pb::ExecRequest {
+        session_id: session.into(),
+        shell: Some(cmd.into()),
+        ..Default::default()
+    }
+}
+
+pub async fn create(c: &mut Client, key: &str, req: pb::CreateSessionRequest) -> pb::Session {
+    c.create_session(authed(key, req))
+        .await
+        .expect("CreateSession")
+        .into_inner()
+}
+
+pub async fn exec(c: &mut Client, key: &str, session: &str, cmd: &str) -> pb::ExecResult {
+    c.exec(authed(key, shell(session, cmd)))
+        .await
+        .expect("Exec")
+        .into_inner()
+}

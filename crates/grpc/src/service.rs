@@ -1,0 +1,425 @@
+//! `koder.ai.sandbox.v1.Sandbox`: each call is admission, conversion and one manager call.
+
+use std::pin::Pin;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt as _};
+use koder_api_types::{CreateSnapshot, ErrorCode};
+use koder_auth::{Identity, Scope};
+use koder_sessions::execs::{ExecEvent, Follow};
+use koder_sessions::{ContextOptions, RunRequest};
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::BroadcastStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::admit::{admit, Admitted, Places};
+use crate::convert::exec_request;
+use crate::proto::{self as pb, exec_event::Event, sandbox_server::Sandbox};
+use crate::status::{status, OrStatus as _};
+use crate::GrpcState;
+
+type Answer<T> = Result<Response<T>, Status>;
+type Events<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+pub struct SandboxService {
+    s: GrpcState,
+}
+
+impl SandboxService {
+    pub fn new(state: GrpcState) -> Self {
+        Self { s: state }
+    }
+
+    /// Admits the call and hands back its caller and message.
+    async fn admit<T>(
+        &self,
+        req: Request<T>,
+        needed: Scope,
+        places: Places,
+    ) -> Result<(Admitted, T), Status> {
+        let admitted = admit(&self.s, req.metadata(), needed, places).await?;
+        Ok((admitted, req.into_inner()))
+    }
+
+    async fn caller<T>(&self, req: Request<T>, needed: Scope) -> Result<(Identity, T), Status> {
+        let (a, msg) = self.admit(req, needed, Places::None).await?;
+        Ok((a.who, msg))
+    }
+}
+
+/// `events` up to and including the first item `last` says ends it (the source is not polled
+/// again: a follower's channel outlives the exec); `guard` is held until the stream is done or
+/// dropped (the client cancelled).
+fn guarded<T, G>(
+    events: impl Stream<Item = Result<T, Status>> + Send + 'static,
+    last: fn(&Result<T, Status>) -> bool,
+    guard: G,
+) -> Events<T>
+where
+    T: Send + 'static,
+    G: Send + 'static,
+{
+    let state = (Box::pin(events), Some(guard));
+    Box::pin(futures::stream::unfold(
+        state,
+        move |(mut events, guard)| async move {
+            // A finished stream gives its guard back at once.
+            let guard = guard?;
+            let item = events.next().await?;
+            let guard = (!last(&item)).then_some(guard);
+            Some((item, (events, guard)))
+        },
+    ))
+}
+
+/// An exec's events on the wire: `started`, the replay, then live events.
+fn exec_events(follow: Follow, admitted: Admitted) -> Events<pb::ExecEvent> {
+    let Follow {
+        exec_id,
+        replay,
+        live,
+        cancel_on_drop,
+    } = follow;
+    let started = futures::stream::once(futures::future::ready(Ok(Event::Started(
+        pb::ExecStarted { exec_id },
+    ))));
+    let replayed = futures::stream::iter(replay).map(Ok::<_, BroadcastStreamRecvError>);
+    let live = futures::stream::iter(live.map(BroadcastStream::new)).flatten();
+    let events = started
+        .chain(replayed.chain(live).map(|e| Ok(exec_event(e))))
+        .map(|e| e.map(|event| pb::ExecEvent { event: Some(event) }));
+    let last = |e: &Result<pb::ExecEvent, Status>| {
+        matches!(
+            e,
+            Ok(pb::ExecEvent {
+                event: Some(Event::Exit(_))
+            }) | Err(_)
+        )
+    };
+    // Dropping `cancel_on_drop` before the exit kills the exec.
+    guarded(events, last, (cancel_on_drop, admitted.places))
+}
+
+fn exec_event(e: Result<ExecEvent, BroadcastStreamRecvError>) -> Event {
+    match e {
+        Ok(ExecEvent::Stdout(b)) => Event::Stdout(b.to_vec()),
+        Ok(ExecEvent::Stderr(b)) => Event::Stderr(b.to_vec()),
+        Ok(ExecEvent::Exit(result)) => {
+            let mut r = pb::ExecResult::from(*result);
+            // The output went out as chunks already.
+            r.stdout.clear();
+            r.stderr.clear();
+            Event::Exit(r)
+        }
+        Err(BroadcastStreamRecvError::Lagged(n)) => Event::Truncated(n),
+    }
+}
+
+/// The upload body behind a `WriteFile` header: data parts only.
+fn upload_body(
+    rest: Streaming<pb::WriteFileRequest>,
+) -> impl Stream<Item = Result<Bytes, Status>> + Unpin {
+    rest.map(|part| match part?.part {
+        Some(pb::write_file_request::Part::Data(d)) => Ok(Bytes::from(d)),
+        Some(pb::write_file_request::Part::Header(_)) => Err(status(
+            ErrorCode::InvalidArgument,
+            "only the first WriteFile message is a header",
+            None,
+        )),
+        None => Ok(Bytes::new()),
+    })
+}
+
+#[tonic::async_trait]
+impl Sandbox for SandboxService {
+    async fn create_session(&self, req: Request<pb::CreateSessionRequest>) -> Answer<pb::Session> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let create = msg.try_into()?;
+        let session = self.s.manager.create(&who, create).await.or_status()?;
+        Ok(Response::new(session.into()))
+    }
+
+    async fn get_session(&self, req: Request<pb::GetSessionRequest>) -> Answer<pb::Session> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let session = self
+            .s
+            .manager
+            .get(&who, &msg.session_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(session.into()))
+    }
+
+    async fn list_sessions(
+        &self,
+        req: Request<pb::ListSessionsRequest>,
+    ) -> Answer<pb::ListSessionsResponse> {
+        let (who, _) = self.caller(req, Scope::Read).await?;
+        let sessions = self.s.manager.list(&who).await.or_status()?;
+        Ok(Response::new(pb::ListSessionsResponse {
+            sessions: sessions.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn delete_session(
+        &self,
+        req: Request<pb::DeleteSessionRequest>,
+    ) -> Answer<pb::DeleteSessionResponse> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        self.s
+            .manager
+            .destroy(&who, &msg.session_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::DeleteSessionResponse {}))
+    }
+
+    async fn pause_session(&self, req: Request<pb::PauseSessionRequest>) -> Answer<pb::Session> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let memory = msg.memory.unwrap_or(true);
+        let session = self
+            .s
+            .manager
+            .pause_session(&who, &msg.session_id, memory)
+            .await
+            .or_status()?;
+        Ok(Response::new(session.into()))
+    }
+
+    async fn resume_session(&self, req: Request<pb::ResumeSessionRequest>) -> Answer<pb::Session> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let session = self
+            .s
+            .manager
+            .resume(&who, &msg.session_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(session.into()))
+    }
+
+    async fn exec(&self, req: Request<pb::ExecRequest>) -> Answer<pb::ExecResult> {
+        let (admitted, msg) = self.admit(req, Scope::Exec, Places::Exec).await?;
+        let (id, exec) = exec_request(msg);
+        let result = self
+            .s
+            .manager
+            .exec(&admitted.who, &id, exec)
+            .await
+            .or_status()?;
+        Ok(Response::new(result.into()))
+    }
+
+    type ExecStreamStream = Events<pb::ExecEvent>;
+
+    async fn exec_stream(&self, req: Request<pb::ExecRequest>) -> Answer<Self::ExecStreamStream> {
+        let (admitted, msg) = self.admit(req, Scope::Exec, Places::ExecStream).await?;
+        let (id, exec) = exec_request(msg);
+        let follow = self
+            .s
+            .manager
+            .exec_streamed(&admitted.who, &id, exec)
+            .await
+            .or_status()?;
+        Ok(Response::new(exec_events(follow, admitted)))
+    }
+
+    type ReadFileStream = Events<pb::FileChunk>;
+
+    async fn read_file(&self, req: Request<pb::ReadFileRequest>) -> Answer<Self::ReadFileStream> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let reader = self
+            .s
+            .manager
+            .download(&who, &msg.session_id, &msg.path)
+            .await
+            .or_status()?;
+        let chunks = futures::stream::unfold(reader, |mut r| async move {
+            match r.next_chunk().await {
+                Ok(Some(data)) => Some((Ok(pb::FileChunk { data }), r)),
+                Ok(None) => None,
+                // A short file must not look complete: the call fails instead.
+                Err(e) => Some((Err(status(ErrorCode::Internal, &e.to_string(), None)), r)),
+            }
+        });
+        Ok(Response::new(guarded(chunks, Result::is_err, ())))
+    }
+
+    async fn write_file(
+        &self,
+        req: Request<Streaming<pb::WriteFileRequest>>,
+    ) -> Answer<pb::FileEntry> {
+        let (who, mut parts) = self.caller(req, Scope::Write).await?;
+        let header = match parts.message().await? {
+            Some(pb::WriteFileRequest {
+                part: Some(pb::write_file_request::Part::Header(h)),
+            }) => h,
+            _ => {
+                return Err(status(
+                    ErrorCode::InvalidArgument,
+                    "the first WriteFile message must be the header",
+                    None,
+                ))
+            }
+        };
+        let entry = self
+            .s
+            .manager
+            .upload(
+                &who,
+                &header.session_id,
+                &header.path,
+                header.size,
+                upload_body(parts),
+                header.user.as_deref(),
+            )
+            .await
+            .or_status()?;
+        Ok(Response::new(entry.into()))
+    }
+
+    async fn list_files(
+        &self,
+        req: Request<pb::ListFilesRequest>,
+    ) -> Answer<pb::ListFilesResponse> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let list = self
+            .s
+            .manager
+            .list_files(&who, &msg.session_id, &msg.path, msg.depth.unwrap_or(1))
+            .await
+            .or_status()?;
+        Ok(Response::new(list.into()))
+    }
+
+    async fn delete_file(
+        &self,
+        req: Request<pb::DeleteFileRequest>,
+    ) -> Answer<pb::DeleteFileResponse> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        self.s
+            .manager
+            .remove_file(&who, &msg.session_id, &msg.path, msg.recursive)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::DeleteFileResponse {}))
+    }
+
+    async fn move_file(&self, req: Request<pb::MoveFileRequest>) -> Answer<pb::FileEntry> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let entry = self
+            .s
+            .manager
+            .move_file(&who, &msg.session_id, &msg.from, &msg.to)
+            .await
+            .or_status()?;
+        Ok(Response::new(entry.into()))
+    }
+
+    type WatchFilesStream = Events<pb::FileEvent>;
+
+    async fn watch_files(
+        &self,
+        req: Request<pb::WatchFilesRequest>,
+    ) -> Answer<Self::WatchFilesStream> {
+        let (admitted, msg) = self.admit(req, Scope::Read, Places::Stream).await?;
+        let watch = self
+            .s
+            .manager
+            .watch(&admitted.who, &msg.session_id, &msg.path, msg.recursive)
+            .await
+            .or_status()?;
+        let events = futures::stream::unfold(watch, |mut w| async move {
+            let next = w.next().await.map(Into::into).or_status();
+            Some((next, w))
+        });
+        Ok(Response::new(guarded(
+            events,
+            Result::is_err,
+            admitted.places,
+        )))
+    }
+
+    async fn create_context(&self, req: Request<pb::CreateContextRequest>) -> Answer<pb::Context> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let language = msg.language.as_deref().unwrap_or("python");
+        let opts = ContextOptions {
+            cwd: msg.cwd,
+            env: msg.env,
+        };
+        let info = self
+            .s
+            .manager
+            .create_context(&who, &msg.session_id, language, opts)
+            .await
+            .or_status()?;
+        Ok(Response::new(info.into()))
+    }
+
+    async fn run_in_context(
+        &self,
+        req: Request<pb::RunInContextRequest>,
+    ) -> Answer<pb::ContextRunResult> {
+        let (admitted, msg) = self.admit(req, Scope::Exec, Places::Exec).await?;
+        let run = RunRequest {
+            code: msg.code,
+            timeout_ms: msg.timeout_ms,
+            env: msg.env,
+        };
+        let result = self
+            .s
+            .manager
+            .run_in_context(&admitted.who, &msg.session_id, &msg.context_id, run, None)
+            .await
+            .or_status()?;
+        Ok(Response::new(result.into()))
+    }
+
+    async fn create_snapshot(
+        &self,
+        req: Request<pb::CreateSnapshotRequest>,
+    ) -> Answer<pb::Snapshot> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let snap = self
+            .s
+            .manager
+            .snapshot(&who, &msg.session_id, CreateSnapshot { name: msg.name })
+            .await
+            .or_status()?;
+        Ok(Response::new(snap.into()))
+    }
+
+    async fn get_snapshot(&self, req: Request<pb::GetSnapshotRequest>) -> Answer<pb::Snapshot> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let snap = self
+            .s
+            .manager
+            .get_snapshot(&who, &msg.snapshot_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(snap.into()))
+    }
+
+    async fn list_snapshots(
+        &self,
+        req: Request<pb::ListSnapshotsRequest>,
+    ) -> Answer<pb::ListSnapshotsResponse> {
+        let (who, _) = self.caller(req, Scope::Read).await?;
+        let snaps = self.s.manager.list_snapshots(&who).await.or_status()?;
+        Ok(Response::new(pb::ListSnapshotsResponse {
+            snapshots: snaps.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        req: Request<pb::DeleteSnapshotRequest>,
+    ) -> Answer<pb::DeleteSnapshotResponse> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        self.s
+            .manager
+            .delete_snapshot(&who, &msg.snapshot_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::DeleteSnapshotResponse {}))
+    }
+}
