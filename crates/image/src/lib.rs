@@ -8,6 +8,7 @@
 //! read-only among sandboxes).
 
 mod host;
+pub mod oci;
 pub mod packs;
 mod rootfs;
 pub mod store;
