@@ -17,7 +17,7 @@ use std::path::PathBuf;
 pub use admin::{AdminArgs, AdminCommand, TenantCommand};
 pub use exec::{ExecArgs, ExecOpts, RunArgs};
 pub use files::{CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs, StatArgs};
-pub use image::{ImageBuildArgs, ImageCommand};
+pub use image::{ImageBuildArgs, ImageCommand, ImageImportArgs};
 #[cfg(test)]
 pub(crate) use interp::ContextLanguage;
 pub use interp::{ContextCommand, RunCodeArgs};

@@ -4,7 +4,7 @@ use koder_sdk::types;
 
 use super::admin::admin_ctx;
 use super::Ctx;
-use crate::args::{GlobalOpts, ImageBuildArgs, ImageCommand};
+use crate::args::{GlobalOpts, ImageBuildArgs, ImageCommand, ImageImportArgs};
 use crate::error::{CliError, IoContext as _, Result};
 use crate::output::{format_size, format_time};
 
@@ -14,6 +14,7 @@ pub async fn run(g: &GlobalOpts, cmd: ImageCommand) -> Result<i32> {
             Some(pack) => build_pack(&pack, a).await,
             None => build(a).await,
         },
+        ImageCommand::Import(a) => import(a).await,
         ImageCommand::List(o) => {
             let ctx = Ctx::new(g, &o.c)?;
             let list = ctx.client.list_images().await?;
@@ -66,6 +67,47 @@ async fn build_pack(pack: &str, a: ImageBuildArgs) -> Result<i32> {
         m.digest
     );
     Ok(0)
+}
+
+async fn import(a: ImageImportArgs) -> Result<i32> {
+    let name = match a.name {
+        Some(name) => name,
+        None => default_name(&a.file)?,
+    };
+    let store = koder_image::ImageStore::open(&a.images_dir)
+        .map_err(|e| CliError::msg(format!("image store: {e}")))?;
+    let started = std::time::Instant::now();
+    let file = a.file.clone();
+    let imported = tokio::task::spawn_blocking(move || {
+        koder_image::oci::import(&store, &file, &name, koder_image::oci::Limits::default())
+    })
+    .await
+    .map_err(|e| CliError::msg(format!("import task: {e}")))?
+    .map_err(|e| CliError::msg(format!("import {}: {e}", a.file.display())))?;
+    let m = &imported.image.manifest;
+    println!(
+        "{} {} in {:.1}s: {}, digest {}",
+        if imported.unpacked {
+            "imported"
+        } else {
+            "found"
+        },
+        imported.image.names.join(", "),
+        started.elapsed().as_secs_f64(),
+        format_size(m.size_bytes),
+        m.digest
+    );
+    Ok(0)
+}
+
+/// `app` of `/path/app.tar` (or `app.tar.gz`).
+fn default_name(file: &std::path::Path) -> Result<String> {
+    file.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.split('.').next())
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| CliError::msg("give the image a name with --name"))
 }
 
 async fn build(a: ImageBuildArgs) -> Result<i32> {

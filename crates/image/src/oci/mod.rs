@@ -412,5 +412,7 @@ fn unreadable(e: io::Error) -> ImageError {
     invalid(format!("unreadable archive: {e}"))
 }
 
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;

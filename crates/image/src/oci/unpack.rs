@@ -124,13 +124,7 @@ fn scan(input: impl Read, budget: &mut Budget) -> Result<(String, Vec<Whiteout>)
             let raw = entry.path_bytes();
             let parts = components(&raw)?;
             let kind = entry.header().entry_type();
-            if kind == EntryType::GNUSparse {
-                return Err(ImageError::InvalidArchive(format!(
-                    "sparse entry {} (not supported)",
-                    shown(&raw)
-                )));
-            }
-            if kind.is_file() || kind == EntryType::Continuous {
+            if is_file(kind) {
                 budget.bytes(entry.size(), &raw)?;
             }
             if kind.is_hard_link() {
@@ -225,7 +219,7 @@ fn write_entry<R: Read>(
     stats.entries += 1;
     match kind {
         EntryType::Directory => make_dir(dir, name, mode, &raw),
-        EntryType::Regular | EntryType::Continuous => {
+        kind if is_file(kind) => {
             remove(dir, name)?;
             let fd = rustix::fs::openat(
                 dir,
@@ -259,6 +253,14 @@ fn write_entry<R: Read>(
             Ok(())
         }
     }
+}
+
+/// Regular files, also GNU sparse ones (the tar reader fills their holes in).
+fn is_file(kind: EntryType) -> bool {
+    matches!(
+        kind,
+        EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse
+    )
 }
 
 fn make_dir(dir: BorrowedFd<'_>, name: &[u8], mode: u32, raw: &[u8]) -> Result<()> {
