@@ -12,6 +12,7 @@ pub mod oci;
 pub mod packs;
 mod rootfs;
 pub mod store;
+pub mod template;
 
 use std::path::PathBuf;
 
