@@ -219,6 +219,7 @@ fn image_details(i: &types::Image) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::{Cli, ClientCommand, Command};
 
     #[test]
     fn the_table_aligns_and_dashes_what_host_lacks() {
@@ -252,5 +253,26 @@ mod tests {
         assert!(lines[1].starts_with("host  "), "{table}");
         assert!(lines[2].contains("3.0 MiB") && lines[2].ends_with(&"ab".repeat(6)));
         assert_eq!(lines[0].find("KIND"), lines[2].find("pack"));
+    }
+
+    #[test]
+    fn import_takes_a_file_and_an_optional_name() {
+        let cli =
+            <Cli as clap::Parser>::try_parse_from(["ksandbox", "image", "import", "/x/app.tar.gz"])
+                .unwrap();
+        let Command::Client(ClientCommand::Image(ImageCommand::Import(a))) = cli.command else {
+            panic!("not image import")
+        };
+        assert_eq!((a.name, a.file.to_str()), (None, Some("/x/app.tar.gz")));
+        assert_eq!(default_name(&a.file).unwrap(), "app");
+        assert!(default_name(std::path::Path::new("/x/.tar")).is_err());
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "ksandbox", "image", "import", "a.tar", "--name", "web:1",
+        ])
+        .unwrap();
+        let Command::Client(ClientCommand::Image(ImageCommand::Import(a))) = cli.command else {
+            panic!("not image import")
+        };
+        assert_eq!(a.name.as_deref(), Some("web:1"));
     }
 }
