@@ -70,7 +70,7 @@ pub struct AppState {
         volumes::upload, volumes::download, volumes::remove, volumes::set_metadata,
         volumes::list_files, volumes::stat, volumes::make_dir,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key,
-        images::list_images, images::get_image, images::delete_image,
+        images::list_images, images::get_image, images::delete_image, images::import_image,
         webhooks::create_webhook, webhooks::list_webhooks, webhooks::list_deliveries,
         webhooks::delete_webhook
     ),

@@ -8,9 +8,11 @@
 //! read-only among sandboxes).
 
 mod host;
+pub mod oci;
 pub mod packs;
 mod rootfs;
 pub mod store;
+pub mod template;
 
 use std::path::PathBuf;
 

@@ -36,6 +36,41 @@ const REMOVED: &[&str] = &[
     "var/log",
 ];
 
+/// Directories [`sanitize`] reaches by path (to make, empty or clean below): in a tree from an
+/// untrusted archive, any of them may be a symlink, which sanitizing would follow.
+const SANITIZED_DIRS: &[&str] = &[
+    "sys",
+    "var/cache",
+    "var/lib",
+    "var/lib/apt",
+    "var/lib/dbus",
+    "var/log",
+];
+
+/// Replaces every directory [`sanitize`] works in that is a symlink or no directory (a tree
+/// unpacked from an archive may have anything there) by nothing, so sanitizing makes it a
+/// fresh directory instead of following it out of the tree. Returns what it removed.
+pub(crate) fn unlink_symlinked_dirs(root: &Path) -> io::Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for dir in ROOT_DIRS.iter().chain(SANITIZED_DIRS) {
+        let mut at = root.to_path_buf();
+        for part in dir.split('/') {
+            at.push(part);
+            match std::fs::symlink_metadata(&at) {
+                Ok(m) if m.is_dir() => continue,
+                Ok(_) => {
+                    std::fs::remove_file(&at)?;
+                    removed.push(at.strip_prefix(root).unwrap_or(&at).display().to_string());
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            break;
+        }
+    }
+    Ok(removed)
+}
+
 /// The directories every root has, the temporary ones sticky and world-writable.
 pub(crate) fn make_dirs(root: &Path) -> io::Result<()> {
     for dir in ROOT_DIRS {

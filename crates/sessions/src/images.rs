@@ -252,7 +252,13 @@ pub fn view(image: &StoredImage, in_use: bool, with_log: bool) -> api::Image {
             .unwrap_or_else(|| m.name.clone()),
         names: image.names.clone(),
         digest: Some(m.digest.clone()),
-        kind: "pack".into(),
+        // Imports and builds say what they are in their recipe; packs' recipes predate that.
+        kind: m
+            .recipe
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or("pack")
+            .into(),
         languages: m
             .languages
             .iter()

@@ -11,6 +11,10 @@ pub enum ImageCommand {
     /// later builds find it); without a pack, the `host` image and the microVM guest (kernel,
     /// boot modules, root disk), kept unless --force.
     Build(ImageBuildArgs),
+    /// Import an OCI image layout tar or a `docker save` tar into the image store on this host
+    /// (locally, as root; the daemon sees it at once): its layers unpacked in order, its env,
+    /// working directory and user kept. `POST /v1/sandbox/images/import` does the same remotely.
+    Import(ImageImportArgs),
     /// List the daemon's images (any API key).
     #[command(alias = "ls")]
     List(OnlyOpts),
@@ -44,6 +48,18 @@ pub struct ImageBuildArgs {
         requires = "pack"
     )]
     pub mirror: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ImageImportArgs {
+    /// The archive (`docker save -o app.tar app`, or an OCI image layout packed with tar).
+    pub file: PathBuf,
+    /// The image's name (default: the file's name without its extension).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Images directory the daemon reads (<data_dir>/images).
+    #[arg(long, default_value = "/var/lib/koder-sandbox/images")]
+    pub images_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 pub use admin::{AdminArgs, AdminCommand, TenantCommand};
 pub use exec::{ExecArgs, ExecOpts, RunArgs};
 pub use files::{CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs, StatArgs};
-pub use image::{ImageBuildArgs, ImageCommand};
+pub use image::{ImageBuildArgs, ImageCommand, ImageImportArgs};
 #[cfg(test)]
 pub(crate) use interp::ContextLanguage;
 pub use interp::{ContextCommand, RunCodeArgs};
@@ -190,7 +190,8 @@ pub enum ClientCommand {
     Admin(AdminArgs),
     /// Serve the sandbox as MCP tools for AI agents: stdio, or streamable HTTP with --http.
     Mcp(McpArgs),
-    /// Images: build language packs and the microVM guest locally; list, inspect, delete.
+    /// Images: build language packs and the microVM guest, import OCI archives (locally);
+    /// list, inspect, delete.
     #[command(subcommand)]
     Image(ImageCommand),
     /// Print a shell completion script: `source <(ksandbox completions bash)`, or save it to

@@ -4,7 +4,7 @@ use koder_sdk::types;
 
 use super::admin::admin_ctx;
 use super::Ctx;
-use crate::args::{GlobalOpts, ImageBuildArgs, ImageCommand};
+use crate::args::{GlobalOpts, ImageBuildArgs, ImageCommand, ImageImportArgs};
 use crate::error::{CliError, IoContext as _, Result};
 use crate::output::{format_size, format_time};
 
@@ -14,6 +14,7 @@ pub async fn run(g: &GlobalOpts, cmd: ImageCommand) -> Result<i32> {
             Some(pack) => build_pack(&pack, a).await,
             None => build(a).await,
         },
+        ImageCommand::Import(a) => import(a).await,
         ImageCommand::List(o) => {
             let ctx = Ctx::new(g, &o.c)?;
             let list = ctx.client.list_images().await?;
@@ -66,6 +67,47 @@ async fn build_pack(pack: &str, a: ImageBuildArgs) -> Result<i32> {
         m.digest
     );
     Ok(0)
+}
+
+async fn import(a: ImageImportArgs) -> Result<i32> {
+    let name = match a.name {
+        Some(name) => name,
+        None => default_name(&a.file)?,
+    };
+    let store = koder_image::ImageStore::open(&a.images_dir)
+        .map_err(|e| CliError::msg(format!("image store: {e}")))?;
+    let started = std::time::Instant::now();
+    let file = a.file.clone();
+    let imported = tokio::task::spawn_blocking(move || {
+        koder_image::oci::import(&store, &file, &name, koder_image::oci::Limits::default())
+    })
+    .await
+    .map_err(|e| CliError::msg(format!("import task: {e}")))?
+    .map_err(|e| CliError::msg(format!("import {}: {e}", a.file.display())))?;
+    let m = &imported.image.manifest;
+    println!(
+        "{} {} in {:.1}s: {}, digest {}",
+        if imported.unpacked {
+            "imported"
+        } else {
+            "found"
+        },
+        imported.image.names.join(", "),
+        started.elapsed().as_secs_f64(),
+        format_size(m.size_bytes),
+        m.digest
+    );
+    Ok(0)
+}
+
+/// `app` of `/path/app.tar` (or `app.tar.gz`).
+fn default_name(file: &std::path::Path) -> Result<String> {
+    file.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.split('.').next())
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| CliError::msg("give the image a name with --name"))
 }
 
 async fn build(a: ImageBuildArgs) -> Result<i32> {
@@ -177,6 +219,7 @@ fn image_details(i: &types::Image) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::{Cli, ClientCommand, Command};
 
     #[test]
     fn the_table_aligns_and_dashes_what_host_lacks() {
@@ -210,5 +253,26 @@ mod tests {
         assert!(lines[1].starts_with("host  "), "{table}");
         assert!(lines[2].contains("3.0 MiB") && lines[2].ends_with(&"ab".repeat(6)));
         assert_eq!(lines[0].find("KIND"), lines[2].find("pack"));
+    }
+
+    #[test]
+    fn import_takes_a_file_and_an_optional_name() {
+        let cli =
+            <Cli as clap::Parser>::try_parse_from(["ksandbox", "image", "import", "/x/app.tar.gz"])
+                .unwrap();
+        let Command::Client(ClientCommand::Image(ImageCommand::Import(a))) = cli.command else {
+            panic!("not image import")
+        };
+        assert_eq!((a.name, a.file.to_str()), (None, Some("/x/app.tar.gz")));
+        assert_eq!(default_name(&a.file).unwrap(), "app");
+        assert!(default_name(std::path::Path::new("/x/.tar")).is_err());
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "ksandbox", "image", "import", "a.tar", "--name", "web:1",
+        ])
+        .unwrap();
+        let Command::Client(ClientCommand::Image(ImageCommand::Import(a))) = cli.command else {
+            panic!("not image import")
+        };
+        assert_eq!(a.name.as_deref(), Some("web:1"));
     }
 }

@@ -45,6 +45,15 @@ pub enum ImageError {
     Corrupt { digest: String, why: String },
     #[error("image build failed: {0}")]
     Build(String),
+    /// An archive that is no image (unreadable, no manifest, an unsupported layer format).
+    #[error("invalid image archive: {0}")]
+    InvalidArchive(String),
+    /// An archive entry that would leave the tree or write through a link.
+    #[error("refused archive entry {path}: {why}")]
+    Forbidden { path: String, why: &'static str },
+    /// An archive over its bounds (bytes or entries): nothing of it is kept.
+    #[error("image archive too large: {0}")]
+    TooLarge(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -268,6 +277,13 @@ impl ImageStore {
         })
     }
 
+    /// A fresh path in the store's `.tmp` for a file on its way in (an uploaded archive), on
+    /// the store's filesystem; removed when the [`Scratch`] is dropped (or, should the process
+    /// die, by [`ImageStore::collect_garbage`]).
+    pub fn scratch(&self, what: &str) -> Scratch {
+        Scratch(self.root.join(TMP).join(format!("{what}.{}", unique())))
+    }
+
     /// Brings the image `reference` names in `other` into this store under the same digest and
     /// names, as hard links where both are on one filesystem (a copy otherwise): a pack built
     /// once into a cache serves many data dirs for the price of a tree of links.
@@ -309,12 +325,39 @@ impl ImageStore {
         for entry in read_dir(&self.root.join(TMP))? {
             let name = entry.file_name().to_string_lossy().into_owned();
             if !owner_alive(&name) {
-                std::fs::remove_dir_all(entry.path())
-                    .map_err(ImageError::io(format!("remove {}", entry.path().display())))?;
+                let path = entry.path();
+                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                if is_dir {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                }
+                .map_err(ImageError::io(format!("remove {}", entry.path().display())))?;
                 removed.push(name);
             }
         }
         Ok(removed)
+    }
+}
+
+/// A temporary file path in the store's `.tmp`, removed on drop.
+#[derive(Debug)]
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        match std::fs::remove_file(&self.0) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::warn!(path = %self.0.display(), error = %e, "remove scratch file");
+            }
+            _ => {}
+        }
     }
 }
 

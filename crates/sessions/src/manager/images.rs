@@ -9,6 +9,11 @@ use crate::images::{self, image_error};
 use crate::Error;
 
 impl Manager {
+    /// The image store, for transports that bring images in (imports, builds).
+    pub fn image_store(&self) -> Option<&koder_image::ImageStore> {
+        self.images.store()
+    }
+
     /// `host` first, then every image of the store.
     pub async fn list_images(&self) -> Result<ImageList, Error> {
         let mut list = vec![images::host_view()];

@@ -1,0 +1,303 @@
+//! Declarative templates (issue 18, first part): the TOML spec of an image built on a base
+//! image, checked, and cut into build steps, each keyed by the sha256 of its inputs and of its
+//! parent's key (the base image's digest for the first), so a rebuild finds every step up to
+//! the first changed one in the store and reruns only the rest. Running the steps (inside a
+//! jail on the parent step's image, network open) is not here yet.
+//!
+//! ```toml
+//! base = "python"                      # an image of the store
+//! apt = ["curl"]                       # Debian packages
+//! pip = ["requests==2.32.3"]
+//! npm = ["left-pad"]
+//! env = { APP_MODE = "dev" }
+//! workdir = "/opt/app"
+//! user = "root"
+//! run = ["echo built > /opt/app/built"]
+//! start = "/usr/bin/python3 -m http.server 8000 --bind 127.0.0.1"
+//! ready = "curl -sf http://127.0.0.1:8000/"
+//! ready_timeout_s = 30
+//!
+//! [[files]]
+//! dest = "/opt/app/hello.txt"
+//! content = "hello\n"
+//! mode = 0o644
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::{check_name, digest_of};
+
+/// Longest a ready command may gate a session's start.
+pub const MAX_READY_TIMEOUT_S: u64 = 600;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("template spec: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    pub base: String,
+    #[serde(default)]
+    pub apt: Vec<String>,
+    #[serde(default)]
+    pub pip: Vec<String>,
+    #[serde(default)]
+    pub npm: Vec<String>,
+    #[serde(default)]
+    pub files: Vec<FileSpec>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<String>,
+    pub user: Option<String>,
+    #[serde(default)]
+    pub run: Vec<String>,
+    /// Runs in each new session before it is handed out.
+    pub start: Option<String>,
+    /// Gates the hand-out: retried until it exits 0, for at most `ready_timeout_s`.
+    pub ready: Option<String>,
+    #[serde(default = "default_ready_timeout")]
+    pub ready_timeout_s: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSpec {
+    /// Absolute path in the image.
+    pub dest: String,
+    pub content: String,
+    #[serde(default = "default_mode")]
+    pub mode: u32,
+}
+
+fn default_ready_timeout() -> u64 {
+    30
+}
+
+fn default_mode() -> u32 {
+    0o644
+}
+
+/// One build step, in the order they run: packages, then files, then the run steps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum Step {
+    Apt { packages: Vec<String> },
+    Pip { packages: Vec<String> },
+    Npm { packages: Vec<String> },
+    File(FileSpec),
+    Run { command: String },
+}
+
+impl Spec {
+    pub fn parse(text: &str) -> Result<Spec, TemplateError> {
+        let spec: Spec = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        spec.check()?;
+        Ok(spec)
+    }
+
+    fn check(&self) -> Result<(), TemplateError> {
+        check_name(&self.base).map_err(|e| invalid(format!("base: {e}")))?;
+        for (what, packages) in [("apt", &self.apt), ("pip", &self.pip), ("npm", &self.npm)] {
+            if let Some(bad) = packages.iter().find(|p| !is_package(p)) {
+                return Err(invalid(format!("{what} package {bad:?}")));
+            }
+        }
+        for f in &self.files {
+            check_path(&f.dest, "files.dest")?;
+            if f.mode > 0o1777 {
+                return Err(invalid(format!(
+                    "{}: mode {:o} (setuid and setgid are not kept)",
+                    f.dest, f.mode
+                )));
+            }
+        }
+        if let Some(w) = &self.workdir {
+            check_path(w, "workdir")?;
+        }
+        if let Some(bad) = self.env.keys().find(|k| !is_env_name(k)) {
+            return Err(invalid(format!("env name {bad:?}")));
+        }
+        if self.ready_timeout_s == 0 || self.ready_timeout_s > MAX_READY_TIMEOUT_S {
+            return Err(invalid(format!(
+                "ready_timeout_s must be 1..={MAX_READY_TIMEOUT_S}"
+            )));
+        }
+        if self.ready.is_some() && self.start.is_none() {
+            return Err(invalid("a ready command gates a start command: give one"));
+        }
+        Ok(())
+    }
+
+    pub fn steps(&self) -> Vec<Step> {
+        let mut steps = Vec::new();
+        for (packages, make) in [
+            (
+                &self.apt,
+                (|packages| Step::Apt { packages }) as fn(Vec<String>) -> Step,
+            ),
+            (&self.pip, |packages| Step::Pip { packages }),
+            (&self.npm, |packages| Step::Npm { packages }),
+        ] {
+            if !packages.is_empty() {
+                steps.push(make(packages.clone()));
+            }
+        }
+        steps.extend(self.files.iter().cloned().map(Step::File));
+        steps.extend(self.run.iter().map(|command| Step::Run {
+            command: command.clone(),
+        }));
+        steps
+    }
+
+    /// Every step's cache key, in order: sha256 of (parent key, step, the env it runs with).
+    pub fn step_keys(&self, base_digest: &str) -> Vec<String> {
+        let mut parent = base_digest.to_string();
+        self.steps()
+            .iter()
+            .map(|step| {
+                #[derive(Serialize)]
+                struct Inputs<'a> {
+                    parent: &'a str,
+                    step: &'a Step,
+                    env: &'a BTreeMap<String, String>,
+                }
+                let inputs = Inputs {
+                    parent: &parent,
+                    step,
+                    env: &self.env,
+                };
+                // Strings and maps of strings always serialize.
+                parent = digest_of(&inputs).unwrap_or_default();
+                parent.clone()
+            })
+            .collect()
+    }
+}
+
+/// The steps to run: from the first whose key `cached` does not know (all of them cached:
+/// `keys.len()`).
+pub fn first_uncached(keys: &[String], cached: impl Fn(&str) -> bool) -> usize {
+    keys.iter().position(|k| !cached(k)).unwrap_or(keys.len())
+}
+
+/// A package name (with a version pin) that no tool reads as an option or a shell word.
+fn is_package(p: &str) -> bool {
+    !p.is_empty()
+        && !p.starts_with('-')
+        && p.len() <= 214
+        && p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._+-:=<>~@/^[],!".contains(&b))
+}
+
+fn is_env_name(k: &str) -> bool {
+    !k.is_empty()
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn check_path(path: &str, what: &str) -> Result<(), TemplateError> {
+    let ok = path.starts_with('/') && !path.contains('\0') && !path.split('/').any(|c| c == "..");
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "{what} {path:?} must be absolute, without `..`"
+        )))
+    }
+}
+
+fn invalid(why: impl Into<String>) -> TemplateError {
+    TemplateError::Invalid(why.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: &str = r#"
+base = "bash"
+pip = ["requests==2.32.3"]
+env = { GREETING = "hello" }
+workdir = "/opt/app"
+run = ["echo one > /opt/app/one", "echo two > /opt/app/two"]
+start = "/usr/bin/python3 -m http.server 8000 --bind 127.0.0.1"
+ready = "test -e /tmp/ready"
+
+[[files]]
+dest = "/opt/app/hello.txt"
+content = "hello\n"
+"#;
+
+    const BASE: &str = "3cbc00054439a650e516aae4a60363a83685f424ffcb21f30c8c663513da41c9";
+
+    #[test]
+    fn a_spec_becomes_ordered_steps() {
+        let spec = Spec::parse(SPEC).unwrap();
+        let steps = spec.steps();
+        assert_eq!(steps.len(), 4);
+        assert!(matches!(&steps[0], Step::Pip { packages } if packages == &["requests==2.32.3"]));
+        assert!(
+            matches!(&steps[1], Step::File(f) if f.dest == "/opt/app/hello.txt" && f.mode == 0o644)
+        );
+        assert!(matches!(&steps[3], Step::Run { command } if command.contains("two")));
+        assert_eq!(spec.ready_timeout_s, 30);
+    }
+
+    #[test]
+    fn changing_a_step_changes_its_key_and_those_after_it_only() {
+        let spec = Spec::parse(SPEC).unwrap();
+        let keys = spec.step_keys(BASE);
+        assert_eq!(keys, spec.step_keys(BASE), "keys are stable");
+        assert!(keys.iter().all(|k| crate::store::is_digest(k)));
+        assert_eq!(first_uncached(&keys, |k| keys.contains(&k.to_string())), 4);
+
+        let mut last = spec.clone();
+        last.run[1] = "echo three > /opt/app/two".into();
+        let changed = last.step_keys(BASE);
+        assert_eq!(changed[..3], keys[..3]);
+        assert_ne!(changed[3], keys[3]);
+        assert_eq!(
+            first_uncached(&changed, |k| keys.contains(&k.to_string())),
+            3
+        );
+
+        let mut file = spec.clone();
+        file.files[0].content = "bye\n".into();
+        let changed = file.step_keys(BASE);
+        assert_eq!(changed[0], keys[0]);
+        assert!(changed[1..].iter().zip(&keys[1..]).all(|(a, b)| a != b));
+
+        let mut env = spec.clone();
+        env.env.insert("MORE".into(), "x".into());
+        assert_ne!(env.step_keys(BASE)[0], keys[0], "steps run with the env");
+        assert_ne!(
+            spec.step_keys(&"0".repeat(64))[0],
+            keys[0],
+            "a new base rebuilds"
+        );
+    }
+
+    #[test]
+    fn hostile_or_broken_specs_are_refused() {
+        for bad in [
+            "base = \"../x\"",
+            "base = \"bash\"\npip = [\"--index-url=http://evil\"]",
+            "base = \"bash\"\napt = [\"curl; rm -rf /\"]",
+            "base = \"bash\"\n[[files]]\ndest = \"/opt/../../etc/passwd\"\ncontent = \"\"",
+            "base = \"bash\"\n[[files]]\ndest = \"relative\"\ncontent = \"\"",
+            "base = \"bash\"\n[[files]]\ndest = \"/x\"\ncontent = \"\"\nmode = 0o4755",
+            "base = \"bash\"\nenv = { \"A=B\" = \"x\" }",
+            "base = \"bash\"\nready = \"true\"",
+            "base = \"bash\"\nstart = \"x\"\nready = \"true\"\nready_timeout_s = 100000",
+            "base = \"bash\"\nunknown = 1",
+            "pip = []",
+        ] {
+            assert!(Spec::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
