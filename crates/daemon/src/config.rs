@@ -39,6 +39,18 @@ pub struct Config {
     pub blobs: koder_blobs::BlobConfig,
     /// Images: `language_packs = { python = "python" }` runs a language's sessions on a pack.
     pub images: koder_sessions::config::ImagesConfig,
+    /// Secrets injected at egress: `key_file` holds the key they are sealed with.
+    pub secrets: SecretsSection,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecretsSection {
+    /// 32 bytes as hex; default `<data_dir>/secrets.key`, generated when absent.
+    pub key_file: Option<PathBuf>,
+    /// PEM certificates trusted for upstreams (besides the system roots) when a secret's
+    /// TLS connection is re-encrypted: a private CA of the hosts secrets go to.
+    pub upstream_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

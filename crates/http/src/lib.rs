@@ -10,6 +10,7 @@ mod extract;
 mod gate;
 mod images;
 mod live;
+mod network;
 mod preview;
 mod routes;
 mod state;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{any, get, post};
+use axum::routing::{any, get, post, put};
 use axum::Router;
 use koder_api_types::codes;
 use koder_auth::limits::Limiter;
@@ -67,7 +68,8 @@ pub struct AppState {
         volumes::upload, volumes::download, volumes::remove, volumes::set_metadata,
         volumes::list_files, volumes::stat, volumes::make_dir,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key,
-        images::list_images, images::get_image, images::delete_image
+        images::list_images, images::get_image, images::delete_image,
+        network::set_network, network::put_secret, network::list_secrets, network::delete_secret,
     ),
     modifiers(&BearerAuth)
 )]
@@ -180,6 +182,7 @@ pub fn router(state: AppState) -> Router {
         .route("/{id}/upstream", get(preview::upstream))
         .route("/{id}/resume", post(routes::resume))
         .route("/{id}/kill-processes", post(routes::kill_processes))
+        .route("/{id}/network", put(network::set_network))
         .route("/{id}/preview", post(preview::pin))
         .route("/{id}/preview/", any(preview::proxy))
         .route("/{id}/preview/{*path}", any(preview::proxy))
@@ -197,6 +200,7 @@ pub fn router(state: AppState) -> Router {
         .nest("/v1/sandbox/snapshots", state::snapshot_routes())
         .nest("/v1/sandbox/volumes", volumes::routes())
         .nest("/v1/sandbox/images", images::routes())
+        .nest("/v1/sandbox/secrets", network::secret_routes())
         .nest("/v1/sandbox/admin", admin)
         .route("/v1/sandbox/audit/network", get(audit::network))
         .route("/healthz", get(healthz))

@@ -7,6 +7,7 @@ mod egress;
 mod error;
 pub mod execs;
 pub mod images;
+mod inject;
 pub mod languages;
 mod layers;
 mod limits;
@@ -15,8 +16,10 @@ mod manager;
 pub mod metrics;
 mod pool;
 pub mod quota;
+pub mod secrets;
 mod session;
 mod tenants;
+mod tls;
 mod volumes;
 
 pub use config::SessionConfig;

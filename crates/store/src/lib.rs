@@ -21,11 +21,13 @@ use sqlx::sqlite::{
 };
 use sqlx::Row;
 
+mod secrets;
 mod state;
 #[cfg(test)]
 mod tests;
 mod volumes;
 
+pub use secrets::SecretRecord;
 pub use state::{DurablePause, LayerRecord, SessionDurable, SnapshotRecord};
 pub use volumes::{NamedVolumeMount, VolumeMountRecord, VolumeRecord};
 
