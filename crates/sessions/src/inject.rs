@@ -227,7 +227,7 @@ mod tests {
     #[test]
     fn echoed_values_are_masked_across_chunks() {
         let b = binding("T", "real-value");
-        let mut s = Scrubber::new(&[b.clone()]);
+        let mut s = Scrubber::new(std::slice::from_ref(&b));
         let text = b"xx real-value yy real-value";
         let mut out = Vec::new();
         for c in text.chunks(3) {
