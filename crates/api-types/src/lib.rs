@@ -12,9 +12,11 @@ use utoipa::ToSchema;
 
 pub mod contexts;
 mod images;
+mod secrets;
 mod state;
 mod volumes;
 pub use images::{Image, ImageLanguage, ImageList};
+pub use secrets::{CreateSecret, Secret, SecretList};
 pub use state::{
     CreateSnapshot, ForkResult, ForkSession, Lifecycle, OnTimeout, PauseKind, PauseSession,
     RestoreSnapshot, Snapshot, SnapshotList,
@@ -57,6 +59,11 @@ pub mod codes {
     pub const IMAGE_NOT_FOUND: &str = "SANDBOX-IMAGE-NOT-FOUND";
     /// 409: the image is in use (a running or paused session, or a warm pool) and stays.
     pub const IMAGE_IN_USE: &str = "SANDBOX-IMAGE-IN-USE";
+    /// 400: a network allow/deny entry is malformed, never reachable (loopback) or guarded
+    /// (a private range outside the server's `[network] internal`).
+    pub const NETWORK_RULE: &str = "SANDBOX-NETWORK-RULE";
+    /// 404: no secret of that name for this tenant.
+    pub const SECRET_NOT_FOUND: &str = "SANDBOX-SECRET-NOT-FOUND";
 
     /// Exec verdicts (inside an exec result, not HTTP errors).
     pub const EXEC_KILLED_OOM: &str = "SANDBOX-EXEC-KILLED-OOM";
@@ -95,6 +102,8 @@ pub enum ErrorCode {
     VolumeBusy,
     ImageNotFound,
     ImageInUse,
+    NetworkRule,
+    SecretNotFound,
 }
 
 impl ErrorCode {
@@ -124,6 +133,8 @@ impl ErrorCode {
             ErrorCode::VolumeBusy => codes::VOLUME_BUSY,
             ErrorCode::ImageNotFound => codes::IMAGE_NOT_FOUND,
             ErrorCode::ImageInUse => codes::IMAGE_IN_USE,
+            ErrorCode::NetworkRule => codes::NETWORK_RULE,
+            ErrorCode::SecretNotFound => codes::SECRET_NOT_FOUND,
         }
     }
 }
@@ -182,6 +193,9 @@ pub struct Network {
     pub mode: NetworkMode,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
+    /// Entries refused even when an allow entry (or mode `open`) covers them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
 }
 
 /// `POST /v1/sandbox/sessions`
@@ -216,6 +230,10 @@ pub struct CreateSession {
     /// Volumes to mount (at most 16, distinct paths, none under another).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMountRequest>,
+    /// Secrets (by name) the session may use: its environment holds a placeholder under each
+    /// name, which egress replaces with the value in requests to the secret's hosts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -43,6 +43,18 @@ pub struct Config {
     pub webhooks: koder_webhooks::WebhookConfig,
     /// OpenTelemetry: `otlp_endpoint` (OTLP/HTTP) exports spans; off by default.
     pub telemetry: koder_telemetry::TelemetryConfig,
+    /// Secrets injected at egress: `key_file` holds the key they are sealed with.
+    pub secrets: SecretsSection,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecretsSection {
+    /// 32 bytes as hex; default `<data_dir>/secrets.key`, generated when absent.
+    pub key_file: Option<PathBuf>,
+    /// PEM certificates trusted for upstreams (besides the system roots) when a secret's
+    /// TLS connection is re-encrypted: a private CA of the hosts secrets go to.
+    pub upstream_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

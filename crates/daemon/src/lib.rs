@@ -46,6 +46,7 @@ pub struct ServeArgs {
 pub const DEV_KEY_FILE: &str = "dev-api-key";
 /// File in the data dir holding the key of the tokens the daemon derives (E2B envd and volume
 /// tokens), so tokens handed out before a restart still open what outlived it.
+const SECRETS_KEY_FILE: &str = "secrets.key";
 const TOKEN_KEY_FILE: &str = "token-key";
 pub const DEV_TENANT: &str = "dev";
 
@@ -72,6 +73,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let mut sessions = cfg.sessions.clone();
     sessions.network = cfg.network.clone();
+    sessions.secrets = Some(secrets_config(&cfg, data_dir)?);
     sessions.state_dir = Some(data_dir.clone());
     sessions.blobs = cfg.blobs.clone();
     sessions.images = cfg.images.clone();
@@ -327,13 +329,42 @@ fn dev_key(data_dir: &Path) -> anyhow::Result<String> {
 }
 
 fn token_key(data_dir: &Path) -> anyhow::Result<[u8; 32]> {
+    hex_key(&data_dir.join(TOKEN_KEY_FILE))
+}
+
+/// The secrets key (`[secrets] key_file`, generated into the data dir by default) and the
+/// upstream verification (system roots plus `[secrets] upstream_ca_file`).
+fn secrets_config(
+    cfg: &Config,
+    data_dir: &Path,
+) -> anyhow::Result<koder_sessions::secrets::SecretsConfig> {
+    let key_file = cfg
+        .secrets
+        .key_file
+        .clone()
+        .unwrap_or_else(|| data_dir.join(SECRETS_KEY_FILE));
+    let extra_ca = match &cfg.secrets.upstream_ca_file {
+        Some(path) => {
+            Some(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?)
+        }
+        None => None,
+    };
+    Ok(koder_sessions::secrets::SecretsConfig {
+        key: koder_sessions::secrets::SealKey::new(hex_key(&key_file)?),
+        upstreams: koder_sessions::secrets::Upstreams::new(extra_ca.as_deref())?,
+    })
+}
+
+/// The 32-byte key in `path` (hex), generated there when absent.
+fn hex_key(path: &Path) -> anyhow::Result<[u8; 32]> {
     let hex_key = keyfile::read_or_create(
-        &data_dir.join(TOKEN_KEY_FILE),
+        path,
         |k| hex::decode(k).is_ok_and(|b| b.len() == 32),
         || hex::encode(rand::random::<[u8; 32]>()),
     )?;
     let mut key = [0u8; 32];
-    hex::decode_to_slice(hex_key, &mut key).context("the token key file is not 32 hex bytes")?;
+    hex::decode_to_slice(hex_key, &mut key)
+        .with_context(|| format!("{} is not 32 hex bytes", path.display()))?;
     Ok(key)
 }
 

@@ -174,7 +174,7 @@ async fn allowlist_none_and_open_against_a_test_network() {
         .await;
     assert_eq!(
         (status, error_code(&e)),
-        (StatusCode::BAD_REQUEST, "SANDBOX-INVALID-ARGUMENT"),
+        (StatusCode::BAD_REQUEST, "SANDBOX-NETWORK-RULE"),
         "{e}"
     );
     let (status, _) = d

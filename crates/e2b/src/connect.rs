@@ -110,8 +110,9 @@ impl From<koder_sessions::Error> for RpcError {
     fn from(e: koder_sessions::Error) -> Self {
         use koder_sessions::Error as E;
         let code = match &e {
-            E::InvalidArgument(_) => Code::InvalidArgument,
-            E::NotFound
+            E::InvalidArgument(_) | E::NetworkRule(_) => Code::InvalidArgument,
+            E::SecretNotFound(_)
+            | E::NotFound
             | E::FileNotFound(_)
             | E::TenantNotFound(_)
             | E::SnapshotNotFound

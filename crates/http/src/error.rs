@@ -39,11 +39,11 @@ impl ApiError {
 /// The HTTP status of an API error code (API.md "Errors").
 pub fn status_of(code: ErrorCode) -> u16 {
     match code {
-        ErrorCode::InvalidArgument => 400,
+        ErrorCode::InvalidArgument | ErrorCode::NetworkRule => 400,
         ErrorCode::Auth => 401,
         ErrorCode::PlanRequired => 402,
         ErrorCode::PermissionDenied | ErrorCode::AuthScope => 403,
-        ErrorCode::NotFound | ErrorCode::ImageNotFound => 404,
+        ErrorCode::NotFound | ErrorCode::ImageNotFound | ErrorCode::SecretNotFound => 404,
         ErrorCode::Conflict | ErrorCode::VolumeBusy | ErrorCode::ImageInUse => 409,
         ErrorCode::SessionStopped => 410,
         ErrorCode::PayloadTooLarge => 413,

@@ -10,6 +10,7 @@ mod extract;
 mod gate;
 mod images;
 mod live;
+mod network;
 mod preview;
 mod routes;
 mod state;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{any, get, post};
+use axum::routing::{any, get, post, put};
 use axum::Router;
 use koder_api_types::codes;
 use koder_auth::limits::Limiter;
@@ -72,7 +73,8 @@ pub struct AppState {
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key,
         images::list_images, images::get_image, images::delete_image, images::import_image,
         webhooks::create_webhook, webhooks::list_webhooks, webhooks::list_deliveries,
-        webhooks::delete_webhook
+        webhooks::delete_webhook,
+        network::set_network, network::put_secret, network::list_secrets, network::delete_secret,
     ),
     modifiers(&BearerAuth)
 )]
@@ -185,6 +187,7 @@ pub fn router(state: AppState) -> Router {
         .route("/{id}/upstream", get(preview::upstream))
         .route("/{id}/resume", post(routes::resume))
         .route("/{id}/kill-processes", post(routes::kill_processes))
+        .route("/{id}/network", put(network::set_network))
         .route("/{id}/preview", post(preview::pin))
         .route("/{id}/preview/", any(preview::proxy))
         .route("/{id}/preview/{*path}", any(preview::proxy))
@@ -203,6 +206,7 @@ pub fn router(state: AppState) -> Router {
         .nest("/v1/sandbox/volumes", volumes::routes())
         .nest("/v1/sandbox/images", images::routes())
         .nest("/v1/sandbox/webhooks", webhooks::routes())
+        .nest("/v1/sandbox/secrets", network::secret_routes())
         .nest("/v1/sandbox/admin", admin)
         .route("/v1/sandbox/audit/network", get(audit::network))
         .route("/healthz", get(healthz))

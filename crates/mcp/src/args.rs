@@ -119,11 +119,13 @@ impl CreateSessionArgs {
             (Some(NetworkArg::Allowlist), false) => Some(Network {
                 mode: NetworkMode::Allowlist,
                 allow: self.allow,
+                deny: Vec::new(),
             }),
             (_, false) => return Err(invalid("allow is only used with network: allowlist")),
             (Some(NetworkArg::Open), true) => Some(Network {
                 mode: NetworkMode::Open,
                 allow: Vec::new(),
+                deny: Vec::new(),
             }),
             (Some(NetworkArg::None), true) | (None, true) => None,
         };

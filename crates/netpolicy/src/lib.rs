@@ -5,7 +5,9 @@
 //!   only to a pinned address and only if its TLS SNI / HTTP Host names that domain, so neither
 //!   DNS rebinding nor a raw-IP connection with another name gets through;
 //! - the SSRF guard refuses private, loopback, link-local (cloud metadata), multicast and other
-//!   reserved destinations in every mode, unless they are in the configured internal set.
+//!   reserved destinations in every mode, unless they are in the configured internal set;
+//! - deny entries (same syntax) beat every allow: an address or range by the connection's
+//!   destination, a domain by the name the lookup, SNI or Host carries.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -50,13 +52,17 @@ impl Default for NetConfig {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PolicyError {
-    #[error("allowlist entry {0:?}: {1}")]
+    #[error("network entry {0:?}: {1}")]
     BadEntry(String, String),
-    #[error("allowlist entry {entry:?} resolves to {addr}, a private or reserved address outside the internal set")]
+    #[error("allow entry {entry:?} is {addr}, a private or reserved address: add its range to `internal` under `[network]` in the daemon config to let sandboxes reach it")]
     Guarded { entry: String, addr: IpAddr },
-    #[error("allowlist entry {0:?} does not resolve")]
+    /// A sandbox's loopback is its own (egress never sees it), so such an entry could only
+    /// ever mislead.
+    #[error("allow entry {entry:?} is the loopback address {addr}: inside a sandbox it reaches the sandbox's own loopback, never the host's, so it can never be allowed")]
+    Loopback { entry: String, addr: IpAddr },
+    #[error("allow entry {0:?} does not resolve")]
     Unresolvable(String),
-    #[error("at most {0} allowlist entries")]
+    #[error("at most {0} network entries (allow and deny together)")]
     TooMany(usize),
 }
 
@@ -140,11 +146,54 @@ impl FromStr for Entry {
 }
 
 impl Entry {
-    fn port_ok(&self, port: u16) -> bool {
+    fn port(&self) -> Option<u16> {
         match self {
-            Entry::Domain { port: p, .. } | Entry::Net { port: p, .. } => {
-                p.is_none_or(|p| p == port)
+            Entry::Domain { port, .. } | Entry::Net { port, .. } => *port,
+        }
+    }
+
+    fn port_ok(&self, port: u16) -> bool {
+        self.port().is_none_or(|p| p == port)
+    }
+
+    /// Does this entry cover a connection to `ip:port` naming `name`?
+    pub fn covers(&self, ip: IpAddr, port: u16, name: Option<&str>) -> bool {
+        self.port_ok(port)
+            && match self {
+                Entry::Net { net, .. } => net.contains(&ip),
+                Entry::Domain { pattern, .. } => name.is_some_and(|n| name_matches(pattern, n)),
             }
+    }
+}
+
+impl std::fmt::Display for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let base = match self {
+            Entry::Domain { pattern, .. } => pattern.clone(),
+            Entry::Net { net, .. } => net.to_string(),
+        };
+        match self.port() {
+            Some(p) if base.contains(':') => write!(f, "[{base}]:{p}"),
+            Some(p) => write!(f, "{base}:{p}"),
+            None => f.write_str(&base),
+        }
+    }
+}
+
+/// An entry as a client sent it, without the `=addresses` a described entry carries (a
+/// session's stored policy is its description; rebuilding it resolves the names again).
+pub fn unpinned(described: &str) -> &str {
+    described
+        .split_once('=')
+        .map_or(described, |(entry, _)| entry)
+}
+
+/// Loopback inside a sandbox is the sandbox's own: v4 `127/8`, v6 `::1` (also v4-mapped).
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
         }
     }
 }
@@ -198,6 +247,7 @@ pub fn is_guarded(ip: IpAddr) -> bool {
 pub struct Policy {
     pub mode: Mode,
     rules: Vec<(Entry, Vec<IpAddr>)>,
+    deny: Vec<Entry>,
     internal: Vec<IpNet>,
 }
 
@@ -248,89 +298,119 @@ impl Policy {
         Policy {
             mode: Mode::None,
             rules: Vec::new(),
+            deny: Vec::new(),
             internal: Vec::new(),
         }
     }
 
-    /// Parses and pins `allow` (allowlist mode) against the guard. Wildcard domains cannot be
-    /// resolved ahead: their names are pinned when the sandbox looks them up (`pin_lookup`).
+    /// Parses and pins `allow` (allowlist mode) against the guard, and parses `deny` (any
+    /// mode with network). Wildcard domains cannot be resolved ahead: their names are pinned
+    /// when the sandbox looks them up (`lookup`).
     pub async fn build(
         mode: Mode,
         allow: &[String],
+        deny: &[String],
         cfg: &NetConfig,
     ) -> Result<Policy, PolicyError> {
-        if allow.len() > cfg.max_entries {
+        if allow.len() + deny.len() > cfg.max_entries {
             return Err(PolicyError::TooMany(cfg.max_entries));
         }
         let mut policy = Policy {
             mode,
             rules: Vec::new(),
+            deny: deny
+                .iter()
+                .map(|raw| raw.parse())
+                .collect::<Result<_, _>>()?,
             internal: cfg.internal.clone(),
         };
         for raw in allow {
             let entry: Entry = raw.parse()?;
-            let pinned = match &entry {
-                Entry::Domain { pattern, .. } if !pattern.starts_with("*.") => {
-                    let addrs = resolve(cfg, pattern).await;
-                    if addrs.is_empty() {
-                        return Err(PolicyError::Unresolvable(raw.clone()));
-                    }
-                    if let Some(&addr) = addrs.iter().find(|a| policy.guarded(**a)) {
-                        return Err(PolicyError::Guarded {
-                            entry: raw.clone(),
-                            addr,
-                        });
-                    }
-                    addrs
-                }
-                Entry::Domain { .. } => Vec::new(),
-                Entry::Net { net, .. } => {
-                    if policy.guarded(net.network())
-                        && !policy.internal.iter().any(|i| i.contains(net))
-                    {
-                        return Err(PolicyError::Guarded {
-                            entry: raw.clone(),
-                            addr: net.network(),
-                        });
-                    }
-                    Vec::new()
-                }
-            };
+            let pinned = policy.pin(raw, &entry, cfg).await?;
             policy.rules.push((entry, pinned));
         }
         Ok(policy)
+    }
+
+    /// The addresses an allow entry is pinned to (none for ranges and wildcards), refusing
+    /// what a sandbox can never or must never reach.
+    async fn pin(
+        &self,
+        raw: &str,
+        entry: &Entry,
+        cfg: &NetConfig,
+    ) -> Result<Vec<IpAddr>, PolicyError> {
+        let refuse = |addr: IpAddr| -> Result<(), PolicyError> {
+            let entry = raw.to_string();
+            if is_loopback(addr) {
+                Err(PolicyError::Loopback { entry, addr })
+            } else {
+                Err(PolicyError::Guarded { entry, addr })
+            }
+        };
+        match entry {
+            Entry::Domain { pattern, .. } if !pattern.starts_with("*.") => {
+                let addrs = resolve(cfg, pattern).await;
+                if addrs.is_empty() {
+                    return Err(PolicyError::Unresolvable(raw.to_string()));
+                }
+                if let Some(&addr) = addrs.iter().find(|a| is_loopback(**a)) {
+                    refuse(addr)?;
+                }
+                if let Some(&addr) = addrs.iter().find(|a| self.guarded(**a)) {
+                    refuse(addr)?;
+                }
+                Ok(addrs)
+            }
+            Entry::Domain { .. } => Ok(Vec::new()),
+            Entry::Net { net, .. } => {
+                if is_loopback(net.network()) && is_loopback(net.broadcast()) {
+                    refuse(net.network())?;
+                }
+                if self.guarded(net.network()) && !self.internal.iter().any(|i| i.contains(net)) {
+                    refuse(net.network())?;
+                }
+                Ok(Vec::new())
+            }
+        }
     }
 
     fn guarded(&self, ip: IpAddr) -> bool {
         is_guarded(ip) && !self.internal.iter().any(|n| n.contains(&ip))
     }
 
-    /// Entries as shown back to the client, with what they were pinned to.
+    /// Allow entries as shown back to the client, with what they were pinned to.
     pub fn describe(&self) -> Vec<String> {
         self.rules
             .iter()
             .map(|(entry, pinned)| {
-                let (base, port) = match entry {
-                    Entry::Domain { pattern, port } => (pattern.clone(), port),
-                    Entry::Net { net, port } => (net.to_string(), port),
-                };
-                let base = match port {
-                    Some(p) => format!("{base}:{p}"),
-                    None => base,
-                };
                 if pinned.is_empty() {
-                    base
+                    entry.to_string()
                 } else {
                     let addrs: Vec<String> = pinned.iter().map(IpAddr::to_string).collect();
-                    format!("{base}={}", addrs.join(","))
+                    format!("{entry}={}", addrs.join(","))
                 }
             })
             .collect()
     }
 
+    /// Deny entries as shown back to the client.
+    pub fn describe_deny(&self) -> Vec<String> {
+        self.deny.iter().map(Entry::to_string).collect()
+    }
+
+    /// The deny entry covering this connection, if any.
+    fn denied(&self, ip: IpAddr, port: u16, name: Option<&str>) -> Option<&Entry> {
+        self.deny.iter().find(|d| d.covers(ip, port, name))
+    }
+
     /// What a DNS lookup from the sandbox gets: in allowlist mode only allowed names, answered
     /// with the pinned addresses (a wildcard match is resolved now and pinned from then on).
     pub async fn lookup(&mut self, name: &str, cfg: &NetConfig) -> Option<Vec<IpAddr>> {
+        let denied = |e: &Entry| matches!(e, Entry::Domain { pattern, port: None } if name_matches(pattern, name));
+        if self.deny.iter().any(denied) {
+            return None;
+        }
         match self.mode {
             Mode::None => None,
             Mode::Open => {
@@ -354,9 +434,7 @@ impl Policy {
                     return None;
                 }
                 // Pin this concrete name so later connections are checked against this answer.
-                let port = match entry {
-                    Entry::Domain { port, .. } | Entry::Net { port, .. } => *port,
-                };
+                let port = entry.port();
                 self.rules.push((
                     Entry::Domain {
                         pattern: name.trim_end_matches('.').to_ascii_lowercase(),
@@ -374,25 +452,43 @@ impl Policy {
         if self.guarded(ip) {
             return deny("private or reserved destination (SSRF guard)");
         }
+        if self.mode == Mode::None {
+            return deny("network mode none");
+        }
+        if let Some(rule) = self.denied(ip, port, name) {
+            return deny(format!("denied by {rule}"));
+        }
         match self.mode {
             Mode::None => deny("network mode none"),
             Mode::Open => allow("open mode"),
             Mode::Allowlist => {
+                // Names often share an address (CDNs, virtual hosts): a rule whose pinned
+                // address matches but whose name does not only explains a refusal, any later
+                // rule may still allow.
+                let mut why = "not on the allowlist".to_string();
                 for (entry, pinned) in &self.rules {
                     if !entry.port_ok(port) {
                         continue;
                     }
                     match entry {
-                        Entry::Net { net, .. } if net.contains(&ip) => return allow(format!("allowlisted {net}")),
-                        Entry::Domain { pattern, .. } if !pinned.is_empty() && pinned.contains(&ip) => match name {
-                            Some(n) if name_matches(pattern, n) => return allow(format!("allowlisted {pattern}")),
-                            Some(n) => return deny(format!("{n} is not allowlisted for this address")),
-                            None => return deny(format!("connection to {pattern}'s address without naming it (no SNI/Host)")),
+                        Entry::Net { net, .. } if net.contains(&ip) => {
+                            return allow(format!("allowlisted {net}"))
+                        }
+                        Entry::Domain { pattern, .. } if pinned.contains(&ip) => match name {
+                            Some(n) if name_matches(pattern, n) => {
+                                return allow(format!("allowlisted {pattern}"))
+                            }
+                            Some(n) => why = format!("{n} is not allowlisted for this address"),
+                            None => {
+                                why = format!(
+                                "connection to {pattern}'s address without naming it (no SNI/Host)"
+                            )
+                            }
                         },
                         _ => {}
                     }
                 }
-                deny("not on the allowlist")
+                deny(why)
             }
         }
     }
@@ -404,14 +500,15 @@ mod tests {
 
     fn cfg() -> NetConfig {
         NetConfig {
-            internal: vec!["127.0.0.0/8".parse().unwrap()],
+            internal: vec!["10.250.0.0/16".parse().unwrap()],
             hosts: BTreeMap::from([
-                ("pkg.test".to_string(), vec!["127.0.0.5".parse().unwrap()]),
+                ("pkg.test".to_string(), vec!["10.250.0.5".parse().unwrap()]),
                 (
                     "api.cdn.test".to_string(),
-                    vec!["127.0.0.6".parse().unwrap()],
+                    vec!["10.250.0.6".parse().unwrap()],
                 ),
                 ("evil.test".to_string(), vec!["10.0.0.1".parse().unwrap()]),
+                ("loop.test".to_string(), vec!["127.0.0.1".parse().unwrap()]),
             ]),
             system_resolver: false,
             max_entries: 8,
@@ -513,17 +610,18 @@ mod tests {
             &[
                 "pkg.test:443".into(),
                 "*.cdn.test".into(),
-                "127.0.0.9".into(),
+                "10.250.0.9".into(),
             ],
+            &[],
             &c,
         )
         .await
         .unwrap();
         assert_eq!(
             p.describe(),
-            ["pkg.test:443=127.0.0.5", "*.cdn.test", "127.0.0.9/32"]
+            ["pkg.test:443=10.250.0.5", "*.cdn.test", "10.250.0.9/32"]
         );
-        let ip5: IpAddr = "127.0.0.5".parse().unwrap();
+        let ip5: IpAddr = "10.250.0.5".parse().unwrap();
         assert!(p.decide(ip5, 443, Some("pkg.test")).allowed);
         assert!(!p.decide(ip5, 80, Some("pkg.test")).allowed, "port pinned");
         assert!(
@@ -531,40 +629,57 @@ mod tests {
             "other SNI to a pinned address"
         );
         assert!(!p.decide(ip5, 443, None).allowed, "raw IP without a name");
-        assert!(p.decide("127.0.0.9".parse().unwrap(), 1234, None).allowed);
+        assert!(p.decide("10.250.0.9".parse().unwrap(), 1234, None).allowed);
         assert!(
-            !p.decide("127.0.0.7".parse().unwrap(), 443, Some("pkg.test"))
+            !p.decide("10.250.0.7".parse().unwrap(), 443, Some("pkg.test"))
                 .allowed,
             "unpinned address"
         );
 
         assert_eq!(p.lookup("pkg.test", &c).await, Some(vec![ip5]));
         assert_eq!(p.lookup("unlisted.test", &c).await, None);
-        let ip6: IpAddr = "127.0.0.6".parse().unwrap();
+        let ip6: IpAddr = "10.250.0.6".parse().unwrap();
         assert!(
             !p.decide(ip6, 443, Some("api.cdn.test")).allowed,
             "wildcard name not yet looked up"
         );
         assert_eq!(p.lookup("api.cdn.test", &c).await, Some(vec![ip6]));
         assert!(p.decide(ip6, 443, Some("api.cdn.test")).allowed);
+
+        // Two allowed names on one address: each passes by its own rule.
+        let mut c2 = cfg();
+        c2.hosts.insert("twin.test".into(), vec![ip5]);
+        let twins = Policy::build(
+            Mode::Allowlist,
+            &["pkg.test".into(), "twin.test".into()],
+            &[],
+            &c2,
+        )
+        .await
+        .unwrap();
+        assert!(twins.decide(ip5, 80, Some("twin.test")).allowed);
+        assert!(twins.decide(ip5, 80, Some("pkg.test")).allowed);
+        assert!(!twins.decide(ip5, 80, Some("third.test")).allowed);
     }
 
     #[tokio::test]
     async fn guarded_entries_are_refused_unless_internal() {
         let c = cfg();
-        let e = Policy::build(Mode::Allowlist, &["evil.test".into()], &c)
+        let e = Policy::build(Mode::Allowlist, &["evil.test".into()], &[], &c)
             .await
             .unwrap_err();
         assert!(matches!(e, PolicyError::Guarded { .. }), "{e}");
         assert!(
-            Policy::build(Mode::Allowlist, &["169.254.169.254".into()], &c)
+            Policy::build(Mode::Allowlist, &["169.254.169.254".into()], &[], &c)
                 .await
                 .is_err()
         );
-        assert!(Policy::build(Mode::Allowlist, &["nowhere.test".into()], &c)
-            .await
-            .is_err());
-        let open = Policy::build(Mode::Open, &[], &c).await.unwrap();
+        assert!(
+            Policy::build(Mode::Allowlist, &["nowhere.test".into()], &[], &c)
+                .await
+                .is_err()
+        );
+        let open = Policy::build(Mode::Open, &[], &[], &c).await.unwrap();
         assert!(
             !open
                 .decide("169.254.169.254".parse().unwrap(), 80, None)
@@ -572,9 +687,101 @@ mod tests {
         );
         assert!(!open.decide("10.0.0.1".parse().unwrap(), 80, None).allowed);
         assert!(
-            open.decide("127.0.0.5".parse().unwrap(), 80, None).allowed,
+            open.decide("10.250.0.5".parse().unwrap(), 80, None).allowed,
             "internal set"
         );
         assert!(open.decide("8.8.8.8".parse().unwrap(), 53, None).allowed);
+    }
+
+    #[tokio::test]
+    async fn loopback_entries_are_refused_even_when_internal() {
+        let mut c = cfg();
+        c.internal.push("127.0.0.0/8".parse().unwrap());
+        c.internal.push("::1/128".parse().unwrap());
+        for entry in ["127.0.0.1", "127.0.0.0/8", "[::1]:80", "loop.test"] {
+            let e = Policy::build(Mode::Allowlist, &[entry.into()], &[], &c)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, PolicyError::Loopback { .. }), "{entry}: {e}");
+            assert!(e.to_string().contains("own loopback"), "{e}");
+        }
+        let e = Policy::build(Mode::Allowlist, &["10.9.0.0/16".into()], &[], &cfg())
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("`internal` under `[network]`"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn deny_beats_allow() {
+        let c = cfg();
+        let p = Policy::build(
+            Mode::Allowlist,
+            &["10.250.0.0/16".into(), "pkg.test".into()],
+            &[
+                "10.250.0.9".into(),
+                "*.bad.test".into(),
+                "10.250.0.5:22".into(),
+            ],
+            &c,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            p.describe_deny(),
+            ["10.250.0.9/32", "*.bad.test", "10.250.0.5/32:22"]
+        );
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(p.decide(ip("10.250.0.8"), 80, None).allowed);
+        assert!(
+            !p.decide(ip("10.250.0.9"), 80, None).allowed,
+            "denied address"
+        );
+        let d = p.decide(ip("10.250.0.8"), 80, Some("x.bad.test"));
+        assert!(!d.allowed && d.reason.contains("*.bad.test"), "{d:?}");
+        assert!(p.decide(ip("10.250.0.5"), 443, Some("pkg.test")).allowed);
+        assert!(
+            !p.decide(ip("10.250.0.5"), 22, Some("pkg.test")).allowed,
+            "denied port"
+        );
+
+        let mut open = Policy::build(
+            Mode::Open,
+            &[],
+            &["*.bad.test".into(), "10.250.0.6".into()],
+            &c,
+        )
+        .await
+        .unwrap();
+        assert!(open.decide(ip("10.250.0.5"), 80, Some("pkg.test")).allowed);
+        assert!(!open.decide(ip("10.250.0.6"), 80, None).allowed);
+        assert!(
+            !open
+                .decide(ip("10.250.0.5"), 80, Some("a.bad.test"))
+                .allowed
+        );
+        assert_eq!(
+            open.lookup("a.bad.test", &c).await,
+            None,
+            "denied names do not resolve"
+        );
+        assert_eq!(
+            open.lookup("pkg.test", &c).await,
+            Some(vec![ip("10.250.0.5")])
+        );
+    }
+
+    #[test]
+    fn described_entries_come_back_unpinned() {
+        assert_eq!(unpinned("pkg.test:443=10.0.0.1,10.0.0.2"), "pkg.test:443");
+        assert_eq!(unpinned("10.0.0.0/8"), "10.0.0.0/8");
+        assert_eq!(
+            "[2001:db8::1]:443".parse::<Entry>().unwrap().to_string(),
+            "[2001:db8::1/128]:443"
+        );
+        let v6: Entry = "[2001:db8::1/128]:443".parse().unwrap();
+        assert_eq!(v6.to_string().parse::<Entry>().unwrap(), v6);
     }
 }

@@ -34,6 +34,10 @@ pub struct SessionConfig {
     /// Egress policy settings (`[network]` of the daemon config).
     #[serde(skip)]
     pub network: koder_netpolicy::NetConfig,
+    /// The key secrets are sealed with and how their upstreams are verified (`[secrets]` of
+    /// the daemon config); without it secrets are not offered.
+    #[serde(skip)]
+    pub secrets: Option<crate::secrets::SecretsConfig>,
     /// How often expired sessions are looked for.
     #[serde(with = "secs")]
     pub reap_interval: Duration,
@@ -107,6 +111,7 @@ impl Default for SessionConfig {
             microvm_pool: BTreeMap::new(),
             reap_interval: Duration::from_secs(1),
             network: Default::default(),
+            secrets: None,
             state_dir: None,
             blobs: Default::default(),
             snapshot_retention_s: 30 * 24 * 3600,

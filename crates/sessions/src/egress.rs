@@ -3,22 +3,30 @@
 //! pinned policy, written to the audit log, and (if allowed) dialled from the host and spliced.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use chrono::Utc;
 use koder_agent_protocol::{relay, AgentClient, AgentStream, FromAgent, StreamHandle, ToAgent};
 use koder_api_types::{Network, NetworkMode};
-use koder_netpolicy::{Mode, NetConfig, Policy};
+use koder_netpolicy::{unpinned, Mode, NetConfig, Policy};
 use koder_store::{AuditRecord, SessionRecord, Store};
 use tokio::net::TcpStream;
+use tokio::sync::Mutex;
 
+use crate::inject;
+use crate::secrets::{Binding, Bindings};
 use crate::session::Live;
 use crate::Error;
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The pinned policy of a create request, or a 400 naming the bad entry.
+/// A session's policy, read by its egress loop for every connection and lookup and replaced
+/// by `PUT .../network`: a change applies to the next connection.
+pub(crate) type SharedPolicy = Arc<Mutex<Policy>>;
+
+/// The pinned policy of a request (create, update, or a stored session's own), or a 400
+/// naming the bad entry.
 pub(crate) async fn policy_for(requested: &Network, cfg: &NetConfig) -> Result<Policy, Error> {
     let mode = match requested.mode {
         NetworkMode::None => Mode::None,
@@ -31,11 +39,53 @@ pub(crate) async fn policy_for(requested: &Network, cfg: &NetConfig) -> Result<P
         ));
     }
     if mode == Mode::None {
+        if !requested.deny.is_empty() {
+            return Err(Error::InvalidArgument(
+                "network.deny needs mode \"open\" or \"allowlist\"".into(),
+            ));
+        }
         return Ok(Policy::none());
     }
-    Policy::build(mode, &requested.allow, cfg)
-        .await
-        .map_err(|e| Error::InvalidArgument(e.to_string()))
+    // A stored policy is its description: entries carry what they were pinned to.
+    let allow: Vec<String> = requested
+        .allow
+        .iter()
+        .map(|e| unpinned(e).to_string())
+        .collect();
+    Ok(Policy::build(mode, &allow, &requested.deny, cfg).await?)
+}
+
+/// The policy as a session shows (and stores) it.
+pub(crate) fn network_of(mode: NetworkMode, policy: &Policy) -> Network {
+    Network {
+        mode,
+        allow: policy.describe(),
+        deny: policy.describe_deny(),
+    }
+}
+
+/// Records that the session's policy was replaced by `network`.
+pub(crate) async fn audit_change(store: &Store, record: &SessionRecord) {
+    let ctx = Ctx {
+        store: store.clone(),
+        cfg: NetConfig::default(),
+        tenant_id: record.tenant_id.clone(),
+        session_id: record.id.clone(),
+        secrets: Arc::default(),
+    };
+    let n = &record.network;
+    let reason = format!(
+        "network policy changed: mode {}, allow [{}], deny [{}]",
+        match n.mode {
+            NetworkMode::None => "none",
+            NetworkMode::Open => "open",
+            NetworkMode::Allowlist => "allowlist",
+        },
+        n.allow.join(", "),
+        n.deny.join(", ")
+    );
+    ctx.audit("policy", "network".into(), 0, None, true, &reason)
+        .await;
 }
 
 /// Subscribes to the new session's egress and serves it until the sandbox goes away.
@@ -44,7 +94,7 @@ pub(crate) async fn start(
     cfg: &NetConfig,
     live: &Live,
     record: &SessionRecord,
-    policy: Policy,
+    policy: SharedPolicy,
 ) {
     let agent = live.sandbox.agent().clone();
     let stream = match agent.open(ToAgent::EgressSubscribe).await {
@@ -59,6 +109,7 @@ pub(crate) async fn start(
         cfg: cfg.clone(),
         tenant_id: record.tenant_id.clone(),
         session_id: record.id.clone(),
+        secrets: live.secrets.clone(),
     };
     tokio::spawn(serve(stream, agent, policy, ctx));
 }
@@ -68,6 +119,8 @@ struct Ctx {
     cfg: NetConfig,
     tenant_id: String,
     session_id: String,
+    /// Set once the session is recorded (before any of its code runs).
+    secrets: Arc<OnceLock<Bindings>>,
 }
 
 impl Ctx {
@@ -98,7 +151,7 @@ impl Ctx {
     }
 }
 
-async fn serve(mut stream: AgentStream, agent: AgentClient, mut policy: Policy, ctx: Ctx) {
+async fn serve(mut stream: AgentStream, agent: AgentClient, policy: SharedPolicy, ctx: Ctx) {
     let ctx = Arc::new(ctx);
     let answer = stream.handle();
     loop {
@@ -110,24 +163,42 @@ async fn serve(mut stream: AgentStream, agent: AgentClient, mut policy: Policy, 
                 sni,
                 host,
             }) => {
+                let tls_hello = sni.is_some();
                 let name = sni.or(host);
-                let d = policy.decide(ip, port, name.as_deref());
-                ctx.audit("tcp", ip.to_string(), port, name, d.allowed, &d.reason)
-                    .await;
+                let d = policy.lock().await.decide(ip, port, name.as_deref());
+                ctx.audit(
+                    "tcp",
+                    ip.to_string(),
+                    port,
+                    name.clone(),
+                    d.allowed,
+                    &d.reason,
+                )
+                .await;
                 if d.allowed {
+                    let bound = match (ctx.secrets.get(), &name) {
+                        (Some(b), Some(n)) => b.for_dest(ip, port, Some(n), &ctx.cfg).await,
+                        _ => Vec::new(),
+                    };
+                    let inject = name.filter(|_| !bound.is_empty()).map(|host| Inject {
+                        host,
+                        bound,
+                        tls: tls_hello,
+                    });
                     tokio::spawn(dial(
                         agent.clone(),
                         answer.clone(),
                         ctx.clone(),
                         conn,
                         SocketAddr::new(ip, port),
+                        inject,
                     ));
                 } else {
                     let _ = answer.send(ToAgent::EgressDeny { conn }).await;
                 }
             }
             Ok(FromAgent::DnsQuery { id, name, qtype }) => {
-                let found = policy.lookup(&name, &ctx.cfg).await;
+                let found = policy.lock().await.lookup(&name, &ctx.cfg).await;
                 let (allowed, reason) = match &found {
                     Some(a) => (true, format!("answered {}", join(a))),
                     None => (false, "name not allowed or not found".to_string()),
@@ -154,7 +225,24 @@ async fn serve(mut stream: AgentStream, agent: AgentClient, mut policy: Policy, 
     }
 }
 
-async fn dial(agent: AgentClient, answer: StreamHandle, ctx: Arc<Ctx>, conn: u64, to: SocketAddr) {
+/// A connection to a secret's host: the name it named, the secrets bound there, and whether
+/// it speaks TLS (it sent a ClientHello naming the host).
+struct Inject {
+    host: String,
+    bound: Vec<Arc<Binding>>,
+    tls: bool,
+}
+
+/// Dials an allowed connection and splices it; one to a secret's host goes through the
+/// injecting pump (`inject`), behind TLS interception (`tls`) when it speaks TLS.
+async fn dial(
+    agent: AgentClient,
+    answer: StreamHandle,
+    ctx: Arc<Ctx>,
+    conn: u64,
+    to: SocketAddr,
+    inject: Option<Inject>,
+) {
     let tcp = match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(to)).await {
         // The splice forwards the sandbox's writes as they come: no Nagle delay on top.
         Ok(Ok(tcp)) => {
@@ -172,9 +260,67 @@ async fn dial(agent: AgentClient, answer: StreamHandle, ctx: Arc<Ctx>, conn: u64
             return;
         }
     };
-    match agent.open(ToAgent::EgressAttach { conn }).await {
-        Ok(stream) => relay(tcp, stream).await,
-        Err(e) => tracing::debug!(error = %e, "attaching an egress connection"),
+    let stream = match agent.open(ToAgent::EgressAttach { conn }).await {
+        Ok(stream) => stream,
+        Err(e) => return tracing::debug!(error = %e, "attaching an egress connection"),
+    };
+    match inject {
+        Some(inject) => {
+            let (sandbox_side, proxy_side) = tokio::io::duplex(64 * 1024);
+            tokio::spawn(inject_into(ctx, to, inject, proxy_side, tcp));
+            relay(sandbox_side, stream).await;
+        }
+        None => relay(tcp, stream).await,
+    }
+}
+
+/// Carries a connection to a secret's host through the injecting pump, its TLS (if any)
+/// terminated with the session's CA and re-encrypted to the upstream.
+async fn inject_into(
+    ctx: Arc<Ctx>,
+    to: SocketAddr,
+    inject: Inject,
+    sandbox: tokio::io::DuplexStream,
+    tcp: TcpStream,
+) {
+    let Inject { host, bound, tls } = inject;
+    let audit_ctx = ctx.clone();
+    let audit_host = host.clone();
+    let applied = move |names: Vec<String>| {
+        let reason = format!("secret {} applied to the request headers", names.join(", "));
+        tokio::spawn(async move {
+            audit_ctx
+                .audit(
+                    "secret",
+                    to.ip().to_string(),
+                    to.port(),
+                    Some(audit_host),
+                    true,
+                    &reason,
+                )
+                .await;
+        });
+    };
+    if !tls {
+        return inject::pump(sandbox, tcp, host, bound, applied).await;
+    }
+    let Some(ca) = ctx.secrets.get().and_then(|b| b.1.clone()) else {
+        return;
+    };
+    match ca.intercept(sandbox, tcp, &host).await {
+        Ok((sandbox, upstream)) => inject::pump(sandbox, upstream, host, bound, applied).await,
+        Err(e) => {
+            let why = e.to_string();
+            ctx.audit(
+                "tcp",
+                to.ip().to_string(),
+                to.port(),
+                Some(host),
+                false,
+                &why,
+            )
+            .await;
+        }
     }
 }
 

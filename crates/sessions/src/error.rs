@@ -63,6 +63,11 @@ pub enum Error {
     /// A session (running or paused) or a warm pool uses it.
     #[error("{0}")]
     ImageInUse(String),
+    /// A network allow/deny entry the server refuses.
+    #[error(transparent)]
+    NetworkRule(#[from] koder_netpolicy::PolicyError),
+    #[error("secret {0:?} not found")]
+    SecretNotFound(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -93,6 +98,8 @@ impl Error {
             Error::QuotaVolumeStorage(_) => ErrorCode::QuotaVolumeStorage,
             Error::ImageNotFound(_) => ErrorCode::ImageNotFound,
             Error::ImageInUse(_) => ErrorCode::ImageInUse,
+            Error::NetworkRule(_) => ErrorCode::NetworkRule,
+            Error::SecretNotFound(_) => ErrorCode::SecretNotFound,
             Error::Internal(_) => ErrorCode::Internal,
         }
     }

@@ -8,6 +8,7 @@ mod error;
 pub mod events;
 pub mod execs;
 pub mod images;
+mod inject;
 pub mod languages;
 mod layers;
 mod limits;
@@ -16,8 +17,10 @@ mod manager;
 pub mod metrics;
 mod pool;
 pub mod quota;
+pub mod secrets;
 mod session;
 mod tenants;
+mod tls;
 mod volumes;
 
 pub use config::SessionConfig;

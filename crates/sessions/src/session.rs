@@ -30,4 +30,9 @@ pub(crate) struct Live {
     /// Port pinned with `POST .../preview`; otherwise the upstream is auto-detected.
     pub(crate) preview_port: Mutex<Option<u16>>,
     pub(crate) paused: Mutex<bool>,
+    /// The policy its egress loop decides by; `None` when the sandbox has no egress path
+    /// (created with network mode `none`).
+    pub(crate) policy: Option<crate::egress::SharedPolicy>,
+    /// The secrets its egress injects, set once the session is recorded.
+    pub(crate) secrets: Arc<std::sync::OnceLock<crate::secrets::Bindings>>,
 }

@@ -21,12 +21,14 @@ use sqlx::sqlite::{
 };
 use sqlx::Row;
 
+mod secrets;
 mod state;
 #[cfg(test)]
 mod tests;
 mod volumes;
 mod webhooks;
 
+pub use secrets::SecretRecord;
 pub use state::{DurablePause, LayerRecord, SessionDurable, SnapshotRecord};
 pub use volumes::{NamedVolumeMount, VolumeMountRecord, VolumeRecord};
 pub use webhooks::{Attempt, DeliveryRecord, DeliveryState, NewEvent, WebhookRecord};

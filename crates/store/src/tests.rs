@@ -409,6 +409,7 @@ async fn json_fields_unicode_round_trip() {
     s.network = Network {
         mode: NetworkMode::Allowlist,
         allow: vec!["pypi.org".into(), "bücher.example".into()],
+        deny: vec!["*.bad.example".into()],
     };
     s.limits = Limits::default();
     s.end_reason = Some("erreur: ünicode".into());

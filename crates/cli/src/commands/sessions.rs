@@ -25,6 +25,7 @@ pub(crate) fn create_request(
             _ => types::NetworkMode::None,
         },
         allow: opts.allow.clone(),
+        deny: Vec::new(),
     });
     CreateSession {
         language,

@@ -88,6 +88,10 @@ pub fn router() -> Router<E2b> {
             post(set_timeout).fallback(unsupported),
         )
         .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(set_network).fallback(unsupported),
+        )
+        .route(
             "/sandboxes/{id}/refreshes",
             post(refresh).fallback(unsupported),
         )
@@ -204,6 +208,21 @@ struct NetworkRules {
     deny_out: Option<Vec<String>>,
 }
 
+/// `SandboxNetworkUpdateConfig` of `PUT /sandboxes/{id}/network`: the whole egress
+/// configuration, replaced at once (omitted lists are cleared).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct NetworkUpdate {
+    #[serde(flatten)]
+    lists: NetworkRules,
+    #[serde(rename = "allow_internet_access", alias = "allowInternetAccess")]
+    allow_internet_access: Option<bool>,
+    egress_proxy: Option<Value>,
+    /// E2B's per-host request transforms.
+    #[serde(rename = "rules")]
+    transforms: Option<Value>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct AutoResume {
@@ -242,7 +261,9 @@ const ALL_TRAFFIC: &str = "0.0.0.0/0";
 
 /// E2B's network options in koder-sandbox terms. Internet access is off unless asked for
 /// (E2B's default is on): `allow_internet_access: true` asks for mode `open`, `allowOut` for an
-/// allowlist, which the manager grants or refuses as it supports those modes.
+/// allowlist. In E2B an `allowOut` entry beats a `denyOut` one, so with an allowlist (which
+/// denies everything else anyway) `denyOut` adds nothing; without one, `denyOut` entries are
+/// the deny rules of mode `open`, and `0.0.0.0/0` (E2B's "all traffic") is mode `none`.
 fn network_of(
     allow_internet: Option<bool>,
     rules: Option<NetworkRules>,
@@ -250,27 +271,48 @@ fn network_of(
     let rules = rules.unwrap_or_default();
     let allow = rules.allow_out.unwrap_or_default();
     let deny = rules.deny_out.unwrap_or_default();
-    if deny.iter().any(|d| d != ALL_TRAFFIC) {
-        return Err(HttpError::bad_request(format!(
-            "network.denyOut supports only {ALL_TRAFFIC:?}: koder-sandbox network policies are allowlists"
-        )));
-    }
     if !allow.is_empty() {
         return Ok(Network {
             mode: NetworkMode::Allowlist,
             allow,
+            deny: Vec::new(),
         });
     }
     // E2B's default is internet access, and E2B code relies on it (`pip install`); the SSRF
     // guard still keeps private and metadata ranges out of reach.
-    let mode = match allow_internet {
-        Some(true) | None if deny.is_empty() => NetworkMode::Open,
-        _ => NetworkMode::None,
-    };
+    if allow_internet == Some(false) || deny.iter().any(|d| d == ALL_TRAFFIC) {
+        return Ok(Network::default());
+    }
     Ok(Network {
-        mode,
+        mode: NetworkMode::Open,
         allow: Vec::new(),
+        deny,
     })
+}
+
+/// `PUT /sandboxes/{id}/network`: the running sandbox's egress rules replaced, effective for
+/// its next connection.
+async fn set_network(
+    State(e2b): State<E2b>,
+    ApiCaller(who): ApiCaller,
+    Path(id): Path<String>,
+    raw: Body,
+) -> Result<StatusCode, HttpError> {
+    let req: NetworkUpdate = body(raw).await?;
+    if req.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(HttpError::bad_request(
+            "egressProxy is not supported: koder-sandbox dials egress from its own host",
+        ));
+    }
+    if req.transforms.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(HttpError::bad_request(
+            "network rules (transforms) are not supported; koder-sandbox injects secrets at egress instead (POST /v1/sandbox/secrets)",
+        ));
+    }
+    live_session(&e2b, &who, &id).await?;
+    let network = network_of(req.allow_internet_access, Some(req.lists))?;
+    e2b.manager().set_network(&who, &id, network).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn create(
@@ -397,8 +439,14 @@ fn detail_json(e2b: &E2b, s: &Session) -> Value {
     v["trafficAccessToken"] = e2b.envd_token(&s.id).into();
     v["allowInternetAccess"] = (s.network.mode != NetworkMode::None).into();
     v["domain"] = Value::Null;
-    if s.network.mode == NetworkMode::Allowlist {
-        v["network"] = json!({"allowOut": s.network.allow});
+    match s.network.mode {
+        NetworkMode::Allowlist => {
+            v["network"] = json!({"allowOut": s.network.allow, "denyOut": [ALL_TRAFFIC]});
+        }
+        NetworkMode::Open if !s.network.deny.is_empty() => {
+            v["network"] = json!({"denyOut": s.network.deny});
+        }
+        _ => {}
     }
     v
 }
@@ -922,12 +970,20 @@ mod tests {
             allow_out: None,
             deny_out: Some(vec!["10.0.0.0/8".into()]),
         };
+        let n = network_of(None, Some(deny_some)).unwrap();
         assert_eq!(
-            network_of(None, Some(deny_some))
-                .unwrap_err()
-                .status
-                .as_u16(),
-            400
+            (n.mode, n.deny),
+            (NetworkMode::Open, vec!["10.0.0.0/8".to_string()]),
+            "denyOut without allowOut: deny rules of open mode"
         );
+        let update: NetworkUpdate = serde_json::from_value(json!({
+            "allowOut": ["pkg.test"], "denyOut": ["0.0.0.0/0"], "allow_internet_access": true
+        }))
+        .unwrap();
+        assert_eq!(
+            update.lists.allow_out.as_deref(),
+            Some(&["pkg.test".to_string()][..])
+        );
+        assert_eq!(update.allow_internet_access, Some(true));
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use chrono::Duration as ChronoDuration;
-use koder_api_types::{CreateSession, Limits, Network, NetworkMode, Session, SessionState};
+use koder_api_types::{CreateSession, Limits, NetworkMode, Session, SessionState};
 use koder_auth::Identity;
 use koder_runtime::{Sandbox, SandboxSpec, VolumeMount};
 use koder_store::{DurablePause, SessionDurable, SessionRecord, Store};
@@ -102,7 +102,7 @@ impl Manager {
     pub(super) async fn create_with(
         &self,
         who: &Identity,
-        req: CreateSession,
+        mut req: CreateSession,
         layers: Vec<String>,
     ) -> Result<Session, Error> {
         let started = Instant::now();
@@ -127,12 +127,33 @@ impl Manager {
                 )))
             }
         };
-        let requested = req.network.unwrap_or_default();
+        let requested = req.network.take().unwrap_or_default();
         let policy = crate::egress::policy_for(&requested, &self.cfg.network).await?;
-        let network = Network {
-            mode: requested.mode,
-            allow: policy.describe(),
-        };
+        let network = crate::egress::network_of(requested.mode, &policy);
+        let secrets = self.bind_secrets(who, &req.secrets).await?;
+        for b in &secrets.0 {
+            if requested.mode == NetworkMode::None {
+                return Err(Error::InvalidArgument(
+                    "secrets are injected at egress: they need network mode open or allowlist"
+                        .into(),
+                ));
+            }
+            if req
+                .env
+                .insert(b.name.clone(), b.placeholder.clone())
+                .is_some()
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "env {:?} is also a secret's name",
+                    b.name
+                )));
+            }
+        }
+        if secrets.1.is_some() {
+            for (k, v) in crate::tls::SessionCa::trust_env() {
+                req.env.entry(k.into()).or_insert_with(|| v.into());
+            }
+        }
         let env = validate_env(&req.env)?;
         limits::validate_metadata(&req.metadata)?;
         let timeout_s = limits::timeout(
@@ -204,10 +225,19 @@ impl Manager {
         if durable != SessionDurable::default() {
             self.store.set_session_durable(&record.id, &durable).await?;
         }
-        self.install(&record, sandbox, env, policy).await;
+        let live = self.install(&record, sandbox, env, policy).await;
         ticket.forget();
         guard.disarm();
         claim.disarm();
+        // Before any of the session's code runs: its first connection may need them.
+        if let Some(ca) = &secrets.1 {
+            if let Err(e) = self.install_trust(who, &record.id, ca).await {
+                self.end(&record.id, "its egress CA could not be installed")
+                    .await;
+                return Err(e);
+            }
+        }
+        let _ = live.secrets.set(secrets);
         self.metrics
             .sessions_created
             .with_label_values(&[source])
@@ -252,11 +282,21 @@ impl Manager {
             errors: Mutex::default(),
             preview_port: Mutex::default(),
             paused: Mutex::default(),
+            policy: (record.network.mode != NetworkMode::None)
+                .then(|| Arc::new(tokio::sync::Mutex::new(policy))),
+            secrets: Arc::default(),
         });
         let replaced = self.live.lock().insert(record.id.clone(), live.clone());
         self.watch_agent(record.id.clone(), &live);
-        if record.network.mode != NetworkMode::None {
-            crate::egress::start(&self.store, &self.cfg.network, &live, record, policy).await;
+        if let Some(policy) = &live.policy {
+            crate::egress::start(
+                &self.store,
+                &self.cfg.network,
+                &live,
+                record,
+                policy.clone(),
+            )
+            .await;
         }
         match replaced {
             // A restore: the old sandbox goes, the session stays.

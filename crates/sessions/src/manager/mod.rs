@@ -8,7 +8,9 @@ pub(crate) mod exec;
 mod files;
 mod images;
 mod lifecycle;
+mod network;
 mod observe;
+mod secrets;
 mod state;
 mod volume_files;
 mod volumes;
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use koder_agent_protocol::{self as proto, ClientError, FromAgent};
-use koder_api_types::{Network, Session, SessionState};
+use koder_api_types::{Session, SessionState};
 use koder_auth::Identity;
 use koder_runtime::Runtime;
 use koder_store::{SessionRecord, Store};
@@ -427,10 +429,7 @@ fn view(r: &SessionRecord) -> Session {
         created_at: r.created_at,
         expires_at: r.expires_at,
         limits: r.limits,
-        network: Network {
-            mode: r.network.mode,
-            allow: r.network.allow.clone(),
-        },
+        network: r.network.clone(),
         metadata: r.metadata.clone(),
         end_reason: r.end_reason.clone(),
         volumes: Vec::new(),

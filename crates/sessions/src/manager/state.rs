@@ -615,6 +615,8 @@ impl Manager {
             lifecycle: Some(durable.lifecycle),
             from_snapshot: None,
             volumes: self.fork_mounts(id).await?,
+            // A fork's environment keeps the placeholders, never the values behind them.
+            secrets: Vec::new(),
         };
         let results: Vec<Result<Session, Error>> = futures::stream::iter(0..count)
             .map(|_| self.create_with(who, req.clone(), layers.clone()))

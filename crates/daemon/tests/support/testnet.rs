@@ -1,0 +1,89 @@
+//! The "internet" of egress tests: a network namespace the test creates, joined to the host
+//! by a veth pair, running the Python servers the test hands it. Nothing leaves loopback or
+//! that namespace.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct TestNet {
+    ns: String,
+    host_if: String,
+    server: Child,
+    pub prefix: String,
+}
+
+fn ip(args: &[&str]) {
+    let st = Command::new("ip").args(args).status().expect("ip");
+    assert!(st.success(), "ip {args:?} failed");
+}
+
+impl TestNet {
+    /// Starts `servers` (Python source) inside a new namespace; ready once `ready_port`
+    /// answers from the host.
+    pub fn up(tag: u32, servers: &str, ready_port: u16) -> TestNet {
+        // Test binaries and their tests run concurrently: each network gets its own names
+        // and subnet (10.252/16 and up, apart from the other network tests' 10.251/16).
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = std::process::id() % 10_000 * 10 + k;
+        let n = (std::process::id() + k * 97) % 250;
+        let ns = format!("kr{tag}{id}");
+        let host_if = format!("krv{tag}{id}");
+        let peer = format!("krp{tag}{id}");
+        let prefix = format!("10.{}.{n}", 252 + tag);
+        ip(&["netns", "add", &ns]);
+        ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &peer,
+        ]);
+        ip(&["link", "set", &peer, "netns", &ns]);
+        ip(&["addr", "add", &format!("{prefix}.1/30"), "dev", &host_if]);
+        ip(&["link", "set", &host_if, "up"]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{prefix}.2/30"),
+            "dev",
+            &peer,
+        ]);
+        ip(&["-n", &ns, "link", "set", &peer, "up"]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        let server = Command::new("ip")
+            .args(["netns", "exec", &ns, "/usr/bin/python3", "-c", servers])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("test servers");
+        let net = TestNet {
+            ns,
+            host_if,
+            server,
+            prefix,
+        };
+        let at = format!("{}:{ready_port}", net.server_ip()).parse().unwrap();
+        for _ in 0..200 {
+            if std::net::TcpStream::connect_timeout(&at, Duration::from_millis(100)).is_ok() {
+                return net;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("test servers did not come up");
+    }
+
+    pub fn server_ip(&self) -> String {
+        format!("{}.2", self.prefix)
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .stderr(Stdio::null())
+            .status();
+    }
+}

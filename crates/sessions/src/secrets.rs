@@ -1,0 +1,287 @@
+//! Secrets at egress: sealed at rest (ChaCha20-Poly1305 under the server's key, bound to the
+//! tenant and name), bound to a session as a random placeholder in its environment, and put in
+//! place of that placeholder by the egress proxy (`inject`) in the request headers of
+//! connections to the secret's hosts. A sandbox never holds a value.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{ChaCha20Poly1305, Nonce};
+use koder_api_types::CreateSecret;
+use koder_netpolicy::{Entry, NetConfig};
+
+use crate::tls::SessionCa;
+pub use crate::tls::Upstreams;
+use crate::Error;
+
+const NONCE_BYTES: usize = 12;
+const MAX_VALUE_BYTES: usize = 16 * 1024;
+const MAX_HOSTS: usize = 16;
+
+/// What a server needs to offer secrets (`[secrets]` of the daemon config).
+#[derive(Debug, Clone)]
+pub struct SecretsConfig {
+    /// Seals values at rest.
+    pub key: SealKey,
+    /// Verifies the upstreams TLS connections are re-encrypted to.
+    pub upstreams: Upstreams,
+}
+
+/// The server's sealing key (`[secrets] key_file`).
+#[derive(Clone)]
+pub struct SealKey(Arc<ChaCha20Poly1305>);
+
+impl std::fmt::Debug for SealKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SealKey(..)")
+    }
+}
+
+impl SealKey {
+    pub fn new(key: [u8; 32]) -> Self {
+        SealKey(Arc::new(ChaCha20Poly1305::new(&key.into())))
+    }
+
+    /// Nonce followed by ciphertext; `aad` ties it to its tenant and name.
+    pub(crate) fn seal(&self, aad: &str, value: &[u8]) -> Result<Vec<u8>, Error> {
+        let nonce: [u8; NONCE_BYTES] = rand::random();
+        let sealed = self
+            .0
+            .encrypt(
+                Nonce::from_slice(&nonce),
+                Payload {
+                    msg: value,
+                    aad: aad.as_bytes(),
+                },
+            )
+            .map_err(|_| Error::Internal("sealing a secret failed".into()))?;
+        Ok([nonce.as_slice(), &sealed].concat())
+    }
+
+    pub(crate) fn open(&self, aad: &str, sealed: &[u8]) -> Result<Vec<u8>, Error> {
+        let (nonce, ct) = sealed
+            .split_at_checked(NONCE_BYTES)
+            .ok_or_else(|| Error::Internal("a stored secret is truncated".into()))?;
+        self.0
+            .decrypt(
+                Nonce::from_slice(nonce),
+                Payload {
+                    msg: ct,
+                    aad: aad.as_bytes(),
+                },
+            )
+            .map_err(|_| {
+                Error::Internal(
+                    "a stored secret does not open with the server's key ([secrets] key_file changed?)"
+                        .into(),
+                )
+            })
+    }
+}
+
+/// What a secret's sealing is bound to.
+pub(crate) fn aad(tenant_id: &str, name: &str) -> String {
+    format!("koder-secret\0{tenant_id}\0{name}")
+}
+
+/// Checks a create request; the parsed hosts.
+pub(crate) fn validate(req: &CreateSecret) -> Result<Vec<Entry>, Error> {
+    let bad = |m: String| Err(Error::InvalidArgument(m));
+    let name_ok = req.name.len() <= 64
+        && req
+            .name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && req
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !name_ok {
+        return bad(format!(
+            "secret name {:?}: 1-64 of [A-Za-z0-9_], not starting with a digit (it is the environment variable's name)",
+            req.name
+        ));
+    }
+    // A value goes into HTTP headers: a line break there would inject headers of its own.
+    if req.value.is_empty()
+        || req.value.len() > MAX_VALUE_BYTES
+        || req.value.bytes().any(|b| b.is_ascii_control())
+    {
+        return bad(format!(
+            "secret value: 1-{MAX_VALUE_BYTES} bytes without control characters (it is sent in HTTP headers)"
+        ));
+    }
+    if req.hosts.is_empty() || req.hosts.len() > MAX_HOSTS {
+        return bad(format!("secret hosts: 1-{MAX_HOSTS} entries"));
+    }
+    req.hosts
+        .iter()
+        .map(|h| h.parse::<Entry>().map_err(Error::from))
+        .collect()
+}
+
+/// One secret bound to one session.
+pub(crate) struct Binding {
+    pub(crate) name: String,
+    /// What the session's environment holds instead of the value.
+    pub(crate) placeholder: String,
+    pub(crate) value: String,
+    hosts: Vec<Entry>,
+}
+
+impl std::fmt::Debug for Binding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Binding")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Binding {
+    pub(crate) fn new(name: String, value: String, hosts: Vec<Entry>) -> Binding {
+        // Random per session: nothing about the value can be learned from it.
+        let placeholder = format!("KSECRET_{}", uuid::Uuid::new_v4().simple());
+        Binding {
+            name,
+            placeholder,
+            value,
+            hosts,
+        }
+    }
+
+    /// Is a connection to `ip:port` naming `name` one to this secret's hosts? A domain counts
+    /// only when the name is one of its patterns and resolves (by the server's resolver) to
+    /// the connection's address: a sandbox naming a bound host while dialling another
+    /// address gets nothing.
+    async fn bound_to(&self, ip: IpAddr, port: u16, name: Option<&str>, cfg: &NetConfig) -> bool {
+        for host in &self.hosts {
+            if !host.covers(ip, port, name) {
+                continue;
+            }
+            match (host, name) {
+                (Entry::Net { .. }, _) => return true,
+                (Entry::Domain { .. }, Some(n)) => {
+                    if koder_netpolicy::resolve(cfg, n).await.contains(&ip) {
+                        return true;
+                    }
+                }
+                (Entry::Domain { .. }, None) => {}
+            }
+        }
+        false
+    }
+}
+
+/// A session's secrets, and the CA its TLS to their hosts is terminated with.
+#[derive(Default)]
+pub(crate) struct Bindings(
+    pub(crate) Vec<Arc<Binding>>,
+    pub(crate) Option<Arc<SessionCa>>,
+);
+
+impl Bindings {
+    /// The secrets bound to this destination.
+    pub(crate) async fn for_dest(
+        &self,
+        ip: IpAddr,
+        port: u16,
+        name: Option<&str>,
+        cfg: &NetConfig,
+    ) -> Vec<Arc<Binding>> {
+        let mut bound = Vec::new();
+        for b in &self.0 {
+            if b.bound_to(ip, port, name, cfg).await {
+                bound.push(b.clone());
+            }
+        }
+        bound
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(name: &str, value: &str, hosts: &[&str]) -> CreateSecret {
+        CreateSecret {
+            name: name.into(),
+            value: value.into(),
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn sealing_is_bound_to_key_and_name() {
+        let key = SealKey::new([7; 32]);
+        let sealed = key.seal(&aad("t1", "GH"), b"s3cret").unwrap();
+        assert!(!sealed.windows(6).any(|w| w == b"s3cret"));
+        assert_eq!(key.open(&aad("t1", "GH"), &sealed).unwrap(), b"s3cret");
+        assert!(
+            key.open(&aad("t2", "GH"), &sealed).is_err(),
+            "another tenant"
+        );
+        assert!(SealKey::new([8; 32])
+            .open(&aad("t1", "GH"), &sealed)
+            .is_err());
+        assert!(key.open(&aad("t1", "GH"), &sealed[..5]).is_err());
+    }
+
+    #[test]
+    fn requests_are_checked() {
+        assert!(validate(&req("GH_TOKEN", "abc", &["api.github.com", "*.x.test:443"])).is_ok());
+        for bad in [
+            req("1X", "v", &["a.test"]),
+            req("A-B", "v", &["a.test"]),
+            req("", "v", &["a.test"]),
+            req("A", "", &["a.test"]),
+            req("A", "v\r\nX-Evil: 1", &["a.test"]),
+            req("A", "v", &[]),
+            req("A", "v", &["not a host"]),
+        ] {
+            assert!(validate(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_binding_needs_the_name_and_its_address() {
+        let cfg = NetConfig {
+            hosts: [("api.test".to_string(), vec!["10.1.0.1".parse().unwrap()])].into(),
+            system_resolver: false,
+            ..NetConfig::default()
+        };
+        let b = Bindings(
+            vec![Arc::new(Binding::new(
+                "T".into(),
+                "v".into(),
+                vec![
+                    "api.test".parse().unwrap(),
+                    "10.2.0.0/16:80".parse().unwrap(),
+                ],
+            ))],
+            None,
+        );
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            b.for_dest(ip("10.1.0.1"), 80, Some("api.test"), &cfg)
+                .await
+                .len(),
+            1
+        );
+        assert!(
+            b.for_dest(ip("10.9.0.9"), 80, Some("api.test"), &cfg)
+                .await
+                .is_empty(),
+            "name of a bound host, another address"
+        );
+        assert!(b
+            .for_dest(ip("10.1.0.1"), 80, Some("other.test"), &cfg)
+            .await
+            .is_empty());
+        assert!(b.for_dest(ip("10.1.0.1"), 80, None, &cfg).await.is_empty());
+        assert_eq!(b.for_dest(ip("10.2.3.4"), 80, None, &cfg).await.len(), 1);
+        assert!(b.for_dest(ip("10.2.3.4"), 81, None, &cfg).await.is_empty());
+        assert!(b.0[0].placeholder.starts_with("KSECRET_") && !b.0[0].placeholder.contains('v'));
+    }
+}
