@@ -146,3 +146,50 @@ async def test_watch_async(sandbox):
 def test_watch_missing_dir_fails(sandbox):
     with pytest.raises(FileNotFoundException):
         sandbox.files.watch_dir("no/such/dir")
+
+
+def test_a_poll_right_after_a_write_sees_it_with_its_entry(sandbox):
+    sandbox.files.make_dir("polled")
+    sandbox.files.write("polled/f.txt", "old")
+    w = sandbox.files.watch_dir("polled", include_entry=True)
+    try:
+        sandbox.files.write("polled/f.txt", "new")
+        # No sleep: the answer waits for the events of the write that already finished.
+        events = w.get_new_events()
+        assert [e.type for e in events if e.name == "f.txt"] == [
+            FilesystemEventType.CREATE, FilesystemEventType.WRITE, FilesystemEventType.CHMOD,
+        ], events
+        entry = events[1].entry
+        assert entry is not None and entry.path == "/home/user/polled/f.txt", events
+        assert entry.type == FileType.FILE and entry.size == 3
+        assert w.get_new_events() == []
+    finally:
+        w.stop()
+
+
+def test_signed_urls_need_no_header(fresh):
+    import urllib.error
+    import urllib.request
+
+    sb = fresh(secure=True)
+    sb.files.write("signed.txt", "signed content")
+    with urllib.request.urlopen(sb.download_url("signed.txt", "user", 60)) as resp:
+        assert resp.read() == b"signed content"
+    # Uploading through a signed URL, then reading it back.
+    req = urllib.request.Request(sb.upload_url("up.txt", "user"), data=b"uploaded",
+                                 headers={"Content-Type": "application/octet-stream"}, method="POST")
+    with urllib.request.urlopen(req) as resp:
+        assert resp.status == 200
+    assert sb.files.read("up.txt") == "uploaded"
+    # A read signature is no write signature; an expired or tampered one is refused.
+    read_url = sb.download_url("up.txt", "user")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(read_url, data=b"x", method="POST"))
+    assert e.value.code == 401
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(sb.download_url("signed.txt", "user", use_signature_expiration=-60))
+    assert e.value.code == 401
+    assert e.value.read() == b'{"code":401,"message":"signature is already expired"}'
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(read_url.replace("signature=v1_", "signature=v1_A"))
+    assert e.value.code == 401

@@ -75,6 +75,7 @@ impl TryFrom<pb::Network> for api::Network {
         Ok(Self {
             mode: network_mode(&n.mode)?,
             allow: n.allow,
+            deny: n.deny,
         })
     }
 }
@@ -84,6 +85,7 @@ impl From<api::Network> for pb::Network {
         Self {
             mode: network_mode_name(n.mode).into(),
             allow: n.allow,
+            deny: n.deny,
         }
     }
 }
@@ -292,13 +294,17 @@ mod tests {
             let n = api::Network::try_from(pb::Network {
                 mode: mode.into(),
                 allow: vec![],
+                deny: vec!["*.blocked.test".into()],
             })
             .unwrap();
-            assert_eq!(pb::Network::from(n).mode, mode);
+            let back = pb::Network::from(n);
+            assert_eq!(back.mode, mode);
+            assert_eq!(back.deny, ["*.blocked.test"]);
         }
         let bad = api::Network::try_from(pb::Network {
             mode: "wide".into(),
             allow: vec![],
+            deny: vec![],
         })
         .unwrap_err();
         assert_eq!(bad.code(), tonic::Code::InvalidArgument);

@@ -16,6 +16,7 @@ pub fn code_of(code: ErrorCode) -> Code {
     match code {
         // 400, 413, 415: the request itself is wrong.
         ErrorCode::InvalidArgument
+        | ErrorCode::NetworkRule
         | ErrorCode::PayloadTooLarge
         | ErrorCode::UnsupportedMediaType => Code::InvalidArgument,
         ErrorCode::Auth => Code::Unauthenticated,
@@ -23,7 +24,9 @@ pub fn code_of(code: ErrorCode) -> Code {
         ErrorCode::PlanRequired | ErrorCode::PermissionDenied | ErrorCode::AuthScope => {
             Code::PermissionDenied
         }
-        ErrorCode::NotFound | ErrorCode::ImageNotFound => Code::NotFound,
+        ErrorCode::NotFound | ErrorCode::ImageNotFound | ErrorCode::SecretNotFound => {
+            Code::NotFound
+        }
         // 409 and 410: the session or resource is not in a state that allows it.
         ErrorCode::Conflict
         | ErrorCode::VolumeBusy
