@@ -595,7 +595,7 @@ async fn malformed_requests_get_typed_errors() {
         (
             json!({"network": {"mode": "allowlist", "allow": ["not a host!"]}}),
             400,
-            "SANDBOX-INVALID-ARGUMENT",
+            "SANDBOX-NETWORK-RULE",
         ),
         (
             json!({"network": {"mode": "sideways"}}),
