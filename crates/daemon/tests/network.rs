@@ -4,13 +4,13 @@
 //! or that namespace.
 
 mod common;
-
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+#[path = "support/testnet.rs"]
+mod testnet;
 
 use common::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
+use testnet::TestNet;
 
 const S: &str = "/v1/sandbox/sessions";
 
@@ -30,87 +30,6 @@ def raw():
 threading.Thread(target=raw, daemon=True).start()
 http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
 "#;
-
-struct TestNet {
-    ns: String,
-    host_if: String,
-    server: Child,
-    prefix: String,
-}
-
-fn ip(args: &[&str]) {
-    let st = Command::new("ip").args(args).status().expect("ip");
-    assert!(st.success(), "ip {args:?} failed");
-}
-
-impl TestNet {
-    fn up() -> TestNet {
-        // Tests of this binary run concurrently: each network gets its own names and subnet.
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let id = std::process::id() % 10_000 * 10 + k;
-        let n = (std::process::id() + k * 97) % 250;
-        let ns = format!("kt{id}");
-        let host_if = format!("ktv{id}");
-        let peer = format!("ktp{id}");
-        let prefix = format!("10.251.{n}");
-        ip(&["netns", "add", &ns]);
-        ip(&[
-            "link", "add", &host_if, "type", "veth", "peer", "name", &peer,
-        ]);
-        ip(&["link", "set", &peer, "netns", &ns]);
-        ip(&["addr", "add", &format!("{prefix}.1/30"), "dev", &host_if]);
-        ip(&["link", "set", &host_if, "up"]);
-        let inner = format!("{prefix}.2/30");
-        ip(&["-n", &ns, "addr", "add", &inner, "dev", &peer]);
-        ip(&["-n", &ns, "link", "set", &peer, "up"]);
-        ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        let mut server = Command::new("ip")
-            .args(["netns", "exec", &ns, "/usr/bin/python3", "-c", SERVERS])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("test servers");
-        // Wait until the servers answer from the host side.
-        for _ in 0..100 {
-            if std::net::TcpStream::connect_timeout(
-                &format!("{prefix}.2:8080").parse().unwrap(),
-                Duration::from_millis(100),
-            )
-            .is_ok()
-            {
-                return TestNet {
-                    ns,
-                    host_if,
-                    server,
-                    prefix,
-                };
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = server.kill();
-        let _ = server.wait();
-        let _ = Command::new("ip").args(["netns", "del", &ns]).status();
-        let _ = Command::new("ip").args(["link", "del", &host_if]).status();
-        panic!("test servers did not come up");
-    }
-
-    fn server_ip(&self) -> String {
-        format!("{}.2", self.prefix)
-    }
-}
-
-impl Drop for TestNet {
-    fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
 
 fn config(net: &TestNet, internal: &str) -> String {
     format!(
@@ -160,7 +79,7 @@ def tls(ip, port, name):
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowlist_none_and_open_against_a_test_network() {
     let Some(()) = root_or_skip() else { return };
-    let net = TestNet::up();
+    let net = TestNet::up(0, SERVERS, 8080);
     let ip = net.server_ip();
     let d = Daemon::start(&config(&net, &format!("{}/32", ip))).await;
 
@@ -343,7 +262,7 @@ async fn allowlist_none_and_open_against_a_test_network() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn microvm_allowlist_is_mediated_through_the_guest_agent() {
     let Some(()) = root_or_skip() else { return };
-    let net = TestNet::up();
+    let net = TestNet::up(0, SERVERS, 8080);
     let ip = net.server_ip();
     let d = Daemon::start(&format!(
         "{}\n{}",

@@ -21,8 +21,9 @@ impl TestNet {
     /// Starts `servers` (Python source) inside a new namespace; ready once `ready_port`
     /// answers from the host.
     pub fn up(tag: u32, servers: &str, ready_port: u16) -> TestNet {
-        // Test binaries and their tests run concurrently: each network gets its own names
-        // and subnet (10.252/16 and up, apart from the other network tests' 10.251/16).
+        // The tests of a binary run concurrently: each network gets its own names (tag, pid,
+        // counter) and, per tag, its own subnet (10.252/16 and up; test binaries run one after
+        // the other, so they may share tags).
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let id = std::process::id() % 10_000 * 10 + k;
