@@ -15,6 +15,7 @@ mod images;
 mod secrets;
 mod state;
 mod volumes;
+pub mod webhooks;
 pub use images::{Image, ImageLanguage, ImageList};
 pub use secrets::{CreateSecret, Secret, SecretList};
 pub use state::{

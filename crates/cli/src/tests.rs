@@ -7,8 +7,8 @@ use koder_sdk::ExecResult;
 
 use crate::args::{parse_mode, Cli, ClientCommand, Command, SnapshotCommand, VolumeCommand};
 use crate::commands::{
-    create_args_request, create_request, infer_language, parse_loc, remote_basename,
-    with_lifecycle, Ctx, Loc,
+    create_args_request, create_request, infer_language, network_request, parse_loc,
+    remote_basename, with_lifecycle, Ctx, Loc,
 };
 use crate::output::exit_status;
 
@@ -825,4 +825,57 @@ fn rich_results_become_files() {
     };
     assert!(result_files(&broken, 1).is_err());
     assert!(result_files(&Default::default(), 1).unwrap().is_empty());
+}
+
+#[test]
+fn stdin_network_secret_webhook_forms() {
+    let cli = parse(&["stdin", "s1", "e1", "--data", "hi", "--eof"]).unwrap();
+    let Command::Client(ClientCommand::Stdin(a)) = cli.command else {
+        panic!("not stdin")
+    };
+    assert_eq!((a.data.as_deref(), a.eof), (Some("hi"), true));
+    assert!(parse(&["stdin", "s1"]).is_err(), "an exec id is needed");
+    assert!(parse(&["logs", "s1", "e1", "--status"]).is_ok());
+    assert!(parse(&["logs", "s1", "--list", "--status"]).is_err());
+    assert!(parse(&["errors", "s1", "--report", "m", "--stack", "s"]).is_ok());
+    assert!(parse(&["errors", "s1", "--stack", "s"]).is_err());
+
+    let cli = parse(&[
+        "network",
+        "s1",
+        "--mode",
+        "allowlist",
+        "--allow",
+        "a.example",
+        "--deny",
+        "b.example",
+    ])
+    .unwrap();
+    let Command::Client(ClientCommand::Network(a)) = cli.command else {
+        panic!("not network")
+    };
+    let policy = network_request(&a).unwrap();
+    assert_eq!(policy.mode, koder_sdk::types::NetworkMode::Allowlist);
+    assert_eq!(
+        (policy.allow, policy.deny),
+        (vec!["a.example".to_string()], vec!["b.example".to_string()])
+    );
+    let cli = parse(&["network", "s1", "--mode", "open", "--allow", "a.example"]).unwrap();
+    let Command::Client(ClientCommand::Network(a)) = cli.command else {
+        panic!("not network")
+    };
+    assert!(network_request(&a).is_err(), "--allow needs allowlist");
+    assert!(parse(&["network", "s1", "--mode", "wide"]).is_err());
+    assert!(parse(&["network", "s1"]).is_err(), "a mode is needed");
+
+    assert!(parse(&["secret", "set", "T"]).is_err(), "at least one host");
+    assert!(parse(&["secret", "set", "T", "--host", "a", "--host", "b"]).is_ok());
+    assert!(parse(&["secret", "ls", "--json"]).is_ok());
+    assert!(parse(&["webhook", "add", "http://x", "--event", "exec.verdict"]).is_ok());
+    assert!(parse(&["webhook", "add", "http://x", "--event", "exec.nope"]).is_err());
+    assert!(parse(&["webhook", "deliveries", "w1"]).is_ok());
+
+    let req = create_json(&["--network", "open", "--deny", "10.0.0.0/8", "--secret", "T"]);
+    assert_eq!(req["network"]["deny"], serde_json::json!(["10.0.0.0/8"]));
+    assert_eq!(req["secrets"], serde_json::json!(["T"]));
 }

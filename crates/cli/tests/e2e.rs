@@ -78,7 +78,11 @@ impl Daemon {
         let config = data.path().join("koder.toml");
         std::fs::write(
             &config,
-            format!("[sessions]\npool = {{}}\n[jail]\ncgroup_parent = \"{cgroup_parent}\"\n"),
+            // Webhooks may target loopback: the test's own receiver.
+            format!(
+                "[sessions]\npool = {{}}\n[jail]\ncgroup_parent = \"{cgroup_parent}\"\n\
+                 [webhooks]\nallow_private = true\nbackoff_initial_ms = 200\n"
+            ),
         )
         .expect("write config");
         let mut cmd = daemon_command();
@@ -304,6 +308,9 @@ fn e2e_sdk_and_cli_against_the_real_daemon() {
     cli_flow(&daemon);
     admin_flow(&daemon);
     live_flow(&daemon);
+    stdin_status_errors_flow(&daemon);
+    egress_flow(&daemon);
+    webhook_flow(&daemon);
     interpreter_flow(&daemon);
     preview_errors_images_flow(&daemon);
 }
@@ -794,6 +801,291 @@ fn live_flow(daemon: &Daemon) {
         audit["entries"].as_array().is_some_and(|e| e.is_empty()),
         "sessions without network leave no audit: {audit}"
     );
+    cli.ok(&["kill", &id]);
+}
+
+/// `stdin` (with --data and from its own stdin), `logs --status`, `errors --report`.
+fn stdin_status_errors_flow(daemon: &Daemon) {
+    let cli = daemon.cli(KEY1);
+    let id = cli.ok(&["create"]).stdout.trim().to_string();
+    let exec_id = cli
+        .ok(&["exec", &id, "--background", "--", "sh", "-c", "cat; exit 3"])
+        .stdout
+        .trim()
+        .to_string();
+    let running: serde_json::Value = serde_json::from_str(
+        &cli.ok(&["logs", &id, &exec_id, "--status", "--json"])
+            .stdout,
+    )
+    .expect("logs --status --json");
+    assert_eq!(running["state"], "running", "{running}");
+    cli.ok(&["stdin", &id, &exec_id, "--data", "one\n"]);
+    let piped = cli.run_with_stdin(&["stdin", &id, &exec_id, "--eof"], Some("two\nthree\n"));
+    assert_eq!(piped.code, 0, "{piped:?}");
+    let logs = cli.run(&["logs", &id, &exec_id]);
+    assert_eq!(
+        (logs.code, logs.stdout.as_str()),
+        (3, "one\ntwo\nthree\n"),
+        "{logs:?}"
+    );
+    let status = cli.ok(&["logs", &id, &exec_id, "--status"]).stdout;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name).map(str::trim))
+            .map(String::from)
+    };
+    assert_eq!(field("state").as_deref(), Some("exited"), "{status}");
+    assert_eq!(field("exit_code").as_deref(), Some("3"), "{status}");
+    let gone = cli.run(&["stdin", &id, "no-such-exec", "--data", "x"]);
+    assert_ne!(gone.code, 0, "{gone:?}");
+    assert!(gone.stderr.contains("SANDBOX-"), "{gone:?}");
+    assert_ne!(
+        cli.run(&["logs", &id, "--status"]).code,
+        0,
+        "--status needs an exec id"
+    );
+
+    cli.ok(&[
+        "errors",
+        &id,
+        "--report",
+        "agent gave up",
+        "--source",
+        "e2e",
+        "--stack",
+        "at x",
+    ]);
+    let errors: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["errors", &id, "--json"]).stdout).expect("errors --json");
+    let reported = errors
+        .as_array()
+        .and_then(|l| l.iter().find(|e| e["message"] == "agent gave up"))
+        .unwrap_or_else(|| panic!("the reported error is listed: {errors}"));
+    assert_eq!(reported["source"], "e2e");
+    assert_ne!(
+        cli.run(&["errors", &id, "--source", "x"]).code,
+        0,
+        "--source needs --report"
+    );
+    cli.ok(&["kill", &id]);
+}
+
+/// `network` on a running session, `create --deny/--secret`, `secret set/ls/rm`.
+fn egress_flow(daemon: &Daemon) {
+    let cli = daemon.cli(KEY1);
+    assert_ne!(
+        cli.run(&["create", "--deny", "10.0.0.0/8"]).code,
+        0,
+        "--deny without a mode that lets anything out"
+    );
+    let id = cli
+        .ok(&["create", "--network", "open", "--deny", "192.0.2.0/24"])
+        .stdout
+        .trim()
+        .to_string();
+    let info: serde_json::Value =
+        serde_json::from_str(&cli.ok(&["info", &id, "--json"]).stdout).expect("info --json");
+    assert_eq!(
+        info["network"]["deny"],
+        serde_json::json!(["192.0.2.0/24"]),
+        "{info}"
+    );
+    let policy: serde_json::Value = serde_json::from_str(
+        &cli.ok(&[
+            "network",
+            &id,
+            "--mode",
+            "allowlist",
+            "--allow",
+            "*.example.com:443",
+            "--deny",
+            "198.51.100.7",
+            "--json",
+        ])
+        .stdout,
+    )
+    .expect("network --json");
+    assert_eq!(
+        (&policy["mode"], &policy["allow"], &policy["deny"]),
+        (
+            &serde_json::json!("allowlist"),
+            &serde_json::json!(["*.example.com:443"]),
+            &serde_json::json!(["198.51.100.7/32"])
+        ),
+        "{policy}"
+    );
+    let shown = cli.ok(&["network", &id, "--mode", "open"]).stdout;
+    assert_eq!(shown.trim(), "open");
+    let refused = cli.run(&[
+        "network",
+        &id,
+        "--mode",
+        "allowlist",
+        "--allow",
+        "127.0.0.1",
+    ]);
+    assert!(
+        refused.code != 0 && refused.stderr.contains("SANDBOX-NETWORK-RULE"),
+        "a loopback allow entry: {refused:?}"
+    );
+    assert_ne!(
+        cli.run(&["network", &id, "--mode", "open", "--allow", "example.com"])
+            .code,
+        0,
+        "--allow needs --mode allowlist"
+    );
+    cli.ok(&["kill", &id]);
+
+    let set = cli.run_with_stdin(
+        &["secret", "set", "E2E_TOKEN", "--host", "api.example.com"],
+        Some("v3ry-s3cret\n"),
+    );
+    assert_eq!((set.code, set.stdout.trim()), (0, "E2E_TOKEN"), "{set:?}");
+    let listed = cli.ok(&["secret", "ls", "--json"]).stdout;
+    assert!(
+        listed.contains("api.example.com") && !listed.contains("v3ry-s3cret"),
+        "{listed}"
+    );
+    let empty = cli.run_with_stdin(
+        &["secret", "set", "E2E_EMPTY", "--host", "a.example"],
+        Some(""),
+    );
+    assert!(
+        empty.code != 0 && empty.stderr.contains("no secret value"),
+        "{empty:?}"
+    );
+    let id = cli
+        .ok(&["create", "--network", "open", "--secret", "E2E_TOKEN"])
+        .stdout
+        .trim()
+        .to_string();
+    let seen = cli.ok(&["exec", &id, "--", "printenv", "E2E_TOKEN"]).stdout;
+    assert!(
+        !seen.trim().is_empty() && !seen.contains("v3ry-s3cret"),
+        "the session sees a placeholder: {seen:?}"
+    );
+    cli.ok(&["kill", &id]);
+    cli.ok(&["secret", "rm", "E2E_TOKEN"]);
+    assert!(!cli.ok(&["secret", "ls"]).stdout.contains("E2E_TOKEN"));
+    let missing = cli.run(&["secret", "rm", "E2E_TOKEN"]);
+    assert!(
+        missing.code != 0 && missing.stderr.contains("SANDBOX-"),
+        "{missing:?}"
+    );
+}
+
+/// `webhook add/ls/deliveries/rm` against a receiver on loopback that answers 200.
+fn webhook_flow(daemon: &Daemon) {
+    let receiver = std::net::TcpListener::bind("127.0.0.1:0").expect("receiver");
+    let hook_url = format!(
+        "http://{}/hook",
+        receiver.local_addr().expect("receiver address")
+    );
+    receiver
+        .set_nonblocking(true)
+        .expect("non-blocking receiver");
+    let received = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut conn = loop {
+            match receiver.accept() {
+                Ok((conn, _)) => break conn,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("no delivery within 30 s: {e}"),
+            }
+        };
+        conn.set_nonblocking(false).ok();
+        conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            match conn.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => request.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ =
+            conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        String::from_utf8_lossy(&request).into_owned()
+    });
+    let cli = daemon.cli(KEY2);
+    let refused = cli.run(&["webhook", "add", "ftp://127.0.0.1/x"]);
+    assert!(
+        refused.code != 0 && refused.stderr.contains("SANDBOX-"),
+        "{refused:?}"
+    );
+    assert_ne!(
+        cli.run(&["webhook", "add", &hook_url, "--event", "session.exploded"])
+            .code,
+        0,
+        "an unknown event type"
+    );
+    let added: serde_json::Value = serde_json::from_str(
+        &cli.ok(&[
+            "webhook",
+            "add",
+            &hook_url,
+            "--event",
+            "session.created",
+            "--json",
+        ])
+        .stdout,
+    )
+    .expect("webhook add --json");
+    let hook_id = added["id"].as_str().expect("webhook id").to_string();
+    assert!(
+        added["secret"].as_str().is_some_and(|s| s.len() >= 16),
+        "{added}"
+    );
+    let listed = cli.ok(&["webhook", "ls"]).stdout;
+    assert!(
+        listed.contains(&hook_id) && listed.contains("session.created"),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains(added["secret"].as_str().unwrap_or("-")),
+        "{listed}"
+    );
+
+    let id = cli.ok(&["create"]).stdout.trim().to_string();
+    let request = received.join().expect("receiver thread");
+    assert!(request.contains("POST /hook"), "{request}");
+    assert!(
+        request.to_ascii_lowercase().contains("koder-signature: t="),
+        "{request}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let deliveries: serde_json::Value = serde_json::from_str(
+            &cli.ok(&["webhook", "deliveries", &hook_id, "--json"])
+                .stdout,
+        )
+        .expect("deliveries --json");
+        let delivered = deliveries.as_array().is_some_and(|d| {
+            d.iter()
+                .any(|d| d["event_type"] == "session.created" && d["state"] == "delivered")
+        });
+        if delivered {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never marked delivered: {deliveries}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_ne!(
+        daemon
+            .cli(KEY1)
+            .run(&["webhook", "deliveries", &hook_id])
+            .code,
+        0,
+        "another tenant's webhook"
+    );
+    cli.ok(&["webhook", "rm", &hook_id]);
+    assert!(!cli.ok(&["webhook", "ls"]).stdout.contains(&hook_id));
     cli.ok(&["kill", &id]);
 }
 

@@ -35,6 +35,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+mod egress;
 mod images;
 pub mod interp;
 pub mod live;

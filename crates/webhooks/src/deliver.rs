@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
-use crate::api::{CreateWebhook, Delivery, Webhook};
+use crate::api::{self, CreateWebhook, Delivery, Webhook};
 use crate::{signature, target, WebhookConfig, WebhookError};
 
 /// Deliveries attempted together.
@@ -118,13 +118,13 @@ impl Webhooks {
         tracing::info!(tenant, webhook = %record.id, url = %record.url, "webhook registered");
         Ok(Webhook {
             secret: Some(record.secret.clone()),
-            ..Webhook::from(&record)
+            ..api::webhook(&record)
         })
     }
 
     pub async fn list(&self, tenant: &str) -> Result<Vec<Webhook>, WebhookError> {
         let hooks = self.shared.store.list_webhooks(tenant).await?;
-        Ok(hooks.iter().map(Webhook::from).collect())
+        Ok(hooks.iter().map(api::webhook).collect())
     }
 
     /// The endpoint's delivery log, newest first.
@@ -137,7 +137,7 @@ impl Webhooks {
         Ok(log
             .ok_or(WebhookError::NotFound)?
             .iter()
-            .map(Delivery::from)
+            .map(api::delivery)
             .collect())
     }
 

@@ -20,8 +20,12 @@ pub struct LogsArgs {
     /// Id of the exec to follow (printed by `exec --background`).
     pub exec_id: Option<String>,
     /// List the session's followed execs instead.
-    #[arg(long, conflicts_with = "exec_id")]
+    #[arg(long, conflicts_with_all = ["exec_id", "status"])]
     pub list: bool,
+    /// Print the exec's state (running, or exited with its verdict and exit code) instead of
+    /// following its output.
+    #[arg(long, requires = "exec_id")]
+    pub status: bool,
     #[command(flatten)]
     pub c: LocalOpts,
 }
@@ -121,6 +125,40 @@ pub struct SignalArgs {
     /// Signal sent to the exec's process group.
     #[arg(value_enum, ignore_case = true, default_value_t = Signal::Term)]
     pub signal: Signal,
+    #[command(flatten)]
+    pub c: LocalOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct StdinArgs {
+    /// Session id.
+    pub session: String,
+    /// Id of a background exec (printed by `exec --background`).
+    pub exec_id: String,
+    /// Send this text instead of copying this command's own stdin (until its end).
+    #[arg(long, value_name = "TEXT")]
+    pub data: Option<String>,
+    /// Close the exec's stdin after sending (its reader sees end of file).
+    #[arg(long)]
+    pub eof: bool,
+    #[command(flatten)]
+    pub c: LocalOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct ErrorsArgs {
+    /// Session id.
+    pub session: String,
+    /// Report an error instead of listing them (an agent's own failure worth keeping with
+    /// the session).
+    #[arg(long, value_name = "MESSAGE")]
+    pub report: Option<String>,
+    /// Who reports it (with --report).
+    #[arg(long, default_value = "cli", requires = "report")]
+    pub source: String,
+    /// A stack trace or details (with --report).
+    #[arg(long, requires = "report")]
+    pub stack: Option<String>,
     #[command(flatten)]
     pub c: LocalOpts,
 }

@@ -1,6 +1,7 @@
 //! The command line: clap definitions only, one module per command group.
 
 mod admin;
+mod egress;
 mod exec;
 mod files;
 mod image;
@@ -15,6 +16,7 @@ use clap::{Args, CommandFactory as _, Parser, Subcommand};
 use std::path::PathBuf;
 
 pub use admin::{AdminArgs, AdminCommand, TenantCommand};
+pub use egress::{NetworkArgs, SecretCommand, WebhookCommand};
 pub use exec::{ExecArgs, ExecOpts, RunArgs};
 pub use files::{CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs, StatArgs};
 pub use image::{ImageBuildArgs, ImageCommand, ImageImportArgs};
@@ -22,7 +24,8 @@ pub use image::{ImageBuildArgs, ImageCommand, ImageImportArgs};
 pub(crate) use interp::ContextLanguage;
 pub use interp::{ContextCommand, RunCodeArgs};
 pub use live::{
-    AttachArgs, AuditArgs, CompletionsArgs, LogsArgs, PreviewArgs, SignalArgs, WatchArgs,
+    AttachArgs, AuditArgs, CompletionsArgs, ErrorsArgs, LogsArgs, PreviewArgs, SignalArgs,
+    StdinArgs, WatchArgs,
 };
 pub use mcp::McpArgs;
 pub use sessions::{CreateArgs, KillArgs, SessionArgs, SessionOpts, TimeoutArgs};
@@ -168,10 +171,21 @@ pub enum ClientCommand {
     /// Print the preview URL of a session's web server (the daemon's proxy to it), pinning
     /// the port with --port.
     Preview(PreviewArgs),
-    /// List the errors reported for a session (the last 50, oldest first).
-    Errors(SessionArgs),
+    /// List the errors reported for a session (the last 50, oldest first), or report one.
+    Errors(ErrorsArgs),
     /// Send a signal to a background or followed exec.
     Signal(SignalArgs),
+    /// Write to a background exec's stdin: --data TEXT, or this command's own stdin.
+    Stdin(StdinArgs),
+    /// Change a running session's network policy (applies to its new connections).
+    Network(NetworkArgs),
+    /// Secrets: values your sessions use without seeing them, injected at egress into
+    /// requests to the hosts they are bound to (`create --secret NAME`).
+    #[command(subcommand)]
+    Secret(SecretCommand),
+    /// Webhooks: signed HTTP notifications of session and exec events.
+    #[command(subcommand)]
+    Webhook(WebhookCommand),
     /// Check that the daemon answers (GET /healthz).
     Health(OnlyOpts),
     /// Live resource use of a session (CPU, memory, pids, disk).
@@ -180,7 +194,8 @@ pub enum ClientCommand {
     Shell(SessionArgs),
     /// Attach a terminal to a program in a session: `attach S -- top`.
     Attach(AttachArgs),
-    /// Follow a background exec's output (replayed from the start), or list them.
+    /// Follow a background exec's output (replayed from the start), show its status, or list
+    /// them.
     Logs(LogsArgs),
     /// Print file events below a directory in a session as they happen.
     Watch(WatchArgs),

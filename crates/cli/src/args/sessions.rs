@@ -42,6 +42,14 @@ pub struct SessionOpts {
     /// Allowed destination for `--network allowlist` (host, CIDR, `:port` suffix); repeatable.
     #[arg(long = "allow", value_name = "DEST")]
     pub allow: Vec<String>,
+    /// Refused destination, even where an allow entry or `--network open` covers it;
+    /// repeatable.
+    #[arg(long = "deny", value_name = "DEST")]
+    pub deny: Vec<String>,
+    /// A secret (see `ksandbox secret`) the session may use: its environment holds a
+    /// placeholder under the name, replaced at egress for the secret's hosts; repeatable.
+    #[arg(long = "secret", value_name = "NAME")]
+    pub secrets: Vec<String>,
     /// Session metadata; repeatable.
     #[arg(long = "meta", value_name = "K=V", value_parser = parse_kv)]
     pub meta: Vec<(String, String)>,

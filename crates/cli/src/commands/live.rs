@@ -3,8 +3,8 @@
 use futures::StreamExt as _;
 
 use super::{terminal, Ctx};
-use crate::args::{AuditArgs, LogsArgs, PreviewArgs, SignalArgs, WatchArgs};
-use crate::error::{CliError, Result};
+use crate::args::{AuditArgs, ErrorsArgs, LogsArgs, PreviewArgs, SignalArgs, StdinArgs, WatchArgs};
+use crate::error::{CliError, IoContext as _, Result};
 use crate::output::{self, print_line, print_stream};
 
 pub async fn terminal(ctx: Ctx, session: &str, argv: &[String]) -> Result<i32> {
@@ -20,6 +20,11 @@ pub async fn logs(ctx: Ctx, a: LogsArgs) -> Result<i32> {
     let exec_id = a
         .exec_id
         .ok_or_else(|| CliError::msg("name an exec id, or use --list"))?;
+    if a.status {
+        let status = ctx.client.exec_status(&a.session, &exec_id).await?;
+        ctx.out.print(&status, output::exec_status_table)?;
+        return Ok(0);
+    }
     let events = ctx.client.follow_exec(&a.session, &exec_id).await?;
     print_stream(events, ctx.out.json).await
 }
@@ -94,8 +99,18 @@ pub async fn preview(ctx: Ctx, a: PreviewArgs) -> Result<i32> {
     Ok(0)
 }
 
-pub async fn errors(ctx: Ctx, session: &str) -> Result<i32> {
-    let errors = ctx.client.errors(session).await?;
+pub async fn errors(ctx: Ctx, a: ErrorsArgs) -> Result<i32> {
+    if let Some(message) = a.report {
+        let report = koder_sdk::types::ReportError {
+            source: a.source,
+            message,
+            stack: a.stack,
+        };
+        let entry = ctx.client.report_error(&a.session, &report).await?;
+        ctx.out.print_json_only(&entry)?;
+        return Ok(0);
+    }
+    let errors = ctx.client.errors(&a.session).await?;
     ctx.out.print(&errors, |e| output::errors_table(e))?;
     Ok(0)
 }
@@ -107,5 +122,33 @@ pub async fn signal(ctx: Ctx, a: SignalArgs) -> Result<i32> {
         .await?;
     ctx.out
         .print_json_only(&serde_json::json!({"exec_id": a.exec_id, "signal": name}))?;
+    Ok(0)
+}
+
+/// The daemon takes at most 1 MiB per stdin write; smaller chunks keep a pipe interactive.
+const STDIN_CHUNK: usize = 64 * 1024;
+
+/// Sends `--data`, or copies this command's stdin as it arrives, to a background exec.
+pub async fn stdin(ctx: Ctx, a: StdinArgs) -> Result<i32> {
+    let send =
+        |data: Vec<u8>, close: bool| ctx.client.exec_stdin(&a.session, &a.exec_id, data, close);
+    if let Some(data) = a.data {
+        send(data.into_bytes(), a.eof).await?;
+        return Ok(0);
+    }
+    let mut input = tokio::io::stdin();
+    let mut buf = vec![0u8; STDIN_CHUNK];
+    loop {
+        let n = tokio::io::AsyncReadExt::read(&mut input, &mut buf)
+            .await
+            .doing(|| "reading standard input".into())?;
+        if n == 0 {
+            break;
+        }
+        send(buf[..n].to_vec(), false).await?;
+    }
+    if a.eof {
+        send(Vec::new(), true).await?;
+    }
     Ok(0)
 }

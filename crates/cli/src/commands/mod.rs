@@ -1,6 +1,7 @@
 //! What each subcommand does, one module per command group; `dispatch` picks it.
 
 mod admin;
+mod egress;
 mod exec;
 mod files;
 mod image;
@@ -97,7 +98,11 @@ pub async fn dispatch(g: &GlobalOpts, command: Command) -> Result<i32> {
         Command::Context(a) => interp::context(g, a).await,
         Command::RunCode(a) => interp::run_code(Ctx::new(g, &a.c)?, a).await,
         Command::Preview(a) => live::preview(Ctx::new(g, &a.c)?, a).await,
-        Command::Errors(a) => live::errors(Ctx::new(g, &a.c)?, &a.session).await,
+        Command::Errors(a) => live::errors(Ctx::new(g, &a.c)?, a).await,
+        Command::Stdin(a) => live::stdin(Ctx::new(g, &a.c)?, a).await,
+        Command::Network(a) => egress::network(Ctx::new(g, &a.c)?, a).await,
+        Command::Secret(a) => egress::secret(g, a).await,
+        Command::Webhook(a) => egress::webhook(g, a).await,
         Command::Signal(a) => live::signal(Ctx::new(g, &a.c)?, a).await,
         Command::Completions(a) => {
             completions(a.shell, &mut std::io::stdout());
@@ -112,6 +117,8 @@ pub(crate) fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Wr
     clap_complete::generate(shell, &mut cli, "ksandbox", out);
 }
 
+#[cfg(test)]
+pub(crate) use egress::network_request;
 #[cfg(test)]
 pub(crate) use exec::infer_language;
 #[cfg(test)]

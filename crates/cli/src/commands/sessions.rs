@@ -25,7 +25,7 @@ pub(crate) fn create_request(
             _ => types::NetworkMode::None,
         },
         allow: opts.allow.clone(),
-        deny: Vec::new(),
+        deny: opts.deny.clone(),
     });
     CreateSession {
         language,
@@ -36,18 +36,24 @@ pub(crate) fn create_request(
         env: env.iter().cloned().collect(),
         timeout_s: opts.timeout,
         metadata: opts.meta.iter().cloned().collect(),
+        secrets: opts.secrets.clone(),
         ..Default::default()
     }
 }
 
-/// `--allow` only means something with `--network allowlist`.
+/// `--allow` only means something with `--network allowlist`, `--deny` with a mode that lets
+/// something out.
 pub(super) fn check_allowlist(sub: &str, opts: &SessionOpts) {
-    if !opts.allow.is_empty() && opts.network.as_deref() != Some("allowlist") {
-        usage_error(
-            sub,
-            clap::error::ErrorKind::ArgumentConflict,
-            "--allow needs --network allowlist",
-        );
+    let mode = opts.network.as_deref();
+    let conflict = if !opts.allow.is_empty() && mode != Some("allowlist") {
+        Some("--allow needs --network allowlist")
+    } else if !opts.deny.is_empty() && !matches!(mode, Some("open" | "allowlist")) {
+        Some("--deny needs --network open or --network allowlist")
+    } else {
+        None
+    };
+    if let Some(message) = conflict {
+        usage_error(sub, clap::error::ErrorKind::ArgumentConflict, message);
     }
 }
 

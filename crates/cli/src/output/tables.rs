@@ -75,22 +75,26 @@ pub fn session_table(s: &types::Session) -> String {
         ("memory_mib", or_dash(limits.memory_mib)),
         ("disk_mib", or_dash(limits.disk_mib)),
         ("pids", or_dash(limits.pids)),
-        ("network", network(&s.network)),
+        ("network", network_line(&s.network)),
         ("metadata", meta.join(" ")),
     ])
 }
 
-fn network(n: &types::Network) -> String {
+/// `mode allow... deny ...` on one line (the policy as `info` and `network` show it).
+pub fn network_line(n: &types::Network) -> String {
     let mode = match n.mode {
         types::NetworkMode::None => "none",
         types::NetworkMode::Open => "open",
         types::NetworkMode::Allowlist => "allowlist",
     };
-    if n.allow.is_empty() {
-        mode.to_string()
-    } else {
-        format!("{mode} {}", n.allow.join(" "))
+    let mut line = mode.to_string();
+    if !n.allow.is_empty() {
+        line.push_str(&format!(" allow {}", n.allow.join(" ")));
     }
+    if !n.deny.is_empty() {
+        line.push_str(&format!(" deny {}", n.deny.join(" ")));
+    }
+    line
 }
 
 pub fn snapshots_table(snapshots: &[types::Snapshot]) -> String {
@@ -315,6 +319,87 @@ pub fn errors_table(errors: &[types::ErrorEntry]) -> String {
                 format_time(&e.at),
                 e.source.clone(),
                 e.message.lines().next().unwrap_or_default().to_string(),
+            ]
+        }),
+    )
+}
+
+pub fn exec_status_table(e: &types::ExecStatus) -> String {
+    let result = e.result.as_ref();
+    fields(vec![
+        ("exec", e.exec_id.clone()),
+        (
+            "state",
+            match e.state {
+                types::ExecState::Running => "running",
+                types::ExecState::Exited => "exited",
+            }
+            .to_string(),
+        ),
+        ("verdict", or_dash(result.and_then(|r| r.verdict.clone()))),
+        ("exit_code", or_dash(result.and_then(|r| r.exit_code))),
+        ("duration_ms", or_dash(result.map(|r| r.duration_ms))),
+        ("started", format_time(&e.started_at)),
+        ("command", e.command.join(" ")),
+    ])
+}
+
+pub fn secrets_table(secrets: &[types::Secret]) -> String {
+    table(
+        &["NAME", "HOSTS", "CREATED"],
+        secrets.iter().map(|s| {
+            vec![
+                s.name.clone(),
+                s.hosts.join(","),
+                format_time(&s.created_at),
+            ]
+        }),
+    )
+}
+
+pub fn webhooks_table(hooks: &[types::webhooks::Webhook]) -> String {
+    table(
+        &["ID", "URL", "EVENTS", "CREATED"],
+        hooks.iter().map(|h| {
+            let events = if h.events.is_empty() {
+                "all".to_string()
+            } else {
+                h.events.join(",")
+            };
+            vec![
+                h.id.clone(),
+                h.url.clone(),
+                events,
+                format_time(&h.created_at),
+            ]
+        }),
+    )
+}
+
+/// The id, and the signing secret this one time it is shown.
+pub fn webhook_created(h: &types::webhooks::Webhook) -> String {
+    fields(vec![
+        ("id", h.id.clone()),
+        ("secret", or_dash(h.secret.clone())),
+    ])
+}
+
+pub fn deliveries_table(deliveries: &[types::webhooks::Delivery]) -> String {
+    table(
+        &["DELIVERY", "EVENT", "STATE", "ATTEMPTS", "LAST", "UPDATED"],
+        deliveries.iter().map(|d| {
+            let last = match (&d.last_status, &d.last_error) {
+                (Some(status), _) => status.to_string(),
+                (None, Some(err)) => err.lines().next().unwrap_or_default().to_string(),
+                (None, None) => "-".into(),
+            };
+            vec![
+                d.id.clone(),
+                d.event_type.clone(),
+                d.state.clone(),
+                d.attempts.to_string(),
+                last,
+                format_time(&d.updated_at),
             ]
         }),
     )

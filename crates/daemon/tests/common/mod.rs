@@ -236,12 +236,27 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop();
-        let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
-            return;
-        };
-        for c in controllers.flatten() {
-            let _ = std::fs::remove_dir(c.path().join(&self.cgroup_parent));
+        remove_cgroup_parent(&self.cgroup_parent);
+    }
+}
+
+/// Removes the test's cgroup parent on every path: a crashed daemon (a `crash()` test, or a
+/// test that panicked mid-way) leaves sandbox groups under it, which keep the parent alive,
+/// so those are destroyed (their processes killed) first.
+fn remove_cgroup_parent(parent: &str) {
+    use koder_cgroups::CgroupDriver as _;
+    if let Ok(driver) = koder_cgroups::detect(parent) {
+        for name in driver.list().unwrap_or_default() {
+            if let Ok(group) = driver.open(&name) {
+                let _ = group.destroy();
+            }
         }
+    }
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    for c in controllers.flatten() {
+        let _ = std::fs::remove_dir(c.path().join(parent));
     }
 }
 
