@@ -23,6 +23,12 @@ ln -sfn "$modules/node_modules" console/node_modules
 (cd console && node_modules/.bin/tsc -p tsconfig.json)
 node console/build.mjs
 # LC_ALL=C: the same order everywhere (the Rust test reads the list, not its order).
+# Rewritten only when it changes (scripts/console-tests.sh rebuilds the daemon when dist/ is newer).
 find console/src console/package.json console/package-lock.json console/build.mjs console/tsconfig.json \
-  -type f | LC_ALL=C sort | xargs sha256sum >console/dist/SOURCES.sha256
+  -type f | LC_ALL=C sort | xargs sha256sum >console/dist/SOURCES.sha256.new
+if cmp -s console/dist/SOURCES.sha256.new console/dist/SOURCES.sha256; then
+  rm console/dist/SOURCES.sha256.new
+else
+  mv console/dist/SOURCES.sha256.new console/dist/SOURCES.sha256
+fi
 echo "console: built console/dist ($(du -sh console/dist | cut -f1))"

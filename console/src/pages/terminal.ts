@@ -3,6 +3,9 @@ import { Terminal } from "@xterm/xterm";
 import { apiKey, sessionPath } from "../api";
 import { h, say, status } from "../dom";
 import { Scope } from "../nav";
+import { routeInlineStyles } from "../sheets";
+
+routeInlineStyles(document);
 
 /** Browsers cannot set headers on a WebSocket: the key rides as a subprotocol, never in the URL. */
 function protocols(): string[] {

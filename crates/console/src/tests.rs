@@ -12,7 +12,7 @@ async fn get_path(path: &str) -> Response {
         .unwrap()
 }
 
-fn header_of<'a>(res: &'a Response, name: header::HeaderName) -> &'a str {
+fn header_of(res: &Response, name: header::HeaderName) -> &str {
     res.headers()
         .get(&name)
         .unwrap_or_else(|| panic!("no {name} header"))

@@ -67,7 +67,7 @@ pub async fn terminal(
         None => return Err(ApiError::invalid("arg needs cmd")),
     };
     s.manager.get(&who, &id).await?;
-    let ws = crate::extract::websocket(ws)?;
+    let ws = crate::extract::websocket(ws)?.protocols([crate::credentials::TERMINAL_PROTOCOL]);
     // The process starts before the upgrade, so a bad command is a plain HTTP error.
     let spec = TerminalSpec {
         argv,
