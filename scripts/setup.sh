@@ -8,6 +8,7 @@ cd "$(dirname "$0")"
 ./install-missing.sh \
   python3=/usr/bin/python3 `# interpreter used inside host-image sandboxes` \
   nodejs=/usr/bin/node `# ditto` \
+  chromium=/usr/bin/chromium `# browser tests of the web console (scripts/console-tests.sh)` \
   npm=/usr/bin/npm `# the E2B JavaScript SDKs (scripts/e2b-js-tests.sh)` \
   python3.11-venv=/usr/lib/python3.11/ensurepip/__init__.py `# venv of the E2B SDK suite (scripts/e2b-tests.sh)` \
   iproute2=/usr/sbin/ip \

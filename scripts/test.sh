@@ -30,3 +30,4 @@ scripts/go-sdk-tests.sh  # the Go SDK (sdks/go): go vet, unit tests, integration
 scripts/python-sdk-tests.sh  # the Python SDK (sdks/python) against the daemon
 scripts/mcp-tests.sh  # the official MCP client from PyPI against `ksandbox mcp` (tests/mcp)
 scripts/quickstart-tests.sh  # the README Quick start block, as typed, against the daemon
+scripts/console-tests.sh  # the web console in headless Chromium (Playwright) against the daemon (tests/console)

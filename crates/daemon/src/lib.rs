@@ -112,7 +112,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         limits: state.limits.clone(),
     };
     let e2b = koder_e2b::E2b::new(state.clone(), cfg.sessions.clone(), token_key(data_dir)?);
-    let app = koder_http::drain_unread_bodies(koder_e2b::mount(koder_http::router(state), e2b));
+    let native = koder_http::router(state).merge(koder_console::router());
+    let app = koder_http::drain_unread_bodies(koder_e2b::mount(native, e2b));
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
         .await
         .with_context(|| format!("listening on {}", cfg.server.listen))?;

@@ -12,6 +12,14 @@ pub const ACCESS_TOKEN: &str = "x-access-token";
 /// The same token as the E2B code-interpreter SDK sends it.
 pub const TRAFFIC_ACCESS_TOKEN: &str = "e2b-traffic-access-token";
 
+/// Browsers cannot set headers on a WebSocket: the web console offers its key as the
+/// subprotocol `koder.bearer.<base64url key>` beside [`TERMINAL_PROTOCOL`], which the handler
+/// selects (so the key is never echoed back). Taken only when `Authorization` is absent, and
+/// never on preview routes (their subprotocols are forwarded into the sandbox).
+pub const WEBSOCKET_BEARER_PREFIX: &str = "koder.bearer.";
+/// The subprotocol a terminal WebSocket answers with when the client offered it.
+pub const TERMINAL_PROTOCOL: &str = "koder.terminal.v1";
+
 /// Never forwarded into a sandbox. Cookies and proxy credentials are not the daemon's, but a
 /// caller's browser or proxy sends them for the daemon's origin: they are not the sandbox's
 /// either.

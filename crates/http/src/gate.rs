@@ -63,7 +63,10 @@ async fn admission(
     route: &str,
     needed: Scope,
 ) -> Result<Places, ApiError> {
-    let principal = authenticate(s, headers).await?;
+    let principal = match websocket_bearer(headers, route) {
+        Some(bearer) => check(s, &bearer).await?,
+        None => authenticate(s, headers).await?,
+    };
     principal.require(needed)?;
     let tenant = principal.identity.tenant_id.as_str();
     s.limits.check_request(tenant)?;
@@ -83,6 +86,10 @@ pub(crate) async fn authenticate(s: &AppState, headers: &HeaderMap) -> Result<Pr
         .ok_or(AuthError::Missing)?
         .to_str()
         .map_err(|_| ApiError::unauthorized("malformed Authorization header"))?;
+    check(s, header).await
+}
+
+async fn check(s: &AppState, header: &str) -> Result<Principal, ApiError> {
     s.auth.authenticate_header(header).await.map_err(|e| {
         tracing::debug!(error = %e, "authentication failed");
         ApiError::from(e)
@@ -138,6 +145,27 @@ fn is_exec(method: &Method, route: &str) -> bool {
 /// WebSockets, Server-Sent Events and the exec output stream count against open streams.
 fn opens_stream(headers: &HeaderMap, route: &str) -> bool {
     is_websocket(headers) || crate::live::wants_sse(headers) || route.ends_with("/stream")
+}
+
+/// The key a browser's WebSocket offers as a subprotocol (`credentials::WEBSOCKET_BEARER_PREFIX`),
+/// as an `Authorization` value; a malformed one is no credential (so the answer is 401).
+fn websocket_bearer(headers: &HeaderMap, route: &str) -> Option<String> {
+    use base64::Engine as _;
+    if headers.contains_key(header::AUTHORIZATION)
+        || !is_websocket(headers)
+        || route.contains("/preview")
+    {
+        return None;
+    }
+    let offered = headers.get(header::SEC_WEBSOCKET_PROTOCOL)?.to_str().ok()?;
+    let encoded = offered.split(',').find_map(|p| {
+        p.trim()
+            .strip_prefix(crate::credentials::WEBSOCKET_BEARER_PREFIX)
+    })?;
+    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(encoded)
+        .ok()?;
+    Some(format!("Bearer {}", String::from_utf8(key).ok()?))
 }
 
 fn is_websocket(headers: &HeaderMap) -> bool {
@@ -214,6 +242,42 @@ impl<S: Send + Sync> FromRequestParts<S> for HeldStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn upgrade(protocols: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, "websocket".parse().unwrap());
+        h.insert(header::SEC_WEBSOCKET_PROTOCOL, protocols.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn a_websocket_may_offer_its_key_as_a_subprotocol() {
+        // "e2b_k3y?" in base64url without padding.
+        let offered = "koder.terminal.v1, koder.bearer.ZTJiX2szeT8";
+        let terminal = "/v1/sandbox/sessions/{id}/terminal";
+        assert_eq!(
+            websocket_bearer(&upgrade(offered), terminal).as_deref(),
+            Some("Bearer e2b_k3y?")
+        );
+        // Never on preview routes (their subprotocols reach the sandbox), never beside an
+        // Authorization header, never without an upgrade, never when malformed.
+        let preview = "/v1/sandbox/sessions/{id}/preview/{*path}";
+        assert_eq!(websocket_bearer(&upgrade(offered), preview), None);
+        let mut both = upgrade(offered);
+        both.insert(header::AUTHORIZATION, "Bearer other".parse().unwrap());
+        assert_eq!(websocket_bearer(&both, terminal), None);
+        let mut plain = upgrade(offered);
+        plain.remove(header::UPGRADE);
+        assert_eq!(websocket_bearer(&plain, terminal), None);
+        assert_eq!(
+            websocket_bearer(&upgrade("koder.bearer.%%%"), terminal),
+            None
+        );
+        assert_eq!(
+            websocket_bearer(&upgrade("koder.terminal.v1"), terminal),
+            None
+        );
+    }
 
     #[test]
     fn routes_need_their_scopes() {

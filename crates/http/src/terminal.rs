@@ -24,6 +24,7 @@ enum Control {
 }
 
 #[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/terminal", tag = "live",
+    description = "A browser, which cannot set headers on a WebSocket, may offer its key as the subprotocol `koder.bearer.<base64url key>` beside `koder.terminal.v1` (selected in the answer) instead of the Authorization header.",
     params(("id" = String, Path),
            ("cmd" = Option<String>, Query, description = "program to run instead of the login shell (exec'd directly, never through a shell)"),
            ("arg" = Option<Vec<String>>, Query, description = "its arguments, in order; repeatable"),
@@ -67,7 +68,7 @@ pub async fn terminal(
         None => return Err(ApiError::invalid("arg needs cmd")),
     };
     s.manager.get(&who, &id).await?;
-    let ws = crate::extract::websocket(ws)?;
+    let ws = crate::extract::websocket(ws)?.protocols([crate::credentials::TERMINAL_PROTOCOL]);
     // The process starts before the upgrade, so a bad command is a plain HTTP error.
     let spec = TerminalSpec {
         argv,
