@@ -13,7 +13,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admit::{admit, Admitted, Places};
-use crate::convert::exec_request;
+use crate::convert::{exec_request, preview};
 use crate::proto::{self as pb, exec_event::Event, sandbox_server::Sandbox};
 use crate::status::{status, OrStatus as _};
 use crate::GrpcState;
@@ -197,6 +197,61 @@ impl Sandbox for SandboxService {
         Ok(Response::new(session.into()))
     }
 
+    async fn fork_session(
+        &self,
+        req: Request<pb::ForkSessionRequest>,
+    ) -> Answer<pb::ForkSessionResponse> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let sessions = self
+            .s
+            .manager
+            .fork(&who, &msg.session_id, msg.count.unwrap_or(1))
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::ForkSessionResponse {
+            sessions: sessions.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn restore_session(
+        &self,
+        req: Request<pb::RestoreSessionRequest>,
+    ) -> Answer<pb::Session> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let session = self
+            .s
+            .manager
+            .restore(&who, &msg.session_id, &msg.snapshot_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(session.into()))
+    }
+
+    async fn set_network(&self, req: Request<pb::SetNetworkRequest>) -> Answer<pb::Session> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let network = msg.network.unwrap_or_default().try_into()?;
+        let session = self
+            .s
+            .manager
+            .set_network(&who, &msg.session_id, network)
+            .await
+            .or_status()?;
+        Ok(Response::new(session.into()))
+    }
+
+    async fn pin_preview(&self, req: Request<pb::PinPreviewRequest>) -> Answer<pb::Preview> {
+        let (who, msg) = self.caller(req, Scope::Exec).await?;
+        let port = u16::try_from(msg.port)
+            .map_err(|_| status(ErrorCode::InvalidArgument, "port must be 1..=65535", None))?;
+        let upstream = self
+            .s
+            .manager
+            .pin_preview(&who, &msg.session_id, port)
+            .await
+            .or_status()?;
+        Ok(Response::new(preview(&msg.session_id, upstream)))
+    }
+
     async fn exec(&self, req: Request<pb::ExecRequest>) -> Answer<pb::ExecResult> {
         let (admitted, msg) = self.admit(req, Scope::Exec, Places::Exec).await?;
         let (id, exec) = exec_request(msg);
@@ -221,6 +276,93 @@ impl Sandbox for SandboxService {
             .await
             .or_status()?;
         Ok(Response::new(exec_events(follow, admitted)))
+    }
+
+    async fn start_exec(&self, req: Request<pb::ExecRequest>) -> Answer<pb::ExecStarted> {
+        let (admitted, msg) = self.admit(req, Scope::Exec, Places::Exec).await?;
+        let (id, exec) = exec_request(msg);
+        let exec_id = self
+            .s
+            .manager
+            .exec_background(&admitted.who, &id, exec)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::ExecStarted { exec_id }))
+    }
+
+    async fn list_execs(
+        &self,
+        req: Request<pb::ListExecsRequest>,
+    ) -> Answer<pb::ListExecsResponse> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let execs = self
+            .s
+            .manager
+            .list_execs(&who, &msg.session_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::ListExecsResponse {
+            execs: execs.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn get_exec(&self, req: Request<pb::GetExecRequest>) -> Answer<pb::ExecStatus> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let exec = self
+            .s
+            .manager
+            .exec_status(&who, &msg.session_id, &msg.exec_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(exec.into()))
+    }
+
+    type FollowExecStream = Events<pb::ExecEvent>;
+
+    async fn follow_exec(
+        &self,
+        req: Request<pb::GetExecRequest>,
+    ) -> Answer<Self::FollowExecStream> {
+        let (admitted, msg) = self.admit(req, Scope::Read, Places::Stream).await?;
+        let follow = self
+            .s
+            .manager
+            .follow_exec(&admitted.who, &msg.session_id, &msg.exec_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(exec_events(follow, admitted)))
+    }
+
+    async fn write_stdin(
+        &self,
+        req: Request<pb::WriteStdinRequest>,
+    ) -> Answer<pb::WriteStdinResponse> {
+        let (who, msg) = self.caller(req, Scope::Exec).await?;
+        self.s
+            .manager
+            .exec_stdin(
+                &who,
+                &msg.session_id,
+                &msg.exec_id,
+                Bytes::from(msg.data),
+                msg.close,
+            )
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::WriteStdinResponse {}))
+    }
+
+    async fn signal_exec(
+        &self,
+        req: Request<pb::SignalExecRequest>,
+    ) -> Answer<pb::SignalExecResponse> {
+        let (who, msg) = self.caller(req, Scope::Exec).await?;
+        self.s
+            .manager
+            .exec_signal(&who, &msg.session_id, &msg.exec_id, &msg.signal)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::SignalExecResponse {}))
     }
 
     type ReadFileStream = Events<pb::FileChunk>;
@@ -421,5 +563,51 @@ impl Sandbox for SandboxService {
             .await
             .or_status()?;
         Ok(Response::new(pb::DeleteSnapshotResponse {}))
+    }
+
+    async fn create_volume(&self, req: Request<pb::CreateVolumeRequest>) -> Answer<pb::Volume> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let volume = self
+            .s
+            .manager
+            .create_volume(&who, msg.into())
+            .await
+            .or_status()?;
+        Ok(Response::new(volume.into()))
+    }
+
+    async fn get_volume(&self, req: Request<pb::GetVolumeRequest>) -> Answer<pb::Volume> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let volume = self
+            .s
+            .manager
+            .get_volume(&who, &msg.volume)
+            .await
+            .or_status()?;
+        Ok(Response::new(volume.into()))
+    }
+
+    async fn list_volumes(
+        &self,
+        req: Request<pb::ListVolumesRequest>,
+    ) -> Answer<pb::ListVolumesResponse> {
+        let (who, _) = self.caller(req, Scope::Read).await?;
+        let list = self.s.manager.list_volumes(&who).await.or_status()?;
+        Ok(Response::new(pb::ListVolumesResponse {
+            volumes: list.volumes.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn delete_volume(
+        &self,
+        req: Request<pb::DeleteVolumeRequest>,
+    ) -> Answer<pb::DeleteVolumeResponse> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        self.s
+            .manager
+            .delete_volume(&who, &msg.volume)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::DeleteVolumeResponse {}))
     }
 }
