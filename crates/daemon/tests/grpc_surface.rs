@@ -389,3 +389,89 @@ async fn network_preview_fork_and_restore() {
         Code::NotFound
     );
 }
+
+/// Terminal output until `want` shows (`None`: until the exit, which comes back), bounded.
+async fn read_until(
+    out: &mut tonic::Streaming<pb::TerminalOutput>,
+    want: Option<&str>,
+) -> Option<pb::TerminalExit> {
+    use pb::terminal_output::Event as Out;
+    let mut seen = String::new();
+    let wait = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Some(msg) = out.next().await {
+            match msg.expect("terminal output").event.expect("event") {
+                Out::Output(b) => {
+                    seen.push_str(&String::from_utf8_lossy(&b));
+                    if want.is_some_and(|w| seen.contains(w)) {
+                        return None;
+                    }
+                }
+                Out::Exit(e) => return Some(e),
+                Out::Started(_) => {}
+            }
+        }
+        panic!("the terminal ended; saw {seen:?}");
+    });
+    wait.await.unwrap_or_else(|_| panic!("no {want:?} in time"))
+}
+
+/// The messages sent on `rx`, as a client stream.
+fn requests(
+    rx: tokio::sync::mpsc::Receiver<pb::TerminalRequest>,
+) -> impl futures::Stream<Item = pb::TerminalRequest> {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_input_resize_output_and_exit() {
+    use pb::terminal_request::Part;
+    let Some(()) = root_or_skip() else { return };
+    let (_d, mut c, _) = start(BASE_CONFIG).await;
+    let s = create(&mut c, KEY1, pb::CreateSessionRequest::default()).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let part = |p| pb::TerminalRequest { part: Some(p) };
+    tx.send(part(Part::Start(pb::TerminalStart {
+        session_id: s.id.clone(),
+        argv: vec!["/bin/sh".into()],
+        size: Some(pb::TerminalSize { cols: 90, rows: 20 }),
+        ..Default::default()
+    })))
+    .await
+    .unwrap();
+    let mut out = ok(c.terminal(authed(KEY1, requests(rx))).await);
+    let first = out.next().await.unwrap().unwrap().event;
+    assert!(
+        matches!(first, Some(pb::terminal_output::Event::Started(pid)) if pid > 0),
+        "{first:?}"
+    );
+    tx.send(part(Part::Input(
+        b"stty size; echo sum-$((40+2))\n".to_vec(),
+    )))
+    .await
+    .unwrap();
+    assert_eq!(read_until(&mut out, Some("sum-42")).await, None);
+    tx.send(part(Part::Resize(pb::TerminalSize {
+        cols: 100,
+        rows: 30,
+    })))
+    .await
+    .unwrap();
+    tx.send(part(Part::Input(b"stty size\n".to_vec())))
+        .await
+        .unwrap();
+    assert_eq!(read_until(&mut out, Some("30 100")).await, None);
+    tx.send(part(Part::Input(b"exit 7\n".to_vec())))
+        .await
+        .unwrap();
+    let exit = read_until(&mut out, None).await.expect("an exit");
+    assert_eq!(exit.exit_code, Some(7));
+
+    // The first message must be the start.
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(part(Part::Input(b"x".to_vec()))).await.unwrap();
+    let refused = c.terminal(authed(KEY1, requests(rx))).await;
+    assert_eq!(
+        refused.map(|_| ()).unwrap_err().code(),
+        Code::InvalidArgument
+    );
+}

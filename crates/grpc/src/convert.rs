@@ -17,7 +17,7 @@ pub(crate) fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
     }
 }
 
-fn invalid(message: &str) -> Status {
+pub(crate) fn invalid(message: &str) -> Status {
     status(api::ErrorCode::InvalidArgument, message, None)
 }
 

@@ -7,13 +7,13 @@ use futures::{Stream, StreamExt as _};
 use koder_api_types::{CreateSnapshot, ErrorCode};
 use koder_auth::{Identity, Scope};
 use koder_sessions::execs::{ExecEvent, Follow};
-use koder_sessions::{ContextOptions, RunRequest};
+use koder_sessions::{ContextOptions, RunRequest, Terminal, TerminalEvent, TerminalSpec};
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admit::{admit, Admitted, Places};
-use crate::convert::{exec_request, preview};
+use crate::convert::{exec_request, invalid, preview};
 use crate::proto::{self as pb, exec_event::Event, sandbox_server::Sandbox};
 use crate::status::{status, OrStatus as _};
 use crate::GrpcState;
@@ -128,6 +128,82 @@ fn upload_body(
         )),
         None => Ok(Bytes::new()),
     })
+}
+
+/// A terminal size in cells; 0 (unset) is the default 80 x 24 as over REST.
+fn cells(size: Option<pb::TerminalSize>) -> Result<(u16, u16), Status> {
+    let size = size.unwrap_or_default();
+    let cell = |n: u32, default: u16| match n {
+        0 => Ok(default),
+        n => u16::try_from(n).map_err(|_| invalid("terminal sizes are 1..=65535 cells")),
+    };
+    Ok((cell(size.cols, 80)?, cell(size.rows, 24)?))
+}
+
+fn terminal_spec(start: pb::TerminalStart) -> Result<TerminalSpec, Status> {
+    let (cols, rows) = cells(start.size)?;
+    Ok(TerminalSpec {
+        argv: start.argv,
+        env: start.env,
+        cwd: start.cwd,
+        user: start.user,
+        cols,
+        rows,
+    })
+}
+
+/// Keystrokes and resizes in, the terminal's events out, until the process exits or the
+/// client goes (`out` closed): then `term` is dropped, which kills its process. `places` is
+/// the call's stream place, held as long.
+async fn terminal_bridge<P>(
+    mut term: Terminal,
+    mut input: Streaming<pb::TerminalRequest>,
+    out: tokio::sync::mpsc::Sender<Result<pb::TerminalOutput, Status>>,
+    places: P,
+) {
+    use pb::terminal_output::Event as Out;
+    use pb::terminal_request::Part;
+    let _places = places;
+    let keys = term.input();
+    let mut input_open = true;
+    loop {
+        tokio::select! {
+            msg = input.message(), if input_open => match msg {
+                Ok(Some(pb::TerminalRequest { part: Some(Part::Input(data)) })) => {
+                    if keys.write(&data).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Some(pb::TerminalRequest { part: Some(Part::Resize(size)) })) => {
+                    match cells(Some(size)) {
+                        Ok((cols, rows)) => { let _ = keys.resize(cols, rows).await; }
+                        Err(e) => { let _ = out.send(Err(e)).await; return; }
+                    }
+                }
+                Ok(Some(_)) => {
+                    let _ = out.send(Err(invalid("only the first Terminal message is start"))).await;
+                    return;
+                }
+                // Half-closed: no more input, the output goes on.
+                Ok(None) => input_open = false,
+                Err(_) => return,
+            },
+            event = term.next() => {
+                let (msg, last) = match event {
+                    TerminalEvent::Output(data) => (Ok(Out::Output(data.to_vec())), false),
+                    TerminalEvent::Exit { exit_code, signal } => {
+                        (Ok(Out::Exit(pb::TerminalExit { exit_code, signal })), true)
+                    }
+                    TerminalEvent::Lost(why) => (Err(status(ErrorCode::Internal, &why, None)), true),
+                };
+                let msg = msg.map(|event| pb::TerminalOutput { event: Some(event) });
+                if out.send(msg).await.is_err() || last {
+                    return;
+                }
+            }
+            () = out.closed() => return,
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -363,6 +439,40 @@ impl Sandbox for SandboxService {
             .await
             .or_status()?;
         Ok(Response::new(pb::SignalExecResponse {}))
+    }
+
+    type TerminalStream = Events<pb::TerminalOutput>;
+
+    async fn terminal(
+        &self,
+        req: Request<Streaming<pb::TerminalRequest>>,
+    ) -> Answer<Self::TerminalStream> {
+        let (admitted, mut parts) = self.admit(req, Scope::Exec, Places::Stream).await?;
+        let start = match parts.message().await? {
+            Some(pb::TerminalRequest {
+                part: Some(pb::terminal_request::Part::Start(start)),
+            }) => start,
+            _ => return Err(invalid("the first Terminal message must be start")),
+        };
+        let session_id = start.session_id.clone();
+        let spec = terminal_spec(start)?;
+        // The process starts before the answer, so a bad command fails the call itself.
+        let term = self
+            .s
+            .manager
+            .terminal(&admitted.who, &session_id, spec)
+            .await
+            .or_status()?;
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let started = pb::TerminalOutput {
+            event: Some(pb::terminal_output::Event::Started(term.pid())),
+        };
+        // Never full: the channel was just made.
+        let _ = tx.try_send(Ok(started));
+        tokio::spawn(terminal_bridge(term, parts, tx, admitted.places));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     type ReadFileStream = Events<pb::FileChunk>;
