@@ -475,3 +475,83 @@ async fn terminal_input_resize_output_and_exit() {
         Code::InvalidArgument
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_administration_for_operators_only() {
+    const ADMIN_KEY: &str = "admin-key-grpc-0123456789";
+    let Some(()) = root_or_skip() else { return };
+    let config = format!("{BASE_CONFIG}[auth]\nadmin_keys = [\"{ADMIN_KEY}\"]\n");
+    let (_d, mut c, _) = start(&config).await;
+    // A tenant's key is refused, as on REST; no key is unauthenticated.
+    assert_eq!(
+        refused(
+            c.list_tenants(authed(KEY1, pb::ListTenantsRequest {}))
+                .await
+        )
+        .0,
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        refused(
+            c.list_tenants(tonic::Request::new(pb::ListTenantsRequest {}))
+                .await
+        )
+        .0,
+        Code::Unauthenticated
+    );
+    let put = ok(c
+        .put_tenant(authed(
+            ADMIN_KEY,
+            pb::PutTenantRequest {
+                tenant_id: "newco".into(),
+                name: Some("New Co".into()),
+                plan: "standard".into(),
+                max_sessions: Some(3),
+                daily_session_minutes: None,
+            },
+        ))
+        .await);
+    assert_eq!(
+        (put.id.as_str(), put.name.as_str(), put.max_sessions),
+        ("newco", "New Co", Some(3))
+    );
+    let got = ok(c
+        .get_tenant(authed(
+            ADMIN_KEY,
+            pb::GetTenantRequest {
+                tenant_id: "newco".into(),
+            },
+        ))
+        .await);
+    // The store keeps milliseconds; the answer to the put had the clock's nanoseconds.
+    let second = |t: &pb::Tenant| t.created_at.as_ref().map(|t| t.seconds);
+    assert_eq!(second(&got), second(&put));
+    assert_eq!(
+        pb::Tenant {
+            created_at: None,
+            ..got
+        },
+        pb::Tenant {
+            created_at: None,
+            ..put
+        }
+    );
+    let all = ok(c
+        .list_tenants(authed(ADMIN_KEY, pb::ListTenantsRequest {}))
+        .await);
+    let ids: Vec<_> = all.tenants.iter().map(|t| t.id.as_str()).collect();
+    assert!(ids.contains(&"newco") && ids.contains(&"t1"), "{ids:?}");
+    assert_eq!(
+        refused(
+            c.get_tenant(authed(
+                ADMIN_KEY,
+                pb::GetTenantRequest {
+                    tenant_id: "ghost".into(),
+                },
+            ))
+            .await
+        )
+        .0,
+        Code::NotFound
+    );
+}

@@ -203,6 +203,32 @@ impl From<api::ExecStatus> for pb::ExecStatus {
     }
 }
 
+impl From<api::TenantInfo> for pb::Tenant {
+    fn from(t: api::TenantInfo) -> Self {
+        Self {
+            id: t.id,
+            name: t.name,
+            plan: t.plan,
+            max_sessions: t.max_sessions,
+            daily_session_minutes: t.daily_session_minutes,
+            created_at: Some(timestamp(t.created_at)),
+            live_sessions: t.live_sessions,
+            session_minutes_today: t.session_minutes_today,
+        }
+    }
+}
+
+/// The tenant id and the domain request of a PutTenant.
+pub(crate) fn put_tenant(r: pb::PutTenantRequest) -> (String, api::PutTenant) {
+    let req = api::PutTenant {
+        name: r.name,
+        plan: r.plan,
+        max_sessions: r.max_sessions,
+        daily_session_minutes: r.daily_session_minutes,
+    };
+    (r.tenant_id, req)
+}
+
 /// The preview of a session: the port its REST proxy forwards to.
 pub(crate) fn preview(session_id: &str, u: koder_sessions::Upstream) -> pb::Preview {
     pb::Preview {

@@ -12,8 +12,8 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::admit::{admit, Admitted, Places};
-use crate::convert::{exec_request, invalid, preview};
+use crate::admit::{admit, admit_operator, Admitted, Places};
+use crate::convert::{exec_request, invalid, preview, put_tenant};
 use crate::proto::{self as pb, exec_event::Event, sandbox_server::Sandbox};
 use crate::status::{status, OrStatus as _};
 use crate::GrpcState;
@@ -719,5 +719,34 @@ impl Sandbox for SandboxService {
             .await
             .or_status()?;
         Ok(Response::new(pb::DeleteVolumeResponse {}))
+    }
+
+    async fn list_tenants(
+        &self,
+        req: Request<pb::ListTenantsRequest>,
+    ) -> Answer<pb::ListTenantsResponse> {
+        admit_operator(&self.s, req.metadata()).await?;
+        let tenants = self.s.manager.list_tenants().await.or_status()?;
+        Ok(Response::new(pb::ListTenantsResponse {
+            tenants: tenants.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn get_tenant(&self, req: Request<pb::GetTenantRequest>) -> Answer<pb::Tenant> {
+        admit_operator(&self.s, req.metadata()).await?;
+        let tenant = self
+            .s
+            .manager
+            .get_tenant(&req.into_inner().tenant_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(tenant.into()))
+    }
+
+    async fn put_tenant(&self, req: Request<pb::PutTenantRequest>) -> Answer<pb::Tenant> {
+        admit_operator(&self.s, req.metadata()).await?;
+        let (id, put) = put_tenant(req.into_inner());
+        let tenant = self.s.manager.put_tenant(&id, put).await.or_status()?;
+        Ok(Response::new(tenant.into()))
     }
 }
