@@ -57,6 +57,10 @@ cat > "$DAEMON_TMP/schemathesis.toml" <<'TOML'
 expected-statuses = ["2xx", "3xx", "4xx", "503"]
 TOML
 status=0
+# Run from the daemon's temp dir: schemathesis keeps a `.schemathesis` cache in its working
+# directory, which must not land in the clone.
+venv=$(realpath "$venv")
+cd "$DAEMON_TMP"
 "$venv/bin/schemathesis" --config-file "$DAEMON_TMP/schemathesis.toml" run "$DAEMON_URL/openapi.json" \
   --url "$DAEMON_URL" -H "Authorization: Bearer $DAEMON_KEY1" \
   --phases examples,coverage,fuzzing --max-examples 5 --workers 2 --seed 1 \
@@ -66,5 +70,6 @@ status=0
   --exclude-operation-id import_image --exclude-operation-id delete_image \
   --exclude-operation-id fork --exclude-operation-id create_webhook \
   --report junit --report-dir "$DAEMON_TMP/report" "$@" || status=$?
+cd - >/dev/null
 [ "$status" -eq 0 ] || daemon_log_tail
 exit "$status"
