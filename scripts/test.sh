@@ -29,5 +29,6 @@ scripts/e2b-js-tests.sh  # the real E2B JavaScript SDKs from npm against the dae
 scripts/go-sdk-tests.sh  # the Go SDK (sdks/go): go vet, unit tests, integration tests against the daemon
 scripts/python-sdk-tests.sh  # the Python SDK (sdks/python) against the daemon
 scripts/mcp-tests.sh  # the official MCP client from PyPI against `ksandbox mcp` (tests/mcp)
+scripts/schemathesis-tests.sh  # schemathesis from PyPI against the daemon's /openapi.json (zero failures)
 scripts/quickstart-tests.sh  # the README Quick start block, as typed, against the daemon
 scripts/console-tests.sh  # the web console in headless Chromium (Playwright) against the daemon (tests/console)

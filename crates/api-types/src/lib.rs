@@ -65,6 +65,9 @@ pub mod codes {
     pub const NETWORK_RULE: &str = "SANDBOX-NETWORK-RULE";
     /// 404: no secret of that name for this tenant.
     pub const SECRET_NOT_FOUND: &str = "SANDBOX-SECRET-NOT-FOUND";
+    /// 400: a webhook URL reaches an address the SSRF guard refuses (loopback, private,
+    /// reserved).
+    pub const WEBHOOK_URL_REFUSED: &str = "SANDBOX-WEBHOOK-URL-REFUSED";
 
     /// Exec verdicts (inside an exec result, not HTTP errors).
     pub const EXEC_KILLED_OOM: &str = "SANDBOX-EXEC-KILLED-OOM";
@@ -105,6 +108,7 @@ pub enum ErrorCode {
     ImageInUse,
     NetworkRule,
     SecretNotFound,
+    WebhookUrlRefused,
 }
 
 impl ErrorCode {
@@ -136,6 +140,7 @@ impl ErrorCode {
             ErrorCode::ImageInUse => codes::IMAGE_IN_USE,
             ErrorCode::NetworkRule => codes::NETWORK_RULE,
             ErrorCode::SecretNotFound => codes::SECRET_NOT_FOUND,
+            ErrorCode::WebhookUrlRefused => codes::WEBHOOK_URL_REFUSED,
         }
     }
 }

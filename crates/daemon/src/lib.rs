@@ -110,6 +110,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         manager: state.manager.clone(),
         auth: state.auth.clone(),
         limits: state.limits.clone(),
+        admin_keys: state.admin_keys.clone(),
     };
     let e2b = koder_e2b::E2b::new(state.clone(), cfg.sessions.clone(), token_key(data_dir)?);
     let native = koder_http::router(state).merge(koder_console::router());

@@ -41,22 +41,11 @@ async fn sessions_execs_and_streams() {
     assert_eq!(s.tenant_id, "t1");
     assert_eq!(s.state, "running");
     assert_eq!(s.metadata["job"], "grpc");
-    let got = c
-        .get_session(authed(
-            KEY1,
-            pb::GetSessionRequest {
-                session_id: s.id.clone(),
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let got = ok(get_session(&mut c, KEY1, &s.id).await);
     assert_eq!(got.id, s.id);
-    let listed = c
+    let listed = ok(c
         .list_sessions(authed(KEY1, pb::ListSessionsRequest {}))
-        .await
-        .unwrap()
-        .into_inner();
+        .await);
     assert!(listed.sessions.iter().any(|x| x.id == s.id));
 
     // Unary exec: output, exit code, and a verdict for a timeout.
@@ -68,18 +57,17 @@ async fn sessions_execs_and_streams() {
     slow.timeout_ms = Some(300);
     let r = c.exec(authed(KEY1, slow)).await.unwrap().into_inner();
     assert_eq!(r.verdict.as_deref(), Some("SANDBOX-EXEC-TIMEOUT"));
-    let bad = c
-        .exec(authed(
-            KEY1,
-            pb::ExecRequest {
-                session_id: s.id.clone(),
-                ..Default::default()
-            },
-        ))
-        .await
-        .unwrap_err();
     assert_eq!(
-        failure(&bad),
+        refused(
+            c.exec(authed(
+                KEY1,
+                pb::ExecRequest {
+                    session_id: s.id.clone(),
+                    ..Default::default()
+                },
+            ))
+            .await
+        ),
         (Code::InvalidArgument, "SANDBOX-INVALID-ARGUMENT".into())
     );
 
@@ -129,7 +117,7 @@ async fn sessions_execs_and_streams() {
     }
 
     // Pause and resume.
-    let p = c
+    let p = ok(c
         .pause_session(authed(
             KEY1,
             pb::PauseSessionRequest {
@@ -137,41 +125,24 @@ async fn sessions_execs_and_streams() {
                 memory: None,
             },
         ))
-        .await
-        .unwrap()
-        .into_inner();
+        .await);
     assert_eq!(p.state, "paused");
-    let r = c
+    let r = ok(c
         .resume_session(authed(
             KEY1,
             pb::ResumeSessionRequest {
                 session_id: s.id.clone(),
             },
         ))
-        .await
-        .unwrap()
-        .into_inner();
+        .await);
     assert_eq!(r.state, "running");
     assert_eq!(
         exec(&mut c, KEY1, &s.id, "echo back").await.stdout,
         "back\n"
     );
 
-    c.delete_session(authed(
-        KEY1,
-        pb::DeleteSessionRequest {
-            session_id: s.id.clone(),
-        },
-    ))
-    .await
-    .unwrap();
-    let gone = c
-        .get_session(authed(
-            KEY1,
-            pb::GetSessionRequest {
-                session_id: s.id.clone(),
-            },
-        ))
+    delete_session(&mut c, KEY1, &s.id).await;
+    let gone = get_session(&mut c, KEY1, &s.id)
         .await
         .map(|s| s.into_inner().state);
     // A deleted session is stopped or unknown, never running.
@@ -245,11 +216,9 @@ async fn files_watch_contexts_and_snapshots() {
     parts.extend(data.chunks(256 << 10).map(|c| pb::WriteFileRequest {
         part: Some(pb::write_file_request::Part::Data(c.to_vec())),
     }));
-    let entry = c
+    let entry = ok(c
         .write_file(authed(KEY1, futures::stream::iter(parts)))
-        .await
-        .unwrap()
-        .into_inner();
+        .await);
     assert_eq!(entry.size, data.len() as u64);
     assert_eq!(entry.r#type, "file");
     let mut chunks = c
@@ -295,7 +264,7 @@ async fn files_watch_contexts_and_snapshots() {
     drop(watch);
 
     // List, move, delete.
-    let list = c
+    let list = ok(c
         .list_files(authed(
             KEY1,
             pb::ListFilesRequest {
@@ -304,12 +273,10 @@ async fn files_watch_contexts_and_snapshots() {
                 depth: None,
             },
         ))
-        .await
-        .unwrap()
-        .into_inner();
+        .await);
     let names: Vec<_> = list.entries.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names, ["big.bin"]);
-    let moved = c
+    let moved = ok(c
         .move_file(authed(
             KEY1,
             pb::MoveFileRequest {
@@ -318,9 +285,7 @@ async fn files_watch_contexts_and_snapshots() {
                 to: "/tmp/w/moved.bin".into(),
             },
         ))
-        .await
-        .unwrap()
-        .into_inner();
+        .await);
     assert_eq!(moved.path, "/tmp/w/moved.bin");
     c.delete_file(authed(
         KEY1,
@@ -358,7 +323,7 @@ async fn files_watch_contexts_and_snapshots() {
     assert_eq!(first_not_header.code(), Code::InvalidArgument);
 
     // A context keeps its state between runs.
-    let ctx = c
+    let ctx = ok(c
         .create_context(authed(
             KEY1,
             pb::CreateContextRequest {
@@ -366,9 +331,7 @@ async fn files_watch_contexts_and_snapshots() {
                 ..Default::default()
             },
         ))
-        .await
-        .unwrap()
-        .into_inner();
+        .await);
     assert_eq!(ctx.language, "python");
     let run = |code: &str| pb::RunInContextRequest {
         session_id: id.clone(),
@@ -388,7 +351,7 @@ async fn files_watch_contexts_and_snapshots() {
 
     // Snapshot, then a session made from it has the file.
     exec(&mut c, KEY1, &id, "echo kept > /workspace/kept.txt").await;
-    let snap = c
+    let snap = ok(c
         .create_snapshot(authed(
             KEY1,
             pb::CreateSnapshotRequest {
@@ -396,26 +359,20 @@ async fn files_watch_contexts_and_snapshots() {
                 name: Some("grpc-snap".into()),
             },
         ))
-        .await
-        .unwrap()
-        .into_inner();
+        .await);
     assert_eq!(snap.session_id.as_deref(), Some(id.as_str()));
-    let got = c
+    let got = ok(c
         .get_snapshot(authed(
             KEY1,
             pb::GetSnapshotRequest {
                 snapshot_id: snap.snapshot_id.clone(),
             },
         ))
-        .await
-        .unwrap()
-        .into_inner();
+        .await);
     assert_eq!(got, snap);
-    let all = c
+    let all = ok(c
         .list_snapshots(authed(KEY1, pb::ListSnapshotsRequest {}))
-        .await
-        .unwrap()
-        .into_inner();
+        .await);
     assert!(all
         .snapshots
         .iter()
@@ -444,16 +401,19 @@ async fn files_watch_contexts_and_snapshots() {
     ))
     .await
     .unwrap();
-    let e = c
-        .get_snapshot(authed(
-            KEY1,
-            pb::GetSnapshotRequest {
-                snapshot_id: snap.snapshot_id.clone(),
-            },
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(failure(&e).0, Code::NotFound);
+    assert_eq!(
+        refused(
+            c.get_snapshot(authed(
+                KEY1,
+                pb::GetSnapshotRequest {
+                    snapshot_id: snap.snapshot_id.clone(),
+                },
+            ))
+            .await
+        )
+        .0,
+        Code::NotFound
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -492,46 +452,29 @@ async fn admission_tenancy_and_reflection() {
     c.list_sessions(authed(&reader, pb::ListSessionsRequest {}))
         .await
         .unwrap();
-    let e = c
-        .create_session(authed(&reader, pb::CreateSessionRequest::default()))
-        .await
-        .unwrap_err();
     assert_eq!(
-        failure(&e),
+        refused(
+            c.create_session(authed(&reader, pb::CreateSessionRequest::default()))
+                .await
+        ),
         (Code::PermissionDenied, "SANDBOX-AUTH-SCOPE".into())
     );
     let writer = key.sign(&issuer.claims("acme", "sandbox:write"));
     let s = create(&mut c, &writer, pb::CreateSessionRequest::default()).await;
     assert_eq!(s.tenant_id, "acme");
-    let e = c
-        .exec(authed(&writer, shell(&s.id, "true")))
-        .await
-        .unwrap_err();
-    assert_eq!(failure(&e).0, Code::PermissionDenied);
-    let e = c
-        .exec_stream(authed(&writer, shell(&s.id, "true")))
-        .await
-        .unwrap_err();
-    assert_eq!(failure(&e).0, Code::PermissionDenied);
+    assert_eq!(
+        refused(c.exec(authed(&writer, shell(&s.id, "true"))).await).0,
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        refused(c.exec_stream(authed(&writer, shell(&s.id, "true"))).await).0,
+        Code::PermissionDenied
+    );
 
     // Another tenant's session is unknown, exactly like a made-up id.
     let mine = create(&mut c, KEY1, pb::CreateSessionRequest::default()).await;
-    let foreign = c
-        .get_session(authed(
-            KEY2,
-            pb::GetSessionRequest {
-                session_id: mine.id.clone(),
-            },
-        ))
-        .await
-        .unwrap_err();
-    let unknown = c
-        .get_session(authed(
-            KEY2,
-            pb::GetSessionRequest {
-                session_id: "no-such-session".into(),
-            },
-        ))
+    let foreign = get_session(&mut c, KEY2, &mine.id).await.unwrap_err();
+    let unknown = get_session(&mut c, KEY2, "no-such-session")
         .await
         .unwrap_err();
     assert_eq!(

@@ -50,6 +50,9 @@ fn session_json(s: &pb::Session) -> Value {
         "network": {"mode": network.mode, "allow": network.allow},
         "metadata": s.metadata,
         "end_reason": s.end_reason,
+        "volumes": s.volumes.iter().map(|v| json!({
+            "volume_id": v.volume_id, "name": v.name, "path": v.path, "read_only": v.read_only,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -77,6 +80,10 @@ fn rest_session_json(v: &Value) -> Value {
         "network": {"mode": v["network"]["mode"], "allow": v["network"].get("allow").cloned().unwrap_or(json!([]))},
         "metadata": v["metadata"],
         "end_reason": v.get("end_reason").cloned().unwrap_or(Value::Null),
+        "volumes": v["volumes"].as_array().into_iter().flatten().map(|m| json!({
+            "volume_id": m["volume_id"], "name": m["name"], "path": m["path"],
+            "read_only": m.get("read_only").cloned().unwrap_or(json!(false)),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -395,4 +402,55 @@ async fn rest_and_grpc_agree() {
             }
         }
     }
+
+    // A volume made over REST reads the same over gRPC, and a session mounting it is the same
+    // session over both.
+    let (status, vol) = d
+        .json(
+            Method::POST,
+            "/v1/sandbox/volumes",
+            json!({"name": "parity", "size_mib": 64}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{vol}");
+    let got = ok(c
+        .get_volume(authed(
+            KEY1,
+            pb::GetVolumeRequest {
+                volume: "parity".into(),
+            },
+        ))
+        .await);
+    assert_eq!(
+        (
+            got.volume_id.as_str(),
+            got.name.as_str(),
+            got.size_mib,
+            got.backend.as_str()
+        ),
+        (
+            vol["volume_id"].as_str().unwrap(),
+            "parity",
+            vol["size_mib"].as_u64().unwrap(),
+            vol["backend"].as_str().unwrap()
+        )
+    );
+    let mounted = create(
+        &mut c,
+        KEY1,
+        pb::CreateSessionRequest {
+            volumes: vec![pb::VolumeMount {
+                name: "parity".into(),
+                path: "/data".into(),
+                read_only: true,
+            }],
+            ..Default::default()
+        },
+    )
+    .await;
+    let (_, rest_view) = d
+        .json(Method::GET, &format!("{S}/{}", mounted.id), Value::Null)
+        .await;
+    assert_eq!(rest_session_json(&rest_view), session_json(&mounted));
+    assert_eq!(mounted.volumes.len(), 1, "{mounted:?}");
 }

@@ -3,7 +3,7 @@
 //! count the call against the tenant's rate, and take the exec and stream places it holds.
 
 use koder_auth::limits::Slot;
-use koder_auth::{AuthError, Identity, Scope};
+use koder_auth::{AuthError, Credential, Identity, Scope};
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 
@@ -28,22 +28,27 @@ pub(crate) struct Admitted {
     pub places: (Option<Slot>, Option<Slot>),
 }
 
-pub(crate) async fn admit(
-    s: &GrpcState,
-    metadata: &MetadataMap,
-    needed: Scope,
-    places: Places,
-) -> Result<Admitted, Status> {
-    let header = match metadata.get("authorization") {
-        None => return Err(crate::status::ToStatus::to_status(&AuthError::Missing)),
+/// The `authorization` metadata's text.
+fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
+    match metadata.get("authorization") {
+        None => Err(crate::status::ToStatus::to_status(&AuthError::Missing)),
         Some(v) => v.to_str().map_err(|_| {
             status(
                 koder_api_types::ErrorCode::Auth,
                 "malformed authorization metadata",
                 None,
             )
-        })?,
-    };
+        }),
+    }
+}
+
+pub(crate) async fn admit(
+    s: &GrpcState,
+    metadata: &MetadataMap,
+    needed: Scope,
+    places: Places,
+) -> Result<Admitted, Status> {
+    let header = bearer(metadata)?;
     let principal = s.auth.authenticate_header(header).await.or_status()?;
     principal.require(needed).or_status()?;
     let tenant = principal.identity.tenant_id.as_str();
@@ -60,4 +65,22 @@ pub(crate) async fn admit(
         who: principal.identity,
         places: (exec, stream),
     })
+}
+
+/// An operator call, as REST's `AdminCaller`: an admin key, or a JWT with `sandbox:admin`; a
+/// tenant's API key is PERMISSION_DENIED.
+pub(crate) async fn admit_operator(s: &GrpcState, metadata: &MetadataMap) -> Result<(), Status> {
+    let header = bearer(metadata)?;
+    if s.admin_keys.authenticate(header).is_some() {
+        return Ok(());
+    }
+    let principal = s.auth.authenticate_header(header).await.or_status()?;
+    match principal.credential {
+        Credential::Jwt => principal.require(Scope::Admin).or_status(),
+        Credential::ApiKey => Err(status(
+            koder_api_types::ErrorCode::PermissionDenied,
+            "this call needs an admin key",
+            None,
+        )),
+    }
 }

@@ -17,7 +17,7 @@ pub(crate) fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
     }
 }
 
-fn invalid(message: &str) -> Status {
+pub(crate) fn invalid(message: &str) -> Status {
     status(api::ErrorCode::InvalidArgument, message, None)
 }
 
@@ -104,8 +104,137 @@ impl TryFrom<pb::CreateSessionRequest> for api::CreateSession {
             timeout_s: r.timeout_s,
             metadata: r.metadata,
             from_snapshot: r.from_snapshot,
-            ..Self::default()
+            lifecycle: r.lifecycle.map(TryInto::try_into).transpose()?,
+            volumes: r.volumes.into_iter().map(Into::into).collect(),
+            secrets: r.secrets,
         })
+    }
+}
+
+impl TryFrom<pb::Lifecycle> for api::Lifecycle {
+    type Error = Status;
+
+    fn try_from(l: pb::Lifecycle) -> Result<Self, Status> {
+        let on_timeout = match l.on_timeout.as_str() {
+            "" | "kill" => api::OnTimeout::Kill,
+            "pause" => api::OnTimeout::Pause,
+            other => {
+                return Err(invalid(&format!(
+                    "on_timeout {other:?}: expected kill or pause"
+                )))
+            }
+        };
+        Ok(Self {
+            on_timeout,
+            auto_resume: l.auto_resume,
+            keep_memory: l.keep_memory,
+        })
+    }
+}
+
+impl From<pb::VolumeMount> for api::VolumeMountRequest {
+    fn from(m: pb::VolumeMount) -> Self {
+        Self {
+            name: m.name,
+            path: m.path,
+            read_only: m.read_only,
+        }
+    }
+}
+
+impl From<api::SessionVolume> for pb::SessionVolume {
+    fn from(v: api::SessionVolume) -> Self {
+        Self {
+            volume_id: v.volume_id,
+            name: v.name,
+            path: v.path,
+            read_only: v.read_only,
+        }
+    }
+}
+
+impl From<pb::CreateVolumeRequest> for api::CreateVolume {
+    fn from(r: pb::CreateVolumeRequest) -> Self {
+        Self {
+            name: r.name,
+            size_mib: r.size_mib,
+            from_volume: r.from_volume,
+        }
+    }
+}
+
+impl From<api::Volume> for pb::Volume {
+    fn from(v: api::Volume) -> Self {
+        Self {
+            volume_id: v.volume_id,
+            name: v.name,
+            size_mib: v.size_mib,
+            used_bytes: v.used_bytes,
+            backend: v.backend,
+            created_at: Some(timestamp(v.created_at)),
+            mounts: v
+                .mounts
+                .into_iter()
+                .map(|m| pb::VolumeUse {
+                    session_id: m.session_id,
+                    path: m.path,
+                    read_only: m.read_only,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<api::ExecStatus> for pb::ExecStatus {
+    fn from(e: api::ExecStatus) -> Self {
+        Self {
+            exec_id: e.exec_id,
+            command: e.command,
+            background: e.background,
+            state: match e.state {
+                api::ExecState::Running => "running",
+                api::ExecState::Exited => "exited",
+            }
+            .into(),
+            started_at: Some(timestamp(e.started_at)),
+            pid: e.pid,
+            result: e.result.map(Into::into),
+        }
+    }
+}
+
+impl From<api::TenantInfo> for pb::Tenant {
+    fn from(t: api::TenantInfo) -> Self {
+        Self {
+            id: t.id,
+            name: t.name,
+            plan: t.plan,
+            max_sessions: t.max_sessions,
+            daily_session_minutes: t.daily_session_minutes,
+            created_at: Some(timestamp(t.created_at)),
+            live_sessions: t.live_sessions,
+            session_minutes_today: t.session_minutes_today,
+        }
+    }
+}
+
+/// The tenant id and the domain request of a PutTenant.
+pub(crate) fn put_tenant(r: pb::PutTenantRequest) -> (String, api::PutTenant) {
+    let req = api::PutTenant {
+        name: r.name,
+        plan: r.plan,
+        max_sessions: r.max_sessions,
+        daily_session_minutes: r.daily_session_minutes,
+    };
+    (r.tenant_id, req)
+}
+
+/// The preview of a session: the port its REST proxy forwards to.
+pub(crate) fn preview(session_id: &str, u: koder_sessions::Upstream) -> pb::Preview {
+    pb::Preview {
+        port: u.port.into(),
+        pinned: u.pinned,
+        preview_path: format!("/v1/sandbox/sessions/{session_id}/preview/"),
     }
 }
 
@@ -124,6 +253,7 @@ impl From<api::Session> for pb::Session {
             network: Some(s.network.into()),
             metadata: s.metadata,
             end_reason: s.end_reason,
+            volumes: s.volumes.into_iter().map(Into::into).collect(),
         }
     }
 }

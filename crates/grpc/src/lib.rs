@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use koder_auth::limits::Limiter;
-use koder_auth::Authenticator;
+use koder_auth::{Authenticator, KeyRing};
 use koder_sessions::Manager;
 
 /// Messages, server and client generated from the `.proto`.
@@ -41,6 +41,8 @@ pub struct GrpcState {
     pub manager: Arc<Manager>,
     pub auth: Arc<Authenticator>,
     pub limits: Arc<Limiter>,
+    /// Operator keys, for the tenant administration calls.
+    pub admin_keys: Arc<KeyRing>,
 }
 
 /// Failure to set the gRPC server up or to serve.

@@ -7,13 +7,13 @@ use futures::{Stream, StreamExt as _};
 use koder_api_types::{CreateSnapshot, ErrorCode};
 use koder_auth::{Identity, Scope};
 use koder_sessions::execs::{ExecEvent, Follow};
-use koder_sessions::{ContextOptions, RunRequest};
+use koder_sessions::{ContextOptions, RunRequest, Terminal, TerminalEvent, TerminalSpec};
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::admit::{admit, Admitted, Places};
-use crate::convert::exec_request;
+use crate::admit::{admit, admit_operator, Admitted, Places};
+use crate::convert::{exec_request, invalid, preview, put_tenant};
 use crate::proto::{self as pb, exec_event::Event, sandbox_server::Sandbox};
 use crate::status::{status, OrStatus as _};
 use crate::GrpcState;
@@ -130,6 +130,82 @@ fn upload_body(
     })
 }
 
+/// A terminal size in cells; 0 (unset) is the default 80 x 24 as over REST.
+fn cells(size: Option<pb::TerminalSize>) -> Result<(u16, u16), Status> {
+    let size = size.unwrap_or_default();
+    let cell = |n: u32, default: u16| match n {
+        0 => Ok(default),
+        n => u16::try_from(n).map_err(|_| invalid("terminal sizes are 1..=65535 cells")),
+    };
+    Ok((cell(size.cols, 80)?, cell(size.rows, 24)?))
+}
+
+fn terminal_spec(start: pb::TerminalStart) -> Result<TerminalSpec, Status> {
+    let (cols, rows) = cells(start.size)?;
+    Ok(TerminalSpec {
+        argv: start.argv,
+        env: start.env,
+        cwd: start.cwd,
+        user: start.user,
+        cols,
+        rows,
+    })
+}
+
+/// Keystrokes and resizes in, the terminal's events out, until the process exits or the
+/// client goes (`out` closed): then `term` is dropped, which kills its process. `places` is
+/// the call's stream place, held as long.
+async fn terminal_bridge<P>(
+    mut term: Terminal,
+    mut input: Streaming<pb::TerminalRequest>,
+    out: tokio::sync::mpsc::Sender<Result<pb::TerminalOutput, Status>>,
+    places: P,
+) {
+    use pb::terminal_output::Event as Out;
+    use pb::terminal_request::Part;
+    let _places = places;
+    let keys = term.input();
+    let mut input_open = true;
+    loop {
+        tokio::select! {
+            msg = input.message(), if input_open => match msg {
+                Ok(Some(pb::TerminalRequest { part: Some(Part::Input(data)) })) => {
+                    if keys.write(&data).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Some(pb::TerminalRequest { part: Some(Part::Resize(size)) })) => {
+                    match cells(Some(size)) {
+                        Ok((cols, rows)) => { let _ = keys.resize(cols, rows).await; }
+                        Err(e) => { let _ = out.send(Err(e)).await; return; }
+                    }
+                }
+                Ok(Some(_)) => {
+                    let _ = out.send(Err(invalid("only the first Terminal message is start"))).await;
+                    return;
+                }
+                // Half-closed: no more input, the output goes on.
+                Ok(None) => input_open = false,
+                Err(_) => return,
+            },
+            event = term.next() => {
+                let (msg, last) = match event {
+                    TerminalEvent::Output(data) => (Ok(Out::Output(data.to_vec())), false),
+                    TerminalEvent::Exit { exit_code, signal } => {
+                        (Ok(Out::Exit(pb::TerminalExit { exit_code, signal })), true)
+                    }
+                    TerminalEvent::Lost(why) => (Err(status(ErrorCode::Internal, &why, None)), true),
+                };
+                let msg = msg.map(|event| pb::TerminalOutput { event: Some(event) });
+                if out.send(msg).await.is_err() || last {
+                    return;
+                }
+            }
+            () = out.closed() => return,
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl Sandbox for SandboxService {
     async fn create_session(&self, req: Request<pb::CreateSessionRequest>) -> Answer<pb::Session> {
@@ -197,6 +273,61 @@ impl Sandbox for SandboxService {
         Ok(Response::new(session.into()))
     }
 
+    async fn fork_session(
+        &self,
+        req: Request<pb::ForkSessionRequest>,
+    ) -> Answer<pb::ForkSessionResponse> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let sessions = self
+            .s
+            .manager
+            .fork(&who, &msg.session_id, msg.count.unwrap_or(1))
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::ForkSessionResponse {
+            sessions: sessions.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn restore_session(
+        &self,
+        req: Request<pb::RestoreSessionRequest>,
+    ) -> Answer<pb::Session> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let session = self
+            .s
+            .manager
+            .restore(&who, &msg.session_id, &msg.snapshot_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(session.into()))
+    }
+
+    async fn set_network(&self, req: Request<pb::SetNetworkRequest>) -> Answer<pb::Session> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let network = msg.network.unwrap_or_default().try_into()?;
+        let session = self
+            .s
+            .manager
+            .set_network(&who, &msg.session_id, network)
+            .await
+            .or_status()?;
+        Ok(Response::new(session.into()))
+    }
+
+    async fn pin_preview(&self, req: Request<pb::PinPreviewRequest>) -> Answer<pb::Preview> {
+        let (who, msg) = self.caller(req, Scope::Exec).await?;
+        let port = u16::try_from(msg.port)
+            .map_err(|_| status(ErrorCode::InvalidArgument, "port must be 1..=65535", None))?;
+        let upstream = self
+            .s
+            .manager
+            .pin_preview(&who, &msg.session_id, port)
+            .await
+            .or_status()?;
+        Ok(Response::new(preview(&msg.session_id, upstream)))
+    }
+
     async fn exec(&self, req: Request<pb::ExecRequest>) -> Answer<pb::ExecResult> {
         let (admitted, msg) = self.admit(req, Scope::Exec, Places::Exec).await?;
         let (id, exec) = exec_request(msg);
@@ -221,6 +352,127 @@ impl Sandbox for SandboxService {
             .await
             .or_status()?;
         Ok(Response::new(exec_events(follow, admitted)))
+    }
+
+    async fn start_exec(&self, req: Request<pb::ExecRequest>) -> Answer<pb::ExecStarted> {
+        let (admitted, msg) = self.admit(req, Scope::Exec, Places::Exec).await?;
+        let (id, exec) = exec_request(msg);
+        let exec_id = self
+            .s
+            .manager
+            .exec_background(&admitted.who, &id, exec)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::ExecStarted { exec_id }))
+    }
+
+    async fn list_execs(
+        &self,
+        req: Request<pb::ListExecsRequest>,
+    ) -> Answer<pb::ListExecsResponse> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let execs = self
+            .s
+            .manager
+            .list_execs(&who, &msg.session_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::ListExecsResponse {
+            execs: execs.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn get_exec(&self, req: Request<pb::GetExecRequest>) -> Answer<pb::ExecStatus> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let exec = self
+            .s
+            .manager
+            .exec_status(&who, &msg.session_id, &msg.exec_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(exec.into()))
+    }
+
+    type FollowExecStream = Events<pb::ExecEvent>;
+
+    async fn follow_exec(
+        &self,
+        req: Request<pb::GetExecRequest>,
+    ) -> Answer<Self::FollowExecStream> {
+        let (admitted, msg) = self.admit(req, Scope::Read, Places::Stream).await?;
+        let follow = self
+            .s
+            .manager
+            .follow_exec(&admitted.who, &msg.session_id, &msg.exec_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(exec_events(follow, admitted)))
+    }
+
+    async fn write_stdin(
+        &self,
+        req: Request<pb::WriteStdinRequest>,
+    ) -> Answer<pb::WriteStdinResponse> {
+        let (who, msg) = self.caller(req, Scope::Exec).await?;
+        self.s
+            .manager
+            .exec_stdin(
+                &who,
+                &msg.session_id,
+                &msg.exec_id,
+                Bytes::from(msg.data),
+                msg.close,
+            )
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::WriteStdinResponse {}))
+    }
+
+    async fn signal_exec(
+        &self,
+        req: Request<pb::SignalExecRequest>,
+    ) -> Answer<pb::SignalExecResponse> {
+        let (who, msg) = self.caller(req, Scope::Exec).await?;
+        self.s
+            .manager
+            .exec_signal(&who, &msg.session_id, &msg.exec_id, &msg.signal)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::SignalExecResponse {}))
+    }
+
+    type TerminalStream = Events<pb::TerminalOutput>;
+
+    async fn terminal(
+        &self,
+        req: Request<Streaming<pb::TerminalRequest>>,
+    ) -> Answer<Self::TerminalStream> {
+        let (admitted, mut parts) = self.admit(req, Scope::Exec, Places::Stream).await?;
+        let start = match parts.message().await? {
+            Some(pb::TerminalRequest {
+                part: Some(pb::terminal_request::Part::Start(start)),
+            }) => start,
+            _ => return Err(invalid("the first Terminal message must be start")),
+        };
+        let session_id = start.session_id.clone();
+        let spec = terminal_spec(start)?;
+        // The process starts before the answer, so a bad command fails the call itself.
+        let term = self
+            .s
+            .manager
+            .terminal(&admitted.who, &session_id, spec)
+            .await
+            .or_status()?;
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let started = pb::TerminalOutput {
+            event: Some(pb::terminal_output::Event::Started(term.pid())),
+        };
+        // Never full: the channel was just made.
+        let _ = tx.try_send(Ok(started));
+        tokio::spawn(terminal_bridge(term, parts, tx, admitted.places));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     type ReadFileStream = Events<pb::FileChunk>;
@@ -421,5 +673,80 @@ impl Sandbox for SandboxService {
             .await
             .or_status()?;
         Ok(Response::new(pb::DeleteSnapshotResponse {}))
+    }
+
+    async fn create_volume(&self, req: Request<pb::CreateVolumeRequest>) -> Answer<pb::Volume> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let volume = self
+            .s
+            .manager
+            .create_volume(&who, msg.into())
+            .await
+            .or_status()?;
+        Ok(Response::new(volume.into()))
+    }
+
+    async fn get_volume(&self, req: Request<pb::GetVolumeRequest>) -> Answer<pb::Volume> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let volume = self
+            .s
+            .manager
+            .get_volume(&who, &msg.volume)
+            .await
+            .or_status()?;
+        Ok(Response::new(volume.into()))
+    }
+
+    async fn list_volumes(
+        &self,
+        req: Request<pb::ListVolumesRequest>,
+    ) -> Answer<pb::ListVolumesResponse> {
+        let (who, _) = self.caller(req, Scope::Read).await?;
+        let list = self.s.manager.list_volumes(&who).await.or_status()?;
+        Ok(Response::new(pb::ListVolumesResponse {
+            volumes: list.volumes.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn delete_volume(
+        &self,
+        req: Request<pb::DeleteVolumeRequest>,
+    ) -> Answer<pb::DeleteVolumeResponse> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        self.s
+            .manager
+            .delete_volume(&who, &msg.volume)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::DeleteVolumeResponse {}))
+    }
+
+    async fn list_tenants(
+        &self,
+        req: Request<pb::ListTenantsRequest>,
+    ) -> Answer<pb::ListTenantsResponse> {
+        admit_operator(&self.s, req.metadata()).await?;
+        let tenants = self.s.manager.list_tenants().await.or_status()?;
+        Ok(Response::new(pb::ListTenantsResponse {
+            tenants: tenants.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn get_tenant(&self, req: Request<pb::GetTenantRequest>) -> Answer<pb::Tenant> {
+        admit_operator(&self.s, req.metadata()).await?;
+        let tenant = self
+            .s
+            .manager
+            .get_tenant(&req.into_inner().tenant_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(tenant.into()))
+    }
+
+    async fn put_tenant(&self, req: Request<pb::PutTenantRequest>) -> Answer<pb::Tenant> {
+        admit_operator(&self.s, req.metadata()).await?;
+        let (id, put) = put_tenant(req.into_inner());
+        let tenant = self.s.manager.put_tenant(&id, put).await.or_status()?;
+        Ok(Response::new(tenant.into()))
     }
 }

@@ -17,6 +17,7 @@ pub fn code_of(code: ErrorCode) -> Code {
         // 400, 413, 415: the request itself is wrong.
         ErrorCode::InvalidArgument
         | ErrorCode::NetworkRule
+        | ErrorCode::WebhookUrlRefused
         | ErrorCode::PayloadTooLarge
         | ErrorCode::UnsupportedMediaType => Code::InvalidArgument,
         ErrorCode::Auth => Code::Unauthenticated,
@@ -129,6 +130,7 @@ mod tests {
             (ErrorCode::RateLimited, Code::ResourceExhausted),
             (ErrorCode::NotImplemented, Code::Unimplemented),
             (ErrorCode::RuntimeUnavailable, Code::Unavailable),
+            (ErrorCode::WebhookUrlRefused, Code::InvalidArgument),
         ];
         for (code, grpc) in cases {
             assert_eq!(code_of(code), grpc, "{code}");

@@ -39,7 +39,7 @@ impl ApiError {
 /// The HTTP status of an API error code (API.md "Errors").
 pub fn status_of(code: ErrorCode) -> u16 {
     match code {
-        ErrorCode::InvalidArgument | ErrorCode::NetworkRule => 400,
+        ErrorCode::InvalidArgument | ErrorCode::NetworkRule | ErrorCode::WebhookUrlRefused => 400,
         ErrorCode::Auth => 401,
         ErrorCode::PlanRequired => 402,
         ErrorCode::PermissionDenied | ErrorCode::AuthScope => 403,

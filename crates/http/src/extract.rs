@@ -1,7 +1,7 @@
 //! Request extractors whose every failure is a typed JSON error (axum's own rejections answer
 //! in plain text).
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use koder_api_types::codes;
@@ -59,14 +59,24 @@ impl FromRequestParts<AppState> for AdminCaller {
 }
 
 /// JSON body with typed errors: malformed JSON, wrong field types and unknown fields are 400,
-/// a missing JSON content type 415, an oversized body 413.
+/// a missing JSON content type 415, an oversized body 413. Every request body of the API is an
+/// object: anything else is 400, although serde would read a struct from an array.
 pub struct Json<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for Json<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let (parts, body) = req.into_parts();
+        let bytes =
+            axum::body::Bytes::from_request(Request::from_parts(parts.clone(), body), state)
+                .await
+                .map_err(body_rejection)?;
+        let req = Request::from_parts(parts, axum::body::Body::from(bytes.clone()));
         match axum::Json::<T>::from_request(req, state).await {
+            Ok(_) if bytes.trim_ascii_start().first() != Some(&b'{') => {
+                Err(ApiError::invalid("the request body must be a JSON object"))
+            }
             Ok(axum::Json(v)) => Ok(Json(v)),
             Err(rejection) => Err(json_rejection(rejection)),
         }
@@ -92,6 +102,14 @@ impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJson<T> {
         Json::<T>::from_request(req, state)
             .await
             .map(|Json(v)| OptionalJson(v))
+    }
+}
+
+fn body_rejection(r: BytesRejection) -> ApiError {
+    if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(413, codes::PAYLOAD_TOO_LARGE, "request body too large")
+    } else {
+        ApiError::invalid(r.body_text())
     }
 }
 

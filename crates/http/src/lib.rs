@@ -90,7 +90,7 @@ impl utoipa::Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
-        for item in openapi.paths.paths.values_mut() {
+        for (path, item) in openapi.paths.paths.iter_mut() {
             let operations = [
                 &mut item.get,
                 &mut item.put,
@@ -101,22 +101,80 @@ impl utoipa::Modify for BearerAuth {
             for op in operations.into_iter().flatten() {
                 if op.security.is_some() {
                     admission_responses(&mut op.responses);
+                    input_responses(path, op);
                 }
             }
         }
     }
 }
 
+fn error_content() -> utoipa::openapi::Content {
+    use utoipa::openapi::{ContentBuilder, Ref};
+    ContentBuilder::new()
+        .schema(Some(Ref::from_schema_name("ErrorBody")))
+        .build()
+}
+
+fn add_error_response(responses: &mut utoipa::openapi::Responses, status: &str, why: &str) {
+    let response = utoipa::openapi::ResponseBuilder::new()
+        .description(why)
+        .content("application/json", error_content());
+    responses
+        .responses
+        .entry(status.to_string())
+        .or_insert_with(|| response.build().into());
+}
+
+/// What the shared extractors (`extract.rs`) and the live-session lookup answer, documented
+/// once for every operation they serve rather than repeated (and forgotten) per handler: a
+/// parameter or body that does not parse is 400, a JSON body 413/415, and an operation on a
+/// session 404 (no such session of the tenant), 409 (it is paused) or 410 (it stopped).
+fn input_responses(path: &str, op: &mut utoipa::openapi::path::Operation) {
+    let has_input =
+        op.parameters.as_ref().is_some_and(|p| !p.is_empty()) || op.request_body.is_some();
+    let json_body = op
+        .request_body
+        .as_ref()
+        .is_some_and(|b| b.content.contains_key("application/json"));
+    let responses = &mut op.responses;
+    if has_input {
+        add_error_response(responses, "400", "SANDBOX-INVALID-ARGUMENT: a path parameter, query or body that does not parse or is out of range");
+    }
+    if json_body {
+        add_error_response(
+            responses,
+            "413",
+            "SANDBOX-PAYLOAD-TOO-LARGE: the body is over 1 MiB",
+        );
+        add_error_response(
+            responses,
+            "415",
+            "SANDBOX-UNSUPPORTED-MEDIA-TYPE: the body is not `application/json`",
+        );
+    }
+    if path.starts_with("/v1/sandbox/sessions/{id}/") {
+        add_error_response(
+            responses,
+            "404",
+            "SANDBOX-NOT-FOUND: no such session of this tenant",
+        );
+        add_error_response(
+            responses,
+            "409",
+            "SANDBOX-CONFLICT: the session is paused; resume it first",
+        );
+        add_error_response(
+            responses,
+            "410",
+            "SANDBOX-SESSION-STOPPED: the session has stopped",
+        );
+    }
+}
+
 /// What the admission layer can answer on any authenticated route (API.md "Auth and tenancy").
 fn admission_responses(responses: &mut utoipa::openapi::Responses) {
     use utoipa::openapi::{
-        header::Header, ContentBuilder, KnownFormat, ObjectBuilder, Ref, ResponseBuilder,
-        SchemaFormat, Type,
-    };
-    let error = || {
-        ContentBuilder::new()
-            .schema(Some(Ref::from_schema_name("ErrorBody")))
-            .build()
+        header::Header, KnownFormat, ObjectBuilder, ResponseBuilder, SchemaFormat, Type,
     };
     let answers = [
         ("401", "SANDBOX-AUTH-001: missing, invalid or expired credentials"),
@@ -132,7 +190,7 @@ fn admission_responses(responses: &mut utoipa::openapi::Responses) {
     for (status, description) in answers {
         let mut response = ResponseBuilder::new()
             .description(description)
-            .content("application/json", error());
+            .content("application/json", error_content());
         if status == "429" {
             let seconds = ObjectBuilder::new()
                 .schema_type(Type::Integer)
@@ -307,4 +365,31 @@ async fn method_not_allowed() -> ApiError {
         codes::INVALID_ARGUMENT,
         "method not allowed on this endpoint",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn openapi_lists_the_input_answers() {
+        let doc = crate::openapi();
+        for (path, item) in &doc.paths.paths {
+            let operations = [&item.get, &item.put, &item.post, &item.delete, &item.patch];
+            for op in operations.into_iter().flatten() {
+                let has = |s: &str| op.responses.responses.contains_key(s);
+                if op.parameters.as_ref().is_some_and(|p| !p.is_empty()) {
+                    assert!(has("400"), "{path} lacks 400");
+                }
+                if op
+                    .request_body
+                    .as_ref()
+                    .is_some_and(|b| b.content.contains_key("application/json"))
+                {
+                    assert!(has("413") && has("415"), "{path} lacks 413/415");
+                }
+                if path.starts_with("/v1/sandbox/sessions/{id}/") {
+                    assert!(has("404") && has("409") && has("410"), "{path}");
+                }
+            }
+        }
+    }
 }

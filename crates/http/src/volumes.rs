@@ -1,7 +1,7 @@
 //! Volumes: a tenant's named, persistent directories, and their file API without a session.
 
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -11,7 +11,7 @@ use koder_sessions::{VolumeFile, VolumeMeta};
 use serde::Deserialize;
 
 use crate::error::ApiError;
-use crate::extract::{Caller, Json, Path};
+use crate::extract::{Caller, Json, Path, Query};
 use crate::AppState;
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -91,6 +91,7 @@ pub struct VolumeMetadata {
     description = "Creates an empty volume with a size quota (ext4 image or btrfs subvolume, per host).",
     request_body = CreateVolume,
     responses((status = 201, body = Volume), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody, description = "`from_volume` names no volume of this tenant"),
               (status = 409, body = ErrorBody, description = "a volume of that name exists"),
               (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
               (status = 501, body = ErrorBody, description = "no volumes on this server"),

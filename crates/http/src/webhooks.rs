@@ -4,7 +4,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{delete, get, post};
 use axum::Router;
-use koder_api_types::{codes, ErrorBody};
+use koder_api_types::{ErrorBody, ErrorCode};
 use koder_webhooks::api::{CreateWebhook, DeliveryList, Webhook, WebhookList};
 use koder_webhooks::WebhookError;
 
@@ -24,14 +24,11 @@ pub fn routes() -> Router<AppState> {
 
 impl From<WebhookError> for ApiError {
     fn from(e: WebhookError) -> Self {
-        let message = e.to_string();
-        match e {
-            WebhookError::Invalid(_) => ApiError::invalid(message),
-            WebhookError::UrlRefused(_) => ApiError::new(400, koder_webhooks::URL_REFUSED, message),
-            WebhookError::NotFound => ApiError::new(404, codes::NOT_FOUND, message),
-            WebhookError::Limit(_) => ApiError::new(409, codes::CONFLICT, message),
-            WebhookError::Store(_) => ApiError::new(500, codes::INTERNAL, message),
+        let code = e.code();
+        if code == ErrorCode::Internal {
+            tracing::error!(error = %e, "webhook request failed");
         }
+        ApiError::new(crate::error::status_of(code), code.as_str(), e.to_string())
     }
 }
 

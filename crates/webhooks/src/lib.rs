@@ -13,4 +13,4 @@ mod target;
 
 pub use config::WebhookConfig;
 pub use deliver::Webhooks;
-pub use error::{WebhookError, URL_REFUSED};
+pub use error::WebhookError;

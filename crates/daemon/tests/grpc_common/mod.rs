@@ -69,3 +69,31 @@ pub async fn exec(c: &mut Client, key: &str, session: &str, cmd: &str) -> pb::Ex
         .expect("Exec")
         .into_inner()
 }
+
+/// The answer of a call that must succeed.
+pub fn ok<T>(answer: Result<tonic::Response<T>, Status>) -> T {
+    answer.expect("the call failed").into_inner()
+}
+
+/// The status and `SANDBOX-...` code of a call that must fail.
+pub fn refused<T: std::fmt::Debug>(answer: Result<tonic::Response<T>, Status>) -> (Code, String) {
+    failure(&answer.expect_err("the call succeeded"))
+}
+
+pub async fn get_session(
+    c: &mut Client,
+    key: &str,
+    session: &str,
+) -> Result<tonic::Response<pb::Session>, Status> {
+    let req = pb::GetSessionRequest {
+        session_id: session.into(),
+    };
+    c.get_session(authed(key, req)).await
+}
+
+pub async fn delete_session(c: &mut Client, key: &str, session: &str) {
+    let req = pb::DeleteSessionRequest {
+        session_id: session.into(),
+    };
+    ok(c.delete_session(authed(key, req)).await);
+}
