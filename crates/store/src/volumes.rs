@@ -4,8 +4,8 @@
 //! concurrent requests cannot both mount a volume read-write.
 
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::SqliteRow;
 
+use crate::db::{query, DbRow};
 use crate::{db_kind, from_ms, get, to_ms, Store, StoreError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +40,7 @@ const VOLUME_COLUMNS: &str = "id, tenant_id, name, size_mib, backend, created_at
 impl Store {
     /// `Conflict` if the tenant has a volume of that name, `UnknownTenant` if no such tenant.
     pub async fn insert_volume(&self, v: &VolumeRecord) -> Result<(), StoreError> {
-        sqlx::query(&format!(
+        query(&format!(
             "INSERT INTO volumes ({VOLUME_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
         ))
         .bind(&v.id)
@@ -69,7 +69,7 @@ impl Store {
         tenant_id: &str,
         key: &str,
     ) -> Result<Option<VolumeRecord>, StoreError> {
-        let row = sqlx::query(&format!(
+        let row = query(&format!(
             "SELECT {VOLUME_COLUMNS} FROM volumes WHERE tenant_id = $1 AND (id = $2 OR name = $2) \
              ORDER BY id = $2 DESC LIMIT 1"
         ))
@@ -81,7 +81,7 @@ impl Store {
     }
 
     pub async fn get_volume(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError> {
-        let row = sqlx::query(&format!(
+        let row = query(&format!(
             "SELECT {VOLUME_COLUMNS} FROM volumes WHERE id = $1"
         ))
         .bind(id)
@@ -92,7 +92,7 @@ impl Store {
 
     /// The tenant's volumes, oldest first.
     pub async fn list_volumes(&self, tenant_id: &str) -> Result<Vec<VolumeRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {VOLUME_COLUMNS} FROM volumes WHERE tenant_id = $1 ORDER BY created_at_ms, id"
         ))
         .bind(tenant_id)
@@ -103,7 +103,7 @@ impl Store {
 
     /// Every volume of every tenant (the daemon's reconcile against the disk).
     pub async fn all_volumes(&self) -> Result<Vec<VolumeRecord>, StoreError> {
-        let rows = sqlx::query(&format!("SELECT {VOLUME_COLUMNS} FROM volumes ORDER BY id"))
+        let rows = query(&format!("SELECT {VOLUME_COLUMNS} FROM volumes ORDER BY id"))
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(volume_from_row).collect()
@@ -111,18 +111,22 @@ impl Store {
 
     /// The size quotas of the tenant's volumes, summed.
     pub async fn tenant_volume_mib(&self, tenant_id: &str) -> Result<u64, StoreError> {
-        let total: Option<i64> =
-            sqlx::query_scalar("SELECT SUM(size_mib) FROM volumes WHERE tenant_id = $1")
-                .bind(tenant_id)
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(total.unwrap_or(0).max(0) as u64)
+        // Postgres sums BIGINTs to NUMERIC: cast back.
+        let row = query(
+            "SELECT CAST(COALESCE(SUM(size_mib), 0) AS BIGINT) AS n FROM volumes \
+             WHERE tenant_id = $1",
+        )
+        .bind(tenant_id)
+        .fetch_one(&self.pool)
+        .await?;
+        let total: i64 = get(&row, "n")?;
+        Ok(total.max(0) as u64)
     }
 
     /// Deletes the volume unless a session has it mounted: `Ok(false)` if there was no such
     /// volume, `Conflict` if it is mounted.
     pub async fn delete_volume(&self, id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let done = query(
             "DELETE FROM volumes WHERE id = $1 \
              AND NOT EXISTS (SELECT 1 FROM volume_mounts WHERE volume_id = $1)",
         )
@@ -148,7 +152,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         for (position, m) in mounts.iter().enumerate() {
-            sqlx::query(
+            query(
                 "INSERT INTO volume_mounts (volume_id, session_id, path, read_only, position) \
                  VALUES ($1, $2, $3, $4, $5)",
             )
@@ -157,7 +161,7 @@ impl Store {
             .bind(&m.path)
             .bind(m.read_only)
             .bind(position as i64)
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .map_err(|e| match db_kind(&e) {
                 Some(sqlx::error::ErrorKind::UniqueViolation) => StoreError::Conflict(format!(
@@ -177,7 +181,7 @@ impl Store {
         &self,
         session_id: &str,
     ) -> Result<Vec<VolumeMountRecord>, StoreError> {
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT volume_id, session_id, path, read_only FROM volume_mounts \
              WHERE session_id = $1 ORDER BY position",
         )
@@ -215,7 +219,7 @@ impl Store {
         filter: &'static str,
         key: &str,
     ) -> Result<Vec<NamedVolumeMount>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT m.volume_id, m.session_id, m.path, m.read_only, v.name FROM volume_mounts m \
              JOIN volumes v ON v.id = m.volume_id WHERE {filter}"
         ))
@@ -230,7 +234,7 @@ impl Store {
         &self,
         volume_id: &str,
     ) -> Result<Vec<VolumeMountRecord>, StoreError> {
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT volume_id, session_id, path, read_only FROM volume_mounts \
              WHERE volume_id = $1 ORDER BY session_id",
         )
@@ -242,7 +246,7 @@ impl Store {
 
     /// The session no longer holds its volumes (it ended).
     pub async fn release_volume_mounts(&self, session_id: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM volume_mounts WHERE session_id = $1")
+        query("DELETE FROM volume_mounts WHERE session_id = $1")
             .bind(session_id)
             .execute(&self.pool)
             .await?;
@@ -252,7 +256,7 @@ impl Store {
     /// Drops the mounts of stopped sessions (a crash between a session's end and its
     /// release). Returns how many went.
     pub async fn release_stopped_volume_mounts(&self) -> Result<u64, StoreError> {
-        let done = sqlx::query(
+        let done = query(
             "DELETE FROM volume_mounts WHERE session_id IN \
              (SELECT id FROM sessions WHERE state = 'stopped')",
         )
@@ -264,7 +268,7 @@ impl Store {
     /// Drops every mount whose session is not live, including claims of creates that never
     /// recorded their session. Only safe while no create is in flight (the daemon's start).
     pub async fn release_orphan_volume_mounts(&self) -> Result<u64, StoreError> {
-        let done = sqlx::query(
+        let done = query(
             "DELETE FROM volume_mounts WHERE session_id NOT IN \
              (SELECT id FROM sessions WHERE state <> 'stopped')",
         )
@@ -274,7 +278,7 @@ impl Store {
     }
 }
 
-fn volume_from_row(row: &SqliteRow) -> Result<VolumeRecord, StoreError> {
+fn volume_from_row(row: &DbRow) -> Result<VolumeRecord, StoreError> {
     let id: String = get(row, "id")?;
     let size: i64 = get(row, "size_mib")?;
     Ok(VolumeRecord {
@@ -291,7 +295,7 @@ fn volume_from_row(row: &SqliteRow) -> Result<VolumeRecord, StoreError> {
     })
 }
 
-fn mount_from_row(row: &SqliteRow) -> Result<VolumeMountRecord, StoreError> {
+fn mount_from_row(row: &DbRow) -> Result<VolumeMountRecord, StoreError> {
     Ok(VolumeMountRecord {
         volume_id: get(row, "volume_id")?,
         session_id: get(row, "session_id")?,
@@ -300,7 +304,7 @@ fn mount_from_row(row: &SqliteRow) -> Result<VolumeMountRecord, StoreError> {
     })
 }
 
-fn named_mount_from_row(row: &SqliteRow) -> Result<NamedVolumeMount, StoreError> {
+fn named_mount_from_row(row: &DbRow) -> Result<NamedVolumeMount, StoreError> {
     Ok(NamedVolumeMount {
         mount: mount_from_row(row)?,
         name: get(row, "name")?,
@@ -310,6 +314,7 @@ fn named_mount_from_row(row: &SqliteRow) -> Result<NamedVolumeMount, StoreError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{on_both_backends, TestDb};
     use crate::tests::{session, store_with, t};
     use koder_api_types::SessionState;
 
@@ -333,9 +338,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn names_are_unique_per_tenant_and_found_by_id_or_name() {
-        let store = store_with(&["a", "b"]).await;
+    async fn names_are_unique_per_tenant_and_found_by_id_or_name(db: TestDb) {
+        let store = store_with(&db, &["a", "b"]).await;
         store
             .insert_volume(&volume("v1", "a", "data"))
             .await
@@ -368,9 +372,8 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn one_writer_many_readers_and_mounted_volumes_stay() {
-        let store = store_with(&["a"]).await;
+    async fn one_writer_many_readers_and_mounted_volumes_stay(db: TestDb) {
+        let store = store_with(&db, &["a"]).await;
         store
             .insert_volume(&volume("v1", "a", "data"))
             .await
@@ -417,9 +420,8 @@ mod tests {
         assert!(!store.delete_volume("v1").await.unwrap());
     }
 
-    #[tokio::test]
-    async fn mounts_with_names_per_session_and_per_tenant() {
-        let store = store_with(&["a", "b"]).await;
+    async fn mounts_with_names_per_session_and_per_tenant(db: TestDb) {
+        let store = store_with(&db, &["a", "b"]).await;
         for (id, tenant, name) in [("v1", "a", "data"), ("v2", "a", "more"), ("v3", "b", "x")] {
             store
                 .insert_volume(&volume(id, tenant, name))
@@ -468,4 +470,10 @@ mod tests {
         );
         assert!(store.tenant_volume_mounts("c").await.unwrap().is_empty());
     }
+
+    on_both_backends!(
+        names_are_unique_per_tenant_and_found_by_id_or_name,
+        one_writer_many_readers_and_mounted_volumes_stay,
+        mounts_with_names_per_session_and_per_tenant,
+    );
 }
