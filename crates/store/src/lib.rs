@@ -48,6 +48,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use db::{query, DbRow, Pool};
 
 mod db;
+mod nodes;
 mod secrets;
 mod state;
 #[cfg(test)]
@@ -58,6 +59,7 @@ mod volumes;
 mod webhooks;
 
 pub use db::Backend;
+pub use nodes::{NodeInfo, NodeRecord, NodeState};
 pub use secrets::SecretRecord;
 pub use state::{DurablePause, LayerRecord, SessionDurable, SnapshotRecord};
 pub use volumes::{NamedVolumeMount, VolumeMountRecord, VolumeRecord};
