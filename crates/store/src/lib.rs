@@ -62,7 +62,7 @@ pub use db::Backend;
 pub use nodes::{NodeInfo, NodeRecord, NodeState};
 pub use secrets::SecretRecord;
 pub use state::{DurablePause, LayerRecord, SessionDurable, SnapshotRecord};
-pub use volumes::{NamedVolumeMount, VolumeMountRecord, VolumeRecord};
+pub use volumes::{NamedVolumeMount, Quota, VolumeMountRecord, VolumeRecord};
 pub use webhooks::{Attempt, DeliveryRecord, DeliveryState, NewEvent, WebhookRecord};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -788,6 +788,23 @@ impl Store {
         .await?;
         Ok(done.rows_affected())
     }
+}
+
+/// Takes the tenant's lock for the rest of `tx`: a write to its row (changing nothing), so on
+/// Postgres the row stays locked until commit and on SQLite the transaction holds the one
+/// writer lock. Read-modify-write of a tenant's totals (quotas) done after this is serial
+/// across daemons: a second transaction waits here, then reads what the first committed
+/// (Postgres reads each statement afresh under `READ COMMITTED`). `UnknownTenant` if there is
+/// no such tenant.
+pub(crate) async fn lock_tenant(tx: &mut db::Tx, tenant_id: &str) -> Result<(), StoreError> {
+    let done = query("UPDATE tenants SET name = name WHERE id = $1")
+        .bind(tenant_id)
+        .execute(tx)
+        .await?;
+    if done.rows_affected() == 0 {
+        return Err(StoreError::UnknownTenant(tenant_id.into()));
+    }
+    Ok(())
 }
 
 // ---- encoding ----

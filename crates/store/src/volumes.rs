@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::db::{query, DbRow};
+use crate::db::{query, DbRow, Target};
 use crate::{db_kind, from_ms, get, to_ms, Store, StoreError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,27 +40,27 @@ const VOLUME_COLUMNS: &str = "id, tenant_id, name, size_mib, backend, created_at
 impl Store {
     /// `Conflict` if the tenant has a volume of that name, `UnknownTenant` if no such tenant.
     pub async fn insert_volume(&self, v: &VolumeRecord) -> Result<(), StoreError> {
-        query(&format!(
-            "INSERT INTO volumes ({VOLUME_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
-        ))
-        .bind(&v.id)
-        .bind(&v.tenant_id)
-        .bind(&v.name)
-        .bind(i64::try_from(v.size_mib).map_err(|_| StoreError::Invalid("size too large".into()))?)
-        .bind(&v.backend)
-        .bind(to_ms(v.created_at))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| match db_kind(&e) {
-            Some(sqlx::error::ErrorKind::UniqueViolation) => {
-                StoreError::Conflict(format!("a volume named {:?} exists", v.name))
-            }
-            Some(sqlx::error::ErrorKind::ForeignKeyViolation) => {
-                StoreError::UnknownTenant(v.tenant_id.clone())
-            }
-            _ => e.into(),
-        })?;
-        Ok(())
+        insert_volume_on(v, &self.pool).await
+    }
+
+    /// Records the volume only if the tenant's volumes, with it, stay within `quota_mib`;
+    /// otherwise `Ok(Quota::Over { used })` and nothing changes. Check and insert are one
+    /// transaction holding the tenant's lock (`lock_tenant`), so creates racing on any number
+    /// of daemons never overshoot together.
+    pub async fn insert_volume_within(
+        &self,
+        v: &VolumeRecord,
+        quota_mib: u64,
+    ) -> Result<Quota, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        crate::lock_tenant(&mut tx, &v.tenant_id).await?;
+        let used = volume_mib_on(&v.tenant_id, &mut tx).await?;
+        if used.saturating_add(v.size_mib) > quota_mib {
+            return Ok(Quota::Over { used });
+        }
+        insert_volume_on(v, &mut tx).await?;
+        tx.commit().await?;
+        Ok(Quota::Within)
     }
 
     /// The tenant's volume whose id or name is `key`.
@@ -111,16 +111,7 @@ impl Store {
 
     /// The size quotas of the tenant's volumes, summed.
     pub async fn tenant_volume_mib(&self, tenant_id: &str) -> Result<u64, StoreError> {
-        // Postgres sums BIGINTs to NUMERIC: cast back.
-        let row = query(
-            "SELECT CAST(COALESCE(SUM(size_mib), 0) AS BIGINT) AS n FROM volumes \
-             WHERE tenant_id = $1",
-        )
-        .bind(tenant_id)
-        .fetch_one(&self.pool)
-        .await?;
-        let total: i64 = get(&row, "n")?;
-        Ok(total.max(0) as u64)
+        volume_mib_on(tenant_id, &self.pool).await
     }
 
     /// Deletes the volume unless a session has it mounted: `Ok(false)` if there was no such
@@ -276,6 +267,56 @@ impl Store {
         .await?;
         Ok(done.rows_affected())
     }
+}
+
+/// Whether a quota-checked insert happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quota {
+    Within,
+    /// Refused: this much is used already.
+    Over {
+        used: u64,
+    },
+}
+
+async fn insert_volume_on<'a>(
+    v: &VolumeRecord,
+    on: impl Into<Target<'a>>,
+) -> Result<(), StoreError> {
+    query(&format!(
+        "INSERT INTO volumes ({VOLUME_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+    ))
+    .bind(&v.id)
+    .bind(&v.tenant_id)
+    .bind(&v.name)
+    .bind(i64::try_from(v.size_mib).map_err(|_| StoreError::Invalid("size too large".into()))?)
+    .bind(&v.backend)
+    .bind(to_ms(v.created_at))
+    .execute(on)
+    .await
+    .map_err(|e| match db_kind(&e) {
+        Some(sqlx::error::ErrorKind::UniqueViolation) => {
+            StoreError::Conflict(format!("a volume named {:?} exists", v.name))
+        }
+        Some(sqlx::error::ErrorKind::ForeignKeyViolation) => {
+            StoreError::UnknownTenant(v.tenant_id.clone())
+        }
+        _ => e.into(),
+    })?;
+    Ok(())
+}
+
+async fn volume_mib_on<'a>(tenant_id: &str, on: impl Into<Target<'a>>) -> Result<u64, StoreError> {
+    // Postgres sums BIGINTs to NUMERIC: cast back.
+    let row = query(
+        "SELECT CAST(COALESCE(SUM(size_mib), 0) AS BIGINT) AS n FROM volumes \
+         WHERE tenant_id = $1",
+    )
+    .bind(tenant_id)
+    .fetch_one(on)
+    .await?;
+    let total: i64 = get(&row, "n")?;
+    Ok(total.max(0) as u64)
 }
 
 fn volume_from_row(row: &DbRow) -> Result<VolumeRecord, StoreError> {
@@ -471,7 +512,43 @@ mod tests {
         assert!(store.tenant_volume_mounts("c").await.unwrap().is_empty());
     }
 
+    /// Ten creates of 30 MiB racing under a 100 MiB quota, each on a connection of its own
+    /// (another daemon's, on Postgres): three fit, whatever the interleaving.
+    async fn racing_creates_never_overshoot_the_quota(db: TestDb) {
+        let store = store_with(&db, &["a"]).await;
+        let mut racers = tokio::task::JoinSet::new();
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(10));
+        for i in 0..10 {
+            let s = match db {
+                TestDb::Sqlite => store.clone(),
+                TestDb::Postgres { .. } => db.open().await,
+            };
+            let start = start.clone();
+            racers.spawn(async move {
+                let v = VolumeRecord {
+                    size_mib: 30,
+                    ..volume(&format!("v{i}"), "a", &format!("n{i}"))
+                };
+                start.wait().await;
+                s.insert_volume_within(&v, 100).await.unwrap()
+            });
+        }
+        let results = racers.join_all().await;
+        let within = results.iter().filter(|r| **r == Quota::Within).count();
+        assert_eq!(within, 3, "{results:?}");
+        assert!(results
+            .iter()
+            .all(|r| matches!(r, Quota::Within | Quota::Over { used: 90 })));
+        assert_eq!(store.tenant_volume_mib("a").await.unwrap(), 90);
+        let err = store
+            .insert_volume_within(&volume("x", "nobody", "x"), 100)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::UnknownTenant(_)), "{err}");
+    }
+
     on_both_backends!(
+        racing_creates_never_overshoot_the_quota,
         names_are_unique_per_tenant_and_found_by_id_or_name,
         one_writer_many_readers_and_mounted_volumes_stay,
         mounts_with_names_per_session_and_per_tenant,
