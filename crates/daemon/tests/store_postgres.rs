@@ -177,6 +177,7 @@ async fn eventually(db: &TestDatabase, sql: &str, want: &str, secs: u64) {
     }
 }
 
+const ADMIN: &str = "admin-key-0123456789abcdef";
 const NODES: &str = "SELECT id || ' ' || state FROM nodes ORDER BY id";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,7 +189,8 @@ async fn two_daemons_register_heartbeat_and_mark_a_killed_one_lost() {
     let db = TestDatabase::create(&server, "nodes");
     let config = |id: &str| {
         format!(
-            "{BASE_CONFIG}[store]\nurl = \"{}\"\n[node]\nid = \"{id}\"\nheartbeat_s = 0.2\nlost_after_s = 1.0\n",
+            "{BASE_CONFIG}[store]\nurl = \"{}\"\n[node]\nid = \"{id}\"\nheartbeat_s = 0.2\nlost_after_s = 1.0\n\
+             [auth]\nadmin_keys = [\"{ADMIN}\"]\n",
             db.url
         )
     };
@@ -210,6 +212,41 @@ async fn two_daemons_register_heartbeat_and_mark_a_killed_one_lost() {
         .query("SELECT capacity_sandboxes FROM nodes WHERE id = 'node-a'")
         .parse::<u64>()
         .is_ok_and(|n| n > 0));
+    // Operators see them through any node; tenants do not.
+    let resp = b
+        .req(Method::GET, "/v1/sandbox/admin/nodes", ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let v: Value = resp.json().await.unwrap();
+    let nodes: Vec<(&str, &str, &str)> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["id"].as_str().unwrap(),
+                n["state"].as_str().unwrap(),
+                n["address"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        nodes,
+        [
+            ("node-a", "up", a.base.as_str()),
+            ("node-b", "up", b.base.as_str())
+        ],
+        "{v}"
+    );
+    let status = b
+        .req(Method::GET, "/v1/sandbox/admin/nodes", KEY1)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::FORBIDDEN);
     // Heartbeats go on.
     let beat = |id: &str| -> i64 {
         db.query(&format!(
