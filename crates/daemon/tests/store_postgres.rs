@@ -247,6 +247,17 @@ async fn two_daemons_register_heartbeat_and_mark_a_killed_one_lost() {
         .unwrap()
         .status();
     assert_eq!(status, StatusCode::FORBIDDEN);
+    let spec: Value = b
+        .http
+        .get(format!("{}/openapi.json", b.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(spec["paths"]["/v1/sandbox/admin/nodes"]["get"].is_object());
+    assert!(spec["components"]["schemas"]["NodeList"].is_object());
     // Heartbeats go on.
     let beat = |id: &str| -> i64 {
         db.query(&format!(
