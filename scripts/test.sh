@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup-microvm.sh
 scripts/setup-s3.sh  # the S3-protocol server the blob store's S3 tests run against (cached)
+# A private PostgreSQL (Debian's package) the store's tests also run on; without it they would skip.
+KODER_TEST_PG_URL=$(scripts/setup-postgres.sh | tail -n 1); export KODER_TEST_PG_URL KODER_TEST_REQUIRE_PG=1
 # Style is part of the suite: formatting and every clippy warning fail it.
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -528,6 +528,31 @@ pub struct TenantList {
     pub tenants: Vec<TenantInfo>,
 }
 
+/// A daemon sharing the store (`GET /v1/sandbox/admin/nodes`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct NodeInfo {
+    pub id: String,
+    /// Base URL the other nodes reach it at.
+    pub address: String,
+    pub runtimes: Vec<String>,
+    pub capacity_sandboxes: u64,
+    /// At its last heartbeat.
+    pub load_sandboxes: u64,
+    /// `up`, `lost` (no heartbeat within the timeout) or `left` (shut down cleanly).
+    pub state: String,
+    pub started_at: DateTime<Utc>,
+    pub heartbeat_at: DateTime<Utc>,
+    /// When it was marked lost or left.
+    pub down_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct NodeList {
+    pub nodes: Vec<NodeInfo>,
+}
+
 /// A newly issued API key; shown once, stored only as a hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

@@ -45,6 +45,56 @@ pub struct Config {
     pub telemetry: koder_telemetry::TelemetryConfig,
     /// Secrets injected at egress: `key_file` holds the key they are sealed with.
     pub secrets: SecretsSection,
+    /// Where the state lives: `<data_dir>/state.db` (SQLite) unless `url` names a database.
+    pub store: StoreSection,
+    /// This daemon as a node of the store: id, advertised address, heartbeat.
+    pub node: NodeSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeSection {
+    /// Default: an id generated once into `<data_dir>/node-id`.
+    pub id: Option<String>,
+    /// Base URL the other nodes reach this one at; default `http://<listen address>`.
+    pub advertise: Option<String>,
+    /// Seconds between heartbeats.
+    pub heartbeat_s: f64,
+    /// Seconds without a heartbeat after which a node counts as lost.
+    pub lost_after_s: f64,
+}
+
+impl Default for NodeSection {
+    fn default() -> Self {
+        NodeSection {
+            id: None,
+            advertise: None,
+            heartbeat_s: 5.0,
+            lost_after_s: 30.0,
+        }
+    }
+}
+
+impl NodeSection {
+    /// Positive, finite, and a node is lost only after several missed heartbeats.
+    fn check(&self) -> anyhow::Result<()> {
+        let fine = |s: f64| s.is_finite() && s > 0.0 && s < 1e9;
+        if !fine(self.heartbeat_s) || !fine(self.lost_after_s) {
+            anyhow::bail!("[node] heartbeat_s and lost_after_s are positive seconds");
+        }
+        if self.lost_after_s < 2.0 * self.heartbeat_s {
+            anyhow::bail!("[node] lost_after_s must be at least twice heartbeat_s");
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSection {
+    /// `postgres://user:password@host:port/database` (a PostgreSQL database several daemons
+    /// may share; it must exist) or `sqlite://<path>`; unset: SQLite in the data dir.
+    pub url: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -250,6 +300,7 @@ impl Config {
         }
         cfg.auth.api_keys.extend(args.api_keys.iter().cloned());
         cfg.auth.admin_keys.extend(args.admin_keys.iter().cloned());
+        cfg.node.check()?;
         Ok(cfg)
     }
 }

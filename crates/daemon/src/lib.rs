@@ -3,6 +3,7 @@
 
 pub mod config;
 mod keyfile;
+mod node;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -50,6 +51,17 @@ const SECRETS_KEY_FILE: &str = "secrets.key";
 const TOKEN_KEY_FILE: &str = "token-key";
 pub const DEV_TENANT: &str = "dev";
 
+/// The `[store] url` database, else SQLite in the data dir. The URL is never logged: it may
+/// hold a password.
+async fn open_store(cfg: &Config, data_dir: &Path) -> anyhow::Result<Store> {
+    Ok(match &cfg.store.url {
+        Some(url) => Store::open_url(url)
+            .await
+            .context("opening the [store] url database")?,
+        None => Store::open_sqlite(&data_dir.join("state.db")).await?,
+    })
+}
+
 /// Runs the daemon until SIGINT/SIGTERM.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cfg = Config::load(&args)?;
@@ -60,7 +72,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Sandbox uids traverse the data dir to reach their own layers (nothing else is readable).
     std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o711))?;
 
-    let store = Store::open_sqlite(&data_dir.join("state.db")).await?;
+    let store = open_store(&cfg, data_dir).await?;
     let auth = authenticator(&cfg, &store, data_dir).await?;
     let agent = agent_bin(&cfg)?;
     let images = image_store(data_dir)?;
@@ -90,8 +102,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .collect();
     let webhooks =
         koder_webhooks::Webhooks::start(store.clone(), cfg.webhooks.clone(), cfg.network.clone());
+    let offers_microvm = runtimes.microvm.is_ok();
     let manager = koder_sessions::Manager::start_with_runtimes(
-        store,
+        store.clone(),
         runtimes,
         sessions,
         koder_sessions::quota::system_clock(),
@@ -120,6 +133,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}", cfg.server.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "koder-sandbox serving");
+    let node = node::Node::start(
+        &cfg,
+        store,
+        node::info(&cfg, data_dir, addr, offers_microvm)?,
+        manager.clone(),
+    )
+    .await?;
     // On stdout for whoever started us (with `--listen 127.0.0.1:0` the port is only known now).
     println!("koder-sandbox listening on http://{addr}");
     // Streamed answers (SSE, E2B Connect streams, WebSocket frames) are many small writes: with
@@ -139,6 +159,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         })
         .await;
     manager.shutdown().await;
+    node.leave().await;
     // After the manager: the sessions it ended at shutdown are events too.
     webhooks.shutdown().await;
     // The exporter's flush blocks on its own thread's HTTP client.
@@ -449,6 +470,13 @@ fn microvm_runtime(cfg: &Config, agent: &Path) -> Result<Arc<dyn Runtime>, Strin
     }
 }
 
+/// Sandboxes the jail runtime holds at most (`[jail] max_sandboxes` or its default).
+fn jail_max_sandboxes(cfg: &Config) -> u32 {
+    cfg.jail
+        .max_sandboxes
+        .unwrap_or_else(|| JailConfig::new("", "").max_sandboxes)
+}
+
 /// The jail's and the microVMs' host id ranges, which must not meet: a jail and a VMM with
 /// the same host uid could signal and read each other.
 fn check_id_ranges(cfg: &Config) -> anyhow::Result<()> {
@@ -456,7 +484,7 @@ fn check_id_ranges(cfg: &Config) -> anyhow::Result<()> {
     let jail_default = JailConfig::new("", "");
     let jail = host_ids(
         cfg.jail.uid_base.unwrap_or(jail_default.uid_base),
-        cfg.jail.max_sandboxes.unwrap_or(jail_default.max_sandboxes),
+        jail_max_sandboxes(cfg),
         koder_jail::SANDBOX_IDS,
     )?;
     if !cfg.microvm.enabled {

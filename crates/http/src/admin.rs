@@ -1,8 +1,9 @@
-//! Operator endpoints (admin key only): tenants, their plan and quotas, and key issuance.
+//! Operator endpoints (admin key only): tenants, their plan and quotas, and key issuance; the
+//! nodes sharing the store.
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use koder_api_types::{ErrorBody, IssuedKey, PutTenant, TenantInfo, TenantList};
+use koder_api_types::{ErrorBody, IssuedKey, NodeList, PutTenant, TenantInfo, TenantList};
 
 use crate::error::ApiError;
 use crate::extract::{AdminCaller, Json, Path};
@@ -69,4 +70,15 @@ pub async fn issue_key(
         issued.tenant_id.clone(),
     );
     Ok((StatusCode::CREATED, axum::Json(issued)))
+}
+
+#[utoipa::path(get, path = "/v1/sandbox/admin/nodes", tag = "admin",
+    responses((status = 200, body = NodeList), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list_nodes(
+    State(s): State<AppState>,
+    _: AdminCaller,
+) -> ApiResult<axum::Json<NodeList>> {
+    let nodes = s.manager.list_nodes().await?;
+    Ok(axum::Json(NodeList { nodes }))
 }

@@ -70,7 +70,7 @@ pub struct AppState {
         volumes::create_volume, volumes::list_volumes, volumes::get_volume, volumes::delete_volume,
         volumes::upload, volumes::download, volumes::remove, volumes::set_metadata,
         volumes::list_files, volumes::stat, volumes::make_dir,
-        admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key,
+        admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key, admin::list_nodes,
         images::list_images, images::get_image, images::delete_image, images::import_image,
         webhooks::create_webhook, webhooks::list_webhooks, webhooks::list_deliveries,
         webhooks::delete_webhook,
@@ -257,7 +257,8 @@ pub fn router(state: AppState) -> Router {
             "/tenants/{id}",
             get(admin::get_tenant).put(admin::put_tenant),
         )
-        .route("/tenants/{id}/keys", post(admin::issue_key));
+        .route("/tenants/{id}/keys", post(admin::issue_key))
+        .route("/nodes", get(admin::list_nodes));
     Router::new()
         .nest("/v1/sandbox/sessions", sessions)
         .nest("/v1/sandbox/snapshots", state::snapshot_routes())

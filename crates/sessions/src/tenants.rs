@@ -10,6 +10,27 @@ use crate::{Error, Manager};
 const MAX_PLAN_NAME: usize = 64;
 
 impl Manager {
+    /// The daemons sharing the store, by id.
+    pub async fn list_nodes(&self) -> Result<Vec<koder_api_types::NodeInfo>, Error> {
+        Ok(self
+            .store
+            .list_nodes()
+            .await?
+            .into_iter()
+            .map(|n| koder_api_types::NodeInfo {
+                id: n.info.id,
+                address: n.info.address,
+                runtimes: n.info.runtimes,
+                capacity_sandboxes: n.info.capacity_sandboxes,
+                load_sandboxes: n.load_sandboxes,
+                state: n.state.as_str().into(),
+                started_at: n.started_at,
+                heartbeat_at: n.heartbeat_at,
+                down_at: n.down_at,
+            })
+            .collect())
+    }
+
     pub async fn list_tenants(&self) -> Result<Vec<TenantInfo>, Error> {
         let all = self.store.list_tenants().await?;
         let mut out = Vec::with_capacity(all.len());

@@ -1,12 +1,39 @@
 //! The daemon's persistent state: tenants (plan and quotas), API keys (only their SHA-256 is
 //! stored) and sessions.
 //!
-//! SQLite is embedded by default (one file in the data dir). The SQL is kept portable so that a
-//! Postgres backend can follow: runtime-checked `sqlx::query` with `$N` placeholders (which SQLite
-//! understands too), `ON CONFLICT` upserts, times as `BIGINT` unix **milliseconds** (so every time
-//! round-trips exactly at millisecond precision; anything finer is truncated), JSON as `TEXT` and
-//! key hashes as lowercase hex `TEXT`. Migrations live in `migrations/` and are embedded at
-//! compile time.
+//! Two backends, one SQL: SQLite embedded by default (one file in the data dir), or PostgreSQL
+//! (`[store] url = "postgres://..."`), which several daemons may share. Every statement is
+//! written once and runs on both; `db.rs` is the only place that tells them apart.
+//!
+//! # Writing (or porting) a module
+//!
+//! - Statements go through `db::query`, not `sqlx::query`: same `&str`, `.bind(..)`,
+//!   `.execute/.fetch_all/.fetch_optional/.fetch_one(&self.pool)` (or `(&mut tx)` inside
+//!   `let mut tx = self.pool.begin().await?; ... tx.commit().await?`). Rows are `db::DbRow`;
+//!   read columns with `get(row, "col")`. Porting a SQLite-only module is renaming
+//!   `sqlx::query(` to `query(`, `SqliteRow` to `DbRow` and `&mut *tx` to `&mut tx`.
+//! - SQL: `$N` placeholders, `ON CONFLICT ... DO UPDATE/NOTHING` upserts, `RETURNING` (both
+//!   have it), no SQLite- or Postgres-only functions (`COALESCE`, `CAST(.. AS BIGINT)` are
+//!   fine; `SUM` of a `BIGINT` is `NUMERIC` on Postgres: `CAST(COALESCE(SUM(x), 0) AS
+//!   BIGINT)`), `LIKE` only on values whose case cannot differ (SQLite's `LIKE` ignores ASCII
+//!   case, Postgres's does not). `ORDER BY` on text sorts by the database's collation on
+//!   Postgres (create it with `LC_COLLATE=C` for SQLite's byte order).
+//! - Types: times as `BIGINT` unix **milliseconds** (exact round trips at ms precision; finer
+//!   is truncated), integers as `BIGINT` decoded as `i64` (Postgres will not decode an
+//!   `INTEGER` into `i64`; `INTEGER` in released files is rewritten), booleans as `BOOLEAN`,
+//!   JSON as `TEXT`, key hashes as lowercase hex `TEXT`, bytes as `BLOB` in released files
+//!   (rewritten to `BYTEA`); a new migration that needs bytes should rather store hex or
+//!   base64 `TEXT`.
+//! - Migrations live in `migrations/`, are embedded at compile time and run on both
+//!   backends. Released files are never edited (sqlx records each file's checksum and refuses
+//!   a database whose files changed; `db::tests::released_migrations_are_unchanged` guards
+//!   this): the SQLite-only spellings they hold are translated for Postgres (`db::to_postgres`),
+//!   new ones should need no translation.
+//! - Read-modify-write across daemons (quotas, counters): inside one transaction, take the
+//!   row lock first with a write (`UPDATE tenants SET id = id WHERE id = $1`): Postgres locks
+//!   the row until commit, SQLite takes its one writer lock; then read and write.
+//! - Tests: `async fn name(db: TestDb)` listed in `on_both_backends!(..)` runs on SQLite and
+//!   on a fresh Postgres database (see `testing.rs`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -15,22 +42,27 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use koder_api_types::{ErrorCode, Limits, Network, SessionState};
 use sqlx::error::ErrorKind;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
-};
-use sqlx::Row;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+use db::{query, DbRow, Pool};
+
+mod db;
+mod nodes;
 mod secrets;
 mod state;
+#[cfg(test)]
+mod testing;
 #[cfg(test)]
 mod tests;
 mod volumes;
 mod webhooks;
 
+pub use db::Backend;
+pub use nodes::{NodeInfo, NodeRecord, NodeState};
 pub use secrets::SecretRecord;
 pub use state::{DurablePause, LayerRecord, SessionDurable, SnapshotRecord};
-pub use volumes::{NamedVolumeMount, VolumeMountRecord, VolumeRecord};
+pub use volumes::{NamedVolumeMount, Quota, VolumeMountRecord, VolumeRecord};
 pub use webhooks::{Attempt, DeliveryRecord, DeliveryState, NewEvent, WebhookRecord};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -39,6 +71,10 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections of a file-backed pool (WAL lets readers run beside the one writer).
 const FILE_POOL_CONNECTIONS: u32 = 4;
+/// Connections of a Postgres pool (the server serves them concurrently).
+const PG_POOL_CONNECTIONS: u32 = 8;
+/// How long a query waits for a free Postgres connection.
+const PG_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -167,7 +203,7 @@ pub struct SessionRecord {
 /// Handle on the database; cheap to clone (a connection pool).
 #[derive(Debug, Clone)]
 pub struct Store {
-    pool: SqlitePool,
+    pool: Pool,
 }
 
 const SESSION_COLUMNS: &str = "id, tenant_id, sandbox_id, runtime, language, image, state, \
@@ -203,7 +239,7 @@ impl Store {
             .max_connections(FILE_POOL_CONNECTIONS)
             .connect_with(options)
             .await?;
-        Self::migrated(pool).await
+        Self::migrated(Pool::Sqlite(pool)).await
     }
 
     /// A private in-memory database (for tests). One connection that is never recycled, so the
@@ -220,12 +256,45 @@ impl Store {
             .max_lifetime(None)
             .connect_with(options)
             .await?;
-        Self::migrated(pool).await
+        Self::migrated(Pool::Sqlite(pool)).await
     }
 
-    async fn migrated(pool: SqlitePool) -> Result<Store, StoreError> {
-        MIGRATOR.run(&pool).await?;
+    /// Opens the database a `[store] url` names: `postgres://` or `postgresql://` (see
+    /// [`Store::open_postgres`]) or `sqlite://<path>` (see [`Store::open_sqlite`]).
+    pub async fn open_url(url: &str) -> Result<Store, StoreError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Self::open_postgres(url).await;
+        }
+        match url.strip_prefix("sqlite://") {
+            Some(path) if !path.is_empty() => Self::open_sqlite(Path::new(path)).await,
+            _ => Err(StoreError::Invalid(
+                "a store url starts with postgres://, postgresql:// or sqlite://<path>".into(),
+            )),
+        }
+    }
+
+    /// Connects to the PostgreSQL database at `url` (which must exist) and applies pending
+    /// migrations; several daemons may share it.
+    pub async fn open_postgres(url: &str) -> Result<Store, StoreError> {
+        let options: PgConnectOptions = url
+            .parse()
+            .map_err(|e| StoreError::Invalid(format!("postgres url: {e}")))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(PG_POOL_CONNECTIONS)
+            .acquire_timeout(PG_ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await?;
+        Self::migrated(Pool::Postgres(pool)).await
+    }
+
+    async fn migrated(pool: Pool) -> Result<Store, StoreError> {
+        pool.migrate(&MIGRATOR).await?;
         Ok(Store { pool })
+    }
+
+    /// Which database this store is on.
+    pub fn backend(&self) -> Backend {
+        self.pool.backend()
     }
 
     /// Waits for checked-out connections and closes the pool.
@@ -246,7 +315,7 @@ impl Store {
                 })
             })
             .transpose()?;
-        sqlx::query(
+        query(
             "INSERT INTO tenants (id, name, plan, max_sessions, daily_session_minutes, created_at_ms) \
              VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (id) DO UPDATE SET name = excluded.name, plan = excluded.plan, \
@@ -265,7 +334,7 @@ impl Store {
     }
 
     pub async fn get_tenant(&self, id: &str) -> Result<Option<Tenant>, StoreError> {
-        let row = sqlx::query(&format!(
+        let row = query(&format!(
             "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"
         ))
         .bind(id)
@@ -276,7 +345,7 @@ impl Store {
 
     /// All tenants, by id.
     pub async fn list_tenants(&self) -> Result<Vec<Tenant>, StoreError> {
-        let rows = sqlx::query(&format!("SELECT {TENANT_COLUMNS} FROM tenants ORDER BY id"))
+        let rows = query(&format!("SELECT {TENANT_COLUMNS} FROM tenants ORDER BY id"))
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(tenant_from_row).collect()
@@ -292,7 +361,7 @@ impl Store {
         tenant_id: &str,
         label: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        query(
             "INSERT INTO api_keys (key_hash, tenant_id, label, created_at_ms) \
              VALUES ($1, $2, $3, $4) \
              ON CONFLICT (key_hash) DO UPDATE SET tenant_id = excluded.tenant_id, \
@@ -313,7 +382,7 @@ impl Store {
 
     /// All keys, oldest first.
     pub async fn api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {API_KEY_COLUMNS} FROM api_keys ORDER BY created_at_ms, key_hash"
         ))
         .fetch_all(&self.pool)
@@ -326,7 +395,7 @@ impl Store {
         &self,
         key_hash: &[u8; 32],
     ) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let row = sqlx::query(&format!(
+        let row = query(&format!(
             "SELECT {API_KEY_COLUMNS} FROM api_keys WHERE key_hash = $1"
         ))
         .bind(hex::encode(key_hash))
@@ -337,7 +406,7 @@ impl Store {
 
     /// Removes one key; false if there was none.
     pub async fn delete_api_key(&self, key_hash: &[u8; 32]) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM api_keys WHERE key_hash = $1")
+        let done = query("DELETE FROM api_keys WHERE key_hash = $1")
             .bind(hex::encode(key_hash))
             .execute(&self.pool)
             .await?;
@@ -353,9 +422,9 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let keep: HashSet<String> = keep.iter().map(hex::encode).collect();
         let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query("SELECT key_hash FROM api_keys WHERE label = $1")
+        let rows = query("SELECT key_hash FROM api_keys WHERE label = $1")
             .bind(label)
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut tx)
             .await?;
         let mut dropped = 0;
         for row in &rows {
@@ -363,10 +432,10 @@ impl Store {
             if keep.contains(&hash) {
                 continue;
             }
-            dropped += sqlx::query("DELETE FROM api_keys WHERE key_hash = $1 AND label = $2")
+            dropped += query("DELETE FROM api_keys WHERE key_hash = $1 AND label = $2")
                 .bind(&hash)
                 .bind(label)
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await?
                 .rows_affected();
         }
@@ -378,7 +447,7 @@ impl Store {
 
     /// Records one network attempt.
     pub async fn insert_audit(&self, a: &AuditRecord) -> Result<(), StoreError> {
-        sqlx::query(
+        query(
             "INSERT INTO network_audit (at_ms, tenant_id, session_id, proto, dest, port, name, allowed, reason) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
@@ -406,7 +475,7 @@ impl Store {
         before_id: Option<i64>,
         limit: u32,
     ) -> Result<Vec<AuditRecord>, StoreError> {
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT id, at_ms, tenant_id, session_id, proto, dest, port, name, allowed, reason FROM network_audit \
              WHERE tenant_id = $1 AND ($2 IS NULL OR session_id = $2) AND ($3 IS NULL OR allowed = $3) \
              AND ($4 IS NULL OR id < $4) ORDER BY id DESC LIMIT $5",
@@ -420,19 +489,19 @@ impl Store {
         .await?;
         rows.iter()
             .map(|r| {
-                let port: i64 = r.try_get("port")?;
+                let port: i64 = get(r, "port")?;
                 Ok(AuditRecord {
-                    id: r.try_get("id")?,
-                    at: from_ms(r.try_get("at_ms")?, "audit time")?,
-                    tenant_id: r.try_get("tenant_id")?,
-                    session_id: r.try_get("session_id")?,
-                    proto: r.try_get("proto")?,
-                    dest: r.try_get("dest")?,
+                    id: get(r, "id")?,
+                    at: from_ms(get(r, "at_ms")?, "audit time")?,
+                    tenant_id: get(r, "tenant_id")?,
+                    session_id: get(r, "session_id")?,
+                    proto: get(r, "proto")?,
+                    dest: get(r, "dest")?,
                     port: u16::try_from(port)
                         .map_err(|_| StoreError::Corrupt(format!("audit port {port}")))?,
-                    name: r.try_get("name")?,
-                    allowed: r.try_get("allowed")?,
-                    reason: r.try_get("reason")?,
+                    name: get(r, "name")?,
+                    allowed: get(r, "allowed")?,
+                    reason: get(r, "reason")?,
                 })
             })
             .collect()
@@ -440,7 +509,7 @@ impl Store {
 
     /// `Conflict` if a session with this id exists, `UnknownTenant` if the tenant does not.
     pub async fn insert_session(&self, s: &SessionRecord) -> Result<(), StoreError> {
-        sqlx::query(&format!(
+        query(&format!(
             "INSERT INTO sessions ({SESSION_COLUMNS}) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
         ))
@@ -472,7 +541,7 @@ impl Store {
     }
 
     pub async fn get_session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
-        let row = sqlx::query(&format!(
+        let row = query(&format!(
             "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1"
         ))
         .bind(id)
@@ -492,7 +561,7 @@ impl Store {
         } else {
             " AND state <> 'stopped'"
         };
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant_id = $1{filter} \
              ORDER BY created_at_ms DESC, id DESC"
         ))
@@ -504,7 +573,7 @@ impl Store {
 
     /// Every tenant's sessions that are not stopped, oldest first.
     pub async fn live_sessions(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {SESSION_COLUMNS} FROM sessions WHERE state <> 'stopped' \
              ORDER BY created_at_ms, id"
         ))
@@ -514,12 +583,11 @@ impl Store {
     }
 
     pub async fn count_live_sessions(&self, tenant_id: &str) -> Result<u64, StoreError> {
-        let row = sqlx::query(
-            "SELECT COUNT(*) AS n FROM sessions WHERE tenant_id = $1 AND state <> 'stopped'",
-        )
-        .bind(tenant_id)
-        .fetch_one(&self.pool)
-        .await?;
+        let row =
+            query("SELECT COUNT(*) AS n FROM sessions WHERE tenant_id = $1 AND state <> 'stopped'")
+                .bind(tenant_id)
+                .fetch_one(&self.pool)
+                .await?;
         let n: i64 = get(&row, "n")?;
         u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative count {n}")))
     }
@@ -548,7 +616,7 @@ impl Store {
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let stopping = state == SessionState::Stopped;
-        let done = sqlx::query(
+        let done = query(
             "UPDATE sessions SET state = $2, ended_at_ms = COALESCE(ended_at_ms, $3), \
              end_reason = COALESCE($4, end_reason) \
              WHERE id = $1 AND (state <> 'stopped' OR $5 = 'stopped')",
@@ -563,7 +631,7 @@ impl Store {
         if done.rows_affected() > 0 {
             return Ok(());
         }
-        let exists = sqlx::query("SELECT state FROM sessions WHERE id = $1")
+        let exists = query("SELECT state FROM sessions WHERE id = $1")
             .bind(id)
             .fetch_optional(&self.pool)
             .await?;
@@ -582,7 +650,7 @@ impl Store {
         id: &str,
         expires_at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query("UPDATE sessions SET expires_at_ms = $2 WHERE id = $1")
+        let done = query("UPDATE sessions SET expires_at_ms = $2 WHERE id = $1")
             .bind(id)
             .bind(to_ms(expires_at))
             .execute(&self.pool)
@@ -598,7 +666,7 @@ impl Store {
         &self,
         now: DateTime<Utc>,
     ) -> Result<Vec<SessionRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {SESSION_COLUMNS} FROM sessions \
              WHERE state <> 'stopped' AND expires_at_ms <= $1 ORDER BY expires_at_ms, id"
         ))
@@ -622,7 +690,7 @@ impl Store {
         if since_ms >= now_ms {
             return Ok(0);
         }
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT id, state, created_at_ms, expires_at_ms, ended_at_ms FROM sessions \
              WHERE tenant_id = $1 AND created_at_ms < $2 \
              AND (state <> 'stopped' OR COALESCE(ended_at_ms, expires_at_ms) > $3)",
@@ -666,7 +734,7 @@ impl Store {
         tenant_id: &str,
         since_ms: i64,
     ) -> Result<Vec<(String, i64, Option<i64>)>, StoreError> {
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT p.session_id, p.from_ms, p.to_ms FROM session_pauses p \
              JOIN sessions s ON s.id = p.session_id \
              WHERE s.tenant_id = $1 AND (p.to_ms IS NULL OR p.to_ms > $2)",
@@ -683,7 +751,7 @@ impl Store {
     /// The session was paused holding no sandbox (to disk, or its VM saved to a file) at `at`
     /// (a no-op if a pause is open already).
     pub async fn begin_disk_pause(&self, id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
-        sqlx::query(
+        query(
             "INSERT INTO session_pauses (session_id, from_ms) SELECT $1, $2 \
              WHERE NOT EXISTS (SELECT 1 FROM session_pauses WHERE session_id = $1 AND to_ms IS NULL)",
         )
@@ -696,7 +764,7 @@ impl Store {
 
     /// The session's open pause (if any) ended at `at`: it resumed or stopped.
     pub async fn end_disk_pause(&self, id: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
-        sqlx::query("UPDATE session_pauses SET to_ms = $2 WHERE session_id = $1 AND to_ms IS NULL")
+        query("UPDATE session_pauses SET to_ms = $2 WHERE session_id = $1 AND to_ms IS NULL")
             .bind(id)
             .bind(to_ms(at))
             .execute(&self.pool)
@@ -711,7 +779,7 @@ impl Store {
     ) -> Result<u64, StoreError> {
         // A mount row a crash left behind would pin the session row.
         self.release_stopped_volume_mounts().await?;
-        let done = sqlx::query(
+        let done = query(
             "DELETE FROM sessions WHERE state = 'stopped' AND ended_at_ms IS NOT NULL \
              AND ended_at_ms < $1",
         )
@@ -720,6 +788,23 @@ impl Store {
         .await?;
         Ok(done.rows_affected())
     }
+}
+
+/// Takes the tenant's lock for the rest of `tx`: a write to its row (changing nothing), so on
+/// Postgres the row stays locked until commit and on SQLite the transaction holds the one
+/// writer lock. Read-modify-write of a tenant's totals (quotas) done after this is serial
+/// across daemons: a second transaction waits here, then reads what the first committed
+/// (Postgres reads each statement afresh under `READ COMMITTED`). `UnknownTenant` if there is
+/// no such tenant.
+pub(crate) async fn lock_tenant(tx: &mut db::Tx, tenant_id: &str) -> Result<(), StoreError> {
+    let done = query("UPDATE tenants SET name = name WHERE id = $1")
+        .bind(tenant_id)
+        .execute(tx)
+        .await?;
+    if done.rows_affected() == 0 {
+        return Err(StoreError::UnknownTenant(tenant_id.into()));
+    }
+    Ok(())
 }
 
 // ---- encoding ----
@@ -747,15 +832,11 @@ fn from_json<T: serde::de::DeserializeOwned>(s: &str, what: &str) -> Result<T, S
 }
 
 /// A column, any decoding failure reported as `Corrupt` naming the column.
-fn get<'r, T>(row: &'r SqliteRow, col: &str) -> Result<T, StoreError>
-where
-    T: sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
-{
-    row.try_get(col)
-        .map_err(|e| StoreError::Corrupt(format!("column {col}: {e}")))
+fn get<T: db::Value>(row: &DbRow, col: &str) -> Result<T, StoreError> {
+    row.get(col)
 }
 
-fn tenant_from_row(row: &SqliteRow) -> Result<Tenant, StoreError> {
+fn tenant_from_row(row: &DbRow) -> Result<Tenant, StoreError> {
     let id: String = get(row, "id")?;
     let what = |col: &str| format!("tenant {id:?} {col}");
     let max_sessions = get::<Option<i64>>(row, "max_sessions")?
@@ -780,7 +861,7 @@ fn tenant_from_row(row: &SqliteRow) -> Result<Tenant, StoreError> {
     })
 }
 
-fn api_key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
+fn api_key_from_row(row: &DbRow) -> Result<ApiKeyRecord, StoreError> {
     let hex_hash: String = get(row, "key_hash")?;
     let mut key_hash = [0u8; 32];
     hex::decode_to_slice(&hex_hash, &mut key_hash)
@@ -793,7 +874,7 @@ fn api_key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
     })
 }
 
-fn session_from_row(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
+fn session_from_row(row: &DbRow) -> Result<SessionRecord, StoreError> {
     let id: String = get(row, "id")?;
     let what = |col: &str| format!("session {id:?} {col}");
     let state_text: String = get(row, "state")?;

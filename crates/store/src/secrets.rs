@@ -4,8 +4,8 @@
 
 use chrono::{DateTime, Utc};
 use koder_api_types::Network;
-use sqlx::sqlite::SqliteRow;
 
+use crate::db::{query, DbRow};
 use crate::{db_kind, from_json, from_ms, get, to_json, to_ms, Store, StoreError};
 
 /// A tenant's secret as stored: the value only sealed.
@@ -25,7 +25,7 @@ const SECRET_COLUMNS: &str = "tenant_id, name, sealed, hosts_json, created_at_ms
 impl Store {
     /// Replaces a session's network policy (`PUT .../network`).
     pub async fn set_session_network(&self, id: &str, network: &Network) -> Result<(), StoreError> {
-        let done = sqlx::query("UPDATE sessions SET network_json = $2 WHERE id = $1")
+        let done = query("UPDATE sessions SET network_json = $2 WHERE id = $1")
             .bind(id)
             .bind(to_json(network)?)
             .execute(&self.pool)
@@ -38,7 +38,7 @@ impl Store {
 
     /// Creates or replaces the tenant's secret of that name.
     pub async fn put_secret(&self, s: &SecretRecord) -> Result<(), StoreError> {
-        sqlx::query(&format!(
+        query(&format!(
             "INSERT INTO secrets ({SECRET_COLUMNS}) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (tenant_id, name) DO UPDATE SET sealed = excluded.sealed, \
              hosts_json = excluded.hosts_json, created_at_ms = excluded.created_at_ms"
@@ -64,7 +64,7 @@ impl Store {
         tenant_id: &str,
         name: &str,
     ) -> Result<Option<SecretRecord>, StoreError> {
-        let row = sqlx::query(&format!(
+        let row = query(&format!(
             "SELECT {SECRET_COLUMNS} FROM secrets WHERE tenant_id = $1 AND name = $2"
         ))
         .bind(tenant_id)
@@ -76,7 +76,7 @@ impl Store {
 
     /// The tenant's secrets by name.
     pub async fn list_secrets(&self, tenant_id: &str) -> Result<Vec<SecretRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {SECRET_COLUMNS} FROM secrets WHERE tenant_id = $1 ORDER BY name"
         ))
         .bind(tenant_id)
@@ -87,7 +87,7 @@ impl Store {
 
     /// `false` if the tenant had no secret of that name.
     pub async fn delete_secret(&self, tenant_id: &str, name: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM secrets WHERE tenant_id = $1 AND name = $2")
+        let done = query("DELETE FROM secrets WHERE tenant_id = $1 AND name = $2")
             .bind(tenant_id)
             .bind(name)
             .execute(&self.pool)
@@ -96,7 +96,7 @@ impl Store {
     }
 }
 
-fn secret_from_row(row: &SqliteRow) -> Result<SecretRecord, StoreError> {
+fn secret_from_row(row: &DbRow) -> Result<SecretRecord, StoreError> {
     Ok(SecretRecord {
         tenant_id: get(row, "tenant_id")?,
         name: get(row, "name")?,
@@ -109,11 +109,11 @@ fn secret_from_row(row: &SqliteRow) -> Result<SecretRecord, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{on_both_backends, TestDb};
     use crate::Tenant;
 
-    #[tokio::test]
-    async fn secrets_round_trip_per_tenant() {
-        let store = Store::open_in_memory().await.unwrap();
+    async fn secrets_round_trip_per_tenant(db: TestDb) {
+        let store = db.open().await;
         for t in ["t1", "t2"] {
             store
                 .upsert_tenant(&Tenant {
@@ -163,4 +163,6 @@ mod tests {
             created_at: DateTime::from_timestamp_millis(0).unwrap(),
         }
     }
+
+    on_both_backends!(secrets_round_trip_per_tenant,);
 }

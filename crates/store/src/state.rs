@@ -8,8 +8,8 @@ use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use koder_api_types::Lifecycle;
-use sqlx::sqlite::SqliteRow;
 
+use crate::db::{query, DbRow};
 use crate::{db_kind, from_json, from_ms, get, to_json, to_ms, Store, StoreError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +84,7 @@ const LAYER_COLUMNS: &str = "id, tenant_id, blob_key, size_bytes, sha256, entrie
 
 impl Store {
     pub async fn insert_layer(&self, l: &LayerRecord) -> Result<(), StoreError> {
-        sqlx::query(&format!(
+        query(&format!(
             "INSERT INTO layers ({LAYER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
         ))
         .bind(&l.id)
@@ -109,7 +109,7 @@ impl Store {
     ) -> Result<Vec<LayerRecord>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            let row = sqlx::query(&format!(
+            let row = query(&format!(
                 "SELECT {LAYER_COLUMNS} FROM layers WHERE id = $1 AND tenant_id = $2"
             ))
             .bind(id)
@@ -124,7 +124,7 @@ impl Store {
 
     /// Every layer of every tenant (for the blob sweep after a crash).
     pub async fn all_layers(&self) -> Result<Vec<LayerRecord>, StoreError> {
-        let rows = sqlx::query(&format!("SELECT {LAYER_COLUMNS} FROM layers"))
+        let rows = query(&format!("SELECT {LAYER_COLUMNS} FROM layers"))
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(layer_from_row).collect()
@@ -132,8 +132,10 @@ impl Store {
 
     /// Stored bytes of this tenant's layers (the snapshot-storage quota counts these).
     pub async fn tenant_layer_bytes(&self, tenant_id: &str) -> Result<u64, StoreError> {
-        let row = sqlx::query(
-            "SELECT COALESCE(SUM(size_bytes), 0) AS n FROM layers WHERE tenant_id = $1",
+        let row = query(
+            // Postgres sums BIGINTs to NUMERIC: cast back.
+            "SELECT CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) AS n FROM layers \
+             WHERE tenant_id = $1",
         )
         .bind(tenant_id)
         .fetch_one(&self.pool)
@@ -150,7 +152,7 @@ impl Store {
     pub async fn unreferenced_layers(&self) -> Result<Vec<LayerRecord>, StoreError> {
         let candidates = self.all_layers().await?;
         let mut used: HashSet<String> = HashSet::new();
-        for row in sqlx::query("SELECT layers_json FROM snapshots")
+        for row in query("SELECT layers_json FROM snapshots")
             .fetch_all(&self.pool)
             .await?
         {
@@ -159,7 +161,7 @@ impl Store {
                 "snapshot layers",
             )?);
         }
-        for row in sqlx::query("SELECT layers_json FROM sessions WHERE state <> 'stopped'")
+        for row in query("SELECT layers_json FROM sessions WHERE state <> 'stopped'")
             .fetch_all(&self.pool)
             .await?
         {
@@ -175,7 +177,7 @@ impl Store {
     }
 
     pub async fn delete_layer(&self, id: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM layers WHERE id = $1")
+        query("DELETE FROM layers WHERE id = $1")
             .bind(id)
             .execute(&self.pool)
             .await?;
@@ -184,7 +186,7 @@ impl Store {
 
     /// `UnknownTenant` if the tenant does not exist; every listed layer must exist already.
     pub async fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<(), StoreError> {
-        sqlx::query(&format!(
+        query(&format!(
             "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
         ))
@@ -205,7 +207,7 @@ impl Store {
     }
 
     pub async fn get_snapshot(&self, id: &str) -> Result<Option<SnapshotRecord>, StoreError> {
-        let row = sqlx::query(&format!(
+        let row = query(&format!(
             "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE id = $1"
         ))
         .bind(id)
@@ -216,7 +218,7 @@ impl Store {
 
     /// This tenant's snapshots, newest first.
     pub async fn list_snapshots(&self, tenant_id: &str) -> Result<Vec<SnapshotRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE tenant_id = $1 \
              ORDER BY created_at_ms DESC, id DESC"
         ))
@@ -231,7 +233,7 @@ impl Store {
         &self,
         now: DateTime<Utc>,
     ) -> Result<Vec<SnapshotRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE expires_at_ms <= $1 \
              ORDER BY expires_at_ms, id"
         ))
@@ -243,7 +245,7 @@ impl Store {
 
     /// Whether it existed.
     pub async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM snapshots WHERE id = $1")
+        let done = query("DELETE FROM snapshots WHERE id = $1")
             .bind(id)
             .execute(&self.pool)
             .await?;
@@ -253,7 +255,7 @@ impl Store {
     /// The session's sandbox was replaced (a restore, a resume from disk). `NotFound` if
     /// there is no such session.
     pub async fn set_session_sandbox(&self, id: &str, sandbox_id: &str) -> Result<(), StoreError> {
-        let done = sqlx::query("UPDATE sessions SET sandbox_id = $2 WHERE id = $1")
+        let done = query("UPDATE sessions SET sandbox_id = $2 WHERE id = $1")
             .bind(id)
             .bind(sandbox_id)
             .execute(&self.pool)
@@ -266,13 +268,12 @@ impl Store {
 
     /// `NotFound` if there is no such session.
     pub async fn session_durable(&self, id: &str) -> Result<SessionDurable, StoreError> {
-        let row = sqlx::query(
-            "SELECT layers_json, pause_kind, lifecycle_json FROM sessions WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or(StoreError::NotFound)?;
+        let row =
+            query("SELECT layers_json, pause_kind, lifecycle_json FROM sessions WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or(StoreError::NotFound)?;
         let what = |col: &str| format!("session {id:?} {col}");
         let pause = get::<Option<String>>(&row, "pause_kind")?
             .map(|k| {
@@ -293,7 +294,7 @@ impl Store {
         id: &str,
         d: &SessionDurable,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(
+        let done = query(
             "UPDATE sessions SET layers_json = $2, pause_kind = $3, lifecycle_json = $4 \
              WHERE id = $1",
         )
@@ -330,7 +331,7 @@ fn insert_error(e: sqlx::Error, kind: &str, id: &str, tenant: &str) -> StoreErro
     }
 }
 
-fn layer_from_row(row: &SqliteRow) -> Result<LayerRecord, StoreError> {
+fn layer_from_row(row: &DbRow) -> Result<LayerRecord, StoreError> {
     let id: String = get(row, "id")?;
     let what = |col: &str| format!("layer {id:?} {col}");
     Ok(LayerRecord {
@@ -344,7 +345,7 @@ fn layer_from_row(row: &SqliteRow) -> Result<LayerRecord, StoreError> {
     })
 }
 
-fn snapshot_from_row(row: &SqliteRow) -> Result<SnapshotRecord, StoreError> {
+fn snapshot_from_row(row: &DbRow) -> Result<SnapshotRecord, StoreError> {
     let id: String = get(row, "id")?;
     let what = |col: &str| format!("snapshot {id:?} {col}");
     Ok(SnapshotRecord {
@@ -364,6 +365,7 @@ fn snapshot_from_row(row: &SqliteRow) -> Result<SnapshotRecord, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{on_both_backends, TestDb};
     use crate::tests::{session, store_with, t};
     use koder_api_types::{OnTimeout, SessionState};
 
@@ -394,9 +396,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn layers_are_tenant_scoped_and_counted() {
-        let store = store_with(&["a", "b"]).await;
+    async fn layers_are_tenant_scoped_and_counted(db: TestDb) {
+        let store = store_with(&db, &["a", "b"]).await;
         store.insert_layer(&layer("l1", "a", 100)).await.unwrap();
         store.insert_layer(&layer("l2", "a", 50)).await.unwrap();
         store.insert_layer(&layer("l3", "b", 7)).await.unwrap();
@@ -422,9 +423,8 @@ mod tests {
         ));
     }
 
-    #[tokio::test]
-    async fn unreferenced_layers_are_those_no_snapshot_or_live_session_lists() {
-        let store = store_with(&["a"]).await;
+    async fn unreferenced_layers_are_those_no_snapshot_or_live_session_lists(db: TestDb) {
+        let store = store_with(&db, &["a"]).await;
         for l in ["l1", "l2", "l3", "l4"] {
             store.insert_layer(&layer(l, "a", 1)).await.unwrap();
         }
@@ -467,9 +467,8 @@ mod tests {
         assert_eq!(free, ["l3", "l4"]);
     }
 
-    #[tokio::test]
-    async fn snapshots_round_trip_list_expire_delete() {
-        let store = store_with(&["a", "b"]).await;
+    async fn snapshots_round_trip_list_expire_delete(db: TestDb) {
+        let store = store_with(&db, &["a", "b"]).await;
         store.insert_layer(&layer("l1", "a", 1)).await.unwrap();
         store
             .insert_snapshot(&snapshot("s1", "a", &["l1"], 10))
@@ -493,9 +492,8 @@ mod tests {
         assert_eq!(store.get_snapshot("s1").await.unwrap(), None);
     }
 
-    #[tokio::test]
-    async fn session_durable_defaults_and_round_trips() {
-        let store = store_with(&["a"]).await;
+    async fn session_durable_defaults_and_round_trips(db: TestDb) {
+        let store = store_with(&db, &["a"]).await;
         store.insert_session(&session("x", "a", 0)).await.unwrap();
         assert_eq!(
             store.session_durable("x").await.unwrap(),
@@ -527,4 +525,11 @@ mod tests {
             Err(StoreError::NotFound)
         ));
     }
+
+    on_both_backends!(
+        layers_are_tenant_scoped_and_counted,
+        unreferenced_layers_are_those_no_snapshot_or_live_session_lists,
+        snapshots_round_trip_list_expire_delete,
+        session_durable_defaults_and_round_trips,
+    );
 }

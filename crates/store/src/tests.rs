@@ -1,4 +1,5 @@
 use super::*;
+use crate::testing::{on_both_backends, TestDb};
 
 use chrono::TimeZone;
 use koder_api_types::NetworkMode;
@@ -46,21 +47,29 @@ pub(crate) fn session(id: &str, tenant_id: &str, created: i64) -> SessionRecord 
     }
 }
 
-pub(crate) async fn store_with(tenants: &[&str]) -> Store {
-    let store = Store::open_in_memory().await.expect("open");
+pub(crate) async fn store_with(db: &TestDb, tenants: &[&str]) -> Store {
+    let store = db.open().await;
     for id in tenants {
         store.upsert_tenant(&tenant(id)).await.expect("tenant");
     }
     store
 }
 
+/// The first column of the one row `sql` returns.
+async fn scalar<T: db::Value>(store: &Store, sql: &str) -> T {
+    let row = query(sql).fetch_one(&store.pool).await.unwrap();
+    match &row {
+        DbRow::Sqlite(r) => sqlx::Row::try_get(r, 0).unwrap(),
+        DbRow::Postgres(r) => sqlx::Row::try_get(r, 0).unwrap(),
+    }
+}
+
 fn ids(v: &[SessionRecord]) -> Vec<&str> {
     v.iter().map(|s| s.id.as_str()).collect()
 }
 
-#[tokio::test]
-async fn tenants_upsert_get_list() {
-    let store = store_with(&[]).await;
+async fn tenants_upsert_get_list(db: TestDb) {
+    let store = store_with(&db, &[]).await;
     assert_eq!(store.get_tenant("a").await.unwrap(), None);
     let a = tenant("a");
     store.upsert_tenant(&a).await.unwrap();
@@ -101,9 +110,8 @@ async fn tenants_upsert_get_list() {
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
 }
 
-#[tokio::test]
-async fn api_keys_put_list_delete() {
-    let store = store_with(&["a", "b"]).await;
+async fn api_keys_put_list_delete(db: TestDb) {
+    let store = store_with(&db, &["a", "b"]).await;
     let (k1, k2, k3) = ([1u8; 32], [2u8; 32], [0xabu8; 32]);
     store.put_api_key(&k1, "a", "cli").await.unwrap();
     store.put_api_key(&k1, "a", "cli").await.unwrap(); // idempotent
@@ -154,9 +162,8 @@ async fn api_keys_put_list_delete() {
     assert!(store.api_keys().await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn sessions_insert_get_list_isolated() {
-    let store = store_with(&["a", "b"]).await;
+async fn sessions_insert_get_list_isolated(db: TestDb) {
+    let store = store_with(&db, &["a", "b"]).await;
     let s1 = session("s1", "a", 0);
     let s2 = session("s2", "a", 10);
     let s3 = session("s3", "b", 5);
@@ -200,9 +207,8 @@ async fn sessions_insert_get_list_isolated() {
     );
 }
 
-#[tokio::test]
-async fn state_changes_and_expiry() {
-    let store = store_with(&["a", "b"]).await;
+async fn state_changes_and_expiry(db: TestDb) {
+    let store = store_with(&db, &["a", "b"]).await;
     store.insert_session(&session("s1", "a", 0)).await.unwrap();
     store.insert_session(&session("s2", "a", 1)).await.unwrap();
     store.insert_session(&session("s3", "b", 2)).await.unwrap();
@@ -296,9 +302,8 @@ async fn state_changes_and_expiry() {
     assert_eq!(store.get_session("s1").await.unwrap(), None);
 }
 
-#[tokio::test]
-async fn session_seconds_arithmetic() {
-    let store = store_with(&["a", "b"]).await;
+async fn session_seconds_arithmetic(db: TestDb) {
+    let store = store_with(&db, &["a", "b"]).await;
     let since = t(1_000);
     let now = t(2_000);
 
@@ -397,9 +402,8 @@ async fn session_seconds_arithmetic() {
     );
 }
 
-#[tokio::test]
-async fn json_fields_unicode_round_trip() {
-    let store = store_with(&["ä租户"]).await;
+async fn json_fields_unicode_round_trip(db: TestDb) {
+    let store = store_with(&db, &["ä租户"]).await;
     let mut s = session("ü-1", "ä租户", 0);
     s.metadata = BTreeMap::from([
         ("name".into(), "日本語 ✓ 🚀".into()),
@@ -419,9 +423,8 @@ async fn json_fields_unicode_round_trip() {
     assert_eq!(store.get_session("ü-1").await.unwrap(), Some(s));
 }
 
-#[tokio::test]
-async fn times_round_trip_at_millisecond_precision() {
-    let store = store_with(&["a"]).await;
+async fn times_round_trip_at_millisecond_precision(db: TestDb) {
+    let store = store_with(&db, &["a"]).await;
     let mut s = session("s", "a", 0);
     s.created_at = Utc
         .timestamp_millis_opt(-62_000_000_000_001)
@@ -436,9 +439,8 @@ async fn times_round_trip_at_millisecond_precision() {
     assert_eq!(store.get_session("s").await.unwrap(), Some(s));
 }
 
-#[tokio::test]
-async fn corrupt_rows_are_errors_not_panics() {
-    let store = store_with(&["a"]).await;
+async fn corrupt_rows_are_errors_not_panics(db: TestDb) {
+    let store = store_with(&db, &["a"]).await;
     store
         .insert_session(&session("good", "a", 0))
         .await
@@ -450,7 +452,7 @@ async fn corrupt_rows_are_errors_not_panics() {
         ("bad-env", "env_json", "[]"),
     ] {
         store.insert_session(&session(id, "a", 1)).await.unwrap();
-        sqlx::query(&format!("UPDATE sessions SET {col} = $1 WHERE id = $2"))
+        query(&format!("UPDATE sessions SET {col} = $1 WHERE id = $2"))
             .bind(value)
             .bind(id)
             .execute(&store.pool)
@@ -462,28 +464,30 @@ async fn corrupt_rows_are_errors_not_panics() {
         assert!(err.to_string().contains(id), "{err}");
         let err = store.list_sessions("a", true).await.unwrap_err();
         assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
-        sqlx::query("DELETE FROM sessions WHERE id = $1")
+        query("DELETE FROM sessions WHERE id = $1")
             .bind(id)
             .execute(&store.pool)
             .await
             .unwrap();
     }
-    // Wrong column type (SQLite stores whatever it is given).
-    sqlx::query("UPDATE sessions SET created_at_ms = 'yesterday' WHERE id = 'good'")
-        .execute(&store.pool)
-        .await
-        .unwrap();
-    let err = store.get_session("good").await.unwrap_err();
-    assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+    // Wrong column type: SQLite stores whatever it is given (Postgres refuses the update).
+    if db.backend() == Backend::Sqlite {
+        query("UPDATE sessions SET created_at_ms = 'yesterday' WHERE id = 'good'")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        let err = store.get_session("good").await.unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+    }
 
-    sqlx::query("UPDATE tenants SET max_sessions = -1 WHERE id = 'a'")
+    query("UPDATE tenants SET max_sessions = -1 WHERE id = 'a'")
         .execute(&store.pool)
         .await
         .unwrap();
     let err = store.get_tenant("a").await.unwrap_err();
     assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
 
-    sqlx::query("INSERT INTO api_keys (key_hash, tenant_id, label, created_at_ms) VALUES ('zz', 'a', 'x', 0)")
+    query("INSERT INTO api_keys (key_hash, tenant_id, label, created_at_ms) VALUES ('zz', 'a', 'x', 0)")
         .execute(&store.pool)
         .await
         .unwrap();
@@ -502,15 +506,9 @@ async fn file_database_persists_and_migrations_are_idempotent() {
         let mut s = session("s1", "a", 0);
         s.metadata.insert("k".into(), "välue".into());
         store.insert_session(&s).await.unwrap();
-        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(&store.pool)
-            .await
-            .unwrap();
+        let mode: String = scalar(&store, "PRAGMA journal_mode").await;
         assert_eq!(mode.to_lowercase(), "wal");
-        let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
-            .fetch_one(&store.pool)
-            .await
-            .unwrap();
+        let fk: i64 = scalar(&store, "PRAGMA foreign_keys").await;
         assert_eq!(fk, 1);
         store.close().await;
         s
@@ -524,10 +522,7 @@ async fn file_database_persists_and_migrations_are_idempotent() {
         let keys = store.api_keys().await.unwrap();
         assert_eq!(keys.len(), 1);
         assert_eq!(keys[0].key_hash, [7; 32]);
-        let applied: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
-            .fetch_one(&store.pool)
-            .await
-            .unwrap();
+        let applied: i64 = scalar(&store, "SELECT COUNT(*) AS n FROM _sqlx_migrations").await;
         assert_eq!(applied, MIGRATOR.iter().count() as i64);
         // Clones share the pool.
         let clone = store.clone();
@@ -537,9 +532,27 @@ async fn file_database_persists_and_migrations_are_idempotent() {
     }
 }
 
+/// Daemons starting together on one Postgres database migrate it once (sqlx's advisory lock)
+/// and all see the same rows.
+#[tokio::test]
+async fn postgres_daemons_starting_together_share_one_schema() {
+    crate::testing::run(Backend::Postgres, |db| async move {
+        let (a, b, c) = tokio::join!(db.open(), db.open(), db.open());
+        let applied: i64 = scalar(&a, "SELECT COUNT(*) AS n FROM _sqlx_migrations").await;
+        assert_eq!(applied, MIGRATOR.iter().count() as i64);
+        a.upsert_tenant(&tenant("x")).await.unwrap();
+        b.insert_session(&session("s", "x", 0)).await.unwrap();
+        assert_eq!(c.count_live_sessions("x").await.unwrap(), 1);
+        for s in [a, b, c] {
+            s.close().await;
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn in_memory_stores_are_separate_and_persist_across_clones() {
-    let a = store_with(&["x"]).await;
+    let a = store_with(&TestDb::Sqlite, &["x"]).await;
     let b = Store::open_in_memory().await.unwrap();
     assert!(b.get_tenant("x").await.unwrap().is_none());
     let a2 = a.clone();
@@ -549,9 +562,8 @@ async fn in_memory_stores_are_separate_and_persist_across_clones() {
     assert!(a2.get_tenant("x").await.unwrap().is_some());
 }
 
-#[tokio::test]
-async fn time_paused_to_disk_is_not_session_time() {
-    let store = store_with(&["a"]).await;
+async fn time_paused_to_disk_is_not_session_time(db: TestDb) {
+    let store = store_with(&db, &["a"]).await;
     store.insert_session(&session("s1", "a", 0)).await.unwrap();
     store.begin_disk_pause("s1", t(100)).await.unwrap();
     // A second begin while paused changes nothing.
@@ -588,3 +600,15 @@ async fn time_paused_to_disk_is_not_session_time() {
         300
     );
 }
+
+on_both_backends!(
+    tenants_upsert_get_list,
+    api_keys_put_list_delete,
+    sessions_insert_get_list_isolated,
+    state_changes_and_expiry,
+    session_seconds_arithmetic,
+    json_fields_unicode_round_trip,
+    times_round_trip_at_millisecond_precision,
+    corrupt_rows_are_errors_not_panics,
+    time_paused_to_disk_is_not_session_time,
+);

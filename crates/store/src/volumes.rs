@@ -4,8 +4,8 @@
 //! concurrent requests cannot both mount a volume read-write.
 
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::SqliteRow;
 
+use crate::db::{query, DbRow, Target};
 use crate::{db_kind, from_ms, get, to_ms, Store, StoreError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,27 +40,27 @@ const VOLUME_COLUMNS: &str = "id, tenant_id, name, size_mib, backend, created_at
 impl Store {
     /// `Conflict` if the tenant has a volume of that name, `UnknownTenant` if no such tenant.
     pub async fn insert_volume(&self, v: &VolumeRecord) -> Result<(), StoreError> {
-        sqlx::query(&format!(
-            "INSERT INTO volumes ({VOLUME_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
-        ))
-        .bind(&v.id)
-        .bind(&v.tenant_id)
-        .bind(&v.name)
-        .bind(i64::try_from(v.size_mib).map_err(|_| StoreError::Invalid("size too large".into()))?)
-        .bind(&v.backend)
-        .bind(to_ms(v.created_at))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| match db_kind(&e) {
-            Some(sqlx::error::ErrorKind::UniqueViolation) => {
-                StoreError::Conflict(format!("a volume named {:?} exists", v.name))
-            }
-            Some(sqlx::error::ErrorKind::ForeignKeyViolation) => {
-                StoreError::UnknownTenant(v.tenant_id.clone())
-            }
-            _ => e.into(),
-        })?;
-        Ok(())
+        insert_volume_on(v, &self.pool).await
+    }
+
+    /// Records the volume only if the tenant's volumes, with it, stay within `quota_mib`;
+    /// otherwise `Ok(Quota::Over { used })` and nothing changes. Check and insert are one
+    /// transaction holding the tenant's lock (`lock_tenant`), so creates racing on any number
+    /// of daemons never overshoot together.
+    pub async fn insert_volume_within(
+        &self,
+        v: &VolumeRecord,
+        quota_mib: u64,
+    ) -> Result<Quota, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        crate::lock_tenant(&mut tx, &v.tenant_id).await?;
+        let used = volume_mib_on(&v.tenant_id, &mut tx).await?;
+        if used.saturating_add(v.size_mib) > quota_mib {
+            return Ok(Quota::Over { used });
+        }
+        insert_volume_on(v, &mut tx).await?;
+        tx.commit().await?;
+        Ok(Quota::Within)
     }
 
     /// The tenant's volume whose id or name is `key`.
@@ -69,7 +69,7 @@ impl Store {
         tenant_id: &str,
         key: &str,
     ) -> Result<Option<VolumeRecord>, StoreError> {
-        let row = sqlx::query(&format!(
+        let row = query(&format!(
             "SELECT {VOLUME_COLUMNS} FROM volumes WHERE tenant_id = $1 AND (id = $2 OR name = $2) \
              ORDER BY id = $2 DESC LIMIT 1"
         ))
@@ -81,7 +81,7 @@ impl Store {
     }
 
     pub async fn get_volume(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError> {
-        let row = sqlx::query(&format!(
+        let row = query(&format!(
             "SELECT {VOLUME_COLUMNS} FROM volumes WHERE id = $1"
         ))
         .bind(id)
@@ -92,7 +92,7 @@ impl Store {
 
     /// The tenant's volumes, oldest first.
     pub async fn list_volumes(&self, tenant_id: &str) -> Result<Vec<VolumeRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {VOLUME_COLUMNS} FROM volumes WHERE tenant_id = $1 ORDER BY created_at_ms, id"
         ))
         .bind(tenant_id)
@@ -103,7 +103,7 @@ impl Store {
 
     /// Every volume of every tenant (the daemon's reconcile against the disk).
     pub async fn all_volumes(&self) -> Result<Vec<VolumeRecord>, StoreError> {
-        let rows = sqlx::query(&format!("SELECT {VOLUME_COLUMNS} FROM volumes ORDER BY id"))
+        let rows = query(&format!("SELECT {VOLUME_COLUMNS} FROM volumes ORDER BY id"))
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(volume_from_row).collect()
@@ -111,18 +111,13 @@ impl Store {
 
     /// The size quotas of the tenant's volumes, summed.
     pub async fn tenant_volume_mib(&self, tenant_id: &str) -> Result<u64, StoreError> {
-        let total: Option<i64> =
-            sqlx::query_scalar("SELECT SUM(size_mib) FROM volumes WHERE tenant_id = $1")
-                .bind(tenant_id)
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(total.unwrap_or(0).max(0) as u64)
+        volume_mib_on(tenant_id, &self.pool).await
     }
 
     /// Deletes the volume unless a session has it mounted: `Ok(false)` if there was no such
     /// volume, `Conflict` if it is mounted.
     pub async fn delete_volume(&self, id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let done = query(
             "DELETE FROM volumes WHERE id = $1 \
              AND NOT EXISTS (SELECT 1 FROM volume_mounts WHERE volume_id = $1)",
         )
@@ -148,7 +143,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         for (position, m) in mounts.iter().enumerate() {
-            sqlx::query(
+            query(
                 "INSERT INTO volume_mounts (volume_id, session_id, path, read_only, position) \
                  VALUES ($1, $2, $3, $4, $5)",
             )
@@ -157,7 +152,7 @@ impl Store {
             .bind(&m.path)
             .bind(m.read_only)
             .bind(position as i64)
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .map_err(|e| match db_kind(&e) {
                 Some(sqlx::error::ErrorKind::UniqueViolation) => StoreError::Conflict(format!(
@@ -177,7 +172,7 @@ impl Store {
         &self,
         session_id: &str,
     ) -> Result<Vec<VolumeMountRecord>, StoreError> {
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT volume_id, session_id, path, read_only FROM volume_mounts \
              WHERE session_id = $1 ORDER BY position",
         )
@@ -215,7 +210,7 @@ impl Store {
         filter: &'static str,
         key: &str,
     ) -> Result<Vec<NamedVolumeMount>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT m.volume_id, m.session_id, m.path, m.read_only, v.name FROM volume_mounts m \
              JOIN volumes v ON v.id = m.volume_id WHERE {filter}"
         ))
@@ -230,7 +225,7 @@ impl Store {
         &self,
         volume_id: &str,
     ) -> Result<Vec<VolumeMountRecord>, StoreError> {
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT volume_id, session_id, path, read_only FROM volume_mounts \
              WHERE volume_id = $1 ORDER BY session_id",
         )
@@ -242,7 +237,7 @@ impl Store {
 
     /// The session no longer holds its volumes (it ended).
     pub async fn release_volume_mounts(&self, session_id: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM volume_mounts WHERE session_id = $1")
+        query("DELETE FROM volume_mounts WHERE session_id = $1")
             .bind(session_id)
             .execute(&self.pool)
             .await?;
@@ -252,7 +247,7 @@ impl Store {
     /// Drops the mounts of stopped sessions (a crash between a session's end and its
     /// release). Returns how many went.
     pub async fn release_stopped_volume_mounts(&self) -> Result<u64, StoreError> {
-        let done = sqlx::query(
+        let done = query(
             "DELETE FROM volume_mounts WHERE session_id IN \
              (SELECT id FROM sessions WHERE state = 'stopped')",
         )
@@ -264,7 +259,7 @@ impl Store {
     /// Drops every mount whose session is not live, including claims of creates that never
     /// recorded their session. Only safe while no create is in flight (the daemon's start).
     pub async fn release_orphan_volume_mounts(&self) -> Result<u64, StoreError> {
-        let done = sqlx::query(
+        let done = query(
             "DELETE FROM volume_mounts WHERE session_id NOT IN \
              (SELECT id FROM sessions WHERE state <> 'stopped')",
         )
@@ -274,7 +269,57 @@ impl Store {
     }
 }
 
-fn volume_from_row(row: &SqliteRow) -> Result<VolumeRecord, StoreError> {
+/// Whether a quota-checked insert happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quota {
+    Within,
+    /// Refused: this much is used already.
+    Over {
+        used: u64,
+    },
+}
+
+async fn insert_volume_on<'a>(
+    v: &VolumeRecord,
+    on: impl Into<Target<'a>>,
+) -> Result<(), StoreError> {
+    query(&format!(
+        "INSERT INTO volumes ({VOLUME_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+    ))
+    .bind(&v.id)
+    .bind(&v.tenant_id)
+    .bind(&v.name)
+    .bind(i64::try_from(v.size_mib).map_err(|_| StoreError::Invalid("size too large".into()))?)
+    .bind(&v.backend)
+    .bind(to_ms(v.created_at))
+    .execute(on)
+    .await
+    .map_err(|e| match db_kind(&e) {
+        Some(sqlx::error::ErrorKind::UniqueViolation) => {
+            StoreError::Conflict(format!("a volume named {:?} exists", v.name))
+        }
+        Some(sqlx::error::ErrorKind::ForeignKeyViolation) => {
+            StoreError::UnknownTenant(v.tenant_id.clone())
+        }
+        _ => e.into(),
+    })?;
+    Ok(())
+}
+
+async fn volume_mib_on<'a>(tenant_id: &str, on: impl Into<Target<'a>>) -> Result<u64, StoreError> {
+    // Postgres sums BIGINTs to NUMERIC: cast back.
+    let row = query(
+        "SELECT CAST(COALESCE(SUM(size_mib), 0) AS BIGINT) AS n FROM volumes \
+         WHERE tenant_id = $1",
+    )
+    .bind(tenant_id)
+    .fetch_one(on)
+    .await?;
+    let total: i64 = get(&row, "n")?;
+    Ok(total.max(0) as u64)
+}
+
+fn volume_from_row(row: &DbRow) -> Result<VolumeRecord, StoreError> {
     let id: String = get(row, "id")?;
     let size: i64 = get(row, "size_mib")?;
     Ok(VolumeRecord {
@@ -291,7 +336,7 @@ fn volume_from_row(row: &SqliteRow) -> Result<VolumeRecord, StoreError> {
     })
 }
 
-fn mount_from_row(row: &SqliteRow) -> Result<VolumeMountRecord, StoreError> {
+fn mount_from_row(row: &DbRow) -> Result<VolumeMountRecord, StoreError> {
     Ok(VolumeMountRecord {
         volume_id: get(row, "volume_id")?,
         session_id: get(row, "session_id")?,
@@ -300,7 +345,7 @@ fn mount_from_row(row: &SqliteRow) -> Result<VolumeMountRecord, StoreError> {
     })
 }
 
-fn named_mount_from_row(row: &SqliteRow) -> Result<NamedVolumeMount, StoreError> {
+fn named_mount_from_row(row: &DbRow) -> Result<NamedVolumeMount, StoreError> {
     Ok(NamedVolumeMount {
         mount: mount_from_row(row)?,
         name: get(row, "name")?,
@@ -310,6 +355,7 @@ fn named_mount_from_row(row: &SqliteRow) -> Result<NamedVolumeMount, StoreError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{on_both_backends, TestDb};
     use crate::tests::{session, store_with, t};
     use koder_api_types::SessionState;
 
@@ -333,9 +379,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn names_are_unique_per_tenant_and_found_by_id_or_name() {
-        let store = store_with(&["a", "b"]).await;
+    async fn names_are_unique_per_tenant_and_found_by_id_or_name(db: TestDb) {
+        let store = store_with(&db, &["a", "b"]).await;
         store
             .insert_volume(&volume("v1", "a", "data"))
             .await
@@ -368,9 +413,8 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn one_writer_many_readers_and_mounted_volumes_stay() {
-        let store = store_with(&["a"]).await;
+    async fn one_writer_many_readers_and_mounted_volumes_stay(db: TestDb) {
+        let store = store_with(&db, &["a"]).await;
         store
             .insert_volume(&volume("v1", "a", "data"))
             .await
@@ -417,9 +461,8 @@ mod tests {
         assert!(!store.delete_volume("v1").await.unwrap());
     }
 
-    #[tokio::test]
-    async fn mounts_with_names_per_session_and_per_tenant() {
-        let store = store_with(&["a", "b"]).await;
+    async fn mounts_with_names_per_session_and_per_tenant(db: TestDb) {
+        let store = store_with(&db, &["a", "b"]).await;
         for (id, tenant, name) in [("v1", "a", "data"), ("v2", "a", "more"), ("v3", "b", "x")] {
             store
                 .insert_volume(&volume(id, tenant, name))
@@ -468,4 +511,46 @@ mod tests {
         );
         assert!(store.tenant_volume_mounts("c").await.unwrap().is_empty());
     }
+
+    /// Ten creates of 30 MiB racing under a 100 MiB quota, each on a connection of its own
+    /// (another daemon's, on Postgres): three fit, whatever the interleaving.
+    async fn racing_creates_never_overshoot_the_quota(db: TestDb) {
+        let store = store_with(&db, &["a"]).await;
+        let mut racers = tokio::task::JoinSet::new();
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(10));
+        for i in 0..10 {
+            let s = match db {
+                TestDb::Sqlite => store.clone(),
+                TestDb::Postgres { .. } => db.open().await,
+            };
+            let start = start.clone();
+            racers.spawn(async move {
+                let v = VolumeRecord {
+                    size_mib: 30,
+                    ..volume(&format!("v{i}"), "a", &format!("n{i}"))
+                };
+                start.wait().await;
+                s.insert_volume_within(&v, 100).await.unwrap()
+            });
+        }
+        let results = racers.join_all().await;
+        let within = results.iter().filter(|r| **r == Quota::Within).count();
+        assert_eq!(within, 3, "{results:?}");
+        assert!(results
+            .iter()
+            .all(|r| matches!(r, Quota::Within | Quota::Over { used: 90 })));
+        assert_eq!(store.tenant_volume_mib("a").await.unwrap(), 90);
+        let err = store
+            .insert_volume_within(&volume("x", "nobody", "x"), 100)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::UnknownTenant(_)), "{err}");
+    }
+
+    on_both_backends!(
+        racing_creates_never_overshoot_the_quota,
+        names_are_unique_per_tenant_and_found_by_id_or_name,
+        one_writer_many_readers_and_mounted_volumes_stay,
+        mounts_with_names_per_session_and_per_tenant,
+    );
 }

@@ -2,8 +2,8 @@
 //! `pending` until a receiver answered 2xx or its attempts ran out, across restarts).
 
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::SqliteRow;
 
+use crate::db::{query, DbRow};
 use crate::{db_kind, from_json, from_ms, get, to_json, to_ms, Store, StoreError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +93,7 @@ const DELIVERY_COLUMNS: &str = "d.id, d.webhook_id, d.event_id, d.event_type, d.
 impl Store {
     /// `UnknownTenant` if no such tenant.
     pub async fn insert_webhook(&self, w: &WebhookRecord) -> Result<(), StoreError> {
-        sqlx::query(&format!(
+        query(&format!(
             "INSERT INTO webhooks ({WEBHOOK_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
         ))
         .bind(&w.id)
@@ -115,7 +115,7 @@ impl Store {
 
     /// The tenant's endpoints, oldest first.
     pub async fn list_webhooks(&self, tenant_id: &str) -> Result<Vec<WebhookRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE tenant_id = $1 ORDER BY created_at_ms, id"
         ))
         .bind(tenant_id)
@@ -130,7 +130,7 @@ impl Store {
         tenant_id: &str,
         id: &str,
     ) -> Result<Option<WebhookRecord>, StoreError> {
-        let row = sqlx::query(&format!(
+        let row = query(&format!(
             "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE tenant_id = $1 AND id = $2"
         ))
         .bind(tenant_id)
@@ -143,18 +143,18 @@ impl Store {
     /// Deletes the tenant's endpoint with its deliveries; whether there was one.
     pub async fn delete_webhook(&self, tenant_id: &str, id: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
+        query(
             "DELETE FROM webhook_deliveries WHERE webhook_id IN \
              (SELECT id FROM webhooks WHERE tenant_id = $1 AND id = $2)",
         )
         .bind(tenant_id)
         .bind(id)
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await?;
-        let done = sqlx::query("DELETE FROM webhooks WHERE tenant_id = $1 AND id = $2")
+        let done = query("DELETE FROM webhooks WHERE tenant_id = $1 AND id = $2")
             .bind(tenant_id)
             .bind(id)
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await?;
         tx.commit().await?;
         Ok(done.rows_affected() > 0)
@@ -168,7 +168,7 @@ impl Store {
         let mut queued = 0;
         for hook in hooks.iter().filter(|h| h.wants(event.event_type)) {
             let id = format!("dlv_{}_{}", hook.id, event.event_id);
-            let done = sqlx::query(
+            let done = query(
                 "INSERT INTO webhook_deliveries (id, webhook_id, event_id, event_type, body, state, \
                  attempts, next_attempt_ms, created_at_ms, updated_at_ms) \
                  VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $7, $7) \
@@ -181,7 +181,7 @@ impl Store {
             .bind(event.body)
             .bind(DeliveryState::Pending.as_str())
             .bind(to_ms(event.at))
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await?;
             queued += done.rows_affected() as usize;
         }
@@ -195,7 +195,7 @@ impl Store {
         now: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<(DeliveryRecord, WebhookRecord)>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {DELIVERY_COLUMNS}, w.id AS w_id, w.tenant_id AS w_tenant_id, w.url AS w_url, \
              w.events_json AS w_events_json, w.secret AS w_secret, \
              w.created_at_ms AS w_created_at_ms \
@@ -215,18 +215,18 @@ impl Store {
 
     /// When the next pending delivery is due, if any is.
     pub async fn next_delivery_due(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let ms: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(next_attempt_ms) FROM webhook_deliveries WHERE state = $1",
-        )
-        .bind(DeliveryState::Pending.as_str())
-        .fetch_one(&self.pool)
-        .await?;
+        let row =
+            query("SELECT MIN(next_attempt_ms) AS ms FROM webhook_deliveries WHERE state = $1")
+                .bind(DeliveryState::Pending.as_str())
+                .fetch_one(&self.pool)
+                .await?;
+        let ms: Option<i64> = get(&row, "ms")?;
         ms.map(|ms| from_ms(ms, "next delivery")).transpose()
     }
 
     /// Records one attempt of delivery `id` (counted).
     pub async fn record_attempt(&self, id: &str, a: &Attempt) -> Result<(), StoreError> {
-        sqlx::query(
+        query(
             "UPDATE webhook_deliveries SET state = $1, attempts = attempts + 1, \
              next_attempt_ms = $2, last_status = $3, last_error = $4, updated_at_ms = $5 \
              WHERE id = $6",
@@ -253,7 +253,7 @@ impl Store {
         if self.get_webhook(tenant_id, webhook_id).await?.is_none() {
             return Ok(None);
         }
-        let rows = sqlx::query(&format!(
+        let rows = query(&format!(
             "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries d WHERE d.webhook_id = $1 \
              ORDER BY d.created_at_ms DESC, d.id DESC LIMIT $2"
         ))
@@ -268,11 +268,11 @@ impl Store {
     }
 }
 
-fn webhook_from_row(row: &SqliteRow) -> Result<WebhookRecord, StoreError> {
+fn webhook_from_row(row: &DbRow) -> Result<WebhookRecord, StoreError> {
     webhook_from_prefixed(row, "")
 }
 
-fn webhook_from_prefixed(row: &SqliteRow, p: &str) -> Result<WebhookRecord, StoreError> {
+fn webhook_from_prefixed(row: &DbRow, p: &str) -> Result<WebhookRecord, StoreError> {
     let id: String = get(row, &format!("{p}id"))?;
     let what = |col: &str| format!("webhook {id:?} {col}");
     Ok(WebhookRecord {
@@ -288,7 +288,7 @@ fn webhook_from_prefixed(row: &SqliteRow, p: &str) -> Result<WebhookRecord, Stor
     })
 }
 
-fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRecord, StoreError> {
+fn delivery_from_row(row: &DbRow) -> Result<DeliveryRecord, StoreError> {
     let id: String = get(row, "id")?;
     let what = |col: &str| format!("delivery {id:?} {col}");
     let state: String = get(row, "state")?;
@@ -317,10 +317,11 @@ fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRecord, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{on_both_backends, TestDb};
     use crate::Tenant;
 
-    async fn store_with(tenants: &[&str]) -> Store {
-        let store = Store::open_in_memory().await.unwrap();
+    async fn store_with(db: &TestDb, tenants: &[&str]) -> Store {
+        let store = db.open().await;
         for t in tenants {
             store
                 .upsert_tenant(&Tenant {
@@ -358,9 +359,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn events_queue_for_the_tenants_matching_endpoints_once() {
-        let store = store_with(&["a", "b"]).await;
+    async fn events_queue_for_the_tenants_matching_endpoints_once(db: TestDb) {
+        let store = store_with(&db, &["a", "b"]).await;
         store.insert_webhook(&hook("w1", "a", &[])).await.unwrap();
         store
             .insert_webhook(&hook("w2", "a", &["session.stopped"]))
@@ -397,9 +397,8 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn attempts_move_a_delivery_out_of_the_queue() {
-        let store = store_with(&["a"]).await;
+    async fn attempts_move_a_delivery_out_of_the_queue(db: TestDb) {
+        let store = store_with(&db, &["a"]).await;
         store.insert_webhook(&hook("w1", "a", &[])).await.unwrap();
         store.enqueue_event(&event("a", "e1", "x")).await.unwrap();
         let at = DateTime::from_timestamp_millis(2_000).unwrap();
@@ -430,4 +429,9 @@ mod tests {
         assert!(store.delete_webhook("a", "w1").await.unwrap());
         assert!(!store.delete_webhook("a", "w1").await.unwrap());
     }
+
+    on_both_backends!(
+        events_queue_for_the_tenants_matching_endpoints_once,
+        attempts_move_a_delivery_out_of_the_queue,
+    );
 }

@@ -1,0 +1,152 @@
+//! This daemon as a node of the store it may share with others: registered at start, a
+//! heartbeat with its load every `[node] heartbeat_s`, every silent node (its own heartbeat
+//! included, after a pause) marked lost after `[node] lost_after_s`, and a clean leave at
+//! shutdown. Placement and forwarding (later) read the same table.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::Utc;
+use koder_sessions::Manager;
+use koder_store::{NodeInfo, Store};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::keyfile;
+
+/// File in the data dir holding the node's id when `[node] id` is unset.
+const NODE_ID_FILE: &str = "node-id";
+
+/// The running heartbeat; [`Node::leave`] ends it.
+pub struct Node {
+    id: String,
+    store: Store,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Who this node is: `[node] id` or the id kept in the data dir, and the address other nodes
+/// reach it at (`[node] advertise`, else the address the daemon listens on), and whether
+/// its microVM runtime is usable.
+pub fn info(
+    cfg: &Config,
+    data_dir: &Path,
+    listening: std::net::SocketAddr,
+    microvm: bool,
+) -> anyhow::Result<NodeInfo> {
+    let id = match &cfg.node.id {
+        Some(id) => id.clone(),
+        None => keyfile::read_or_create(
+            &data_dir.join(NODE_ID_FILE),
+            |id| !id.is_empty(),
+            || format!("node-{}", hex::encode(rand::random::<[u8; 8]>())),
+        )?,
+    };
+    let mut runtimes = vec!["jail".to_string()];
+    if microvm {
+        runtimes.push("microvm".into());
+    }
+    Ok(NodeInfo {
+        id,
+        address: cfg
+            .node
+            .advertise
+            .clone()
+            .unwrap_or_else(|| format!("http://{listening}")),
+        runtimes,
+        capacity_sandboxes: u64::from(crate::jail_max_sandboxes(cfg)),
+    })
+}
+
+impl Node {
+    /// Registers the node and starts its heartbeat.
+    pub async fn start(
+        cfg: &Config,
+        store: Store,
+        info: NodeInfo,
+        manager: Arc<Manager>,
+    ) -> anyhow::Result<Node> {
+        store
+            .register_node(&info, Utc::now())
+            .await
+            .context("registering this node")?;
+        tracing::info!(node = info.id, address = info.address, "node registered");
+        let (stop, stopping) = watch::channel(false);
+        let every = Duration::from_secs_f64(cfg.node.heartbeat_s);
+        let lost_after = chrono::Duration::from_std(Duration::from_secs_f64(cfg.node.lost_after_s))
+            .context("[node] lost_after_s")?;
+        let task = tokio::spawn(heartbeat(
+            store.clone(),
+            info.clone(),
+            manager,
+            every,
+            lost_after,
+            stopping,
+        ));
+        Ok(Node {
+            id: info.id,
+            store,
+            stop,
+            task,
+        })
+    }
+
+    /// Stops the heartbeat and records a clean leave (so the others do not count this node
+    /// lost).
+    pub async fn leave(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+        if let Err(e) = self.store.leave_node(&self.id, Utc::now()).await {
+            tracing::warn!(error = %e, "recording this node's leave");
+        }
+    }
+}
+
+async fn heartbeat(
+    store: Store,
+    info: NodeInfo,
+    manager: Arc<Manager>,
+    every: Duration,
+    lost_after: chrono::Duration,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopping.wait_for(|s| *s) => return,
+        }
+        let now = Utc::now();
+        let load = manager.live_ids().len() as u64;
+        match store.heartbeat_node(&info.id, load, now).await {
+            Ok(true) => {}
+            // Marked lost while silent (a long pause, a partition): up again from now on.
+            Ok(false) | Err(koder_store::StoreError::NotFound) => {
+                tracing::warn!(
+                    node = info.id,
+                    "this node was marked lost; registering again"
+                );
+                if let Err(e) = store.register_node(&info, now).await {
+                    tracing::warn!(error = %e, "registering this node again");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "node heartbeat"),
+        }
+        match store.mark_lost_nodes(now - lost_after, now).await {
+            Ok(lost) => {
+                for id in lost {
+                    tracing::warn!(
+                        node = id,
+                        "node lost: no heartbeat for {}s",
+                        lost_after.num_seconds()
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "marking lost nodes"),
+        }
+    }
+}
