@@ -211,6 +211,7 @@ fn files_round_trip_and_hostile_paths_are_refused() {
                 create_parents: true,
                 max_bytes: None,
                 owner: None,
+                metadata: Vec::new(),
             })
             .await
             .unwrap();
@@ -274,6 +275,7 @@ fn oversized_or_cancelled_uploads_leave_nothing() {
             create_parents: false,
             max_bytes: Some(100_000),
             owner: None,
+            metadata: Vec::new(),
         };
         let mut w = h.client.write_file(req("big")).await.unwrap();
         let first = w.write(&vec![7u8; 150_000]).await;
@@ -304,6 +306,7 @@ fn a_flood_of_streams_is_capped() {
                 create_parents: false,
                 max_bytes: None,
                 owner: None,
+                metadata: Vec::new(),
             };
             held.push(h.client.write_file(req).await.unwrap());
         }
@@ -402,6 +405,7 @@ fn writes_and_directories_get_the_requested_owner_when_new() {
             create_parents: true,
             max_bytes: None,
             owner,
+            metadata: Vec::new(),
         };
         let mut w = h
             .client

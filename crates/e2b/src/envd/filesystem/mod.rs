@@ -171,6 +171,7 @@ async fn followed(t: &Target, link: FileEntry) -> FileEntry {
         size: current.size,
         mode: current.mode,
         symlink_target: Some(current.path),
+        metadata: current.metadata,
         ..link
     }
 }
@@ -220,6 +221,7 @@ async fn stat_by_exec(t: &Target, abs: &str) -> Result<FileEntry, RpcError> {
             .map(String::from),
         uid: uid.parse().unwrap_or(0),
         gid: gid.parse().unwrap_or(0),
+        metadata: Default::default(),
     })
 }
 
