@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// Version of this protocol; the agent reports it in [`HealthInfo`] and the client refuses an
 /// agent speaking another. 2: per-stream credit (`Credit`, see [`crate::flow`]). 3: file
-/// metadata (`Entry::metadata`, `WriteFileRequest::metadata`).
+/// metadata (`Entry::metadata`, `WriteFileRequest::metadata`), watch barriers (`WatchFlush`).
 pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest data chunk of a byte stream (stdout, stdin, relayed bytes) carried in one frame.
@@ -79,6 +79,11 @@ pub enum ToAgent {
     Watch {
         path: String,
         recursive: bool,
+    },
+    /// On a watch's stream: send every event of what happened before this arrived (pending
+    /// debounce included), then `WatchFlushed` with the same token.
+    WatchFlush {
+        token: u64,
     },
     /// TCP ports something listens on inside the sandbox → `Ports`.
     ListeningPorts,
@@ -201,6 +206,7 @@ impl ToAgent {
             ToAgent::DiskUsage => "DiskUsage",
             ToAgent::PtyStart(_) => "PtyStart",
             ToAgent::Watch { .. } => "Watch",
+            ToAgent::WatchFlush { .. } => "WatchFlush",
             ToAgent::ListeningPorts => "ListeningPorts",
             ToAgent::EgressSubscribe => "EgressSubscribe",
             ToAgent::EgressDeny { .. } => "EgressDeny",
@@ -235,6 +241,7 @@ impl ToAgent {
                 | ToAgent::DnsAnswer { .. }
                 | ToAgent::FileChunk(_)
                 | ToAgent::FileEnd
+                | ToAgent::WatchFlush { .. }
                 | ToAgent::Cancel
                 | ToAgent::Credit(_)
         )
@@ -268,6 +275,10 @@ pub enum FromAgent {
         path: String,
         /// The old path of a rename, when the watcher saw both halves.
         from: Option<String>,
+    },
+    /// On a watch's stream: every event before the `WatchFlush` of this token was sent.
+    WatchFlushed {
+        token: u64,
     },
     Ports(Vec<u16>),
     GuestUsage(GuestUsage),

@@ -457,3 +457,77 @@ fn writes_and_directories_get_the_requested_owner_when_new() {
         );
     });
 }
+
+#[test]
+fn a_watch_flush_sends_every_event_before_it_at_once() {
+    // The watcher watches the path it resolved as it is (after the agent's pivot, the
+    // sandbox's): with the host's root as the file root, a temp dir is watched where it is.
+    let dir = tempfile::tempdir().unwrap();
+    let client = connect(agent(std::path::Path::new("/"), &[]));
+    rt().block_on(async {
+        let mut s = client
+            .open(ToAgent::Watch {
+                path: dir.path().to_string_lossy().into_owned(),
+                recursive: false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(s.recv().await.unwrap(), FromAgent::Done);
+        for round in 1..=3u64 {
+            let names: Vec<String> = (0..20).map(|i| format!("r{round}-{i}")).collect();
+            for n in &names {
+                std::fs::write(dir.path().join(n), b"x").unwrap();
+            }
+            // Two barriers back to back: each answered once, in order.
+            s.send(ToAgent::WatchFlush { token: round * 2 })
+                .await
+                .unwrap();
+            s.send(ToAgent::WatchFlush {
+                token: round * 2 + 1,
+            })
+            .await
+            .unwrap();
+            let mut seen = std::collections::BTreeSet::new();
+            let started = std::time::Instant::now();
+            loop {
+                match tokio::time::timeout(Duration::from_secs(5), s.recv())
+                    .await
+                    .unwrap()
+                    .unwrap()
+                {
+                    FromAgent::FsEvent { path, .. } => {
+                        seen.insert(path.rsplit('/').next().unwrap().to_string());
+                    }
+                    FromAgent::WatchFlushed { token } => {
+                        assert_eq!(token, round * 2);
+                        break;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            // Every write before the barrier was reported before its answer.
+            for n in &names {
+                assert!(seen.contains(n), "round {round}: {n} missing from {seen:?}");
+            }
+            let next = tokio::time::timeout(Duration::from_secs(5), s.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                next,
+                FromAgent::WatchFlushed {
+                    token: round * 2 + 1
+                }
+            );
+            // No debounce wait: answered as soon as inotify's queue was read.
+            assert!(started.elapsed() < Duration::from_secs(2));
+        }
+        // A flush with nothing pending is answered too.
+        s.send(ToAgent::WatchFlush { token: 99 }).await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(5), s.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(next, FromAgent::WatchFlushed { token: 99 });
+    });
+}
