@@ -21,6 +21,7 @@ use sqlx::sqlite::{
 };
 use sqlx::Row;
 
+mod secret_bindings;
 mod secrets;
 mod state;
 #[cfg(test)]
