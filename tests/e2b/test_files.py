@@ -7,6 +7,7 @@ import time
 
 import pytest
 from e2b import AsyncSandbox, FileNotFoundException, FileType
+from e2b.exceptions import InvalidArgumentException
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
 
@@ -187,6 +188,22 @@ def _timed(f):
     start = time.monotonic()
     assert f() == []
     return time.monotonic() - start
+
+
+def test_file_metadata_bounds_are_the_servers_too(sandbox):
+    # Within what the SDK checks itself, beyond what a file may hold: refused, nothing written.
+    with pytest.raises(InvalidArgumentException):
+        sandbox.files.write("meta-big.txt", "x", metadata={"k": "v" * 4096})
+    with pytest.raises(InvalidArgumentException):
+        sandbox.files.write("meta-big.txt", "x", metadata={"k" * 247: "v"})
+    assert sandbox.files.exists("meta-big.txt") is False
+    info = sandbox.files.write("meta-ok.txt", "x", metadata={"k" * 246: "v"})
+    assert info.metadata == {"k" * 246: "v"}
+    # A sandbox process's own xattrs outside user.e2b. are not metadata.
+    sandbox.commands.run(
+        "/usr/bin/python3 -c \"import os; os.setxattr('meta-ok.txt', 'user.other', b'x')\""
+    )
+    assert sandbox.files.get_info("meta-ok.txt").metadata == {"k" * 246: "v"}
 
 
 def test_signed_urls_need_no_header(fresh):

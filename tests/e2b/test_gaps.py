@@ -10,8 +10,3 @@ def test_entry_owner_and_group(sandbox):
     assert (info.owner, info.group) == ("user", "user")
 
 
-def test_file_metadata_is_refused_clearly(sandbox):
-    with pytest.raises(SandboxException) as e:
-        sandbox.files.write("meta.txt", "x", metadata={"owner": "me"})
-    assert "metadata" in str(e.value) and "not supported" in str(e.value)
-    assert sandbox.files.exists("meta.txt") is False
