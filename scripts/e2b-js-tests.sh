@@ -26,13 +26,51 @@ fi
 # through a link (ignored by git).
 ln -sfn "$modules/node_modules" tests/e2b-js/node_modules
 
+# The "internet" of the network and secrets tests: a namespace of this run's own behind a veth
+# pair, running a server that echoes the Authorization it got (never any outside address).
+ns="kjs$$"
+veth="kjv$$"
+net="10.250.$(($$ % 250))"
+cleanup_net() {
+  [ -n "${net_pid:-}" ] && kill "$net_pid" 2>/dev/null
+  ip netns del "$ns" 2>/dev/null || true
+  ip link del "$veth" 2>/dev/null || true
+}
+ip netns add "$ns"
+ip link add "$veth" type veth peer name "kjp$$"
+ip link set "kjp$$" netns "$ns"
+ip addr add "$net.1/30" dev "$veth"
+ip link set "$veth" up
+ip -n "$ns" addr add "$net.2/30" dev "kjp$$"
+ip -n "$ns" link set "kjp$$" up
+ip -n "$ns" link set lo up
+ip netns exec "$ns" /usr/bin/python3 -c '
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("seen:" + (self.headers.get("authorization") or "")).encode()
+        self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
+' &
+net_pid=$!
+for _ in $(seq 100); do
+  /usr/bin/python3 -c "import socket; socket.create_connection(('$net.2', 8080), 0.2)" 2>/dev/null && break
+  sleep 0.05
+done
+export DAEMON_EXTRA_CONFIG="[network]
+internal = [\"$net.2/32\"]
+system_resolver = false
+hosts = { \"api.test\" = [\"$net.2\"] }"
+
 . scripts/lib/daemon.sh
 start_daemon e2b-js
+trap 'stop_daemon; cleanup_net' EXIT
 
 status=0
 report="$DAEMON_TMP/tap.txt"
 E2B_API_URL="$DAEMON_URL" E2B_SANDBOX_URL="$DAEMON_URL" E2B_API_KEY="$DAEMON_KEY1" \
-  KODER_E2B_OTHER_KEY="$DAEMON_KEY2" \
+  KODER_E2B_OTHER_KEY="$DAEMON_KEY2" KODER_TEST_NET="$net.2" \
   node --test --test-reporter=tap --test-concurrency=2 tests/e2b-js/*.test.mjs >"$report" 2>&1 \
   || status=$?
 grep -E '^# (pass|fail)|^not ok|^ *not ok' "$report" >/dev/null || cat "$report"

@@ -3,7 +3,7 @@
 # from the repository root, then `start_daemon NAME [serve flags...]`. It makes a 711 temp dir
 # (sandbox uids traverse it to reach their layers), a config with its own cgroup parent and no
 # warm pool, starts target/debug/koder-sandbox on a free loopback port with two tenants' keys,
-# waits for /healthz and sets DAEMON_URL, DAEMON_KEY1, DAEMON_KEY2 (E2B-shaped keys: the same
+# (plus \$DAEMON_EXTRA_CONFIG, TOML tables appended to it) waits for /healthz and sets DAEMON_URL, DAEMON_KEY1, DAEMON_KEY2 (E2B-shaped keys: the same
 # key works on both APIs), DAEMON_TMP and DAEMON_LOG. The EXIT trap stops the daemon by PID and
 # removes its cgroups and temp dir; `daemon_log_tail` prints the log's end for failed runs.
 
@@ -45,6 +45,7 @@ start_daemon() {
 cgroup_parent = "$daemon_parent"
 [sessions]
 pool = {}
+${DAEMON_EXTRA_CONFIG:-}
 TOML
   target/debug/koder-sandbox serve --config "$DAEMON_TMP/config.toml" --listen "127.0.0.1:$port" \
     --data-dir "$DAEMON_TMP/data" --api-key "t1:$DAEMON_KEY1" --api-key "t2:$DAEMON_KEY2" "$@" \

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from e2b import AsyncSandbox, FileNotFoundException, FileType
+from e2b.exceptions import InvalidArgumentException
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
 
@@ -165,6 +166,44 @@ def test_a_poll_right_after_a_write_sees_it_with_its_entry(sandbox):
         assert w.get_new_events() == []
     finally:
         w.stop()
+
+
+def test_a_poll_waits_exactly_for_what_happened_before_it(sandbox):
+    sandbox.files.make_dir("burst")
+    w = sandbox.files.watch_dir("burst")
+    try:
+        # One command, many files: the poll after it has every one of them, in one answer.
+        sandbox.commands.run("for i in $(seq 1 40); do echo $i > burst/f$i; done; mkdir burst/d")
+        names = {e.name for e in w.get_new_events()}
+        assert {f"f{i}" for i in range(1, 41)} | {"d"} <= names, names
+        # Nothing happened since: the answer comes without a settling delay (the agent's
+        # barrier, not a timer); the fastest of a few polls shows it even on a loaded host.
+        fastest = min(_timed(w.get_new_events) for _ in range(5))
+        assert fastest < 0.09, fastest
+    finally:
+        w.stop()
+
+
+def _timed(f):
+    start = time.monotonic()
+    assert f() == []
+    return time.monotonic() - start
+
+
+def test_file_metadata_bounds_are_the_servers_too(sandbox):
+    # Within what the SDK checks itself, beyond what a file may hold: refused, nothing written.
+    with pytest.raises(InvalidArgumentException):
+        sandbox.files.write("meta-big.txt", "x", metadata={"k": "v" * 4096})
+    with pytest.raises(InvalidArgumentException):
+        sandbox.files.write("meta-big.txt", "x", metadata={"k" * 247: "v"})
+    assert sandbox.files.exists("meta-big.txt") is False
+    info = sandbox.files.write("meta-ok.txt", "x", metadata={"k" * 246: "v"})
+    assert info.metadata == {"k" * 246: "v"}
+    # A sandbox process's own xattrs outside user.e2b. are not metadata.
+    sandbox.commands.run(
+        "/usr/bin/python3 -c \"import os; os.setxattr('meta-ok.txt', 'user.other', b'x')\""
+    )
+    assert sandbox.files.get_info("meta-ok.txt").metadata == {"k" * 246: "v"}
 
 
 def test_signed_urls_need_no_header(fresh):

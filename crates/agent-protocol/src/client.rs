@@ -958,6 +958,7 @@ mod tests {
             create_parents: false,
             max_bytes: None,
             owner: None,
+            metadata: Vec::new(),
         }
     }
 
@@ -1078,6 +1079,7 @@ mod tests {
             symlink_target: None,
             uid: 0,
             gid: 0,
+            metadata: Vec::new(),
         };
         peer.send(id, FromAgent::Entry(entry.clone())).await;
         assert_eq!(within(upload).await.unwrap().unwrap(), entry);

@@ -8,6 +8,7 @@ pub mod codec;
 pub mod flow;
 pub mod init;
 pub mod messages;
+pub mod metadata;
 pub mod mount_target;
 
 pub use client::{

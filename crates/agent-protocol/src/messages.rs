@@ -6,8 +6,9 @@
 use serde::{Deserialize, Serialize};
 
 /// Version of this protocol; the agent reports it in [`HealthInfo`] and the client refuses an
-/// agent speaking another. 2: per-stream credit (`Credit`, see [`crate::flow`]).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// agent speaking another. 2: per-stream credit (`Credit`, see [`crate::flow`]). 3: file
+/// metadata (`Entry::metadata`, `WriteFileRequest::metadata`), watch barriers (`WatchFlush`).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest data chunk of a byte stream (stdout, stdin, relayed bytes) carried in one frame.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -78,6 +79,11 @@ pub enum ToAgent {
     Watch {
         path: String,
         recursive: bool,
+    },
+    /// On a watch's stream: send every event of what happened before this arrived (pending
+    /// debounce included), then `WatchFlushed` with the same token.
+    WatchFlush {
+        token: u64,
     },
     /// TCP ports something listens on inside the sandbox → `Ports`.
     ListeningPorts,
@@ -200,6 +206,7 @@ impl ToAgent {
             ToAgent::DiskUsage => "DiskUsage",
             ToAgent::PtyStart(_) => "PtyStart",
             ToAgent::Watch { .. } => "Watch",
+            ToAgent::WatchFlush { .. } => "WatchFlush",
             ToAgent::ListeningPorts => "ListeningPorts",
             ToAgent::EgressSubscribe => "EgressSubscribe",
             ToAgent::EgressDeny { .. } => "EgressDeny",
@@ -234,6 +241,7 @@ impl ToAgent {
                 | ToAgent::DnsAnswer { .. }
                 | ToAgent::FileChunk(_)
                 | ToAgent::FileEnd
+                | ToAgent::WatchFlush { .. }
                 | ToAgent::Cancel
                 | ToAgent::Credit(_)
         )
@@ -267,6 +275,10 @@ pub enum FromAgent {
         path: String,
         /// The old path of a rename, when the watcher saw both halves.
         from: Option<String>,
+    },
+    /// On a watch's stream: every event before the `WatchFlush` of this token was sent.
+    WatchFlushed {
+        token: u64,
     },
     Ports(Vec<u16>),
     GuestUsage(GuestUsage),
@@ -368,6 +380,10 @@ pub struct WriteFileRequest {
     /// Sandbox `(uid, gid)` owning a new file (default: the agent's, root). A replaced file
     /// keeps its owner.
     pub owner: Option<(u32, u32)>,
+    /// The new file's metadata ([`crate::metadata`]), checked by
+    /// [`check_metadata`](crate::metadata::check_metadata). The file is new on every upload,
+    /// so whatever metadata the file it replaces had is gone.
+    pub metadata: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -391,6 +407,9 @@ pub struct Entry {
     /// Owner inside the sandbox (0 = root, 1000 = user).
     pub uid: u32,
     pub gid: u32,
+    /// The file's metadata ([`crate::metadata`]), sorted by key; always empty for anything
+    /// but regular files and directories.
+    pub metadata: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -120,6 +120,7 @@ fn files_round_trip_in_large_chunks_of_every_size() {
                 create_parents: false,
                 max_bytes: None,
                 owner: None,
+                metadata: Vec::new(),
             };
             let mut w = client.write_file(req).await.unwrap();
             // Odd write sizes: the writer regroups them into whole chunks.

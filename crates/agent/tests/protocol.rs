@@ -211,6 +211,7 @@ fn files_round_trip_and_hostile_paths_are_refused() {
                 create_parents: true,
                 max_bytes: None,
                 owner: None,
+                metadata: Vec::new(),
             })
             .await
             .unwrap();
@@ -274,6 +275,7 @@ fn oversized_or_cancelled_uploads_leave_nothing() {
             create_parents: false,
             max_bytes: Some(100_000),
             owner: None,
+            metadata: Vec::new(),
         };
         let mut w = h.client.write_file(req("big")).await.unwrap();
         let first = w.write(&vec![7u8; 150_000]).await;
@@ -304,6 +306,7 @@ fn a_flood_of_streams_is_capped() {
                 create_parents: false,
                 max_bytes: None,
                 owner: None,
+                metadata: Vec::new(),
             };
             held.push(h.client.write_file(req).await.unwrap());
         }
@@ -402,6 +405,7 @@ fn writes_and_directories_get_the_requested_owner_when_new() {
             create_parents: true,
             max_bytes: None,
             owner,
+            metadata: Vec::new(),
         };
         let mut w = h
             .client
@@ -451,5 +455,79 @@ fn writes_and_directories_get_the_requested_owner_when_new() {
             code(h.client.make_dir("y", Some((0, 70000))).await),
             ErrorCode::InvalidRequest
         );
+    });
+}
+
+#[test]
+fn a_watch_flush_sends_every_event_before_it_at_once() {
+    // The watcher watches the path it resolved as it is (after the agent's pivot, the
+    // sandbox's): with the host's root as the file root, a temp dir is watched where it is.
+    let dir = tempfile::tempdir().unwrap();
+    let client = connect(agent(std::path::Path::new("/"), &[]));
+    rt().block_on(async {
+        let mut s = client
+            .open(ToAgent::Watch {
+                path: dir.path().to_string_lossy().into_owned(),
+                recursive: false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(s.recv().await.unwrap(), FromAgent::Done);
+        for round in 1..=3u64 {
+            let names: Vec<String> = (0..20).map(|i| format!("r{round}-{i}")).collect();
+            for n in &names {
+                std::fs::write(dir.path().join(n), b"x").unwrap();
+            }
+            // Two barriers back to back: each answered once, in order.
+            s.send(ToAgent::WatchFlush { token: round * 2 })
+                .await
+                .unwrap();
+            s.send(ToAgent::WatchFlush {
+                token: round * 2 + 1,
+            })
+            .await
+            .unwrap();
+            let mut seen = std::collections::BTreeSet::new();
+            let started = std::time::Instant::now();
+            loop {
+                match tokio::time::timeout(Duration::from_secs(5), s.recv())
+                    .await
+                    .unwrap()
+                    .unwrap()
+                {
+                    FromAgent::FsEvent { path, .. } => {
+                        seen.insert(path.rsplit('/').next().unwrap().to_string());
+                    }
+                    FromAgent::WatchFlushed { token } => {
+                        assert_eq!(token, round * 2);
+                        break;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            // Every write before the barrier was reported before its answer.
+            for n in &names {
+                assert!(seen.contains(n), "round {round}: {n} missing from {seen:?}");
+            }
+            let next = tokio::time::timeout(Duration::from_secs(5), s.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                next,
+                FromAgent::WatchFlushed {
+                    token: round * 2 + 1
+                }
+            );
+            // No debounce wait: answered as soon as inotify's queue was read.
+            assert!(started.elapsed() < Duration::from_secs(2));
+        }
+        // A flush with nothing pending is answered too.
+        s.send(ToAgent::WatchFlush { token: 99 }).await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(5), s.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(next, FromAgent::WatchFlushed { token: 99 });
     });
 }

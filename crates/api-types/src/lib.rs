@@ -465,6 +465,10 @@ pub struct FileEntry {
     pub uid: u32,
     #[serde(default)]
     pub gid: u32,
+    /// The file's metadata (extended attributes `user.e2b.<key>`, as E2B's envd stores them):
+    /// printable US-ASCII keys and values, at most 4096 bytes in all. Absent when it has none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -411,3 +411,126 @@ async fn secrets_over_tls_are_injected_by_interception() {
     );
     assert_eq!(seen[1]["auth"], format!("Bearer {placeholder}"));
 }
+
+/// `POST .../{id}/pause` (to disk) or `.../resume`, expecting 200.
+async fn pause(d: &Daemon, id: &str, what: &str) {
+    let path = format!("/v1/sandbox/sessions/{id}/{what}");
+    let body = if what == "pause" {
+        json!({"memory": false})
+    } else {
+        Value::Null
+    };
+    let (status, v) = d.json(Method::POST, &path, body).await;
+    assert_eq!(status, StatusCode::OK, "{path}: {v}");
+}
+
+/// What the bound host got for one request from the session (its Authorization), with what
+/// the session saw (the placeholder in its environment).
+async fn injected(d: &Daemon, id: &str, log: &std::path::Path) -> (String, String) {
+    const GET: &str = r#"
+import os, urllib.request
+tok = os.environ["API_TOKEN"]
+urllib.request.urlopen(urllib.request.Request("http://api.test:8080/", headers={"Authorization": "Bearer " + tok}), timeout=10).read()
+print(tok)
+"#;
+    let before = std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    let r = d
+        .exec(
+            id,
+            json!({"code": GET, "language": "python", "timeout_ms": 60000}),
+        )
+        .await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let seen = std::fs::read_to_string(log).unwrap();
+    let last: Value = serde_json::from_str(seen.lines().nth(before).expect("a request")).unwrap();
+    (
+        last["auth"].as_str().unwrap().to_string(),
+        r["stdout"].as_str().unwrap().trim().to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bindings_outlive_the_sandbox_pause_fork_and_restart() {
+    let Some(()) = root_or_skip() else { return };
+    let logdir = tempfile::tempdir().unwrap();
+    let log = logdir.path().join("seen.jsonl");
+    let net = TestNet::up(1, &servers(log.to_str().unwrap(), ""), 8080);
+    let ip = net.server_ip();
+    let mut d = Daemon::start(&format!(
+        "{BASE_CONFIG}[network]\ninternal = [\"{ip}/32\"]\nsystem_resolver = false\nhosts = {{ \"api.test\" = [\"{ip}\"] }}\n"
+    ))
+    .await;
+    let value = format!("dv-{}", std::process::id() * 31 + 4242);
+    let (status, s) = d
+        .json(
+            Method::POST,
+            "/v1/sandbox/secrets",
+            json!({"name": "API_TOKEN", "value": value, "hosts": ["api.test:8080"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{s}");
+    let id = d
+        .create(
+            json!({"language": "python", "network": {"mode": "allowlist", "allow": ["api.test"]},
+                       "secrets": ["API_TOKEN"]}),
+        )
+        .await;
+    let expected = format!("Bearer {value}");
+    let (auth, placeholder) = injected(&d, &id, &log).await;
+    assert_eq!(auth, expected);
+    // Paused to disk and resumed: a new sandbox, the same placeholder, injected again.
+    pause(&d, &id, "pause").await;
+    pause(&d, &id, "resume").await;
+    assert_eq!(
+        injected(&d, &id, &log).await,
+        (expected.clone(), placeholder.clone())
+    );
+
+    // A fork keeps its source's placeholder, and gets the value injected too.
+    let (status, forks) = d
+        .json(
+            Method::POST,
+            &format!("/v1/sandbox/sessions/{id}/fork"),
+            json!({"count": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{forks}");
+    let fork = forks["sessions"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        injected(&d, &fork, &log).await,
+        (expected.clone(), placeholder.clone())
+    );
+
+    // Paused to disk across a daemon restart: the binding is in the store, not in memory.
+    pause(&d, &id, "pause").await;
+    d.stop();
+    d.launch().await;
+    pause(&d, &id, "resume").await;
+    assert_eq!(
+        injected(&d, &id, &log).await,
+        (expected.clone(), placeholder.clone())
+    );
+
+    // Deleted meanwhile: a resumed session gets nothing injected any more (the placeholder
+    // goes out as it is).
+    let (status, _) = d
+        .json(Method::DELETE, "/v1/sandbox/secrets/API_TOKEN", Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    pause(&d, &id, "pause").await;
+    pause(&d, &id, "resume").await;
+    assert_eq!(
+        injected(&d, &id, &log).await,
+        (format!("Bearer {placeholder}"), placeholder.clone())
+    );
+    for file in ["state.db", "state.db-wal"] {
+        let db = std::fs::read(d.data_dir().join(file)).unwrap_or_default();
+        assert!(
+            !db.windows(value.len()).any(|w| w == value.as_bytes()),
+            "{file}"
+        );
+    }
+}

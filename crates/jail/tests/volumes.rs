@@ -169,6 +169,7 @@ async fn read_only_volumes_stay_read_only() {
             create_parents: false,
             max_bytes: None,
             owner: None,
+            metadata: Vec::new(),
         };
         let mut writer = sb.agent().write_file(req).await?;
         writer.write(b"x").await?;

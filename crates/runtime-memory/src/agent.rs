@@ -133,6 +133,7 @@ impl State {
             create_parents: true,
             max_bytes: None,
             owner: None,
+            metadata: Vec::new(),
         };
         if let Ok(path) = self.prepare_write(&req) {
             self.commit(path, data.to_vec(), None);
@@ -598,5 +599,6 @@ fn entry(path: &str, node: &Node) -> Entry {
         symlink_target: None,
         uid: 0,
         gid: 0,
+        metadata: Vec::new(),
     }
 }

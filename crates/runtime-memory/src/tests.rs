@@ -126,6 +126,7 @@ async fn files_live_in_the_sandbox_map() {
         create_parents,
         max_bytes: Some(10),
         owner: None,
+        metadata: Vec::new(),
     };
 
     let mut w = agent.write_file(upload("notes.txt", false)).await.unwrap();

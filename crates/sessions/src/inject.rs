@@ -195,7 +195,7 @@ mod tests {
     use super::*;
 
     fn binding(name: &str, value: &str) -> Arc<Binding> {
-        Arc::new(Binding::new(name.into(), value.into(), Vec::new()))
+        Arc::new(Binding::new(name.into(), value.into(), Vec::new(), None))
     }
 
     #[test]

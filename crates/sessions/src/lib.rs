@@ -32,7 +32,7 @@ pub use live::contexts::{
 pub use live::preview::{Upstream, UpstreamConn};
 pub use live::{
     FsEvent, FsEventKind, Terminal, TerminalEnded, TerminalEvent, TerminalInput, TerminalSpec,
-    Watch,
+    Watch, WatchFlush,
 };
 pub use manager::{Manager, Runtimes, VolumeEntry, VolumeFile, VolumeMeta};
 pub use metrics::Metrics;

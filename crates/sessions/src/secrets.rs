@@ -140,9 +140,16 @@ impl std::fmt::Debug for Binding {
 }
 
 impl Binding {
-    pub(crate) fn new(name: String, value: String, hosts: Vec<Entry>) -> Binding {
+    /// A binding with a fresh placeholder, or the one the session's environment already holds.
+    pub(crate) fn new(
+        name: String,
+        value: String,
+        hosts: Vec<Entry>,
+        placeholder: Option<String>,
+    ) -> Binding {
         // Random per session: nothing about the value can be learned from it.
-        let placeholder = format!("KSECRET_{}", uuid::Uuid::new_v4().simple());
+        let placeholder =
+            placeholder.unwrap_or_else(|| format!("KSECRET_{}", uuid::Uuid::new_v4().simple()));
         Binding {
             name,
             placeholder,
@@ -259,6 +266,7 @@ mod tests {
                     "api.test".parse().unwrap(),
                     "10.2.0.0/16:80".parse().unwrap(),
                 ],
+                None,
             ))],
             None,
         );

@@ -49,6 +49,7 @@ use db::{query, DbRow, Pool};
 
 mod db;
 mod nodes;
+mod secret_bindings;
 mod secrets;
 mod state;
 #[cfg(test)]

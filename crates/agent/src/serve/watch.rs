@@ -1,8 +1,17 @@
 //! File watching with inotify (never polling): created / modified / deleted / renamed events
 //! below a directory, optionally recursive, debounced so a burst of writes is one event.
+//!
+//! A `WatchFlush` barrier sends every event up to the moment it arrives, then `WatchFlushed`.
+//! "Up to now" is found in inotify's own queue: the barrier writes a byte to a private unnamed
+//! file (`O_TMPFILE` in /tmp: no name a sandbox process could find; a memfd would be a pseudo
+//! file, which the kernel does not report) watched by the same inotify instance, so its event
+//! is queued behind every event of what happened before; once the loop reads it, those were
+//! all read. Two such files take turns, so two barriers' events are never adjacent and inotify
+//! never merges them into one. Without them (no /tmp), a barrier sends what was read so far.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +19,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
 use koder_agent_protocol::{AgentError, ErrorCode, FromAgent, FsEventKind, ToAgent};
+use rustix::fs::{Mode, OFlags};
 use tokio::sync::mpsc;
 
 use super::fs::Fs;
@@ -82,7 +92,7 @@ pub async fn run(
         let stream = ino.into_event_stream(vec![0u8; 64 * 1024])?;
         Ok((watches, stream))
     });
-    let (watches, mut events) = match setup {
+    let (mut watches, mut events) = match setup {
         Ok(s) => s,
         Err(e) => {
             let _ = out
@@ -94,6 +104,7 @@ pub async fn run(
             return;
         }
     };
+    let mut barrier = Barrier::new(&mut watches).ok();
     let mut tree = Tree {
         watches,
         dirs: HashMap::new(),
@@ -110,35 +121,134 @@ pub async fn run(
         return;
     }
     // Pending events by path, flushed DEBOUNCE after the first of a batch.
-    let mut batch: BTreeMap<String, (FsEventKind, Option<String>)> = BTreeMap::new();
-    let mut moved_from: HashMap<u32, String> = HashMap::new();
+    let mut pending = Pending::default();
     let mut flush_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             ev = events.next() => {
                 let Some(Ok(ev)) = ev else { return };
-                if let Some((kind, path, from)) = translate(&mut tree, &mut moved_from, ev) {
-                    merge(&mut batch, path, kind, from);
-                    for early in std::mem::take(&mut tree.early) {
-                        merge(&mut batch, early, FsEventKind::Created, None);
+                let reached = barrier.as_mut().map(|b| b.reached(&ev)).unwrap_or_default();
+                if reached.is_empty() {
+                    if let Some((kind, path, from)) = translate(&mut tree, &mut pending.moved_from, ev) {
+                        merge(&mut pending.batch, path, kind, from);
+                        for early in std::mem::take(&mut tree.early) {
+                            merge(&mut pending.batch, early, FsEventKind::Created, None);
+                        }
+                        flush_at.get_or_insert_with(|| tokio::time::Instant::now() + DEBOUNCE);
                     }
-                    flush_at.get_or_insert_with(|| tokio::time::Instant::now() + DEBOUNCE);
+                    continue;
                 }
-            }
-            () = sleep_until(flush_at) => {
                 flush_at = None;
-                // A move whose other half never came left the watched tree.
-                for (_, gone) in moved_from.drain() {
-                    merge(&mut batch, gone, FsEventKind::Deleted, None);
+                if !pending.send(&out).await {
+                    return;
                 }
-                for (path, (kind, from)) in std::mem::take(&mut batch) {
-                    if out.send(FromAgent::FsEvent { kind, path, from }).await.is_err() {
+                for token in reached {
+                    if out.send(FromAgent::WatchFlushed { token }).await.is_err() {
                         return;
                     }
                 }
             }
-            msg = rx.recv() => if matches!(msg, None | Some(ToAgent::Cancel)) { return },
+            () = sleep_until(flush_at) => {
+                flush_at = None;
+                if !pending.send(&out).await {
+                    return;
+                }
+            }
+            msg = rx.recv() => match msg {
+                None | Some(ToAgent::Cancel) => return,
+                Some(ToAgent::WatchFlush { token }) => {
+                    if barrier.as_mut().is_none_or(|b| b.set(token).is_err()) {
+                        // No barrier event will come: what was read so far is all there is.
+                        if !pending.send(&out).await
+                            || out.send(FromAgent::WatchFlushed { token }).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+                Some(_) => {}
+            },
         }
+    }
+}
+
+/// Events read but not sent yet.
+#[derive(Default)]
+struct Pending {
+    batch: BTreeMap<String, (FsEventKind, Option<String>)>,
+    /// Halves of moves by cookie, waiting for their `MOVED_TO`.
+    moved_from: HashMap<u32, String>,
+}
+
+impl Pending {
+    /// Sends the batch; false once the daemon is gone.
+    async fn send(&mut self, out: &Outbox) -> bool {
+        // Both halves of a move are queued together: one still alone left the watched tree.
+        for (_, gone) in self.moved_from.drain() {
+            merge(&mut self.batch, gone, FsEventKind::Deleted, None);
+        }
+        for (path, (kind, from)) in std::mem::take(&mut self.batch) {
+            if out
+                .send(FromAgent::FsEvent { kind, path, from })
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// The unnamed files whose writes mark barriers in the inotify queue (see the module docs).
+struct Barrier {
+    marks: [(OwnedFd, WatchDescriptor); 2],
+    /// The next barrier's file.
+    turn: usize,
+    /// Tokens of barriers set and not reached, oldest first.
+    waiting: VecDeque<u64>,
+}
+
+impl Barrier {
+    fn new(watches: &mut Watches) -> std::io::Result<Self> {
+        let mut mark = || -> std::io::Result<(OwnedFd, WatchDescriptor)> {
+            let fd = rustix::fs::open(
+                "/tmp",
+                OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )?;
+            let wd = watches.add(
+                format!("/proc/self/fd/{}", fd.as_raw_fd()),
+                WatchMask::MODIFY,
+            )?;
+            Ok((fd, wd))
+        };
+        Ok(Barrier {
+            marks: [mark()?, mark()?],
+            turn: 0,
+            waiting: VecDeque::new(),
+        })
+    }
+
+    /// Queues barrier `token` behind every event queued so far.
+    fn set(&mut self, token: u64) -> std::io::Result<()> {
+        let (fd, _) = &self.marks[self.turn];
+        rustix::io::pwrite(fd, b"b", 0)?;
+        self.turn = 1 - self.turn;
+        self.waiting.push_back(token);
+        Ok(())
+    }
+
+    /// The tokens `ev` completes: the oldest for one of the marks' events, all of them when the
+    /// queue overflowed (barrier events may be among the lost); none for any other event.
+    fn reached(&mut self, ev: &inotify::Event<OsString>) -> Vec<u64> {
+        if ev.mask.contains(EventMask::Q_OVERFLOW) {
+            return self.waiting.drain(..).collect();
+        }
+        if self.marks.iter().any(|(_, wd)| *wd == ev.wd) {
+            return self.waiting.pop_front().into_iter().collect();
+        }
+        Vec::new()
     }
 }
 

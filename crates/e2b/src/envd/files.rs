@@ -186,14 +186,7 @@ pub async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> Result<axum::Json<Vec<Value>>, HttpError> {
-    if headers
-        .keys()
-        .any(|k| k.as_str().starts_with("x-metadata-"))
-    {
-        return Err(HttpError::bad_request(
-            "file metadata (X-Metadata-* headers, stored as xattrs by E2B) is not supported by koder-sandbox",
-        ));
-    }
+    let metadata = metadata_headers(&headers)?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -218,7 +211,9 @@ pub async fn upload(
         }
         let boundary = multer::parse_boundary(content_type)
             .map_err(|e| HttpError::bad_request(format!("multipart: {e}")))?;
-        return upload_multipart(t, q, boundary, body).await.map(axum::Json);
+        return upload_multipart(t, q, boundary, body, &metadata)
+            .await
+            .map(axum::Json);
     }
     let path = path_param(&t, &q)?;
     let declared = if gzip {
@@ -228,9 +223,9 @@ pub async fn upload(
     };
     let stream = body.into_data_stream();
     let entry = if gzip {
-        store(&t, &path, declared, gunzip_stream(stream)).await?
+        store(&t, &path, declared, gunzip_stream(stream), &metadata).await?
     } else {
-        store(&t, &path, declared, stream).await?
+        store(&t, &path, declared, stream, &metadata).await?
     };
     Ok(axum::Json(vec![entry]))
 }
@@ -242,6 +237,7 @@ async fn upload_multipart(
     q: Params,
     boundary: String,
     body: Body,
+    metadata: &[(String, String)],
 ) -> Result<Vec<Value>, HttpError> {
     let mut parts = multer::Multipart::new(body.into_data_stream(), boundary);
     let mut path_param = q.get("path").filter(|p| !p.is_empty()).cloned();
@@ -264,7 +260,7 @@ async fn upload_multipart(
             }
         };
         let path = t.user.resolve(&target);
-        written.push(store(&t, &path, None, Box::pin(field)).await?);
+        written.push(store(&t, &path, None, Box::pin(field), metadata).await?);
     }
     if written.is_empty() {
         return Err(HttpError::bad_request(
@@ -279,6 +275,7 @@ async fn store<S, E>(
     path: &str,
     declared: Option<u64>,
     body: S,
+    metadata: &[(String, String)],
 ) -> Result<Value, HttpError>
 where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
@@ -287,10 +284,47 @@ where
     let entry = t
         .e2b
         .manager()
-        .upload(&t.who, &t.id, path, declared, body, Some(t.user.name()))
+        .upload_with_metadata(
+            &t.who,
+            &t.id,
+            path,
+            declared,
+            body,
+            Some(t.user.name()),
+            metadata.to_vec(),
+        )
         .await
         .map_err(http_error)?;
-    Ok(json!({"name": entry.name, "type": "file", "path": entry.path}))
+    let mut info = json!({"name": entry.name, "type": "file", "path": entry.path});
+    if !entry.metadata.is_empty() {
+        info["metadata"] = json!(entry.metadata);
+    }
+    Ok(info)
+}
+
+const METADATA_HEADER: &str = "x-metadata-";
+
+/// The metadata an upload's `X-Metadata-<key>: <value>` headers carry, keys lowercased (header
+/// names are), the first of a repeated header winning, as envd does. Every file the request
+/// writes gets it; an upload without any leaves the file without metadata.
+fn metadata_headers(headers: &HeaderMap) -> Result<Vec<(String, String)>, HttpError> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER) else {
+            continue;
+        };
+        if pairs.iter().any(|(k, _)| k == key) {
+            continue;
+        }
+        let value = value.to_str().map_err(|_| {
+            HttpError::bad_request(format!(
+                "the metadata value of {key:?} must be printable US-ASCII"
+            ))
+        })?;
+        pairs.push((key.to_owned(), value.to_owned()));
+    }
+    // The manager checks the rest (keys, sizes) before anything is written.
+    Ok(pairs)
 }
 
 #[cfg(test)]
@@ -360,6 +394,31 @@ mod tests {
             let results: Vec<_> = gunzip_stream(futures::stream::iter(items)).collect().await;
             assert!(results.iter().any(|r| r.is_err()), "{results:?}");
         }
+    }
+
+    #[test]
+    fn metadata_comes_from_x_metadata_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("x-metadata-Author", "mish".parse().unwrap());
+        h.append("x-metadata-author", "second".parse().unwrap());
+        h.insert("x-metadata-purpose", "up load".parse().unwrap());
+        h.insert("x-other", "ignored".parse().unwrap());
+        let mut got = metadata_headers(&h).unwrap();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("author".to_string(), "mish".to_string()),
+                ("purpose".to_string(), "up load".to_string())
+            ]
+        );
+        assert!(metadata_headers(&HeaderMap::new()).unwrap().is_empty());
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-metadata-k",
+            axum::http::HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap(),
+        );
+        assert_eq!(metadata_headers(&h).unwrap_err().status.as_u16(), 400);
     }
 
     #[test]

@@ -8,4 +8,4 @@ mod terminal;
 mod watch;
 
 pub use terminal::{Terminal, TerminalEnded, TerminalEvent, TerminalInput, TerminalSpec};
-pub use watch::{FsEvent, FsEventKind, Watch};
+pub use watch::{FsEvent, FsEventKind, Watch, WatchFlush};

@@ -1,7 +1,11 @@
 //! File watches: inotify in the sandbox, as a stream of domain events.
 
-use koder_agent_protocol::{self as proto, AgentStream, FromAgent, ToAgent};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use koder_agent_protocol::{self as proto, AgentStream, FromAgent, StreamHandle, ToAgent};
 use koder_auth::Identity;
+use tokio::sync::watch;
 
 use crate::manager::first_answer;
 use crate::{Error, Manager};
@@ -26,13 +30,58 @@ pub struct FsEvent {
 /// A running watch; dropping it stops watching.
 pub struct Watch {
     stream: AgentStream,
+    /// The newest barrier token [`next`](Self::next) passed.
+    flushed: watch::Sender<u64>,
+    tokens: Arc<AtomicU64>,
+}
+
+/// Asks a [`Watch`] for every event of what happened so far (see [`WatchFlush::flush`]).
+#[derive(Clone)]
+pub struct WatchFlush {
+    handle: StreamHandle,
+    flushed: watch::Receiver<u64>,
+    tokens: Arc<AtomicU64>,
+}
+
+impl WatchFlush {
+    /// Returns once every event of what happened in the sandbox before this call was returned
+    /// by the watch's [`Watch::next`] and the caller asked for the next one after them (or the
+    /// watch ended). Only as long as that takes: no settling delay.
+    pub async fn flush(&self) -> Result<(), Error> {
+        let token = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
+        self.handle.send(ToAgent::WatchFlush { token }).await?;
+        let mut flushed = self.flushed.clone();
+        // An ended watch drops the sender: no more events will come either.
+        let _ = flushed.wait_for(|done| *done >= token).await;
+        Ok(())
+    }
 }
 
 impl Watch {
+    fn new(stream: AgentStream) -> Self {
+        Watch {
+            stream,
+            flushed: watch::Sender::new(0),
+            tokens: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// A handle for barriers on this watch, usable while another task calls `next`.
+    pub fn flusher(&self) -> WatchFlush {
+        WatchFlush {
+            handle: self.stream.handle(),
+            flushed: self.flushed.subscribe(),
+            tokens: self.tokens.clone(),
+        }
+    }
+
     /// The next event, or why the watch ended (it has no more events after an error).
     pub async fn next(&mut self) -> Result<FsEvent, Error> {
         loop {
             match self.stream.recv().await {
+                Ok(FromAgent::WatchFlushed { token }) => {
+                    self.flushed.send_modify(|done| *done = (*done).max(token));
+                }
                 Ok(FromAgent::FsEvent { kind, path, from }) => {
                     return Ok(FsEvent {
                         kind: kind.into(),
@@ -82,7 +131,7 @@ impl Manager {
             Err(e) => return Err(self.agent_failed(id, e).await),
         };
         match first_answer(&mut stream).await {
-            Ok(FromAgent::Done) => Ok(Watch { stream }),
+            Ok(FromAgent::Done) => Ok(Watch::new(stream)),
             Ok(_) => Err(Error::Internal("watch did not start".into())),
             Err(e) => Err(self.agent_failed(id, e).await),
         }

@@ -20,13 +20,37 @@ impl Manager {
         id: &str,
         path: &str,
         declared_len: Option<u64>,
-        mut body: S,
+        body: S,
         user: Option<&str>,
     ) -> Result<FileEntry, Error>
     where
         S: Stream<Item = Result<Bytes, E>> + Unpin,
         E: std::fmt::Display,
     {
+        self.upload_with_metadata(who, id, path, declared_len, body, user, Vec::new())
+            .await
+    }
+
+    /// [`upload`](Self::upload) that stores `metadata` on the new file (as `user.e2b.*`
+    /// extended attributes, see `koder_agent_protocol::metadata`); whatever metadata the file
+    /// it replaces had is gone. Metadata the rules refuse → `InvalidArgument`, nothing written.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn upload_with_metadata<S, E>(
+        &self,
+        who: &Identity,
+        id: &str,
+        path: &str,
+        declared_len: Option<u64>,
+        mut body: S,
+        user: Option<&str>,
+        metadata: Vec<(String, String)>,
+    ) -> Result<FileEntry, Error>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        proto::metadata::check_metadata(&metadata)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let live = self.awake(who, id).await?;
         let max = self.cfg.max_file_bytes;
         if declared_len.is_some_and(|n| n > max) {
@@ -44,6 +68,7 @@ impl Manager {
                 create_parents: true,
                 max_bytes: Some(max),
                 owner,
+                metadata,
             })
             .await
         {
@@ -204,6 +229,7 @@ fn file_entry(e: Entry) -> FileEntry {
         symlink_target: e.symlink_target,
         uid: e.uid,
         gid: e.gid,
+        metadata: e.metadata.into_iter().collect(),
     }
 }
 
@@ -248,10 +274,12 @@ mod tests {
             symlink_target: Some("/etc".into()),
             uid: 1000,
             gid: 1000,
+            metadata: vec![("k".into(), "v".into())],
         });
         assert_eq!(e.kind, EntryType::Symlink);
         assert_eq!(e.modified_at.timestamp_millis(), 1_700_000_000_123);
         assert_eq!((e.uid, e.gid, e.size, e.mode), (1000, 1000, 3, 0o777));
         assert_eq!(e.symlink_target.as_deref(), Some("/etc"));
+        assert_eq!(e.metadata.get("k").map(String::as_str), Some("v"));
     }
 }

@@ -214,6 +214,7 @@ impl Manager {
             end_reason: None,
         };
         self.store.insert_session(&record).await?;
+        self.record_bindings(&record.id, &secrets).await?;
         let span = tracing::Span::current();
         span.record("session", record.id.as_str());
         span.record("source", source);
@@ -237,7 +238,10 @@ impl Manager {
                 return Err(e);
             }
         }
-        let _ = live.secrets.set(secrets);
+        // Left unset without secrets: a fork gets its source's bound afterwards.
+        if !secrets.0.is_empty() {
+            let _ = live.secrets.set(secrets);
+        }
         self.metrics
             .sessions_created
             .with_label_values(&[source])

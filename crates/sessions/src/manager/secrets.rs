@@ -3,6 +3,7 @@
 use koder_api_types::{CreateSecret, Secret};
 use koder_auth::Identity;
 use koder_store::SecretRecord;
+use std::sync::Arc;
 
 use super::Manager;
 use crate::secrets::{aad, validate, Binding, Bindings, SealKey, SecretsConfig};
@@ -58,44 +59,119 @@ impl Manager {
         who: &Identity,
         names: &[String],
     ) -> Result<Bindings, Error> {
-        let mut bound = Vec::new();
+        let mut bound: Vec<Arc<Binding>> = Vec::new();
         for name in names {
-            if bound
-                .iter()
-                .any(|b: &std::sync::Arc<Binding>| &b.name == name)
-            {
+            if bound.iter().any(|b| &b.name == name) {
                 return Err(Error::InvalidArgument(format!(
                     "secret {name:?} is named twice"
                 )));
             }
-            let record = self
-                .store
-                .get_secret(&who.tenant_id, name)
+            let binding = self
+                .open_binding(&who.tenant_id, name, None)
                 .await?
                 .ok_or_else(|| Error::SecretNotFound(name.clone()))?;
-            let value = self
-                .seal_key()?
-                .open(&aad(&who.tenant_id, name), &record.sealed)?;
-            let value = String::from_utf8(value)
-                .map_err(|_| Error::Internal("a stored secret is not UTF-8".into()))?;
-            let hosts = record
-                .hosts
-                .iter()
-                .map(|h| h.parse().map_err(Error::from))
-                .collect::<Result<_, _>>()?;
-            bound.push(std::sync::Arc::new(Binding::new(
-                name.clone(),
-                value,
-                hosts,
-            )));
+            bound.push(Arc::new(binding));
         }
+        self.with_ca(bound)
+    }
+
+    /// The tenant's secret `name` opened for a session; `None` when it is gone.
+    async fn open_binding(
+        &self,
+        tenant_id: &str,
+        name: &str,
+        placeholder: Option<String>,
+    ) -> Result<Option<Binding>, Error> {
+        let Some(record) = self.store.get_secret(tenant_id, name).await? else {
+            return Ok(None);
+        };
+        let value = self
+            .seal_key()?
+            .open(&aad(tenant_id, name), &record.sealed)?;
+        let value = String::from_utf8(value)
+            .map_err(|_| Error::Internal("a stored secret is not UTF-8".into()))?;
+        let hosts = record
+            .hosts
+            .iter()
+            .map(|h| h.parse().map_err(Error::from))
+            .collect::<Result<_, _>>()?;
+        Ok(Some(Binding::new(name.into(), value, hosts, placeholder)))
+    }
+
+    fn with_ca(&self, bound: Vec<Arc<Binding>>) -> Result<Bindings, Error> {
         let ca = match bound.is_empty() {
             true => None,
-            false => Some(std::sync::Arc::new(SessionCa::new(
+            false => Some(Arc::new(SessionCa::new(
                 self.secrets_config()?.upstreams.clone(),
             )?)),
         };
         Ok(Bindings(bound, ca))
+    }
+
+    /// Records which secrets (by name) the new session `id` got, and as which placeholders.
+    pub(super) async fn record_bindings(&self, id: &str, secrets: &Bindings) -> Result<(), Error> {
+        let pairs: Vec<(String, String)> = secrets
+            .0
+            .iter()
+            .map(|b| (b.name.clone(), b.placeholder.clone()))
+            .collect();
+        if !pairs.is_empty() {
+            self.store.put_secret_bindings(id, &pairs).await?;
+        }
+        Ok(())
+    }
+
+    /// Gives the session `id` the secrets `from` was bound to, as the same placeholders (a
+    /// fork's environment is its source's).
+    pub(super) async fn copy_bindings(&self, from: &str, id: &str) -> Result<(), Error> {
+        let pairs = self.store.secret_bindings(from).await?;
+        if !pairs.is_empty() {
+            self.store.put_secret_bindings(id, &pairs).await?;
+        }
+        Ok(())
+    }
+
+    /// Injects a session's recorded secrets again once it runs on a new sandbox (resumed from
+    /// disk or from a saved VM, restored, forked, after a restart): the same placeholders, the
+    /// current values (a secret deleted meanwhile is not injected any more), a new CA whose
+    /// trust files replace the old ones. Failing, the session runs on with its placeholders
+    /// and nothing injected, which leaks nothing.
+    pub(super) async fn rebind_secrets(&self, tenant_id: &str, id: &str) {
+        // Boxed: the trust files go in through `upload`, which may resume a session itself.
+        if let Err(e) = Box::pin(self.try_rebind(tenant_id, id)).await {
+            tracing::warn!(session = %id, error = %e, "the session's secrets are not injected again");
+        }
+    }
+
+    async fn try_rebind(&self, tenant_id: &str, id: &str) -> Result<(), Error> {
+        let pairs = self.store.secret_bindings(id).await?;
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let mut bound = Vec::new();
+        for (name, placeholder) in pairs {
+            match self
+                .open_binding(tenant_id, &name, Some(placeholder))
+                .await?
+            {
+                Some(b) => bound.push(Arc::new(b)),
+                None => {
+                    tracing::info!(session = %id, secret = %name, "a bound secret was deleted: not injected")
+                }
+            }
+        }
+        let secrets = self.with_ca(bound)?;
+        let who = Identity {
+            tenant_id: tenant_id.into(),
+        };
+        if let Some(ca) = &secrets.1 {
+            self.install_trust(&who, id, ca).await?;
+        }
+        let live = self.live.lock().get(id).cloned();
+        if let Some(live) = live {
+            let _ = live.secrets.set(secrets);
+        }
+        Ok(())
     }
 
     /// Makes the new session trust its CA: the files its environment points at.

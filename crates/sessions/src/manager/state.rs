@@ -355,6 +355,7 @@ impl Manager {
         if let Some(t) = ticket {
             t.forget();
         }
+        self.rebind_secrets(&record.tenant_id, &record.id).await;
         Ok(())
     }
 
@@ -475,6 +476,7 @@ impl Manager {
         self.end_held_pause(id).await?;
         self.install(&record, sandbox, env, policy).await;
         ticket.forget();
+        self.rebind_secrets(&record.tenant_id, id).await;
         tracing::info!(session = %id, took = ?started.elapsed(), "session resumed from its saved VM");
         Ok(())
     }
@@ -631,6 +633,12 @@ impl Manager {
             }
             self.collect_layers().await;
             return Err(e);
+        }
+        for s in &made {
+            if let Err(e) = self.copy_bindings(id, &s.id).await {
+                tracing::warn!(session = %s.id, error = %e, "recording a fork's secrets");
+            }
+            self.rebind_secrets(&who.tenant_id, &s.id).await;
         }
         self.metrics.forks.inc_by(made.len() as u64);
         tracing::info!(session = %id, count, "session forked");

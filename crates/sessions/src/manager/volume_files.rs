@@ -269,6 +269,7 @@ fn volume_entry(e: Entry) -> VolumeEntry {
             symlink_target: e.target,
             uid: e.uid,
             gid: e.gid,
+            metadata: Default::default(),
         },
         accessed_at: time(e.atime),
         changed_at: time(e.ctime),

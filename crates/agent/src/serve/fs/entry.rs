@@ -1,10 +1,12 @@
-//! `Entry` values from `statx`, never following the final symlink.
+//! `Entry` values from `statx` (with metadata), never following the final symlink.
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use koder_agent_protocol::{Entry, EntryKind};
-use rustix::fs::{self as rfs, AtFlags, FileType, Statx, StatxFlags};
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, Statx, StatxFlags};
 use rustix::io::Errno;
+
+use super::xattr;
 
 pub(super) fn fd_statx(fd: BorrowedFd<'_>) -> Result<Statx, Errno> {
     rfs::statx(fd, c"", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)
@@ -14,27 +16,40 @@ pub(super) fn file_type(st: &Statx) -> FileType {
     FileType::from_raw_mode(u32::from(st.stx_mode))
 }
 
-/// lstat-style entry of `name` in `dir`.
+/// lstat-style entry of `name` in `dir`, with its metadata.
 pub(super) fn entry_at<P: rustix::path::Arg + Copy>(
     dir: BorrowedFd<'_>,
     name: P,
     display_name: impl Into<String>,
     path: String,
 ) -> Result<Entry, Errno> {
-    let st = rfs::statx(
+    // One descriptor for every fact, so type, link target and metadata are of one inode.
+    let fd = rfs::openat(
         dir,
         name,
-        AtFlags::SYMLINK_NOFOLLOW,
-        StatxFlags::BASIC_STATS,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
     )?;
-    let target = if file_type(&st) == FileType::Symlink {
-        rfs::readlinkat(dir, name, Vec::new())
+    entry_of_fd(fd.as_fd(), display_name.into(), path)
+}
+
+/// The entry of what the `O_PATH` descriptor `fd` holds.
+pub(super) fn entry_of_fd(fd: BorrowedFd<'_>, name: String, path: String) -> Result<Entry, Errno> {
+    let st = fd_statx(fd)?;
+    let kind = file_type(&st);
+    let target = if kind == FileType::Symlink {
+        rfs::readlinkat(fd, c"", Vec::new())
             .ok()
             .map(|t| t.to_string_lossy().into_owned())
     } else {
         None
     };
-    Ok(entry_from(display_name.into(), path, &st, target))
+    let mut entry = entry_from(name, path, &st, target);
+    // User xattrs exist on regular files and directories only.
+    if matches!(kind, FileType::RegularFile | FileType::Directory) {
+        entry.metadata = xattr::read(fd);
+    }
+    Ok(entry)
 }
 
 pub(super) fn entry_from(
@@ -64,5 +79,6 @@ pub(super) fn entry_from(
         symlink_target,
         uid: st.stx_uid,
         gid: st.stx_gid,
+        metadata: Vec::new(),
     }
 }

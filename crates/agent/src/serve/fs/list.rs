@@ -4,7 +4,7 @@ use std::collections::BinaryHeap;
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
 
-use koder_agent_protocol::{AgentError, Entry, EntryKind, MAX_LIST_ENTRIES};
+use koder_agent_protocol::{AgentError, Entry, EntryKind, MAX_FRAME_BYTES, MAX_LIST_ENTRIES};
 use rustix::fs::{self as rfs, Dir, Mode, OFlags};
 use rustix::io::Errno;
 
@@ -16,6 +16,17 @@ use super::Fs;
 /// Deepest level `list` descends to, whatever depth is asked (bounds open descriptors and
 /// recursion); deeper directories make the answer flagged truncated.
 pub const MAX_LIST_DEPTH: u32 = 128;
+
+/// Most bytes of entries one answer carries (paths and metadata are the sandbox's to make
+/// long), well inside the frame limit with room for the encoding's own overhead.
+const ANSWER_BYTES: usize = MAX_FRAME_BYTES / 4 * 3;
+
+/// Upper bound of an entry's encoded size: its strings plus the fixed fields and lengths.
+fn encoded_bound(e: &Entry) -> usize {
+    let strings = e.name.len() + e.path.len() + e.symlink_target.as_ref().map_or(0, String::len);
+    let meta: usize = e.metadata.iter().map(|(k, v)| k.len() + v.len() + 20).sum();
+    strings + meta + 64
+}
 
 impl Fs {
     /// Entries under the directory `path`, down to `depth` levels (1 = direct children; 0 is
@@ -30,6 +41,7 @@ impl Fs {
             .map_err(|e| errno_err("list", &abs, e))?;
         let mut walk = ListWalk {
             out: Vec::new(),
+            bytes: 0,
             truncated: false,
             max_depth: depth.clamp(1, MAX_LIST_DEPTH),
             depth_capped: depth > MAX_LIST_DEPTH,
@@ -44,6 +56,8 @@ impl Fs {
 
 struct ListWalk {
     out: Vec<Entry>,
+    /// [`encoded_bound`] of `out`, kept within [`ANSWER_BYTES`].
+    bytes: usize,
     truncated: bool,
     max_depth: u32,
     /// The requested depth was above [`MAX_LIST_DEPTH`].
@@ -82,6 +96,12 @@ impl ListWalk {
                 // Vanished meanwhile, or not inspectable: leave it out.
                 Err(_) => continue,
             };
+            let size = encoded_bound(&entry);
+            if self.bytes + size > ANSWER_BYTES {
+                self.truncated = true;
+                return Ok(());
+            }
+            self.bytes += size;
             let is_dir = entry.kind == EntryKind::Dir;
             let child_path = entry.path.clone();
             self.out.push(entry);

@@ -37,6 +37,7 @@ mod resolve;
 mod testenv;
 mod tree;
 mod write;
+mod xattr;
 
 pub use list::MAX_LIST_DEPTH;
 pub use resolve::Fs;

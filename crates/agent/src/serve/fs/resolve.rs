@@ -8,7 +8,7 @@ use koder_agent_protocol::{AgentError, Entry};
 use rustix::fs::{self as rfs, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
-use super::entry::{entry_at, entry_from, fd_statx};
+use super::entry::{entry_at, entry_of_fd};
 use super::error::{errno_err, invalid};
 use super::path::{check_raw, lexical_normalize, relative, split_parent};
 
@@ -109,10 +109,8 @@ impl Fs {
     /// lstat-style entry of a normalised absolute path.
     pub(super) fn lstat_abs(&self, op: &str, abs: &str) -> Result<Entry, AgentError> {
         match split_parent(abs) {
-            None => {
-                let st = fd_statx(self.root.as_fd()).map_err(|e| errno_err(op, abs, e))?;
-                Ok(entry_from("/".to_owned(), abs.to_owned(), &st, None))
-            }
+            None => entry_of_fd(self.root.as_fd(), "/".to_owned(), abs.to_owned())
+                .map_err(|e| errno_err(op, abs, e)),
             Some((parent, name)) => {
                 let pfd = self.open_dir_path(op, parent, abs)?;
                 entry_at(pfd.as_fd(), name, name, abs.to_owned()).map_err(|e| errno_err(op, abs, e))

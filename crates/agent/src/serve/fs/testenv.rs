@@ -80,6 +80,7 @@ pub(super) fn req(path: &str) -> WriteFileRequest {
         create_parents: false,
         max_bytes: None,
         owner: None,
+        metadata: Vec::new(),
     }
 }
 

@@ -1,11 +1,13 @@
 //! Uploads: a hidden temporary file beside the destination, renamed over it on commit, with
-//! the requested (or inherited) mode and owner.
+//! the requested (or inherited) mode and owner, and the request's metadata (none kept from the
+//! file it replaces).
 
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use koder_agent_protocol::metadata::check_metadata;
 use koder_agent_protocol::{AgentError, Entry, ErrorCode, WriteFileRequest};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, StatxFlags};
 use rustix::io::Errno;
@@ -14,7 +16,7 @@ use super::entry::{entry_at, file_type};
 use super::error::{errno_err, io_err, is_a_directory, shown};
 use super::owner::{check_owner, chown_fd};
 use super::path::split_parent;
-use super::Fs;
+use super::{xattr, Fs};
 
 /// Permission bits of a new file when the request names none.
 const DEFAULT_FILE_MODE: u32 = 0o644;
@@ -34,6 +36,12 @@ impl Fs {
         const OP: &str = "write";
         let abs = self.normalize(&req.path)?;
         check_owner(req.owner)?;
+        check_metadata(&req.metadata).map_err(|e| {
+            AgentError::new(
+                ErrorCode::InvalidRequest,
+                format!("{OP} {}: {e}", shown(&abs)),
+            )
+        })?;
         let Some((parent, name)) = split_parent(&abs) else {
             return Err(AgentError::new(
                 ErrorCode::IsADirectory,
@@ -91,6 +99,8 @@ impl Fs {
         // Set the mode explicitly: the umask must not change what was asked for.
         rfs::fchmod(&pending.file, Mode::from_raw_mode(mode))
             .map_err(|e| errno_err(OP, &pending.path, e))?;
+        // On the temporary file: the destination appears with its metadata or not at all.
+        xattr::write(&pending.file, &req.metadata).map_err(|e| errno_err(OP, &pending.path, e))?;
         Ok(pending)
     }
 }

@@ -23,6 +23,7 @@ pub fn entry_info(e: &FileEntry) -> EntryInfo {
         group: account(e.gid),
         modified_time: Some(e.modified_at.into()),
         symlink_target: e.symlink_target.clone(),
+        metadata: e.metadata.clone(),
         is_symlink: e.kind == EntryType::Symlink,
     }
 }
@@ -70,6 +71,7 @@ mod tests {
             symlink_target: None,
             uid: 1000,
             gid: 0,
+            metadata: [("author".to_string(), "mish".to_string())].into(),
         };
         let v = serde_json::to_value(entry_info(&e)).unwrap();
         assert_eq!(
@@ -84,6 +86,7 @@ mod tests {
                 "owner": "user",
                 "group": "root",
                 "modifiedTime": "2023-11-14T22:13:20.123Z",
+                "metadata": {"author": "mish"},
                 "isSymlink": false,
             })
         );

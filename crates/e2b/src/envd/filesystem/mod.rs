@@ -11,7 +11,7 @@ use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use koder_api_types::{EntryType, ExecRequest, FileEntry};
-use koder_sessions::Watch;
+use koder_sessions::{Watch, WatchFlush};
 use parking_lot::Mutex;
 
 pub mod entry;
@@ -86,9 +86,9 @@ pub async fn rpc(
                     .watchers
                     .lock()
                     .get(&r.watcher_id)
-                    .map(|w| w.buf.clone());
-                let buf = w.ok_or_else(|| no_watcher(&r.watcher_id))?;
-                settled(&buf).await;
+                    .map(|w| (w.buf.clone(), w.flush.clone()));
+                let (buf, flush) = w.ok_or_else(|| no_watcher(&r.watcher_id))?;
+                settled(&flush).await;
                 let mut b = buf.lock();
                 if b.events.is_empty() {
                     if let Some(e) = b.error.take() {
@@ -171,6 +171,7 @@ async fn followed(t: &Target, link: FileEntry) -> FileEntry {
         size: current.size,
         mode: current.mode,
         symlink_target: Some(current.path),
+        metadata: current.metadata,
         ..link
     }
 }
@@ -220,6 +221,7 @@ async fn stat_by_exec(t: &Target, abs: &str) -> Result<FileEntry, RpcError> {
             .map(String::from),
         uid: uid.parse().unwrap_or(0),
         gid: gid.parse().unwrap_or(0),
+        metadata: Default::default(),
     })
 }
 
@@ -323,6 +325,7 @@ async fn create_watcher(
     let buf = Arc::new(Mutex::new(WatchBuf::default()));
     let sink = buf.clone();
     let describe = r.include_entry.then(|| t.clone());
+    let flush = watch.flusher();
     let task = tokio::spawn(async move {
         loop {
             match watch.next().await {
@@ -348,7 +351,7 @@ async fn create_watcher(
     t.ctx
         .watchers
         .lock()
-        .insert(id.clone(), Watcher { buf, task });
+        .insert(id.clone(), Watcher { buf, flush, task });
     Ok(CreateWatcherResponse { watcher_id: id })
 }
 
@@ -395,37 +398,12 @@ async fn described(
 }
 
 /// Events of an operation that finished before a poll may still be on their way from the
-/// sandbox's agent (inotify there, then the agent's stream): a poll that finds none waits a
-/// little for them, and one that finds some lets the burst end, so a poll right after a write
-/// sees that write, as envd's in-process watcher would.
-async fn settled(buf: &Mutex<WatchBuf>) {
-    const FIRST: Duration = Duration::from_millis(100);
-    const QUIET: Duration = Duration::from_millis(15);
-    const LONGEST: Duration = Duration::from_millis(300);
-    const STEP: Duration = Duration::from_millis(5);
-    let start = tokio::time::Instant::now();
-    let mut seen = 0;
-    let mut changed = start;
-    loop {
-        let (n, ended) = {
-            let b = buf.lock();
-            (b.events.len(), b.error.is_some())
-        };
-        if n != seen {
-            seen = n;
-            changed = tokio::time::Instant::now();
-        }
-        let waited = start.elapsed();
-        let done = if seen == 0 {
-            waited >= FIRST
-        } else {
-            changed.elapsed() >= QUIET
-        };
-        if ended || done || waited >= LONGEST {
-            return;
-        }
-        tokio::time::sleep(STEP).await;
-    }
+/// sandbox's agent (inotify there, then the agent's stream): a poll waits for the watch's
+/// barrier, so it sees everything that happened before it, as envd's in-process watcher would,
+/// and waits no longer than that takes. Bounded, for an agent too busy to answer.
+async fn settled(flush: &WatchFlush) {
+    const LONGEST: Duration = Duration::from_secs(2);
+    let _ = tokio::time::timeout(LONGEST, flush.flush()).await;
 }
 
 async fn relay_watch(sink: Sink, root: String, mut watch: Watch, describe: Option<Target>) {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use koder_sessions::FsEventKind;
+use koder_sessions::{FsEventKind, WatchFlush};
 use parking_lot::Mutex;
 
 use crate::connect::RpcError;
@@ -16,6 +16,8 @@ const UPLOAD_TEMP_PREFIX: &str = ".koder-upload-";
 /// A polled watcher (`CreateWatcher`/`GetWatcherEvents`/`RemoveWatcher`).
 pub struct Watcher {
     pub buf: Arc<Mutex<WatchBuf>>,
+    /// Barriers on the watch `task` relays into `buf`.
+    pub flush: WatchFlush,
     pub task: tokio::task::JoinHandle<()>,
 }
 
