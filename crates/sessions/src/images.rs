@@ -341,6 +341,7 @@ mod tests {
                 created_at: chrono::Utc::now(),
                 size_bytes: 0,
                 build_log: String::new(),
+                startup: None,
             };
             staging.commit(&manifest).unwrap();
             store.set_name(name, &digest).unwrap();
