@@ -189,6 +189,10 @@ impl Spec {
 /// Where a build step finds the host's CA bundle (written into the build sandbox's /tmp, which
 /// no image keeps), so package clients trust what the host trusts.
 pub const BUILD_CA_FILE: &str = "/tmp/.koder-build-ca.pem";
+/// Where pip steps install (`pip install --user` below this `PYTHONUSERBASE`).
+pub const PIP_BASE: &str = "/opt/koder/pip";
+/// Where npm steps install (`npm install -g` with this prefix).
+pub const NPM_PREFIX: &str = "/opt/koder/npm";
 
 impl Step {
     /// What the step is, for the build log.
@@ -216,7 +220,7 @@ impl Step {
                 Vec::new(),
             ),
             Step::Pip { packages } => (
-                "python3 -m pip install --no-cache-dir --break-system-packages \
+                "python3 -m pip install --user --no-cache-dir --break-system-packages \
                  --root-user-action=ignore --disable-pip-version-check -- \"$@\""
                     .into(),
                 packages.clone(),
@@ -251,14 +255,37 @@ impl Spec {
         self.workdir.as_deref().unwrap_or("/workspace")
     }
 
-    /// The environment every step runs with: the spec's, plus where the CA bundle is and the
-    /// step's working directory.
-    pub fn step_env(&self) -> Vec<(String, String)> {
-        let mut env: Vec<(String, String)> = self
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+    /// The environment of the finished image (and of every step): `base`'s, where pip and npm
+    /// install to (image files belong to host root, so the image's own /usr is read-only in
+    /// a build sandbox: packages go below /opt, which is writable), then the spec's own.
+    pub fn image_env(&self, base: &[(String, String)]) -> Vec<(String, String)> {
+        let mut env: BTreeMap<String, String> = base.iter().cloned().collect();
+        let mut path = Vec::new();
+        if !self.pip.is_empty() {
+            env.insert("PYTHONUSERBASE".into(), PIP_BASE.into());
+            path.push(format!("{PIP_BASE}/bin"));
+        }
+        if !self.npm.is_empty() {
+            env.insert("NPM_CONFIG_PREFIX".into(), NPM_PREFIX.into());
+            env.insert("NODE_PATH".into(), format!("{NPM_PREFIX}/lib/node_modules"));
+            path.push(format!("{NPM_PREFIX}/bin"));
+        }
+        if !path.is_empty() {
+            let old = env
+                .get("PATH")
+                .cloned()
+                .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+            path.push(old);
+            env.insert("PATH".into(), path.join(":"));
+        }
+        env.extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.into_iter().collect()
+    }
+
+    /// The environment every step runs with: the image's ([`Spec::image_env`]), where the CA
+    /// bundle is and the step's working directory.
+    pub fn step_env(&self, base: &[(String, String)]) -> Vec<(String, String)> {
+        let mut env = self.image_env(base);
         for k in [
             "PIP_CERT",
             "REQUESTS_CA_BUNDLE",
@@ -428,8 +455,9 @@ content = "hello\n"
         assert_eq!(argv.last().unwrap(), "/opt/app/hello.txt");
         assert!(argv[2].contains("chmod 644"));
         assert_eq!(stdin, b"hello\n");
-        let env = spec.step_env();
+        let env = spec.step_env(&[("PATH".into(), "/usr/bin".into())]);
         assert!(env.contains(&("KODER_WORKDIR".into(), "/opt/app".into())));
+        assert!(env.contains(&("PATH".into(), format!("{PIP_BASE}/bin:/usr/bin"))));
         assert!(env.contains(&("GREETING".into(), "hello".into())));
         let startup = spec.startup().unwrap();
         assert_eq!(startup.ready.as_deref(), Some("test -e /tmp/ready"));
