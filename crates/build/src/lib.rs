@@ -1,9 +1,12 @@
 //! Image builds from template specs (`koder_image::template`): each step runs as root inside
-//! a jail made by the session manager on the previous step's image (the same isolation as
-//! sessions, never on the host), with network `open` plus the build-only exemptions of
-//! `[images] build_internal`. What a step changed (its sandbox's writable layer) is applied
-//! onto a hard-linked copy of the parent's tree and stored as an unlisted image under the
-//! step's key, so a later build reruns only the steps from the first changed one. The image
+//! a jail made by the session manager (the same isolation as sessions, never on the host) on
+//! the base image with the earlier steps' layers stacked on it, id-mapped as a restored
+//! snapshot's so the step owns what they made (image files belong to host root and could not
+//! be changed), with network `open` plus the build-only exemptions of `[images]
+//! build_internal`. What a step changed (its sandbox's writable layer, captured by the agent)
+//! is kept as the step's layer and applied onto a hard-linked copy of the parent's tree,
+//! stored as an unlisted image under the step's key, so a later build reruns only the steps
+//! from the first changed one. The image
 //! itself (manifest with env, workdir, user, start/ready commands, build log) is stored and
 //! named only once every step passed: a failed build leaves no image.
 //!

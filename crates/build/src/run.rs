@@ -1,6 +1,8 @@
-//! Running a build: each uncached step in a fresh build sandbox on its parent's image, what it
-//! changed captured from the sandbox and applied onto a hard-linked copy of the parent's tree,
-//! stored under the step's key; then the image, named, once every step passed.
+//! Running a build: each uncached step in a fresh build sandbox on the base image with the
+//! earlier steps' layers stacked on it (id-mapped, so the step owns what they made), what it
+//! changed captured from the sandbox, kept as the step's layer and applied onto a hard-linked
+//! copy of the parent's tree, stored under the step's key; then the image, named, once every
+//! step passed.
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -41,6 +43,15 @@ fn failed(step: Option<usize>, why: impl std::fmt::Display) -> Failure {
         code: codes::IMAGE_BUILD_FAILED,
         message: why.to_string(),
     }
+}
+
+/// What a step's sandbox is made of: the build's base image, the earlier steps' layers, and
+/// the tree they add up to (the step's parent).
+#[derive(Clone, Copy)]
+struct Base<'a> {
+    image: &'a StoredImage,
+    layers: &'a [std::path::PathBuf],
+    tree: &'a StoredImage,
 }
 
 impl Builds {
@@ -99,19 +110,28 @@ impl Builds {
         let keys = spec.step_keys(&base.manifest.digest);
         let total = steps.len();
         let mut parent = base.clone();
+        // The steps so far, as layers the next step's sandbox stacks on the base.
+        let mut layers = Vec::new();
         for (i, (step, key)) in steps.iter().zip(&keys).enumerate() {
             let head = format!("step {}/{total}: {}", i + 1, step.describe());
             if let Some(cached) = store.by_digest(key).map_err(|e| failed(Some(i), e))? {
                 job.log.line(format!("{head}: cached"));
                 job.set_step(i, "cached");
+                layers.push(cached.step_layer());
                 parent = cached;
                 continue;
             }
             job.log.line(head);
             job.set_step(i, "running");
-            match self.step(job, store, &parent, spec, step, key, i).await {
+            let on = Base {
+                image: &base,
+                layers: &layers,
+                tree: &parent,
+            };
+            match self.step(job, store, on, spec, step, key, i).await {
                 Ok(image) => {
                     job.set_step(i, "built");
+                    layers.push(image.step_layer());
                     parent = image;
                 }
                 Err(f) => {
@@ -166,22 +186,24 @@ impl Builds {
         Ok(digest)
     }
 
-    /// Runs one step in a build sandbox on `parent` and stores its result under `key`.
+    /// Runs one step in a build sandbox on `on` and stores its result under `key`: its layer,
+    /// and the parent's tree with it applied.
     #[allow(clippy::too_many_arguments)]
     async fn step(
         &self,
         job: &Job,
         store: &ImageStore,
-        parent: &StoredImage,
+        on: Base<'_>,
         spec: &Spec,
         step: &Step,
         key: &str,
         index: usize,
     ) -> Result<StoredImage, Failure> {
+        let parent = on.tree;
         let label = format!("{}-step{}", job.status.lock().build_id, index + 1);
         let sandbox = self
             .manager
-            .build_sandbox(&parent.manifest.digest, &label)
+            .build_sandbox(&on.image.manifest.digest, on.layers.to_vec(), &label)
             .await
             .map_err(|e| {
                 failed(
@@ -219,6 +241,8 @@ impl Builds {
             staging.link_root_from(&parent)?;
             apply_layer(&staging.rootfs(), &layer)?;
             let size_bytes = staging.finish_tree()?;
+            std::fs::rename(layer.path(), staging.step_layer_path())
+                .map_err(ImageError::io("keep the step's layer"))?;
             staging.commit(&Manifest {
                 size_bytes,
                 ..manifest

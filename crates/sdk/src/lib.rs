@@ -36,6 +36,7 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 mod images;
+pub use images::BuildEvent;
 pub mod interp;
 pub mod live;
 

@@ -32,6 +32,8 @@ use crate::Image;
 const MANIFEST: &str = "manifest.json";
 const ROOTFS: &str = "rootfs";
 pub const BUILD_LOG: &str = "build.log";
+/// A cached build step's own layer (what it changed), beside its tree.
+const STEP_LAYER: &str = "layer.tar";
 const NAMES: &str = "names";
 const TMP: &str = ".tmp";
 
@@ -92,6 +94,11 @@ pub struct StoredImage {
 }
 
 impl StoredImage {
+    /// A cached build step's layer file (what the step changed, as captured).
+    pub fn step_layer(&self) -> PathBuf {
+        self.root.with_file_name(STEP_LAYER)
+    }
+
     /// The image as a runtime mounts it: the tree alone (it has its own /usr), with its
     /// environment.
     pub fn image(&self) -> Image {
@@ -389,6 +396,11 @@ impl Staging {
 
     pub fn log_path(&self) -> PathBuf {
         self.dir.join(BUILD_LOG)
+    }
+
+    /// Where a build step's layer file goes (see [`StoredImage::step_layer`]).
+    pub fn step_layer_path(&self) -> PathBuf {
+        self.dir.join(STEP_LAYER)
     }
 
     /// Makes the root tree a copy of `image`'s made of hard links (a later change must
