@@ -295,18 +295,15 @@ pub async fn build_logs(
         if let Some(done) = done {
             return Some((done_event(&done), (None, None)));
         }
-        let rx = live.as_mut()?;
-        loop {
-            match rx.recv().await {
-                Ok(LogEvent::Line(line)) => return Some((log_event(line), (live, None))),
-                Ok(LogEvent::Done(done)) => return Some((done_event(&done), (None, None))),
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    let note = format!("[{n} lines skipped: this follower fell behind]");
-                    return Some((log_event(note), (live, None)));
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+        let event = match live.as_mut()?.recv().await {
+            Ok(LogEvent::Line(line)) => log_event(line),
+            Ok(LogEvent::Done(done)) => return Some((done_event(&done), (None, None))),
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                log_event(format!("[{n} lines skipped: this follower fell behind]"))
             }
-        }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((event, (live, None)))
     });
     Ok(Sse::new(replay.chain(live).map(Ok)).keep_alive(KeepAlive::default()))
 }
