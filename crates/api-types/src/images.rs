@@ -57,3 +57,51 @@ pub struct ImageLanguage {
 pub struct ImageList {
     pub images: Vec<Image>,
 }
+
+/// An image build from a template spec (`POST /v1/sandbox/images/builds`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Build {
+    pub build_id: String,
+    /// The name the image gets once every step passed.
+    pub name: String,
+    pub state: BuildState,
+    /// Every step of the spec, in order.
+    pub steps: Vec<BuildStep>,
+    /// The failed step's index in `steps` (a failed build).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_step: Option<usize>,
+    /// Why it failed: `SANDBOX-IMAGE-BUILD-STEP-FAILED` (a step exited non-zero, its output
+    /// in `log_tail`) or `SANDBOX-IMAGE-BUILD-FAILED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::ErrorDetail>,
+    /// The image's digest (a succeeded build).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// The last lines of the build's log.
+    pub log_tail: String,
+    pub created_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum BuildState {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct BuildStep {
+    /// What the step does (`pip six`, `file /opt/app/x (644)`, `run make`).
+    pub step: String,
+    /// The step's cache key (sha256 of its inputs and its parent's key).
+    pub key: String,
+    /// `pending`, `cached` (found in the store: not rerun), `running`, `built` or `failed`.
+    pub status: String,
+}

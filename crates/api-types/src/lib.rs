@@ -16,7 +16,7 @@ mod secrets;
 mod state;
 mod volumes;
 pub mod webhooks;
-pub use images::{Image, ImageLanguage, ImageList};
+pub use images::{Build, BuildState, BuildStep, Image, ImageLanguage, ImageList};
 pub use secrets::{CreateSecret, Secret, SecretList};
 pub use state::{
     CreateSnapshot, ForkResult, ForkSession, Lifecycle, OnTimeout, PauseKind, PauseSession,
@@ -68,6 +68,17 @@ pub mod codes {
     /// 400: a webhook URL reaches an address the SSRF guard refuses (loopback, private,
     /// reserved).
     pub const WEBHOOK_URL_REFUSED: &str = "SANDBOX-WEBHOOK-URL-REFUSED";
+    /// 400: a template spec that does not parse or check (TOML or JSON).
+    pub const IMAGE_BUILD_INVALID_SPEC: &str = "SANDBOX-IMAGE-BUILD-INVALID-SPEC";
+    /// 404: no image build of that id on this server.
+    pub const IMAGE_BUILD_NOT_FOUND: &str = "SANDBOX-IMAGE-BUILD-NOT-FOUND";
+    /// In a failed build's status (not an HTTP error): a step exited non-zero.
+    pub const IMAGE_BUILD_STEP_FAILED: &str = "SANDBOX-IMAGE-BUILD-STEP-FAILED";
+    /// In a failed build's status: the build could not run (its sandbox, the store).
+    pub const IMAGE_BUILD_FAILED: &str = "SANDBOX-IMAGE-BUILD-FAILED";
+    /// 503: the image's ready command did not succeed within its timeout; the session was
+    /// destroyed.
+    pub const IMAGE_NOT_READY: &str = "SANDBOX-IMAGE-NOT-READY";
 
     /// Exec verdicts (inside an exec result, not HTTP errors).
     pub const EXEC_KILLED_OOM: &str = "SANDBOX-EXEC-KILLED-OOM";
@@ -109,6 +120,11 @@ pub enum ErrorCode {
     NetworkRule,
     SecretNotFound,
     WebhookUrlRefused,
+    ImageBuildInvalidSpec,
+    ImageBuildNotFound,
+    ImageBuildStepFailed,
+    ImageBuildFailed,
+    ImageNotReady,
 }
 
 impl ErrorCode {
@@ -141,6 +157,11 @@ impl ErrorCode {
             ErrorCode::NetworkRule => codes::NETWORK_RULE,
             ErrorCode::SecretNotFound => codes::SECRET_NOT_FOUND,
             ErrorCode::WebhookUrlRefused => codes::WEBHOOK_URL_REFUSED,
+            ErrorCode::ImageBuildInvalidSpec => codes::IMAGE_BUILD_INVALID_SPEC,
+            ErrorCode::ImageBuildNotFound => codes::IMAGE_BUILD_NOT_FOUND,
+            ErrorCode::ImageBuildStepFailed => codes::IMAGE_BUILD_STEP_FAILED,
+            ErrorCode::ImageBuildFailed => codes::IMAGE_BUILD_FAILED,
+            ErrorCode::ImageNotReady => codes::IMAGE_NOT_READY,
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Images brought in by operators, end to end: OCI archives imported through the API (on
-//! the Debian bash pack of the test cache as their base layer) and sessions on them.
+//! the Debian bash pack of the test cache as their base layer), template specs built step by
+//! step in jails on the python pack (a pip package from the package index, reached through
+//! the build-only network exemption), and sessions on them.
 
 mod common;
 
@@ -12,16 +14,21 @@ use serde_json::{json, Value};
 
 const ADMIN: &str = "admin-key-0123456789";
 
-/// The bash pack's tree from the test cache (`KODER_PACK_CACHE`; built the first time).
-fn bash_pack_root() -> std::path::PathBuf {
+/// The test cache's store with `pack` built (`KODER_PACK_CACHE`; built the first time).
+fn pack_cache(pack: Pack) -> (ImageStore, koder_image::StoredImage) {
     let dir = std::env::var_os("KODER_PACK_CACHE")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| "/var/cache/koder-sandbox-test/packs".into());
     let store = ImageStore::open(&dir).expect("pack cache");
-    packs::build(&store, Pack::Bash, &packs::BuildOptions::default())
-        .expect("building the bash pack")
-        .image
-        .root
+    let image = packs::build(&store, pack, &packs::BuildOptions::default())
+        .unwrap_or_else(|e| panic!("building the {} pack: {e}", pack.name()))
+        .image;
+    (store, image)
+}
+
+/// The bash pack's tree from the test cache.
+fn bash_pack_root() -> std::path::PathBuf {
+    pack_cache(Pack::Bash).1.root
 }
 
 async fn daemon() -> Daemon {
@@ -125,4 +132,294 @@ async fn an_imported_oci_image_runs_sessions_and_hostile_archives_leave_nothing(
         0,
         "upload or half image left"
     );
+}
+
+/// The package index's mirror: a reserved address, so only builds may reach it.
+const BUILD_CONFIG: &str = "[images]\nbuild_internal = [\"203.0.113.80/32\"]\n";
+
+const TEMPLATE: &str = r#"
+base = "python"
+pip = ["six"]
+env = { GREETING = "hello from the template" }
+workdir = "/opt/app"
+run = ["echo built > /opt/app/built.txt"]
+start = "exec python3 -m http.server 8000 --bind 127.0.0.1"
+ready = "python3 -c 'import urllib.request as u; u.urlopen(\"http://127.0.0.1:8000/hello.txt\", timeout=2)'"
+ready_timeout_s = 30
+
+[[files]]
+dest = "/opt/app/hello.txt"
+content = "hello from the file\n"
+"#;
+
+/// Submits a build and follows its log to the end: (status at submit, the final `done`
+/// status, every log line).
+async fn build(d: &Daemon, name: &str, key: &str, spec: &str) -> (StatusCode, Value, Vec<String>) {
+    let resp = d
+        .req(
+            Method::POST,
+            &format!("/v1/sandbox/images/builds?name={name}"),
+            key,
+        )
+        .header("content-type", "application/toml")
+        .body(spec.to_string())
+        .send()
+        .await
+        .expect("build request");
+    let status = resp.status();
+    let submitted: Value = resp.json().await.unwrap_or(Value::Null);
+    if status != StatusCode::ACCEPTED {
+        return (status, submitted, Vec::new());
+    }
+    assert_eq!(submitted["state"], "queued", "{submitted}");
+    let id = submitted["build_id"].as_str().unwrap();
+    let logs = d
+        .req(
+            Method::GET,
+            &format!("/v1/sandbox/images/builds/{id}/logs"),
+            ADMIN,
+        )
+        .send()
+        .await
+        .expect("logs request");
+    let events = read_sse(logs).await;
+    let lines: Vec<String> = events
+        .iter()
+        .filter(|e| e.name == "log")
+        .map(|e| e.data["line"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let done = events
+        .iter()
+        .find(|e| e.name == "done")
+        .expect("a done event");
+    let (s, polled) = d
+        .json_as(
+            ADMIN,
+            Method::GET,
+            &format!("/v1/sandbox/images/builds/{id}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{polled}");
+    assert_eq!(polled["state"], done.data["state"], "{polled}");
+    (status, done.data.clone(), lines)
+}
+
+fn step_statuses(build: &Value) -> Vec<&str> {
+    build["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["status"].as_str().unwrap())
+        .collect()
+}
+
+async fn template_daemon() -> Daemon {
+    let mut d = Daemon::start(&format!(
+        "{BASE_CONFIG}\n{BUILD_CONFIG}[auth]\nadmin_keys = [\"{ADMIN}\"]\n"
+    ))
+    .await;
+    d.stop();
+    let (cache, _) = pack_cache(Pack::Python);
+    ImageStore::open(&d.data_dir().join("images"))
+        .unwrap()
+        .link_from(&cache, "python")
+        .expect("link the python pack");
+    d.launch().await;
+    d
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_template_builds_in_jails_caches_its_steps_and_its_sessions_start_ready() {
+    let Some(()) = root_or_skip() else { return };
+    let d = template_daemon().await;
+
+    let (status, e, _) = build(&d, "app", KEY1, TEMPLATE).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "a tenant key builds: {e}");
+    let (status, e, _) = build(
+        &d,
+        "app",
+        ADMIN,
+        "base = \"python\"\npip = [\"--index-url=x\"]",
+    )
+    .await;
+    assert_eq!(
+        (status, error_code(&e)),
+        (StatusCode::BAD_REQUEST, "SANDBOX-IMAGE-BUILD-INVALID-SPEC"),
+        "{e}"
+    );
+
+    let (status, built, log) = build(&d, "app", ADMIN, TEMPLATE).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(built["state"], "succeeded", "{built}\n{}", log.join("\n"));
+    assert_eq!(
+        step_statuses(&built),
+        ["built", "built", "built"],
+        "{built}"
+    );
+    let text = log.join("\n");
+    assert!(text.contains("step 1/3: pip six"), "{text}");
+    assert!(text.contains("Successfully installed six"), "{text}");
+
+    // Sessions on it: the package, the file, the env, and the server the start command runs,
+    // answering before the session was handed out.
+    let id = d.create(json!({"image": "app"})).await;
+    let v = d
+        .exec(
+            &id,
+            json!({"shell": "python3 -c 'import six; print(six.__name__)'; cat /opt/app/hello.txt /opt/app/built.txt; \
+                              echo \"$GREETING\"; \
+                              python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:8000/hello.txt\").read().decode(), end=\"\")'"}),
+        )
+        .await;
+    assert_eq!(
+        v["stdout"].as_str().unwrap_or(""),
+        "six\nhello from the file\nbuilt\nhello from the template\nhello from the file\n",
+        "{v}"
+    );
+    // The mirror is the build's alone: a session with network open cannot reach it.
+    let open = d
+        .create(json!({"image": "app", "network": {"mode": "open"}}))
+        .await;
+    let v = d
+        .exec(
+            &open,
+            json!({"shell": "python3 -c 'import urllib.request as u; u.urlopen(\"https://pypi.org/simple/six/\", timeout=5)' 2>/dev/null && echo reached || echo refused"}),
+        )
+        .await;
+    assert_eq!(v["stdout"], "refused\n", "{v}");
+
+    // The same spec again: every step found, nothing rerun, the same image.
+    let (_, again, log) = build(&d, "app", ADMIN, TEMPLATE).await;
+    assert_eq!(again["state"], "succeeded", "{again}");
+    assert_eq!(
+        step_statuses(&again),
+        ["cached", "cached", "cached"],
+        "{again}"
+    );
+    assert_eq!(again["digest"], built["digest"]);
+    assert_eq!(
+        log.iter().filter(|l| l.ends_with(": cached")).count(),
+        3,
+        "{log:?}"
+    );
+    assert!(
+        !log.iter().any(|l| l.contains("Successfully installed")),
+        "{log:?}"
+    );
+
+    // The last step changed: only it runs.
+    let changed = TEMPLATE.replace("echo built", "echo rebuilt");
+    let (_, rebuilt, _) = build(&d, "app2", ADMIN, &changed).await;
+    assert_eq!(
+        step_statuses(&rebuilt),
+        ["cached", "cached", "built"],
+        "{rebuilt}"
+    );
+
+    // A failing step: which one, its output, and no image.
+    let failing = TEMPLATE.replace(
+        "run = [\"echo built > /opt/app/built.txt\"]",
+        "run = [\"echo about to fail; exit 3\"]",
+    );
+    let (_, failed, _) = build(&d, "broken", ADMIN, &failing).await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["failed_step"], 2, "{failed}");
+    assert_eq!(failed["error"]["code"], "SANDBOX-IMAGE-BUILD-STEP-FAILED");
+    let message = failed["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("step 3") && message.contains("exited with 3"),
+        "{message}"
+    );
+    assert!(message.contains("about to fail"), "{message}");
+    let (status, _) = d
+        .json(Method::GET, "/v1/sandbox/images/broken", Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let tmp = d.data_dir().join("images/store/.tmp");
+    assert_eq!(
+        std::fs::read_dir(tmp).unwrap().count(),
+        0,
+        "half image left"
+    );
+
+    // A ready command that never passes: a typed error, and no session.
+    let never =
+        "base = \"python\"\nstart = \"sleep 600\"\nready = \"false\"\nready_timeout_s = 2\n";
+    let (_, slow, _) = build(&d, "never", ADMIN, never).await;
+    assert_eq!(slow["state"], "succeeded", "{slow}");
+    let (status, e) = d
+        .json(
+            Method::POST,
+            "/v1/sandbox/sessions",
+            json!({"image": "never"}),
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&e)),
+        (StatusCode::SERVICE_UNAVAILABLE, "SANDBOX-IMAGE-NOT-READY"),
+        "{e}"
+    );
+    let (_, list) = d
+        .json(Method::GET, "/v1/sandbox/sessions", Value::Null)
+        .await;
+    let images: Vec<&str> = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "running")
+        .map(|s| s["image"].as_str().unwrap())
+        .collect();
+    assert_eq!(images, ["app", "app"], "{list}");
+}
+
+/// A warm pool on a template image: its sandboxes ran the start command and passed the ready
+/// command before they were pooled, so a create from the pool has the server up at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_pool_on_a_template_starts_and_readies_before_hand_out() {
+    let Some(()) = root_or_skip() else { return };
+    let mut d = Daemon::start(&format!(
+        "[sessions]\nreap_interval = 0.2\npool = {{ python = 1 }}\n{BUILD_CONFIG}\
+         language_packs = {{ python = \"app\" }}\n[auth]\nadmin_keys = [\"{ADMIN}\"]\n"
+    ))
+    .await;
+    d.stop();
+    let (cache, _) = pack_cache(Pack::Python);
+    ImageStore::open(&d.data_dir().join("images"))
+        .unwrap()
+        .link_from(&cache, "python")
+        .expect("link the python pack");
+    d.launch().await;
+    let spec = TEMPLATE.replace("pip = [\"six\"]\n", "");
+    let (_, built, log) = build(&d, "app", ADMIN, &spec).await;
+    assert_eq!(built["state"], "succeeded", "{built}\n{}", log.join("\n"));
+    // The pool's image is read at start.
+    d.stop();
+    d.launch().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !d
+        .metrics()
+        .await
+        .contains("koder_pool_ready{language=\"python\"} 1")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool never filled"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let id = d.create(json!({"language": "python"})).await;
+    assert!(
+        d.metrics()
+            .await
+            .contains("koder_sessions_created_total{source=\"pool\"} 1"),
+        "not from the pool"
+    );
+    let v = d
+        .exec(
+            &id,
+            json!({"shell": "python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:8000/hello.txt\").read().decode(), end=\"\")'"}),
+        )
+        .await;
+    assert_eq!(v["stdout"], "hello from the file\n", "{v}");
 }

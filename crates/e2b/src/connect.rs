@@ -126,9 +126,10 @@ impl From<koder_sessions::Error> for RpcError {
             | E::QuotaMinutes(_)
             | E::QuotaSnapshotStorage(_)
             | E::QuotaVolumeStorage(_) => Code::ResourceExhausted,
-            E::RuntimeUnavailable(_) | E::PreviewNotListening(_) | E::SessionStopped(_) => {
-                Code::Unavailable
-            }
+            E::RuntimeUnavailable(_)
+            | E::PreviewNotListening(_)
+            | E::SessionStopped(_)
+            | E::ImageNotReady(_) => Code::Unavailable,
             E::AgentTimeout(_) => Code::DeadlineExceeded,
             E::NotImplemented(_) => Code::Unimplemented,
             E::Internal(_) => Code::Internal,

@@ -19,15 +19,18 @@ pub fn code_of(code: ErrorCode) -> Code {
         | ErrorCode::NetworkRule
         | ErrorCode::WebhookUrlRefused
         | ErrorCode::PayloadTooLarge
-        | ErrorCode::UnsupportedMediaType => Code::InvalidArgument,
+        | ErrorCode::UnsupportedMediaType
+        | ErrorCode::ImageBuildInvalidSpec => Code::InvalidArgument,
         ErrorCode::Auth => Code::Unauthenticated,
         // 402 (plan `none`), 403.
         ErrorCode::PlanRequired | ErrorCode::PermissionDenied | ErrorCode::AuthScope => {
             Code::PermissionDenied
         }
-        ErrorCode::NotFound | ErrorCode::ImageNotFound | ErrorCode::SecretNotFound => {
-            Code::NotFound
-        }
+        ErrorCode::NotFound
+        | ErrorCode::ImageNotFound
+        | ErrorCode::SecretNotFound
+        | ErrorCode::ImageBuildNotFound => Code::NotFound,
+        ErrorCode::ImageBuildStepFailed => Code::Aborted,
         // 409 and 410: the session or resource is not in a state that allows it.
         ErrorCode::Conflict
         | ErrorCode::VolumeBusy
@@ -40,9 +43,11 @@ pub fn code_of(code: ErrorCode) -> Code {
         | ErrorCode::FsQuotaExceeded
         | ErrorCode::QuotaSnapshotStorage
         | ErrorCode::QuotaVolumeStorage => Code::ResourceExhausted,
-        ErrorCode::Internal => Code::Internal,
+        ErrorCode::Internal | ErrorCode::ImageBuildFailed => Code::Internal,
         ErrorCode::NotImplemented => Code::Unimplemented,
-        ErrorCode::RuntimeUnavailable | ErrorCode::PreviewNotListening => Code::Unavailable,
+        ErrorCode::RuntimeUnavailable
+        | ErrorCode::PreviewNotListening
+        | ErrorCode::ImageNotReady => Code::Unavailable,
         ErrorCode::AgentTimeout => Code::DeadlineExceeded,
     }
 }

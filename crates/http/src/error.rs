@@ -39,11 +39,20 @@ impl ApiError {
 /// The HTTP status of an API error code (API.md "Errors").
 pub fn status_of(code: ErrorCode) -> u16 {
     match code {
-        ErrorCode::InvalidArgument | ErrorCode::NetworkRule | ErrorCode::WebhookUrlRefused => 400,
+        ErrorCode::InvalidArgument
+        | ErrorCode::NetworkRule
+        | ErrorCode::WebhookUrlRefused
+        | ErrorCode::ImageBuildInvalidSpec => 400,
         ErrorCode::Auth => 401,
         ErrorCode::PlanRequired => 402,
         ErrorCode::PermissionDenied | ErrorCode::AuthScope => 403,
-        ErrorCode::NotFound | ErrorCode::ImageNotFound | ErrorCode::SecretNotFound => 404,
+        ErrorCode::NotFound
+        | ErrorCode::ImageNotFound
+        | ErrorCode::SecretNotFound
+        | ErrorCode::ImageBuildNotFound => 404,
+        // Build verdicts, only ever in a build's status.
+        ErrorCode::ImageBuildStepFailed => 422,
+        ErrorCode::ImageBuildFailed => 500,
         ErrorCode::Conflict | ErrorCode::VolumeBusy | ErrorCode::ImageInUse => 409,
         ErrorCode::SessionStopped => 410,
         ErrorCode::PayloadTooLarge => 413,
@@ -51,7 +60,9 @@ pub fn status_of(code: ErrorCode) -> u16 {
         ErrorCode::QuotaSessions | ErrorCode::QuotaMinutes | ErrorCode::RateLimited => 429,
         ErrorCode::Internal => 500,
         ErrorCode::NotImplemented => 501,
-        ErrorCode::RuntimeUnavailable | ErrorCode::PreviewNotListening => 503,
+        ErrorCode::RuntimeUnavailable
+        | ErrorCode::PreviewNotListening
+        | ErrorCode::ImageNotReady => 503,
         ErrorCode::AgentTimeout => 504,
         ErrorCode::FsQuotaExceeded
         | ErrorCode::QuotaSnapshotStorage

@@ -1,15 +1,19 @@
 //! Images: the read-only root trees sessions run on. Host-wide, not tenant-scoped: any tenant
 //! (or operator) key lists and inspects them, since every tenant may run sessions on them;
-//! deleting one takes it from every tenant, so only an admin key may.
+//! deleting one takes it from every tenant, so only an admin key may. Imports and builds
+//! (`builds`: a template spec built step by step in jails, with the build-only network
+//! exemptions) make host-wide images too: admin keys only, their status and logs as well.
 
 use axum::body::Body;
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::routing::{get, post};
 use axum::Router;
-use futures::StreamExt as _;
-use koder_api_types::{codes, ErrorBody, Image, ImageList};
+use futures::{Stream, StreamExt as _};
+use koder_api_types::{codes, Build, ErrorBody, Image, ImageList};
+use koder_build::{BuildError, Builds, LogEvent};
 use koder_image::{ImageError, ImageStore};
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt as _;
@@ -34,6 +38,9 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(list_images))
         .route("/import", post(import_image))
+        .route("/builds", post(create_build))
+        .route("/builds/{id}", get(get_build))
+        .route("/builds/{id}/logs", get(build_logs))
         .route("/{name}", get(get_image).delete(delete_image))
 }
 
@@ -194,4 +201,126 @@ pub fn image_api_error(e: ImageError) -> ApiError {
         ImageError::NotFound(_) => ApiError::new(404, codes::IMAGE_NOT_FOUND, e.to_string()),
         other => ApiError::new(500, codes::INTERNAL, other.to_string()),
     }
+}
+
+/// Largest template spec (files to copy are inline in it).
+pub const MAX_SPEC_BYTES: usize = 8 << 20;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct BuildQuery {
+    /// The name the image gets once every step passed (`app`, `app:1.2`).
+    pub name: String,
+}
+
+#[utoipa::path(post, path = "/v1/sandbox/images/builds", tag = "images",
+    description = "Builds an image from a template spec (the body: TOML, or JSON with \
+        `Content-Type: application/json`; files to copy are inline, `[[files]] dest/content/mode`). \
+        Each step (apt, pip, npm, files, run) runs as root in a jail on the previous step's image \
+        with network `open` (and `[images] build_internal`), cached by its key: a rebuild reruns \
+        only the steps from the first changed one. The image appears, named, only once every \
+        step passed. Answers at once; follow `GET .../builds/{id}` or `.../logs`. Admin key only.",
+    params(BuildQuery),
+    request_body(content = String, content_type = "application/toml"),
+    responses((status = 202, body = Build, description = "the build, queued"),
+              (status = 400, body = ErrorBody, description = "SANDBOX-IMAGE-BUILD-INVALID-SPEC: the spec or the name"),
+              (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody, description = "a tenant key"),
+              (status = 404, body = ErrorBody, description = "SANDBOX-IMAGE-NOT-FOUND: the base image"),
+              (status = 413, body = ErrorBody, description = "a spec over 8 MiB"),
+              (status = 501, body = ErrorBody, description = "this server has no image store")),
+    security(("bearer" = [])))]
+pub async fn create_build(
+    State(s): State<AppState>,
+    _: AdminCaller,
+    Query(q): Query<BuildQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<(StatusCode, axum::Json<Build>)> {
+    let bytes = axum::body::to_bytes(body, MAX_SPEC_BYTES)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                413,
+                codes::PAYLOAD_TOO_LARGE,
+                format!("template specs are limited to {MAX_SPEC_BYTES} bytes"),
+            )
+        })?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| build_error(BuildError::InvalidSpec("the spec is not UTF-8".into())))?;
+    let json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let spec = Builds::parse(text, json).map_err(build_error)?;
+    let build = s.builds.submit(spec, &q.name).map_err(build_error)?;
+    tracing::info!(build = %build.build_id, image = %q.name, "image build queued");
+    Ok((StatusCode::ACCEPTED, axum::Json(build)))
+}
+
+#[utoipa::path(get, path = "/v1/sandbox/images/builds/{id}", tag = "images",
+    description = "A build's status: `queued`, `running`, `succeeded` (with the digest) or `failed` \
+        (`failed_step`, `error` with SANDBOX-IMAGE-BUILD-STEP-FAILED and the step's output, or \
+        SANDBOX-IMAGE-BUILD-FAILED), each step's status (`cached`, `built`, ...), the log's tail. Admin key only.",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Build), (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody, description = "a tenant key"),
+              (status = 404, body = ErrorBody, description = "SANDBOX-IMAGE-BUILD-NOT-FOUND")),
+    security(("bearer" = [])))]
+pub async fn get_build(
+    State(s): State<AppState>,
+    _: AdminCaller,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Build>> {
+    Ok(axum::Json(s.builds.get(&id).map_err(build_error)?))
+}
+
+#[utoipa::path(get, path = "/v1/sandbox/images/builds/{id}/logs", tag = "images",
+    description = "The build's log as Server-Sent Events: every line so far, then (while it runs) each \
+        new one, as `log` events (`data`: `{\"line\": ...}`); the last event is `done` with the final status \
+        (a `Build` as JSON). A finished build is replayed. Admin key only.",
+    params(("id" = String, Path)),
+    responses((status = 200, content_type = "text/event-stream", description = "`log` events, then `done`"),
+              (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody, description = "a tenant key"),
+              (status = 404, body = ErrorBody, description = "SANDBOX-IMAGE-BUILD-NOT-FOUND")),
+    security(("bearer" = [])))]
+pub async fn build_logs(
+    State(s): State<AppState>,
+    _: AdminCaller,
+    Path(id): Path<String>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>>> {
+    let follow = s.builds.follow(&id).map_err(build_error)?;
+    let replay = futures::stream::iter(follow.replay.into_iter().map(log_event));
+    let live = futures::stream::unfold((follow.live, follow.done), |(mut live, done)| async move {
+        if let Some(done) = done {
+            return Some((done_event(&done), (None, None)));
+        }
+        let event = match live.as_mut()?.recv().await {
+            Ok(LogEvent::Line(line)) => log_event(line),
+            Ok(LogEvent::Done(done)) => return Some((done_event(&done), (None, None))),
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                log_event(format!("[{n} lines skipped: this follower fell behind]"))
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((event, (live, None)))
+    });
+    Ok(Sse::new(replay.chain(live).map(Ok)).keep_alive(KeepAlive::default()))
+}
+
+fn log_event(line: String) -> Event {
+    Event::default()
+        .event("log")
+        .data(serde_json::json!({ "line": line }).to_string())
+}
+
+fn done_event(build: &Build) -> Event {
+    Event::default()
+        .event("done")
+        .data(serde_json::to_string(build).unwrap_or_default())
+}
+
+fn build_error(e: BuildError) -> ApiError {
+    let code = e.code();
+    ApiError::new(crate::error::status_of(code), code.as_str(), e.to_string())
 }

@@ -51,6 +51,8 @@ pub struct AppState {
     pub limits: Arc<Limiter>,
     /// Tenants' webhook endpoints and their delivery logs.
     pub webhooks: Arc<koder_webhooks::Webhooks>,
+    /// Image builds from template specs.
+    pub builds: Arc<koder_build::Builds>,
 }
 
 #[derive(OpenApi)]
@@ -72,6 +74,7 @@ pub struct AppState {
         volumes::list_files, volumes::stat, volumes::make_dir,
         admin::list_tenants, admin::get_tenant, admin::put_tenant, admin::issue_key, admin::list_nodes,
         images::list_images, images::get_image, images::delete_image, images::import_image,
+        images::create_build, images::get_build, images::build_logs,
         webhooks::create_webhook, webhooks::list_webhooks, webhooks::list_deliveries,
         webhooks::delete_webhook,
         network::set_network, network::put_secret, network::list_secrets, network::delete_secret,

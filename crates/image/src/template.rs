@@ -1,8 +1,8 @@
 //! Declarative templates (issue 18, first part): the TOML spec of an image built on a base
 //! image, checked, and cut into build steps, each keyed by the sha256 of its inputs and of its
 //! parent's key (the base image's digest for the first), so a rebuild finds every step up to
-//! the first changed one in the store and reruns only the rest. Running the steps (inside a
-//! jail on the parent step's image, network open) is not here yet.
+//! the first changed one in the store and reruns only the rest. Each step is a shell command
+//! ([`Step::command`]); the builder that runs them inside jails is `koder-build`.
 //!
 //! ```toml
 //! base = "python"                      # an image of the store
@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{check_name, digest_of};
+use crate::store::{check_name, digest_of, Startup};
 
 /// Longest a ready command may gate a session's start.
 pub const MAX_READY_TIMEOUT_S: u64 = 600;
@@ -127,6 +127,13 @@ impl Spec {
                 "ready_timeout_s must be 1..={MAX_READY_TIMEOUT_S}"
             )));
         }
+        if let Some(user) = &self.user {
+            if user_id(user).is_none() {
+                return Err(invalid(format!(
+                    "user {user:?}: `root`, `user` or a numeric uid"
+                )));
+            }
+        }
         if self.ready.is_some() && self.start.is_none() {
             return Err(invalid("a ready command gates a start command: give one"));
         }
@@ -179,6 +186,151 @@ impl Spec {
     }
 }
 
+/// Where a build step finds the host's CA bundle (written into the build sandbox's /tmp, which
+/// no image keeps), so package clients trust what the host trusts.
+pub const BUILD_CA_FILE: &str = "/tmp/.koder-build-ca.pem";
+/// Where pip steps install (`pip install --user` below this `PYTHONUSERBASE`).
+pub const PIP_BASE: &str = "/opt/koder/pip";
+/// Where npm steps install (`npm install -g` with this prefix).
+pub const NPM_PREFIX: &str = "/opt/koder/npm";
+
+impl Step {
+    /// What the step is, for the build log.
+    pub fn describe(&self) -> String {
+        match self {
+            Step::Apt { packages } => format!("apt {}", packages.join(" ")),
+            Step::Pip { packages } => format!("pip {}", packages.join(" ")),
+            Step::Npm { packages } => format!("npm {}", packages.join(" ")),
+            Step::File(f) => format!("file {} ({:o})", f.dest, f.mode),
+            Step::Run { command } => format!("run {command}"),
+        }
+    }
+
+    /// The step as an argv run by root in the build sandbox (in `$KODER_WORKDIR`, created
+    /// first: see [`Spec::step_env`]) and what goes to its stdin. Packages and paths are arguments of the script, never part of
+    /// its text, so no name is read by the shell.
+    pub fn command(&self) -> (Vec<String>, Vec<u8>) {
+        let (body, args, stdin): (String, Vec<String>, Vec<u8>) = match self {
+            Step::Apt { packages } => (
+                "apt-get -o APT::Sandbox::User=root update && \
+                 DEBIAN_FRONTEND=noninteractive apt-get -o APT::Sandbox::User=root \
+                 install -y --no-install-recommends -- \"$@\""
+                    .into(),
+                packages.clone(),
+                Vec::new(),
+            ),
+            Step::Pip { packages } => (
+                "python3 -m pip install --user --no-cache-dir --break-system-packages \
+                 --root-user-action=ignore --disable-pip-version-check -- \"$@\""
+                    .into(),
+                packages.clone(),
+                Vec::new(),
+            ),
+            Step::Npm { packages } => (
+                "npm install -g --no-fund --no-audit -- \"$@\"".into(),
+                packages.clone(),
+                Vec::new(),
+            ),
+            Step::File(f) => (
+                format!(
+                    "mkdir -p -- \"$(dirname -- \"$1\")\" && cat > \"$1\" && chmod {:o} -- \"$1\"",
+                    f.mode
+                ),
+                vec![f.dest.clone()],
+                f.content.clone().into_bytes(),
+            ),
+            Step::Run { command } => (command.clone(), Vec::new(), Vec::new()),
+        };
+        let script =
+            format!("set -e\nmkdir -p -- \"$KODER_WORKDIR\"\ncd -- \"$KODER_WORKDIR\"\n{body}");
+        let mut argv = vec!["/bin/sh".into(), "-c".into(), script, "sh".into()];
+        argv.extend(args);
+        (argv, stdin)
+    }
+}
+
+impl Spec {
+    /// The working directory steps and sessions start in.
+    pub fn workdir(&self) -> &str {
+        self.workdir.as_deref().unwrap_or("/workspace")
+    }
+
+    /// The environment of the finished image (and of every step): `base`'s, where pip and npm
+    /// install to (image files belong to host root, so the image's own /usr is read-only in
+    /// a build sandbox: packages go below /opt, which is writable), then the spec's own.
+    pub fn image_env(&self, base: &[(String, String)]) -> Vec<(String, String)> {
+        let mut env: BTreeMap<String, String> = base.iter().cloned().collect();
+        let mut path = Vec::new();
+        if !self.pip.is_empty() {
+            env.insert("PYTHONUSERBASE".into(), PIP_BASE.into());
+            path.push(format!("{PIP_BASE}/bin"));
+        }
+        if !self.npm.is_empty() {
+            env.insert("NPM_CONFIG_PREFIX".into(), NPM_PREFIX.into());
+            env.insert("NODE_PATH".into(), format!("{NPM_PREFIX}/lib/node_modules"));
+            path.push(format!("{NPM_PREFIX}/bin"));
+        }
+        if !path.is_empty() {
+            let old = env
+                .get("PATH")
+                .cloned()
+                .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+            path.push(old);
+            env.insert("PATH".into(), path.join(":"));
+        }
+        env.extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.into_iter().collect()
+    }
+
+    /// The environment every step runs with: the image's ([`Spec::image_env`]), where the CA
+    /// bundle is and the step's working directory.
+    pub fn step_env(&self, base: &[(String, String)]) -> Vec<(String, String)> {
+        let mut env = self.image_env(base);
+        for k in [
+            "PIP_CERT",
+            "REQUESTS_CA_BUNDLE",
+            "SSL_CERT_FILE",
+            "NODE_EXTRA_CA_CERTS",
+            "NPM_CONFIG_CAFILE",
+        ] {
+            env.push((k.into(), BUILD_CA_FILE.into()));
+        }
+        env.push(("KODER_WORKDIR".into(), self.workdir().into()));
+        env
+    }
+
+    /// What sessions on the image run before they are handed out.
+    pub fn startup(&self) -> Option<Startup> {
+        self.start.as_ref().map(|start| Startup {
+            start: start.clone(),
+            ready: self.ready.clone(),
+            ready_timeout_s: self.ready_timeout_s,
+        })
+    }
+
+    /// The digest of the finished image: its last step (or base) and what the manifest adds.
+    pub fn image_digest(&self, last: &str) -> String {
+        #[derive(Serialize)]
+        struct Final<'a> {
+            kind: &'static str,
+            last: &'a str,
+            env: &'a BTreeMap<String, String>,
+            workdir: &'a str,
+            user: &'a str,
+            startup: Option<Startup>,
+        }
+        digest_of(&Final {
+            kind: "template",
+            last,
+            env: &self.env,
+            workdir: self.workdir(),
+            user: self.user.as_deref().unwrap_or("root"),
+            startup: self.startup(),
+        })
+        .unwrap_or_default()
+    }
+}
+
 /// The steps to run: from the first whose key `cached` does not know (all of them cached:
 /// `keys.len()`).
 pub fn first_uncached(keys: &[String], cached: impl Fn(&str) -> bool) -> usize {
@@ -192,6 +344,15 @@ fn is_package(p: &str) -> bool {
         && p.len() <= 214
         && p.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._+-:=<>~@/^[],!".contains(&b))
+}
+
+/// The sandbox uid of a spec's `user` (the accounts every image has, or a number).
+pub fn user_id(user: &str) -> Option<u32> {
+    match user {
+        "root" => Some(0),
+        "user" => Some(1000),
+        n => n.parse().ok().filter(|uid| *uid < 65534),
+    }
 }
 
 fn is_env_name(k: &str) -> bool {
@@ -283,6 +444,27 @@ content = "hello\n"
     }
 
     #[test]
+    fn steps_pass_names_as_arguments_never_as_script_text() {
+        let spec = Spec::parse(SPEC).unwrap();
+        let (argv, stdin) = spec.steps()[0].command();
+        assert_eq!(argv[..2], ["/bin/sh", "-c"]);
+        assert!(!argv[2].contains("requests"), "{}", argv[2]);
+        assert_eq!(argv.last().unwrap(), "requests==2.32.3");
+        assert!(stdin.is_empty());
+        let (argv, stdin) = spec.steps()[1].command();
+        assert_eq!(argv.last().unwrap(), "/opt/app/hello.txt");
+        assert!(argv[2].contains("chmod 644"));
+        assert_eq!(stdin, b"hello\n");
+        let env = spec.step_env(&[("PATH".into(), "/usr/bin".into())]);
+        assert!(env.contains(&("KODER_WORKDIR".into(), "/opt/app".into())));
+        assert!(env.contains(&("PATH".into(), format!("{PIP_BASE}/bin:/usr/bin"))));
+        assert!(env.contains(&("GREETING".into(), "hello".into())));
+        let startup = spec.startup().unwrap();
+        assert_eq!(startup.ready.as_deref(), Some("test -e /tmp/ready"));
+        assert_ne!(spec.image_digest(BASE), spec.image_digest(&"1".repeat(64)));
+    }
+
+    #[test]
     fn hostile_or_broken_specs_are_refused() {
         for bad in [
             "base = \"../x\"",
@@ -295,6 +477,7 @@ content = "hello\n"
             "base = \"bash\"\nready = \"true\"",
             "base = \"bash\"\nstart = \"x\"\nready = \"true\"\nready_timeout_s = 100000",
             "base = \"bash\"\nunknown = 1",
+            "base = \"bash\"\nuser = \"nobody\"",
             "pip = []",
         ] {
             assert!(Spec::parse(bad).is_err(), "{bad}");

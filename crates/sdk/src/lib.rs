@@ -37,6 +37,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 mod egress;
 mod images;
+pub use images::BuildEvent;
 pub mod interp;
 pub mod live;
 

@@ -81,6 +81,9 @@ pub struct ImagesConfig {
     /// `python = "python"` runs `"language": "python"` sessions (and the python warm pool) on
     /// the `python` pack; a language not listed stays on `host`. Empty by default.
     pub language_packs: BTreeMap<String, String>,
+    /// Ranges exempt from the SSRF guard for image builds only (a package mirror on a
+    /// private or reserved address): sessions never get them.
+    pub build_internal: Vec<ipnet::IpNet>,
 }
 
 impl Default for SessionConfig {

@@ -96,14 +96,6 @@ pub(crate) async fn start(
     record: &SessionRecord,
     policy: SharedPolicy,
 ) {
-    let agent = live.sandbox.agent().clone();
-    let stream = match agent.open(ToAgent::EgressSubscribe).await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(session = %record.id, error = %e, "egress subscription failed; the session has no network");
-            return;
-        }
-    };
     let ctx = Ctx {
         store: store.clone(),
         cfg: cfg.clone(),
@@ -111,7 +103,37 @@ pub(crate) async fn start(
         session_id: record.id.clone(),
         secrets: live.secrets.clone(),
     };
-    tokio::spawn(serve(stream, agent, policy, ctx));
+    subscribe(live.sandbox.agent(), policy, ctx).await;
+}
+
+/// Serves the egress of a sandbox that is no session (an image build's): decided by
+/// `policy`, audited under `label` with no tenant, no secrets.
+pub(crate) async fn start_unrecorded(
+    store: &Store,
+    cfg: &NetConfig,
+    agent: &AgentClient,
+    label: &str,
+    policy: Policy,
+) {
+    let ctx = Ctx {
+        store: store.clone(),
+        cfg: cfg.clone(),
+        tenant_id: String::new(),
+        session_id: label.into(),
+        secrets: Arc::default(),
+    };
+    subscribe(agent, Arc::new(Mutex::new(policy)), ctx).await;
+}
+
+async fn subscribe(agent: &AgentClient, policy: SharedPolicy, ctx: Ctx) {
+    let stream = match agent.open(ToAgent::EgressSubscribe).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(session = %ctx.session_id, error = %e, "egress subscription failed; the sandbox has no network");
+            return;
+        }
+    };
+    tokio::spawn(serve(stream, agent.clone(), policy, ctx));
 }
 
 struct Ctx {

@@ -68,6 +68,9 @@ pub enum Error {
     NetworkRule(#[from] koder_netpolicy::PolicyError),
     #[error("secret {0:?} not found")]
     SecretNotFound(String),
+    /// The image's ready command did not pass in time: the session was not handed out.
+    #[error("{0}")]
+    ImageNotReady(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -98,6 +101,7 @@ impl Error {
             Error::QuotaVolumeStorage(_) => ErrorCode::QuotaVolumeStorage,
             Error::ImageNotFound(_) => ErrorCode::ImageNotFound,
             Error::ImageInUse(_) => ErrorCode::ImageInUse,
+            Error::ImageNotReady(_) => ErrorCode::ImageNotReady,
             Error::NetworkRule(_) => ErrorCode::NetworkRule,
             Error::SecretNotFound(_) => ErrorCode::SecretNotFound,
             Error::Internal(_) => ErrorCode::Internal,

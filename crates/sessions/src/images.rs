@@ -41,6 +41,8 @@ pub struct Choice {
     pub language: &'static str,
     /// Held until the session is recorded.
     pub pin: Option<Pin>,
+    /// The image's start and ready commands, run before a cold sandbox is handed out.
+    pub(crate) prepare: Option<Arc<crate::startup::Prepare>>,
 }
 
 pub struct Pin {
@@ -103,6 +105,18 @@ impl Images {
         self.language_packs.clone()
     }
 
+    /// The start and ready commands of each language's warm-pool image that has them.
+    pub(crate) fn pool_startups(&self) -> BTreeMap<String, Arc<crate::startup::Prepare>> {
+        self.language_packs
+            .iter()
+            .filter(|(_, image)| image.as_str() != HOST)
+            .filter_map(|(language, image)| {
+                let found = self.store.as_ref()?.get(image).ok()?;
+                Some((language.clone(), crate::startup::Prepare::of(&found)?))
+            })
+            .collect()
+    }
+
     /// The image a language's sessions get when they name none.
     fn default_for(&self, language: &str) -> &str {
         self.language_packs
@@ -125,6 +139,7 @@ impl Images {
                 spec_image: HOST.into(),
                 language: language.unwrap_or(DEFAULT_LANGUAGE),
                 pin: None,
+                prepare: None,
             });
         }
         let found = self.lookup(&name)?;
@@ -163,6 +178,7 @@ impl Images {
             spec_image: digest,
             language,
             pin: Some(pin),
+            prepare: crate::startup::Prepare::of(&found),
         })
     }
 
@@ -341,6 +357,7 @@ mod tests {
                 created_at: chrono::Utc::now(),
                 size_bytes: 0,
                 build_log: String::new(),
+                startup: None,
             };
             staging.commit(&manifest).unwrap();
             store.set_name(name, &digest).unwrap();

@@ -19,6 +19,7 @@ mod pool;
 pub mod quota;
 pub mod secrets;
 mod session;
+mod startup;
 mod tenants;
 mod tls;
 mod volumes;

@@ -51,6 +51,8 @@ pub struct Pool {
     /// A refill finished (what `drain` waits for).
     settled: Notify,
     metrics: Arc<Metrics>,
+    /// Languages whose image has start/ready commands (run before a sandbox is pooled).
+    startups: BTreeMap<String, Arc<crate::startup::Prepare>>,
 }
 
 struct State {
@@ -164,7 +166,18 @@ impl Pool {
             wake: Notify::new(),
             settled: Notify::new(),
             metrics,
+            startups: BTreeMap::new(),
         }
+    }
+
+    /// Runs each listed language's image start and ready commands in its warm sandboxes
+    /// before they are pooled.
+    pub(crate) fn with_startups(
+        mut self,
+        startups: BTreeMap<String, Arc<crate::startup::Prepare>>,
+    ) -> Self {
+        self.startups = startups;
+        self
     }
 
     /// A ready sandbox for `language` on `image`, if the pool has one that fits: CPU, memory
@@ -297,7 +310,13 @@ impl Pool {
                 layers: Vec::new(),
                 volumes: Vec::new(),
             };
-            let created = pool.runtime.create(spec).await;
+            let mut created = pool.runtime.create(spec).await;
+            if let (Ok(sb), Some(prepare)) = (&created, pool.startups.get(&language)) {
+                if let Err(e) = prepare.run(&**sb).await {
+                    let _ = sb.destroy().await;
+                    created = Err(RuntimeError::Start(e.to_string()));
+                }
+            }
             pool.finish_refill(&language, created).await;
         });
     }

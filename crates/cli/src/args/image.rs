@@ -9,7 +9,9 @@ pub enum ImageCommand {
     /// Build an image on this host (locally, as root; no daemon needed): `build python|node|bash`
     /// builds that language pack from Debian's packages into the image store (once per recipe:
     /// later builds find it); without a pack, the `host` image and the microVM guest (kernel,
-    /// boot modules, root disk), kept unless --force.
+    /// boot modules, root disk), kept unless --force. `build FILE.toml` builds a template spec
+    /// through the daemon instead (admin key), following its log; `[[files]] src = "path"`
+    /// (relative to the spec) is sent inline as `content`.
     Build(ImageBuildArgs),
     /// Import an OCI image layout tar or a `docker save` tar into the image store on this host
     /// (locally, as root; the daemon sees it at once): its layers unpacked in order, its env,
@@ -27,9 +29,14 @@ pub enum ImageCommand {
 
 #[derive(Debug, Args)]
 pub struct ImageBuildArgs {
-    /// Language pack to build: python (3.11, pip, venv), node (20, npm) or bash (+ coreutils).
-    #[arg(value_parser = ["python", "node", "bash"])]
+    /// Language pack to build: python (3.11, pip, venv), node (20, npm) or bash (+ coreutils);
+    /// or a template spec file (`*.toml`) the daemon builds.
     pub pack: Option<String>,
+    /// The template's image name (default: the spec file's name without `.toml`).
+    #[arg(long)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub c: LocalOpts,
     /// Images directory the daemon reads (<data_dir>/images; packs go to its `store`, the
     /// microVM guest is `[microvm] images_dir`).
     #[arg(long, default_value = "/var/lib/koder-sandbox/images")]

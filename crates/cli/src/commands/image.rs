@@ -1,6 +1,8 @@
-//! image build (local, no daemon) and list/get/delete (the daemon's images).
+//! image build (local, no daemon; or a template spec built by the daemon) and
+//! list/get/delete (the daemon's images).
 
-use koder_sdk::types;
+use futures::StreamExt as _;
+use koder_sdk::{types, BuildEvent};
 
 use super::admin::admin_ctx;
 use super::Ctx;
@@ -11,6 +13,7 @@ use crate::output::{format_size, format_time};
 pub async fn run(g: &GlobalOpts, cmd: ImageCommand) -> Result<i32> {
     match cmd {
         ImageCommand::Build(a) => match a.pack.clone() {
+            Some(spec) if spec.ends_with(".toml") => build_template(g, &spec, a).await,
             Some(pack) => build_pack(&pack, a).await,
             None => build(a).await,
         },
@@ -108,6 +111,61 @@ fn default_name(file: &std::path::Path) -> Result<String> {
         .filter(|n| !n.is_empty())
         .map(str::to_string)
         .ok_or_else(|| CliError::msg("give the image a name with --name"))
+}
+
+/// Sends the spec to the daemon and prints its build log as it runs; 1 if the build failed.
+async fn build_template(g: &GlobalOpts, spec: &str, a: ImageBuildArgs) -> Result<i32> {
+    let path = std::path::Path::new(spec);
+    let name = match a.name {
+        Some(name) => name,
+        None => default_name(path)?,
+    };
+    let text = inline_files(path)?;
+    let ctx = admin_ctx(g, &a.c)?;
+    let build = ctx
+        .client
+        .submit_build(text, &name)
+        .await
+        .map_err(CliError::admin)?;
+    eprintln!("build {} of {name} queued", build.build_id);
+    let mut events = Box::pin(ctx.client.follow_build(&build.build_id).await?);
+    while let Some(event) = events.next().await {
+        match event? {
+            BuildEvent::Line(line) => println!("{line}"),
+            BuildEvent::Done(b) => {
+                ctx.out.print_json_only(&*b)?;
+                return Ok(match b.error {
+                    Some(e) => {
+                        eprintln!("{}: {}", e.code, e.message);
+                        1
+                    }
+                    None => 0,
+                });
+            }
+        }
+    }
+    Err(CliError::msg("the build's log ended before its result"))
+}
+
+/// The spec's text with every `[[files]] src` (a path relative to the spec) read into
+/// `content`, since the daemon takes files inline.
+fn inline_files(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path).doing(|| format!("reading {}", path.display()))?;
+    let mut spec: toml::Table = text
+        .parse()
+        .map_err(|e| CliError::msg(format!("{}: {e}", path.display())))?;
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    if let Some(files) = spec.get_mut("files").and_then(|f| f.as_array_mut()) {
+        for file in files.iter_mut().filter_map(|f| f.as_table_mut()) {
+            if let Some(src) = file.remove("src") {
+                let src = dir.join(src.as_str().unwrap_or_default());
+                let content = std::fs::read_to_string(&src)
+                    .doing(|| format!("reading {} (a text file)", src.display()))?;
+                file.insert("content".into(), toml::Value::String(content));
+            }
+        }
+    }
+    toml::to_string(&spec).map_err(|e| CliError::msg(format!("{}: {e}", path.display())))
 }
 
 async fn build(a: ImageBuildArgs) -> Result<i32> {

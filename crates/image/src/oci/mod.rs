@@ -163,6 +163,7 @@ fn unpack_image(
         created_at: chrono::Utc::now(),
         size_bytes,
         build_log: log,
+        startup: None,
     };
     staging.commit(&manifest)
 }

@@ -109,6 +109,7 @@ fn build_new(
         created_at: chrono::Utc::now(),
         size_bytes,
         build_log: log_tail(&staging.log_path()),
+        startup: None,
     };
     staging.commit(&manifest)
 }

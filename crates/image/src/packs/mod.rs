@@ -84,6 +84,9 @@ impl Pack {
             Pack::Bash => vec!["bash", "coreutils"],
         };
         packages.push("ca-certificates");
+        // The agent sets up a session's egress (network `open`/`allowlist`, image builds) with
+        // the image's own `ip` and `nft`.
+        packages.extend(["iproute2", "nftables"]);
         packages
     }
 

@@ -28,6 +28,20 @@ pub struct Manifest {
     pub size_bytes: u64,
     /// The end of the build's output (the whole log is `build.log` beside the manifest).
     pub build_log: String,
+    /// What every new session on it runs before it is handed out (a template's start and
+    /// ready commands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup: Option<Startup>,
+}
+
+/// A template's start command (run in the background inside each new session) and the ready
+/// command that gates the session's hand-out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Startup {
+    pub start: String,
+    /// Retried until it exits 0, for at most `ready_timeout_s`; none: handed out at once.
+    pub ready: Option<String>,
+    pub ready_timeout_s: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

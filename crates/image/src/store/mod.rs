@@ -5,6 +5,8 @@
 //! store/<digest>/rootfs/         ...and its read-only root tree (host root's, no setuid)
 //! store/<digest>/build.log
 //! store/names/<name>             symlink to "<digest>": the names pointing at an image
+//! store/<digest>/                 (recipe kind `template-step`) a template build's cached step:
+//!                                 never listed, kept by garbage collection, unnamed
 //! store/.tmp/                    images being built or deleted (never listed)
 //! ```
 //!
@@ -22,7 +24,7 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use manifest::{digest_of, Language, Manifest, MANIFEST_VERSION};
+pub use manifest::{digest_of, Language, Manifest, Startup, MANIFEST_VERSION};
 pub use name::{check_name, check_reference, is_digest};
 
 use crate::Image;
@@ -30,10 +32,20 @@ use crate::Image;
 const MANIFEST: &str = "manifest.json";
 const ROOTFS: &str = "rootfs";
 pub const BUILD_LOG: &str = "build.log";
+/// A cached build step's own layer (what it changed), beside its tree.
+const STEP_LAYER: &str = "layer.tar";
 const NAMES: &str = "names";
 const TMP: &str = ".tmp";
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The recipe kind of a template build's cached step (see [`is_step`]).
+pub const STEP_KIND: &str = "template-step";
+
+/// Whether an image is a template build's cached step rather than an image sessions name.
+pub fn is_step(manifest: &Manifest) -> bool {
+    manifest.recipe.get("kind").and_then(|k| k.as_str()) == Some(STEP_KIND)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -82,6 +94,11 @@ pub struct StoredImage {
 }
 
 impl StoredImage {
+    /// A cached build step's layer file (what the step changed, as captured).
+    pub fn step_layer(&self) -> PathBuf {
+        self.root.with_file_name(STEP_LAYER)
+    }
+
     /// The image as a runtime mounts it: the tree alone (it has its own /usr), with its
     /// environment.
     pub fn image(&self) -> Image {
@@ -171,13 +188,14 @@ impl ImageStore {
         }))
     }
 
-    /// Every complete image, by name of first name (unnamed ones last).
+    /// Every complete image, by name of first name (unnamed ones last); cached build steps
+    /// are no images of their own.
     pub fn list(&self) -> Result<Vec<StoredImage>> {
         let mut images = Vec::new();
         for entry in read_dir(&self.root)? {
             let name = entry.file_name();
             if let Some(image) = name.to_str().map(|d| self.by_digest(d)).transpose()? {
-                images.extend(image);
+                images.extend(image.filter(|i| !is_step(&i.manifest)));
             }
         }
         images.sort_by(|a, b| {
@@ -307,9 +325,9 @@ impl ImageStore {
         self.get(&digest)
     }
 
-    /// Removes what no name points at and what builds and deletes a dead process began. Call
-    /// where no sandbox can be using an unnamed image (the daemon's start: sessions resume onto
-    /// names).
+    /// Removes what no name points at (but cached build steps) and what builds and deletes a
+    /// dead process began. Call where no sandbox can be using an unnamed image (the daemon's
+    /// start: sessions resume onto names).
     pub fn collect_garbage(&self) -> Result<Vec<String>> {
         let named: Vec<String> = self.all_names()?.into_iter().map(|(_, d)| d).collect();
         let mut removed = Vec::new();
@@ -317,7 +335,8 @@ impl ImageStore {
             let Some(digest) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
             };
-            if is_digest(&digest) && !named.contains(&digest) {
+            let step = || matches!(self.by_digest(&digest), Ok(Some(i)) if is_step(&i.manifest));
+            if is_digest(&digest) && !named.contains(&digest) && !step() {
                 self.remove_digest(&digest)?;
                 removed.push(digest);
             }
@@ -377,6 +396,27 @@ impl Staging {
 
     pub fn log_path(&self) -> PathBuf {
         self.dir.join(BUILD_LOG)
+    }
+
+    /// Where a build step's layer file goes (see [`StoredImage::step_layer`]).
+    pub fn step_layer_path(&self) -> PathBuf {
+        self.dir.join(STEP_LAYER)
+    }
+
+    /// Makes the root tree a copy of `image`'s made of hard links (a later change must
+    /// replace a file, never write into it: the layer apply and [`finish_tree`] do).
+    pub fn link_root_from(&self, image: &StoredImage) -> Result<()> {
+        link_tree(&image.root, &self.rootfs()).map_err(ImageError::io(format!(
+            "link image {}",
+            image.manifest.digest
+        )))
+    }
+
+    /// Makes the root tree (a linked copy with a build step's layer applied on it) fit to be
+    /// shared: overlay whiteouts and other special files gone, owners host root's, no setuid,
+    /// the generated accounts in place. Returns its size in bytes.
+    pub fn finish_tree(&self) -> Result<u64> {
+        crate::rootfs::sanitize(&self.rootfs()).map_err(ImageError::io("finish the image tree"))
     }
 
     /// Writes the manifest and moves the image into place. Should the digest have appeared

@@ -17,6 +17,7 @@ fn manifest(name: &str, digest: &str) -> Manifest {
         created_at: chrono::Utc::now(),
         size_bytes: 3,
         build_log: "ok".into(),
+        startup: None,
     }
 }
 

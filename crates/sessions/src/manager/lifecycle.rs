@@ -195,6 +195,10 @@ impl Manager {
         // If this request is dropped (the client went away) before the session is recorded,
         // the sandbox must not outlive it.
         let guard = DestroyOnDrop(Some(sandbox.clone()));
+        // A warm sandbox ran its image's start and ready commands before it was pooled.
+        if let (Some(prepare), false) = (&image.prepare, source == "pool") {
+            prepare.run(&*sandbox).await?;
+        }
         let now = self.now();
         let record = SessionRecord {
             id: session_id,

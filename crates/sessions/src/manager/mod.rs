@@ -4,6 +4,7 @@
 //! every phase shares; the phases live beside it: [`lifecycle`], [`exec`], [`files`] and
 //! [`observe`].
 
+mod build;
 pub(crate) mod exec;
 mod files;
 mod images;
@@ -145,13 +146,16 @@ impl Manager {
         let images = Images::new(cfg.image_store.clone(), &cfg.images.language_packs)?;
         let runtime = runtimes.jail;
         let metrics = Arc::new(Metrics::new());
-        let pool = Arc::new(Pool::new(
-            runtime.clone(),
-            cfg.pool.clone(),
-            &images.pool_images(),
-            limits::to_runtime_limits(&cfg.default_limits),
-            metrics.clone(),
-        ));
+        let pool = Arc::new(
+            Pool::new(
+                runtime.clone(),
+                cfg.pool.clone(),
+                &images.pool_images(),
+                limits::to_runtime_limits(&cfg.default_limits),
+                metrics.clone(),
+            )
+            .with_startups(images.pool_startups()),
+        );
         let microvm = runtimes.microvm.map(|runtime| Engine {
             pool: Arc::new(Pool::new(
                 runtime.clone(),
