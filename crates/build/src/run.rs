@@ -281,6 +281,7 @@ impl Builds {
                 create_parents: true,
                 max_bytes: None,
                 owner: None,
+                metadata: Vec::new(),
             })
             .await
             .map_err(|e| fail(&e))?;
