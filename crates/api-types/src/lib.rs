@@ -660,7 +660,10 @@ mod tests {
             metadata: BTreeMap::new(),
         };
         let v = serde_json::to_value(&entry).unwrap();
-        assert!(v.get("metadata").is_none(), "empty metadata is left out: {v}");
+        assert!(
+            v.get("metadata").is_none(),
+            "empty metadata is left out: {v}"
+        );
         assert_eq!(v["type"], "dir");
         assert_eq!(v["modified_at"], "1970-01-01T00:00:00Z");
     }
