@@ -91,9 +91,10 @@ pub async fn set_timeout(
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/exec", tag = "exec",
     params(("id" = String, Path)), request_body = ExecRequest,
-    responses((status = 200, body = ExecResult),
+    // One 200 with both bodies: two 200 entries would leave only the last in the spec.
+    responses((status = 200, description = "the result, or with Accept: text/event-stream the start, stdout, stderr and exit events",
+               content((ExecResult = "application/json"), (String = "text/event-stream"))),
               (status = 202, body = ExecStarted, description = "background: true"),
-              (status = 200, content_type = "text/event-stream", description = "with Accept: text/event-stream: start, stdout, stderr, exit events"),
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody), (status = 504, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn exec(
