@@ -24,8 +24,8 @@ type ApiResult<T> = Result<T, ApiError>;
               (status = 409, body = ErrorBody, description = "SANDBOX-VOLUME-BUSY: a volume asked for read-write is mounted read-write by another session"),
               (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
               (status = 429, body = ErrorBody),
-              (status = 501, body = ErrorBody, description = "volumes asked for on a microVM session, or on a server without volumes"),
-              (status = 503, body = ErrorBody)),
+              (status = 501, body = ErrorBody, description = "volumes asked for on a Firecracker microVM (no file-share device), or on a server without volumes"),
+              (status = 503, body = ErrorBody, description = "SANDBOX-RUNTIME-UNAVAILABLE-001 (the runtime asked for is not available here), or SANDBOX-IMAGE-NOT-READY: the image's ready command did not pass within its timeout (the sandbox was destroyed)")),
     security(("bearer" = [])))]
 pub async fn create_session(
     State(s): State<AppState>,

@@ -8,7 +8,9 @@ use std::time::Duration;
 pub struct TestNet {
     ns: String,
     host_if: String,
-    server: Child,
+    /// None until started: the guard exists from the namespace's creation on, so a failing
+    /// `ip` step or server start still removes the namespace and the veth.
+    server: Option<Child>,
     pub prefix: String,
 }
 
@@ -33,6 +35,13 @@ impl TestNet {
         let peer = format!("krp{tag}{id}");
         let prefix = format!("10.{}.{n}", 252 + tag);
         ip(&["netns", "add", &ns]);
+        let mut net = TestNet {
+            ns,
+            host_if,
+            server: None,
+            prefix,
+        };
+        let (ns, host_if, prefix) = (net.ns.clone(), net.host_if.clone(), net.prefix.clone());
         ip(&[
             "link", "add", &host_if, "type", "veth", "peer", "name", &peer,
         ]);
@@ -50,18 +59,14 @@ impl TestNet {
         ]);
         ip(&["-n", &ns, "link", "set", &peer, "up"]);
         ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        let server = Command::new("ip")
-            .args(["netns", "exec", &ns, "/usr/bin/python3", "-c", servers])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("test servers");
-        let net = TestNet {
-            ns,
-            host_if,
-            server,
-            prefix,
-        };
+        net.server = Some(
+            Command::new("ip")
+                .args(["netns", "exec", &ns, "/usr/bin/python3", "-c", servers])
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("test servers"),
+        );
         let at = format!("{}:{ready_port}", net.server_ip()).parse().unwrap();
         for _ in 0..200 {
             if std::net::TcpStream::connect_timeout(&at, Duration::from_millis(100)).is_ok() {
@@ -79,8 +84,10 @@ impl TestNet {
 
 impl Drop for TestNet {
     fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
+        if let Some(server) = self.server.as_mut() {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
         let _ = Command::new("ip")
             .args(["link", "del", &self.host_if])
