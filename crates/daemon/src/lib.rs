@@ -90,6 +90,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     sessions.blobs = cfg.blobs.clone();
     sessions.images = cfg.images.clone();
     sessions.image_store = Some(images);
+    let node_id = node::id(&cfg, data_dir)?;
+    sessions.node_id = Some(node_id.clone());
     sessions.tenant_snapshot_storage_mib = cfg
         .tenants
         .iter()
@@ -137,7 +139,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let node = node::Node::start(
         &cfg,
         store,
-        node::info(&cfg, data_dir, addr, offers_microvm)?,
+        node::info(&cfg, node_id, addr, offers_microvm)?,
         manager.clone(),
     )
     .await?;

@@ -28,23 +28,26 @@ pub struct Node {
     task: JoinHandle<()>,
 }
 
-/// Who this node is: `[node] id` or the id kept in the data dir, and the address other nodes
-/// reach it at (`[node] advertise`, else the address the daemon listens on), and whether
-/// its microVM runtime is usable.
-pub fn info(
-    cfg: &Config,
-    data_dir: &Path,
-    listening: std::net::SocketAddr,
-    microvm: bool,
-) -> anyhow::Result<NodeInfo> {
-    let id = match &cfg.node.id {
-        Some(id) => id.clone(),
+/// This node's id: `[node] id`, else the one kept in the data dir (made on first start).
+pub fn id(cfg: &Config, data_dir: &Path) -> anyhow::Result<String> {
+    match &cfg.node.id {
+        Some(id) => Ok(id.clone()),
         None => keyfile::read_or_create(
             &data_dir.join(NODE_ID_FILE),
             |id| !id.is_empty(),
             || format!("node-{}", hex::encode(rand::random::<[u8; 8]>())),
-        )?,
-    };
+        ),
+    }
+}
+
+/// Who this node is (`id`), the address other nodes reach it at (`[node] advertise`, else the address the daemon listens on), and whether
+/// its microVM runtime is usable.
+pub fn info(
+    cfg: &Config,
+    id: String,
+    listening: std::net::SocketAddr,
+    microvm: bool,
+) -> anyhow::Result<NodeInfo> {
     let mut runtimes = vec!["jail".to_string()];
     if microvm {
         runtimes.push("microvm".into());
@@ -74,6 +77,12 @@ impl Node {
             .await
             .context("registering this node")?;
         tracing::info!(node = info.id, address = info.address, "node registered");
+        // Nodes lost while this one was down still hold sessions nobody ended.
+        for lost in store.list_nodes().await.context("listing nodes")? {
+            if lost.state == koder_store::NodeState::Lost {
+                take_over(&manager, &lost.info.id).await;
+            }
+        }
         let (stop, stopping) = watch::channel(false);
         let every = Duration::from_secs_f64(cfg.node.heartbeat_s);
         let lost_after = chrono::Duration::from_std(Duration::from_secs_f64(cfg.node.lost_after_s))
@@ -133,6 +142,14 @@ async fn heartbeat(
                 if let Err(e) = store.register_node(&info, now).await {
                     tracing::warn!(error = %e, "registering this node again");
                 }
+                match manager.release_sessions_ended_elsewhere().await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::warn!(
+                        count = n,
+                        "released sessions other nodes ended while this one was counted lost"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "releasing sessions ended elsewhere"),
+                }
             }
             Err(e) => tracing::warn!(error = %e, "node heartbeat"),
         }
@@ -144,9 +161,19 @@ async fn heartbeat(
                         "node lost: no heartbeat for {}s",
                         lost_after.num_seconds()
                     );
+                    take_over(&manager, &id).await;
                 }
             }
             Err(e) => tracing::warn!(error = %e, "marking lost nodes"),
         }
+    }
+}
+
+/// Ends the sessions a lost node held (their sandboxes went with it).
+async fn take_over(manager: &Manager, node: &str) {
+    match manager.take_over_lost_node(node).await {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(node, count = n, "ended the sessions of a lost node"),
+        Err(e) => tracing::warn!(node, error = %e, "ending the sessions of a lost node"),
     }
 }

@@ -286,16 +286,52 @@ async fn two_daemons_register_heartbeat_and_mark_a_killed_one_lost() {
         .status();
     assert_eq!(status, StatusCode::NO_CONTENT);
 
-    // Killed: the survivor marks it lost once its heartbeat is 1 s old.
+    // Each session is recorded on the node holding its sandbox.
+    let on_a = a.create(json!({})).await;
+    let on_b = b.create(json!({})).await;
+    let node_of = |id: &str| db.query(&format!("SELECT node_id FROM sessions WHERE id = '{id}'"));
+    assert_eq!(node_of(&on_a), "node-a");
+    assert_eq!(node_of(&on_b), "node-b");
+    let session_state = |id: &str| {
+        db.query(&format!(
+            "SELECT state, end_reason FROM sessions WHERE id = '{id}'"
+        ))
+    };
+
+    // Killed: the survivor marks it lost once its heartbeat is 1 s old, and ends the
+    // sessions whose sandboxes went with it.
     b.crash();
     eventually(&db, NODES, "node-a up\nnode-b lost", 10).await;
     assert_ne!(
         db.query("SELECT down_at_ms IS NOT NULL FROM nodes WHERE id = 'node-b'"),
         "f"
     );
-    // Back after a restart; a clean stop is a leave, never a loss.
+    eventually(
+        &db,
+        &format!("SELECT state, end_reason FROM sessions WHERE id = '{on_b}'"),
+        "stopped|its node node-b was lost",
+        10,
+    )
+    .await;
+    // Back after a restart; its start-up reconciles its own sessions only: node-a's runs on.
     b.launch().await;
     eventually(&db, NODES, "node-a up\nnode-b up", 10).await;
+    assert_eq!(session_state(&on_a), "running|");
+    let out = a
+        .exec(&on_a, json!({"cmd": ["/bin/echo", "still here"]}))
+        .await;
+    assert_eq!(out["stdout"], "still here\n", "{out}");
+    let status = a
+        .req(
+            Method::DELETE,
+            &format!("/v1/sandbox/sessions/{on_a}"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::NO_CONTENT);
     a.stop();
     eventually(&db, NODES, "node-a left\nnode-b up", 10).await;
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;

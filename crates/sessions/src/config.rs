@@ -72,6 +72,11 @@ pub struct SessionConfig {
     /// The image store (`<data_dir>/images/store`); without it only `host` exists.
     #[serde(skip)]
     pub image_store: Option<koder_image::ImageStore>,
+    /// The node this manager's sandboxes run on (the daemon's `[node]` id), recorded with
+    /// every session: start-up reconciliation and the reaper touch only this node's sessions,
+    /// so daemons can share one store. `None` (a manager that is no node) owns them all.
+    #[serde(skip)]
+    pub node_id: Option<String>,
 }
 
 /// `[images]`: which image a language's sessions run on when they name none.
@@ -127,6 +132,7 @@ impl Default for SessionConfig {
             volume_delete_grace_s: 3600,
             images: ImagesConfig::default(),
             image_store: None,
+            node_id: None,
         }
     }
 }

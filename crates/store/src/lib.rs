@@ -199,6 +199,9 @@ pub struct SessionRecord {
     pub expires_at: DateTime<Utc>,
     pub ended_at: Option<DateTime<Utc>>,
     pub end_reason: Option<String>,
+    /// The node holding its sandbox; `None` for sessions recorded before nodes existed (and
+    /// by a manager that is no node), which belong to whichever daemon reconciles them.
+    pub node_id: Option<String>,
 }
 
 /// Handle on the database; cheap to clone (a connection pool).
@@ -209,7 +212,17 @@ pub struct Store {
 
 const SESSION_COLUMNS: &str = "id, tenant_id, sandbox_id, runtime, language, image, state, \
      limits_json, network_json, metadata_json, env_json, created_at_ms, expires_at_ms, \
-     ended_at_ms, end_reason";
+     ended_at_ms, end_reason, node_id";
+
+/// The condition "the session is `node`'s", on parameters `$first` and `$first + 1` (both
+/// bound to the node, an `Option<&str>`): `None` means every node's (a manager that is no
+/// node owns them all); a node owns its sessions and those recorded before nodes existed.
+fn of_node(first: usize) -> String {
+    format!(
+        "(CAST(${first} AS TEXT) IS NULL OR node_id = ${} OR node_id IS NULL)",
+        first + 1
+    )
+}
 
 const TENANT_COLUMNS: &str = "id, name, plan, max_sessions, daily_session_minutes, created_at_ms";
 
@@ -512,7 +525,7 @@ impl Store {
     pub async fn insert_session(&self, s: &SessionRecord) -> Result<(), StoreError> {
         query(&format!(
             "INSERT INTO sessions ({SESSION_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
         ))
         .bind(&s.id)
         .bind(&s.tenant_id)
@@ -529,6 +542,7 @@ impl Store {
         .bind(to_ms(s.expires_at))
         .bind(s.ended_at.map(to_ms))
         .bind(s.end_reason.as_deref())
+        .bind(s.node_id.as_deref())
         .execute(&self.pool)
         .await
         .map_err(|e| match db_kind(&e) {
@@ -578,6 +592,22 @@ impl Store {
             "SELECT {SESSION_COLUMNS} FROM sessions WHERE state <> 'stopped' \
              ORDER BY created_at_ms, id"
         ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(session_from_row).collect()
+    }
+
+    /// The sessions recorded on exactly `node` that are not stopped, oldest first (a lost
+    /// node's, for whoever takes over).
+    pub async fn live_sessions_on_node(
+        &self,
+        node: &str,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let rows = query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE state <> 'stopped' AND node_id = $1 \
+             ORDER BY created_at_ms, id"
+        ))
+        .bind(node)
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(session_from_row).collect()
@@ -662,16 +692,40 @@ impl Store {
         Ok(())
     }
 
-    /// Live sessions whose `expires_at <= now`, soonest-expired first.
+    /// Live sessions `node` owns (`None`: every node's; else its own and those recorded
+    /// before nodes existed) whose `expires_at <= now`, soonest-expired first.
     pub async fn expired_sessions(
         &self,
         now: DateTime<Utc>,
+        node: Option<&str>,
     ) -> Result<Vec<SessionRecord>, StoreError> {
         let rows = query(&format!(
             "SELECT {SESSION_COLUMNS} FROM sessions \
-             WHERE state <> 'stopped' AND expires_at_ms <= $1 ORDER BY expires_at_ms, id"
+             WHERE state <> 'stopped' AND expires_at_ms <= $1 AND {} \
+             ORDER BY expires_at_ms, id",
+            of_node(2)
         ))
         .bind(to_ms(now))
+        .bind(node)
+        .bind(node)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(session_from_row).collect()
+    }
+
+    /// The sessions `node` owns (as for [`Store::expired_sessions`]) that are not stopped,
+    /// oldest first.
+    pub async fn live_sessions_of(
+        &self,
+        node: Option<&str>,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let rows = query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE state <> 'stopped' AND {} \
+             ORDER BY created_at_ms, id",
+            of_node(1)
+        ))
+        .bind(node)
+        .bind(node)
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(session_from_row).collect()
@@ -899,6 +953,7 @@ fn session_from_row(row: &DbRow) -> Result<SessionRecord, StoreError> {
         expires_at: from_ms(get(row, "expires_at_ms")?, &what("expires_at"))?,
         ended_at,
         end_reason: get(row, "end_reason")?,
+        node_id: get(row, "node_id")?,
         id,
     })
 }

@@ -44,6 +44,7 @@ pub(crate) fn session(id: &str, tenant_id: &str, created: i64) -> SessionRecord 
         expires_at: t(created + 600),
         ended_at: None,
         end_reason: None,
+        node_id: None,
     }
 }
 
@@ -262,10 +263,17 @@ async fn state_changes_and_expiry(db: TestDb) {
     assert_eq!(ids(&store.live_sessions().await.unwrap()), ["s2", "s3"]);
 
     // Expiry: s2 expires at t(601), s3 at t(602); s1 (stopped, t(600)) never listed.
-    assert!(store.expired_sessions(t(600)).await.unwrap().is_empty());
-    assert_eq!(ids(&store.expired_sessions(t(601)).await.unwrap()), ["s2"]);
+    assert!(store
+        .expired_sessions(t(600), None)
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(
-        ids(&store.expired_sessions(t(10_000)).await.unwrap()),
+        ids(&store.expired_sessions(t(601), None).await.unwrap()),
+        ["s2"]
+    );
+    assert_eq!(
+        ids(&store.expired_sessions(t(10_000), None).await.unwrap()),
         ["s2", "s3"]
     );
     store.set_session_expiry("s2", t(5_000)).await.unwrap();
@@ -274,11 +282,11 @@ async fn state_changes_and_expiry(db: TestDb) {
         t(5_000)
     );
     assert_eq!(
-        ids(&store.expired_sessions(t(4_999)).await.unwrap()),
+        ids(&store.expired_sessions(t(4_999), None).await.unwrap()),
         ["s3"]
     );
     assert_eq!(
-        ids(&store.expired_sessions(t(5_000)).await.unwrap()),
+        ids(&store.expired_sessions(t(5_000), None).await.unwrap()),
         ["s3", "s2"]
     );
     let err = store.set_session_expiry("nope", t(0)).await.unwrap_err();
@@ -601,7 +609,51 @@ async fn time_paused_to_disk_is_not_session_time(db: TestDb) {
     );
 }
 
+async fn sessions_belong_to_their_node(db: TestDb) {
+    let store = store_with(&db, &["a"]).await;
+    for (id, node) in [("s1", Some("n1")), ("s2", Some("n2")), ("s3", None)] {
+        let mut s = session(id, "a", 0);
+        s.node_id = node.map(str::to_string);
+        store.insert_session(&s).await.unwrap();
+    }
+    assert_eq!(
+        store
+            .get_session("s1")
+            .await
+            .unwrap()
+            .unwrap()
+            .node_id
+            .as_deref(),
+        Some("n1")
+    );
+    // A node owns its own and the ones from before nodes; no node owns them all.
+    assert_eq!(
+        ids(&store.live_sessions_of(Some("n1")).await.unwrap()),
+        ["s1", "s3"]
+    );
+    assert_eq!(
+        ids(&store.live_sessions_of(None).await.unwrap()),
+        ["s1", "s2", "s3"]
+    );
+    assert_eq!(
+        ids(&store.expired_sessions(t(10_000), Some("n2")).await.unwrap()),
+        ["s2", "s3"]
+    );
+    // Taking over a lost node: exactly its sessions, and only unstopped ones.
+    assert_eq!(
+        ids(&store.live_sessions_on_node("n2").await.unwrap()),
+        ["s2"]
+    );
+    store
+        .set_session_state("s2", SessionState::Stopped, Some("gone"))
+        .await
+        .unwrap();
+    assert!(store.live_sessions_on_node("n2").await.unwrap().is_empty());
+    assert!(store.live_sessions_on_node("n3").await.unwrap().is_empty());
+}
+
 on_both_backends!(
+    sessions_belong_to_their_node,
     tenants_upsert_get_list,
     api_keys_put_list_delete,
     sessions_insert_get_list_isolated,

@@ -30,39 +30,53 @@ const MINUTES_CHECK_TICKS: u32 = 5;
 /// Deleted volumes are looked at every this many reaper ticks (their grace is long).
 const TRASH_PURGE_TICKS: u32 = 60;
 
-/// Marks every session a previous run could not hand over as stopped and destroys the
-/// sandboxes it left behind; VMs saved to files for sessions paused with their memory stay.
+/// Why a session whose daemon is gone (`cause`: "daemon restarted", "its node ... was
+/// lost") ends, or `None` when it survives that: a pause to disk keeps nothing that ran, a
+/// microVM saved with its memory is kept (`saved`, when its files may still be there).
+pub(super) fn orphan_reason(
+    state: SessionState,
+    pause: Option<DurablePause>,
+    cause: &str,
+    saved: bool,
+) -> Option<String> {
+    match (state, pause) {
+        (SessionState::Paused, Some(DurablePause::Disk)) => None,
+        (SessionState::Paused, Some(DurablePause::VmMemory)) if saved => None,
+        (SessionState::Paused, Some(DurablePause::VmMemory)) => Some(format!(
+            "{cause} (its VM's saved state is incomplete or unavailable)"
+        )),
+        (SessionState::Paused, None) => {
+            Some(format!("{cause} (a memory pause does not survive it)"))
+        }
+        _ => Some(cause.to_string()),
+    }
+}
+
+/// Marks every session of this node a previous run could not hand over as stopped and
+/// destroys the sandboxes it left behind; VMs saved to files for sessions paused with their
+/// memory stay.
 pub(super) async fn reconcile(
     store: &Store,
     runtimes: &Runtimes,
     events: &Events,
+    node: Option<&str>,
 ) -> Result<(), Error> {
+    const CAUSE: &str = "daemon restarted";
     // (session, tenant, sandbox) of sessions whose VM is saved.
     let mut saved = Vec::new();
-    for stale in store.live_sessions().await? {
-        let durable = store.session_durable(&stale.id).await?;
-        let reason = match (stale.state, durable.pause) {
-            // Nothing of it ran here: its layers are all it is.
-            (SessionState::Paused, Some(DurablePause::Disk)) => continue,
-            (SessionState::Paused, Some(DurablePause::VmMemory)) => {
-                saved.push((
-                    stale.id.clone(),
-                    stale.tenant_id.clone(),
-                    stale.sandbox_id.clone(),
-                ));
-                continue;
-            }
-            (SessionState::Paused, None) => "daemon restarted (a memory pause does not survive it)",
-            _ => "daemon restarted",
-        };
-        store
-            .set_session_state(&stale.id, SessionState::Stopped, Some(reason))
-            .await?;
-        events.emit(
-            &stale.tenant_id,
-            kinds::SESSION_STOPPED,
-            stopped(&stale.id, reason),
-        );
+    for stale in store.live_sessions_of(node).await? {
+        let pause = store.session_durable(&stale.id).await?.pause;
+        if pause == Some(DurablePause::VmMemory) && stale.state == SessionState::Paused {
+            saved.push((
+                stale.id.clone(),
+                stale.tenant_id.clone(),
+                stale.sandbox_id.clone(),
+            ));
+            continue;
+        }
+        if let Some(reason) = orphan_reason(stale.state, pause, CAUSE, true) {
+            stop_orphan(store, events, &stale.id, &stale.tenant_id, &reason).await?;
+        }
     }
     let mut removed = runtimes.jail.reconcile().await?.sandboxes_removed.len();
     let mut kept = Vec::new();
@@ -74,15 +88,33 @@ pub(super) async fn reconcile(
     }
     // A saved VM that is not complete (a crash while it was saved or resumed) is gone.
     for (session, tenant, _) in saved.iter().filter(|(.., sandbox)| !kept.contains(sandbox)) {
-        let reason = "daemon restarted (its VM's saved state is incomplete or unavailable)";
-        store
-            .set_session_state(session, SessionState::Stopped, Some(reason))
-            .await?;
-        events.emit(tenant, kinds::SESSION_STOPPED, stopped(session, reason));
+        let reason = orphan_reason(
+            SessionState::Paused,
+            Some(DurablePause::VmMemory),
+            CAUSE,
+            false,
+        )
+        .unwrap_or_else(|| CAUSE.to_string());
+        stop_orphan(store, events, session, tenant, &reason).await?;
     }
     if removed > 0 {
         tracing::info!(count = removed, "removed sandboxes left by a previous run");
     }
+    Ok(())
+}
+
+/// Records the end of a session no sandbox of this daemon holds, and says so to its tenant.
+pub(super) async fn stop_orphan(
+    store: &Store,
+    events: &Events,
+    id: &str,
+    tenant: &str,
+    reason: &str,
+) -> Result<(), Error> {
+    store
+        .set_session_state(id, SessionState::Stopped, Some(reason))
+        .await?;
+    events.emit(tenant, kinds::SESSION_STOPPED, stopped(id, reason));
     Ok(())
 }
 
@@ -216,6 +248,7 @@ impl Manager {
             expires_at: now + ChronoDuration::seconds(timeout_s as i64),
             ended_at: None,
             end_reason: None,
+            node_id: self.cfg.node_id.clone(),
         };
         self.store.insert_session(&record).await?;
         self.record_bindings(&record.id, &secrets).await?;
@@ -647,7 +680,11 @@ impl Manager {
 
     /// Ends sessions past their timeout.
     pub async fn reap_expired(&self) {
-        match self.store.expired_sessions(self.now()).await {
+        match self
+            .store
+            .expired_sessions(self.now(), self.cfg.node_id.as_deref())
+            .await
+        {
             Ok(expired) => {
                 for s in expired {
                     self.expire_session(&s).await;

@@ -10,6 +10,7 @@ mod files;
 mod images;
 mod lifecycle;
 mod network;
+mod nodes;
 mod observe;
 mod secrets;
 mod state;
@@ -121,7 +122,7 @@ impl Manager {
         clock: Clock,
     ) -> Result<Arc<Self>, Error> {
         let events = Events::default();
-        lifecycle::reconcile(&store, &runtimes, &events).await?;
+        lifecycle::reconcile(&store, &runtimes, &events, cfg.node_id.as_deref()).await?;
         let layers = match &cfg.state_dir {
             Some(dir) => {
                 let layers = Layers::open(&cfg.blobs, dir, store.clone()).await?;
