@@ -1,5 +1,6 @@
 //! The gRPC face through the real daemon and real jail sandboxes, with a client generated from
-//! the same `.proto`: sessions, execs and their streams (a dropped stream kills its exec),
+//! the same `.proto`: sessions, execs and their streams (a dropped stream kills its exec, a
+//! cancelled terminal its process),
 //! files (a multi-MiB streamed round trip), watch, contexts, pause/resume, snapshots, and the
 //! admission rules REST has (authentication, scopes, rates, tenancy), plus reflection.
 
@@ -113,6 +114,38 @@ async fn sessions_execs_and_streams() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while sleepers(&mut c, &s.id, "3001").await != "0" {
         assert!(Instant::now() < deadline, "the exec outlived its stream");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A cancelled terminal kills its process: the client sent its input (half-closed, which
+    // alone never ends a terminal) and drops the call. (tonic's client resets a stream only
+    // once its request body is done: with input still open, dropping the answer is no cancel.)
+    let start = pb::TerminalRequest {
+        part: Some(pb::terminal_request::Part::Start(pb::TerminalStart {
+            session_id: s.id.clone(),
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo ready; exec sleep 3002".into(),
+            ],
+            ..Default::default()
+        })),
+    };
+    let input = futures::stream::iter([start]);
+    let mut out = ok(c.terminal(authed(KEY1, input)).await);
+    let mut seen = String::new();
+    while !seen.contains("ready") {
+        match out.next().await.unwrap().unwrap().event.unwrap() {
+            pb::terminal_output::Event::Output(b) => seen.push_str(&String::from_utf8_lossy(&b)),
+            pb::terminal_output::Event::Exit(e) => panic!("the terminal exited: {e:?}"),
+            pb::terminal_output::Event::Started(_) => {}
+        }
+    }
+    assert_eq!(sleepers(&mut c, &s.id, "3002").await, "1");
+    drop(out);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sleepers(&mut c, &s.id, "3002").await != "0" {
+        assert!(Instant::now() < deadline, "the terminal outlived its call");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 

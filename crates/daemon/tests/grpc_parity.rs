@@ -128,6 +128,247 @@ fn rest_entries_json(v: &Value) -> Value {
         .collect()
 }
 
+const VF: &str = "/v1/sandbox/volumes/parity/files";
+
+fn vfile(path: &str) -> pb::VolumeFileRequest {
+    pb::VolumeFileRequest {
+        volume: "parity".into(),
+        path: path.into(),
+    }
+}
+
+/// A volume file written over gRPC with `meta`, in two data parts.
+async fn grpc_volume_write(
+    c: &mut Client,
+    path: &str,
+    data: &[u8],
+    meta: pb::VolumeFileMeta,
+) -> Result<tonic::Response<pb::FileEntry>, tonic::Status> {
+    use pb::write_volume_file_request::Part;
+    let (a, b) = data.split_at(data.len() / 2);
+    let parts = [
+        Part::Header(pb::WriteVolumeFileHeader {
+            volume: "parity".into(),
+            path: path.into(),
+            overwrite: false,
+            meta: Some(meta),
+            size: Some(data.len() as u64),
+        }),
+        Part::Data(a.to_vec()),
+        Part::Data(b.to_vec()),
+    ]
+    .map(|p| pb::WriteVolumeFileRequest { part: Some(p) });
+    c.write_volume_file(authed(KEY1, futures::stream::iter(parts)))
+        .await
+}
+
+async fn grpc_volume_read(c: &mut Client, path: &str) -> Vec<u8> {
+    use futures::StreamExt as _;
+    let mut chunks = ok(c.read_volume_file(authed(KEY1, vfile(path))).await);
+    let mut data = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        data.extend(chunk.expect("chunk").data);
+    }
+    data
+}
+
+/// The session-less file API of volume `parity` over both faces: what one writes the other
+/// reads, lists and stats alike, and both refuse the same way.
+async fn volume_files_agree(d: &Daemon, c: &mut Client) {
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let rest_put = d
+        .req(
+            Method::PUT,
+            &format!("{VF}?path=/r/rest.bin&mode=416"),
+            KEY1,
+        )
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rest_put.status(), StatusCode::NOT_FOUND, "no parent /r yet");
+    let (st, dir) = d
+        .json(
+            Method::POST,
+            &format!("{VF}/mkdir"),
+            json!({"path": "/r", "uid": 0}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{dir}");
+    let gdir = ok(c
+        .make_volume_dir(authed(
+            KEY1,
+            pb::MakeVolumeDirRequest {
+                volume: "parity".into(),
+                path: "/g".into(),
+                parents: false,
+                meta: Some(pb::VolumeFileMeta {
+                    uid: Some(0),
+                    ..Default::default()
+                }),
+            },
+        ))
+        .await);
+    assert_eq!(
+        (gdir.r#type.as_str(), gdir.mode, gdir.uid, gdir.gid),
+        ("dir", dir["mode"].as_u64().unwrap() as u32, 0, 0)
+    );
+    let rest_put = d
+        .req(Method::PUT, &format!("{VF}?path=/r/f.bin&mode=416"), KEY1)
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rest_put.status(), StatusCode::CREATED);
+    let meta = pb::VolumeFileMeta {
+        mode: Some(0o640),
+        ..Default::default()
+    };
+    let g = ok(grpc_volume_write(c, "/g/f.bin", &body, meta).await);
+    assert_eq!(grpc_volume_read(c, "/r/f.bin").await, body);
+    let rest_get = d
+        .req(Method::GET, &format!("{VF}?path=/g/f.bin"), KEY1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rest_get.bytes().await.unwrap(), body);
+    let (_, rest_stat) = d
+        .json(
+            Method::GET,
+            &format!("{VF}/stat?path=/r/f.bin"),
+            Value::Null,
+        )
+        .await;
+    let gstat = ok(c.stat_volume_file(authed(KEY1, vfile("/g/f.bin"))).await);
+    assert_eq!(
+        rest_entries_json(&json!({ "entries": [rest_stat] })),
+        entries_json(std::slice::from_ref(&gstat))
+    );
+    assert_eq!(entries_json(&[g]), entries_json(&[gstat]));
+
+    // Metadata, then the listing of the root, two levels deep.
+    let (st, chmod) = d
+        .json(
+            Method::PATCH,
+            &format!("{VF}?path=/r/f.bin"),
+            json!({"mode": 0o600, "uid": 0}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{chmod}");
+    let gchmod = ok(c
+        .set_volume_file_metadata(authed(
+            KEY1,
+            pb::SetVolumeFileMetadataRequest {
+                volume: "parity".into(),
+                path: "/g/f.bin".into(),
+                meta: Some(pb::VolumeFileMeta {
+                    uid: Some(0),
+                    gid: None,
+                    mode: Some(0o600),
+                }),
+            },
+        ))
+        .await);
+    assert_eq!((gchmod.mode & 0o7777, gchmod.uid), (0o600, 0));
+    let (_, rest_list) = d
+        .json(
+            Method::GET,
+            &format!("{VF}/list?path=/&depth=2"),
+            Value::Null,
+        )
+        .await;
+    let glist = ok(c
+        .list_volume_files(authed(
+            KEY1,
+            pb::ListVolumeFilesRequest {
+                volume: "parity".into(),
+                path: "/".into(),
+                depth: Some(2),
+            },
+        ))
+        .await);
+    let names = |v: Value| {
+        let mut v: Vec<Value> = v.as_array().unwrap().clone();
+        v.sort_by_key(|e| e["name"].to_string());
+        v
+    };
+    assert_eq!(
+        names(rest_entries_json(&rest_list)),
+        names(entries_json(&glist.entries))
+    );
+
+    // The same refusals: an existing file without overwrite, a missing path, a bad depth.
+    let exists = grpc_volume_write(c, "/r/f.bin", b"x", pb::VolumeFileMeta::default())
+        .await
+        .unwrap_err();
+    let rest_exists = d
+        .req(Method::PUT, &format!("{VF}?path=/g/f.bin"), KEY1)
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    let rest_refusals = [
+        (
+            rest_exists.status(),
+            rest_exists.json::<Value>().await.unwrap(),
+        ),
+        d.json(Method::GET, &format!("{VF}/stat?path=/nope"), Value::Null)
+            .await,
+        d.json(
+            Method::GET,
+            &format!("{VF}/list?path=/&depth=0"),
+            Value::Null,
+        )
+        .await,
+    ];
+    let grpc_refusals = [
+        exists,
+        c.stat_volume_file(authed(KEY1, vfile("/nope")))
+            .await
+            .unwrap_err(),
+        c.list_volume_files(authed(
+            KEY1,
+            pb::ListVolumeFilesRequest {
+                volume: "parity".into(),
+                path: "/".into(),
+                depth: Some(0),
+            },
+        ))
+        .await
+        .unwrap_err(),
+    ];
+    for ((status, body), e) in rest_refusals.into_iter().zip(grpc_refusals) {
+        assert_eq!(
+            failure(&e),
+            (grpc_code(status), error_code(&body).to_string()),
+            "{body}"
+        );
+    }
+
+    // Deleting over one face is seen over the other.
+    let del = d
+        .req(Method::DELETE, &format!("{VF}?path=/g"), KEY1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), StatusCode::NO_CONTENT);
+    ok(c.delete_volume_file(authed(KEY1, vfile("/r"))).await);
+    let empty = ok(c
+        .list_volume_files(authed(
+            KEY1,
+            pb::ListVolumeFilesRequest {
+                volume: "parity".into(),
+                path: "/".into(),
+                depth: None,
+            },
+        ))
+        .await);
+    let (_, rest_empty) = d
+        .json(Method::GET, &format!("{VF}/list?path=/"), Value::Null)
+        .await;
+    assert_eq!(rest_entries_json(&rest_empty), entries_json(&empty.entries));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_and_grpc_agree() {
     let Some(()) = root_or_skip() else { return };
@@ -435,6 +676,7 @@ async fn rest_and_grpc_agree() {
             vol["backend"].as_str().unwrap()
         )
     );
+    volume_files_agree(&d, &mut c).await;
     let mounted = create(
         &mut c,
         KEY1,

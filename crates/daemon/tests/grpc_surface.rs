@@ -481,7 +481,7 @@ async fn tenant_administration_for_operators_only() {
     const ADMIN_KEY: &str = "admin-key-grpc-0123456789";
     let Some(()) = root_or_skip() else { return };
     let config = format!("{BASE_CONFIG}[auth]\nadmin_keys = [\"{ADMIN_KEY}\"]\n");
-    let (_d, mut c, _) = start(&config).await;
+    let (d, mut c, _) = start(&config).await;
     // A tenant's key is refused, as on REST; no key is unauthenticated.
     assert_eq!(
         refused(
@@ -536,6 +536,44 @@ async fn tenant_administration_for_operators_only() {
             ..put
         }
     );
+    // An issued key works at once, over either face; only operators issue.
+    let issue = |key: &str, tenant: &str| {
+        authed(
+            key,
+            pb::IssueKeyRequest {
+                tenant_id: tenant.into(),
+            },
+        )
+    };
+    assert_eq!(
+        refused(c.issue_key(issue(KEY1, "newco")).await).0,
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        refused(c.issue_key(issue(ADMIN_KEY, "ghost")).await).0,
+        Code::NotFound
+    );
+    let issued = ok(c.issue_key(issue(ADMIN_KEY, "newco")).await);
+    assert_eq!(issued.tenant_id, "newco");
+    let mine = ok(c
+        .list_sessions(authed(&issued.api_key, pb::ListSessionsRequest {}))
+        .await);
+    assert!(mine.sessions.is_empty());
+    let rest = reqwest::Client::new()
+        .post(format!("{}/v1/sandbox/admin/tenants/newco/keys", d.base))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rest.status(), 201);
+    let by_rest: serde_json::Value = rest.json().await.unwrap();
+    let rest_key = by_rest["api_key"].as_str().unwrap();
+    assert_ne!(rest_key, issued.api_key);
+    ok(
+        c.list_sessions(authed(rest_key, pb::ListSessionsRequest {}))
+            .await,
+    );
+
     let all = ok(c
         .list_tenants(authed(ADMIN_KEY, pb::ListTenantsRequest {}))
         .await);

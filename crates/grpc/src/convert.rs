@@ -402,6 +402,31 @@ impl From<api::Snapshot> for pb::Snapshot {
     }
 }
 
+impl From<koder_sessions::VolumeEntry> for pb::FileEntry {
+    fn from(e: koder_sessions::VolumeEntry) -> Self {
+        e.entry.into()
+    }
+}
+
+impl From<api::IssuedKey> for pb::IssuedKey {
+    fn from(k: api::IssuedKey) -> Self {
+        Self {
+            tenant_id: k.tenant_id,
+            api_key: k.api_key,
+        }
+    }
+}
+
+/// Owner and mode of a volume call; an absent message sets nothing.
+pub(crate) fn volume_meta(m: Option<pb::VolumeFileMeta>) -> koder_sessions::VolumeMeta {
+    let m = m.unwrap_or_default();
+    koder_sessions::VolumeMeta {
+        uid: m.uid,
+        gid: m.gid,
+        mode: m.mode,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

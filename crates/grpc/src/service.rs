@@ -13,7 +13,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admit::{admit, admit_operator, Admitted, Places};
-use crate::convert::{exec_request, invalid, preview, put_tenant};
+use crate::convert::{exec_request, invalid, preview, put_tenant, volume_meta};
 use crate::proto::{self as pb, exec_event::Event, sandbox_server::Sandbox};
 use crate::status::{status, OrStatus as _};
 use crate::GrpcState;
@@ -115,19 +115,76 @@ fn exec_event(e: Result<ExecEvent, BroadcastStreamRecvError>) -> Event {
     }
 }
 
-/// The upload body behind a `WriteFile` header: data parts only.
-fn upload_body(
-    rest: Streaming<pb::WriteFileRequest>,
-) -> impl Stream<Item = Result<Bytes, Status>> + Unpin {
-    rest.map(|part| match part?.part {
-        Some(pb::write_file_request::Part::Data(d)) => Ok(Bytes::from(d)),
-        Some(pb::write_file_request::Part::Header(_)) => Err(status(
-            ErrorCode::InvalidArgument,
-            "only the first WriteFile message is a header",
-            None,
-        )),
+/// A message of a streamed upload (`WriteFile`, `WriteVolumeFile`): the header first, then data.
+trait UploadPart: Send + 'static {
+    type Header;
+    /// The rpc's name, for the errors.
+    const RPC: &'static str;
+    fn into_part(self) -> Option<Result<Self::Header, Vec<u8>>>;
+}
+
+impl UploadPart for pb::WriteFileRequest {
+    type Header = pb::WriteFileHeader;
+    const RPC: &'static str = "WriteFile";
+    fn into_part(self) -> Option<Result<Self::Header, Vec<u8>>> {
+        use pb::write_file_request::Part;
+        self.part.map(|p| match p {
+            Part::Header(h) => Ok(h),
+            Part::Data(d) => Err(d),
+        })
+    }
+}
+
+impl UploadPart for pb::WriteVolumeFileRequest {
+    type Header = pb::WriteVolumeFileHeader;
+    const RPC: &'static str = "WriteVolumeFile";
+    fn into_part(self) -> Option<Result<Self::Header, Vec<u8>>> {
+        use pb::write_volume_file_request::Part;
+        self.part.map(|p| match p {
+            Part::Header(h) => Ok(h),
+            Part::Data(d) => Err(d),
+        })
+    }
+}
+
+/// An upload's header and the body behind it (data parts only).
+async fn upload<M: UploadPart>(
+    mut parts: Streaming<M>,
+) -> Result<(M::Header, impl Stream<Item = Result<Bytes, Status>> + Unpin), Status> {
+    let header = match parts.message().await?.and_then(M::into_part) {
+        Some(Ok(h)) => h,
+        _ => {
+            return Err(invalid(&format!(
+                "the first {} message must be the header",
+                M::RPC
+            )))
+        }
+    };
+    let body = parts.map(|part| match part?.into_part() {
+        Some(Err(data)) => Ok(Bytes::from(data)),
+        Some(Ok(_)) => Err(invalid(&format!(
+            "only the first {} message is a header",
+            M::RPC
+        ))),
         None => Ok(Bytes::new()),
-    })
+    });
+    Ok((header, body))
+}
+
+/// A download as `FileChunk`s; a failed read fails the call, so a short file never looks
+/// complete.
+fn file_chunks<D, E>(
+    chunks: impl Stream<Item = Result<D, E>> + Send + 'static,
+) -> Events<pb::FileChunk>
+where
+    D: Into<Vec<u8>>,
+    E: std::fmt::Display,
+{
+    let chunks = chunks.map(|c| match c {
+        Ok(data) => Ok(pb::FileChunk { data: data.into() }),
+        Err(e) => Err(status(ErrorCode::Internal, &e.to_string(), None)),
+    });
+    guarded(chunks, Result::is_err, ())
 }
 
 /// A terminal size in cells; 0 (unset) is the default 80 x 24 as over REST.
@@ -486,33 +543,17 @@ impl Sandbox for SandboxService {
             .await
             .or_status()?;
         let chunks = futures::stream::unfold(reader, |mut r| async move {
-            match r.next_chunk().await {
-                Ok(Some(data)) => Some((Ok(pb::FileChunk { data }), r)),
-                Ok(None) => None,
-                // A short file must not look complete: the call fails instead.
-                Err(e) => Some((Err(status(ErrorCode::Internal, &e.to_string(), None)), r)),
-            }
+            r.next_chunk().await.transpose().map(|c| (c, r))
         });
-        Ok(Response::new(guarded(chunks, Result::is_err, ())))
+        Ok(Response::new(file_chunks(chunks)))
     }
 
     async fn write_file(
         &self,
         req: Request<Streaming<pb::WriteFileRequest>>,
     ) -> Answer<pb::FileEntry> {
-        let (who, mut parts) = self.caller(req, Scope::Write).await?;
-        let header = match parts.message().await? {
-            Some(pb::WriteFileRequest {
-                part: Some(pb::write_file_request::Part::Header(h)),
-            }) => h,
-            _ => {
-                return Err(status(
-                    ErrorCode::InvalidArgument,
-                    "the first WriteFile message must be the header",
-                    None,
-                ))
-            }
-        };
+        let (who, parts) = self.caller(req, Scope::Write).await?;
+        let (header, body) = upload(parts).await?;
         let entry = self
             .s
             .manager
@@ -521,7 +562,7 @@ impl Sandbox for SandboxService {
                 &header.session_id,
                 &header.path,
                 header.size,
-                upload_body(parts),
+                body,
                 header.user.as_deref(),
             )
             .await
@@ -721,6 +762,120 @@ impl Sandbox for SandboxService {
         Ok(Response::new(pb::DeleteVolumeResponse {}))
     }
 
+    type ReadVolumeFileStream = Events<pb::FileChunk>;
+
+    async fn read_volume_file(
+        &self,
+        req: Request<pb::VolumeFileRequest>,
+    ) -> Answer<Self::ReadVolumeFileStream> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let file = self
+            .s
+            .manager
+            .volume_download(&who, &msg.volume, &msg.path)
+            .await
+            .or_status()?;
+        Ok(Response::new(file_chunks(file.into_stream())))
+    }
+
+    async fn write_volume_file(
+        &self,
+        req: Request<Streaming<pb::WriteVolumeFileRequest>>,
+    ) -> Answer<pb::FileEntry> {
+        let (who, parts) = self.caller(req, Scope::Write).await?;
+        let (header, body) = upload(parts).await?;
+        let entry = self
+            .s
+            .manager
+            .volume_upload(
+                &who,
+                &header.volume,
+                &header.path,
+                header.overwrite,
+                volume_meta(header.meta),
+                header.size,
+                body,
+            )
+            .await
+            .or_status()?;
+        Ok(Response::new(entry.into()))
+    }
+
+    async fn list_volume_files(
+        &self,
+        req: Request<pb::ListVolumeFilesRequest>,
+    ) -> Answer<pb::ListFilesResponse> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let entries = self
+            .s
+            .manager
+            .volume_list(&who, &msg.volume, &msg.path, msg.depth.unwrap_or(1))
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::ListFilesResponse {
+            entries: entries.into_iter().map(Into::into).collect(),
+            truncated: false,
+        }))
+    }
+
+    async fn stat_volume_file(&self, req: Request<pb::VolumeFileRequest>) -> Answer<pb::FileEntry> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let entry = self
+            .s
+            .manager
+            .volume_stat(&who, &msg.volume, &msg.path)
+            .await
+            .or_status()?;
+        Ok(Response::new(entry.into()))
+    }
+
+    async fn delete_volume_file(
+        &self,
+        req: Request<pb::VolumeFileRequest>,
+    ) -> Answer<pb::DeleteFileResponse> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        self.s
+            .manager
+            .volume_remove(&who, &msg.volume, &msg.path)
+            .await
+            .or_status()?;
+        Ok(Response::new(pb::DeleteFileResponse {}))
+    }
+
+    async fn set_volume_file_metadata(
+        &self,
+        req: Request<pb::SetVolumeFileMetadataRequest>,
+    ) -> Answer<pb::FileEntry> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let entry = self
+            .s
+            .manager
+            .volume_set_metadata(&who, &msg.volume, &msg.path, volume_meta(msg.meta))
+            .await
+            .or_status()?;
+        Ok(Response::new(entry.into()))
+    }
+
+    async fn make_volume_dir(
+        &self,
+        req: Request<pb::MakeVolumeDirRequest>,
+    ) -> Answer<pb::FileEntry> {
+        let (who, msg) = self.caller(req, Scope::Write).await?;
+        let entry = self
+            .s
+            .manager
+            .volume_make_dir(
+                &who,
+                &msg.volume,
+                &msg.path,
+                msg.parents,
+                volume_meta(msg.meta),
+            )
+            .await
+            .or_status()?;
+        Ok(Response::new(entry.into()))
+    }
+
     async fn list_tenants(
         &self,
         req: Request<pb::ListTenantsRequest>,
@@ -748,5 +903,16 @@ impl Sandbox for SandboxService {
         let (id, put) = put_tenant(req.into_inner());
         let tenant = self.s.manager.put_tenant(&id, put).await.or_status()?;
         Ok(Response::new(tenant.into()))
+    }
+
+    async fn issue_key(&self, req: Request<pb::IssueKeyRequest>) -> Answer<pb::IssuedKey> {
+        admit_operator(&self.s, req.metadata()).await?;
+        let issued = self
+            .s
+            .manager
+            .issue_key(&self.s.auth, &req.into_inner().tenant_id)
+            .await
+            .or_status()?;
+        Ok(Response::new(issued.into()))
     }
 }

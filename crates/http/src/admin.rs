@@ -49,26 +49,17 @@ pub async fn put_tenant(
 
 #[utoipa::path(post, path = "/v1/sandbox/admin/tenants/{id}/keys", tag = "admin",
     params(("id" = String, Path)),
-    responses((status = 201, body = IssuedKey), (status = 404, body = ErrorBody)),
+    description = "A new API key of the tenant, usable at once; the key is only in this answer.",
+    responses((status = 201, body = IssuedKey), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody, description = "no such tenant"),
+              (status = 409, body = ErrorBody, description = "static API keys are disabled on this server (`env = \"prod\"`)")),
     security(("bearer" = [])))]
 pub async fn issue_key(
     State(s): State<AppState>,
     _: AdminCaller,
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, axum::Json<IssuedKey>)> {
-    if !s.auth.static_keys_enabled() {
-        return Err(ApiError::new(
-            409,
-            koder_api_types::codes::CONFLICT,
-            "static API keys are disabled on this server (env = \"prod\"): tenants use JWTs",
-        ));
-    }
-    let issued = s.manager.issue_key(&id).await?;
-    // Usable at once, without a restart: the request path checks this table, not the store.
-    s.auth.insert_key(
-        koder_auth::hash_key(&issued.api_key),
-        issued.tenant_id.clone(),
-    );
+    let issued = s.manager.issue_key(&s.auth, &id).await?;
     Ok((StatusCode::CREATED, axum::Json(issued)))
 }
 

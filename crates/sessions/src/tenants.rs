@@ -3,6 +3,7 @@
 
 use chrono::Utc;
 use koder_api_types::{IssuedKey, PutTenant, TenantInfo};
+use koder_auth::Authenticator;
 use koder_store::Tenant;
 
 use crate::{Error, Manager};
@@ -73,13 +74,21 @@ impl Manager {
         self.tenant_info(t).await
     }
 
-    /// A new API key of the tenant, stored hashed; the key itself is only in the answer.
-    pub async fn issue_key(&self, id: &str) -> Result<IssuedKey, Error> {
+    /// A new API key of the tenant, stored hashed and usable at once (`auth` checks its own
+    /// table on every request, not the store); the key itself is only in the answer. Refused
+    /// (conflict) where `auth` takes no static keys (`env = "prod"`): tenants use JWTs there.
+    pub async fn issue_key(&self, auth: &Authenticator, id: &str) -> Result<IssuedKey, Error> {
+        if !auth.static_keys_enabled() {
+            return Err(Error::Conflict(
+                "static API keys are disabled on this server (env = \"prod\"): tenants use JWTs"
+                    .into(),
+            ));
+        }
         let t = self.tenant(id).await?;
         let key = koder_auth::generate_key();
-        self.store
-            .put_api_key(&koder_auth::hash_key(&key), &t.id, "issued")
-            .await?;
+        let hash = koder_auth::hash_key(&key);
+        self.store.put_api_key(&hash, &t.id, "issued").await?;
+        auth.insert_key(hash, t.id.clone());
         Ok(IssuedKey {
             tenant_id: t.id,
             api_key: key,
