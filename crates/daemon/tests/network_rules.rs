@@ -352,3 +352,95 @@ async fn unreachable_and_guarded_entries_are_refused_with_reasons() {
         "{e}"
     );
 }
+
+/// The servers of `SERVERS` on `::` (dual-stack): they answer on the namespace's v4 and v6.
+const SERVERS6: &str = r#"
+import http.server, socket, threading
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("ok:%d:%s" % (self.server.server_port, self.headers.get("host") or "")).encode()
+        self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+class S(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+s2 = S(("::", 8081), H)
+threading.Thread(target=s2.serve_forever, daemon=True).start()
+S(("::", 8080), H).serve_forever()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_destinations_go_through_the_same_policy_and_audit() {
+    let Some(()) = root_or_skip() else { return };
+    let net = TestNet::up(2, SERVERS6, 8080);
+    let ip6 = net.server_ip6();
+    let d = Daemon::start(&format!(
+        "{BASE_CONFIG}[network]\ninternal = [\"{ip6}/128\"]\nsystem_resolver = false\nhosts = {{ \"v6.test\" = [\"{ip6}\"] }}\n"
+    ))
+    .await;
+
+    let (status, s) = d
+        .json(
+            Method::POST,
+            S,
+            json!({"language": "python", "network": {"mode": "allowlist",
+                "allow": ["v6.test", format!("{ip6}/128")],
+                "deny": [format!("[{ip6}]:8081")]}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{s}");
+    let id = s["id"].as_str().unwrap().to_string();
+    let lit = format!("[{ip6}]");
+    let out = fetch(
+        &d,
+        &id,
+        &urls(&[
+            "v6.test:8080",
+            &format!("{lit}:8080"),
+            &format!("{lit}:8081"),
+        ]),
+    )
+    .await;
+    // The name resolves to its AAAA only, so this is an IPv6 connection through the proxy.
+    assert_eq!(out[0], "ok:8080:v6.test:8080", "AAAA name: {out:?}");
+    assert_eq!(out[1], format!("ok:8080:{lit}:8080"), "v6 CIDR: {out:?}");
+    assert!(out[2].starts_with("refused"), "v6 deny beat allow: {out:?}");
+
+    // Live update: the v6 CIDR leaves the allowlist, the next connection is refused.
+    let (status, body) = d
+        .json(
+            Method::PUT,
+            &format!("{S}/{id}/network"),
+            json!({"mode": "allowlist", "allow": ["v6.test"]}),
+        )
+        .await;
+    assert!(status.is_success(), "{status} {body}");
+    let out = fetch(&d, &id, &urls(&["v6.test:8080", &format!("{lit}:8080")])).await;
+    assert_eq!(out[0], "ok:8080:v6.test:8080", "{out:?}");
+    assert!(
+        out[1].starts_with("refused"),
+        "updated policy not applied: {out:?}"
+    );
+
+    let (_, audit) = d
+        .json(
+            Method::GET,
+            &format!("/v1/sandbox/audit/network?session_id={id}"),
+            Value::Null,
+        )
+        .await;
+    let entries = audit["entries"].as_array().unwrap();
+    let dest = ip6.parse::<std::net::Ipv6Addr>().unwrap().to_string(); // as the audit writes it
+    let has = |port: u16, allowed: bool| {
+        entries.iter().any(|e| {
+            e["proto"] == "tcp" && e["dest"] == dest && e["port"] == port && e["allowed"] == allowed
+        })
+    };
+    assert!(has(8080, true), "{audit}");
+    assert!(has(8081, false), "{audit}");
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["proto"] == "dns" && e["dest"] == "v6.test" && e["allowed"] == true),
+        "{audit}"
+    );
+}

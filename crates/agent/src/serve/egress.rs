@@ -6,7 +6,7 @@
 //! of its own to anything.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -42,10 +42,29 @@ pub struct Egress {
 }
 
 impl Egress {
-    /// Starts the redirect listener and the resolver (only in sandboxes set up with egress).
+    /// Starts the redirect listeners and the resolvers (only in sandboxes set up with egress):
+    /// on IPv4 loopback, and on IPv6's where the kernel has it (the v6 rules redirect there).
     pub async fn start(self: &Arc<Self>) -> std::io::Result<()> {
-        let tcp = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, EGRESS_PORT))).await?;
-        let udp = Arc::new(UdpSocket::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 53))).await?);
+        let v4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        self.listen(TcpListener::bind((v4, EGRESS_PORT)).await?);
+        self.answer(UdpSocket::bind((v4, 53)).await?);
+        let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+        match (
+            TcpListener::bind((v6, EGRESS_PORT)).await,
+            UdpSocket::bind((v6, 53)).await,
+        ) {
+            (Ok(tcp), Ok(udp)) => {
+                self.listen(tcp);
+                self.answer(udp);
+            }
+            // No IPv6 loopback: the kernel has no IPv6, so nothing can connect over it.
+            (Err(e), _) | (_, Err(e)) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {}
+            (Err(e), _) | (_, Err(e)) => return Err(e),
+        }
+        Ok(())
+    }
+
+    fn listen(self: &Arc<Self>, tcp: TcpListener) {
         let me = self.clone();
         tokio::spawn(async move {
             while let Ok((conn, _)) = tcp.accept().await {
@@ -55,6 +74,10 @@ impl Egress {
                 tokio::spawn(me.clone().intercept(conn));
             }
         });
+    }
+
+    fn answer(self: &Arc<Self>, udp: UdpSocket) {
+        let udp = Arc::new(udp);
         let me = self.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 1500];
@@ -63,7 +86,6 @@ impl Egress {
                 tokio::spawn(me.clone().resolve(udp.clone(), query, from));
             }
         });
-        Ok(())
     }
 
     fn subscriber(&self) -> Option<Outbox> {
@@ -81,7 +103,7 @@ impl Egress {
         self.conns.lock().insert(id, (conn, peeked));
         let ask = FromAgent::EgressConnect {
             conn: id,
-            ip: IpAddr::V4(*dest.ip()),
+            ip: dest.ip(),
             port: dest.port(),
             sni,
             host,
@@ -191,28 +213,43 @@ fn reset(conn: TcpStream) {
     drop(conn);
 }
 
-/// Where the connection was going before the redirect (SO_ORIGINAL_DST).
-fn original_destination(conn: &TcpStream) -> Option<SocketAddrV4> {
-    // SAFETY: sockaddr_in is plain old data; all-zero is a valid value.
-    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+/// Where the connection was going before the redirect: `SO_ORIGINAL_DST`, or for an IPv6
+/// connection its v6 twin (`IP6T_SO_ORIGINAL_DST`, same number, `SOL_IPV6`).
+fn original_destination(conn: &TcpStream) -> Option<SocketAddr> {
     const SO_ORIGINAL_DST: libc::c_int = 80;
+    let fd = conn.as_raw_fd();
+    if conn.local_addr().ok()?.is_ipv6() {
+        let addr: libc::sockaddr_in6 = original_dst(fd, libc::SOL_IPV6, SO_ORIGINAL_DST)?;
+        return Some(SocketAddr::V6(SocketAddrV6::new(
+            Ipv6Addr::from(addr.sin6_addr.s6_addr),
+            u16::from_be(addr.sin6_port),
+            0,
+            addr.sin6_scope_id,
+        )));
+    }
+    let addr: libc::sockaddr_in = original_dst(fd, libc::SOL_IP, SO_ORIGINAL_DST)?;
+    Some(SocketAddr::V4(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
+        u16::from_be(addr.sin_port),
+    )))
+}
+
+/// One socket address read with `getsockopt`; `T` is `sockaddr_in` or `sockaddr_in6`.
+fn original_dst<T>(fd: libc::c_int, level: libc::c_int, name: libc::c_int) -> Option<T> {
+    // SAFETY: T is a sockaddr struct, plain old data for which all-zero is a valid value.
+    let mut addr: T = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `addr`, which we own.
     let rc = unsafe {
         libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_IP,
-            SO_ORIGINAL_DST,
-            &mut addr as *mut _ as *mut libc::c_void,
+            fd,
+            level,
+            name,
+            &mut addr as *mut T as *mut libc::c_void,
             &mut len,
         )
     };
-    (rc == 0).then(|| {
-        SocketAddrV4::new(
-            Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
-            u16::from_be(addr.sin_port),
-        )
-    })
+    (rc == 0).then_some(addr)
 }
 
 /// The client's first bytes, enough to read a ClientHello or request head; a server-speaks-

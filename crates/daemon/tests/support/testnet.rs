@@ -1,6 +1,6 @@
 //! The "internet" of egress tests: a network namespace the test creates, joined to the host
-//! by a veth pair, running the Python servers the test hands it. Nothing leaves loopback or
-//! that namespace.
+//! by a veth pair (IPv4 and IPv6: a unique-local /64), running the Python servers the test
+//! hands it. Nothing leaves loopback or that namespace.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -12,6 +12,8 @@ pub struct TestNet {
     /// `ip` step or server start still removes the namespace and the veth.
     server: Option<Child>,
     pub prefix: String,
+    /// The IPv6 /64's first 64 bits (`fd19:<tag>:<n>:0`).
+    prefix6: String,
 }
 
 fn ip(args: &[&str]) {
@@ -34,19 +36,25 @@ impl TestNet {
         let host_if = format!("krv{tag}{id}");
         let peer = format!("krp{tag}{id}");
         let prefix = format!("10.{}.{n}", 252 + tag);
+        let prefix6 = format!("fd19:{tag}:{n}:0");
         ip(&["netns", "add", &ns]);
         let mut net = TestNet {
             ns,
             host_if,
             server: None,
             prefix,
+            prefix6,
         };
         let (ns, host_if, prefix) = (net.ns.clone(), net.host_if.clone(), net.prefix.clone());
+        let prefix6 = net.prefix6.clone();
         ip(&[
             "link", "add", &host_if, "type", "veth", "peer", "name", &peer,
         ]);
         ip(&["link", "set", &peer, "netns", &ns]);
         ip(&["addr", "add", &format!("{prefix}.1/30"), "dev", &host_if]);
+        // `nodad`: usable at once, not after duplicate address detection's second or two.
+        let host6 = format!("{prefix6}::1/64");
+        ip(&["addr", "add", &host6, "dev", &host_if, "nodad"]);
         ip(&["link", "set", &host_if, "up"]);
         ip(&[
             "-n",
@@ -57,6 +65,8 @@ impl TestNet {
             "dev",
             &peer,
         ]);
+        let peer6 = format!("{prefix6}::2/64");
+        ip(&["-n", &ns, "addr", "add", &peer6, "dev", &peer, "nodad"]);
         ip(&["-n", &ns, "link", "set", &peer, "up"]);
         ip(&["-n", &ns, "link", "set", "lo", "up"]);
         net.server = Some(
@@ -79,6 +89,12 @@ impl TestNet {
 
     pub fn server_ip(&self) -> String {
         format!("{}.2", self.prefix)
+    }
+
+    /// The namespace's IPv6 address (servers bound to `::` answer on it too).
+    #[allow(dead_code)] // only the IPv6 tests use it
+    pub fn server_ip6(&self) -> String {
+        format!("{}::2", self.prefix6)
     }
 }
 
