@@ -1164,6 +1164,37 @@ fn admin_flow(daemon: &Daemon) {
         .and_then(|t| t.iter().find(|t| t["id"] == "e2e-co"))
         .expect("e2e-co listed");
     assert_eq!(co_row["live_sessions"], 1);
+    // This daemon is the one node of its store: listed up, with its capacity.
+    let nodes = admin.ok(&["admin", "nodes"]);
+    assert!(
+        nodes.stdout.starts_with("NODE") && nodes.stdout.contains(" up "),
+        "{nodes:?}"
+    );
+    let nodes: serde_json::Value =
+        serde_json::from_str(&admin.ok(&["admin", "nodes", "--json"]).stdout)
+            .expect("nodes --json");
+    assert_eq!(nodes.as_array().map(Vec::len), Some(1), "{nodes}");
+    assert_eq!(nodes[0]["state"], "up");
+    assert!(nodes[0]["capacity_sandboxes"].as_u64() > Some(0), "{nodes}");
+    assert!(
+        tenant_cli
+            .run(&["admin", "nodes"])
+            .stderr
+            .contains("admin_keys"),
+        "a tenant key is told where admin keys come from"
+    );
+    // A build id the daemon never made: its typed error, exit status 1, both forms.
+    for args in [
+        &["image", "build-status", "nosuch"][..],
+        &["image", "build-status", "nosuch", "--follow"],
+    ] {
+        let out = admin.run(args);
+        assert_eq!(out.code, 1, "{out:?}");
+        assert!(
+            out.stderr.contains("SANDBOX-IMAGE-BUILD-NOT-FOUND"),
+            "{out:?}"
+        );
+    }
     admin.ok(&["admin", "tenant", "set", "e2e-co", "--plan", "none"]);
     co.ok(&["kill", &id]);
     let no_plan = co.run(&["create"]);

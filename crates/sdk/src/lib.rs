@@ -607,6 +607,15 @@ impl Client {
         decode(self.send(self.request(Method::POST, url)).await?).await
     }
 
+    /// `GET /v1/sandbox/admin/nodes`: the daemons sharing this one's store, with their state
+    /// (`up`, `lost`, `left`) and last reported load.
+    pub async fn admin_nodes(&self) -> Result<Vec<types::NodeInfo>> {
+        let url = self.url(&["v1", "sandbox", "admin", "nodes"])?;
+        let list: types::NodeList =
+            decode(self.send(self.request(Method::GET, url)).await?).await?;
+        Ok(list.nodes)
+    }
+
     /// `DELETE /v1/sandbox/sessions/{id}`.
     pub async fn destroy_session(&self, id: &str) -> Result<()> {
         let url = self.session_url(id, &[])?;

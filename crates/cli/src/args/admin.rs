@@ -13,6 +13,9 @@ pub enum AdminCommand {
     /// Tenants: plans, quotas, keys.
     #[command(subcommand)]
     Tenant(TenantCommand),
+    /// The daemons sharing this one's store: address, runtimes, capacity, load and state
+    /// (`up`, `lost` after missed heartbeats, `left` after a clean shutdown).
+    Nodes(OnlyOpts),
 }
 
 #[derive(Debug, Subcommand)]

@@ -13,6 +13,11 @@ pub enum ImageCommand {
     /// through the daemon instead (admin key), following its log; `[[files]] src = "path"`
     /// (relative to the spec) is sent inline as `content`.
     Build(ImageBuildArgs),
+    /// Show a template build the daemon runs or ran (`image build FILE.toml` prints its id):
+    /// state, each step (`pending`, `cached`, `running`, `built`, `failed`), the failed step's
+    /// error and the end of its log; `--follow` prints the log as it is written until the build
+    /// ends (exit 1 if it failed). Needs an admin key.
+    BuildStatus(BuildStatusArgs),
     /// Import an OCI image layout tar or a `docker save` tar into the image store on this host
     /// (locally, as root; the daemon sees it at once): its layers unpacked in order, its env,
     /// working directory and user kept. `POST /v1/sandbox/images/import` does the same remotely.
@@ -55,6 +60,17 @@ pub struct ImageBuildArgs {
         requires = "pack"
     )]
     pub mirror: String,
+}
+
+#[derive(Debug, Args)]
+pub struct BuildStatusArgs {
+    /// The build's id (`build_id` in `image build`'s output).
+    pub id: String,
+    /// Print the whole log (replayed, then live) until the build ends, instead of its status.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    #[command(flatten)]
+    pub c: LocalOpts,
 }
 
 #[derive(Debug, Args)]

@@ -19,7 +19,7 @@ pub use admin::{AdminArgs, AdminCommand, TenantCommand};
 pub use egress::{NetworkArgs, SecretCommand, WebhookCommand};
 pub use exec::{ExecArgs, ExecOpts, RunArgs};
 pub use files::{CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs, StatArgs};
-pub use image::{ImageBuildArgs, ImageCommand, ImageImportArgs};
+pub use image::{BuildStatusArgs, ImageBuildArgs, ImageCommand, ImageImportArgs};
 #[cfg(test)]
 pub(crate) use interp::ContextLanguage;
 pub use interp::{ContextCommand, RunCodeArgs};

@@ -1,4 +1,4 @@
-//! admin tenant ls/get/set/key.
+//! admin tenant ls/get/set/key, admin nodes.
 
 use koder_sdk::types;
 
@@ -28,14 +28,24 @@ fn print_tenant(ctx: &Ctx, t: &types::TenantInfo) -> Result<()> {
 }
 
 pub async fn run(g: &GlobalOpts, a: AdminArgs) -> Result<i32> {
-    tenant(g, a).await.map_err(|e| match e {
+    let done = match a.what {
+        AdminCommand::Tenant(cmd) => tenant(g, cmd).await,
+        AdminCommand::Nodes(o) => nodes(g, &o.c).await,
+    };
+    done.map_err(|e| match e {
         CliError::Sdk(e) => CliError::admin(e),
         other => other,
     })
 }
 
-async fn tenant(g: &GlobalOpts, a: AdminArgs) -> Result<i32> {
-    let AdminCommand::Tenant(cmd) = a.what;
+async fn nodes(g: &GlobalOpts, local: &LocalOpts) -> Result<i32> {
+    let ctx = admin_ctx(g, local)?;
+    let nodes = ctx.client.admin_nodes().await?;
+    ctx.out.print(&nodes, |n| output::nodes_table(n))?;
+    Ok(0)
+}
+
+async fn tenant(g: &GlobalOpts, cmd: TenantCommand) -> Result<i32> {
     match cmd {
         TenantCommand::Ls(o) => {
             let ctx = admin_ctx(g, &o.c)?;

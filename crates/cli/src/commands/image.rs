@@ -6,9 +6,9 @@ use koder_sdk::{types, BuildEvent};
 
 use super::admin::admin_ctx;
 use super::Ctx;
-use crate::args::{GlobalOpts, ImageBuildArgs, ImageCommand, ImageImportArgs};
+use crate::args::{BuildStatusArgs, GlobalOpts, ImageBuildArgs, ImageCommand, ImageImportArgs};
 use crate::error::{CliError, IoContext as _, Result};
-use crate::output::{format_size, format_time};
+use crate::output::{build_table, format_size, format_time, image_languages, images_table};
 
 pub async fn run(g: &GlobalOpts, cmd: ImageCommand) -> Result<i32> {
     match cmd {
@@ -17,6 +17,7 @@ pub async fn run(g: &GlobalOpts, cmd: ImageCommand) -> Result<i32> {
             Some(pack) => build_pack(&pack, a).await,
             None => build(a).await,
         },
+        ImageCommand::BuildStatus(a) => build_status(g, a).await,
         ImageCommand::Import(a) => import(a).await,
         ImageCommand::List(o) => {
             let ctx = Ctx::new(g, &o.c)?;
@@ -128,7 +129,33 @@ async fn build_template(g: &GlobalOpts, spec: &str, a: ImageBuildArgs) -> Result
         .await
         .map_err(CliError::admin)?;
     eprintln!("build {} of {name} queued", build.build_id);
-    let mut events = Box::pin(ctx.client.follow_build(&build.build_id).await?);
+    follow_build(&ctx, &build.build_id).await
+}
+
+/// `image build-status ID`: the build's status, or with `--follow` its log to the end.
+async fn build_status(g: &GlobalOpts, a: BuildStatusArgs) -> Result<i32> {
+    let ctx = admin_ctx(g, &a.c)?;
+    if a.follow {
+        return follow_build(&ctx, &a.id).await.map_err(|e| match e {
+            CliError::Sdk(e) => CliError::admin(e),
+            other => other,
+        });
+    }
+    let build = ctx
+        .client
+        .build_status(&a.id)
+        .await
+        .map_err(CliError::admin)?;
+    ctx.out.print(&build, build_table)?;
+    Ok(match build.state {
+        types::BuildState::Failed => 1,
+        _ => 0,
+    })
+}
+
+/// Prints a build's log as it is written; ends with its result (1 if it failed).
+async fn follow_build(ctx: &Ctx, id: &str) -> Result<i32> {
+    let mut events = Box::pin(ctx.client.follow_build(id).await?);
     while let Some(event) = events.next().await {
         match event? {
             BuildEvent::Line(line) => println!("{line}"),
@@ -192,60 +219,12 @@ async fn build(a: ImageBuildArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn languages(i: &types::Image) -> String {
-    i.languages
-        .iter()
-        .map(|l| match &l.version {
-            Some(v) => format!("{} {v}", l.name),
-            None => l.name.clone(),
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn images_table(images: &[types::Image]) -> String {
-    let rows: Vec<[String; 5]> = images
-        .iter()
-        .map(|i| {
-            [
-                i.names.join(", "),
-                i.kind.clone(),
-                languages(i),
-                i.size_bytes.map_or("-".into(), format_size),
-                i.digest
-                    .as_deref()
-                    .map_or("-".into(), |d| d[..12].to_string()),
-            ]
-        })
-        .collect();
-    let header = ["NAME", "KIND", "LANGUAGES", "SIZE", "DIGEST"].map(String::from);
-    let mut widths = header.clone().map(|h| h.len());
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    std::iter::once(&header)
-        .chain(&rows)
-        .map(|row| {
-            row.iter()
-                .zip(widths)
-                .map(|(cell, w)| format!("{cell:<w$}"))
-                .collect::<Vec<_>>()
-                .join("  ")
-                .trim_end()
-                .to_string()
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 fn image_details(i: &types::Image) -> String {
     let mut lines = vec![
         format!("name:       {}", i.names.join(", ")),
         format!("kind:       {}", i.kind),
         format!("digest:     {}", i.digest.as_deref().unwrap_or("-")),
-        format!("languages:  {}", languages(i)),
+        format!("languages:  {}", image_languages(i)),
         format!(
             "size:       {}",
             i.size_bytes.map_or("-".into(), format_size)
@@ -311,6 +290,54 @@ mod tests {
         assert!(lines[1].starts_with("host  "), "{table}");
         assert!(lines[2].contains("3.0 MiB") && lines[2].ends_with(&"ab".repeat(6)));
         assert_eq!(lines[0].find("KIND"), lines[2].find("pack"));
+    }
+
+    #[test]
+    fn build_status_shows_each_step_and_names_the_failed_one() {
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "ksandbox",
+            "image",
+            "build-status",
+            "b-1",
+            "--follow",
+        ])
+        .unwrap();
+        let Command::Client(ClientCommand::Image(ImageCommand::BuildStatus(a))) = cli.command
+        else {
+            panic!("not image build-status")
+        };
+        assert_eq!((a.id.as_str(), a.follow), ("b-1", true));
+
+        let step = |step: &str, status: &str| types::BuildStep {
+            step: step.into(),
+            key: "k".repeat(64),
+            status: status.into(),
+        };
+        let build = types::Build {
+            build_id: "b-1".into(),
+            name: "app".into(),
+            state: types::BuildState::Failed,
+            steps: vec![step("pip six", "cached"), step("run make", "failed")],
+            failed_step: Some(1),
+            error: Some(types::ErrorDetail {
+                code: "SANDBOX-IMAGE-BUILD-STEP-FAILED".into(),
+                message: "step 1 exited with 2".into(),
+                details: None,
+            }),
+            digest: None,
+            log_tail: "make: *** no rule\n".into(),
+            created_at: chrono::Utc::now(),
+            finished_at: Some(chrono::Utc::now()),
+        };
+        let text = build_table(&build);
+        assert!(text.contains("failed"), "{text}");
+        let failed_row = text.lines().find(|l| l.contains("run make")).unwrap();
+        assert!(failed_row.ends_with("<- failed"), "{text}");
+        assert!(!text
+            .lines()
+            .any(|l| l.contains("pip six") && l.contains("<-")));
+        assert!(text.contains("error: SANDBOX-IMAGE-BUILD-STEP-FAILED: step 1 exited with 2"));
+        assert!(text.trim_end().ends_with("make: *** no rule"), "{text}");
     }
 
     #[test]

@@ -254,6 +254,100 @@ pub fn tenants_table(tenants: &[types::TenantInfo]) -> String {
     )
 }
 
+pub fn nodes_table(nodes: &[types::NodeInfo]) -> String {
+    table(
+        &[
+            "NODE",
+            "STATE",
+            "ADDRESS",
+            "RUNTIMES",
+            "SANDBOXES",
+            "HEARTBEAT",
+        ],
+        nodes.iter().map(|n| {
+            vec![
+                n.id.clone(),
+                n.state.clone(),
+                n.address.clone(),
+                n.runtimes.join(","),
+                format!("{}/{}", n.load_sandboxes, n.capacity_sandboxes),
+                format_time(&n.heartbeat_at),
+            ]
+        }),
+    )
+}
+
+pub fn images_table(images: &[types::Image]) -> String {
+    table(
+        &["NAME", "KIND", "LANGUAGES", "SIZE", "DIGEST"],
+        images.iter().map(|i| {
+            vec![
+                i.names.join(", "),
+                i.kind.clone(),
+                image_languages(i),
+                i.size_bytes.map_or("-".into(), format_size),
+                i.digest
+                    .as_deref()
+                    .map_or("-".into(), |d| d.get(..12).unwrap_or(d).to_string()),
+            ]
+        }),
+    )
+}
+
+pub fn image_languages(i: &types::Image) -> String {
+    i.languages
+        .iter()
+        .map(|l| match &l.version {
+            Some(v) => format!("{} {v}", l.name),
+            None => l.name.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A build's state, then one row per step; a failed build names its step and error.
+pub fn build_table(b: &types::Build) -> String {
+    let state = serde_json::to_value(b.state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    let mut out = fields(vec![
+        ("build:", b.build_id.clone()),
+        ("image:", b.name.clone()),
+        ("state:", state),
+        ("digest:", or_dash(b.digest.as_deref())),
+        ("created:", format_time(&b.created_at)),
+        (
+            "finished:",
+            or_dash(b.finished_at.as_ref().map(format_time)),
+        ),
+    ]);
+    out.push_str("\n\n");
+    out.push_str(&table(
+        &["#", "STATUS", "STEP"],
+        b.steps.iter().enumerate().map(|(n, s)| {
+            let marker = if b.failed_step == Some(n) {
+                "  <- failed"
+            } else {
+                ""
+            };
+            vec![
+                n.to_string(),
+                s.status.clone(),
+                format!("{}{marker}", s.step),
+            ]
+        }),
+    ));
+    if let Some(e) = &b.error {
+        out.push_str(&format!("\n\nerror: {}: {}", e.code, e.message));
+    }
+    if !b.log_tail.is_empty() {
+        out.push_str("\n\nlog (end):\n");
+        out.push_str(b.log_tail.trim_end());
+    }
+    out
+}
+
 pub fn execs_table(execs: &[types::ExecStatus]) -> String {
     table(
         &["EXEC", "STATE", "EXIT", "STARTED", "COMMAND"],
