@@ -122,6 +122,9 @@ impl ExecTrace {
         if let Some(kib) = end.peak_memory_kib {
             span.record("peak_memory_kib", kib);
         }
+        // The exporter ends a span at its last exit: this one is the exec's end, whenever and
+        // wherever (a followed exec's own task) the span was last entered.
+        drop(span.enter());
     }
 }
 
