@@ -88,7 +88,7 @@ impl<In, Out: Serialize> Encoder<Frame<Out>> for FrameCodec<In, Out> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::messages::{ExecRequest, FromAgent, ToAgent};
+    use crate::messages::{ExecRequest, FromAgent, ToAgent, TraceContext};
 
     type AgentSide = FrameCodec<ToAgent, FromAgent>;
 
@@ -102,6 +102,11 @@ mod tests {
             msg: ToAgent::Exec(ExecRequest {
                 argv: vec!["echo".into(), "héllo".into()],
                 stdin: vec![0, 255, 10],
+                trace: Some(TraceContext {
+                    trace_id: [7; 16],
+                    span_id: [9; 8],
+                    sampled: true,
+                }),
                 ..Default::default()
             }),
         };

@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 /// Version of this protocol; the agent reports it in [`HealthInfo`] and the client refuses an
 /// agent speaking another. 2: per-stream credit (`Credit`, see [`crate::flow`]). 3: file
 /// metadata (`Entry::metadata`, `WriteFileRequest::metadata`), watch barriers (`WatchFlush`).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: trace context of an exec (`ExecRequest::trace`) and what the agent timed of it
+/// (`ExitInfo::timing`).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest data chunk of a byte stream (stdout, stdin, relayed bytes) carried in one frame.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -336,6 +338,43 @@ pub struct ExecRequest {
     /// Sandbox uid/gid to run as (default 0, the sandbox's own root).
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// The W3C trace context of the in-sandbox work, given to the process as `TRACEPARENT`
+    /// (unless `env` names one) so instrumented code joins the trace.
+    pub trace: Option<TraceContext>,
+}
+
+/// A W3C trace context (`traceparent`, version 00): the span in-sandbox work is a child of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceContext {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub sampled: bool,
+}
+
+impl TraceContext {
+    /// The `traceparent` header value.
+    pub fn traceparent(&self) -> String {
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        format!(
+            "00-{}-{}-{}",
+            hex(&self.trace_id),
+            hex(&self.span_id),
+            if self.sampled { "01" } else { "00" }
+        )
+    }
+}
+
+/// What the agent timed of an exec, on its own monotonic clock (in microseconds): the daemon
+/// places it on its own clock by the moment `Exited` arrives, so a guest's clock never
+/// matters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecTiming {
+    /// From the request's arrival to the process running.
+    pub spawn_us: u64,
+    /// The process's wall time, from its start to its exit.
+    pub run_us: u64,
+    /// From the exit to this answer (output still drained).
+    pub since_exit_us: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -359,6 +398,8 @@ pub struct ExitInfo {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub duration_ms: u64,
+    /// The exec's timing inside the sandbox (zero for a terminal's process).
+    pub timing: ExecTiming,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -505,5 +546,25 @@ impl AgentError {
             code,
             message: message.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_context_is_written_as_a_w3c_traceparent() {
+        let mut cx = TraceContext {
+            trace_id: [0x4b; 16],
+            span_id: [0, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7],
+            sampled: true,
+        };
+        assert_eq!(
+            cx.traceparent(),
+            "00-4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b-00f067aa0ba902b7-01"
+        );
+        cx.sampled = false;
+        assert!(cx.traceparent().ends_with("-00"));
     }
 }

@@ -125,6 +125,43 @@ fn bad_exec_requests_get_typed_errors() {
     });
 }
 
+/// A traced exec's process gets the context as `TRACEPARENT` (an explicit one in the request
+/// wins), and the exit carries what the agent timed: the wall time covers the process's sleep.
+#[test]
+fn a_traced_exec_passes_traceparent_and_reports_its_timing() {
+    let h = harness();
+    let trace = TraceContext {
+        trace_id: [0xab; 16],
+        span_id: [0x12; 8],
+        sampled: true,
+    };
+    rt().block_on(async {
+        let traced = ExecRequest {
+            trace: Some(trace),
+            ..exec(&["/bin/sh", "-c", "sleep 0.2; printf %s \"$TRACEPARENT\""])
+        };
+        let out = h.client.exec_collect(traced.clone()).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), trace.traceparent());
+        let t = out.exit.timing;
+        assert!(t.run_us >= 200_000, "{t:?}");
+        assert!(t.spawn_us < t.run_us && t.since_exit_us < t.run_us, "{t:?}");
+
+        let own = ExecRequest {
+            env: vec![("TRACEPARENT".into(), "mine".into())],
+            ..traced.clone()
+        };
+        let out = h.client.exec_collect(own).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "mine");
+
+        let untraced = ExecRequest {
+            trace: None,
+            ..traced
+        };
+        let out = h.client.exec_collect(untraced).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    });
+}
+
 #[test]
 fn exec_streams_start_output_then_exit() {
     let h = harness();

@@ -1,6 +1,8 @@
 //! OpenTelemetry through the real daemon: this test is the OTLP/HTTP collector (protobuf on
 //! loopback). A request carrying a W3C `traceparent` gets a request span that is the caller's
-//! child, named by its route template, and the exec it runs is a child of that.
+//! child, named by its route template (REST and E2B alike); the exec it runs is a child of that
+//! whether awaited, streamed or in the background, and what the agent timed in the sandbox is
+//! the exec's child, whose context the process got as `TRACEPARENT`.
 
 mod common;
 
@@ -9,16 +11,27 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use common::*;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use reqwest::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
 
-const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+/// The caller's span in every trace of these tests.
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
+/// One trace per request kind, so each tree is found by its trace id.
+const JSON_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const SSE_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4737";
+const BACKGROUND_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4738";
+const CONTEXT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4739";
+const E2B_CREATE_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473a";
+const E2B_RUN_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473b";
+/// What every traced exec runs: long enough to time, printing the context it was given.
+const COMMAND: &str = "sleep 0.3; echo \"$TRACEPARENT\"; exit 3";
 
 type Spans = Arc<Mutex<Vec<Span>>>;
 
@@ -60,93 +73,398 @@ fn attr(span: &Span, key: &str) -> Option<String> {
     })
 }
 
+fn traceparent(trace: &str) -> String {
+    format!("00-{trace}-{CALLER_SPAN}-01")
+}
+
+/// The spans of `trace` once `names` are all there (the exporter batches; stopping the daemon
+/// flushed it).
+async fn spans_of(spans: &Spans, trace: &str, names: &[&str]) -> Vec<Span> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found: Vec<Span> = spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| hex(&s.trace_id) == trace)
+            .cloned()
+            .collect();
+        if names.iter().all(|n| found.iter().any(|s| s.name == *n)) {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "trace {trace} lacks some of {names:?} after 20 s: {:?}",
+            found.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
+    let mut of = spans.iter().filter(|s| s.name == name);
+    let span = of.next().unwrap_or_else(|| panic!("no {name} span"));
+    assert!(of.next().is_none(), "one {name} span in its trace");
+    span
+}
+
+/// The caller's span → the request span (`request_name`) → its `exec` span (whose attributes
+/// are checked) → the in-sandbox span, placed inside it: the exec's whole tree in one trace.
+/// Returns the exec span and the in-sandbox span's W3C context as the process saw it.
+fn check_exec_tree(
+    spans: &[Span],
+    trace: &str,
+    request_name: &str,
+    (session, mode): (&str, &str),
+) -> (Span, String) {
+    let request = named(spans, request_name);
+    assert_eq!(
+        hex(&request.parent_span_id),
+        CALLER_SPAN,
+        "{request_name}: the caller's span is the parent"
+    );
+    assert!(attr(request, "http.response.status_code").is_some());
+    let exec = named(spans, "exec");
+    assert_eq!(
+        exec.parent_span_id, request.span_id,
+        "{request_name}: the exec is the request's child"
+    );
+    for (key, value) in [
+        ("mode", mode),
+        ("session", session),
+        ("tenant", "t1"),
+        ("runtime", "jail"),
+        ("verdict", "ok"),
+        ("exit_code", "3"),
+    ] {
+        assert_eq!(
+            attr(exec, key).as_deref(),
+            Some(value),
+            "{request_name}: {key}"
+        );
+    }
+    assert!(attr(exec, "image").is_some(), "{request_name}: image");
+    let duration: u64 = attr(exec, "duration_ms").unwrap().parse().unwrap();
+    assert!(duration >= 300, "{request_name}: the exec took its sleep");
+    // The exec span lasts until the exec ends, whenever the HTTP answer began.
+    assert!(
+        exec.end_time_unix_nano - exec.start_time_unix_nano >= 300_000_000,
+        "{request_name}: {} ns",
+        exec.end_time_unix_nano - exec.start_time_unix_nano
+    );
+
+    let inside = named(spans, "sandbox.exec");
+    assert_eq!(
+        inside.parent_span_id, exec.span_id,
+        "{request_name}: the in-sandbox span is the exec's child"
+    );
+    assert!(
+        inside.start_time_unix_nano >= exec.start_time_unix_nano
+            && inside.end_time_unix_nano <= exec.end_time_unix_nano,
+        "{request_name}: the in-sandbox span lies within its exec"
+    );
+    let wall: u64 = attr(inside, "wall_us").unwrap().parse().unwrap();
+    assert!(wall >= 300_000, "{request_name}: the process's wall time");
+    assert!(attr(inside, "spawn_us").is_some());
+    assert_eq!(attr(inside, "exit_code").as_deref(), Some("3"));
+    assert!(
+        inside.end_time_unix_nano - inside.start_time_unix_nano >= 300_000_000,
+        "{request_name}: the span covers the process's run"
+    );
+    let seen = format!("00-{trace}-{}-01", hex(&inside.span_id));
+    (exec.clone(), seen)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_span_joins_the_callers_trace_and_parents_its_exec() {
+async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
     let Some(()) = root_or_skip() else { return };
     let (spans, url) = collector().await;
     let config = format!("{BASE_CONFIG}[telemetry]\notlp_endpoint = \"{url}\"\n");
     let mut d = Daemon::start(&config).await;
     let sid = d.create(json!({})).await;
+    let exec_path = format!("/v1/sandbox/sessions/{sid}/exec");
+
     let resp = d
-        .req(
-            Method::POST,
-            &format!("/v1/sandbox/sessions/{sid}/exec"),
-            KEY1,
-        )
-        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
-        .json(&json!({"shell": "exit 7"}))
+        .req(Method::POST, &exec_path, KEY1)
+        .header("traceparent", traceparent(JSON_TRACE))
+        .json(&json!({"shell": COMMAND}))
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
-    // The same request in the Prometheus metrics, by route template, and the create by path.
+    let awaited: Value = resp.json().await.unwrap();
+
+    let resp = d
+        .req(Method::POST, &exec_path, KEY1)
+        .header("traceparent", traceparent(SSE_TRACE))
+        .header("accept", "text/event-stream")
+        .json(&json!({"shell": COMMAND}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let streamed = resp.text().await.unwrap();
+
+    let resp = d
+        .req(Method::POST, &exec_path, KEY1)
+        .header("traceparent", traceparent(BACKGROUND_TRACE))
+        .json(&json!({"shell": COMMAND, "background": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let exec_id = resp.json::<Value>().await.unwrap()["exec_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let background = wait_for_result(&d, &sid, &exec_id).await;
+
+    let resp = d
+        .req(
+            Method::POST,
+            &format!("/v1/sandbox/sessions/{sid}/contexts/default/run"),
+            KEY1,
+        )
+        .header("traceparent", traceparent(CONTEXT_TRACE))
+        .json(&json!({"code": "import time; time.sleep(0.3); 6 * 7"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+
+    let (e2b_id, e2b_output) = e2b_commands_run(&d).await;
+
+    // The requests in the Prometheus metrics, by route template, and the create by path.
     let metrics = d.metrics().await;
     for line in [
-        "koder_http_requests_total{route=\"/v1/sandbox/sessions/{id}/exec\",status=\"200\"} 1",
+        "koder_http_requests_total{route=\"/v1/sandbox/sessions/{id}/exec\",status=\"200\"} 2",
+        "koder_http_requests_total{route=\"/v1/sandbox/sessions/{id}/exec\",status=\"202\"} 1",
         "koder_http_requests_total{route=\"/v1/sandbox/sessions\",status=\"201\"} 1",
-        "koder_http_request_duration_seconds_count{route=\"/v1/sandbox/sessions/{id}/exec\"} 1",
-        "koder_session_create_seconds_count{source=\"cold\"} 1",
+        "koder_http_request_duration_seconds_count{route=\"/v1/sandbox/sessions/{id}/exec\"} 3",
+        "koder_session_create_seconds_count{source=\"cold\"} 2",
     ] {
         assert!(metrics.contains(line), "{line} not in:\n{metrics}");
     }
     // Stopping flushes what the batch exporter still holds.
     d.stop();
 
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (request, exec) = loop {
-        let all = spans.lock().unwrap().clone();
-        let in_trace: Vec<&Span> = all
-            .iter()
-            .filter(|s| hex(&s.trace_id) == TRACE_ID)
-            .collect();
-        let request = in_trace.iter().find(|s| s.name.ends_with("/exec")).cloned();
-        let exec = in_trace.iter().find(|s| s.name == "exec").cloned();
-        if let (Some(r), Some(e)) = (request, exec) {
-            break (r.clone(), e.clone());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no request and exec spans in trace {TRACE_ID} within 20 s: {:?}",
-            all.iter()
-                .map(|s| (&s.name, hex(&s.trace_id)))
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(request.name, "POST /v1/sandbox/sessions/{id}/exec");
+    let exec_route = "POST /v1/sandbox/sessions/{id}/exec";
+    let tree = [exec_route, "exec", "sandbox.exec"];
+    let all = spans_of(&spans, JSON_TRACE, &tree).await;
+    let (exec, seen) = check_exec_tree(&all, JSON_TRACE, exec_route, (&sid, "awaited"));
     assert_eq!(
-        hex(&request.parent_span_id),
-        CALLER_SPAN,
-        "the caller's span is the parent"
+        awaited["stdout"].as_str().unwrap().trim(),
+        seen,
+        "TRACEPARENT"
     );
     assert_eq!(
-        attr(&request, "http.route").as_deref(),
+        attr(&exec, "peak_memory_kib"),
+        awaited["peak_memory_kib"].as_u64().map(|k| k.to_string()),
+        "the exec's peak memory"
+    );
+    let request = named(&all, exec_route);
+    assert_eq!(
+        attr(request, "http.route").as_deref(),
         Some("/v1/sandbox/sessions/{id}/exec")
     );
     assert_eq!(
-        attr(&request, "http.response.status_code").as_deref(),
+        attr(request, "http.response.status_code").as_deref(),
         Some("200")
     );
-    assert_eq!(
-        exec.parent_span_id, request.span_id,
-        "the exec is the request's child"
+
+    let all = spans_of(&spans, SSE_TRACE, &tree).await;
+    let (_, seen) = check_exec_tree(&all, SSE_TRACE, exec_route, (&sid, "streamed"));
+    assert!(
+        streamed.contains(&seen),
+        "TRACEPARENT in the stream: {streamed}"
     );
-    assert_eq!(attr(&exec, "session").as_deref(), Some(sid.as_str()));
-    assert_eq!(attr(&exec, "tenant").as_deref(), Some("t1"));
-    assert_eq!(attr(&exec, "runtime").as_deref(), Some("jail"));
-    assert_eq!(attr(&exec, "image").as_deref(), Some("host"));
-    assert_eq!(attr(&exec, "verdict").as_deref(), Some("ok"));
-    assert_eq!(attr(&exec, "exit_code").as_deref(), Some("7"));
-    assert!(attr(&exec, "duration_ms").is_some());
+
+    let all = spans_of(&spans, BACKGROUND_TRACE, &tree).await;
+    let (_, seen) = check_exec_tree(&all, BACKGROUND_TRACE, exec_route, (&sid, "background"));
+    assert_eq!(background["stdout"].as_str().unwrap().trim(), seen);
+    assert_eq!(
+        attr(named(&all, exec_route), "http.response.status_code").as_deref(),
+        Some("202")
+    );
+
+    // A context run: the exec span of an interpreter run (no process of its own to time).
+    let run_route = "POST /v1/sandbox/sessions/{id}/contexts/{cid}/run";
+    let all = spans_of(&spans, CONTEXT_TRACE, &[run_route, "exec"]).await;
+    let request = named(&all, run_route);
+    let run = named(&all, "exec");
+    assert_eq!(run.parent_span_id, request.span_id);
+    assert_eq!(attr(run, "mode").as_deref(), Some("context"));
+    assert_eq!(attr(run, "verdict").as_deref(), Some("ok"));
+    assert_eq!(attr(run, "session").as_deref(), Some(sid.as_str()));
+    assert!(attr(run, "duration_ms").unwrap().parse::<u64>().unwrap() >= 300);
+
+    // E2B: the control plane's create and envd's process start (what `commands.run` sends)
+    // have request spans named by their routes, parents of the create and the exec.
+    let all = spans_of(
+        &spans,
+        E2B_CREATE_TRACE,
+        &["POST e2b.control", "session.create"],
+    )
+    .await;
+    let request = named(&all, "POST e2b.control");
+    assert_eq!(hex(&request.parent_span_id), CALLER_SPAN);
+    assert_eq!(
+        attr(request, "http.response.status_code").as_deref(),
+        Some("201")
+    );
+    let create = named(&all, "session.create");
+    assert_eq!(create.parent_span_id, request.span_id);
+    assert_eq!(attr(create, "session").as_deref(), Some(e2b_id.as_str()));
+    let start_route = "POST e2b.sandbox";
+    let all = spans_of(
+        &spans,
+        E2B_RUN_TRACE,
+        &[start_route, "exec", "sandbox.exec"],
+    )
+    .await;
+    let (_, seen) = check_exec_tree(&all, E2B_RUN_TRACE, start_route, (&e2b_id, "background"));
+    assert!(e2b_output.contains(&seen), "TRACEPARENT: {e2b_output}");
+
     // Lifecycle steps have spans of their own (the create's source recorded on it).
     let all = spans.lock().unwrap().clone();
     let create = all
         .iter()
-        .find(|s| s.name == "session.create")
+        .find(|s| s.name == "session.create" && attr(s, "session").as_deref() == Some(&sid))
         .expect("a session.create span");
     assert_eq!(attr(create, "source").as_deref(), Some("cold"));
 }
 
+async fn wait_for_result(d: &Daemon, sid: &str, exec_id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, v) = d
+            .json(
+                Method::GET,
+                &format!("/v1/sandbox/sessions/{sid}/execs/{exec_id}"),
+                Value::Null,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        if !v["result"].is_null() {
+            return v["result"].clone();
+        }
+        assert!(Instant::now() < deadline, "the background exec did not end");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An E2B sandbox made through the control plane, and what envd's `process.Process/Start`
+/// (the call behind the SDK's `commands.run`) printed, its stdout decoded.
+async fn e2b_commands_run(d: &Daemon) -> (String, String) {
+    let resp = d
+        .http
+        .post(format!("{}/sandboxes", d.base))
+        .header("x-api-key", KEY1)
+        .header("traceparent", traceparent(E2B_CREATE_TRACE))
+        .json(&json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let created: Value = resp.json().await.unwrap();
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let start = json!({"process": {"cmd": "/bin/bash", "args": ["-c", COMMAND]}}).to_string();
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(start.len() as u32).to_be_bytes());
+    body.extend_from_slice(start.as_bytes());
+    let resp = d
+        .http
+        .post(format!("{}/process.Process/Start", d.base))
+        .header("x-api-key", KEY1)
+        .header("E2b-Sandbox-Id", &id)
+        .header("E2b-Sandbox-Port", "49983")
+        .header("content-type", "application/connect+json")
+        .header("connect-protocol-version", "1")
+        .header("traceparent", traceparent(E2B_RUN_TRACE))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let frames = resp.bytes().await.unwrap();
+    let mut stdout = Vec::new();
+    let mut rest = &frames[..];
+    while rest.len() >= 5 {
+        let n = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let msg: Value = serde_json::from_slice(&rest[5..5 + n]).unwrap();
+        if let Some(data) = msg["event"]["data"]["stdout"].as_str() {
+            stdout.extend(BASE64.decode(data).unwrap());
+        }
+        rest = &rest[5 + n..];
+    }
+    (id, String::from_utf8_lossy(&stdout).into_owned())
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What operators watch besides requests: pool takes by image (hit or miss), egress decisions
+/// and quota rejections, scraped from `/metrics` after the actions that make them. No traffic
+/// leaves the host: the one connection goes to a private address the SSRF guard refuses, and
+/// names are answered from the (empty) configured hosts only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_pool_takes_egress_decisions_and_quota_rejections() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(
+        "[sessions]\nreap_interval = 0.2\npool = { bash = 1 }\n[network]\nsystem_resolver = false\n\
+         [tenants.t1]\nplan = \"standard\"\nmax_sessions = 2\n",
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !d
+        .metrics()
+        .await
+        .contains("koder_pool_ready{language=\"bash\"} 1")
+    {
+        assert!(Instant::now() < deadline, "no warm sandbox within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    d.create(json!({"language": "bash"})).await;
+    // Not the pool's to serve (it has network): no take.
+    let open = d
+        .create(json!({"language": "bash", "network": {"mode": "open"}}))
+        .await;
+    let (status, body) = d
+        .json(
+            Method::POST,
+            "/v1/sandbox/sessions",
+            json!({"language": "bash"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    let r = d
+        .exec(
+            &open,
+            json!({"shell": "getent hosts nothing.test; exec 3<>/dev/tcp/10.255.255.1/80; echo x >&3; timeout 5 cat <&3"}),
+        )
+        .await;
+
+    let metrics = d.metrics().await;
+    let value = |series: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        value("koder_pool_takes_total{image=\"host\",language=\"bash\",result=\"hit\"}"),
+        1,
+        "{metrics}"
+    );
+    assert!(!metrics.contains("result=\"miss\""), "{metrics}");
+    assert_eq!(
+        value("koder_quota_rejections_total{quota=\"sessions\"}"),
+        1,
+        "{metrics}"
+    );
+    // A lookup may be asked more than once (A, AAAA); each is a decision.
+    assert!(value("koder_egress_decisions_total{decision=\"deny\",proto=\"dns\"}") >= 1);
+    assert!(value("koder_egress_decisions_total{decision=\"deny\",proto=\"tcp\"}") >= 1);
+    assert!(!metrics.contains("decision=\"allow\""), "{metrics}");
 }

@@ -21,12 +21,15 @@ mod error;
 mod proto;
 mod state;
 
-use axum::extract::{Request, State};
+use std::future::Future;
+
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use tower::ServiceExt as _;
+use tracing::Instrument as _;
 
 pub use control::ENVD_VERSION;
 use envd::auth::{SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER};
@@ -43,10 +46,15 @@ pub const INTERPRETER_PORT: &str = "49999";
 /// to envd or the interpreter, E2B's API paths to the control plane, the rest to the native
 /// API. (None of E2B's paths is a native one.)
 pub fn mount(native: Router, e2b: E2b) -> Router {
+    let named = || axum::middleware::from_fn(name_span);
     let dispatch = Dispatch {
-        envd: envd::router().with_state(e2b.clone()),
-        interpreter: envd::interpreter::router().with_state(e2b.clone()),
-        control: control::router().with_state(e2b.clone()),
+        envd: envd::router().route_layer(named()).with_state(e2b.clone()),
+        interpreter: envd::interpreter::router()
+            .route_layer(named())
+            .with_state(e2b.clone()),
+        control: control::router()
+            .route_layer(named())
+            .with_state(e2b.clone()),
         e2b,
     };
     native.layer(axum::middleware::from_fn_with_state(dispatch, by_surface))
@@ -63,7 +71,9 @@ struct Dispatch {
 async fn by_surface(State(d): State<Dispatch>, mut req: Request, next: Next) -> Response {
     if !req.headers().contains_key(SANDBOX_ID_HEADER) {
         if control::is_control_path(req.uri().path()) {
-            return serve(d.control, req).await;
+            let span =
+                koder_telemetry::surface_span(req.method().as_str(), "e2b.control", req.headers());
+            return traced(span, serve(d.control, req)).await;
         }
         // A signed file URL handed to a plain HTTP client names its sandbox by its signature.
         match envd::auth::signer_of(req.method(), req.uri(), &d.e2b) {
@@ -77,6 +87,13 @@ async fn by_surface(State(d): State<Dispatch>, mut req: Request, next: Next) -> 
             Err(e) => return e.into_response(),
         }
     }
+    let span = koder_telemetry::surface_span(req.method().as_str(), "e2b.sandbox", req.headers());
+    traced(span, in_sandbox(d, req)).await
+}
+
+/// An envd or interpreter request: authenticated and admitted here, whatever its route, then
+/// served by the port's router.
+async fn in_sandbox(d: Dispatch, mut req: Request) -> Response {
     let port = req
         .headers()
         .get(SANDBOX_PORT_HEADER)
@@ -123,6 +140,26 @@ async fn by_surface(State(d): State<Dispatch>, mut req: Request, next: Next) -> 
         Some(places) => koder_http::hold_during_body(resp, places),
         None => resp,
     }
+}
+
+/// Runs an E2B request in its request span (named by its route once routed, see
+/// [`name_span`]), as the native API's are: its execs and creates are its children.
+async fn traced(span: tracing::Span, answer: impl Future<Output = Response>) -> Response {
+    let resp = answer.instrument(span.clone()).await;
+    koder_telemetry::record_status(&span, resp.status().as_u16());
+    resp
+}
+
+/// Names the request span by the route template its router matched.
+async fn name_span(req: Request, next: Next) -> Response {
+    if let Some(route) = req.extensions().get::<MatchedPath>() {
+        koder_telemetry::record_route(
+            &tracing::Span::current(),
+            req.method().as_str(),
+            route.as_str(),
+        );
+    }
+    next.run(req).await
 }
 
 async fn serve(router: Router, req: Request) -> Response {

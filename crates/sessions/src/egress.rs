@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
 use crate::inject;
+use crate::metrics::Metrics;
 use crate::secrets::{Binding, Bindings};
 use crate::session::Live;
 use crate::Error;
@@ -90,7 +91,7 @@ pub(crate) async fn audit_change(store: &Store, record: &SessionRecord) {
 
 /// Subscribes to the new session's egress and serves it until the sandbox goes away.
 pub(crate) async fn start(
-    store: &Store,
+    (store, metrics): (&Store, &Arc<Metrics>),
     cfg: &NetConfig,
     live: &Live,
     record: &SessionRecord,
@@ -103,13 +104,13 @@ pub(crate) async fn start(
         session_id: record.id.clone(),
         secrets: live.secrets.clone(),
     };
-    subscribe(live.sandbox.agent(), policy, ctx).await;
+    subscribe(live.sandbox.agent(), policy, ctx, metrics.clone()).await;
 }
 
 /// Serves the egress of a sandbox that is no session (an image build's): decided by
 /// `policy`, audited under `label` with no tenant, no secrets.
 pub(crate) async fn start_unrecorded(
-    store: &Store,
+    (store, metrics): (&Store, &Arc<Metrics>),
     cfg: &NetConfig,
     agent: &AgentClient,
     label: &str,
@@ -122,10 +123,10 @@ pub(crate) async fn start_unrecorded(
         session_id: label.into(),
         secrets: Arc::default(),
     };
-    subscribe(agent, Arc::new(Mutex::new(policy)), ctx).await;
+    subscribe(agent, Arc::new(Mutex::new(policy)), ctx, metrics.clone()).await;
 }
 
-async fn subscribe(agent: &AgentClient, policy: SharedPolicy, ctx: Ctx) {
+async fn subscribe(agent: &AgentClient, policy: SharedPolicy, ctx: Ctx, metrics: Arc<Metrics>) {
     let stream = match agent.open(ToAgent::EgressSubscribe).await {
         Ok(s) => s,
         Err(e) => {
@@ -133,7 +134,7 @@ async fn subscribe(agent: &AgentClient, policy: SharedPolicy, ctx: Ctx) {
             return;
         }
     };
-    tokio::spawn(serve(stream, agent.clone(), policy, ctx));
+    tokio::spawn(serve(stream, agent.clone(), policy, (ctx, metrics)));
 }
 
 struct Ctx {
@@ -173,7 +174,12 @@ impl Ctx {
     }
 }
 
-async fn serve(mut stream: AgentStream, agent: AgentClient, policy: SharedPolicy, ctx: Ctx) {
+async fn serve(
+    mut stream: AgentStream,
+    agent: AgentClient,
+    policy: SharedPolicy,
+    (ctx, metrics): (Ctx, Arc<Metrics>),
+) {
     let ctx = Arc::new(ctx);
     let answer = stream.handle();
     loop {
@@ -188,6 +194,7 @@ async fn serve(mut stream: AgentStream, agent: AgentClient, policy: SharedPolicy
                 let tls_hello = sni.is_some();
                 let name = sni.or(host);
                 let d = policy.lock().await.decide(ip, port, name.as_deref());
+                metrics.count_egress("tcp", d.allowed);
                 ctx.audit(
                     "tcp",
                     ip.to_string(),
@@ -225,6 +232,7 @@ async fn serve(mut stream: AgentStream, agent: AgentClient, policy: SharedPolicy
                     Some(a) => (true, format!("answered {}", join(a))),
                     None => (false, "name not allowed or not found".to_string()),
                 };
+                metrics.count_egress("dns", allowed);
                 ctx.audit(
                     "dns",
                     name.clone(),

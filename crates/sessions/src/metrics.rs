@@ -15,7 +15,13 @@ pub struct Metrics {
     pub create_seconds: HistogramVec,
     pub pool_ready: IntGaugeVec,
     pub pool_target: IntGaugeVec,
+    /// Creates the pool could serve (its lane runs their image), by whether it had one ready.
+    pub pool_takes: IntCounterVec,
     pub pool_failures: IntCounter,
+    /// Egress decisions on sandbox connections and name lookups.
+    pub egress_decisions: IntCounterVec,
+    /// Requests refused by a tenant quota, by quota.
+    pub quota_rejections: IntCounterVec,
     pub snapshots_taken: IntCounter,
     pub forks: IntCounter,
     /// REST requests by route template and status, and their latency by route template.
@@ -83,6 +89,30 @@ impl Metrics {
                 &["language"],
             )
             .unwrap_or_else(unreachable_metric),
+            pool_takes: IntCounterVec::new(
+                Opts::new(
+                    "pool_takes_total",
+                    "Creates on a pooled image, by language, image and result (hit: a warm sandbox was handed out, miss: none was ready)",
+                ),
+                &["language", "image", "result"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            egress_decisions: IntCounterVec::new(
+                Opts::new(
+                    "egress_decisions_total",
+                    "Egress policy decisions, by protocol (tcp connection, dns lookup) and decision (allow, deny)",
+                ),
+                &["proto", "decision"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            quota_rejections: IntCounterVec::new(
+                Opts::new(
+                    "quota_rejections_total",
+                    "Requests refused by a tenant quota, by quota (sessions, minutes, snapshot_storage, volume_storage)",
+                ),
+                &["quota"],
+            )
+            .unwrap_or_else(unreachable_metric),
             pool_failures: IntCounter::new(
                 "pool_fill_failures_total",
                 "Warm sandboxes that failed to start",
@@ -122,7 +152,10 @@ impl Metrics {
             Box::new(m.http_seconds.clone()),
             Box::new(m.pool_ready.clone()),
             Box::new(m.pool_target.clone()),
+            Box::new(m.pool_takes.clone()),
             Box::new(m.pool_failures.clone()),
+            Box::new(m.egress_decisions.clone()),
+            Box::new(m.quota_rejections.clone()),
             Box::new(m.snapshots_taken.clone()),
             Box::new(m.forks.clone()),
         ];
@@ -131,6 +164,27 @@ impl Metrics {
             let _ = m.registry.register(c);
         }
         m
+    }
+
+    /// Counts `e` when a tenant quota refused the request.
+    pub(crate) fn count_quota(&self, e: &crate::Error) {
+        use crate::Error;
+        let quota = match e {
+            Error::QuotaSessions(_) => "sessions",
+            Error::QuotaMinutes(_) => "minutes",
+            Error::QuotaSnapshotStorage(_) => "snapshot_storage",
+            Error::QuotaVolumeStorage(_) => "volume_storage",
+            _ => return,
+        };
+        self.quota_rejections.with_label_values(&[quota]).inc();
+    }
+
+    /// Counts one egress decision (`proto`: `tcp` or `dns`).
+    pub(crate) fn count_egress(&self, proto: &str, allowed: bool) {
+        let decision = if allowed { "allow" } else { "deny" };
+        self.egress_decisions
+            .with_label_values(&[proto, decision])
+            .inc();
     }
 
     /// The Prometheus text exposition of every metric.
@@ -150,4 +204,24 @@ impl Default for Metrics {
 /// Metric constructors only fail on malformed names or label sets, which are constants here.
 fn unreachable_metric<T>(e: prometheus::Error) -> T {
     panic!("metric definition rejected: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_quota_errors_count_as_quota_rejections() {
+        let m = Metrics::new();
+        m.count_quota(&crate::Error::QuotaSessions("x".into()));
+        m.count_quota(&crate::Error::QuotaVolumeStorage("x".into()));
+        m.count_quota(&crate::Error::InvalidArgument("x".into()));
+        let text = m.render();
+        assert!(
+            text.contains("koder_quota_rejections_total{quota=\"sessions\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("koder_quota_rejections_total{quota=\"volume_storage\"} 1"));
+        assert_eq!(text.matches("koder_quota_rejections_total{").count(), 2);
+    }
 }

@@ -209,6 +209,11 @@ impl Pool {
                 .position(|sb| !sb.agent().is_closed())
                 .and_then(|at| lane.ready.remove(at));
             self.publish(language, lane, now);
+            let result = if sb.is_some() { "hit" } else { "miss" };
+            self.metrics
+                .pool_takes
+                .with_label_values(&[language, image, result])
+                .inc();
             sb
         };
         self.wake.notify_one();

@@ -1,13 +1,19 @@
 //! The daemon's tracing set-up: logs on stderr (text or JSON) and, with
 //! `[telemetry] otlp_endpoint`, every span exported to an OpenTelemetry collector over
 //! OTLP/HTTP (protobuf). Incoming W3C `traceparent` headers make a request's span the child of
-//! the caller's.
+//! the caller's. Work done where the daemon's tracer cannot run (inside a sandbox) is exported
+//! by the daemon on its behalf as a [`RemoteChild`].
+
+use std::time::SystemTime;
 
 use opentelemetry::propagation::Extractor;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{
+    Span as _, SpanId, SpanKind, TraceContextExt as _, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::KeyValue;
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator, SdkTracerProvider};
 use serde::Deserialize;
 use tracing::Level;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -79,6 +85,10 @@ pub fn init(cfg: &TelemetryConfig, filter: &str, json: bool) -> Result<Telemetry
             .with_filter(span_filter())
     });
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    if let Some(p) = &provider {
+        // For spans the daemon exports on a sandbox's behalf (`RemoteChild`).
+        opentelemetry::global::set_tracer_provider(p.clone());
+    }
     let _ = tracing_subscriber::registry()
         .with(fmt)
         .with(otel)
@@ -115,15 +125,39 @@ fn provider(cfg: &TelemetryConfig) -> Result<SdkTracerProvider, TelemetryError> 
 /// The span of one API request (`route` is the matched template, not the path, so ids stay
 /// out of span names), the child of the caller's trace when `headers` carry a `traceparent`.
 pub fn request_span(method: &str, route: &str, headers: &http::HeaderMap) -> tracing::Span {
+    server_span(method, route, Some(route), headers)
+}
+
+/// A [`request_span`] made before routing (`surface` names what the request reached until
+/// [`record_route`] names its route).
+pub fn surface_span(method: &str, surface: &str, headers: &http::HeaderMap) -> tracing::Span {
+    server_span(method, surface, None, headers)
+}
+
+/// Names a [`surface_span`] by the route its router matched.
+pub fn record_route(span: &tracing::Span, method: &str, route: &str) {
+    span.record("otel.name", format!("{method} {route}"));
+    span.record("http.route", route);
+}
+
+fn server_span(
+    method: &str,
+    name: &str,
+    route: Option<&str>,
+    headers: &http::HeaderMap,
+) -> tracing::Span {
     let span = tracing::info_span!(
         target: "koder_http",
         "request",
-        otel.name = format!("{method} {route}"),
+        otel.name = format!("{method} {name}"),
         otel.kind = "server",
         http.request.method = method,
-        http.route = route,
+        http.route = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
     );
+    if let Some(route) = route {
+        span.record("http.route", route);
+    }
     let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(headers)));
     // Fails only when no OpenTelemetry layer is installed: then there is no trace to join.
     let _ = span.set_parent(parent);
@@ -144,5 +178,54 @@ impl Extractor for Headers<'_> {
 
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+/// A span for work done outside the daemon (a process in a sandbox), a child of a daemon span:
+/// its id is made here and handed over (as a W3C trace context) before the work starts, so what
+/// runs there can join the trace under it; the daemon exports it once the work reports its
+/// timing.
+pub struct RemoteChild {
+    parent: opentelemetry::Context,
+    span_id: SpanId,
+}
+
+impl RemoteChild {
+    /// A child of `parent`, or none when `parent` is not exported (no collector, or not
+    /// sampled): then nothing is handed to the sandbox either.
+    pub fn of(parent: &tracing::Span) -> Option<Self> {
+        let parent = parent.context();
+        let sc = parent.span().span_context().clone();
+        if !sc.is_valid() || !sc.is_sampled() {
+            return None;
+        }
+        Some(Self {
+            parent,
+            span_id: RandomIdGenerator::default().new_span_id(),
+        })
+    }
+
+    /// `(trace id, this span's id)` for the work's own trace context (always sampled).
+    pub fn ids(&self) -> ([u8; 16], [u8; 8]) {
+        let trace_id = self.parent.span().span_context().trace_id();
+        (trace_id.to_bytes(), self.span_id.to_bytes())
+    }
+
+    /// Exports the span over `start..end` (daemon clock), with integer attributes.
+    pub fn export(
+        self,
+        name: &'static str,
+        (start, end): (SystemTime, SystemTime),
+        attrs: &[(&'static str, i64)],
+    ) {
+        let tracer = opentelemetry::global::tracer("koder-sandbox");
+        let mut span = tracer
+            .span_builder(name)
+            .with_span_id(self.span_id)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(start)
+            .with_attributes(attrs.iter().map(|(k, v)| KeyValue::new(*k, *v)))
+            .start_with_context(&tracer, &self.parent);
+        span.end_with_timestamp(end);
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use koder_agent_protocol::{
-    AgentError, ErrorCode, ExecRequest, ExitInfo, FromAgent, ToAgent, CHUNK_BYTES,
+    AgentError, ErrorCode, ExecRequest, ExecTiming, ExitInfo, FromAgent, ToAgent, CHUNK_BYTES,
 };
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -126,6 +126,7 @@ pub async fn run(
     mut rx: mpsc::Receiver<ToAgent>,
     out: Outbox,
 ) {
+    let received = Instant::now();
     let (child, exit_rx) = match validate(&req).and_then(|()| spawn(reaper, defaults, &req)) {
         Ok(c) => c,
         Err(e) => {
@@ -176,9 +177,9 @@ pub async fn run(
     let mut timed_out = false;
     let mut control_open = true;
     tokio::pin!(exit_rx);
-    let status = loop {
+    let (status, exited) = loop {
         tokio::select! {
-            st = &mut exit_rx => break st.unwrap_or(Status::Signaled(libc::SIGKILL)),
+            st = &mut exit_rx => break (st.unwrap_or(Status::Signaled(libc::SIGKILL)), Instant::now()),
             () = sleep_until(deadline), if !timed_out => {
                 timed_out = true;
                 kill_group(pid, libc::SIGKILL);
@@ -223,9 +224,28 @@ pub async fn run(
             stdout_truncated: stdout_cut.load(Ordering::Relaxed),
             stderr_truncated: stderr_cut.load(Ordering::Relaxed),
             duration_ms: started.elapsed().as_millis() as u64,
+            timing: ExecTiming {
+                spawn_us: micros(started - received),
+                run_us: micros(exited - started),
+                since_exit_us: micros(exited.elapsed()),
+            },
         }))
         .await;
 }
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `TRACEPARENT` for the process when the exec is traced and its own environment names none
+/// (a caller's explicit value wins).
+fn trace_env(req: &ExecRequest) -> Option<(String, String)> {
+    let cx = req.trace?;
+    let named = req.env.iter().any(|(k, _)| k == TRACEPARENT);
+    (!named).then(|| (TRACEPARENT.to_string(), cx.traceparent()))
+}
+
+const TRACEPARENT: &str = "TRACEPARENT";
 
 fn validate(req: &ExecRequest) -> Result<(), AgentError> {
     let bad = |m: &str| Err(AgentError::new(ErrorCode::InvalidRequest, m));
@@ -254,10 +274,12 @@ fn spawn(
     req: &ExecRequest,
 ) -> Result<(Started, oneshot::Receiver<Status>), AgentError> {
     let cwd = req.cwd.as_deref().unwrap_or(&defaults.workdir);
+    let trace = trace_env(req);
     let started = if req.uid.is_none() && req.gid.is_none() {
         let env: Vec<(&str, &str)> = defaults
             .env
             .iter()
+            .chain(&trace)
             .chain(&req.env)
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
@@ -274,7 +296,7 @@ fn spawn(
             })
         })
     } else {
-        spawn_as(reaper, defaults, req, cwd)
+        spawn_as(reaper, defaults, req, cwd, trace)
     };
     started.map_err(|e| {
         let code = match e.kind() {
@@ -294,11 +316,13 @@ fn spawn_as(
     defaults: &ExecDefaults,
     req: &ExecRequest,
     cwd: &str,
+    trace: Option<(String, String)>,
 ) -> std::io::Result<(Started, oneshot::Receiver<Status>)> {
     let mut cmd = Command::new(&req.argv[0]);
     cmd.args(&req.argv[1..])
         .env_clear()
         .envs(defaults.env.iter().map(|(k, v)| (k, v)))
+        .envs(trace)
         .envs(req.env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)
         .stdin(Stdio::piped())

@@ -9,8 +9,10 @@ use koder_agent_protocol::{self as proto, ClientError, FromAgent, ToAgent};
 use koder_api_types::codes;
 use koder_auth::Identity;
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
 
 use crate::languages;
+use crate::manager::exec::{End, ExecTrace, Meter, Mode};
 use crate::session::Live;
 use crate::{Error, Manager};
 
@@ -154,6 +156,8 @@ pub struct ContextRun {
     pub verdict: Option<&'static str>,
     /// The interpreter was killed and started afresh: the context's state is gone.
     pub restarted: bool,
+    /// The session's peak memory during the run, when nothing else ran meanwhile.
+    pub peak_memory_kib: Option<u64>,
 }
 
 impl Manager {
@@ -168,12 +172,17 @@ impl Manager {
     ) -> mpsc::Receiver<RunEvent> {
         let (events, rx) = mpsc::channel(64);
         let manager = self.clone();
-        tokio::spawn(async move {
-            let result = manager
-                .run_in_context(&who, &id, &cid, req, Some(events.clone()))
-                .await;
-            let _ = events.send(RunEvent::Done(result)).await;
-        });
+        // The run's span stays the caller's child though it outlives the call.
+        let parent = tracing::Span::current();
+        tokio::spawn(
+            async move {
+                let result = manager
+                    .run_in_context(&who, &id, &cid, req, Some(events.clone()))
+                    .await;
+                let _ = events.send(RunEvent::Done(result)).await;
+            }
+            .instrument(parent),
+        );
         rx
     }
 
@@ -261,12 +270,38 @@ impl Manager {
         req: RunRequest,
         live_output: Option<mpsc::Sender<RunEvent>>,
     ) -> Result<ContextRun, Error> {
+        let trace = ExecTrace::start(Mode::Context, &who.tenant_id, id);
+        let span = trace.span().clone();
+        let run = self
+            .run_traced(who, id, cid, req, live_output, &trace)
+            .instrument(span)
+            .await?;
+        trace.finish(End {
+            verdict: run.verdict,
+            exit_code: None,
+            signal: None,
+            duration_ms: run.duration_ms,
+            peak_memory_kib: run.peak_memory_kib,
+        });
+        Ok(run)
+    }
+
+    async fn run_traced(
+        &self,
+        who: &Identity,
+        id: &str,
+        cid: &str,
+        req: RunRequest,
+        live_output: Option<mpsc::Sender<RunEvent>>,
+        trace: &ExecTrace,
+    ) -> Result<ContextRun, Error> {
         let RunRequest {
             code,
             timeout_ms,
             env,
         } = req;
         let live = self.awake(who, id).await?;
+        trace.on(&live);
         validate_context_id(cid)?;
         let env = crate::manager::validate_env(&env)?;
         if code.len() > MAX_CODE_BYTES {
@@ -284,6 +319,7 @@ impl Manager {
         let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
         let rc = live.sandbox.resources();
         let before = crate::manager::exec::counters_of(rc).await;
+        let meter = Meter::start(live.clone()).await;
         let began = Instant::now();
         let msg = ToAgent::ContextRun {
             context_id: cid.into(),
@@ -293,7 +329,10 @@ impl Manager {
         };
         let mut stream = match live.sandbox.agent().open(msg).await {
             Ok(s) => s,
-            Err(e) => return Err(self.agent_failed(id, e).await),
+            Err(e) => {
+                meter.abandon();
+                return Err(self.agent_failed(id, e).await);
+            }
         };
         let mut run = ContextRun::default();
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
@@ -323,15 +362,23 @@ impl Manager {
                 }
                 Ok(FromAgent::RunDone(outcome)) => {
                     stream.mark_finished();
-                    break Some(outcome);
+                    break Ok(Some(outcome));
                 }
-                Ok(other) => return Err(unexpected(&other)),
+                Ok(other) => break Err(unexpected(&other)),
                 // The sandbox went away mid-run: what was printed until then is the result of
                 // a killed run, as for exec.
-                Err(ClientError::Disconnected) => break None,
-                Err(e) => return Err(self.agent_failed(id, e).await),
+                Err(ClientError::Disconnected) => break Ok(None),
+                Err(e) => break Err(self.agent_failed(id, e).await),
             }
         };
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                meter.abandon();
+                return Err(e);
+            }
+        };
+        run.peak_memory_kib = meter.peak().await;
         // Decoded once at the end: a character split between two chunks stays whole.
         run.stdout = String::from_utf8_lossy(&stdout).into_owned();
         run.stderr = String::from_utf8_lossy(&stderr).into_owned();

@@ -36,7 +36,14 @@ impl Manager {
             volumes: Vec::new(),
         };
         let sandbox = self.runtime.create(spec).await?;
-        crate::egress::start_unrecorded(&self.store, &net, sandbox.agent(), label, policy).await;
+        crate::egress::start_unrecorded(
+            (&self.store, &self.metrics),
+            &net,
+            sandbox.agent(),
+            label,
+            policy,
+        )
+        .await;
         Ok(sandbox)
     }
 }

@@ -201,7 +201,8 @@ impl Manager {
         let ticket = self
             .admission
             .admit(&self.store, &tenant, self.now())
-            .await?;
+            .await
+            .inspect_err(|e| self.metrics.count_quota(e))?;
 
         let egress = network.mode != NetworkMode::None;
         let layer_files = self.layer_files(&who.tenant_id, &layers).await?;
@@ -331,7 +332,7 @@ impl Manager {
         self.watch_agent(record.id.clone(), &live);
         if let Some(policy) = &live.policy {
             crate::egress::start(
-                &self.store,
+                (&self.store, &self.metrics),
                 &self.cfg.network,
                 &live,
                 record,
@@ -381,10 +382,12 @@ impl Manager {
         // Warm sandboxes have no network; one with egress is always made for its session.
         let fresh = egress || !layers.is_empty() || !volumes.is_empty();
         let lane_image = self.pool_image_of(image, language);
-        while let Some(sb) = pool
-            .take(language, &lane_image, limits.disk_mib)
-            .filter(|_| !fresh)
-        {
+        // A fresh one never asks the pool: what it took would be dropped, never destroyed.
+        let take = || match fresh {
+            true => None,
+            false => pool.take(language, &lane_image, limits.disk_mib),
+        };
+        while let Some(sb) = take() {
             let applied = match sb.resources() {
                 Some(rc) => rc.set_limits(&runtime_limits).await,
                 None => Ok(()),

@@ -65,9 +65,13 @@ impl Manager {
         let used = self.store.tenant_layer_bytes(tenant).await?;
         match limit.checked_sub(used).filter(|room| *room > 0) {
             Some(room) => Ok(room),
-            None => Err(Error::QuotaSnapshotStorage(format!(
-                "the snapshot storage of tenant {tenant} is full ({used} of {limit} bytes used)"
-            ))),
+            None => {
+                let e = Error::QuotaSnapshotStorage(format!(
+                    "the snapshot storage of tenant {tenant} is full ({used} of {limit} bytes used)"
+                ));
+                self.metrics.count_quota(&e);
+                Err(e)
+            }
         }
     }
 
@@ -121,12 +125,14 @@ impl Manager {
                 }
             }
         }
-        captured.map_err(|e| match e {
-            Error::PayloadTooLarge(m) => Error::QuotaSnapshotStorage(format!(
-                "the session's files do not fit the snapshot storage left: {m}"
-            )),
-            other => other,
-        })
+        captured
+            .map_err(|e| match e {
+                Error::PayloadTooLarge(m) => Error::QuotaSnapshotStorage(format!(
+                    "the session's files do not fit the snapshot storage left: {m}"
+                )),
+                other => other,
+            })
+            .inspect_err(|e| self.metrics.count_quota(e))
     }
 
     /// The layers the session's filesystem is now: its stack plus a fresh capture, or just
@@ -305,7 +311,10 @@ impl Manager {
             .ok_or_else(|| {
                 Error::PlanRequired(format!("tenant {} has no plan", record.tenant_id))
             })?;
-        self.admission.admit(&self.store, &tenant, self.now()).await
+        self.admission
+            .admit(&self.store, &tenant, self.now())
+            .await
+            .inspect_err(|e| self.metrics.count_quota(e))
     }
 
     /// Starts a new sandbox for `record` from `durable.layers` and makes it the session's

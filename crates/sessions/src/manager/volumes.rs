@@ -82,9 +82,11 @@ impl Manager {
             .unwrap_or(self.cfg.volume_storage_mib);
         let used = self.store.tenant_volume_mib(&who.tenant_id).await?;
         if used.saturating_add(size_mib) > quota {
-            return Err(Error::QuotaVolumeStorage(format!(
+            let e = Error::QuotaVolumeStorage(format!(
                 "the tenant's volumes hold {used} of {quota} MiB; {size_mib} MiB more do not fit"
-            )));
+            ));
+            self.metrics.count_quota(&e);
+            return Err(e);
         }
         let record = VolumeRecord {
             id: uuid::Uuid::new_v4().to_string(),

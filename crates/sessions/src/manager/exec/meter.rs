@@ -67,21 +67,29 @@ impl Meter {
             true => counters_of(rc).await,
             false => None,
         };
-        // Read before this exec stops counting as running, so no other one resets it first.
-        let peak = match rc {
-            Some(rc) if self.peak_tracked => rc.memory_peak().await.ok().map(|b| b / 1024),
-            _ => None,
-        };
-        self.live.running_execs.fetch_sub(1, Ordering::SeqCst);
-        let verdict = verdict(self.before, after, exit, killed);
+        let (started, before) = (self.started, self.before);
+        let peak = self.peak().await;
+        let verdict = verdict(before, after, exit, killed);
         metrics
             .execs
             .with_label_values(&[verdict.unwrap_or("ok")])
             .inc();
         metrics
             .exec_seconds
-            .observe(self.started.elapsed().as_secs_f64());
+            .observe(started.elapsed().as_secs_f64());
         (verdict, peak)
+    }
+
+    /// The peak memory in KiB, if attributable; the end of a run whose verdict is found
+    /// elsewhere (a context run's).
+    pub(crate) async fn peak(self) -> Option<u64> {
+        // Read before this exec stops counting as running, so no other one resets it first.
+        let peak = match self.live.sandbox.resources() {
+            Some(rc) if self.peak_tracked => rc.memory_peak().await.ok().map(|b| b / 1024),
+            _ => None,
+        };
+        self.live.running_execs.fetch_sub(1, Ordering::SeqCst);
+        peak
     }
 }
 

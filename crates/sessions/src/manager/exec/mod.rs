@@ -3,6 +3,7 @@
 //! and ends with a verdict from the resource [`Meter`].
 
 mod meter;
+mod trace;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,10 +12,10 @@ use bytes::Bytes;
 use koder_agent_protocol::{self as proto, AgentClient, ClientError, FromAgent};
 use koder_api_types::{ExecRequest, ExecResult, ExecStatus};
 use koder_auth::Identity;
-use tracing::field::Empty;
+use tracing::Instrument as _;
 
-pub(crate) use meter::counters_of;
-use meter::Meter;
+pub(crate) use meter::{counters_of, Meter};
+pub(crate) use trace::{End, ExecTrace, Mode};
 
 use super::{account, first_answer, validate_env, within, Manager};
 use crate::events::Events;
@@ -29,20 +30,30 @@ const EXEC_GRACE: Duration = Duration::from_secs(10);
 pub(crate) const SIGKILL: i32 = 9;
 
 impl Manager {
-    #[tracing::instrument(name = "exec", skip_all, fields(
-        tenant = %who.tenant_id, session = %id, runtime = Empty, image = Empty,
-        verdict = Empty, exit_code = Empty, duration_ms = Empty))]
     pub async fn exec(
         &self,
         who: &Identity,
         id: &str,
         req: ExecRequest,
     ) -> Result<ExecResult, Error> {
+        let mut trace = ExecTrace::start(Mode::Awaited, &who.tenant_id, id);
+        let span = trace.span().clone();
+        self.exec_awaited(who, id, req, &mut trace)
+            .instrument(span)
+            .await
+    }
+
+    async fn exec_awaited(
+        &self,
+        who: &Identity,
+        id: &str,
+        req: ExecRequest,
+        trace: &mut ExecTrace,
+    ) -> Result<ExecResult, Error> {
         let live = self.awake(who, id).await?;
-        let span = tracing::Span::current();
-        span.record("runtime", live.runtime.as_str());
-        span.record("image", live.image.as_str());
-        let agent_req = self.exec_request(&live, req, false)?;
+        trace.on(&live);
+        let mut agent_req = self.exec_request(&live, req, false)?;
+        agent_req.trace = trace.agent_context();
         let meter = Meter::start(live.clone()).await;
         let deadline = exec_deadline(agent_req.timeout_ms);
         let outcome = within(
@@ -57,6 +68,9 @@ impl Manager {
                 return Err(self.agent_failed(id, e).await);
             }
         };
+        if !out.killed {
+            trace.agent_exited(&out.exit, out.pid);
+        }
         let (verdict, peak_kib) = meter.finish(&out.exit, out.killed, &self.metrics).await;
         let exec_id = uuid::Uuid::new_v4().simple().to_string();
         report_verdict(
@@ -65,7 +79,7 @@ impl Manager {
             verdict,
             &out.exit,
         );
-        record_outcome(&span, verdict, &out.exit);
+        trace.finish(End::of_exit(&out.exit, verdict, peak_kib));
         Ok(ExecResult {
             exec_id,
             exit_code: out.exit.exit_code,
@@ -141,6 +155,7 @@ impl Manager {
             },
             uid,
             gid: uid,
+            trace: None,
         })
     }
 
@@ -169,6 +184,7 @@ impl Manager {
         Ok(exec.follow(true))
     }
 
+    /// Starts a followed exec; its span (a child of the current one) lasts until it ends.
     async fn start_followed(
         &self,
         who: &Identity,
@@ -176,9 +192,34 @@ impl Manager {
         req: ExecRequest,
         background: bool,
     ) -> Result<Arc<FollowedExec>, Error> {
+        let mode = match background {
+            true => Mode::Background,
+            false => Mode::Streamed,
+        };
+        let mut trace = ExecTrace::start(mode, &who.tenant_id, id);
+        let span = trace.span().clone();
+        self.begin_followed(who, id, req, background, &mut trace)
+            .instrument(span)
+            .await
+            .map(|(exec, run)| {
+                tokio::spawn(consume(exec.clone(), run, trace));
+                exec
+            })
+    }
+
+    async fn begin_followed(
+        &self,
+        who: &Identity,
+        id: &str,
+        req: ExecRequest,
+        background: bool,
+        trace: &mut ExecTrace,
+    ) -> Result<(Arc<FollowedExec>, Running), Error> {
         let live = self.awake(who, id).await?;
+        trace.on(&live);
         live.execs.admit()?;
-        let agent_req = self.exec_request(&live, req, background)?;
+        let mut agent_req = self.exec_request(&live, req, background)?;
+        agent_req.trace = trace.agent_context();
         let command = agent_req.argv.clone();
         let deadline = tokio::time::Instant::now() + exec_deadline(agent_req.timeout_ms);
         let meter = Meter::start(live.clone()).await;
@@ -211,14 +252,16 @@ impl Manager {
             tenant: live.tenant_id.clone(),
             session: id.to_string(),
         };
-        tokio::spawn(consume(
+        let run = Running {
             stream,
-            exec.clone(),
-            (meter, report),
-            self.metrics_handle(),
-            (limit, deadline),
-        ));
-        Ok(exec)
+            pid,
+            meter,
+            report,
+            metrics: self.metrics_handle(),
+            limit,
+            deadline,
+        };
+        Ok((exec, run))
     }
 
     pub async fn list_execs(&self, who: &Identity, id: &str) -> Result<Vec<ExecStatus>, Error> {
@@ -278,13 +321,15 @@ struct Report {
     session: String,
 }
 
-/// An exec's end on its span.
-fn record_outcome(span: &tracing::Span, verdict: Option<&str>, exit: &proto::ExitInfo) {
-    span.record("verdict", verdict.unwrap_or("ok"));
-    if let Some(code) = exit.exit_code {
-        span.record("exit_code", code);
-    }
-    span.record("duration_ms", exit.duration_ms);
+/// A started followed exec, for [`consume`].
+struct Running {
+    stream: proto::AgentStream,
+    pid: u32,
+    meter: Meter,
+    report: Report,
+    metrics: Arc<crate::Metrics>,
+    limit: usize,
+    deadline: tokio::time::Instant,
 }
 
 /// An `exec.verdict` event for an exec that did not end on its own.
@@ -307,13 +352,16 @@ fn report_verdict(
 }
 
 /// Drains a followed exec's agent stream into its buffer until it exits, then records its result.
-async fn consume(
-    mut stream: proto::AgentStream,
-    exec: Arc<FollowedExec>,
-    (meter, report): (Meter, Report),
-    metrics: Arc<crate::Metrics>,
-    (limit, deadline): (usize, tokio::time::Instant),
-) {
+async fn consume(exec: Arc<FollowedExec>, run: Running, mut trace: ExecTrace) {
+    let Running {
+        mut stream,
+        pid,
+        meter,
+        report,
+        metrics,
+        limit,
+        deadline,
+    } = run;
     let started = std::time::Instant::now();
     let (exit, killed) = loop {
         // Past the deadline the agent is wedged: the exec ends as killed (the drop cancels it).
@@ -323,7 +371,10 @@ async fn consume(
         match next {
             Ok(FromAgent::Stdout(d)) => exec.record(ExecEvent::Stdout(Bytes::from(d)), limit),
             Ok(FromAgent::Stderr(d)) => exec.record(ExecEvent::Stderr(Bytes::from(d)), limit),
-            Ok(FromAgent::Exited(exit)) => break (exit, false),
+            Ok(FromAgent::Exited(exit)) => {
+                trace.agent_exited(&exit, Some(pid));
+                break (exit, false);
+            }
             Ok(_) => {}
             Err(_) => {
                 let exit = proto::ExitInfo {
@@ -343,6 +394,7 @@ async fn consume(
         verdict,
         &exit,
     );
+    trace.finish(End::of_exit(&exit, verdict, peak));
     exec.finish(ExecResult {
         exec_id: exec.id().to_string(),
         exit_code: exit.exit_code,
@@ -360,6 +412,7 @@ async fn consume(
 /// An exec's collected output; `killed` when the sandbox went away mid-run (what was printed
 /// until then is kept).
 struct Collected {
+    pid: Option<u32>,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
     stdout_truncated: bool,
@@ -378,6 +431,7 @@ async fn collect_exec(
     let mut running = false;
     let mut stream = agent.exec(req).await?;
     let mut c = Collected {
+        pid: None,
         stdout: Vec::new(),
         stderr: Vec::new(),
         stdout_truncated: false,
@@ -387,7 +441,10 @@ async fn collect_exec(
     };
     loop {
         match stream.recv().await {
-            Ok(FromAgent::Started { .. }) => running = true,
+            Ok(FromAgent::Started { pid }) => {
+                running = true;
+                c.pid = Some(pid);
+            }
             Ok(FromAgent::Stdout(d)) => {
                 c.stdout_truncated |= append_bounded(&mut c.stdout, &d, limit)
             }
