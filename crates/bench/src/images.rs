@@ -86,7 +86,11 @@ pub async fn run(
 }
 
 /// The pack rows; returns the store holding the pack.
-async fn pack_rows(work_root: &Path, opts: &Options<'_>, rows: &mut Vec<Row>) -> Result<ImageStore> {
+async fn pack_rows(
+    work_root: &Path,
+    opts: &Options<'_>,
+    rows: &mut Vec<Row>,
+) -> Result<ImageStore> {
     let name = "python pack build (mmdebstrap from the Debian mirror), first";
     let dir: PathBuf = if opts.smoke {
         rows.push(Row::not_available(
@@ -105,8 +109,7 @@ async fn pack_rows(work_root: &Path, opts: &Options<'_>, rows: &mut Vec<Row>) ->
             bail!("{} held the pack already", dir.display());
         }
         rows.push(
-            Row::info("image_pack_build", name, fmt_ms(ms(first)))
-                .data(json!({"ms": ms(first)})),
+            Row::info("image_pack_build", name, fmt_ms(ms(first))).data(json!({"ms": ms(first)})),
         );
     }
     let (again, built) = build_pack(&store).await?;
@@ -161,8 +164,12 @@ async fn measure(
         bail!("the rebuild ran steps again: {}", again.1);
     }
     rows.push(
-        Row::info("image_template_build", format!("{what} build, first"), fmt_ms(ms(first.0)))
-            .data(json!({"ms": ms(first.0), "steps": first.1})),
+        Row::info(
+            "image_template_build",
+            format!("{what} build, first"),
+            fmt_ms(ms(first.0)),
+        )
+        .data(json!({"ms": ms(first.0), "steps": first.1})),
     );
     rows.push(
         Row::info(
@@ -184,7 +191,11 @@ async fn measure(
 
 /// Builds the template spec and waits for it: (time from submit to success, the steps'
 /// statuses joined).
-async fn build_template(d: &Daemon, http: &reqwest::Client, spec: &str) -> Result<(Duration, String)> {
+async fn build_template(
+    d: &Daemon,
+    http: &reqwest::Client,
+    spec: &str,
+) -> Result<(Duration, String)> {
     let began = Instant::now();
     let resp = http
         .post(format!(
@@ -251,7 +262,10 @@ async fn interleaved(
     let (host, custom) = if warm {
         (req("bash", None), req("python", None))
     } else {
-        (req("python", Some("host")), req("bash", Some(TEMPLATE_NAME)))
+        (
+            req("python", Some("host")),
+            req("bash", Some(TEMPLATE_NAME)),
+        )
     };
     let n = s.create_samples;
     let (mut host_ms, mut custom_ms) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -275,7 +289,12 @@ async fn interleaved(
     Ok((summary(&host_ms)?, summary(&custom_ms)?))
 }
 
-fn create_rows(rows: &mut Vec<Row>, id: &'static str, how: &str, (host, custom): &(Summary, Summary)) {
+fn create_rows(
+    rows: &mut Vec<Row>,
+    id: &'static str,
+    how: &str,
+    (host, custom): &(Summary, Summary),
+) {
     let ratio = custom.p50_ms / host.p50_ms.max(f64::MIN_POSITIVE);
     rows.push(
         Row::info(

@@ -55,7 +55,11 @@ async fn sh(d: &Daemon, id: &str, script: &str) -> String {
 
 async fn image(d: &Daemon, name: &str) -> Value {
     let (status, v) = d
-        .json(Method::GET, &format!("/v1/sandbox/images/{name}"), Value::Null)
+        .json(
+            Method::GET,
+            &format!("/v1/sandbox/images/{name}"),
+            Value::Null,
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{v}");
     v
@@ -183,7 +187,11 @@ async fn microvms_boot_packs_and_templates_from_one_shared_disk_each() {
     assert!(env.contains_key("PATH"), "{manifest}");
     for (name, value) in env {
         let v = d.exec(&id, json!({"cmd": ["printenv", name]})).await;
-        assert_eq!(v["stdout"], format!("{}\n", value.as_str().unwrap()), "{name}");
+        assert_eq!(
+            v["stdout"],
+            format!("{}\n", value.as_str().unwrap()),
+            "{name}"
+        );
     }
 
     // The pool refilled: two VMs, one disk, the same file (never rebuilt).
@@ -201,7 +209,9 @@ async fn microvms_boot_packs_and_templates_from_one_shared_disk_each() {
     let web = image(&d, "web").await;
     let web_disk = disk_of(&d, web["digest"].as_str().unwrap());
     assert!(!web_disk.exists(), "built before any VM needed it");
-    let web_id = d.create(json!({"runtime": "microvm", "image": "web"})).await;
+    let web_id = d
+        .create(json!({"runtime": "microvm", "image": "web"}))
+        .await;
     assert!(web_disk.is_file());
     let served = format!("cat /opt/app/built.txt; echo \"$GREETING\"; {FETCH}");
     assert_eq!(
@@ -229,9 +239,17 @@ async fn microvms_boot_packs_and_templates_from_one_shared_disk_each() {
     // Paused with its memory and resumed: the saved VM comes back on the template's disk,
     // its server still running. A paused VM's image is not deleted either.
     let (status, v) = d
-        .json(Method::POST, &format!("{S}/{web_id}/pause"), json!({"memory": true}))
+        .json(
+            Method::POST,
+            &format!("{S}/{web_id}/pause"),
+            json!({"memory": true}),
+        )
         .await;
-    assert_eq!((status, v["state"].as_str()), (StatusCode::OK, Some("paused")), "{v}");
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("paused")),
+        "{v}"
+    );
     let (status, e) = d
         .json_as(ADMIN, Method::DELETE, "/v1/sandbox/images/web", Value::Null)
         .await;
@@ -239,7 +257,11 @@ async fn microvms_boot_packs_and_templates_from_one_shared_disk_each() {
     let (status, v) = d
         .json(Method::POST, &format!("{S}/{web_id}/resume"), Value::Null)
         .await;
-    assert_eq!((status, v["state"].as_str()), (StatusCode::OK, Some("running")), "{v}");
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("running")),
+        "{v}"
+    );
     assert!(vm_disks(&d).contains(&web_disk), "{:?}", vm_disks(&d));
     assert_eq!(sh(&d, &web_id, FETCH).await, "hello from the file\n");
 

@@ -141,7 +141,16 @@ fn refused(root: &Path, path: &Path, why: &str) -> ImageError {
 fn mkfs(root: &Path, out: &Path, size: &TreeSize) -> Result<(), ImageError> {
     let out = Command::new("mkfs.ext4")
         // Read-only for every guest: no journal, no reserved blocks; files stay host root's.
-        .args(["-q", "-F", "-L", "koder-root", "-O", "^has_journal", "-m", "0"])
+        .args([
+            "-q",
+            "-F",
+            "-L",
+            "koder-root",
+            "-O",
+            "^has_journal",
+            "-m",
+            "0",
+        ])
         .args(["-E", "root_owner=0:0"])
         .args(["-b", &BLOCK.to_string(), "-I", &INODE_BYTES.to_string()])
         .args(["-N", &(size.inodes + 1024).to_string()])
@@ -215,7 +224,10 @@ mod tests {
         )
         .unwrap();
         let err = survey(&root).unwrap_err().to_string();
-        assert!(err.contains("/dev/fifo") && err.contains("device node"), "{err}");
+        assert!(
+            err.contains("/dev/fifo") && err.contains("device node"),
+            "{err}"
+        );
         std::fs::remove_file(root.join("dev/fifo")).unwrap();
         symlink(&root, dir.path().join("link")).unwrap();
         let err = survey(&dir.path().join("link")).unwrap_err().to_string();
@@ -274,7 +286,10 @@ mod tests {
         let mode = std::fs::metadata(&disk).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o444);
         let usr = debugfs(&disk, "stat /usr");
-        assert!(usr.contains("Type: symlink") && usr.contains("Size: 1"), "{usr}");
+        assert!(
+            usr.contains("Type: symlink") && usr.contains("Size: 1"),
+            "{usr}"
+        );
         let passwd = debugfs(&disk, "stat /etc/passwd");
         assert!(passwd.contains("Type: symlink"), "{passwd}");
         assert_eq!(debugfs(&disk, "cat /etc/hostname"), "sandbox\n");

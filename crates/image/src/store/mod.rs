@@ -330,8 +330,9 @@ impl ImageStore {
             // Derived files are made from the same tree, so they fit the linked one.
             let derived = from.join(DERIVED);
             if derived.is_dir() {
-                link_tree(&derived, &staging.dir.join(DERIVED))
-                    .map_err(ImageError::io(format!("link the derived files of {digest}")))?;
+                link_tree(&derived, &staging.dir.join(DERIVED)).map_err(ImageError::io(
+                    format!("link the derived files of {digest}"),
+                ))?;
             }
             staging.install()?;
         }
