@@ -129,7 +129,7 @@ async fn pack_rows(
 
 async fn build_pack(store: &ImageStore) -> Result<(Duration, bool)> {
     let store = store.clone();
-    tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || -> Result<(Duration, bool)> {
         let began = Instant::now();
         let built = packs::build(&store, Pack::Python, &packs::BuildOptions::default())?;
         Ok((began.elapsed(), built.built))
