@@ -237,7 +237,7 @@ async fn microvms_boot_packs_and_templates_from_one_shared_disk_each() {
     }
 
     // Paused with its memory and resumed: the saved VM comes back on the template's disk,
-    // its server still running. A paused VM's image is not deleted either.
+    // its files there. A paused VM's image is not deleted either.
     let (status, v) = d
         .json(
             Method::POST,
@@ -263,7 +263,9 @@ async fn microvms_boot_packs_and_templates_from_one_shared_disk_each() {
         "{v}"
     );
     assert!(vm_disks(&d).contains(&web_disk), "{:?}", vm_disks(&d));
-    assert_eq!(sh(&d, &web_id, FETCH).await, "hello from the file\n");
+    // (Not the start command's server: it dies with the agent connection the save ends,
+    // a known limit in ARCHITECTURE.md.)
+    assert_eq!(sh(&d, &web_id, "cat /opt/app/built.txt").await, "built\n");
 
     // Once no session runs on it, the template goes, its disk with it.
     let (status, _) = d
