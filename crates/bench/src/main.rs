@@ -14,6 +14,7 @@ mod daemon;
 mod e2b;
 mod grpc;
 mod host;
+mod images;
 mod microvm;
 mod phases;
 mod report;
@@ -63,6 +64,9 @@ enum Phase {
     State,
     /// gRPC unary exec beside REST exec on a daemon with gRPC on, interleaved.
     Grpc,
+    /// Images: python pack and numpy template build times (first, cached); create from a
+    /// custom image vs. `host`, warm and not pooled, interleaved.
+    Images,
 }
 
 #[derive(Debug, Parser)]
@@ -121,6 +125,18 @@ struct Args {
         default_value = "/var/cache/koder-sandbox-test/microvm-images"
     )]
     microvm_images: PathBuf,
+    /// The store the tests build language packs into: `--smoke` takes the python pack from
+    /// there instead of building it.
+    #[arg(
+        long,
+        env = "KODER_PACK_CACHE",
+        default_value = "/var/cache/koder-sandbox-test/packs"
+    )]
+    pack_cache: PathBuf,
+    /// `[images] build_internal` of the images phase's daemon: address ranges (a package
+    /// mirror on a private address) template builds may reach despite the SSRF guard.
+    #[arg(long, value_delimiter = ',')]
+    build_internal: Vec<String>,
     /// Python of a venv with the `e2b` SDK (default: the test cache's `e2b-venv/bin/python`, which
     /// scripts/bench.sh makes).
     #[arg(long, env = "KODER_E2B_PYTHON")]
@@ -466,6 +482,24 @@ async fn run(args: &Args) -> Result<Report> {
             &daemon_bin,
             &args.work_root,
             &settings,
+            args.keep,
+            &mut rows,
+        )
+        .await;
+    }
+    if wants(Phase::Images) {
+        settle(&settings).await;
+        progress("images: pack and template builds, create from a custom image");
+        let opts = images::Options {
+            pack_cache: &args.pack_cache,
+            build_internal: &args.build_internal,
+            smoke: args.smoke,
+        };
+        images::run(
+            &daemon_bin,
+            &args.work_root,
+            &settings,
+            &opts,
             args.keep,
             &mut rows,
         )

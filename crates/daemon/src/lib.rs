@@ -81,7 +81,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             check_id_ranges(&cfg)?;
             jail_runtime(&cfg, &agent, &images)?
         },
-        microvm: microvm_runtime(&cfg, &agent),
+        microvm: microvm_runtime(&cfg, &agent, &images),
     };
     let mut sessions = cfg.sessions.clone();
     sessions.network = cfg.network.clone();
@@ -409,16 +409,22 @@ fn agent_bin(cfg: &Config) -> anyhow::Result<PathBuf> {
 
 /// The microVM runtime, or why this server does not offer it (logged; `runtime: "microvm"`
 /// then answers 503 with the reason).
-fn microvm_runtime(cfg: &Config, agent: &Path) -> Result<Arc<dyn Runtime>, String> {
+fn microvm_runtime(
+    cfg: &Config,
+    agent: &Path,
+    images: &koder_image::ImageStore,
+) -> Result<Arc<dyn Runtime>, String> {
     let section = &cfg.microvm;
     if !section.enabled {
         return Err("disabled in the server configuration".into());
     }
-    let images = section
+    let images_dir = section
         .images_dir
         .clone()
         .unwrap_or_else(|| cfg.server.data_dir.join("images"));
-    let mut mc = MicroVmConfig::new(cfg.server.data_dir.join("microvm"), images, agent);
+    let mut mc = MicroVmConfig::new(cfg.server.data_dir.join("microvm"), images_dir, agent);
+    // Store images boot from root disks built in the store, beside their trees.
+    mc.images = Some(images.clone());
     mc.backend = match section.backend.as_str() {
         "auto" => Backend::Auto,
         "qemu" => Backend::Qemu,

@@ -84,18 +84,6 @@ pub const WRITABLE_DIRS: &[&str] = &[
     "/proc",
 ];
 
-/// Checks that a sandbox spec names the `host` image (empty means `host`): for runtimes that
-/// boot no other image yet (microVMs).
-pub fn require_known(name: &str) -> Result<(), RuntimeError> {
-    if name.is_empty() || name == HOST {
-        Ok(())
-    } else {
-        Err(RuntimeError::InvalidSpec(format!(
-            "unknown image {name:?}; available: host"
-        )))
-    }
-}
-
 /// The image a sandbox spec names: `host` (or empty) is `host`, anything else is looked up in
 /// `store` (a name, or a digest). An image this host lacks is an invalid spec.
 pub fn resolve(
@@ -103,16 +91,27 @@ pub fn resolve(
     store: Option<&ImageStore>,
     name: &str,
 ) -> Result<Image, RuntimeError> {
-    if name.is_empty() || name == HOST {
+    if is_host(name) {
         return Ok(host.clone());
     }
+    find(store, name).map(|found| found.image())
+}
+
+/// Whether a sandbox spec's image name means `host` (empty does).
+pub fn is_host(name: &str) -> bool {
+    name.is_empty() || name == HOST
+}
+
+/// The store image a sandbox spec names (a name, or a digest); one this host lacks is an
+/// invalid spec.
+pub fn find(store: Option<&ImageStore>, name: &str) -> Result<StoredImage, RuntimeError> {
     let Some(store) = store else {
         return Err(RuntimeError::InvalidSpec(format!(
             "unknown image {name:?}: this runtime has no image store"
         )));
     };
     match store.get(name) {
-        Ok(found) => Ok(found.image()),
+        Ok(found) => Ok(found),
         Err(e @ (ImageError::NotFound(_) | ImageError::InvalidName(_))) => {
             Err(RuntimeError::InvalidSpec(e.to_string()))
         }

@@ -1,7 +1,8 @@
 //! The microVM image: a guest kernel with its boot modules and a read-only ext4 root disk made
 //! from the same `host` image the jail runtime uses. Built once by `ksandbox image build`
 //! (minutes: it unpacks a kernel package and writes a few GiB), then shared read-only by every
-//! VM; each VM's writes go to its own scratch disk.
+//! VM; each VM's writes go to its own scratch disk. (Store images get their root disks from
+//! [`crate::disk`]; they share this kernel.)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,6 +40,9 @@ pub enum ImageError {
     NotBuilt(String),
     #[error("{0}")]
     Kernel(#[from] kernel::KernelError),
+    /// A store image's tree holding what no store tree does (see `disk`).
+    #[error("refusing to make a root disk of this image: {0}")]
+    UnsafeTree(String),
     #[error("{what} failed: {detail}")]
     Tool { what: String, detail: String },
     #[error("{0}: {1}")]

@@ -2,7 +2,9 @@
 //! booting a distribution kernel whose init is the koder agent. The daemon talks to the agent
 //! over a virtio-serial port (QEMU) or virtio-vsock (Firecracker) with the same protocol a jail
 //! uses, so every API works unchanged; the guest's own cgroup, driven by the agent, carries the
-//! session's limits inside a VM sized to the server's maximum.
+//! session's limits inside a VM sized to the server's maximum. A VM boots its session's image
+//! from a read-only root disk shared by every VM on it: the `host` image's from [`image`], a
+//! store image's built from its tree by [`disk`].
 //!
 //! Host side of one VM: a private directory `<state>/vms/<id>` (owned by the VM's unprivileged
 //! uid) with its initrd (shared base + its config), a sparse scratch disk (the guest's writable
@@ -17,6 +19,7 @@
 //! after a daemon restart) starts QEMU on the same machine from that file, deletes the file
 //! before the guest runs again (from then on its disks move on) and reconnects to the agent.
 
+pub mod disk;
 pub mod firecracker;
 pub mod image;
 pub mod initrd;
@@ -90,6 +93,9 @@ pub struct MicroVmConfig {
     pub state_dir: PathBuf,
     /// Where `ksandbox image build --microvm` put the kernel and root disk (shared by daemons).
     pub images_dir: PathBuf,
+    /// The image store sandbox specs name images of (language packs, templates, imports); each
+    /// image's root disk is built there, beside its tree ([`disk`]). `None`: `host` only.
+    pub images: Option<koder_image::ImageStore>,
     pub agent_bin: PathBuf,
     pub backend: Backend,
     pub qemu_bin: PathBuf,
@@ -118,6 +124,7 @@ impl MicroVmConfig {
         Self {
             state_dir: state_dir.into(),
             images_dir: images_dir.into(),
+            images: None,
             agent_bin: agent_bin.into(),
             backend: Backend::Auto,
             qemu_bin: "qemu-system-x86_64".into(),
@@ -158,6 +165,15 @@ pub struct MicroVmRuntime {
     /// Prefix of this runtime's cgroup names (from its state dir: daemons sharing a parent
     /// never reconcile each other's VMs).
     cgroup_prefix: String,
+    /// One lock per store image whose root disk was needed: the first VM on an image builds
+    /// its disk, the ones created meanwhile wait and find it.
+    disk_builds: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// What a VM boots: an image's root disk and the environment its processes start with.
+struct Root {
+    disk: PathBuf,
+    env: Vec<(String, String)>,
 }
 
 impl MicroVmRuntime {
@@ -216,6 +232,7 @@ impl MicroVmRuntime {
             boot_permits: tokio::sync::Semaphore::new(host_cpus() as usize),
             cgroups,
             cgroup_prefix: koder_cgroups::instance_prefix(&cfg.state_dir),
+            disk_builds: Mutex::default(),
             cfg,
             vmm,
             accel,
@@ -276,8 +293,45 @@ impl MicroVmRuntime {
         cmdline
     }
 
-    /// Boots a VM into `host` (whose directory exists and is empty) and connects to its agent.
-    async fn boot(&self, spec: &SandboxSpec, host: &VmHost) -> Result<Started, RuntimeError> {
+    /// The root disk and environment of the image `name` (`host`, or a store image by name or
+    /// digest); a store image's disk is built first if it has none.
+    async fn root(&self, name: &str) -> Result<Root, RuntimeError> {
+        if koder_image::is_host(name) {
+            return Ok(Root {
+                disk: self.image.rootfs.clone(),
+                env: koder_image::default_env(),
+            });
+        }
+        let Some(store) = self.cfg.images.clone() else {
+            return Err(RuntimeError::InvalidSpec(format!(
+                "unknown image {name:?}: this runtime has no image store"
+            )));
+        };
+        let (lookup, owned) = (store.clone(), name.to_string());
+        // Manifests and names are files: read off the async workers, as the disk is built.
+        let found = blocking(move || koder_image::find(Some(&lookup), &owned)).await??;
+        let env = found.manifest.env.clone();
+        let lock = self
+            .disk_builds
+            .lock()
+            .entry(found.manifest.digest.clone())
+            .or_default()
+            .clone();
+        let _building = lock.lock().await;
+        let disk = blocking(move || disk::ensure(&store, &found))
+            .await?
+            .map_err(|e| RuntimeError::Start(format!("image {name:?}: {e}")))?;
+        Ok(Root { disk, env })
+    }
+
+    /// Boots a VM on `root` into `host` (whose directory exists and is empty) and connects to
+    /// its agent.
+    async fn boot(
+        &self,
+        spec: &SandboxSpec,
+        root: Root,
+        host: &VmHost,
+    ) -> Result<Started, RuntimeError> {
         let dir = &host.dir;
         let limits = merge(&spec.limits, &self.cfg.default_limits);
         let capacity_mib = limits.memory_mib.unwrap_or(0).max(self.cfg.vm_memory_mib);
@@ -291,12 +345,11 @@ impl MicroVmRuntime {
         let (layers_disk, vm_layers) = self.layers_disk(spec, dir, disk_mib).await?.unzip();
         let initrd = dir.join("initrd.cpio");
         let serials = (
-            self.vmm
-                .disk_serial(&self.image.rootfs, VM_ROOT_DISK_SERIAL)?,
+            self.vmm.disk_serial(&root.disk, VM_ROOT_DISK_SERIAL)?,
             self.vmm.disk_serial(&scratch, VM_SCRATCH_DISK_SERIAL)?,
         );
         let channel = self.vmm.agent_channel(dir, AGENT_VSOCK_PORT);
-        let vm_cfg = self.vm_config(spec, &limits, serials, vm_layers, &channel);
+        let vm_cfg = self.vm_config(spec, root.env, &limits, serials, vm_layers, &channel);
         initrd::write_for_vm(&self.initrd_base, &vm_cfg, &initrd)
             .map_err(|e| RuntimeError::Start(format!("guest initrd: {e}")))?;
         for path in [dir, &scratch, &initrd].into_iter().chain(&layers_disk) {
@@ -310,7 +363,7 @@ impl MicroVmRuntime {
             vmlinux: self.image.vmlinux.clone(),
             initrd,
             cmdline: self.cmdline(),
-            root_disk: self.image.rootfs.clone(),
+            root_disk: root.disk,
             scratch_disk: scratch,
             layers_disk,
             vcpus,
@@ -563,12 +616,12 @@ impl MicroVmRuntime {
     fn vm_config(
         &self,
         spec: &SandboxSpec,
+        mut env: Vec<(String, String)>,
         limits: &Limits,
         serials: (String, String),
         layers: Option<VmLayers>,
         channel: &AgentChannel,
     ) -> VmConfig {
-        let mut env = koder_image::default_env();
         for (k, v) in &spec.env {
             env.retain(|(key, _)| key != k);
             env.push((k.clone(), v.clone()));
@@ -708,12 +761,13 @@ impl Runtime for MicroVmRuntime {
 
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
         validate_id(&spec.id)?;
-        koder_image::require_known(&spec.image)?;
         refuse_volumes(&spec, self.vmm.as_ref())?;
+        // Before a slot is taken: the first VM on an image may wait for its disk's build.
+        let root = self.root(&spec.image).await?;
         let host = self.host(&spec.id)?;
         let _ = std::fs::remove_dir_all(&host.dir);
         let started = match std::fs::create_dir(&host.dir) {
-            Ok(()) => self.boot(&spec, &host).await,
+            Ok(()) => self.boot(&spec, root, &host).await,
             Err(e) => Err(RuntimeError::io(format!("create {}", host.dir.display()))(
                 e,
             )),
@@ -1118,6 +1172,15 @@ fn merge(spec: &Limits, defaults: &Limits) -> Limits {
         pids: spec.pids.or(defaults.pids),
         disk_mib: spec.disk_mib.or(defaults.disk_mib),
     }
+}
+
+/// `f` on a blocking thread (file system work that must not hold up an async worker).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, RuntimeError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| RuntimeError::Start(format!("blocking task: {e}")))
 }
 
 fn vms_dir(cfg: &MicroVmConfig) -> PathBuf {

@@ -469,3 +469,19 @@ pub fn processes_of(exe: &std::path::Path, needle: &str) -> Vec<i32> {
 fn test_log_filter() -> String {
     std::env::var("KODER_TEST_LOG").unwrap_or_else(|_| "warn".into())
 }
+
+/// Links the language pack `pack` from the test cache (`KODER_PACK_CACHE`, default the test
+/// cache's `packs`; built there the first time) into the stopped daemon `d`'s image store.
+pub fn link_pack(d: &Daemon, pack: koder_image::packs::Pack) -> koder_image::StoredImage {
+    use koder_image::{packs, ImageStore};
+    let dir = std::env::var_os("KODER_PACK_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/var/cache/koder-sandbox-test/packs".into());
+    let cache = ImageStore::open(&dir).expect("pack cache");
+    packs::build(&cache, pack, &packs::BuildOptions::default())
+        .unwrap_or_else(|e| panic!("building the {} pack: {e}", pack.name()));
+    ImageStore::open(&d.data_dir().join("images"))
+        .expect("the daemon's image store")
+        .link_from(&cache, pack.name())
+        .unwrap_or_else(|e| panic!("linking the {} pack: {e}", pack.name()))
+}

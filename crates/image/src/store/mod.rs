@@ -4,6 +4,8 @@
 //! store/<digest>/manifest.json   an image: its manifest...
 //! store/<digest>/rootfs/         ...and its read-only root tree (host root's, no setuid)
 //! store/<digest>/build.log
+//! store/<digest>/derived/        files made from the tree for a runtime (a microVM's root disk):
+//!                                each complete once visible, never changed, gone with the image
 //! store/names/<name>             symlink to "<digest>": the names pointing at an image
 //! store/<digest>/                 (recipe kind `template-step`) a template build's cached step:
 //!                                 never listed, kept by garbage collection, unnamed
@@ -35,6 +37,8 @@ pub const BUILD_LOG: &str = "build.log";
 /// A cached build step's own layer (what it changed), beside its tree.
 const STEP_LAYER: &str = "layer.tar";
 const NAMES: &str = "names";
+/// Files a runtime made from an image's tree, beside it (see [`ImageStore::install_derived`]).
+const DERIVED: &str = "derived";
 const TMP: &str = ".tmp";
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -97,6 +101,12 @@ impl StoredImage {
     /// A cached build step's layer file (what the step changed, as captured).
     pub fn step_layer(&self) -> PathBuf {
         self.root.with_file_name(STEP_LAYER)
+    }
+
+    /// Where the file `name` derived from this image lives (it may not exist yet): see
+    /// [`ImageStore::install_derived`].
+    pub fn derived(&self, name: &str) -> PathBuf {
+        self.root.with_file_name(DERIVED).join(name)
     }
 
     /// The image as a runtime mounts it: the tree alone (it has its own /usr), with its
@@ -317,12 +327,66 @@ impl ImageStore {
             }
             link_tree(&source.root, &staging.rootfs())
                 .map_err(ImageError::io(format!("link image {digest}")))?;
+            // Derived files are made from the same tree, so they fit the linked one.
+            let derived = from.join(DERIVED);
+            if derived.is_dir() {
+                link_tree(&derived, &staging.dir.join(DERIVED)).map_err(ImageError::io(
+                    format!("link the derived files of {digest}"),
+                ))?;
+            }
             staging.install()?;
         }
         for name in &source.names {
             self.set_name(name, &digest)?;
         }
         self.get(&digest)
+    }
+
+    /// Makes `file` (complete, in this store's filesystem, e.g. a [`Scratch`] path) the file
+    /// `name` derived from `image`, as a hard link: a derived file is never half visible and,
+    /// once there, never replaced (a concurrent builder's copy is dropped, the first stays), so
+    /// whoever opened it keeps reading what the next one opens. Files of `image` whose names
+    /// start with `supersedes` (older recipes of the same file) are removed. Returns its path.
+    pub fn install_derived(
+        &self,
+        image: &StoredImage,
+        name: &str,
+        file: &Path,
+        supersedes: &str,
+    ) -> Result<PathBuf> {
+        check_name(name)?;
+        let target = image.derived(name);
+        let dir = target.parent().unwrap_or(&self.root).to_path_buf();
+        let ctx = |what: &str| format!("{what} {}", target.display());
+        match std::fs::create_dir(&dir) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                return Err(ImageError::io(ctx("create the directory of"))(e))
+            }
+            _ => {}
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+            .map_err(ImageError::io(ctx("open up the directory of")))?;
+        std::fs::File::open(file)
+            .and_then(|f| f.sync_all())
+            .map_err(ImageError::io(ctx("sync")))?;
+        match std::fs::hard_link(file, &target) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                return Err(ImageError::io(ctx("install"))(e))
+            }
+            _ => {}
+        }
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(ImageError::io(ctx("sync the directory of")))?;
+        for entry in read_dir(&dir)? {
+            let other = entry.file_name();
+            let other = other.to_string_lossy();
+            if other != name && other.starts_with(supersedes) {
+                std::fs::remove_file(entry.path())
+                    .map_err(ImageError::io(format!("remove {}", entry.path().display())))?;
+            }
+        }
+        Ok(target)
     }
 
     /// Removes what no name points at (but cached build steps) and what builds and deletes a

@@ -198,3 +198,44 @@ fn link_from_shares_the_tree() {
         Err(ImageError::NotFound(_))
     ));
 }
+
+#[test]
+fn derived_files_appear_whole_stay_first_and_go_with_their_image() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ImageStore::open(&dir.path().join("cache")).unwrap();
+    let image = put(&cache, "python");
+    let install = |content: &str, name: &str| {
+        let scratch = cache.scratch("disk");
+        std::fs::write(scratch.path(), content).unwrap();
+        cache
+            .install_derived(&image, name, scratch.path(), "disk-v")
+            .unwrap()
+    };
+    let first = install("first", "disk-v1");
+    assert_eq!(first, image.derived("disk-v1"));
+    // A second builder of the same file: the first copy stays, the scratch file goes.
+    assert_eq!(install("second", "disk-v1"), first);
+    assert_eq!(std::fs::read_to_string(&first).unwrap(), "first");
+    assert_eq!(
+        std::fs::read_dir(cache.root().join(TMP)).unwrap().count(),
+        0
+    );
+    // A newer recipe of the file replaces the older one's.
+    let newer = install("newer", "disk-v2");
+    assert!(!first.exists() && newer.is_file());
+    assert!(matches!(
+        cache.install_derived(&image, "../escape", newer.as_path(), "x"),
+        Err(ImageError::InvalidName(_))
+    ));
+
+    // Linked into another store with the image, as the same file.
+    let data = ImageStore::open(&dir.path().join("data")).unwrap();
+    let linked = data.link_from(&cache, "python").unwrap();
+    let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+    assert_eq!(ino(&linked.derived("disk-v2")), ino(&newer));
+    // Deleted with its image.
+    cache.delete("python").unwrap();
+    assert!(!newer.exists());
+    assert!(linked.derived("disk-v2").is_file());
+}

@@ -207,12 +207,6 @@ impl Manager {
         let egress = network.mode != NetworkMode::None;
         let layer_files = self.layer_files(&who.tenant_id, &layers).await?;
         let session_id = uuid::Uuid::new_v4().simple().to_string();
-        if image.spec_image != koder_image::HOST && runtime == "microvm" {
-            return Err(Error::NotImplemented(format!(
-                "image {:?} runs in jail sessions only (microVM images are not built yet)",
-                image.name
-            )));
-        }
         let (volumes, claim) = self.claim_volumes(who, &session_id, &req.volumes).await?;
         let (sandbox, source) = self
             .sandbox_on(

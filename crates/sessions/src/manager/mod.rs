@@ -157,14 +157,18 @@ impl Manager {
             )
             .with_startups(images.pool_startups()),
         );
+        // The microVM pool's languages run on the same images as the jail's.
         let microvm = runtimes.microvm.map(|runtime| Engine {
-            pool: Arc::new(Pool::new(
-                runtime.clone(),
-                cfg.microvm_pool.clone(),
-                &BTreeMap::new(),
-                limits::to_runtime_limits(&cfg.default_limits),
-                metrics.clone(),
-            )),
+            pool: Arc::new(
+                Pool::new(
+                    runtime.clone(),
+                    cfg.microvm_pool.clone(),
+                    &images.pool_images(),
+                    limits::to_runtime_limits(&cfg.default_limits),
+                    metrics.clone(),
+                )
+                .with_startups(images.pool_startups()),
+            ),
             runtime,
         });
         let manager = Arc::new_cyclic(|me| Self {
