@@ -21,8 +21,9 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use koder_api_types::{Build, BuildState, BuildStep, ErrorCode};
+use koder_image::plan::Plan;
 use koder_image::template::Spec;
-use koder_image::ImageStore;
+use koder_image::{ImageStore, StoredImage};
 use koder_sessions::Manager;
 use parking_lot::Mutex;
 
@@ -113,25 +114,34 @@ impl Builds {
 
     /// Queues a build of `spec` into the image `name`; answers at once.
     pub fn submit(self: &Arc<Self>, spec: Spec, name: &str) -> Result<Build, BuildError> {
+        let base = self.base(&spec.base)?;
+        self.submit_plan(spec.plan(base), name)
+    }
+
+    /// The image `reference` names in this server's store, as a build's base.
+    pub fn base(&self, reference: &str) -> Result<StoredImage, BuildError> {
+        let store = self.store.as_ref().ok_or(BuildError::NoStore)?;
+        store
+            .get(reference)
+            .map_err(|e| BuildError::ImageNotFound(format!("base {reference:?}: {e}")))
+    }
+
+    /// Queues the build `plan` into the image `name`; answers at once.
+    pub fn submit_plan(self: &Arc<Self>, plan: Plan, name: &str) -> Result<Build, BuildError> {
         let store = self.store.clone().ok_or(BuildError::NoStore)?;
         koder_image::store::check_name(name)
             .map_err(|e| BuildError::InvalidSpec(format!("name: {e}")))?;
-        let base = store
-            .get(&spec.base)
-            .map_err(|e| BuildError::ImageNotFound(format!("base {:?}: {e}", spec.base)))?;
-        let keys = spec.step_keys(&base.manifest.digest);
         let id = format!("bld-{}", uuid::Uuid::new_v4().simple());
         let status = Build {
             build_id: id.clone(),
             name: name.into(),
             state: BuildState::Queued,
-            steps: spec
-                .steps()
+            steps: plan
+                .steps
                 .iter()
-                .zip(keys)
-                .map(|(step, key)| BuildStep {
-                    step: step.describe(),
-                    key,
+                .map(|step| BuildStep {
+                    step: step.describe.clone(),
+                    key: step.key.clone(),
                     status: "pending".into(),
                 })
                 .collect(),
@@ -149,8 +159,13 @@ impl Builds {
         self.remember(&id, job.clone());
         let me = self.clone();
         let name = name.to_string();
-        tokio::spawn(async move { me.run(job, store, base, spec, name).await });
+        tokio::spawn(async move { me.run(job, store, plan, name).await });
         self.get(&id)
+    }
+
+    /// The whole log of a build so far (a finished image keeps its own as `build.log`).
+    pub fn log_lines(&self, id: &str) -> Result<Vec<String>, BuildError> {
+        Ok(self.job(id)?.log.follow().replay)
     }
 
     fn remember(&self, id: &str, job: Arc<Job>) {

@@ -4,17 +4,16 @@
 //! copy of the parent's tree, stored under the step's key; then the image, named, once every
 //! step passed.
 
-use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use koder_agent_protocol::{ExecRequest, FromAgent, WriteFileRequest};
 use koder_api_types::{codes, BuildState, ErrorDetail};
+use koder_image::plan::{Plan, PlanStep, StepRun};
 use koder_image::store::{Manifest, Scratch, StoredImage, MANIFEST_VERSION, STEP_KIND};
-use koder_image::template::{Spec, Step, BUILD_CA_FILE};
+use koder_image::template::BUILD_CA_FILE;
 use koder_image::{ImageError, ImageStore};
-use koder_runtime::Sandbox;
+use koder_sessions::{BuildSandbox, StepCommand};
 
 use crate::{Builds, Job};
 
@@ -59,13 +58,12 @@ impl Builds {
         self: Arc<Self>,
         job: Arc<Job>,
         store: ImageStore,
-        base: StoredImage,
-        spec: Spec,
+        plan: Plan,
         name: String,
     ) {
         let _turn = self.queue.acquire().await;
         job.status.lock().state = BuildState::Running;
-        let result = self.steps(&job, &store, base, &spec, &name).await;
+        let result = self.steps(&job, &store, &plan, &name).await;
         let mut status = {
             let mut s = job.status.lock();
             s.finished_at = Some(Utc::now());
@@ -102,19 +100,22 @@ impl Builds {
         &self,
         job: &Job,
         store: &ImageStore,
-        base: StoredImage,
-        spec: &Spec,
+        plan: &Plan,
         name: &str,
     ) -> Result<String, Failure> {
-        let steps = spec.steps();
-        let keys = spec.step_keys(&base.manifest.digest);
-        let total = steps.len();
+        let total = plan.steps.len();
+        let base = &plan.base;
         let mut parent = base.clone();
         // The steps so far, as layers the next step's sandbox stacks on the base.
         let mut layers = Vec::new();
-        for (i, (step, key)) in steps.iter().zip(&keys).enumerate() {
-            let head = format!("step {}/{total}: {}", i + 1, step.describe());
-            if let Some(cached) = store.by_digest(key).map_err(|e| failed(Some(i), e))? {
+        for (i, step) in plan.steps.iter().enumerate() {
+            let head = format!("step {}/{total}: {}", i + 1, step.describe);
+            let Some(run) = &step.run else {
+                job.log.line(head);
+                job.set_step(i, "built");
+                continue;
+            };
+            if let Some(cached) = store.by_digest(&step.key).map_err(|e| failed(Some(i), e))? {
                 job.log.line(format!("{head}: cached"));
                 job.set_step(i, "cached");
                 layers.push(cached.step_layer());
@@ -124,11 +125,11 @@ impl Builds {
             job.log.line(head);
             job.set_step(i, "running");
             let on = Base {
-                image: &base,
+                image: base,
                 layers: &layers,
                 tree: &parent,
             };
-            match self.step(job, store, on, spec, step, key, i).await {
+            match self.step(job, store, on, step, run, i).await {
                 Ok(image) => {
                     job.set_step(i, "built");
                     layers.push(image.step_layer());
@@ -140,31 +141,22 @@ impl Builds {
                 }
             }
         }
-        let digest = spec.image_digest(&parent.manifest.digest);
-        let image = match store.by_digest(&digest).map_err(|e| failed(None, e))? {
+        let image = match store.by_digest(&plan.digest).map_err(|e| failed(None, e))? {
             Some(found) => found,
             None => {
                 let manifest = Manifest {
                     manifest_version: MANIFEST_VERSION,
                     name: name.into(),
-                    digest: digest.clone(),
-                    recipe: serde_json::json!({
-                        "kind": "template",
-                        "base": base.manifest.digest,
-                        "steps": keys,
-                        "spec": spec,
-                    }),
+                    digest: plan.digest.clone(),
+                    recipe: plan.recipe.clone(),
                     languages: base.manifest.languages.clone(),
-                    env: spec.image_env(&base.manifest.env),
-                    workdir: spec.workdir().into(),
-                    user: spec
-                        .user
-                        .clone()
-                        .unwrap_or_else(|| base.manifest.user.clone()),
+                    env: plan.env.clone(),
+                    workdir: plan.workdir.clone(),
+                    user: plan.user.clone(),
                     created_at: Utc::now(),
                     size_bytes: parent.manifest.size_bytes,
                     build_log: job.log.tail(),
-                    startup: spec.startup(),
+                    startup: plan.startup.clone(),
                 };
                 let log = job.log.text();
                 let parent = parent.clone();
@@ -183,20 +175,18 @@ impl Builds {
         store
             .set_name(name, &image.manifest.digest)
             .map_err(|e| failed(None, e))?;
-        Ok(digest)
+        Ok(plan.digest.clone())
     }
 
-    /// Runs one step in a build sandbox on `on` and stores its result under `key`: its layer,
-    /// and the parent's tree with it applied.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs one step in a build sandbox on `on` and stores its result under its key: its
+    /// layer, and the parent's tree with it applied.
     async fn step(
         &self,
         job: &Job,
         store: &ImageStore,
         on: Base<'_>,
-        spec: &Spec,
-        step: &Step,
-        key: &str,
+        step: &PlanStep,
+        run: &StepRun,
         index: usize,
     ) -> Result<StoredImage, Failure> {
         let parent = on.tree;
@@ -212,21 +202,17 @@ impl Builds {
                 )
             })?;
         let layer = store.scratch("build-layer");
-        let ran = self
-            .in_sandbox(job, &*sandbox, parent, spec, step, index, &layer)
-            .await;
-        if let Err(e) = sandbox.destroy().await {
-            tracing::warn!(error = %e, "destroying a build sandbox");
-        }
+        let ran = in_sandbox(job, &sandbox, step, run, index, &layer).await;
+        sandbox.destroy().await;
         ran?;
         let manifest = Manifest {
             manifest_version: MANIFEST_VERSION,
             name: job.status.lock().name.clone(),
-            digest: key.into(),
+            digest: step.key.clone(),
             recipe: serde_json::json!({
                 "kind": STEP_KIND,
                 "parent": parent.manifest.digest,
-                "step": step,
+                "step": step.recipe,
             }),
             startup: None,
             created_at: Utc::now(),
@@ -256,93 +242,125 @@ impl Builds {
             )
         })
     }
+}
 
-    /// The step's command, its output into the log, then the sandbox's writable layer into
-    /// `layer`.
-    #[allow(clippy::too_many_arguments)]
-    async fn in_sandbox(
-        &self,
-        job: &Job,
-        sandbox: &dyn Sandbox,
-        parent: &StoredImage,
-        spec: &Spec,
-        step: &Step,
-        index: usize,
-        layer: &Scratch,
-    ) -> Result<(), Failure> {
-        let fail =
-            |e: &dyn std::fmt::Display| failed(Some(index), format!("step {}: {e}", index + 1));
-        let agent = sandbox.agent();
-        let ca = tokio::fs::read(HOST_CA).await.unwrap_or_default();
-        let mut writer = agent
-            .write_file(WriteFileRequest {
-                path: BUILD_CA_FILE.into(),
-                mode: Some(0o644),
-                create_parents: true,
-                max_bytes: None,
-                owner: None,
-                metadata: Vec::new(),
-            })
+/// The step's command (as its user, its upload written first), its output into the log,
+/// then the sandbox's writable layer into `layer`.
+async fn in_sandbox(
+    job: &Job,
+    sandbox: &BuildSandbox,
+    step: &PlanStep,
+    run: &StepRun,
+    index: usize,
+    layer: &Scratch,
+) -> Result<(), Failure> {
+    let fail = |e: &dyn std::fmt::Display| failed(Some(index), format!("step {}: {e}", index + 1));
+    let ca = tokio::fs::read(HOST_CA).await.unwrap_or_default();
+    sandbox
+        .write(BUILD_CA_FILE, 0o644, &mut ca.as_slice())
+        .await
+        .map_err(|e| fail(&e))?;
+    if let Some(upload) = &run.upload {
+        let mut file = tokio::fs::File::open(&upload.from)
             .await
             .map_err(|e| fail(&e))?;
-        writer.write(&ca).await.map_err(|e| fail(&e))?;
-        writer.finish().await.map_err(|e| fail(&e))?;
-
-        let (argv, stdin) = step.command();
-        let mut stream = agent
-            .exec(ExecRequest {
-                argv,
-                env: spec.step_env(&parent.manifest.env),
-                stdin,
-                timeout_ms: Some(STEP_TIMEOUT.as_millis() as u64),
-                output_limit_bytes: STEP_OUTPUT,
-                ..ExecRequest::default()
-            })
+        sandbox
+            .write(&upload.to, 0o600, &mut file)
             .await
             .map_err(|e| fail(&e))?;
-        let mut output = Vec::new();
-        let exit = loop {
-            match stream.recv().await.map_err(|e| fail(&e))? {
-                FromAgent::Stdout(d) | FromAgent::Stderr(d) => {
-                    job.log.output(&d);
-                    output.extend_from_slice(&d);
-                    let keep = output.len().saturating_sub(64 * 1024);
-                    output.drain(..keep);
-                }
-                FromAgent::Exited(exit) => {
-                    stream.mark_finished();
-                    break exit;
-                }
-                _ => {}
-            }
-        };
-        if exit.exit_code != Some(0) {
-            let text = String::from_utf8_lossy(&output);
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = lines[lines.len().saturating_sub(FAILED_OUTPUT_LINES)..].join("\n");
-            let how = match (exit.exit_code, exit.signal) {
-                (Some(code), _) => format!("exited with {code}"),
-                (None, Some(sig)) => format!("was killed by signal {sig}"),
-                _ => "ended without an exit status".into(),
-            };
-            return Err(Failure {
+    }
+    let (uid, gid) = match &run.user {
+        Some(user) => account(sandbox, user)
+            .await
+            .map_err(|e| fail(&e))?
+            .ok_or_else(|| Failure {
                 step: Some(index),
                 code: codes::IMAGE_BUILD_STEP_FAILED,
-                message: format!("step {} ({}) {how}:\n{tail}", index + 1, step.describe()),
-            });
-        }
-        // What it left running must not write during the capture.
-        agent.kill_all().await.map_err(|e| fail(&e))?;
-        let mut capture = agent
-            .capture_layer(LAYER_BYTES, LAYER_ENTRIES)
-            .await
-            .map_err(|e| fail(&e))?;
-        let mut file = std::fs::File::create(layer.path()).map_err(|e| fail(&e))?;
-        while let Some(chunk) = capture.next_chunk().await.map_err(|e| fail(&e))? {
-            file.write_all(&chunk).map_err(|e| fail(&e))?;
-        }
-        file.sync_all().map_err(|e| fail(&e))
+                message: format!(
+                    "step {}: failed to run command '{}': command failed: unauthenticated: invalid username: '{user}'",
+                    index + 1,
+                    run.shown
+                ),
+            })?,
+        None => (0, 0),
+    };
+
+    let mut output = Vec::new();
+    let exit = sandbox
+        .exec_logged(
+            StepCommand {
+                argv: run.argv.clone(),
+                env: run.env.clone(),
+                stdin: run.stdin.clone(),
+                cwd: run.cwd.clone(),
+                uid: Some(uid),
+                gid: Some(gid),
+                timeout: STEP_TIMEOUT,
+                output_limit: STEP_OUTPUT,
+            },
+            |d| {
+                job.log.output(d);
+                output.extend_from_slice(d);
+                let keep = output.len().saturating_sub(64 * 1024);
+                output.drain(..keep);
+            },
+        )
+        .await
+        .map_err(|e| fail(&e))?;
+    if exit.exit_code != Some(0) {
+        let text = String::from_utf8_lossy(&output);
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(FAILED_OUTPUT_LINES)..].join("\n");
+        let how = match (exit.exit_code, exit.signal) {
+            _ if exit.timed_out => format!("timed out after {}s", STEP_TIMEOUT.as_secs()),
+            (Some(code), _) => format!("exited with {code}"),
+            (None, Some(sig)) => format!("was killed by signal {sig}"),
+            _ => "ended without an exit status".into(),
+        };
+        return Err(Failure {
+            step: Some(index),
+            code: codes::IMAGE_BUILD_STEP_FAILED,
+            message: format!("step {} ({}) {how}:\n{tail}", index + 1, step.describe),
+        });
     }
+    sandbox
+        .capture(layer.path(), LAYER_BYTES, LAYER_ENTRIES)
+        .await
+        .map_err(|e| fail(&e))
+}
+
+/// The sandbox uid and gid of the account `user` (a name or a number) in the step's tree,
+/// looked up by the sandbox itself (`id`): none when it has no such account.
+async fn account(
+    sandbox: &BuildSandbox,
+    user: &str,
+) -> Result<Option<(u32, u32)>, koder_sessions::Error> {
+    let mut out = Vec::new();
+    let exit = sandbox
+        .exec_logged(
+            StepCommand {
+                argv: [
+                    "/bin/sh",
+                    "-c",
+                    "id -u -- \"$1\" && id -g -- \"$1\"",
+                    "sh",
+                    user,
+                ]
+                .map(String::from)
+                .to_vec(),
+                timeout: Duration::from_secs(30),
+                output_limit: 4096,
+                ..StepCommand::default()
+            },
+            |d| out.extend_from_slice(d),
+        )
+        .await?;
+    let text = String::from_utf8_lossy(&out);
+    let ids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    Ok(match (exit.exit_code, ids.as_slice()) {
+        (Some(0), [uid, gid]) => Some((*uid, *gid)),
+        _ => None,
+    })
 }
 
 /// Applies a captured layer onto a tree (a staging copy, the daemon's alone): an entry

@@ -4,6 +4,8 @@
 //! - Transports (REST, E2B, CLI, SDK, and gRPC/MCP/console when they come) speak to sandboxes
 //!   only through `koder-sessions`: they neither depend on nor name `koder-agent-protocol`, and
 //!   do not reach the state store (`koder-store`) past the manager's tenancy rule.
+//! - Only the session manager and the runtimes (and the agent itself) speak the agent
+//!   protocol: no other crate (the image builder, the store, ...) depends on it or names it.
 //! - Runtimes know nothing of sessions or transports.
 //! - Nothing depends on the daemon crate `koder-sandbox`, except the CLI, which launches it.
 
@@ -19,6 +21,20 @@ const TRANSPORTS: &[&str] = &[
     "koder-console",
 ];
 const RUNTIMES: &[&str] = &["koder-runtime", "koder-jail", "koder-microvm"];
+/// The crates that speak the agent protocol: the protocol and the agent, the session manager,
+/// the runtimes and the in-memory runtime that fakes them for tests.
+const PROTOCOL_SPEAKERS: &[&str] = &[
+    "koder-agent-protocol",
+    "koder-agent",
+    "koder-sessions",
+    "koder-runtime",
+    "koder-jail",
+    "koder-microvm",
+    "koder-runtime-memory",
+];
+/// Crates allowed the protocol's data types but not its conversation: `koder-image` resolves
+/// an image into the read-only binds (`init::Bind`) a runtime hands its agent at start.
+const PROTOCOL_TYPES_ONLY: &[&str] = &["koder-image"];
 const ABOVE_RUNTIMES: &[&str] = &["koder-sessions", "koder-http", "koder-e2b", "koder-store"];
 const PROTOCOL_CRATE: &str = "koder_agent_protocol";
 const DAEMON: &str = "koder-sandbox";
@@ -95,6 +111,8 @@ fn manifest_violations(crates: &[Crate]) -> Vec<String> {
                     bad.push(format!("transport {} depends on {dep}", c.name));
                 }
             }
+        } else if !speaks_protocol(&c.name) && depends("koder-agent-protocol") {
+            bad.push(format!("{} depends on koder-agent-protocol", c.name));
         }
         if RUNTIMES.contains(&c.name.as_str()) {
             for dep in ABOVE_RUNTIMES.iter().filter(|d| depends(d)) {
@@ -108,15 +126,25 @@ fn manifest_violations(crates: &[Crate]) -> Vec<String> {
     bad
 }
 
-/// Transport sources naming the agent protocol, as `file:line`.
+fn speaks_protocol(name: &str) -> bool {
+    PROTOCOL_SPEAKERS.contains(&name) || PROTOCOL_TYPES_ONLY.contains(&name)
+}
+
+/// Sources naming the agent protocol outside the crates that speak it, as `file:line`: all of
+/// a transport's files, the code (not the tests) of every other crate.
 fn source_violations(crates: &[Crate]) -> Vec<String> {
     let mut bad = Vec::new();
-    for c in crates
-        .iter()
-        .filter(|c| TRANSPORTS.contains(&c.name.as_str()))
-    {
+    for c in crates.iter().filter(|c| !speaks_protocol(&c.name)) {
         let mut files = Vec::new();
-        rust_files(&c.dir, &mut files);
+        if TRANSPORTS.contains(&c.name.as_str()) {
+            rust_files(&c.dir, &mut files);
+        } else {
+            let src = c.dir.join("src");
+            if src.is_dir() {
+                rust_files(&src, &mut files);
+            }
+            files.extend(Some(c.dir.join("build.rs")).filter(|f| f.is_file()));
+        }
         for f in files {
             let source = std::fs::read_to_string(&f).unwrap();
             for line in protocol_mentions(&source) {
@@ -164,6 +192,9 @@ fn the_checker_finds_forbidden_dependencies() {
         manifest("koder-bench", "koder-sandbox = { path = \"x\" }\n"),
         manifest("ksandbox", "koder-sandbox = { path = \"x\" }\n"),
         manifest("koder-sessions", "koder-agent-protocol.workspace = true\n"),
+        manifest("koder-build", "koder-agent-protocol.workspace = true\n"),
+        manifest("koder-store", "koder-agent-protocol = { path = \"x\" }\n"),
+        manifest("koder-jail", "koder-agent-protocol.workspace = true\n"),
     ]);
     assert_eq!(
         found,
@@ -172,6 +203,8 @@ fn the_checker_finds_forbidden_dependencies() {
             "transport koder-mcp depends on koder-store",
             "runtime koder-jail depends on koder-sessions",
             "koder-bench depends on the daemon crate koder-sandbox",
+            "koder-build depends on koder-agent-protocol",
+            "koder-store depends on koder-agent-protocol",
         ]
     );
 }

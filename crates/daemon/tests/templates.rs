@@ -86,7 +86,7 @@ async fn an_imported_oci_image_runs_sessions_and_hostile_archives_leave_nothing(
         .await;
     assert_eq!(
         v["stdout"].as_str().unwrap_or(""),
-        "hello from the layer\nhello /workspace\nwhited-out\n/usr/bin/ls\nok\n",
+        "hello from the layer\nhello /opt/app\nwhited-out\n/usr/bin/ls\nok\n",
         "{v}"
     );
 
@@ -269,14 +269,40 @@ async fn a_template_builds_in_jails_caches_its_steps_and_its_sessions_start_read
             &id,
             json!({"shell": "python3 -c 'import six; print(six.__name__)'; cat /opt/app/hello.txt /opt/app/built.txt; \
                               echo \"$GREETING\"; \
-                              python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:8000/hello.txt\").read().decode(), end=\"\")'"}),
+                              python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:8000/hello.txt\").read().decode(), end=\"\")'; \
+                              pwd"}),
         )
         .await;
     assert_eq!(
         v["stdout"].as_str().unwrap_or(""),
-        "six\nhello from the file\nbuilt\nhello from the template\nhello from the file\n",
-        "{v}"
+        "six\nhello from the file\nbuilt\nhello from the template\nhello from the file\n/opt/app\n",
+        "execs start in the image's working directory: {v}"
     );
+    // Restored onto a new sandbox, the session runs its image's start command again, ready
+    // before the restore answers.
+    let (status, snap) = d
+        .json(
+            Method::POST,
+            &format!("/v1/sandbox/sessions/{id}/snapshot"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{snap}");
+    let (status, v) = d
+        .json(
+            Method::POST,
+            &format!("/v1/sandbox/sessions/{id}/restore"),
+            json!({"snapshot_id": snap["snapshot_id"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let v = d
+        .exec(
+            &id,
+            json!({"shell": "python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:8000/hello.txt\").read().decode(), end=\"\")'"}),
+        )
+        .await;
+    assert_eq!(v["stdout"], "hello from the file\n", "{v}");
     // The mirror is the build's alone: a session with network open cannot reach it.
     let open = d
         .create(json!({"image": "app", "network": {"mode": "open"}}))

@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use sha2::Sha256;
 
 use crate::control::cpu::CpuSample;
+use crate::control::templates::TemplateBuild;
 use crate::envd::sandbox::SandboxCtx;
 
 /// The E2B adapter's state: the native API's state plus what only E2B needs.
@@ -29,6 +30,9 @@ struct Inner {
     sandboxes: Mutex<HashMap<String, Arc<SandboxCtx>>>,
     /// The previous CPU reading per sandbox, so a metrics sample reports current use.
     cpu_samples: Mutex<HashMap<String, CpuSample>>,
+    /// Template builds by E2B build id (in memory, as the builds they run: the images they
+    /// make last).
+    template_builds: Mutex<HashMap<String, Arc<TemplateBuild>>>,
 }
 
 impl E2b {
@@ -42,6 +46,7 @@ impl E2b {
                 token_secret,
                 sandboxes: Mutex::default(),
                 cpu_samples: Mutex::default(),
+                template_builds: Mutex::default(),
             }),
         }
     }
@@ -69,6 +74,23 @@ impl E2b {
     pub fn volume_token(&self, id: &str) -> String {
         let msg = format!("volume:{id}");
         hex::encode(hmac_sha256(&self.inner.token_secret, msg.as_bytes()))
+    }
+
+    /// The prefix of a tenant's template images in the image store: keyed like tokens, so
+    /// no tenant can name (or guess) another's.
+    pub(crate) fn template_namespace(&self, tenant: &str) -> String {
+        let msg = format!("template-namespace:{tenant}");
+        hex::encode(&hmac_sha256(&self.inner.token_secret, msg.as_bytes())[..8])
+    }
+
+    /// The signature of a template file upload URL (`msg` names what it may upload, until when).
+    pub(crate) fn upload_signature(&self, msg: &str) -> String {
+        let msg = format!("template-upload:{msg}");
+        hex::encode(hmac_sha256(&self.inner.token_secret, msg.as_bytes()))
+    }
+
+    pub(crate) fn template_builds(&self) -> &Mutex<HashMap<String, Arc<TemplateBuild>>> {
+        &self.inner.template_builds
     }
 
     pub(crate) fn ctx(&self, id: &str) -> Arc<SandboxCtx> {

@@ -132,10 +132,10 @@ pub async fn import_image(
     let store = store_of(&s)?;
     koder_image::store::check_name(&q.name).map_err(image_api_error)?;
     if declared_length(&headers).is_some_and(|n| n > MAX_ARCHIVE_BYTES) {
-        return Err(too_large());
+        return Err(too_large(MAX_ARCHIVE_BYTES));
     }
     let scratch = store.scratch("upload");
-    receive(body, scratch.path()).await?;
+    receive(body, scratch.path(), MAX_ARCHIVE_BYTES).await?;
     let name = q.name.clone();
     tokio::task::spawn_blocking(move || {
         koder_image::oci::import(
@@ -165,8 +165,9 @@ fn store_of(s: &AppState) -> ApiResult<ImageStore> {
     })
 }
 
-/// Streams the body into `path`, refusing it past [`MAX_ARCHIVE_BYTES`].
-async fn receive(body: Body, path: &std::path::Path) -> ApiResult<()> {
+/// Streams the body into `path`, refusing it (413, `SANDBOX-IMAGE-TOO-LARGE`) past `limit`
+/// bytes: image archives, and the E2B template builds' file uploads.
+pub async fn receive(body: Body, path: &std::path::Path, limit: u64) -> ApiResult<()> {
     let io =
         |e: std::io::Error| ApiError::new(500, codes::INTERNAL, format!("store the upload: {e}"));
     let mut file = tokio::fs::File::create(path).await.map_err(io)?;
@@ -175,19 +176,19 @@ async fn receive(body: Body, path: &std::path::Path) -> ApiResult<()> {
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(|e| ApiError::invalid(format!("reading the body: {e}")))?;
         total += chunk.len() as u64;
-        if total > MAX_ARCHIVE_BYTES {
-            return Err(too_large());
+        if total > limit {
+            return Err(too_large(limit));
         }
         file.write_all(&chunk).await.map_err(io)?;
     }
     file.flush().await.map_err(io)
 }
 
-fn too_large() -> ApiError {
+fn too_large(limit: u64) -> ApiError {
     ApiError::new(
         413,
         IMAGE_TOO_LARGE,
-        format!("image archives are limited to {MAX_ARCHIVE_BYTES} bytes"),
+        format!("image archives are limited to {limit} bytes"),
     )
 }
 

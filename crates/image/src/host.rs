@@ -10,7 +10,7 @@ use std::path::Path;
 use koder_agent_protocol::init::Bind;
 use koder_runtime::RuntimeError;
 
-use crate::{default_env, Image, HOST};
+use crate::{default_env, Image, DEFAULT_WORKDIR, HOST};
 
 /// Bumped whenever the generated content changes, so old trees are rebuilt.
 const HOST_IMAGE_VERSION: &str = "2";
@@ -33,6 +33,7 @@ pub fn host_image(images_dir: &Path) -> Result<Image, RuntimeError> {
         layer,
         ro_binds,
         env: default_env(),
+        workdir: DEFAULT_WORKDIR.into(),
     })
 }
 

@@ -10,6 +10,7 @@
 mod host;
 pub mod oci;
 pub mod packs;
+pub mod plan;
 mod rootfs;
 pub mod store;
 pub mod template;
@@ -24,6 +25,8 @@ pub use store::{ImageError, ImageStore, Manifest, StoredImage};
 
 /// The image every host has: its own /usr under a generated root.
 pub const HOST: &str = "host";
+/// Where execs start on the host image (and on images that name no directory of their own).
+pub const DEFAULT_WORKDIR: &str = "/workspace";
 
 /// A ready-to-mount image: the lower layer and the host paths bound read-only over it.
 #[derive(Debug, Clone)]
@@ -32,6 +35,8 @@ pub struct Image {
     pub layer: PathBuf,
     pub ro_binds: Vec<Bind>,
     pub env: Vec<(String, String)>,
+    /// Where execs start (and the agent starts).
+    pub workdir: String,
 }
 
 /// Directories every image root has; the writable ones are pre-created per session in the upper

@@ -285,18 +285,7 @@ impl Spec {
     /// The environment every step runs with: the image's ([`Spec::image_env`]), where the CA
     /// bundle is and the step's working directory.
     pub fn step_env(&self, base: &[(String, String)]) -> Vec<(String, String)> {
-        let mut env = self.image_env(base);
-        for k in [
-            "PIP_CERT",
-            "REQUESTS_CA_BUNDLE",
-            "SSL_CERT_FILE",
-            "NODE_EXTRA_CA_CERTS",
-            "NPM_CONFIG_CAFILE",
-        ] {
-            env.push((k.into(), BUILD_CA_FILE.into()));
-        }
-        env.push(("KODER_WORKDIR".into(), self.workdir().into()));
-        env
+        step_env(self.image_env(base), self.workdir())
     }
 
     /// What sessions on the image run before they are handed out.
@@ -329,6 +318,22 @@ impl Spec {
         })
         .unwrap_or_default()
     }
+}
+
+/// The environment a build step runs with: `env`, where the host's CA bundle is (so package
+/// clients trust what the host trusts) and its working directory (`$KODER_WORKDIR`).
+pub fn step_env(mut env: Vec<(String, String)>, workdir: &str) -> Vec<(String, String)> {
+    for k in [
+        "PIP_CERT",
+        "REQUESTS_CA_BUNDLE",
+        "SSL_CERT_FILE",
+        "NODE_EXTRA_CA_CERTS",
+        "NPM_CONFIG_CAFILE",
+    ] {
+        env.push((k.into(), BUILD_CA_FILE.into()));
+    }
+    env.push(("KODER_WORKDIR".into(), workdir.into()));
+    env
 }
 
 /// The steps to run: from the first whose key `cached` does not know (all of them cached:

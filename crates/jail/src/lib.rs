@@ -387,12 +387,11 @@ impl Inner {
             work_dir: s(parts.work.clone()),
             ro_binds: image.ro_binds.clone(),
             tmp_size_mib: self.cfg.tmp_size_mib,
-            workdir: "/workspace".into(),
+            workdir: image.workdir.clone(),
             env,
-            // Landlock would otherwise leave a writable volume read-only.
-            writable_dirs: WRITABLE_DIRS
-                .iter()
-                .map(|d| d.to_string())
+            // Landlock would otherwise leave a writable volume, or an image's working
+            // directory outside the usual ones (E2B's `/app`), read-only.
+            writable_dirs: writable_dirs(spec, image)
                 .chain(
                     volume_mounts
                         .iter()
@@ -1166,4 +1165,19 @@ fn run_dir(cfg: &JailConfig) -> PathBuf {
 
 fn trash_dir(cfg: &JailConfig) -> PathBuf {
     cfg.state_dir.join("trash")
+}
+
+/// The directories a sandbox's processes may write below (volumes aside): everything for an
+/// image build's, else the usual ones and the image's working directory.
+fn writable_dirs(spec: &SandboxSpec, image: &Image) -> impl Iterator<Item = String> {
+    let dirs: Vec<String> = if spec.writable_root {
+        vec!["/".into()]
+    } else {
+        WRITABLE_DIRS
+            .iter()
+            .map(|d| d.to_string())
+            .chain(Some(image.workdir.clone()).filter(|w| w != "/"))
+            .collect()
+    };
+    dirs.into_iter()
 }

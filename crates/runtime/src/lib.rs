@@ -35,6 +35,10 @@ pub struct SandboxSpec {
     /// see `koder_agent_protocol::init::check_mount_targets`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
+    /// Every directory writable to the sandbox's processes, not only the usual ones (image
+    /// builds: a step may make `/app`). Its root is its own overlay either way.
+    #[serde(default)]
+    pub writable_root: bool,
 }
 
 /// One volume attached to a sandbox. Files on a volume keep sandbox-relative ("neutral")

@@ -118,7 +118,7 @@ impl Images {
     }
 
     /// The image a language's sessions get when they name none.
-    fn default_for(&self, language: &str) -> &str {
+    pub(crate) fn default_for(&self, language: &str) -> &str {
         self.language_packs
             .get(language)
             .map_or(HOST, String::as_str)

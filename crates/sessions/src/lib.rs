@@ -35,6 +35,8 @@ pub use live::{
     FsEvent, FsEventKind, Terminal, TerminalEnded, TerminalEvent, TerminalInput, TerminalSpec,
     Watch, WatchFlush,
 };
-pub use manager::{Manager, Runtimes, VolumeEntry, VolumeFile, VolumeMeta};
+pub use manager::{
+    BuildSandbox, Manager, Runtimes, StepCommand, StepExit, VolumeEntry, VolumeFile, VolumeMeta,
+};
 pub use metrics::Metrics;
 pub use quota::{Clock, NO_ACCESS_PLAN};

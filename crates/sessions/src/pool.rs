@@ -314,6 +314,7 @@ impl Pool {
                 egress: false,
                 layers: Vec::new(),
                 volumes: Vec::new(),
+                writable_root: false,
             };
             let mut created = pool.runtime.create(spec).await;
             if let (Ok(sb), Some(prepare)) = (&created, pool.startups.get(&language)) {

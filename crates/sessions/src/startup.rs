@@ -13,7 +13,9 @@ use koder_runtime::Sandbox;
 
 use crate::Error;
 
-/// How long one ready attempt may run, and the pause between attempts.
+/// How long the start command's launch may take, and the pause between ready attempts (an
+/// attempt may take the whole of what is left of the image's ready timeout: E2B's
+/// `wait_for_timeout` is a `sleep` that long).
 const ATTEMPT: Duration = Duration::from_secs(10);
 const RETRY: Duration = Duration::from_millis(200);
 /// Output kept of a ready attempt (the last one is in the error).
@@ -88,9 +90,7 @@ impl Prepare {
         let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let out = agent
-                .exec_collect(self.shell(ready, left.min(ATTEMPT)))
-                .await?;
+            let out = agent.exec_collect(self.shell(ready, left)).await?;
             if out.exit.exit_code == Some(0) {
                 return Ok(());
             }

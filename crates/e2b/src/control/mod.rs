@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod keys;
 mod page;
 mod snapshots;
+pub mod templates;
 mod volumes;
 
 use std::collections::BTreeMap;
@@ -55,12 +56,18 @@ pub fn template_language(template: &str) -> Result<&'static str, HttpError> {
         .map(|(_, l)| *l)
         .ok_or_else(|| {
             HttpError::bad_request(format!(
-                "template {template:?} not found; koder-sandbox has the templates base and code-interpreter-v1"
+                "template {template:?} not found; koder-sandbox has the templates base and code-interpreter-v1, and those the tenant built"
             ))
         })
 }
 
-/// The template a session answers to: sessions made natively show their language.
+/// The template a session answers to: a template's on its image, otherwise (sessions made
+/// natively too) its language's.
+pub fn session_template(s: &Session) -> &str {
+    templates::template_of_image(&s.image).unwrap_or_else(|| template_of(&s.language))
+}
+
+/// The built-in template of a language.
 pub fn template_of(language: &str) -> &str {
     match language {
         "bash" => "base",
@@ -128,7 +135,8 @@ pub fn router() -> Router<E2b> {
             get(metrics).fallback(unsupported),
         )
         .merge(volumes::routes())
-        // The rest of E2B's API (template builds, secrets, logs...) answers in
+        .merge(templates::routes())
+        // The rest of E2B's API (legacy template builds, secrets, logs...) answers in
         // E2B's error shape too: the native 404 body would crash the SDK.
         .fallback(unsupported)
 }
@@ -157,7 +165,7 @@ async fn unsupported(method: axum::http::Method, uri: axum::http::Uri) -> HttpEr
     HttpError::new(
         501,
         format!(
-            "{method} {} is not supported by koder-sandbox's E2B API (sandboxes: create, connect, list, info, timeout, pause, resume, snapshots, fork, metrics, kill; snapshots: list, delete; volumes and their content)",
+            "{method} {} is not supported by koder-sandbox's E2B API (sandboxes: create, connect, list, info, timeout, pause, resume, snapshots, fork, metrics, kill; snapshots: list, delete; templates: build (v3/v2), files, status, aliases, tags, list, delete; volumes and their content)",
             uri.path()
         ),
     )
@@ -326,12 +334,16 @@ async fn create(
     } else {
         req.template_id
     };
-    // A snapshot id stands for a template (`Sandbox.create(snapshot_id)`).
-    let (language, from_snapshot) = match template_language(&template) {
-        Ok(language) => (Some(language.to_string()), None),
-        Err(unknown) => match snapshots::snapshot_template(&e2b, &who, &template).await? {
-            Some(snapshot) => (None, Some(snapshot)),
-            None => return Err(unknown),
+    // A template of the tenant's names its image; a snapshot id stands for a template
+    // (`Sandbox.create(snapshot_id)`).
+    let (language, image, from_snapshot) = match template_language(&template) {
+        Ok(language) => (Some(language.to_string()), None, None),
+        Err(unknown) => match templates::template_image(&e2b, &who, &template) {
+            Some(image) => (None, Some(image), None),
+            None => match snapshots::snapshot_template(&e2b, &who, &template).await? {
+                Some(snapshot) => (None, None, Some(snapshot)),
+                None => return Err(unknown),
+            },
         },
     };
     let lifecycle = lifecycle_of(req.auto_pause, req.auto_pause_memory, req.auto_resume)?;
@@ -363,6 +375,7 @@ async fn create(
             &who,
             CreateSession {
                 language,
+                image,
                 from_snapshot,
                 lifecycle,
                 network: Some(network_of(req.allow_internet_access, req.network)?),
@@ -384,7 +397,7 @@ async fn create(
 /// `Sandbox`: what create and connect answer.
 fn sandbox_json(e2b: &E2b, s: &Session) -> Value {
     json!({
-        "templateID": template_of(&s.language),
+        "templateID": session_template(s),
         "sandboxID": s.id,
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
@@ -417,8 +430,8 @@ fn state_name(s: &Session) -> &'static str {
 /// `ListedSandbox`.
 fn listed_json(s: &Session) -> Value {
     json!({
-        "templateID": template_of(&s.language),
-        "alias": template_of(&s.language),
+        "templateID": session_template(s),
+        "alias": session_template(s),
         "sandboxID": s.id,
         "clientID": CLIENT_ID,
         "startedAt": time(s.created_at),
@@ -669,11 +682,7 @@ async fn matching(
                 .iter()
                 .all(|(k, v)| s.metadata.get(k) == Some(v))
         })
-        .filter(|s| {
-            template
-                .as_deref()
-                .is_none_or(|t| t == template_of(&s.language))
-        })
+        .filter(|s| template.as_deref().is_none_or(|t| t == session_template(s)))
         .filter(|s| started_after.is_none_or(|after| s.created_at >= after))
         .collect();
     out.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));

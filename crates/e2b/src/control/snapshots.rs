@@ -97,6 +97,9 @@ pub async fn delete_template(
             "{id:?} is a built-in template of koder-sandbox and cannot be deleted"
         )));
     }
+    if super::templates::remove(&e2b, &who, &id)? {
+        return Ok(StatusCode::NO_CONTENT);
+    }
     match e2b.manager().delete_snapshot(&who, &id).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
         Err(koder_sessions::Error::SnapshotNotFound) => Err(HttpError::not_found(format!(

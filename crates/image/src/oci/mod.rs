@@ -9,6 +9,7 @@
 //! the first. A refused or broken archive leaves nothing: the tree is built in the store's
 //! staging area, which is removed on any error.
 
+mod context;
 mod unpack;
 
 use std::collections::HashMap;
@@ -20,6 +21,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+pub use context::check_context_archive;
 pub use unpack::{LayerStats, Limits};
 
 use crate::store::{

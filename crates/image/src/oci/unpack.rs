@@ -67,7 +67,7 @@ impl Budget {
         }
     }
 
-    fn entry(&mut self) -> Result<()> {
+    pub(super) fn entry(&mut self) -> Result<()> {
         self.entries += 1;
         if self.entries > self.limits.max_entries {
             return Err(ImageError::TooLarge(format!(
@@ -78,7 +78,7 @@ impl Budget {
         Ok(())
     }
 
-    fn bytes(&mut self, n: u64, path: &[u8]) -> Result<()> {
+    pub(super) fn bytes(&mut self, n: u64, path: &[u8]) -> Result<()> {
         self.bytes = self.bytes.saturating_add(n);
         if self.bytes > self.limits.max_bytes {
             return Err(ImageError::TooLarge(format!(
@@ -256,7 +256,7 @@ fn write_entry<R: Read>(
 }
 
 /// Regular files, also GNU sparse ones (the tar reader fills their holes in).
-fn is_file(kind: EntryType) -> bool {
+pub(super) fn is_file(kind: EntryType) -> bool {
     matches!(
         kind,
         EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse
@@ -390,7 +390,7 @@ fn clear(dir: BorrowedFd<'_>) -> Result<()> {
 }
 
 /// An entry's path as its components: relative, no `..`, no empty or `.` components.
-fn components(raw: &[u8]) -> Result<Vec<&[u8]>> {
+pub(super) fn components(raw: &[u8]) -> Result<Vec<&[u8]>> {
     if raw.first() == Some(&b'/') {
         return Err(forbidden(raw, "absolute path"));
     }
@@ -428,14 +428,14 @@ pub(super) fn shown(path: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(path))
 }
 
-fn forbidden(path: &[u8], why: &'static str) -> ImageError {
+pub(super) fn forbidden(path: &[u8], why: &'static str) -> ImageError {
     ImageError::Forbidden {
         path: shown(path),
         why,
     }
 }
 
-fn corrupt(e: io::Error) -> ImageError {
+pub(super) fn corrupt(e: io::Error) -> ImageError {
     ImageError::InvalidArchive(format!("unreadable layer: {e}"))
 }
 

@@ -117,6 +117,7 @@ impl StoredImage {
             layer: self.root.clone(),
             ro_binds: Vec::new(),
             env: self.manifest.env.clone(),
+            workdir: self.manifest.workdir.clone(),
         }
     }
 }
@@ -255,6 +256,26 @@ impl ImageStore {
             let _ = std::fs::remove_file(&tmp);
             ImageError::io(format!("name {name:?}"))(e)
         })
+    }
+
+    /// Removes the name `name` (the image stays, under its other names, or unnamed until
+    /// garbage collection); whether there was one.
+    pub fn unname(&self, name: &str) -> Result<bool> {
+        check_name(name)?;
+        match std::fs::remove_file(self.root.join(NAMES).join(name)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(ImageError::io(format!("remove name {name:?}"))(e)),
+        }
+    }
+
+    /// Every name starting with `prefix`, with the digest it points at, sorted by name.
+    pub fn names_with_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        Ok(self
+            .all_names()?
+            .into_iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .collect())
     }
 
     /// Deletes the image `name` points at, with every name pointing at it; returns what it was.

@@ -14,6 +14,11 @@ impl Manager {
         self.images.store()
     }
 
+    /// The image a language's sessions run on when they name none (`host`, or its pack).
+    pub fn language_image(&self, language: &str) -> String {
+        self.images.default_for(language).to_string()
+    }
+
     /// `host` first, then every image of the store.
     pub async fn list_images(&self) -> Result<ImageList, Error> {
         let mut list = vec![images::host_view()];

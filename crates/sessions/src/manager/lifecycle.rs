@@ -402,6 +402,7 @@ impl Manager {
             egress,
             layers,
             volumes,
+            writable_root: false,
         };
         let source = if spec.layers.is_empty() {
             "cold"

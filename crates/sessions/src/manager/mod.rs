@@ -17,6 +17,7 @@ mod state;
 mod volume_files;
 mod volumes;
 
+pub use build::{BuildSandbox, StepCommand, StepExit};
 pub use volume_files::{VolumeEntry, VolumeFile, VolumeMeta};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

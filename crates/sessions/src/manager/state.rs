@@ -345,6 +345,16 @@ impl Manager {
                 volumes,
             )
             .await?;
+        // A restored or resumed session starts afresh on its files: its image's start
+        // command runs again, as for a new session, and must be ready before it is handed back.
+        if let Some(prepare) = &image.prepare {
+            if let Err(e) = prepare.run(&*sandbox).await {
+                if let Err(d) = sandbox.destroy().await {
+                    tracing::warn!(session = %record.id, error = %d, "destroying an unready sandbox");
+                }
+                return Err(e);
+            }
+        }
         koder_hostkit::crash::point("restore-before-install");
         let held = durable.pause.take();
         self.store.set_session_durable(&record.id, &durable).await?;

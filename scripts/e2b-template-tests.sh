@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# E2B template builds end to end: the real `e2b` SDK builds templates (steps run in jails by
+# koder-build) on a daemon whose `base` template runs on the Debian bash pack of the test cache
+# (packed with tests/e2b/pack_archive.py and imported as the image `e2b-base`, which is also
+# what `fromImage` names), then tests/e2b/test_templates.py. With E2B_SDK_TESTS=<a checkout's
+# packages/python-sdk/tests>, E2B's own template_sync suite runs against the same daemon.
+# Needs root and the binaries in target/debug (scripts/test.sh builds them and the packs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "e2b-template-tests: skipped (jail sandboxes need root)"
+  exit 0
+fi
+pack_cache=${KODER_PACK_CACHE:-${KODER_TEST_CACHE:-/var/cache/koder-sandbox-test}/packs}
+bash_pack=$(readlink "$pack_cache/store/names/bash") || {
+  echo "e2b-template-tests: no bash pack in $pack_cache (scripts/test.sh builds it)"
+  exit 1
+}
+
+. scripts/lib/e2b-venv.sh
+e2b_venv
+
+. scripts/lib/daemon.sh
+DAEMON_EXTRA_CONFIG='[images]
+language_packs = { bash = "e2b-base" }'
+start_daemon e2b-templates
+"$E2B_PYTHON" tests/e2b/pack_archive.py "$pack_cache/store/$bash_pack/rootfs" "$DAEMON_TMP/base.tar"
+target/debug/ksandbox image import "$DAEMON_TMP/base.tar" --name e2b-base \
+  --images-dir "$DAEMON_TMP/data/images" >/dev/null
+rm -f "$DAEMON_TMP/base.tar"
+
+export E2B_API_URL="$DAEMON_URL" E2B_SANDBOX_URL="$DAEMON_URL" E2B_API_KEY="$DAEMON_KEY1" \
+  KODER_E2B_OTHER_KEY="$DAEMON_KEY2" KODER_E2B_TEMPLATES=1
+status=0
+"$E2B_PYTHON" -m pytest tests/e2b/test_templates.py -q -p no:cacheprovider "$@" || status=$?
+if [ -n "${E2B_SDK_TESTS:-}" ]; then
+  (cd "$E2B_SDK_TESTS" && "$E2B_PYTHON" -m pytest sync/template_sync -q -p no:cacheprovider \
+    -o asyncio_default_fixture_loop_scope=function) || status=$?
+fi
+[ "$status" -eq 0 ] || daemon_log_tail
+exit "$status"

@@ -1,0 +1,210 @@
+"""E2B template builds (`Template.build`) against koder-sandbox: steps (RUN, COPY, ENV, WORKDIR,
+USER) built in jails, the files-by-hash upload, start and ready commands, the step cache, tags,
+`Sandbox.create(template)`, failures, tenancy and hostile uploads. Run by
+scripts/e2b-template-tests.sh, whose daemon runs the `base` template on the Debian bash pack
+(imported as the image `e2b-base`); skipped by the plain E2B suite."""
+
+import io
+import os
+import tarfile
+import uuid
+
+import httpx
+import pytest
+from e2b import BuildException, Sandbox, Template, wait_for_file
+
+from conftest import API_KEY, API_URL, OTHER_KEY
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("KODER_E2B_TEMPLATES") != "1",
+    reason="needs a daemon with a base image (scripts/e2b-template-tests.sh)",
+)
+
+
+def name(prefix="tpl"):
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def build(template, template_name, **kw):
+    logs = []
+    Template.build(template, template_name, cpu_count=1, memory_mb=512,
+                   on_build_logs=lambda e: logs.append(e.message), **kw)
+    return logs
+
+
+@pytest.fixture
+def context(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "main.sh").write_text("echo from main\n")
+    (tmp_path / "app" / "sub").mkdir()
+    (tmp_path / "app" / "sub" / "data.txt").write_text("data\n")
+    os.symlink("main.sh", tmp_path / "app" / "link.sh")
+    (tmp_path / "single.txt").write_text("single\n")
+    return tmp_path
+
+
+def test_a_template_builds_caches_and_runs_sessions(context):
+    # Owners and modes are checked by the build's own steps: a session sees its image's files
+    # as the host's (ARCHITECTURE.md, known limits), a build step the steps' before it as made.
+    t = (
+        Template(file_context_path=str(context))
+        .from_base_image()
+        .set_envs({"GREETING": "hello", "MODE": "dev"})
+        .copy("app", "/opt/app")
+        .copy("single.txt", "/opt/single/", mode=0o640, user="root")
+        .set_workdir("/opt/work")
+        .run_cmd('echo "$GREETING from $(whoami) in $PWD" > built.txt')
+        .run_cmd('test "$(stat -c %U /opt/app/main.sh)" = user')
+        .run_cmd('test "$(stat -c %a:%U /opt/single/single.txt)" = 640:root', user="root")
+        .set_start_cmd("sleep 1; echo up > /tmp/started", wait_for_file("/tmp/started"))
+    )
+    n = name()
+    logs = build(t, n)
+    assert any("step 3/" in line for line in logs), logs
+
+    sb = Sandbox.create(n)
+    try:
+        assert sb.get_info().template_id == n
+        run = lambda cmd: sb.commands.run(cmd, user="root").stdout  # noqa: E731
+        assert run("cat /opt/app/main.sh /opt/app/sub/data.txt") == "from main\ndata\n"
+        assert run("readlink /opt/app/link.sh") == "main.sh\n"
+        assert run("cat /opt/single/single.txt") == "single\n"
+        assert run("cat /opt/work/built.txt") == "hello from user in /opt/work\n"
+        assert run("echo $GREETING-$MODE") == "hello-dev\n"
+        assert run("cat /tmp/started") == "up\n", "the start command ran before the hand-out"
+    finally:
+        sb.kill()
+
+    again = build(t, n)
+    assert sum(line.endswith(": cached") for line in again) == 6, again
+
+
+def test_tags_aliases_and_delete():
+    base = name("tags")
+    build(Template().from_base_image().run_cmd("echo v1 > /tmp/x"), f"{base}:v1")
+    assert Template.exists(base)
+    info = Template.assign_tags(f"{base}:v1", ["production", "stable"])
+    assert set(info.tags) == {"production", "stable"}
+    tags = {t.tag for t in Template.get_tags(base)}
+    assert tags == {"v1", "production", "stable"}
+    with pytest.raises(Exception):
+        Template.assign_tags(f"{base}:v1", ":bad")
+    with pytest.raises(Exception):
+        Template.assign_tags(f"{base}:nope", "x")
+
+    sb = Sandbox.create(f"{base}:production")
+    sb.kill()
+    Template.remove_tags(base, "production")
+    assert {t.tag for t in Template.get_tags(base)} == {"v1", "stable"}
+    with pytest.raises(Exception):
+        Sandbox.create(f"{base}:production")
+
+    # The template of one tenant is unknown to another.
+    other = httpx.get(f"{API_URL}/templates/aliases/{base}", headers={"X-API-KEY": OTHER_KEY})
+    assert other.status_code == 404
+    api = {"X-API-KEY": API_KEY}
+    created = httpx.post(f"{API_URL}/v2/sandboxes", json={"templateID": f"{base}:v1"},
+                         headers={"X-API-KEY": OTHER_KEY})
+    assert created.status_code in (400, 404), created.text
+
+    assert httpx.delete(f"{API_URL}/templates/{base}", headers=api).status_code == 204
+    assert not Template.exists(base)
+
+
+def test_template_on_a_template_and_on_an_image():
+    first = name("first")
+    build(Template().from_image("e2b-base").run_cmd("echo first > /home/user/first.txt"), first)
+    second = name("second")
+    build(Template().from_template(first).run_cmd("cat first.txt > second.txt"), second)
+    sb = Sandbox.create(second)
+    try:
+        assert sb.commands.run("cat /home/user/second.txt").stdout == "first\n"
+    finally:
+        sb.kill()
+
+
+def test_failing_steps_say_which_and_leave_no_template():
+    n = name("fails")
+    t = Template().from_base_image().run_cmd("echo ok").run_cmd("echo broken >&2; exit 3")
+    with pytest.raises(BuildException) as e:
+        build(t, n)
+    assert "exited with 3" in str(e.value) and "broken" in str(e.value), str(e.value)
+    assert not Template.exists(n)
+
+    t = Template().from_base_image().skip_cache().run_cmd("whoami", user="root123")
+    with pytest.raises(BuildException) as e:
+        build(t, name("nouser"))
+    assert ("failed to run command 'whoami': command failed: unauthenticated: "
+            "invalid username: 'root123'") in str(e.value)
+
+    with pytest.raises(BuildException) as e:
+        build(Template().from_image("ubuntu:22.04").run_cmd("true"), name("registry"))
+    assert "registry" in str(e.value)
+
+
+def tar_of(entries):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for info, data in entries:
+            t.addfile(info, io.BytesIO(data) if data else None)
+    return buf.getvalue()
+
+
+def file_entry(path, data=b"x"):
+    info = tarfile.TarInfo(path)
+    info.size = len(data)
+    return info, data
+
+
+def test_uploads_are_signed_and_hostile_archives_refused():
+    api = {"X-API-KEY": API_KEY}
+    n = name("upload")
+    digest = uuid.uuid4().hex * 2
+    link = httpx.get(f"{API_URL}/templates/{n}/files/{digest}", headers=api)
+    assert link.status_code == 201, link.text
+    assert link.json()["present"] is False
+    url = link.json()["url"]
+    assert url.startswith(API_URL)
+
+    device = tarfile.TarInfo("dev/null")
+    device.type = tarfile.CHRTYPE
+    symlink = tarfile.TarInfo("esc")
+    symlink.type = tarfile.SYMTYPE
+    symlink.linkname = "/etc"
+    for bad in [[file_entry("../escape")], [file_entry("/etc/passwd")], [(device, None)],
+                [(symlink, None), file_entry("esc/passwd")]]:
+        r = httpx.put(url, content=tar_of(bad))
+        assert r.status_code == 400, r.text
+        assert r.json()["message"].startswith("SANDBOX-IMAGE-FORBIDDEN-ENTRY"), r.text
+    r = httpx.put(url, content=b"not an archive" * 100)
+    assert r.status_code == 400 and "SANDBOX-IMAGE-INVALID-ARCHIVE" in r.text, r.text
+    assert httpx.get(f"{API_URL}/templates/{n}/files/{digest}", headers=api).json()["present"] is False
+
+    forged = url.replace("signature=", "signature=0")
+    assert httpx.put(forged, content=tar_of([file_entry("ok")])).status_code == 401
+    assert httpx.put(url, content=tar_of([file_entry("ok")])).status_code == 200
+    assert httpx.get(f"{API_URL}/templates/{n}/files/{digest}", headers=api).json()["present"] is True
+    # Another tenant's view of the same hash is its own.
+    other = httpx.get(f"{API_URL}/templates/{n}/files/{digest}", headers={"X-API-KEY": OTHER_KEY})
+    assert other.json()["present"] is False
+
+
+def test_malformed_requests_get_e2b_errors():
+    api = {"X-API-KEY": API_KEY}
+    r = httpx.post(f"{API_URL}/v3/templates", json={"name": "Bad Name"}, headers=api)
+    assert r.status_code == 400 and r.json()["code"] == 400
+    r = httpx.post(f"{API_URL}/v3/templates", json={"name": "base"}, headers=api)
+    assert r.status_code == 400
+    r = httpx.post(f"{API_URL}/v3/templates", json={"name": name()}, headers=api)
+    assert r.status_code == 202
+    template, build_id = r.json()["templateID"], r.json()["buildID"]
+    status = httpx.get(f"{API_URL}/templates/{template}/builds/{build_id}/status", headers=api)
+    assert status.json()["status"] == "waiting"
+    start = f"{API_URL}/v2/templates/{template}/builds/{build_id}"
+    r = httpx.post(start, json={"fromImage": "e2b-base", "steps": [{"type": "ADD", "args": ["a", "b"]}]},
+                   headers=api)
+    assert r.status_code == 400 and "unsupported step type" in r.json()["message"]
+    r = httpx.post(start, json={"fromImage": "e2b-base", "steps": []}, headers=api)
+    assert r.status_code == 409, "a refused build is not started again"
+    assert httpx.get(f"{API_URL}/templates/{template}/builds/{build_id}/status",
+                     headers={"X-API-KEY": OTHER_KEY}).status_code == 404
