@@ -438,8 +438,9 @@ async fn metrics_count_pool_takes_egress_decisions_and_quota_rejections() {
         )
         .await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    let r = d
-        .exec(
+    // Both are refused by the daemon's policy (a private range, an unknown name): nothing
+    // leaves the host; the exec's own outcome does not matter here.
+    d.exec(
             &open,
             json!({"shell": "getent hosts nothing.test; exec 3<>/dev/tcp/10.255.255.1/80; echo x >&3; timeout 5 cat <&3"}),
         )
