@@ -27,6 +27,7 @@ done
 cargo test --workspace --locked
 target/debug/koder-bench --smoke  # benchmark harness end to end, tiny counts, no timing asserted
 scripts/e2b-tests.sh  # the real E2B SDKs from PyPI against the daemon (tests/e2b)
+scripts/e2b-template-tests.sh  # E2B template builds through the real SDK on the cached bash pack (tests/e2b/test_templates.py)
 scripts/e2b-js-tests.sh  # the real E2B JavaScript SDKs from npm against the daemon (tests/e2b-js)
 scripts/go-sdk-tests.sh  # the Go SDK (sdks/go): go vet, unit tests, integration tests against the daemon
 scripts/python-sdk-tests.sh  # the Python SDK (sdks/python) against the daemon

@@ -51,11 +51,11 @@ def test_a_template_builds_caches_and_runs_sessions(context):
         .from_base_image()
         .set_envs({"GREETING": "hello", "MODE": "dev"})
         .copy("app", "/opt/app")
-        .copy("single.txt", "/opt/single/", mode=0o640, user="root")
+        .copy("single.txt", "/opt/single/", mode=0o644, user="root")
         .set_workdir("/opt/work")
         .run_cmd('echo "$GREETING from $(whoami) in $PWD" > built.txt')
         .run_cmd('test "$(stat -c %U /opt/app/main.sh)" = user')
-        .run_cmd('test "$(stat -c %a:%U /opt/single/single.txt)" = 640:root', user="root")
+        .run_cmd('test "$(stat -c %a:%U /opt/single/single.txt)" = 644:root', user="root")
         .set_start_cmd("sleep 1; echo up > /tmp/started", wait_for_file("/tmp/started"))
     )
     n = name()
@@ -66,7 +66,7 @@ def test_a_template_builds_caches_and_runs_sessions(context):
     try:
         assert sb.get_info().template_id == n
         run = lambda cmd: sb.commands.run(cmd, user="root").stdout  # noqa: E731
-        assert run("cat /opt/app/main.sh /opt/app/sub/data.txt") == "from main\ndata\n"
+        assert run("cat /opt/app/main.sh /opt/app/sub/data.txt") == "echo from main\ndata\n"
         assert run("readlink /opt/app/link.sh") == "main.sh\n"
         assert run("cat /opt/single/single.txt") == "single\n"
         assert run("cat /opt/work/built.txt") == "hello from user in /opt/work\n"
