@@ -143,7 +143,9 @@ fn a_traced_exec_passes_traceparent_and_reports_its_timing() {
         let out = h.client.exec_collect(traced.clone()).await.unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), trace.traceparent());
         let t = out.exit.timing;
-        assert!(t.run_us >= 200_000, "{t:?}");
+        // The agent's run clock starts once the spawn returns, when the child may already be
+        // a little into its sleep: most of the 0.2 s, not all of it.
+        assert!(t.run_us >= 150_000, "{t:?}");
         assert!(t.spawn_us < t.run_us && t.since_exit_us < t.run_us, "{t:?}");
 
         let own = ExecRequest {
