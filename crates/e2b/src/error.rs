@@ -57,6 +57,15 @@ impl From<koder_sessions::Error> for HttpError {
     }
 }
 
+impl From<koder_http::ApiError> for HttpError {
+    fn from(e: koder_http::ApiError) -> Self {
+        Self {
+            retry_after: e.retry_after,
+            ..Self::new(e.status.as_u16(), format!("{}: {}", e.code, e.message))
+        }
+    }
+}
+
 impl From<koder_auth::AuthError> for HttpError {
     fn from(e: koder_auth::AuthError) -> Self {
         Self::coded(e.code(), e)

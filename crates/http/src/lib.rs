@@ -34,7 +34,8 @@ use utoipa::OpenApi;
 
 pub use error::{status_of, ApiError};
 pub use extract::declared_length;
-pub use gate::hold_during_body;
+pub use gate::{hold_during_body, hold_stream_place};
+pub use preview::forward as forward_to_sandbox;
 pub use volumes::file_response as volume_file_response;
 
 /// Largest JSON request body (uploads stream and are bounded separately).

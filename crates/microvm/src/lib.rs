@@ -568,7 +568,7 @@ impl MicroVmRuntime {
         layers: Option<VmLayers>,
         channel: &AgentChannel,
     ) -> VmConfig {
-        let mut env = koder_image::default_env();
+        let mut env = koder_image::host_env();
         for (k, v) in &spec.env {
             env.retain(|(key, _)| key != k);
             env.push((k.clone(), v.clone()));
