@@ -23,7 +23,7 @@ const ECHO: &str = r#"
 import http.server, json
 class Echo(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = json.dumps({"path": self.path,
+        body = json.dumps({"path": self.path, "names": list(self.headers.keys()),
                            "headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
@@ -172,6 +172,10 @@ async fn a_sandbox_port_answers_by_name_over_http_and_https() {
     assert_eq!(v["path"], "/some/path?q=1");
     assert_eq!(v["headers"]["host"], name.as_str());
     assert_eq!(v["headers"]["x-custom"], "1");
+    // In their conventional case on the wire, as a browser or an HTTP/1 proxy sends them.
+    for name in ["Host", "X-Custom"] {
+        assert!(v["names"].as_array().unwrap().contains(&json!(name)), "{v}");
+    }
     assert!(v["headers"].get("x-api-key").is_none(), "{v}");
 
     let (status, body) = https_get(&h, &name).await;

@@ -174,7 +174,11 @@ pub async fn forward(
     }
     let forwarded = Request::from_parts(parts, body);
 
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(conn))
+    // Header names in their conventional case (`Host`, `Content-Type`), as HTTP/1 proxies send
+    // them: servers that echo or log headers see what a browser would have sent.
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .title_case_headers(true)
+        .handshake::<_, Body>(TokioIo::new(conn))
         .await
         .map_err(|e| {
             ApiError::new(

@@ -1017,6 +1017,7 @@ mod tests {
         let deny_all = NetworkRules {
             allow_out: None,
             deny_out: Some(vec![ALL_TRAFFIC.into()]),
+            ..Default::default()
         };
         assert_eq!(
             network_of(Some(true), Some(deny_all)).unwrap().mode,
@@ -1025,6 +1026,7 @@ mod tests {
         let allow = NetworkRules {
             allow_out: Some(vec!["pypi.org".into()]),
             deny_out: Some(vec![ALL_TRAFFIC.into()]),
+            ..Default::default()
         };
         let n = network_of(None, Some(allow)).unwrap();
         assert_eq!(
@@ -1034,6 +1036,7 @@ mod tests {
         let deny_some = NetworkRules {
             allow_out: None,
             deny_out: Some(vec!["10.0.0.0/8".into()]),
+            ..Default::default()
         };
         let n = network_of(None, Some(deny_some)).unwrap();
         assert_eq!(
