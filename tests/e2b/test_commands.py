@@ -14,6 +14,12 @@ def test_foreground_runs_as_user_in_home(sandbox):
     assert r.error is None
 
 
+def test_python_is_python3(sandbox):
+    # The host image's shim: E2B's templates have `python`, Debian only `python3`.
+    r = sandbox.commands.run("python -c 'import sys; print(sys.version_info[0])'")
+    assert r.stdout == "3\n"
+
+
 def test_root_cwd_and_envs(sandbox):
     r = sandbox.commands.run('id -u; pwd; echo "$GREETING"', user="root", cwd="/tmp",
                              envs={"GREETING": "hello there"})

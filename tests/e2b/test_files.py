@@ -184,6 +184,28 @@ def test_a_poll_waits_exactly_for_what_happened_before_it(sandbox):
         w.stop()
 
 
+def test_a_burst_of_one_command_is_reported_in_order(sandbox):
+    sandbox.files.make_dir("burst4")
+    w = sandbox.files.watch_dir("burst4")
+    try:
+        sandbox.commands.run("cd burst4 && echo x > w; mkdir d; mv w w2; rm w2")
+        events = [(e.type, e.name) for e in w.get_new_events()]
+        # envd reports writes and mode changes of a new file as it sees them; every other
+        # event is there once, in order, the rename as RENAME of the old name then CREATE.
+        key = [ev for ev in events if ev[0] not in (
+            FilesystemEventType.WRITE, FilesystemEventType.CHMOD)]
+        assert key == [
+            (FilesystemEventType.CREATE, "w"),
+            (FilesystemEventType.CREATE, "d"),
+            (FilesystemEventType.RENAME, "w"),
+            (FilesystemEventType.CREATE, "w2"),
+            (FilesystemEventType.REMOVE, "w2"),
+        ], events
+        assert w.get_new_events() == []
+    finally:
+        w.stop()
+
+
 def _timed(f):
     start = time.monotonic()
     assert f() == []

@@ -49,6 +49,39 @@ pub struct Config {
     pub store: StoreSection,
     /// This daemon as a node of the store: id, advertised address, heartbeat.
     pub node: NodeSection,
+    /// E2B compatibility: the sandbox domain served by host name.
+    pub e2b: E2bSection,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct E2bSection {
+    /// The sandbox domain: answered as `domain` on create and connect, so E2B's SDK names a
+    /// sandbox's port `<port>-<id>.<domain>`; requests for such names (a wildcard DNS record
+    /// of the domain pointing at the daemon, and for `https://` a wildcard certificate in
+    /// `[server] tls_*`) reach that port of that sandbox. Unset: no host-based routing.
+    pub domain: Option<String>,
+}
+
+impl E2bSection {
+    /// A DNS name of at least two labels, each 1-63 of `[a-z0-9-]` not starting or ending
+    /// with `-`; kept lowercase.
+    fn check(&mut self) -> anyhow::Result<()> {
+        let Some(domain) = &mut self.domain else {
+            return Ok(());
+        };
+        *domain = domain.trim_end_matches('.').to_ascii_lowercase();
+        let label = |l: &str| {
+            (1..=63).contains(&l.len())
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        };
+        if domain.len() > 200 || domain.split('.').count() < 2 || !domain.split('.').all(label) {
+            anyhow::bail!("[e2b] domain {domain:?}: a DNS name such as \"sandbox.example.com\"");
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -114,6 +147,20 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// Where the gRPC service listens (`host:port`); empty: no gRPC.
     pub grpc_addr: String,
+    /// Where HTTPS is served (`host:port`), the same routes as `listen`; empty: no HTTPS.
+    pub tls_listen: String,
+    /// PEM certificate chain and private key of the HTTPS listener (for `[e2b] domain`, a
+    /// certificate for `*.<domain>`).
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+}
+
+/// The HTTPS listener's address and PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsListen {
+    pub addr: SocketAddr,
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl ServerConfig {
@@ -128,6 +175,23 @@ impl ServerConfig {
             .map_err(|e| anyhow::anyhow!("[server] grpc_addr {:?}: {e}", self.grpc_addr))?;
         Ok(Some(addr))
     }
+
+    /// The HTTPS listener, `None` when HTTPS is off; an address without both files (or files
+    /// without an address) is an error.
+    pub fn tls(&self) -> anyhow::Result<Option<TlsListen>> {
+        match (self.tls_listen.as_str(), &self.tls_cert, &self.tls_key) {
+            ("", None, None) => Ok(None),
+            ("", _, _) => anyhow::bail!("[server] tls_cert and tls_key need tls_listen"),
+            (listen, Some(cert), Some(key)) => Ok(Some(TlsListen {
+                addr: listen
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("[server] tls_listen {listen:?}: {e}"))?,
+                cert: cert.clone(),
+                key: key.clone(),
+            })),
+            _ => anyhow::bail!("[server] tls_listen needs tls_cert and tls_key (PEM files)"),
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -136,6 +200,9 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             data_dir: PathBuf::from("/var/lib/koder-sandbox"),
             grpc_addr: String::new(),
+            tls_listen: String::new(),
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -301,6 +368,8 @@ impl Config {
         cfg.auth.api_keys.extend(args.api_keys.iter().cloned());
         cfg.auth.admin_keys.extend(args.admin_keys.iter().cloned());
         cfg.node.check()?;
+        cfg.e2b.check()?;
+        cfg.server.tls()?;
         Ok(cfg)
     }
 }
@@ -334,6 +403,41 @@ mod tests {
         assert_eq!(cfg.sessions.pool["bash"], PoolSize { min: 1, max: 16 });
         assert_eq!(cfg.tenants["acme"].max_sessions, Some(5));
         assert_eq!(cfg.auth.api_keys, ["acme:abcdefgh"]);
+    }
+
+    #[test]
+    fn e2b_domain_and_tls() {
+        let load = |toml: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("k.toml");
+            std::fs::write(&path, toml).unwrap();
+            Config::load(&ServeArgs {
+                config: Some(path),
+                ..Default::default()
+            })
+        };
+        let cfg = load("[e2b]\ndomain = \"Sbx.Example.COM.\"\n[server]\ntls_listen = \"127.0.0.2:443\"\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n").unwrap();
+        assert_eq!(cfg.e2b.domain.as_deref(), Some("sbx.example.com"));
+        let tls = cfg.server.tls().unwrap().unwrap();
+        assert_eq!(tls.addr, "127.0.0.2:443".parse().unwrap());
+        assert_eq!(
+            (tls.cert.to_str(), tls.key.to_str()),
+            (Some("/c.pem"), Some("/k.pem"))
+        );
+        assert_eq!(load("").unwrap().server.tls().unwrap(), None);
+        for bad in [
+            "[e2b]\ndomain = \"localhost\"\n",
+            "[e2b]\ndomain = \"a..b\"\n",
+            "[e2b]\ndomain = \"-a.b\"\n",
+            "[e2b]\ndomain = \"a_b.c\"\n",
+            "[e2b]\ndomain = \"\"\n",
+            "[server]\ntls_listen = \"127.0.0.1:443\"\n",
+            "[server]\ntls_listen = \"127.0.0.1:443\"\ntls_cert = \"/c.pem\"\n",
+            "[server]\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n",
+            "[server]\ntls_listen = \"nowhere\"\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n",
+        ] {
+            assert!(load(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod config;
 mod keyfile;
 mod node;
+mod tls;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -128,7 +129,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         limits: state.limits.clone(),
         admin_keys: state.admin_keys.clone(),
     };
-    let e2b = koder_e2b::E2b::new(state.clone(), cfg.sessions.clone(), token_key(data_dir)?);
+    let e2b = koder_e2b::E2b::new(
+        state.clone(),
+        cfg.sessions.clone(),
+        token_key(data_dir)?,
+        cfg.e2b.domain.clone(),
+    );
     let native = koder_http::router(state).merge(koder_console::router());
     let app = koder_http::drain_unread_bodies(koder_e2b::mount(native, e2b));
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
@@ -154,7 +160,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     // One signal stops both servers.
     let (stop, stopping) = tokio::sync::watch::channel(false);
-    spawn_grpc(&cfg, grpc, stopping).await?;
+    spawn_grpc(&cfg, grpc, stopping.clone()).await?;
+    spawn_https(&cfg, app.clone(), stopping).await?;
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown_signal().await;
@@ -192,6 +199,37 @@ async fn spawn_grpc(
         };
         if let Err(e) = koder_grpc::serve(listener, grpc, stop).await {
             tracing::error!(error = %e, "gRPC server failed");
+        }
+    });
+    Ok(())
+}
+
+/// Binds `[server] tls_listen` (when set) and serves the same routes over HTTPS until
+/// `stopping` turns true.
+async fn spawn_https(
+    cfg: &Config,
+    app: axum::Router,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let Some(tls) = cfg.server.tls()? else {
+        return Ok(());
+    };
+    let config = tls::server_config(&tls)?;
+    let listener = tokio::net::TcpListener::bind(tls.addr)
+        .await
+        .with_context(|| format!("HTTPS: listening on {}", tls.addr))?;
+    let listener = tls::TlsListener::new(listener, config)?;
+    let addr = axum::serve::Listener::local_addr(&listener)?;
+    tracing::info!(%addr, "koder-sandbox serving HTTPS");
+    println!("koder-sandbox HTTPS listening on https://{addr}");
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopping.wait_for(|stop| *stop).await;
+            })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "HTTPS server failed");
         }
     });
     Ok(())

@@ -120,22 +120,65 @@ async fn next_event(ws: &mut Socket) -> Value {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_sees_what_execs_do_to_files() {
-    let Some(()) = root_or_skip() else { return };
-    let d = Daemon::start(BASE_CONFIG).await;
-    let id = d.create(json!({})).await;
+/// Opens the session's file watch on `path` (recursive).
+async fn watch(d: &Daemon, id: &str, path: &str) -> Socket {
     let url = format!(
-        "{}/v1/sandbox/sessions/{id}/fs/watch?path=/workspace&recursive=true",
+        "{}/v1/sandbox/sessions/{id}/fs/watch?path={path}&recursive=true",
         d.base.replace("http://", "ws://")
     );
     let mut req = url.into_client_request().unwrap();
     req.headers_mut()
         .insert("authorization", format!("Bearer {KEY1}").parse().unwrap());
-    let mut ws = tokio_tungstenite::connect_async(req)
+    tokio_tungstenite::connect_async(req)
         .await
         .expect("websocket")
-        .0;
+        .0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_reports_a_burst_of_one_command_in_order() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    d.exec(&id, json!({"shell": "mkdir /workspace/b"})).await;
+    let mut ws = watch(&d, &id, "/workspace/b").await;
+
+    // Four changes within microseconds: none is lost or merged into another, in their order,
+    // the rename as one event naming both sides.
+    d.exec(
+        &id,
+        json!({"shell": "cd /workspace/b && echo x > w; mkdir d; mv w w2; rm w2"}),
+    )
+    .await;
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let ev = next_event(&mut ws).await;
+        seen.push((
+            ev["type"].as_str().unwrap().to_string(),
+            ev["path"].as_str().unwrap().to_string(),
+            ev["from"].as_str().map(str::to_string),
+        ));
+    }
+    let b = |p: &str| format!("/workspace/b/{p}");
+    assert_eq!(
+        seen,
+        [
+            ("created".into(), b("w"), None),
+            ("created".into(), b("d"), None),
+            ("renamed".into(), b("w2"), Some(b("w"))),
+            ("deleted".into(), b("w2"), None),
+        ]
+    );
+    let extra = tokio::time::timeout(Duration::from_millis(300), ws.next()).await;
+    assert!(extra.is_err(), "unexpected extra event: {extra:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sees_what_execs_do_to_files() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let mut ws = watch(&d, &id, "/workspace").await;
 
     let steps: [(&str, &[(&str, &str)]); 4] = [
         (

@@ -8,16 +8,21 @@
 //! - envd, the in-sandbox agent E2B's SDK talks to, for requests carrying `E2b-Sandbox-Id`
 //!   and `E2b-Sandbox-Port: 49983`: Connect RPC process and filesystem services and the
 //!   `/files` and `/health` endpoints ([`envd`]);
-//! - the code interpreter on port 49999 (`/execute`, `/contexts`), also under [`envd`].
+//! - the code interpreter on port 49999 (`/execute`, `/contexts`), also under [`envd`];
+//! - with a sandbox domain (`[e2b] domain`), the names `<port>-<id>.<domain>` ([`host`]):
+//!   envd's and the interpreter's ports as above, any other port forwarded to the sandbox's
+//!   own server there ([`ports`]).
 //!
 //! Modules form layers that only import downwards: `lib` (dispatch) → the routers
-//! (`control`, `envd` and their services) → `envd::auth` → `state` → leaves (`connect`,
-//! `error`, `proto`, `envd::user`, `envd::sandbox` and the tables it holds).
+//! (`control`, `envd` and their services, `ports`) → `envd::auth` → `state` → leaves
+//! (`connect`, `error`, `host`, `proto`, `envd::user`, `envd::sandbox` and the tables it holds).
 
 pub mod connect;
 pub mod control;
 mod envd;
 mod error;
+mod host;
+mod ports;
 mod proto;
 mod state;
 
@@ -69,6 +74,27 @@ struct Dispatch {
 }
 
 async fn by_surface(State(d): State<Dispatch>, mut req: Request, next: Next) -> Response {
+    let named = d
+        .e2b
+        .domain()
+        .and_then(|domain| host::route(req.uri(), req.headers(), domain));
+    if let Some(route) = named {
+        let port = route.port.to_string();
+        if port != ENVD_PORT && port != INTERPRETER_PORT {
+            return ports::serve(&d.e2b, route, req).await;
+        }
+        // envd and the interpreter by name: the name says what the headers would.
+        match (
+            HeaderValue::from_str(&route.sandbox),
+            HeaderValue::from_str(&port),
+        ) {
+            (Ok(id), Ok(port)) => {
+                req.headers_mut().insert(SANDBOX_ID_HEADER, id);
+                req.headers_mut().insert(SANDBOX_PORT_HEADER, port);
+            }
+            _ => return HttpError::bad_request("unusable sandbox host name").into_response(),
+        }
+    }
     if !req.headers().contains_key(SANDBOX_ID_HEADER) {
         if control::is_control_path(req.uri().path()) {
             let span =
@@ -103,13 +129,12 @@ async fn in_sandbox(d: Dispatch, mut req: Request) -> Response {
     let router = match port.as_str() {
         ENVD_PORT => d.envd,
         INTERPRETER_PORT => d.interpreter,
-        // Other in-sandbox ports would need a proxy to arbitrary ports, which sessions do not
-        // offer (the native preview proxy reaches one upstream). The SDK maps this message to
-        // "sandbox running, port not open".
+        // Other ports are served by host name (`crate::ports`), which needs `[e2b] domain`;
+        // the SDK maps this message to "sandbox running, port not open".
         other => {
             return HttpError::new(
                 502,
-                format!("The sandbox is running but port is not open: koder-sandbox serves only ports {ENVD_PORT} and {INTERPRETER_PORT} through E2B routing, not {other}"),
+                format!("The sandbox is running but port is not open: koder-sandbox serves only ports {ENVD_PORT} and {INTERPRETER_PORT} through E2B-Sandbox-Port, not {other}; other ports by host name <port>-<id>.<domain> when [e2b] domain is set"),
             )
             .into_response()
         }

@@ -33,12 +33,21 @@ struct Inner {
     /// Template builds by E2B build id (in memory, as the builds they run: the images they
     /// make last).
     template_builds: Mutex<HashMap<String, Arc<TemplateBuild>>>,
+    /// The sandbox domain (`[e2b] domain`): answered on create and connect, and the names
+    /// `<port>-<id>.<domain>` are routed to that port of that sandbox ([`crate::host`]).
+    domain: Option<String>,
 }
 
 impl E2b {
     /// `sessions` is the configuration the manager runs with (timeouts the E2B defaults map to);
-    /// `token_secret` keys every token this adapter hands out.
-    pub fn new(app: AppState, sessions: SessionConfig, token_secret: [u8; 32]) -> Self {
+    /// `token_secret` keys every token this adapter hands out; `domain` is the sandbox domain
+    /// served by host name, if any.
+    pub fn new(
+        app: AppState,
+        sessions: SessionConfig,
+        token_secret: [u8; 32],
+        domain: Option<String>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 app,
@@ -47,8 +56,13 @@ impl E2b {
                 sandboxes: Mutex::default(),
                 cpu_samples: Mutex::default(),
                 template_builds: Mutex::default(),
+                domain,
             }),
         }
+    }
+
+    pub(crate) fn domain(&self) -> Option<&str> {
+        self.inner.domain.as_deref()
     }
 
     pub(crate) fn manager(&self) -> &Arc<Manager> {

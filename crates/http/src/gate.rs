@@ -193,6 +193,12 @@ pub fn hold_during_body<G: Send + 'static>(resp: Response, guard: G) -> Response
     Response::from_parts(parts, Body::from_stream(guarded))
 }
 
+/// Hands `slot` (a stream place taken outside the admission layer, as the E2B host routes do)
+/// to `forward_to_sandbox`, which keeps it while an upgraded connection runs.
+pub fn hold_stream_place(req: &mut Request, slot: Slot) {
+    req.extensions_mut().insert(StreamPlace::new(Some(slot)));
+}
+
 /// A WebSocket's stream place, handed from the admission layer to the handler that upgrades.
 #[derive(Clone)]
 struct StreamPlace(Arc<Mutex<Option<Slot>>>);

@@ -34,8 +34,9 @@ use utoipa::OpenApi;
 
 pub use error::{status_of, ApiError};
 pub use extract::declared_length;
-pub use gate::hold_during_body;
+pub use gate::{hold_during_body, hold_stream_place};
 pub use images::{image_api_error, receive as receive_upload};
+pub use preview::forward as forward_to_sandbox;
 pub use volumes::file_response as volume_file_response;
 
 /// Largest JSON request body (uploads stream and are bounded separately).

@@ -10,7 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
-use koder_sessions::Upstream;
+use koder_sessions::{Upstream, UpstreamConn};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
@@ -136,30 +136,49 @@ pub async fn proxy(
     }
     let id = id.ok_or_else(|| ApiError::invalid("missing session id"))?;
     let (upstream, conn) = s.manager.connect_upstream(&who, &id).await?;
-    let upgrade = req.headers().contains_key(header::UPGRADE);
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let held = HeldStream::take_from(&mut req);
-
     let target = match req.uri().query() {
         Some(q) => format!("/{rest}?{q}"),
         None => format!("/{rest}"),
     };
-    let (mut parts, body) = req.into_parts();
-    parts.uri = target
+    *req.uri_mut() = target
         .parse::<Uri>()
         .map_err(|_| ApiError::invalid("preview path is not a valid URI path"))?;
+    let host = HeaderValue::from_str(&format!("127.0.0.1:{}", upstream.port)).ok();
+    let prefix = format!("/v1/sandbox/sessions/{id}/preview");
+    forward(conn, req, host, Some(&prefix)).await
+}
+
+/// Forwards `req` (its URI already the one to ask for) over `conn`, a connection to a server
+/// inside a sandbox, WebSocket upgrades included; the answer is the server's. `host` replaces
+/// the `Host` header (`None` keeps the client's); `prefix` is the path the client reached the
+/// server under, sent as `X-Forwarded-Prefix`. Credentials the daemon understands never cross.
+pub async fn forward(
+    conn: UpstreamConn,
+    mut req: Request,
+    host: Option<HeaderValue>,
+    prefix: Option<&str>,
+) -> ApiResult<Response> {
+    let upgrade = req.headers().contains_key(header::UPGRADE);
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let held = HeldStream::take_from(&mut req);
+
+    let (mut parts, body) = req.into_parts();
     strip(&mut parts.headers, true, upgrade);
-    if let Ok(host) = HeaderValue::from_str(&format!("127.0.0.1:{}", upstream.port)) {
+    if let Some(host) = host {
         parts.headers.insert(header::HOST, host);
     }
-    parts.headers.insert(
-        HeaderName::from_static("x-forwarded-prefix"),
-        HeaderValue::from_str(&format!("/v1/sandbox/sessions/{id}/preview"))
-            .unwrap_or(HeaderValue::from_static("")),
-    );
+    if let Some(prefix) = prefix.and_then(|p| HeaderValue::from_str(p).ok()) {
+        parts
+            .headers
+            .insert(HeaderName::from_static("x-forwarded-prefix"), prefix);
+    }
     let forwarded = Request::from_parts(parts, body);
 
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(conn))
+    // Header names in their conventional case (`Host`, `Content-Type`), as HTTP/1 proxies send
+    // them: servers that echo or log headers see what a browser would have sent.
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .title_case_headers(true)
+        .handshake::<_, Body>(TokioIo::new(conn))
         .await
         .map_err(|e| {
             ApiError::new(

@@ -3,6 +3,8 @@
 //! Only what programs need to run is generated or copied (accounts, name service switch, hosts,
 //! CA certificates, the dynamic linker cache, Debian's alternatives symlinks). Nothing else of
 //! the host's /etc — shadow, ssh keys, machine-id, private TLS keys — ever enters a sandbox.
+//! Commands users expect by a name the host's Debian lacks get a shim (`python` → `python3`)
+//! in a directory of the generated root that comes last in the image's PATH.
 
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
@@ -13,8 +15,27 @@ use koder_runtime::RuntimeError;
 use crate::{default_env, Image, DEFAULT_WORKDIR, HOST};
 
 /// Bumped whenever the generated content changes, so old trees are rebuilt.
-const HOST_IMAGE_VERSION: &str = "2";
+const HOST_IMAGE_VERSION: &str = "3";
 const MARKER: &str = ".koder-image";
+
+/// The generated root's directory of command shims, last in [`host_env`]'s PATH so that a
+/// command of the same name anywhere else wins.
+pub const SHIM_DIR: &str = "/opt/koder-sandbox/bin";
+/// Shims as (name, target): Debian ships `python3` and no `python` unless `python-is-python3`
+/// is installed, while E2B's templates and most scripts call `python`.
+const SHIMS: &[(&str, &str)] = &[("python", "/usr/bin/python3")];
+
+/// The environment of the `host` image: the default one with [`SHIM_DIR`] at the end of PATH.
+pub fn host_env() -> Vec<(String, String)> {
+    let mut env = default_env();
+    for (k, v) in &mut env {
+        if k == "PATH" {
+            v.push(':');
+            v.push_str(SHIM_DIR);
+        }
+    }
+    env
+}
 
 /// Builds (once per version) and returns the `host` image under `images_dir`.
 pub fn host_image(images_dir: &Path) -> Result<Image, RuntimeError> {
@@ -32,7 +53,7 @@ pub fn host_image(images_dir: &Path) -> Result<Image, RuntimeError> {
         name: HOST.into(),
         layer,
         ro_binds,
-        env: default_env(),
+        env: host_env(),
         workdir: DEFAULT_WORKDIR.into(),
     })
 }
@@ -72,9 +93,22 @@ fn build_host_layer(images_dir: &Path, layer: &Path) -> Result<(), RuntimeError>
     ] {
         copy_public(&Path::new("/etc").join(public), &etc.join(public)).map_err(io(public))?;
     }
+    write_shims(&staging, Path::new("/")).map_err(io("shims"))?;
     std::fs::write(staging.join(MARKER), HOST_IMAGE_VERSION).map_err(io("marker"))?;
     let _ = std::fs::remove_dir_all(layer);
     std::fs::rename(&staging, layer).map_err(io("install"))
+}
+
+/// Links each shim whose target `host_root` has (a host without python3 gets no `python`).
+fn write_shims(root: &Path, host_root: &Path) -> std::io::Result<()> {
+    let dir = root.join(SHIM_DIR.trim_start_matches('/'));
+    std::fs::create_dir_all(&dir)?;
+    for (name, target) in SHIMS {
+        if host_root.join(target.trim_start_matches('/')).is_file() {
+            symlink(target, dir.join(name))?;
+        }
+    }
+    Ok(())
 }
 
 /// Copies a public host file or tree (regular files and symlinks only; anything else, such as
@@ -129,6 +163,46 @@ mod tests {
         let passwd = std::fs::read_to_string(etc.join("passwd")).unwrap();
         assert_eq!(passwd, crate::rootfs::PASSWD);
         assert!(img.ro_binds.iter().any(|b| b.target == "/usr"));
+    }
+
+    #[test]
+    fn python_is_shimmed_last_in_path_when_the_host_has_python3() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = host_image(dir.path()).unwrap();
+        let shim = img
+            .layer
+            .join(SHIM_DIR.trim_start_matches('/'))
+            .join("python");
+        if Path::new("/usr/bin/python3").is_file() {
+            assert_eq!(
+                std::fs::read_link(&shim).unwrap(),
+                Path::new("/usr/bin/python3")
+            );
+        }
+        let path = img.env.iter().find(|(k, _)| k == "PATH").unwrap();
+        assert!(path.1.ends_with(&format!(":{SHIM_DIR}")), "{}", path.1);
+        assert!(path.1.starts_with("/usr/local/sbin:"), "{}", path.1);
+    }
+
+    #[test]
+    fn a_shim_without_its_target_is_not_made() {
+        let (root, host) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        write_shims(root.path(), host.path()).unwrap();
+        let dir = root.path().join(SHIM_DIR.trim_start_matches('/'));
+        assert!(dir.is_dir());
+        assert!(std::fs::read_dir(&dir).unwrap().next().is_none());
+        std::fs::create_dir_all(host.path().join("usr/bin")).unwrap();
+        std::fs::write(host.path().join("usr/bin/python3"), "").unwrap();
+        let with = tempfile::tempdir().unwrap();
+        write_shims(with.path(), host.path()).unwrap();
+        let shim = with
+            .path()
+            .join(SHIM_DIR.trim_start_matches('/'))
+            .join("python");
+        assert_eq!(
+            std::fs::read_link(shim).unwrap(),
+            Path::new("/usr/bin/python3")
+        );
     }
 
     #[test]

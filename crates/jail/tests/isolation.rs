@@ -27,6 +27,14 @@ async fn python_and_node_run() {
         "stderr: {}",
         text(&py.stderr)
     );
+    // Debian has no `python`: the host image's shim, last in the image's PATH, is python3.
+    let shim = run(&sb, "command -v python; python -c 'print(6*7)'").await;
+    assert_eq!(
+        text(&shim.stdout),
+        format!("{}/python\n42\n", koder_image::SHIM_DIR),
+        "stderr: {}",
+        text(&shim.stderr)
+    );
     let node = run(&sb, "/usr/bin/node -e 'console.log(6*7)'").await;
     assert_eq!(
         text(&node.stdout).trim(),

@@ -299,7 +299,7 @@ impl MicroVmRuntime {
         if koder_image::is_host(name) {
             return Ok(Root {
                 disk: self.image.rootfs.clone(),
-                env: koder_image::default_env(),
+                env: koder_image::host_env(),
             });
         }
         let Some(store) = self.cfg.images.clone() else {

@@ -312,7 +312,7 @@ pub fn host_view() -> api::Image {
             lang("python", "/usr/bin/python3"),
             lang("node", "/usr/bin/node"),
         ],
-        env: koder_image::default_env().into_iter().collect(),
+        env: koder_image::host_env().into_iter().collect(),
         workdir: "/workspace".into(),
         user: "root".into(),
         created_at: None,

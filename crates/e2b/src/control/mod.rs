@@ -10,6 +10,7 @@ pub mod templates;
 mod volumes;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -214,6 +215,31 @@ struct VolumeMountBody {
 struct NetworkRules {
     allow_out: Option<Vec<String>>,
     deny_out: Option<Vec<String>>,
+    /// Whether the sandbox's ports answer by host name without its traffic access token
+    /// (`crate::ports`); E2B's default is yes. Fixed at create.
+    allow_public_traffic: Option<bool>,
+    /// The `Host` those requests arrive with, `${PORT}` standing for the port. Fixed at create.
+    mask_request_host: Option<String>,
+}
+
+/// A `maskRequestHost` that, with any port in place of `${PORT}`, is a usable `Host` value.
+fn mask_of(rules: Option<&NetworkRules>) -> Result<Option<String>, HttpError> {
+    let Some(mask) = rules.and_then(|r| r.mask_request_host.clone()) else {
+        return Ok(None);
+    };
+    let usable = !mask.is_empty()
+        && mask.len() <= 253
+        && !mask.contains('@')
+        && mask
+            .replace("${PORT}", "65535")
+            .parse::<axum::http::uri::Authority>()
+            .is_ok_and(|a| a.as_str().bytes().all(|b| b.is_ascii_graphic()));
+    if !usable {
+        return Err(HttpError::bad_request(
+            "maskRequestHost must be a host name, optionally with a port (`${PORT}` for the sandbox port)",
+        ));
+    }
+    Ok(Some(mask))
 }
 
 /// `SandboxNetworkUpdateConfig` of `PUT /sandboxes/{id}/network`: the whole egress
@@ -317,6 +343,11 @@ async fn set_network(
             "network rules (transforms) are not supported; koder-sandbox injects secrets at egress instead (POST /v1/sandbox/secrets)",
         ));
     }
+    if req.lists.allow_public_traffic.is_some() || req.lists.mask_request_host.is_some() {
+        return Err(HttpError::bad_request(
+            "allowPublicTraffic and maskRequestHost are fixed when the sandbox is created",
+        ));
+    }
     live_session(&e2b, &who, &id).await?;
     let network = network_of(req.allow_internet_access, Some(req.lists))?;
     e2b.manager().set_network(&who, &id, network).await?;
@@ -369,6 +400,12 @@ async fn create(
             read_only: false,
         })
         .collect();
+    let public_traffic = req
+        .network
+        .as_ref()
+        .and_then(|n| n.allow_public_traffic)
+        .unwrap_or(true);
+    let mask = mask_of(req.network.as_ref())?;
     let session = e2b
         .manager()
         .create(
@@ -387,6 +424,9 @@ async fn create(
             },
         )
         .await?;
+    let ctx = e2b.ctx(&session.id);
+    ctx.public_traffic.store(public_traffic, Ordering::Relaxed);
+    *ctx.mask_request_host.lock() = mask;
     Ok((
         StatusCode::CREATED,
         axum::Json(sandbox_json(&e2b, &session)),
@@ -404,7 +444,7 @@ fn sandbox_json(e2b: &E2b, s: &Session) -> Value {
         "envdAccessToken": e2b.envd_token(&s.id),
         // The interpreter SDK authenticates its context calls with this one.
         "trafficAccessToken": e2b.envd_token(&s.id),
-        "domain": null,
+        "domain": e2b.domain(),
     })
 }
 
@@ -451,7 +491,7 @@ fn detail_json(e2b: &E2b, s: &Session) -> Value {
     v["envdAccessToken"] = e2b.envd_token(&s.id).into();
     v["trafficAccessToken"] = e2b.envd_token(&s.id).into();
     v["allowInternetAccess"] = (s.network.mode != NetworkMode::None).into();
-    v["domain"] = Value::Null;
+    v["domain"] = e2b.domain().into();
     match s.network.mode {
         NetworkMode::Allowlist => {
             v["network"] = json!({"allowOut": s.network.allow, "denyOut": [ALL_TRAFFIC]});
@@ -814,6 +854,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_request_host_mask_must_make_a_host() {
+        let rules = |m: &str| NetworkRules {
+            mask_request_host: Some(m.into()),
+            ..Default::default()
+        };
+        assert_eq!(mask_of(None).unwrap(), None);
+        for ok in [
+            "app.example",
+            "app.example:${PORT}",
+            "10.0.0.1:80",
+            "${PORT}.x",
+        ] {
+            assert_eq!(mask_of(Some(&rules(ok))).unwrap().as_deref(), Some(ok));
+        }
+        let long = "a".repeat(254);
+        for bad in ["", "a b", "u@host", "host/path", "h\r\nx: y", long.as_str()] {
+            assert_eq!(
+                mask_of(Some(&rules(bad))).unwrap_err().status,
+                StatusCode::BAD_REQUEST,
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
     fn routes_do_not_overlap_and_paths_are_claimed() {
         // axum refuses overlapping routes when the router is built, not when it compiles.
         let _ = router();
@@ -961,6 +1026,7 @@ mod tests {
         let deny_all = NetworkRules {
             allow_out: None,
             deny_out: Some(vec![ALL_TRAFFIC.into()]),
+            ..Default::default()
         };
         assert_eq!(
             network_of(Some(true), Some(deny_all)).unwrap().mode,
@@ -969,6 +1035,7 @@ mod tests {
         let allow = NetworkRules {
             allow_out: Some(vec!["pypi.org".into()]),
             deny_out: Some(vec![ALL_TRAFFIC.into()]),
+            ..Default::default()
         };
         let n = network_of(None, Some(allow)).unwrap();
         assert_eq!(
@@ -978,6 +1045,7 @@ mod tests {
         let deny_some = NetworkRules {
             allow_out: None,
             deny_out: Some(vec!["10.0.0.0/8".into()]),
+            ..Default::default()
         };
         let n = network_of(None, Some(deny_some)).unwrap();
         assert_eq!(

@@ -1,6 +1,7 @@
 //! What E2B keeps per sandbox beyond the session manager.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 
 use parking_lot::Mutex;
 
@@ -14,4 +15,12 @@ pub struct SandboxCtx {
     pub watchers: Mutex<HashMap<String, Watcher>>,
     /// The sandbox's default JavaScript context (the default Python one is the manager's).
     pub js_context: tokio::sync::Mutex<Option<String>>,
+    /// Whether its ports take requests without the traffic access token (E2B's
+    /// `allowPublicTraffic`, true unless the create said false). Only a create through E2B
+    /// sets it: a sandbox this adapter holds no record of (made natively, or before a daemon
+    /// restart) keeps its ports behind the token.
+    pub public_traffic: AtomicBool,
+    /// E2B's `maskRequestHost`: the `Host` its ports' requests arrive with (`${PORT}` replaced
+    /// by the port) instead of the name the client asked for.
+    pub mask_request_host: Mutex<Option<String>>,
 }

@@ -79,15 +79,23 @@ impl Manager {
         id: &str,
     ) -> Result<(Upstream, UpstreamConn), Error> {
         let upstream = self.upstream(who, id).await?;
+        Ok((upstream, self.connect_port(who, id, upstream.port).await?))
+    }
+
+    /// A TCP connection to `port` inside the session (made by the agent in the sandbox's own
+    /// network namespace); a paused session with auto-resume is resumed first. Nothing
+    /// listening there is `PreviewNotListening`.
+    pub async fn connect_port(
+        &self,
+        who: &Identity,
+        id: &str,
+        port: u16,
+    ) -> Result<UpstreamConn, Error> {
+        if port == 0 {
+            return Err(Error::InvalidArgument("port must be 1..=65535".into()));
+        }
         let live = self.awake(who, id).await?;
-        let mut s = match live
-            .sandbox
-            .agent()
-            .open(ToAgent::Connect {
-                port: upstream.port,
-            })
-            .await
-        {
+        let mut s = match live.sandbox.agent().open(ToAgent::Connect { port }).await {
             Ok(s) => s,
             Err(e) => return Err(self.agent_failed(id, e).await),
         };
@@ -95,7 +103,7 @@ impl Manager {
             Ok(FromAgent::Connected) => {
                 let (ours, theirs) = tokio::io::duplex(CHUNK_BYTES * 4);
                 tokio::spawn(koder_agent_protocol::relay(theirs, s));
-                Ok((upstream, ours))
+                Ok(ours)
             }
             Ok(_) => Err(Error::Internal("unexpected answer to a connect".into())),
             Err(koder_agent_protocol::ClientError::Agent(e)) => {
