@@ -110,11 +110,21 @@ async fn sandbox(h: &Hosts, network: Value) -> (String, String) {
     }
 }
 
-/// GET / on the plain listener with `Host: host`.
+/// GET /some/path?q=1 on the plain listener with `Host: host`.
 async fn by_name(h: &Hosts, host: &str, headers: &[(&str, &str)]) -> (StatusCode, Value) {
+    by_name_at(h, host, "/some/path?q=1", headers).await
+}
+
+/// GET `path` on the plain listener with `Host: host`.
+async fn by_name_at(
+    h: &Hosts,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
     let mut rb =
         h.d.http
-            .get(format!("{}/some/path?q=1", h.d.base))
+            .get(format!("{}{path}", h.d.base))
             .header("host", host);
     for (k, v) in headers {
         rb = rb.header(*k, *v);
@@ -187,9 +197,10 @@ async fn a_sandbox_port_answers_by_name_over_http_and_https() {
     assert!(body.contains("\"path\": \"/tls\""), "{body}");
 
     // envd by name: its own port of the same sandbox.
-    let (status, v) = by_name(
+    let (status, v) = by_name_at(
         &h,
         &format!("49983-{id}.{DOMAIN}:80"),
+        "/health",
         &[("x-access-token", token.as_str())],
     )
     .await;

@@ -9,7 +9,7 @@
 //! all read. Two such files take turns, so two barriers' events are never adjacent and inotify
 //! never merges them into one. Without them (no /tmp), a barrier sends what was read so far.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -130,9 +130,9 @@ pub async fn run(
                 let reached = barrier.as_mut().map(|b| b.reached(&ev)).unwrap_or_default();
                 if reached.is_empty() {
                     if let Some((kind, path, from)) = translate(&mut tree, &mut pending.moved_from, ev) {
-                        merge(&mut pending.batch, path, kind, from);
+                        pending.batch.merge(path, kind, from);
                         for early in std::mem::take(&mut tree.early) {
-                            merge(&mut pending.batch, early, FsEventKind::Created, None);
+                            pending.batch.merge(early, FsEventKind::Created, None);
                         }
                         flush_at.get_or_insert_with(|| tokio::time::Instant::now() + DEBOUNCE);
                     }
@@ -172,10 +172,10 @@ pub async fn run(
     }
 }
 
-/// Events read but not sent yet.
+/// Events read but not sent yet, in the order they happened.
 #[derive(Default)]
 struct Pending {
-    batch: BTreeMap<String, (FsEventKind, Option<String>)>,
+    batch: Batch,
     /// Halves of moves by cookie, waiting for their `MOVED_TO`.
     moved_from: HashMap<u32, String>,
 }
@@ -185,9 +185,9 @@ impl Pending {
     async fn send(&mut self, out: &Outbox) -> bool {
         // Both halves of a move are queued together: one still alone left the watched tree.
         for (_, gone) in self.moved_from.drain() {
-            merge(&mut self.batch, gone, FsEventKind::Deleted, None);
+            self.batch.merge(gone, FsEventKind::Deleted, None);
         }
-        for (path, (kind, from)) in std::mem::take(&mut self.batch) {
+        for (kind, path, from) in self.batch.take() {
             if out
                 .send(FromAgent::FsEvent { kind, path, from })
                 .await
@@ -197,6 +197,42 @@ impl Pending {
             }
         }
         true
+    }
+}
+
+/// A debounce window's events in order: every create, rename and delete is kept (a path
+/// created, renamed away and deleted within microseconds is three events), only what adds
+/// nothing collapses: modifies of a path whose last event already says it changed, and the
+/// second report of a create (a new directory's entries are both scanned and then seen by
+/// its fresh watch).
+#[derive(Default)]
+struct Batch {
+    events: Vec<(FsEventKind, String, Option<String>)>,
+    /// Index in `events` of each path's last event.
+    last: HashMap<String, usize>,
+}
+
+impl Batch {
+    fn merge(&mut self, path: String, kind: FsEventKind, from: Option<String>) {
+        let last = self.last.get(&path).map(|&i| self.events[i].0);
+        let adds_nothing = match (kind, last) {
+            (
+                FsEventKind::Modified,
+                Some(FsEventKind::Created | FsEventKind::Modified | FsEventKind::Renamed),
+            ) => true,
+            (FsEventKind::Created, Some(FsEventKind::Created)) => true,
+            _ => false,
+        };
+        if adds_nothing {
+            return;
+        }
+        self.last.insert(path.clone(), self.events.len());
+        self.events.push((kind, path, from));
+    }
+
+    fn take(&mut self) -> Vec<(FsEventKind, String, Option<String>)> {
+        self.last.clear();
+        std::mem::take(&mut self.events)
     }
 }
 
@@ -249,24 +285,6 @@ impl Barrier {
             return self.waiting.pop_front().into_iter().collect();
         }
         Vec::new()
-    }
-}
-
-/// A later event of the same path wins, except that modifies after a create or a rename keep
-/// that (the file is new to the watcher; a finished upload's rename into place is followed by
-/// the close of its write, and where it came from must not be lost).
-fn merge(
-    batch: &mut BTreeMap<String, (FsEventKind, Option<String>)>,
-    path: String,
-    kind: FsEventKind,
-    from: Option<String>,
-) {
-    match batch.get(&path) {
-        Some((FsEventKind::Created | FsEventKind::Renamed, _)) if kind == FsEventKind::Modified => {
-        }
-        _ => {
-            batch.insert(path, (kind, from));
-        }
     }
 }
 
@@ -351,23 +369,54 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 mod tests {
     use super::*;
 
+    type Event = (FsEventKind, String, Option<String>);
+
+    fn ev(kind: FsEventKind, path: &str, from: Option<&str>) -> Event {
+        (kind, path.into(), from.map(Into::into))
+    }
+
     #[test]
-    fn modifies_keep_a_create_or_a_rename() {
-        let mut batch = BTreeMap::new();
-        merge(&mut batch, "/d/new".into(), FsEventKind::Created, None);
-        merge(&mut batch, "/d/new".into(), FsEventKind::Modified, None);
-        let from = Some("/d/.koder-upload-1".to_string());
-        merge(
-            &mut batch,
-            "/d/up".into(),
-            FsEventKind::Renamed,
-            from.clone(),
+    fn modifies_collapse_into_what_already_says_the_path_changed() {
+        let mut b = Batch::default();
+        b.merge("/d/new".into(), FsEventKind::Created, None);
+        b.merge("/d/new".into(), FsEventKind::Modified, None);
+        b.merge("/d/up".into(), FsEventKind::Renamed, Some("/d/.tmp".into()));
+        b.merge("/d/up".into(), FsEventKind::Modified, None);
+        b.merge("/d/old".into(), FsEventKind::Modified, None);
+        b.merge("/d/old".into(), FsEventKind::Modified, None);
+        b.merge("/d/new".into(), FsEventKind::Created, None);
+        use FsEventKind::*;
+        assert_eq!(
+            b.take(),
+            [
+                ev(Created, "/d/new", None),
+                ev(Renamed, "/d/up", Some("/d/.tmp")),
+                ev(Modified, "/d/old", None),
+            ]
         );
-        merge(&mut batch, "/d/up".into(), FsEventKind::Modified, None);
-        merge(&mut batch, "/d/old".into(), FsEventKind::Modified, None);
-        merge(&mut batch, "/d/old".into(), FsEventKind::Deleted, None);
-        assert_eq!(batch["/d/new"], (FsEventKind::Created, None));
-        assert_eq!(batch["/d/up"], (FsEventKind::Renamed, from));
-        assert_eq!(batch["/d/old"], (FsEventKind::Deleted, None));
+    }
+
+    #[test]
+    fn a_burst_keeps_its_order_and_every_change_of_a_path() {
+        use FsEventKind::*;
+        let mut b = Batch::default();
+        b.merge("/b/w".into(), Created, None);
+        b.merge("/b/w".into(), Modified, None);
+        b.merge("/b/d".into(), Created, None);
+        b.merge("/b/w2".into(), Renamed, Some("/b/w".into()));
+        b.merge("/b/w2".into(), Deleted, None);
+        b.merge("/b/w2".into(), Created, None);
+        b.merge("/b/w2".into(), Modified, None);
+        assert_eq!(
+            b.take(),
+            [
+                ev(Created, "/b/w", None),
+                ev(Created, "/b/d", None),
+                ev(Renamed, "/b/w2", Some("/b/w")),
+                ev(Deleted, "/b/w2", None),
+                ev(Created, "/b/w2", None),
+            ]
+        );
+        assert!(b.take().is_empty());
     }
 }
