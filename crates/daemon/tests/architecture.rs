@@ -17,9 +17,16 @@ const TRANSPORTS: &[&str] = &[
     "koder-grpc",
     "koder-mcp",
     "koder-console",
+    "koder-cluster",
 ];
 const RUNTIMES: &[&str] = &["koder-runtime", "koder-jail", "koder-microvm"];
-const ABOVE_RUNTIMES: &[&str] = &["koder-sessions", "koder-http", "koder-e2b", "koder-store"];
+const ABOVE_RUNTIMES: &[&str] = &[
+    "koder-sessions",
+    "koder-http",
+    "koder-e2b",
+    "koder-store",
+    "koder-cluster",
+];
 const PROTOCOL_CRATE: &str = "koder_agent_protocol";
 const DAEMON: &str = "koder-sandbox";
 /// `ksandbox serve` runs the daemon in-process.

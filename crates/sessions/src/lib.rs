@@ -35,6 +35,6 @@ pub use live::{
     FsEvent, FsEventKind, Terminal, TerminalEnded, TerminalEvent, TerminalInput, TerminalSpec,
     Watch, WatchFlush,
 };
-pub use manager::{Manager, Runtimes, VolumeEntry, VolumeFile, VolumeMeta};
+pub use manager::{Manager, Peer, Runtimes, VolumeEntry, VolumeFile, VolumeMeta};
 pub use metrics::Metrics;
 pub use quota::{Clock, NO_ACCESS_PLAN};

@@ -17,6 +17,7 @@ mod state;
 mod volume_files;
 mod volumes;
 
+pub use nodes::Peer;
 pub use volume_files::{VolumeEntry, VolumeFile, VolumeMeta};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -430,7 +431,7 @@ fn view(r: &SessionRecord) -> Session {
         language: r.language.clone(),
         image: r.image.clone(),
         runtime: r.runtime.clone(),
-        state: r.state,
+        state: if r.lost { SessionState::Lost } else { r.state },
         created_at: r.created_at,
         expires_at: r.expires_at,
         limits: r.limits,

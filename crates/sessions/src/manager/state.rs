@@ -305,7 +305,14 @@ impl Manager {
             .ok_or_else(|| {
                 Error::PlanRequired(format!("tenant {} has no plan", record.tenant_id))
             })?;
-        self.admission.admit(&self.store, &tenant, self.now()).await
+        self.admission
+            .admit(
+                &self.store,
+                &tenant,
+                self.cfg.node_id.as_deref(),
+                self.now(),
+            )
+            .await
     }
 
     /// Starts a new sandbox for `record` from `durable.layers` and makes it the session's
@@ -313,7 +320,11 @@ impl Manager {
     /// or saved holds no admission slot, so it takes one first; a saved VM it had is removed.
     async fn boot(&self, record: &SessionRecord, mut durable: SessionDurable) -> Result<(), Error> {
         let ticket = match durable.pause {
-            Some(_) => Some(self.admit_again(record).await?),
+            Some(_) => {
+                let ticket = self.admit_again(record).await?;
+                self.claim(record).await?;
+                Some(ticket)
+            }
             None => None,
         };
         let env = validate_env(&record.env)?;
