@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use clusternet::ClusterNet;
 use common::*;
-use futures::{SinkExt as _, StreamExt as _};
+use futures::SinkExt as _;
 use pg::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
