@@ -19,6 +19,8 @@ const (
 	StateRunning  = "running"
 	StatePaused   = "paused"
 	StateStopped  = "stopped"
+	// StateLost: ended with the node that held it (a cluster); listed until deleted.
+	StateLost = "lost"
 )
 
 // Exec verdicts: why an exec was ended by the sandbox rather than by itself.

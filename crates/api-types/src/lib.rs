@@ -79,6 +79,12 @@ pub mod codes {
     /// 503: the image's ready command did not succeed within its timeout; the session was
     /// destroyed.
     pub const IMAGE_NOT_READY: &str = "SANDBOX-IMAGE-NOT-READY";
+    /// 502: the node holding the session (or chosen for a create) could not be reached to
+    /// forward the request to it.
+    pub const NODE_UNREACHABLE: &str = "SANDBOX-NODE-UNREACHABLE";
+    /// 401: a request claimed to come from another node of the cluster but its proof (an
+    /// HMAC under the shared cluster secret) is missing, malformed, stale or wrong.
+    pub const NODE_AUTH: &str = "SANDBOX-NODE-AUTH";
 
     /// Exec verdicts (inside an exec result, not HTTP errors).
     pub const EXEC_KILLED_OOM: &str = "SANDBOX-EXEC-KILLED-OOM";
@@ -125,6 +131,8 @@ pub enum ErrorCode {
     ImageBuildStepFailed,
     ImageBuildFailed,
     ImageNotReady,
+    NodeUnreachable,
+    NodeAuth,
 }
 
 impl ErrorCode {
@@ -162,6 +170,8 @@ impl ErrorCode {
             ErrorCode::ImageBuildStepFailed => codes::IMAGE_BUILD_STEP_FAILED,
             ErrorCode::ImageBuildFailed => codes::IMAGE_BUILD_FAILED,
             ErrorCode::ImageNotReady => codes::IMAGE_NOT_READY,
+            ErrorCode::NodeUnreachable => codes::NODE_UNREACHABLE,
+            ErrorCode::NodeAuth => codes::NODE_AUTH,
         }
     }
 }
@@ -271,6 +281,9 @@ pub enum SessionState {
     Running,
     Paused,
     Stopped,
+    /// Ended because the node holding its sandbox was lost (its heartbeat stopped); the
+    /// session's `end_reason` names the node. Listed until deleted, which acknowledges it.
+    Lost,
 }
 
 impl SessionState {
@@ -280,7 +293,13 @@ impl SessionState {
             SessionState::Running => "running",
             SessionState::Paused => "paused",
             SessionState::Stopped => "stopped",
+            SessionState::Lost => "lost",
         }
+    }
+
+    /// Stopped or lost: nothing runs and nothing can resume it.
+    pub fn is_ended(self) -> bool {
+        matches!(self, SessionState::Stopped | SessionState::Lost)
     }
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -289,6 +308,7 @@ impl SessionState {
             "running" => SessionState::Running,
             "paused" => SessionState::Paused,
             "stopped" => SessionState::Stopped,
+            "lost" => SessionState::Lost,
             _ => return None,
         })
     }

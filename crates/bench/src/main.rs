@@ -10,6 +10,7 @@
 //! files. Every ratio is against a baseline measured in the same run, interleaved.
 //! Daemon "cold" (`pool = {}`): create with an empty pool, destroy, density.
 
+mod cluster;
 mod daemon;
 mod e2b;
 mod grpc;
@@ -67,6 +68,10 @@ enum Phase {
     /// Images: python pack and numpy template build times (first, cached); create from a
     /// custom image vs. `host`, warm and not pooled, interleaved.
     Images,
+    /// Three daemons sharing a PostgreSQL database (KODER_TEST_PG_URL) as a cluster: exec
+    /// forwarded by another node beside the same exec sent to its node, interleaved; creates/s
+    /// spread over the three.
+    Cluster,
 }
 
 #[derive(Debug, Parser)]
@@ -500,6 +505,18 @@ async fn run(args: &Args) -> Result<Report> {
             &args.work_root,
             &settings,
             &opts,
+            args.keep,
+            &mut rows,
+        )
+        .await;
+    }
+    if wants(Phase::Cluster) {
+        settle(&settings).await;
+        progress("a cluster of three: forwarded exec, creates/s");
+        cluster::run(
+            &daemon_bin,
+            &args.work_root,
+            &settings,
             args.keep,
             &mut rows,
         )

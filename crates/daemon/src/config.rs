@@ -51,6 +51,8 @@ pub struct Config {
     pub node: NodeSection,
     /// E2B compatibility: the sandbox domain served by host name.
     pub e2b: E2bSection,
+    /// Nodes serving each other's sessions: `secret_file` holds the secret they share.
+    pub cluster: ClusterSection,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -82,6 +84,16 @@ impl E2bSection {
         }
         Ok(())
     }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSection {
+    /// A file holding the cluster's shared secret (at least 32 bytes; e.g. 64 hex characters
+    /// from `openssl rand -hex 32`), the same on every node. With it, a request for a session
+    /// another node holds is forwarded there and creates go to the node with room; without it,
+    /// each node serves only what it holds.
+    pub secret_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -137,6 +137,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let native = koder_http::router(state).merge(koder_console::router());
     let app = koder_http::drain_unread_bodies(koder_e2b::mount(native, e2b));
+    let app = match cluster(&cfg, &manager)? {
+        Some(cluster) => koder_cluster::mount(app, cluster),
+        None => app,
+    };
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
         .await
         .with_context(|| format!("listening on {}", cfg.server.listen))?;
@@ -175,6 +179,30 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // The exporter's flush blocks on its own thread's HTTP client.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     served.context("HTTP server")
+}
+
+/// This node as a member of a cluster when `[cluster] secret_file` is set.
+fn cluster(
+    cfg: &Config,
+    manager: &Arc<koder_sessions::Manager>,
+) -> anyhow::Result<Option<koder_cluster::Cluster>> {
+    let Some(path) = &cfg.cluster.secret_file else {
+        return Ok(None);
+    };
+    if cfg.node.advertise.is_none() && cfg.server.listen.ip().is_unspecified() {
+        bail!(
+            "[cluster]: listening on {} the other nodes cannot be told where to reach this \
+             one: set [node] advertise",
+            cfg.server.listen
+        );
+    }
+    let secret = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let key = koder_cluster::ClusterKey::new(&secret)
+        .with_context(|| format!("[cluster] secret_file {}", path.display()))?;
+    let cluster = koder_cluster::Cluster::new(manager.clone(), key)
+        .context("[cluster] needs this daemon to be a node")?;
+    tracing::info!("forwarding to and from the other nodes of the cluster");
+    Ok(Some(cluster))
 }
 
 /// Binds `[server] grpc_addr` (when set) and serves gRPC beside HTTP until `stopping` turns true.

@@ -19,6 +19,7 @@ const TRANSPORTS: &[&str] = &[
     "koder-grpc",
     "koder-mcp",
     "koder-console",
+    "koder-cluster",
 ];
 const RUNTIMES: &[&str] = &["koder-runtime", "koder-jail", "koder-microvm"];
 /// The crates that speak the agent protocol: the protocol and the agent, the session manager,
@@ -35,7 +36,13 @@ const PROTOCOL_SPEAKERS: &[&str] = &[
 /// Crates allowed the protocol's data types but not its conversation: `koder-image` resolves
 /// an image into the read-only binds (`init::Bind`) a runtime hands its agent at start.
 const PROTOCOL_TYPES_ONLY: &[&str] = &["koder-image"];
-const ABOVE_RUNTIMES: &[&str] = &["koder-sessions", "koder-http", "koder-e2b", "koder-store"];
+const ABOVE_RUNTIMES: &[&str] = &[
+    "koder-sessions",
+    "koder-http",
+    "koder-e2b",
+    "koder-store",
+    "koder-cluster",
+];
 const PROTOCOL_CRATE: &str = "koder_agent_protocol";
 const DAEMON: &str = "koder-sandbox";
 /// `ksandbox serve` runs the daemon in-process.

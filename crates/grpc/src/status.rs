@@ -21,7 +21,7 @@ pub fn code_of(code: ErrorCode) -> Code {
         | ErrorCode::PayloadTooLarge
         | ErrorCode::UnsupportedMediaType
         | ErrorCode::ImageBuildInvalidSpec => Code::InvalidArgument,
-        ErrorCode::Auth => Code::Unauthenticated,
+        ErrorCode::Auth | ErrorCode::NodeAuth => Code::Unauthenticated,
         // 402 (plan `none`), 403.
         ErrorCode::PlanRequired | ErrorCode::PermissionDenied | ErrorCode::AuthScope => {
             Code::PermissionDenied
@@ -47,7 +47,8 @@ pub fn code_of(code: ErrorCode) -> Code {
         ErrorCode::NotImplemented => Code::Unimplemented,
         ErrorCode::RuntimeUnavailable
         | ErrorCode::PreviewNotListening
-        | ErrorCode::ImageNotReady => Code::Unavailable,
+        | ErrorCode::ImageNotReady
+        | ErrorCode::NodeUnreachable => Code::Unavailable,
         ErrorCode::AgentTimeout => Code::DeadlineExceeded,
     }
 }

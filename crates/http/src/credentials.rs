@@ -12,6 +12,10 @@ pub const ACCESS_TOKEN: &str = "x-access-token";
 /// The same token as the E2B code-interpreter SDK sends it.
 pub const TRAFFIC_ACCESS_TOKEN: &str = "e2b-traffic-access-token";
 
+/// A node's proof that it forwarded the request (HMAC under the cluster secret; `koder-cluster`
+/// checks and removes it before any surface sees the request).
+pub const NODE_PROOF: &str = "x-koder-forwarded";
+
 /// Browsers cannot set headers on a WebSocket: the web console offers its key as the
 /// subprotocol `koder.bearer.<base64url key>` beside [`TERMINAL_PROTOCOL`], which the handler
 /// selects (so the key is never echoed back). Taken only when `Authorization` is absent, and
@@ -28,6 +32,7 @@ pub const ALL: &[&str] = &[
     API_KEY,
     ACCESS_TOKEN,
     TRAFFIC_ACCESS_TOKEN,
+    NODE_PROOF,
     "cookie",
     "proxy-authorization",
 ];

@@ -43,7 +43,7 @@ pub fn status_of(code: ErrorCode) -> u16 {
         | ErrorCode::NetworkRule
         | ErrorCode::WebhookUrlRefused
         | ErrorCode::ImageBuildInvalidSpec => 400,
-        ErrorCode::Auth => 401,
+        ErrorCode::Auth | ErrorCode::NodeAuth => 401,
         ErrorCode::PlanRequired => 402,
         ErrorCode::PermissionDenied | ErrorCode::AuthScope => 403,
         ErrorCode::NotFound
@@ -60,6 +60,7 @@ pub fn status_of(code: ErrorCode) -> u16 {
         ErrorCode::QuotaSessions | ErrorCode::QuotaMinutes | ErrorCode::RateLimited => 429,
         ErrorCode::Internal => 500,
         ErrorCode::NotImplemented => 501,
+        ErrorCode::NodeUnreachable => 502,
         ErrorCode::RuntimeUnavailable
         | ErrorCode::PreviewNotListening
         | ErrorCode::ImageNotReady => 503,

@@ -36,7 +36,7 @@ pub use error::{status_of, ApiError};
 pub use extract::declared_length;
 pub use gate::{hold_during_body, hold_stream_place};
 pub use images::{image_api_error, receive as receive_upload};
-pub use preview::forward as forward_to_sandbox;
+pub use preview::{forward as forward_to_sandbox, strip_hop_by_hop};
 pub use volumes::file_response as volume_file_response;
 
 /// Largest JSON request body (uploads stream and are bounded separately).
@@ -157,6 +157,13 @@ fn input_responses(path: &str, op: &mut utoipa::openapi::path::Operation) {
             "SANDBOX-UNSUPPORTED-MEDIA-TYPE: the body is not `application/json`",
         );
     }
+    if path.starts_with("/v1/sandbox/sessions/{id}") {
+        add_error_response(
+            responses,
+            "502",
+            "SANDBOX-NODE-UNREACHABLE: the node holding the session (in a cluster) could not be reached to forward the request to it",
+        );
+    }
     if path.starts_with("/v1/sandbox/sessions/{id}/") {
         add_error_response(
             responses,
@@ -182,7 +189,10 @@ fn admission_responses(responses: &mut utoipa::openapi::Responses) {
         header::Header, KnownFormat, ObjectBuilder, ResponseBuilder, SchemaFormat, Type,
     };
     let answers = [
-        ("401", "SANDBOX-AUTH-001: missing, invalid or expired credentials"),
+        (
+            "401",
+            "SANDBOX-AUTH-001: missing, invalid or expired credentials; SANDBOX-NODE-AUTH: an `X-Koder-Forwarded` header (node to node, in a cluster) whose proof does not verify",
+        ),
         (
             "403",
             "SANDBOX-AUTH-SCOPE: the token's scopes do not cover this operation",
@@ -394,6 +404,9 @@ mod tests {
                 }
                 if path.starts_with("/v1/sandbox/sessions/{id}/") {
                     assert!(has("404") && has("409") && has("410"), "{path}");
+                }
+                if path.starts_with("/v1/sandbox/sessions/{id}") {
+                    assert!(has("502"), "{path} lacks the cluster's 502");
                 }
             }
         }

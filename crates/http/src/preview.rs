@@ -92,6 +92,17 @@ const HOP_BY_HOP: &[&str] = &[
 /// names, and (towards the sandbox) every credential the daemon understands. An upgrade keeps
 /// `Connection: upgrade` and `Upgrade`, which are what ask for the protocol switch.
 fn strip(headers: &mut axum::http::HeaderMap, credentials: bool, upgrade: bool) {
+    strip_hop_by_hop(headers, upgrade);
+    if credentials {
+        for name in crate::credentials::ALL {
+            headers.remove(*name);
+        }
+    }
+}
+
+/// Removes the headers that describe one hop of a proxied message (RFC 9110 §7.6.1) and those
+/// its `Connection` header names; an upgrade keeps `Connection: upgrade` and `Upgrade`.
+pub fn strip_hop_by_hop(headers: &mut axum::http::HeaderMap, upgrade: bool) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -106,11 +117,6 @@ fn strip(headers: &mut axum::http::HeaderMap, credentials: bool, upgrade: bool) 
     }
     for name in HOP_BY_HOP {
         if !(upgrade && (*name == "connection" || *name == "upgrade")) {
-            headers.remove(*name);
-        }
-    }
-    if credentials {
-        for name in crate::credentials::ALL {
             headers.remove(*name);
         }
     }

@@ -1,8 +1,11 @@
 //! Tenant admission: plan tier, concurrent sessions and daily session-minutes.
 //!
 //! Concurrent sessions are counted in memory (live sessions plus creates in flight, under one
-//! lock) so that parallel creates cannot overshoot; minutes come from the store, which meters
-//! the wall time of every session that overlapped the current UTC day.
+//! lock) so that parallel creates cannot overshoot; on a node sharing its store with others,
+//! the sessions holding a sandbox on the other nodes are read from the store and added (a
+//! create racing one on another node in the same instant may overshoot by one each). Minutes
+//! come from the store, which meters the wall time of every session that overlapped the
+//! current UTC day.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,13 +48,14 @@ pub struct Admission {
 }
 
 impl Admission {
-    /// Admits one more session of `tenant` or says which quota forbids it. The returned ticket
-    /// holds the slot; `Ticket::forget` keeps it for a session that now lives, dropping it
-    /// gives the slot back.
+    /// Admits one more session of `tenant` on `node` (`None`: a manager that is no node) or
+    /// says which quota forbids it. The returned ticket holds the slot; `Ticket::forget` keeps
+    /// it for a session that now lives, dropping it gives the slot back.
     pub async fn admit(
         self: &Arc<Self>,
         store: &Store,
         tenant: &Tenant,
+        node: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<Ticket, Error> {
         if tenant.plan == NO_ACCESS_PLAN {
@@ -68,10 +72,18 @@ impl Admission {
                 )));
             }
         }
+        let elsewhere = match (node, tenant.max_sessions) {
+            (Some(node), Some(_)) => {
+                store
+                    .count_tenant_sandboxes_elsewhere(&tenant.id, node)
+                    .await?
+            }
+            _ => 0,
+        };
         let mut counts = self.counts.lock();
         let n = counts.entry(tenant.id.clone()).or_default();
         if let Some(max) = tenant.max_sessions {
-            if *n >= max {
+            if u64::from(*n) + elsewhere >= u64::from(max) {
                 return Err(Error::QuotaSessions(format!(
                     "at most {max} concurrent sessions for tenant {}",
                     tenant.id
@@ -149,17 +161,57 @@ mod tests {
         let store = Store::open_in_memory().await.unwrap();
         let adm = Arc::new(Admission::default());
         let t = tenant(Some(2), None, "standard");
-        let a = adm.admit(&store, &t, Utc::now()).await.unwrap();
-        let b = adm.admit(&store, &t, Utc::now()).await.unwrap();
-        let third = adm.admit(&store, &t, Utc::now()).await;
+        let a = adm.admit(&store, &t, None, Utc::now()).await.unwrap();
+        let b = adm.admit(&store, &t, None, Utc::now()).await.unwrap();
+        let third = adm.admit(&store, &t, None, Utc::now()).await;
         assert!(matches!(third, Err(Error::QuotaSessions(_))));
         drop(b); // a create that failed gives its slot back
         a.forget(); // a session that started keeps it
-        let c = adm.admit(&store, &t, Utc::now()).await.unwrap();
+        let c = adm.admit(&store, &t, None, Utc::now()).await.unwrap();
         c.forget();
-        assert!(adm.admit(&store, &t, Utc::now()).await.is_err());
+        assert!(adm.admit(&store, &t, None, Utc::now()).await.is_err());
         adm.release("t");
-        assert!(adm.admit(&store, &t, Utc::now()).await.is_ok());
+        assert!(adm.admit(&store, &t, None, Utc::now()).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn sessions_on_other_nodes_count() {
+        let store = Store::open_in_memory().await.unwrap();
+        let t = tenant(Some(2), None, "standard");
+        store.upsert_tenant(&t).await.unwrap();
+        let now = Utc::now();
+        store
+            .insert_session(&koder_store::SessionRecord {
+                id: "s1".into(),
+                tenant_id: "t".into(),
+                sandbox_id: "sb".into(),
+                runtime: "jail".into(),
+                language: "bash".into(),
+                image: "host".into(),
+                state: koder_api_types::SessionState::Running,
+                limits: Default::default(),
+                network: Default::default(),
+                metadata: Default::default(),
+                env: Default::default(),
+                created_at: now,
+                expires_at: now,
+                ended_at: None,
+                end_reason: None,
+                node_id: Some("other".into()),
+                lost: false,
+            })
+            .await
+            .unwrap();
+        let adm = Arc::new(Admission::default());
+        adm.admit(&store, &t, Some("me"), now)
+            .await
+            .unwrap()
+            .forget();
+        let full = adm.admit(&store, &t, Some("me"), now).await;
+        assert!(matches!(full, Err(Error::QuotaSessions(_))));
+        // The node holding it counts it in memory, not from the store as well.
+        let other = Arc::new(Admission::default());
+        assert!(other.admit(&store, &t, Some("other"), now).await.is_ok());
     }
 
     #[tokio::test]
@@ -167,7 +219,12 @@ mod tests {
         let store = Store::open_in_memory().await.unwrap();
         let adm = Arc::new(Admission::default());
         let r = adm
-            .admit(&store, &tenant(None, None, NO_ACCESS_PLAN), Utc::now())
+            .admit(
+                &store,
+                &tenant(None, None, NO_ACCESS_PLAN),
+                None,
+                Utc::now(),
+            )
             .await;
         assert!(matches!(r, Err(Error::PlanRequired(_))));
     }

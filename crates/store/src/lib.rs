@@ -47,6 +47,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 use db::{query, DbRow, Pool};
 
+mod cluster;
 mod db;
 mod nodes;
 mod secret_bindings;
@@ -202,6 +203,8 @@ pub struct SessionRecord {
     /// The node holding its sandbox; `None` for sessions recorded before nodes existed (and
     /// by a manager that is no node), which belong to whichever daemon reconciles them.
     pub node_id: Option<String>,
+    /// Stopped because its node was lost, not yet acknowledged by a delete (shown as `lost`).
+    pub lost: bool,
 }
 
 /// Handle on the database; cheap to clone (a connection pool).
@@ -212,7 +215,7 @@ pub struct Store {
 
 const SESSION_COLUMNS: &str = "id, tenant_id, sandbox_id, runtime, language, image, state, \
      limits_json, network_json, metadata_json, env_json, created_at_ms, expires_at_ms, \
-     ended_at_ms, end_reason, node_id";
+     ended_at_ms, end_reason, node_id, lost";
 
 /// The condition "the session is `node`'s", on parameters `$first` and `$first + 1` (both
 /// bound to the node, an `Option<&str>`): `None` means every node's (a manager that is no
@@ -525,7 +528,7 @@ impl Store {
     pub async fn insert_session(&self, s: &SessionRecord) -> Result<(), StoreError> {
         query(&format!(
             "INSERT INTO sessions ({SESSION_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
         ))
         .bind(&s.id)
         .bind(&s.tenant_id)
@@ -543,6 +546,7 @@ impl Store {
         .bind(s.ended_at.map(to_ms))
         .bind(s.end_reason.as_deref())
         .bind(s.node_id.as_deref())
+        .bind(i64::from(s.lost))
         .execute(&self.pool)
         .await
         .map_err(|e| match db_kind(&e) {
@@ -571,10 +575,11 @@ impl Store {
         tenant_id: &str,
         include_stopped: bool,
     ) -> Result<Vec<SessionRecord>, StoreError> {
+        // Lost sessions stay listed until deleted.
         let filter = if include_stopped {
             ""
         } else {
-            " AND state <> 'stopped'"
+            " AND (state <> 'stopped' OR lost <> 0)"
         };
         let rows = query(&format!(
             "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant_id = $1{filter} \
@@ -646,6 +651,11 @@ impl Store {
         end_reason: Option<&str>,
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
+        if state == SessionState::Lost {
+            return Err(StoreError::Invalid(
+                "a lost session is recorded with Store::lose_session".into(),
+            ));
+        }
         let stopping = state == SessionState::Stopped;
         let done = query(
             "UPDATE sessions SET state = $2, ended_at_ms = COALESCE(ended_at_ms, $3), \
@@ -954,6 +964,7 @@ fn session_from_row(row: &DbRow) -> Result<SessionRecord, StoreError> {
         ended_at,
         end_reason: get(row, "end_reason")?,
         node_id: get(row, "node_id")?,
+        lost: get::<i64>(row, "lost")? != 0,
         id,
     })
 }

@@ -45,6 +45,7 @@ pub(crate) fn session(id: &str, tenant_id: &str, created: i64) -> SessionRecord 
         ended_at: None,
         end_reason: None,
         node_id: None,
+        lost: false,
     }
 }
 

@@ -215,14 +215,13 @@ struct Batch {
 impl Batch {
     fn merge(&mut self, path: String, kind: FsEventKind, from: Option<String>) {
         let last = self.last.get(&path).map(|&i| self.events[i].0);
-        let adds_nothing = match (kind, last) {
+        let adds_nothing = matches!(
+            (kind, last),
             (
                 FsEventKind::Modified,
                 Some(FsEventKind::Created | FsEventKind::Modified | FsEventKind::Renamed),
-            ) => true,
-            (FsEventKind::Created, Some(FsEventKind::Created)) => true,
-            _ => false,
-        };
+            ) | (FsEventKind::Created, Some(FsEventKind::Created))
+        );
         if adds_nothing {
             return;
         }

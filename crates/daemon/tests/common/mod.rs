@@ -36,6 +36,10 @@ pub struct Daemon {
     pub cgroup_parent: String,
     config: String,
     keys: bool,
+    /// `--listen`: a free loopback port unless started in a namespace.
+    listen: String,
+    /// The network namespace the daemon runs in (multi-node tests).
+    netns: Option<std::path::PathBuf>,
 }
 
 /// The `[microvm]` table pointing at the image `ksandbox image build` made
@@ -68,6 +72,21 @@ impl Daemon {
     }
 
     pub async fn start_with(config: &str, keys: bool) -> Daemon {
+        Self::start_at(config, keys, "127.0.0.1:0", None).await
+    }
+
+    /// Starts a daemon inside the network namespace `netns` (a file under /run/netns),
+    /// listening on a free port of `ip` there.
+    pub async fn start_in(config: &str, netns: std::path::PathBuf, ip: &str) -> Daemon {
+        Self::start_at(config, true, &format!("{ip}:0"), Some(netns)).await
+    }
+
+    async fn start_at(
+        config: &str,
+        keys: bool,
+        listen: &str,
+        netns: Option<std::path::PathBuf>,
+    ) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("kd-")
             .tempdir_in("/tmp")
@@ -82,6 +101,8 @@ impl Daemon {
             cgroup_parent,
             config: config.to_string(),
             keys,
+            listen: listen.to_string(),
+            netns,
         };
         d.launch().await;
         d
@@ -92,10 +113,7 @@ impl Daemon {
         let config_path = self.dir.path().join("koder.toml");
         std::fs::write(
             &config_path,
-            format!(
-                "{}\n[jail]\ncgroup_parent = \"{}\"\n",
-                self.config, self.cgroup_parent
-            ),
+            with_cgroup_parent(&self.config, &self.cgroup_parent),
         )
         .expect("write config");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_koder-sandbox"));
@@ -105,7 +123,7 @@ impl Daemon {
             // Port 0: the daemon picks a free port and prints it, so parallel tests never race
             // for one.
             .arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(&self.listen)
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
             .env("RUST_LOG", test_log_filter())
@@ -116,6 +134,9 @@ impl Daemon {
                 .arg(format!("t1:{KEY1}"))
                 .arg("--api-key")
                 .arg(format!("t2:{KEY2}"));
+        }
+        if let Some(netns) = &self.netns {
+            enter_netns(&mut cmd, netns);
         }
         let mut child = cmd.spawn().expect("spawn daemon");
         let stdout = child.stdout.take().expect("daemon stdout");
@@ -264,6 +285,36 @@ pub fn error_code(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("<no error code>")
 }
 
+/// `config` with the test's cgroup parent in its `[jail]` table (added when it has none).
+fn with_cgroup_parent(config: &str, parent: &str) -> String {
+    let line = format!("cgroup_parent = \"{parent}\"\n");
+    match config.find("[jail]\n") {
+        Some(at) => {
+            let (head, tail) = config.split_at(at + "[jail]\n".len());
+            format!("{head}{line}{tail}")
+        }
+        None => format!("{config}\n[jail]\n{line}"),
+    }
+}
+
+/// Makes `cmd` run in the network namespace `netns` (only that: `ip netns exec` would also
+/// remount /sys, hiding the cgroup hierarchy from the daemon).
+fn enter_netns(cmd: &mut Command, netns: &std::path::Path) {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::process::CommandExt as _;
+    let file = std::fs::File::open(netns).expect("open the network namespace");
+    // SAFETY: between fork and exec the closure only calls setns(2), which is
+    // async-signal-safe, on a descriptor the parent keeps open until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The base URL the daemon prints once it listens (`koder-sandbox listening on http://...`).
 async fn listening_address(stdout: std::process::ChildStdout) -> String {
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -405,10 +456,7 @@ impl Daemon {
         let config_path = self.dir.path().join("koder.toml");
         std::fs::write(
             &config_path,
-            format!(
-                "{}\n[jail]\ncgroup_parent = \"{}\"\n",
-                self.config, self.cgroup_parent
-            ),
+            with_cgroup_parent(&self.config, &self.cgroup_parent),
         )
         .expect("write config");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_koder-sandbox"));

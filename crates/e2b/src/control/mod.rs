@@ -507,7 +507,7 @@ fn detail_json(e2b: &E2b, s: &Session) -> Value {
 /// The tenant's session while it is running or paused; an ended (or foreign) one is 404.
 async fn live_session(e2b: &E2b, who: &Identity, id: &str) -> Result<Session, HttpError> {
     match e2b.manager().get(who, id).await {
-        Ok(s) if s.state != SessionState::Stopped => Ok(s),
+        Ok(s) if !s.state.is_ended() => Ok(s),
         Ok(_) | Err(koder_sessions::Error::NotFound) => {
             Err(HttpError::not_found(format!("sandbox {id:?} not found")))
         }
@@ -715,7 +715,7 @@ async fn matching(
         .list(who)
         .await?
         .into_iter()
-        .filter(|s| s.state != SessionState::Stopped)
+        .filter(|s| !s.state.is_ended())
         .filter(|s| states.is_empty() || states.iter().any(|st| st == state_name(s)))
         .filter(|s| {
             wanted_meta

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use chrono::Duration as ChronoDuration;
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use koder_api_types::{CreateSession, Limits, NetworkMode, Session, SessionState};
 use koder_auth::Identity;
 use koder_runtime::{Sandbox, SandboxSpec, VolumeMount};
@@ -118,6 +118,23 @@ pub(super) async fn stop_orphan(
     Ok(())
 }
 
+/// Records the end of a session whose node was lost (shown as `lost`), and says so to its
+/// tenant; nothing when it had ended already.
+pub(super) async fn lose_orphan(
+    store: &Store,
+    events: &Events,
+    id: &str,
+    tenant: &str,
+    reason: &str,
+    at: DateTime<Utc>,
+) -> Result<bool, Error> {
+    if !store.lose_session(id, reason, at).await? {
+        return Ok(false);
+    }
+    events.emit(tenant, kinds::SESSION_STOPPED, stopped(id, reason));
+    Ok(true)
+}
+
 impl Manager {
     pub async fn create(&self, who: &Identity, mut req: CreateSession) -> Result<Session, Error> {
         let layers = match req.from_snapshot.take() {
@@ -200,7 +217,12 @@ impl Manager {
         let limits = limits::effective(&self.cfg, req.limits.unwrap_or_default(), &tenant.plan)?;
         let ticket = self
             .admission
-            .admit(&self.store, &tenant, self.now())
+            .admit(
+                &self.store,
+                &tenant,
+                self.cfg.node_id.as_deref(),
+                self.now(),
+            )
             .await
             .inspect_err(|e| self.metrics.count_quota(e))?;
 
@@ -244,6 +266,7 @@ impl Manager {
             ended_at: None,
             end_reason: None,
             node_id: self.cfg.node_id.clone(),
+            lost: false,
         };
         self.store.insert_session(&record).await?;
         self.record_bindings(&record.id, &secrets).await?;
@@ -457,6 +480,8 @@ impl Manager {
         let record = self.record(who, id).await?;
         if record.state != SessionState::Stopped {
             self.end(id, "deleted").await;
+        } else if record.lost {
+            self.store.acknowledge_lost(id).await?;
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ mod volume_files;
 mod volumes;
 
 pub use build::{BuildSandbox, StepCommand, StepExit};
+pub use nodes::Peer;
 pub use volume_files::{VolumeEntry, VolumeFile, VolumeMeta};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -435,7 +436,7 @@ fn view(r: &SessionRecord) -> Session {
         language: r.language.clone(),
         image: r.image.clone(),
         runtime: r.runtime.clone(),
-        state: r.state,
+        state: if r.lost { SessionState::Lost } else { r.state },
         created_at: r.created_at,
         expires_at: r.expires_at,
         limits: r.limits,

@@ -312,7 +312,12 @@ impl Manager {
                 Error::PlanRequired(format!("tenant {} has no plan", record.tenant_id))
             })?;
         self.admission
-            .admit(&self.store, &tenant, self.now())
+            .admit(
+                &self.store,
+                &tenant,
+                self.cfg.node_id.as_deref(),
+                self.now(),
+            )
             .await
             .inspect_err(|e| self.metrics.count_quota(e))
     }
@@ -322,7 +327,11 @@ impl Manager {
     /// or saved holds no admission slot, so it takes one first; a saved VM it had is removed.
     async fn boot(&self, record: &SessionRecord, mut durable: SessionDurable) -> Result<(), Error> {
         let ticket = match durable.pause {
-            Some(_) => Some(self.admit_again(record).await?),
+            Some(_) => {
+                let ticket = self.admit_again(record).await?;
+                self.claim(record).await?;
+                Some(ticket)
+            }
             None => None,
         };
         let env = validate_env(&record.env)?;

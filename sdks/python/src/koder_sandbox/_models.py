@@ -19,7 +19,7 @@ from ._errors import ProtocolError
 
 T = TypeVar("T")
 
-SessionState = Literal["starting", "running", "paused", "stopped"]
+SessionState = Literal["starting", "running", "paused", "stopped", "lost"]
 NetworkMode = Literal["none", "open", "allowlist"]
 EntryType = Literal["file", "dir", "symlink", "other"]
 

@@ -1,0 +1,161 @@
+//! Many daemons as one service. A layer in front of every HTTP surface (native REST with its
+//! SSE and WebSockets, the preview proxy, E2B's control plane and envd): a request for a session
+//! another node holds is forwarded to that node, and a create this node has no room for is
+//! forwarded to the node with the most (`Manager::owner_of`, `Manager::place`: the session
+//! manager reads the store, this crate never does).
+//!
+//! Forwarding is authenticated twice: the hop by a proof under the cluster's shared secret
+//! ([`proof`]), which makes the owner serve the request itself (never forward it again), and
+//! the caller by the owner's own admission, from the caller's credentials that travel with
+//! the request unchanged. A node header therefore grants no identity, and one a client sends
+//! without a valid proof is refused.
+
+mod proof;
+mod proxy;
+mod target;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use koder_api_types::ErrorCode;
+use koder_http::ApiError;
+use koder_sessions::{Manager, Peer};
+
+pub use proof::{ClusterKey, ProofError, MIN_SECRET_LEN};
+use target::Target;
+
+/// This node as a member of a cluster.
+pub struct Cluster {
+    manager: Arc<Manager>,
+    key: ClusterKey,
+    node: String,
+}
+
+impl Cluster {
+    /// `None` when the manager is no node (it shares no store with others).
+    pub fn new(manager: Arc<Manager>, key: ClusterKey) -> Option<Cluster> {
+        let node = manager.node_id()?.to_string();
+        Some(Cluster { manager, key, node })
+    }
+}
+
+/// Puts forwarding in front of `app`.
+pub fn mount(app: Router, cluster: Cluster) -> Router {
+    app.layer(axum::middleware::from_fn_with_state(
+        Arc::new(cluster),
+        forward,
+    ))
+}
+
+async fn forward(State(c): State<Arc<Cluster>>, mut req: Request, next: Next) -> Response {
+    if req.headers().contains_key(proof::HEADER) {
+        return match checked(&c, &req) {
+            Ok(from) => {
+                tracing::debug!(%from, path = req.uri().path(), "serving a forwarded request");
+                req.headers_mut().remove(proof::HEADER);
+                next.run(req).await
+            }
+            Err(e) => {
+                ApiError::new(401, ErrorCode::NodeAuth.as_str(), e.to_string()).into_response()
+            }
+        };
+    }
+    let target = target::of(req.method(), req.uri().path(), req.headers());
+    let routed = match target {
+        Target::Any => return next.run(req).await,
+        Target::Session(id) => c.manager.owner_of(&id).await.map(|p| (p, req)),
+        Target::E2bCreate => c.manager.place("jail").await.map(|p| (p, req)),
+        Target::NativeCreate => return create(&c, req, next).await,
+    };
+    match routed {
+        Ok((Some(peer), req)) => send(&c, &peer, req).await,
+        Ok((None, req)) => next.run(req).await,
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// The node that forwarded `req`, when its proof verifies.
+fn checked(c: &Cluster, req: &Request) -> Result<String, ProofError> {
+    let value = req
+        .headers()
+        .get(proof::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .ok_or(ProofError::Malformed)?;
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    c.key.verify(value, req.method(), target, now)
+}
+
+async fn send(c: &Cluster, peer: &Peer, req: Request) -> Response {
+    let from = proxy::Sender {
+        node: &c.node,
+        key: &c.key,
+    };
+    tracing::debug!(to = peer.node_id, path = req.uri().path(), "forwarding");
+    proxy::forward(&from, peer, req)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A native create goes where there is room for its runtime (named in its JSON body, read
+/// here within the API's body limit; a body without a declared length, or over the limit, is
+/// created here, where the handler answers it). When the chosen node cannot be reached, the
+/// create is made here after all.
+async fn create(c: &Cluster, req: Request, next: Next) -> Response {
+    let fits = koder_http::declared_length(req.headers())
+        .is_some_and(|n| n <= koder_http::MAX_JSON_BODY as u64);
+    if !fits {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, koder_http::MAX_JSON_BODY).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            return ApiError::new(
+                400,
+                ErrorCode::InvalidArgument.as_str(),
+                format!("reading the request body: {e}"),
+            )
+            .into_response()
+        }
+    };
+    let runtime = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("runtime")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "jail".into());
+    match c.manager.place(&runtime).await {
+        Ok(Some(peer)) => {
+            let mut copy = Request::new(Body::from(bytes.clone()));
+            *copy.method_mut() = parts.method.clone();
+            *copy.uri_mut() = parts.uri.clone();
+            *copy.headers_mut() = parts.headers.clone();
+            let from = proxy::Sender {
+                node: &c.node,
+                key: &c.key,
+            };
+            match proxy::forward(&from, &peer, copy).await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    tracing::warn!(
+                        node = peer.node_id,
+                        error = e.message,
+                        "placing a create there failed; creating here"
+                    );
+                    next.run(Request::from_parts(parts, Body::from(bytes)))
+                        .await
+                }
+            }
+        }
+        Ok(None) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}

@@ -1,0 +1,108 @@
+//! Which session a request is for, read from the request line and headers alone (before any
+//! surface parses it): the native API's `/v1/sandbox/sessions/{id}/...`, E2B's control plane
+//! `/sandboxes/{id}/...` and `/v2/sandboxes/{id}/...`, and envd's `E2b-Sandbox-Id` header; or
+//! whether it creates one (placement).
+
+use axum::http::{HeaderMap, Method};
+
+/// The E2B header naming the sandbox an envd or interpreter request is for.
+const E2B_SANDBOX_ID: &str = "e2b-sandbox-id";
+/// Longer ids are no session's (sessions' ids are 32-33 characters).
+const MAX_ID_LEN: usize = 128;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// An operation on this session.
+    Session(String),
+    /// A native create (`POST /v1/sandbox/sessions`): its JSON body names the runtime.
+    NativeCreate,
+    /// An E2B create (`POST /sandboxes`, `/v2/sandboxes`): always a jail.
+    E2bCreate,
+    /// Nothing a node in particular must serve.
+    Any,
+}
+
+pub fn of(method: &Method, path: &str, headers: &HeaderMap) -> Target {
+    if let Some(id) = headers.get(E2B_SANDBOX_ID) {
+        return match id.to_str() {
+            Ok(id) if plausible(id) => Target::Session(id.to_string()),
+            _ => Target::Any,
+        };
+    }
+    if *method == Method::POST {
+        match path.trim_end_matches('/') {
+            "/v1/sandbox/sessions" => return Target::NativeCreate,
+            "/sandboxes" | "/v2/sandboxes" => return Target::E2bCreate,
+            _ => {}
+        }
+    }
+    ["/v1/sandbox/sessions/", "/sandboxes/", "/v2/sandboxes/"]
+        .iter()
+        .find_map(|prefix| path.strip_prefix(prefix))
+        .and_then(|rest| rest.split('/').next())
+        .filter(|id| plausible(id))
+        .map_or(Target::Any, |id| Target::Session(id.to_string()))
+}
+
+fn plausible(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(method: Method, path: &str) -> Target {
+        of(&method, path, &HeaderMap::new())
+    }
+
+    #[test]
+    fn requests_name_their_session() {
+        let s = |id: &str| Target::Session(id.into());
+        assert_eq!(target(Method::GET, "/v1/sandbox/sessions/abc"), s("abc"));
+        assert_eq!(
+            target(Method::POST, "/v1/sandbox/sessions/abc/exec"),
+            s("abc")
+        );
+        assert_eq!(
+            target(Method::GET, "/v1/sandbox/sessions/abc/preview/x/y"),
+            s("abc")
+        );
+        assert_eq!(target(Method::DELETE, "/sandboxes/s1"), s("s1"));
+        assert_eq!(target(Method::POST, "/v2/sandboxes/s1/connect"), s("s1"));
+        assert_eq!(
+            target(Method::POST, "/v1/sandbox/sessions"),
+            Target::NativeCreate
+        );
+        assert_eq!(target(Method::POST, "/sandboxes"), Target::E2bCreate);
+        assert_eq!(target(Method::POST, "/v2/sandboxes/"), Target::E2bCreate);
+        for any in [
+            (Method::GET, "/v1/sandbox/sessions"),
+            (Method::GET, "/sandboxes"),
+            (Method::GET, "/v1/sandbox/sessions/"),
+            (Method::GET, "/v1/sandbox/sessions/a%2Fb/exec"),
+            (Method::GET, "/v1/sandbox/volumes/v1"),
+            (Method::GET, "/healthz"),
+        ] {
+            assert_eq!(target(any.0.clone(), any.1), Target::Any, "{any:?}");
+        }
+        let long = format!("/v1/sandbox/sessions/{}", "a".repeat(129));
+        assert_eq!(target(Method::GET, &long), Target::Any);
+    }
+
+    #[test]
+    fn envd_names_its_sandbox_in_a_header() {
+        let mut h = HeaderMap::new();
+        h.insert(E2B_SANDBOX_ID, "s1".parse().unwrap());
+        assert_eq!(
+            of(&Method::POST, "/process.Process/Start", &h),
+            Target::Session("s1".into())
+        );
+        h.insert(E2B_SANDBOX_ID, "a b".parse().unwrap());
+        assert_eq!(of(&Method::POST, "/files", &h), Target::Any);
+    }
+}

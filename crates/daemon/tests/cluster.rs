@@ -1,0 +1,469 @@
+//! Three daemons as one service: each in a network namespace of its own (veth pairs to a
+//! bridge the test makes), sharing the test's PostgreSQL (through a relay on the bridge: the
+//! server trusts loopback only) and an S3 server (s3s-fs on the bridge's address), and a
+//! cluster secret. Creates spread across the nodes; every surface is used through a node that
+//! does not hold the session; quotas hold across nodes; a node killed with SIGKILL is marked
+//! lost and its sessions end with the reason; a session it had paused to disk resumes on
+//! another node, and the killed node, back, does not take it back.
+//!
+//! Needs root, `KODER_TEST_PG_URL` (`scripts/setup-postgres.sh`) and s3s-fs
+//! (`scripts/setup-s3.sh`); skipped without them unless `KODER_TEST_REQUIRE_PG` is set.
+
+#[path = "support/clusternet.rs"]
+mod clusternet;
+mod common;
+#[path = "support/pg.rs"]
+mod pg;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use clusternet::ClusterNet;
+use common::*;
+use futures::SinkExt as _;
+use pg::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+const S: &str = "/v1/sandbox/sessions";
+const S3S_FS: &str = "/var/cache/koder-sandbox-test/s3s/bin/s3s-fs";
+const BUCKET: &str = "koder-cluster";
+const KEY_ID: &str = "koder-test-key";
+const SECRET: &str = "koder-test-secret";
+const NODES: &str = "SELECT id || ' ' || state FROM nodes ORDER BY id";
+
+/// s3s-fs on the bridge's address, its bucket a directory of its root.
+struct S3 {
+    _child: tokio::process::Child,
+    port: u16,
+    _root: tempfile::TempDir,
+}
+
+impl S3 {
+    async fn start(bin: &Path, host: &str) -> S3 {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join(BUCKET)).unwrap();
+        let port = std::net::TcpListener::bind((host, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = tokio::process::Command::new(bin)
+            .args(["--host", host, "--port", &port.to_string()])
+            .args(["--access-key", KEY_ID, "--secret-key", SECRET])
+            .arg(root.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect((host, port)).await.is_ok() {
+                return S3 {
+                    _child: child,
+                    port,
+                    _root: root,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("s3s-fs did not listen on {host}:{port}");
+    }
+}
+
+/// Relays connections to `listen`'s free port on to `to`; the port. Ends with the runtime.
+async fn relay(listen: &str, to: String) -> u16 {
+    let listener = tokio::net::TcpListener::bind((listen, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let to = to.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+/// `url`'s `host:port`, and `url` with them replaced by `addr`.
+fn authority_and_via(url: &str, addr: &str) -> (String, String) {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (authority, path) = rest.split_once('/').expect("a database path");
+    let (user, host) = match authority.rsplit_once('@') {
+        Some((user, host)) => (format!("{user}@"), host),
+        None => (String::new(), authority),
+    };
+    (host.to_string(), format!("{scheme}://{user}{addr}/{path}"))
+}
+
+fn s3s_fs_or_skip() -> Option<PathBuf> {
+    let bin = std::env::var_os("S3S_FS_BIN").map_or_else(|| PathBuf::from(S3S_FS), PathBuf::from);
+    if bin.exists() {
+        return Some(bin);
+    }
+    assert!(
+        std::env::var_os("KODER_TEST_REQUIRE_PG").is_none(),
+        "no s3s-fs at {} (scripts/setup-s3.sh)",
+        bin.display()
+    );
+    eprintln!(
+        "skipped: no s3s-fs at {} (scripts/setup-s3.sh)",
+        bin.display()
+    );
+    None
+}
+
+fn node_config(k: usize, store: &str, s3: &str, secret: &Path) -> String {
+    format!(
+        "{BASE_CONFIG}[store]\nurl = \"{store}\"\n\
+         [node]\nid = \"node-{k}\"\nheartbeat_s = 0.2\nlost_after_s = 1.5\n\
+         [cluster]\nsecret_file = \"{}\"\n\
+         [blobs]\nurl = \"s3://{BUCKET}/cluster\"\nendpoint = \"{s3}\"\n\
+         access_key_id = \"{KEY_ID}\"\nsecret_access_key = \"{SECRET}\"\nallow_http = true\n\
+         [tenants.t2]\nmax_sessions = 2\n\
+         [jail]\nmax_sandboxes = 3\nuid_base = {}\n",
+        secret.display(),
+        // Host id ranges of their own: the three jails share this host's uids.
+        3_000_000_000u32 + u32::try_from(k).unwrap() * 4 * 65_536,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_serve_as_one() {
+    let Some(()) = root_or_skip() else { return };
+    let Some(server) = pg_server_or_skip() else {
+        return;
+    };
+    let Some(s3s_fs) = s3s_fs_or_skip() else {
+        return;
+    };
+    let db = TestDatabase::create(&server, "cluster");
+    let net = ClusterNet::up(3);
+    let host = net.host_ip();
+    let s3 = S3::start(&s3s_fs, &host).await;
+    let (pg_at, _) = authority_and_via(&db.url, "");
+    let relay_port = relay(&host, pg_at).await;
+    let (_, store_url) = authority_and_via(&db.url, &format!("{host}:{relay_port}"));
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secrets.path().join("cluster.secret");
+    std::fs::write(
+        &secret,
+        "3f1c0ad6e8b34c5f9a7d2e6b1c8f4a0d5e9b3c7a1f6d2e8b4c0a9f5d3e7b1c6a\n",
+    )
+    .unwrap();
+    let s3_url = format!("http://{host}:{}", s3.port);
+    let mut nodes = Vec::new();
+    for k in 0..3 {
+        let config = node_config(k, &store_url, &s3_url, &secret);
+        nodes.push(Daemon::start_in(&config, net.netns(k), &net.node_ip(k)).await);
+    }
+    eventually(&db, NODES, "node-0 up\nnode-1 up\nnode-2 up", 20).await;
+    let node_of = |id: &str| db.query(&format!("SELECT node_id FROM sessions WHERE id = '{id}'"));
+
+    // Creates all sent to node-0 fill it (3 sandboxes), then go where there is most room.
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(nodes[0].create(json!({})).await);
+    }
+    let placed: Vec<String> = ids.iter().map(|id| node_of(id)).collect();
+    assert_eq!(
+        placed,
+        ["node-0", "node-0", "node-0", "node-1", "node-2"],
+        "{ids:?}"
+    );
+    let (on1, on2) = (ids[3].clone(), ids[4].clone());
+
+    every_surface_through_other_nodes(&nodes, &on1).await;
+    forged_node_proofs_are_refused(&nodes[0], &on1).await;
+
+    // Tenant t2 may hold 2 sessions: one on node-1, one on node-2, then no third anywhere.
+    let t2a = create_as(&nodes[1], KEY2).await.expect("t2's first");
+    let t2b = create_as(&nodes[2], KEY2).await.expect("t2's second");
+    assert_eq!(
+        (node_of(&t2a), node_of(&t2b)),
+        ("node-1".into(), "node-2".into())
+    );
+    for d in &nodes {
+        let refused = create_as(d, KEY2).await.unwrap_err();
+        assert_eq!(
+            (refused.0, error_code(&refused.1)),
+            (StatusCode::TOO_MANY_REQUESTS, "SANDBOX-QUOTA-SESSIONS"),
+            "{}",
+            refused.1
+        );
+    }
+
+    // A session on node-2 paused to disk (through node-1): its layer goes to S3.
+    let v = nodes[0]
+        .exec(&on2, json!({"shell": "echo kept > /home/user/kept"}))
+        .await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let (status, v) = nodes[1]
+        .json(
+            Method::POST,
+            &format!("{S}/{on2}/pause"),
+            json!({"memory": false}),
+        )
+        .await;
+    assert_eq!(
+        (status, &v["state"]),
+        (StatusCode::OK, &json!("paused")),
+        "{v}"
+    );
+
+    // node-2 is killed: the others mark it lost and end what it held, with the reason; its
+    // durable pause stays, and t2's quota has room again.
+    nodes[2].crash();
+    eventually(&db, NODES, "node-0 up\nnode-1 up\nnode-2 lost", 20).await;
+    eventually(
+        &db,
+        &format!("SELECT state || '|' || end_reason FROM sessions WHERE id = '{t2b}'"),
+        "stopped|its node node-2 was lost",
+        20,
+    )
+    .await;
+    let (status, v) = nodes[0]
+        .json_as(KEY2, Method::GET, &format!("{S}/{t2b}"), Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (&v["state"], &v["end_reason"]),
+        (&json!("lost"), &json!("its node node-2 was lost")),
+        "{v}"
+    );
+    // Listed until deleted; the delete acknowledges it.
+    assert!(listed(&nodes[1], KEY2)
+        .await
+        .contains(&(t2b.clone(), "lost".into())));
+    let status = nodes[1]
+        .req(Method::DELETE, &format!("{S}/{t2b}"), KEY2)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert!(!listed(&nodes[1], KEY2)
+        .await
+        .iter()
+        .any(|(id, _)| *id == t2b));
+    let (status, v) = nodes[0]
+        .json(Method::GET, &format!("{S}/{on2}"), Value::Null)
+        .await;
+    assert_eq!(
+        (status, &v["state"]),
+        (StatusCode::OK, &json!("paused")),
+        "{v}"
+    );
+
+    // Resumed through node-1, it boots there from its layer in S3 and is node-1's now.
+    let (status, v) = nodes[1]
+        .json(Method::POST, &format!("{S}/{on2}/resume"), Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(node_of(&on2), "node-1");
+    let v = nodes[0]
+        .exec(&on2, json!({"cmd": ["/bin/cat", "/home/user/kept"]}))
+        .await;
+    assert_eq!(v["stdout"], "kept\n", "{v}");
+
+    // node-2 comes back: its start-up reconciles its own sessions only; the one resumed
+    // elsewhere runs on, served through node-2 as well.
+    nodes[2].launch().await;
+    eventually(&db, NODES, "node-0 up\nnode-1 up\nnode-2 up", 20).await;
+    assert_eq!(
+        db.query(&format!(
+            "SELECT node_id || ' ' || state FROM sessions WHERE id = '{on2}'"
+        )),
+        "node-1 running"
+    );
+    let v = nodes[2]
+        .exec(&on2, json!({"cmd": ["/bin/cat", "/home/user/kept"]}))
+        .await;
+    assert_eq!(v["stdout"], "kept\n", "{v}");
+
+    // A delete through another node ends the session on its owner.
+    let status = nodes[2]
+        .req(Method::DELETE, &format!("{S}/{on1}"), KEY1)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        db.query(&format!("SELECT state FROM sessions WHERE id = '{on1}'")),
+        "stopped"
+    );
+    for d in &mut nodes {
+        d.stop();
+    }
+}
+
+/// (id, state) of the sessions the tenant of `key` lists.
+async fn listed(d: &Daemon, key: &str) -> Vec<(String, String)> {
+    let (status, v) = d.json_as(key, Method::GET, S, Value::Null).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap().into(),
+                s["state"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+/// Creates a session as the tenant of `key`: its id, or the refusal.
+async fn create_as(d: &Daemon, key: &str) -> Result<String, (StatusCode, Value)> {
+    let (status, v) = d.json_as(key, Method::POST, S, json!({})).await;
+    if status == StatusCode::CREATED {
+        return Ok(v["id"].as_str().unwrap().to_string());
+    }
+    Err((status, v))
+}
+
+/// Session `id` lives on node-1; nodes 0 and 2 serve every surface of it.
+async fn every_surface_through_other_nodes(nodes: &[Daemon], id: &str) {
+    let (a, c) = (&nodes[0], &nodes[2]);
+    // JSON and SSE execs.
+    let v = a.exec(id, json!({"cmd": ["/bin/echo", "forwarded"]})).await;
+    assert_eq!(v["stdout"], "forwarded\n", "{v}");
+    let resp = c
+        .req(Method::POST, &format!("{S}/{id}/exec"), KEY1)
+        .header("accept", "text/event-stream")
+        .json(&json!({"shell": "echo one; sleep 0.3; echo two"}))
+        .send()
+        .await
+        .unwrap();
+    let events = read_sse(resp).await;
+    assert_eq!(stdout_of(&events), "one\ntwo\n", "{events:?}");
+    // The second line came later than the first: streamed, not buffered at the hop.
+    let lines: Vec<_> = events.iter().filter(|e| e.name == "stdout").collect();
+    if let [first, .., last] = lines.as_slice() {
+        assert!(last.at.duration_since(first.at) >= Duration::from_millis(200));
+    }
+
+    // Files up through one node and down through another.
+    let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let resp = a
+        .req(Method::PUT, &format!("{S}/{id}/files"), KEY1)
+        .query(&[("path", "/tmp/blob.bin")])
+        .body(bytes.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let down = c
+        .req(Method::GET, &format!("{S}/{id}/files"), KEY1)
+        .query(&[("path", "/tmp/blob.bin")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(down.status(), StatusCode::OK);
+    assert!(down.bytes().await.unwrap() == bytes);
+
+    // The terminal's WebSocket.
+    let mut ws = connect(a, id, "").await;
+    ws.send(Message::Binary(b"echo fwd-$((6*7))\n".to_vec().into()))
+        .await
+        .unwrap();
+    read_until(&mut ws, "fwd-42").await;
+    drop(ws);
+
+    // The preview proxy, to a server inside the sandbox.
+    let v = a
+        .exec(
+            id,
+            json!({"shell": "mkdir -p /tmp/www && printf 'hello through the cluster' > /tmp/www/hello.txt"}),
+        )
+        .await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let (status, v) = c
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/exec"),
+            json!({"cmd": ["/usr/bin/python3", "-m", "http.server", "8000", "--bind", "127.0.0.1",
+                           "--directory", "/tmp/www"], "background": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let mut served = String::new();
+    for _ in 0..100 {
+        let resp = a
+            .req(Method::GET, &format!("{S}/{id}/preview/hello.txt"), KEY1)
+            .send()
+            .await
+            .unwrap();
+        if resp.status() == StatusCode::OK {
+            served = resp.text().await.unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(served, "hello through the cluster");
+
+    // E2B: the control plane and envd.
+    let resp = c
+        .http
+        .get(format!("{}/sandboxes/{id}", c.base))
+        .header("x-api-key", KEY1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let info: Value = resp.json().await.unwrap();
+    assert_eq!(info["sandboxID"], id, "{info}");
+    let resp = a
+        .http
+        .get(format!("{}/files", a.base))
+        .query(&[("path", "/tmp/www/hello.txt")])
+        .header("e2b-sandbox-id", id)
+        .header("e2b-sandbox-port", "49983")
+        .header("x-api-key", KEY1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.text().await.unwrap(), "hello through the cluster");
+
+    // Another tenant's key is refused by the owner as it would be directly: unknown id.
+    let (status, v) = a
+        .json_as(KEY2, Method::GET, &format!("{S}/{id}"), Value::Null)
+        .await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND")
+    );
+}
+
+/// A client cannot pass as a node: a proof that does not verify is refused, and a real
+/// node's header grants no identity (the caller is still authenticated by the owner).
+async fn forged_node_proofs_are_refused(d: &Daemon, id: &str) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    for proof in [
+        format!("v1 node-1 {now} {}", "00".repeat(32)),
+        "v1 node-1".into(),
+        "garbage".into(),
+    ] {
+        let resp = d
+            .req(Method::GET, &format!("{S}/{id}"), KEY1)
+            .header("x-koder-forwarded", proof)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(error_code(&v), "SANDBOX-NODE-AUTH", "{v}");
+    }
+}
