@@ -303,10 +303,10 @@ async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
     let all = spans_of(
         &spans,
         E2B_CREATE_TRACE,
-        &["POST e2b.control", "session.create"],
+        &["POST /sandboxes", "session.create"],
     )
     .await;
-    let request = named(&all, "POST e2b.control");
+    let request = named(&all, "POST /sandboxes");
     assert_eq!(hex(&request.parent_span_id), CALLER_SPAN);
     assert_eq!(
         attr(request, "http.response.status_code").as_deref(),
@@ -315,7 +315,7 @@ async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
     let create = named(&all, "session.create");
     assert_eq!(create.parent_span_id, request.span_id);
     assert_eq!(attr(create, "session").as_deref(), Some(e2b_id.as_str()));
-    let start_route = "POST e2b.sandbox";
+    let start_route = "POST /process.Process/{method}";
     let all = spans_of(
         &spans,
         E2B_RUN_TRACE,

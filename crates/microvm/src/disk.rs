@@ -265,20 +265,8 @@ mod tests {
         std::fs::write(root.join("etc/hostname"), b"sandbox\n").unwrap();
         std::fs::write(root.join("dev/sda"), b"just a file\n").unwrap();
         std::fs::write(root.join("odd\nname"), b"x").unwrap();
-        let manifest = koder_image::Manifest {
-            manifest_version: koder_image::store::MANIFEST_VERSION,
-            name: "hostile".into(),
-            digest: digest.clone(),
-            recipe: serde_json::json!({"kind": "test"}),
-            languages: Vec::new(),
-            env: Vec::new(),
-            workdir: "/workspace".into(),
-            user: "root".into(),
-            created_at: chrono::Utc::now(),
-            size_bytes: 0,
-            build_log: String::new(),
-            startup: None,
-        };
+        let manifest =
+            koder_image::Manifest::new("hostile", &digest, serde_json::json!({"kind": "test"}));
         let image = staging.commit(&manifest).unwrap();
 
         let disk = ensure(&store, &image).unwrap();

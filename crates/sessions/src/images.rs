@@ -335,10 +335,6 @@ mod tests {
             let staging = store.staging(&digest).unwrap();
             std::fs::create_dir_all(staging.rootfs()).unwrap();
             let manifest = koder_image::Manifest {
-                manifest_version: koder_image::store::MANIFEST_VERSION,
-                name: name.to_string(),
-                digest: digest.clone(),
-                recipe: serde_json::json!({}),
                 languages: vec![
                     koder_image::store::Language {
                         name: name.to_string(),
@@ -351,13 +347,7 @@ mod tests {
                         version: "5".into(),
                     },
                 ],
-                env: vec![],
-                workdir: "/workspace".into(),
-                user: "root".into(),
-                created_at: chrono::Utc::now(),
-                size_bytes: 0,
-                build_log: String::new(),
-                startup: None,
+                ..koder_image::Manifest::new(name, &digest, serde_json::json!({}))
             };
             staging.commit(&manifest).unwrap();
             store.set_name(name, &digest).unwrap();

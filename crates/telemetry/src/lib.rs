@@ -136,8 +136,13 @@ pub fn surface_span(method: &str, surface: &str, headers: &http::HeaderMap) -> t
 
 /// Names a [`surface_span`] by the route its router matched.
 pub fn record_route(span: &tracing::Span, method: &str, route: &str) {
-    span.record("otel.name", format!("{method} {route}"));
     span.record("http.route", route);
+    // Recording `otel.name` renames the span only while tracing-opentelemetry still holds it as
+    // a builder; once anything asked for its context (its parent was set from the request's
+    // `traceparent`), the span is started and only a rename on the span itself takes effect.
+    span.context()
+        .span()
+        .update_name(format!("{method} {route}"));
 }
 
 fn server_span(

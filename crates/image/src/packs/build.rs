@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use super::{Pack, Recipe};
-use crate::store::{ImageError, ImageStore, Manifest, StoredImage, MANIFEST_VERSION};
+use crate::store::{ImageError, ImageStore, Manifest, StoredImage};
 
 /// The end of the build output kept in the manifest.
 const LOG_TAIL: usize = 16 * 1024;
@@ -97,19 +97,12 @@ fn build_new(
             size_bytes >> 20
         ),
     );
+    let recipe_json = serde_json::to_value(recipe).map_err(|e| ImageError::Build(e.to_string()))?;
     let manifest = Manifest {
-        manifest_version: MANIFEST_VERSION,
-        name: pack.name().into(),
-        digest: digest.into(),
-        recipe: serde_json::to_value(recipe).map_err(|e| ImageError::Build(e.to_string()))?,
         languages: recipe.languages.clone(),
-        env: crate::default_env(),
-        workdir: "/workspace".into(),
-        user: "root".into(),
-        created_at: chrono::Utc::now(),
         size_bytes,
         build_log: log_tail(&staging.log_path()),
-        startup: None,
+        ..Manifest::new(pack.name(), digest, recipe_json)
     };
     staging.commit(&manifest)
 }

@@ -55,6 +55,26 @@ pub struct Language {
 }
 
 impl Manifest {
+    /// A manifest with the store's defaults, made now: the default environment, working
+    /// directory `/workspace`, user root, no languages, no start command, an empty log.
+    /// Builders set what their recipe decides over it.
+    pub fn new(name: &str, digest: &str, recipe: serde_json::Value) -> Self {
+        Manifest {
+            manifest_version: MANIFEST_VERSION,
+            name: name.into(),
+            digest: digest.into(),
+            recipe,
+            languages: Vec::new(),
+            env: crate::default_env(),
+            workdir: crate::DEFAULT_WORKDIR.into(),
+            user: "root".into(),
+            created_at: chrono::Utc::now(),
+            size_bytes: 0,
+            build_log: String::new(),
+            startup: None,
+        }
+    }
+
     pub fn language(&self, name: &str) -> Option<&Language> {
         self.languages.iter().find(|l| l.name == name)
     }

@@ -2,22 +2,14 @@ use super::*;
 
 fn manifest(name: &str, digest: &str) -> Manifest {
     Manifest {
-        manifest_version: MANIFEST_VERSION,
-        name: name.into(),
-        digest: digest.into(),
-        recipe: serde_json::json!({"pack": name}),
         languages: vec![Language {
             name: "bash".into(),
             interpreter: "/bin/bash".into(),
             version: "5.2".into(),
         }],
-        env: crate::default_env(),
-        workdir: "/workspace".into(),
-        user: "root".into(),
-        created_at: chrono::Utc::now(),
         size_bytes: 3,
         build_log: "ok".into(),
-        startup: None,
+        ..Manifest::new(name, digest, serde_json::json!({"pack": name}))
     }
 }
 

@@ -215,16 +215,7 @@ impl Manager {
             .await?
             .ok_or_else(|| Error::PlanRequired(format!("tenant {} has no plan", who.tenant_id)))?;
         let limits = limits::effective(&self.cfg, req.limits.unwrap_or_default(), &tenant.plan)?;
-        let ticket = self
-            .admission
-            .admit(
-                &self.store,
-                &tenant,
-                self.cfg.node_id.as_deref(),
-                self.now(),
-            )
-            .await
-            .inspect_err(|e| self.metrics.count_quota(e))?;
+        let ticket = self.admit(&tenant).await?;
 
         let egress = network.mode != NetworkMode::None;
         let layer_files = self.layer_files(&who.tenant_id, &layers).await?;

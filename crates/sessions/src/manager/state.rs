@@ -311,13 +311,17 @@ impl Manager {
             .ok_or_else(|| {
                 Error::PlanRequired(format!("tenant {} has no plan", record.tenant_id))
             })?;
+        self.admit(&tenant).await
+    }
+
+    /// An admission slot for a new sandbox of `tenant`, counted against its quotas on every
+    /// node; a refusal is counted in the metrics.
+    pub(super) async fn admit(
+        &self,
+        tenant: &koder_store::Tenant,
+    ) -> Result<crate::quota::Ticket, Error> {
         self.admission
-            .admit(
-                &self.store,
-                &tenant,
-                self.cfg.node_id.as_deref(),
-                self.now(),
-            )
+            .admit(&self.store, tenant, self.cfg.node_id.as_deref(), self.now())
             .await
             .inspect_err(|e| self.metrics.count_quota(e))
     }

@@ -358,23 +358,13 @@ fn is_env_name(k: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use koder_image::store::{Manifest, MANIFEST_VERSION};
+    use koder_image::store::Manifest;
 
     fn base() -> StoredImage {
         StoredImage {
             manifest: Manifest {
-                manifest_version: MANIFEST_VERSION,
-                name: "bash".into(),
-                digest: "a".repeat(64),
-                recipe: json!({"kind": "pack"}),
-                languages: Vec::new(),
                 env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-                workdir: "/workspace".into(),
-                user: "root".into(),
-                created_at: chrono::Utc::now(),
-                size_bytes: 0,
-                build_log: String::new(),
-                startup: None,
+                ..Manifest::new("bash", &"a".repeat(64), json!({"kind": "pack"}))
             },
             names: vec!["bash".into()],
             root: PathBuf::from("/nonexistent"),
