@@ -223,7 +223,9 @@ pub async fn run(
             timed_out,
             stdout_truncated: stdout_cut.load(Ordering::Relaxed),
             stderr_truncated: stderr_cut.load(Ordering::Relaxed),
-            duration_ms: started.elapsed().as_millis() as u64,
+            // From the request's arrival: a process that ran before the spawn call returned
+            // (the agent's thread descheduled on a busy host) is still counted whole.
+            duration_ms: received.elapsed().as_millis() as u64,
             timing: ExecTiming {
                 spawn_us: micros(started - received),
                 run_us: micros(exited - started),
