@@ -213,10 +213,12 @@ async fn microvms_boot_packs_and_templates_from_one_shared_disk_each() {
         .create(json!({"runtime": "microvm", "image": "web"}))
         .await;
     assert!(web_disk.is_file());
-    let served = format!("cat /opt/app/built.txt; echo \"$GREETING\"; {FETCH}");
+    // Execs start in the image's workdir, and may write there.
+    let served =
+        format!("pwd; echo w > w.txt && cat w.txt; cat built.txt; echo \"$GREETING\"; {FETCH}");
     assert_eq!(
         sh(&d, &web_id, &served).await,
-        "built\nhello from the template\nhello from the file\n"
+        "/opt/app\nw\nbuilt\nhello from the template\nhello from the file\n"
     );
 
     // An image a VM runs on is not deleted (nor the pool's).

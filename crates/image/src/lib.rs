@@ -89,6 +89,15 @@ pub const WRITABLE_DIRS: &[&str] = &[
     "/proc",
 ];
 
+/// The directories a session on an image whose working directory is `workdir` may write
+/// below: [`WRITABLE_DIRS`] and the working directory (unless it is the root).
+pub fn writable_dirs(workdir: &str) -> impl Iterator<Item = String> + '_ {
+    WRITABLE_DIRS
+        .iter()
+        .map(|d| d.to_string())
+        .chain(Some(workdir.to_string()).filter(|w| w != "/"))
+}
+
 /// The image a sandbox spec names: `host` (or empty) is `host`, anything else is looked up in
 /// `store` (a name, or a digest). An image this host lacks is an invalid spec.
 pub fn resolve(

@@ -1173,11 +1173,7 @@ fn writable_dirs(spec: &SandboxSpec, image: &Image) -> impl Iterator<Item = Stri
     let dirs: Vec<String> = if spec.writable_root {
         vec!["/".into()]
     } else {
-        WRITABLE_DIRS
-            .iter()
-            .map(|d| d.to_string())
-            .chain(Some(image.workdir.clone()).filter(|w| w != "/"))
-            .collect()
+        koder_image::writable_dirs(&image.workdir).collect()
     };
     dirs.into_iter()
 }

@@ -174,6 +174,8 @@ pub struct MicroVmRuntime {
 struct Root {
     disk: PathBuf,
     env: Vec<(String, String)>,
+    /// Where the agent and execs start, writable besides the usual directories.
+    workdir: String,
 }
 
 impl MicroVmRuntime {
@@ -300,6 +302,7 @@ impl MicroVmRuntime {
             return Ok(Root {
                 disk: self.image.rootfs.clone(),
                 env: koder_image::host_env(),
+                workdir: koder_image::DEFAULT_WORKDIR.into(),
             });
         }
         let Some(store) = self.cfg.images.clone() else {
@@ -310,7 +313,7 @@ impl MicroVmRuntime {
         let (lookup, owned) = (store.clone(), name.to_string());
         // Manifests and names are files: read off the async workers, as the disk is built.
         let found = blocking(move || koder_image::find(Some(&lookup), &owned)).await??;
-        let env = found.manifest.env.clone();
+        let (env, workdir) = (found.manifest.env.clone(), found.manifest.workdir.clone());
         let lock = self
             .disk_builds
             .lock()
@@ -321,7 +324,7 @@ impl MicroVmRuntime {
         let disk = blocking(move || disk::ensure(&store, &found))
             .await?
             .map_err(|e| RuntimeError::Start(format!("image {name:?}: {e}")))?;
-        Ok(Root { disk, env })
+        Ok(Root { disk, env, workdir })
     }
 
     /// Boots a VM on `root` into `host` (whose directory exists and is empty) and connects to
@@ -349,7 +352,7 @@ impl MicroVmRuntime {
             self.vmm.disk_serial(&scratch, VM_SCRATCH_DISK_SERIAL)?,
         );
         let channel = self.vmm.agent_channel(dir, AGENT_VSOCK_PORT);
-        let vm_cfg = self.vm_config(spec, root.env, &limits, serials, vm_layers, &channel);
+        let vm_cfg = self.vm_config(spec, &root, &limits, serials, vm_layers, &channel);
         initrd::write_for_vm(&self.initrd_base, &vm_cfg, &initrd)
             .map_err(|e| RuntimeError::Start(format!("guest initrd: {e}")))?;
         for path in [dir, &scratch, &initrd].into_iter().chain(&layers_disk) {
@@ -616,24 +619,24 @@ impl MicroVmRuntime {
     fn vm_config(
         &self,
         spec: &SandboxSpec,
-        mut env: Vec<(String, String)>,
+        root: &Root,
         limits: &Limits,
         serials: (String, String),
         layers: Option<VmLayers>,
         channel: &AgentChannel,
     ) -> VmConfig {
+        let mut env = root.env.clone();
         for (k, v) in &spec.env {
             env.retain(|(key, _)| key != k);
             env.push((k.clone(), v.clone()));
         }
         VmConfig {
             hostname: "sandbox".into(),
-            workdir: "/workspace".into(),
+            workdir: root.workdir.clone(),
             env,
-            // Landlock would otherwise leave a writable volume read-only.
-            writable_dirs: koder_image::WRITABLE_DIRS
-                .iter()
-                .map(|d| d.to_string())
+            // Landlock would otherwise leave a writable volume, or an image's working
+            // directory elsewhere, read-only.
+            writable_dirs: koder_image::writable_dirs(&root.workdir)
                 .chain(
                     spec.volumes
                         .iter()
