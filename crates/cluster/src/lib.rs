@@ -68,7 +68,7 @@ async fn forward(State(c): State<Arc<Cluster>>, mut req: Request, next: Next) ->
     let routed = match target {
         Target::Any => return next.run(req).await,
         Target::Session(id) => c.manager.owner_of(&id).await.map(|p| (p, req)),
-        Target::E2bCreate => c.manager.place("jail").await.map(|p| (p, req)),
+        Target::E2bCreate => c.manager.place("jail", None).await.map(|p| (p, req)),
         Target::NativeCreate => return create(&c, req, next).await,
     };
     match routed {
@@ -103,9 +103,10 @@ async fn send(c: &Cluster, peer: &Peer, req: Request) -> Response {
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-/// A native create goes where there is room for its runtime (named in its JSON body, read
-/// here within the API's body limit; a body without a declared length, or over the limit, is
-/// created here, where the handler answers it). When the chosen node cannot be reached, the
+/// A native create goes where there is room for its runtime, to a node with a warm sandbox
+/// for it first (its JSON body read here within the API's body limit; a body without a
+/// declared length, over the limit or not a create request, is created here, where the
+/// handler answers it). When the chosen node cannot be reached, the
 /// create is made here after all.
 async fn create(c: &Cluster, req: Request, next: Next) -> Response {
     let fits = koder_http::declared_length(req.headers())
@@ -125,11 +126,15 @@ async fn create(c: &Cluster, req: Request, next: Next) -> Response {
             .into_response()
         }
     };
-    let runtime = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()
-        .and_then(|v| v.get("runtime")?.as_str().map(str::to_string))
-        .unwrap_or_else(|| "jail".into());
-    match c.manager.place(&runtime).await {
+    // A body that is not a create request is answered here, by the handler.
+    let Ok(create) = serde_json::from_slice::<koder_api_types::CreateSession>(&bytes) else {
+        return next
+            .run(Request::from_parts(parts, Body::from(bytes)))
+            .await;
+    };
+    let runtime = create.runtime.as_deref().unwrap_or("jail");
+    let lane = c.manager.lane_of(&create);
+    match c.manager.place(runtime, lane.as_deref()).await {
         Ok(Some(peer)) => {
             let mut copy = Request::new(Body::from(bytes.clone()));
             *copy.method_mut() = parts.method.clone();

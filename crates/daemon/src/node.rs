@@ -130,8 +130,11 @@ async fn heartbeat(
             _ = stopping.wait_for(|s| *s) => return,
         }
         let now = Utc::now();
-        let load = manager.live_ids().len() as u64;
-        match store.heartbeat_node(&info.id, load, now).await {
+        let load = koder_store::NodeLoad {
+            sandboxes: manager.live_ids().len() as u64,
+            warm: manager.warm_lanes(),
+        };
+        match store.heartbeat_node(&info.id, &load, now).await {
             Ok(true) => {}
             // Marked lost while silent (a long pause, a partition): up again from now on.
             Ok(false) | Err(koder_store::StoreError::NotFound) => {

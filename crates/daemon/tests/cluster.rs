@@ -119,9 +119,15 @@ fn s3s_fs_or_skip() -> Option<PathBuf> {
     None
 }
 
+/// node-2 keeps a warm `node` sandbox (creates name no language, so `bash`, in the scenes
+/// before the last).
 fn node_config(k: usize, store: &str, s3: &str, secret: &Path) -> String {
+    let sessions = match k {
+        2 => "[sessions]\nreap_interval = 0.2\npool = { node = 1 }\n",
+        _ => BASE_CONFIG,
+    };
     format!(
-        "{BASE_CONFIG}[store]\nurl = \"{store}\"\n\
+        "{sessions}[store]\nurl = \"{store}\"\n\
          [node]\nid = \"node-{k}\"\nheartbeat_s = 0.2\nlost_after_s = 1.5\n\
          [cluster]\nsecret_file = \"{}\"\n\
          [blobs]\nurl = \"s3://{BUCKET}/cluster\"\nendpoint = \"{s3}\"\n\
@@ -299,6 +305,29 @@ async fn three_nodes_serve_as_one() {
         db.query(&format!("SELECT state FROM sessions WHERE id = '{on1}'")),
         "stopped"
     );
+
+    // node-1 has room, but node-2 has a warm `node` sandbox (reported with its heartbeat): a
+    // `node` create sent to node-1 goes there and is served from the pool; a `bash` one, warm
+    // nowhere, stays.
+    eventually(
+        &db,
+        "SELECT CASE WHEN warm_json LIKE '%\"jail/node/%' THEN 'warm' ELSE 'cold' END \
+         FROM nodes WHERE id = 'node-2'",
+        "warm",
+        60,
+    )
+    .await;
+    let warm = nodes[1].create(json!({"language": "node"})).await;
+    assert_eq!(node_of(&warm), "node-2");
+    assert!(
+        nodes[2]
+            .metrics()
+            .await
+            .contains("koder_sessions_created_total{source=\"pool\"} 1"),
+        "not from node-2's pool"
+    );
+    let cold = nodes[1].create(json!({"language": "bash"})).await;
+    assert_eq!(node_of(&cold), "node-1");
     for d in &mut nodes {
         d.stop();
     }

@@ -220,6 +220,17 @@ impl Pool {
         taken
     }
 
+    /// (language, image, ready sandboxes) of every language with one ready.
+    pub fn ready_lanes(&self) -> Vec<(String, String, usize)> {
+        self.state
+            .lock()
+            .lanes
+            .iter()
+            .filter(|(_, lane)| !lane.ready.is_empty())
+            .map(|(language, lane)| (language.clone(), lane.image.clone(), lane.ready.len()))
+            .collect()
+    }
+
     pub fn depth(&self, language: &str) -> usize {
         self.state
             .lock()

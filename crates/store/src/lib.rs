@@ -61,7 +61,7 @@ mod volumes;
 mod webhooks;
 
 pub use db::Backend;
-pub use nodes::{NodeInfo, NodeRecord, NodeState};
+pub use nodes::{NodeInfo, NodeLoad, NodeRecord, NodeState};
 pub use secrets::SecretRecord;
 pub use state::{DurablePause, LayerRecord, SessionDurable, SnapshotRecord};
 pub use volumes::{NamedVolumeMount, Quota, VolumeMountRecord, VolumeRecord};

@@ -1,10 +1,12 @@
-//! The daemons (nodes) sharing this store: registration, heartbeats, and marking lost the
-//! nodes whose heartbeat stopped.
+//! The daemons (nodes) sharing this store: registration, heartbeats (with the load and warm
+//! sandboxes placement reads), and marking lost the nodes whose heartbeat stopped.
 //!
 //! Every transition is one conditional `UPDATE`, so concurrent daemons agree without a lock:
 //! a node is marked lost by exactly one of the daemons that noticed (its id comes back from
 //! that one's [`Store::mark_lost_nodes`] only), and a heartbeat arriving after that is refused
 //! (`Ok(false)`), so the node knows to reconcile and register anew.
+
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
@@ -48,11 +50,22 @@ impl NodeState {
     }
 }
 
+/// What a node reports with each heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeLoad {
+    /// Sandboxes it holds.
+    pub sandboxes: u64,
+    /// Warm sandboxes ready to be handed out, by pool lane (`runtime/language/image`).
+    pub warm: BTreeMap<String, u64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeRecord {
     pub info: NodeInfo,
     /// Sandboxes it held at its last heartbeat.
     pub load_sandboxes: u64,
+    /// Its warm sandboxes at its last heartbeat ([`NodeLoad::warm`]).
+    pub warm: BTreeMap<String, u64>,
     pub state: NodeState,
     pub started_at: DateTime<Utc>,
     pub heartbeat_at: DateTime<Utc>,
@@ -61,17 +74,19 @@ pub struct NodeRecord {
 }
 
 const NODE_COLUMNS: &str = "id, address, runtimes_json, capacity_sandboxes, load_sandboxes, \
-     state, started_at_ms, heartbeat_at_ms, down_at_ms";
+     warm_json, state, started_at_ms, heartbeat_at_ms, down_at_ms";
 
 impl Store {
     /// Registers the node as up at `at` (started and last heard of then, no load yet): a new
     /// node, or one coming back after a restart, a clean leave or being marked lost.
     pub async fn register_node(&self, n: &NodeInfo, at: DateTime<Utc>) -> Result<(), StoreError> {
         query(&format!(
-            "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, 0, 'up', $5, $5, NULL) \
+            "INSERT INTO nodes ({NODE_COLUMNS}) \
+             VALUES ($1, $2, $3, $4, 0, '{{}}', 'up', $5, $5, NULL) \
              ON CONFLICT (id) DO UPDATE SET address = excluded.address, \
              runtimes_json = excluded.runtimes_json, \
-             capacity_sandboxes = excluded.capacity_sandboxes, load_sandboxes = 0, state = 'up', \
+             capacity_sandboxes = excluded.capacity_sandboxes, load_sandboxes = 0, \
+             warm_json = '{{}}', state = 'up', \
              started_at_ms = excluded.started_at_ms, heartbeat_at_ms = excluded.heartbeat_at_ms, \
              down_at_ms = NULL"
         ))
@@ -91,16 +106,17 @@ impl Store {
     pub async fn heartbeat_node(
         &self,
         id: &str,
-        load_sandboxes: u64,
+        load: &NodeLoad,
         at: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let done = query(
-            "UPDATE nodes SET heartbeat_at_ms = $2, load_sandboxes = $3 \
+            "UPDATE nodes SET heartbeat_at_ms = $2, load_sandboxes = $3, warm_json = $4 \
              WHERE id = $1 AND state = 'up'",
         )
         .bind(id)
         .bind(to_ms(at))
-        .bind(to_i64(load_sandboxes, "load")?)
+        .bind(to_i64(load.sandboxes, "load")?)
+        .bind(to_json(&load.warm)?)
         .execute(&self.pool)
         .await?;
         if done.rows_affected() > 0 {
@@ -178,6 +194,7 @@ fn node_from_row(row: &DbRow) -> Result<NodeRecord, StoreError> {
         .ok_or_else(|| StoreError::Corrupt(format!("{}: {state_text:?}", what("state"))))?;
     Ok(NodeRecord {
         load_sandboxes: count("load_sandboxes")?,
+        warm: from_json(&get::<String>(row, "warm_json")?, &what("warm"))?,
         state,
         started_at: from_ms(get(row, "started_at_ms")?, &what("started_at"))?,
         heartbeat_at: from_ms(get(row, "heartbeat_at_ms")?, &what("heartbeat_at"))?,
@@ -199,6 +216,13 @@ mod tests {
     use crate::testing::{on_both_backends, TestDb};
     use crate::tests::t;
 
+    fn load(sandboxes: u64) -> NodeLoad {
+        NodeLoad {
+            sandboxes,
+            warm: BTreeMap::new(),
+        }
+    }
+
     fn node(id: &str) -> NodeInfo {
         NodeInfo {
             id: id.into(),
@@ -212,9 +236,19 @@ mod tests {
         let store = db.open().await;
         store.register_node(&node("a"), t(0)).await.unwrap();
         store.register_node(&node("b"), t(0)).await.unwrap();
-        assert!(store.heartbeat_node("a", 3, t(10)).await.unwrap());
-        assert!(store.heartbeat_node("b", 1, t(25)).await.unwrap());
-        let err = store.heartbeat_node("nobody", 0, t(25)).await.unwrap_err();
+        let warm = BTreeMap::from([("jail/python/python".to_string(), 2)]);
+        assert!(store.heartbeat_node("a", &load(3), t(10)).await.unwrap());
+        let b_load = NodeLoad {
+            sandboxes: 1,
+            warm: warm.clone(),
+        };
+        assert!(store.heartbeat_node("b", &b_load, t(25)).await.unwrap());
+        let b = store.get_node("b").await.unwrap().unwrap();
+        assert_eq!((b.load_sandboxes, b.warm), (1, warm));
+        let err = store
+            .heartbeat_node("nobody", &load(0), t(25))
+            .await
+            .unwrap_err();
         assert!(matches!(err, StoreError::NotFound), "{err}");
 
         // Timeout 20 s at t=35: a (last heard at 10) is lost, b (25) is not.
@@ -231,7 +265,7 @@ mod tests {
         );
         assert_eq!(a.info, node("a"));
         // A late heartbeat of a lost node is refused: it re-registers.
-        assert!(!store.heartbeat_node("a", 3, t(40)).await.unwrap());
+        assert!(!store.heartbeat_node("a", &load(3), t(40)).await.unwrap());
         store.register_node(&node("a"), t(41)).await.unwrap();
         let a = store.get_node("a").await.unwrap().unwrap();
         assert_eq!(

@@ -6,7 +6,9 @@
 //! are forwarded there), which records the session as its own first, so its old node's
 //! start-up reconciliation never touches it.
 
-use koder_api_types::SessionState;
+use std::collections::{BTreeMap, HashMap};
+
+use koder_api_types::{CreateSession, NetworkMode, SessionState};
 use koder_store::{NodeRecord, NodeState};
 
 use super::lifecycle::{lose_orphan, orphan_reason};
@@ -60,33 +62,61 @@ impl Manager {
         }
     }
 
-    /// Where a new session on `runtime` should be created: `None` for this node (it offers
-    /// the runtime and has room, or no node has room and offers it, in which case this node
-    /// answers why not), else the up node offering it with the most room, by the sandboxes the
-    /// store records on each against the capacity each registered.
-    pub async fn place(&self, runtime: &str) -> Result<Option<Peer>, Error> {
+    /// This node's warm sandboxes ready to be handed out, by lane (`runtime/language/image`),
+    /// as its heartbeat reports them for the other nodes' placement.
+    pub fn warm_lanes(&self) -> BTreeMap<String, u64> {
+        let jail = Some(("jail", &self.pool));
+        let microvm = self.microvm.as_ref().ok().map(|vm| ("microvm", &vm.pool));
+        jail.into_iter()
+            .chain(microvm)
+            .flat_map(|(runtime, pool)| {
+                pool.ready_lanes()
+                    .into_iter()
+                    .map(move |(language, image, n)| {
+                        (lane_key(runtime, &language, &image), n as u64)
+                    })
+            })
+            .collect()
+    }
+
+    /// The warm-pool lane `req` would take its sandbox from, if it could take one: none for a
+    /// create that always gets a fresh sandbox (network, volumes, a snapshot) or one that does
+    /// not resolve here (the node it lands on answers why).
+    pub fn lane_of(&self, req: &CreateSession) -> Option<String> {
+        let fresh = req.from_snapshot.is_some()
+            || !req.volumes.is_empty()
+            || req
+                .network
+                .as_ref()
+                .is_some_and(|n| n.mode != NetworkMode::None);
+        if fresh {
+            return None;
+        }
+        let image = self
+            .images
+            .choose(req.image.as_deref(), req.language.as_deref())
+            .ok()?;
+        let runtime = req.runtime.as_deref().unwrap_or("jail");
+        let pooled = self.pool_image_of(&image.spec_image, image.language);
+        Some(lane_key(runtime, image.language, &pooled))
+    }
+
+    /// Where a new session on `runtime` (taking from warm-pool `lane`, when it can) should be
+    /// created: `None` for this node, else another node, up ([`choose`]).
+    pub async fn place(&self, runtime: &str, lane: Option<&str>) -> Result<Option<Peer>, Error> {
         let Some(me) = self.cfg.node_id.as_deref() else {
             return Ok(None);
         };
         let nodes = self.store.list_nodes().await?;
         let held = self.store.sandboxes_by_node().await?;
-        let room = |n: &NodeRecord| {
-            let used = held.get(&n.info.id).copied().unwrap_or(0);
-            n.info.capacity_sandboxes.saturating_sub(used)
+        // This node's own pool as it is now, not as of its last heartbeat.
+        let warm_here = lane.is_some_and(|l| self.warm_lanes().contains_key(l));
+        let want = Want {
+            runtime,
+            lane,
+            warm_here,
         };
-        let offers = |n: &NodeRecord| n.info.runtimes.iter().any(|r| r == runtime);
-        if nodes
-            .iter()
-            .any(|n| n.info.id == me && offers(n) && room(n) > 0)
-        {
-            return Ok(None);
-        }
-        Ok(nodes
-            .iter()
-            .filter(|n| n.state == NodeState::Up && n.info.id != me && offers(n))
-            .filter(|n| room(n) > 0)
-            .max_by_key(|n| (room(n), std::cmp::Reverse(n.info.id.clone())))
-            .map(Peer::of))
+        Ok(choose(me, &nodes, &held, &want).map(Peer::of))
     }
 
     /// Makes a session that holds no sandbox this node's before it boots here (a durable
@@ -163,5 +193,139 @@ impl Manager {
             }
         }
         Ok(released)
+    }
+}
+
+fn lane_key(runtime: &str, language: &str, image: &str) -> String {
+    format!("{runtime}/{language}/{image}")
+}
+
+/// What a create needs of a node.
+struct Want<'a> {
+    runtime: &'a str,
+    lane: Option<&'a str>,
+    /// This node has a warm sandbox for `lane`.
+    warm_here: bool,
+}
+
+/// The node a create goes to: `None` for this node `me` when it offers the runtime and has
+/// room and either has a warm sandbox for the create itself or no other node with room has
+/// one (a pool hit elsewhere beats a cold start here; the receiving node beats an equal
+/// other); otherwise the other up node offering the runtime with room, one with a warm
+/// sandbox for the create first, then the one with the most room (by the sandboxes the store
+/// records on each against the capacity each registered). `None` as well when no node has
+/// room: this node answers why not.
+fn choose<'a>(
+    me: &str,
+    nodes: &'a [NodeRecord],
+    held: &HashMap<String, u64>,
+    want: &Want,
+) -> Option<&'a NodeRecord> {
+    let room = |n: &NodeRecord| {
+        let used = held.get(&n.info.id).copied().unwrap_or(0);
+        n.info.capacity_sandboxes.saturating_sub(used)
+    };
+    let fits = |n: &&NodeRecord| {
+        n.state == NodeState::Up && room(n) > 0 && n.info.runtimes.iter().any(|r| r == want.runtime)
+    };
+    let warm = |n: &NodeRecord| {
+        want.lane
+            .is_some_and(|l| n.warm.get(l).is_some_and(|&ready| ready > 0))
+    };
+    let here = nodes.iter().filter(fits).any(|n| n.info.id == me);
+    let best = nodes
+        .iter()
+        .filter(fits)
+        .filter(|n| n.info.id != me)
+        .max_by_key(|n| (warm(n), room(n), std::cmp::Reverse(n.info.id.clone())));
+    match best {
+        Some(other) if !here || (warm(other) && !want.warm_here) => Some(other),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use koder_store::NodeInfo;
+
+    fn node(id: &str, capacity: u64, warm: &[(&str, u64)]) -> NodeRecord {
+        let at = chrono::Utc::now();
+        NodeRecord {
+            info: NodeInfo {
+                id: id.into(),
+                address: format!("http://{id}:7070"),
+                runtimes: vec!["jail".into()],
+                capacity_sandboxes: capacity,
+            },
+            load_sandboxes: 0,
+            warm: warm.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
+            state: NodeState::Up,
+            started_at: at,
+            heartbeat_at: at,
+            down_at: None,
+        }
+    }
+
+    fn placed(nodes: &[NodeRecord], held: &[(&str, u64)], want: &Want) -> Option<String> {
+        let held = held.iter().map(|(k, n)| (k.to_string(), *n)).collect();
+        choose("a", nodes, &held, want).map(|n| n.info.id.clone())
+    }
+
+    const PY: &str = "jail/python/python";
+
+    fn want(lane: Option<&'static str>, warm_here: bool) -> Want<'static> {
+        Want {
+            runtime: "jail",
+            lane,
+            warm_here,
+        }
+    }
+
+    #[test]
+    fn here_while_there_is_room_unless_a_warm_sandbox_waits_elsewhere() {
+        let nodes = [
+            node("a", 3, &[]),
+            node("b", 3, &[(PY, 1)]),
+            node("c", 3, &[]),
+        ];
+        // No pool hit anywhere, or one here: this node.
+        assert_eq!(placed(&nodes, &[], &want(None, false)), None);
+        assert_eq!(
+            placed(&nodes, &[], &want(Some("jail/bash/host"), false)),
+            None
+        );
+        assert_eq!(placed(&nodes, &[], &want(Some(PY), true)), None);
+        // A warm python sandbox on b, none here: b, even with less room than c.
+        assert_eq!(
+            placed(&nodes, &[("b", 2)], &want(Some(PY), false)),
+            Some("b".into())
+        );
+        // b full: here after all.
+        assert_eq!(placed(&nodes, &[("b", 3)], &want(Some(PY), false)), None);
+        // This node full: the most room, a warm one first.
+        assert_eq!(
+            placed(&nodes, &[("a", 3), ("b", 1)], &want(None, false)),
+            Some("c".into())
+        );
+        assert_eq!(
+            placed(&nodes, &[("a", 3), ("b", 2)], &want(Some(PY), false)),
+            Some("b".into())
+        );
+    }
+
+    #[test]
+    fn only_nodes_up_offering_the_runtime() {
+        let mut lost = node("b", 9, &[(PY, 4)]);
+        lost.state = NodeState::Lost;
+        let mut vm = node("c", 9, &[]);
+        vm.info.runtimes = vec!["microvm".into()];
+        let nodes = [node("a", 1, &[]), lost, vm];
+        assert_eq!(placed(&nodes, &[("a", 1)], &want(Some(PY), false)), None);
+        let micro = Want {
+            runtime: "microvm",
+            ..want(None, false)
+        };
+        assert_eq!(placed(&nodes, &[], &micro), Some("c".into()));
     }
 }
