@@ -282,15 +282,21 @@ impl Layers {
         Ok(())
     }
 
-    /// Garbage collection: layers nothing references any more. Run by the reaper.
-    pub async fn collect_garbage(&self) -> Result<u64, Error> {
+    /// Garbage collection: layers nothing references any more, but those recorded after
+    /// `spare_since` (while other nodes share the store: a capture there records its layer
+    /// before its reference, and pins are this daemon's own). Run by the reaper.
+    pub async fn collect_garbage(
+        &self,
+        spare_since: Option<chrono::DateTime<Utc>>,
+    ) -> Result<u64, Error> {
         // The pins as they were before the references are read: a capture drops its pin only
         // once its reference is recorded, so a layer unpinned since then is seen referenced,
         // and one still pinned then is spared.
         let pinned: HashSet<String> = self.pinned.lock().keys().cloned().collect();
         let mut n = 0;
         for l in self.store.unreferenced_layers().await? {
-            if pinned.contains(&l.id) || self.pinned.lock().contains_key(&l.id) {
+            let recent = spare_since.is_some_and(|since| l.created_at > since);
+            if recent || pinned.contains(&l.id) || self.pinned.lock().contains_key(&l.id) {
                 continue;
             }
             self.remove(&l).await?;
@@ -301,7 +307,8 @@ impl Layers {
 
     /// At start-up, before any capture: unfinished uploads and cache files, blobs and cache
     /// files without a row (a crash between the steps of `capture`), unreferenced layers.
-    pub async fn sweep(&self) -> Result<(), Error> {
+    /// `spare_since` as for [`Layers::collect_garbage`].
+    pub async fn sweep(&self, spare_since: Option<chrono::DateTime<Utc>>) -> Result<(), Error> {
         self.blobs.sweep_incomplete().await.map_err(blob_error)?;
         let known: HashSet<String> = self
             .store
@@ -333,7 +340,7 @@ impl Layers {
                 let _ = tokio::fs::remove_file(entry.path()).await;
             }
         }
-        self.collect_garbage().await?;
+        self.collect_garbage(spare_since).await?;
         Ok(())
     }
 }

@@ -128,7 +128,8 @@ impl Manager {
         let layers = match &cfg.state_dir {
             Some(dir) => {
                 let layers = Layers::open(&cfg.blobs, dir, store.clone()).await?;
-                layers.sweep().await?;
+                let spare = nodes::layer_grace(&store, cfg.node_id.as_deref(), Utc::now()).await?;
+                layers.sweep(spare).await?;
                 Some(Arc::new(layers))
             }
             None => None,

@@ -196,6 +196,26 @@ impl Manager {
     }
 }
 
+/// How long an unreferenced layer is spared while other nodes share the store: their
+/// captures record a layer before the session or snapshot that refers to it, and only the
+/// capturing daemon's pins say so; an hour covers the slowest capture and upload.
+const SHARED_LAYER_GRACE: chrono::Duration = chrono::Duration::hours(1);
+
+/// The time after which recorded layers are spared by garbage collection (see
+/// [`SHARED_LAYER_GRACE`]): none while no other node is up.
+pub(super) async fn layer_grace(
+    store: &koder_store::Store,
+    me: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, Error> {
+    let others = store
+        .list_nodes()
+        .await?
+        .into_iter()
+        .any(|n| n.state == NodeState::Up && Some(n.info.id.as_str()) != me);
+    Ok(others.then(|| now - SHARED_LAYER_GRACE))
+}
+
 fn lane_key(runtime: &str, language: &str, image: &str) -> String {
     format!("{runtime}/{language}/{image}")
 }
@@ -312,6 +332,28 @@ mod tests {
             placed(&nodes, &[("a", 3), ("b", 2)], &want(Some(PY), false)),
             Some("b".into())
         );
+    }
+
+    #[tokio::test]
+    async fn layers_are_spared_while_another_node_is_up() {
+        let store = koder_store::Store::open_in_memory().await.unwrap();
+        let now = chrono::Utc::now();
+        assert_eq!(layer_grace(&store, Some("a"), now).await.unwrap(), None);
+        store
+            .register_node(&node("a", 3, &[]).info, now)
+            .await
+            .unwrap();
+        assert_eq!(layer_grace(&store, Some("a"), now).await.unwrap(), None);
+        store
+            .register_node(&node("b", 3, &[]).info, now)
+            .await
+            .unwrap();
+        assert_eq!(
+            layer_grace(&store, Some("a"), now).await.unwrap(),
+            Some(now - SHARED_LAYER_GRACE)
+        );
+        store.leave_node("b", now).await.unwrap();
+        assert_eq!(layer_grace(&store, Some("a"), now).await.unwrap(), None);
     }
 
     #[test]

@@ -696,7 +696,14 @@ impl Manager {
         let Some(layers) = self.layers.as_deref() else {
             return;
         };
-        if let Err(e) = layers.collect_garbage().await {
+        let spare = match super::nodes::layer_grace(&self.store, self.node_id(), self.now()).await {
+            Ok(spare) => spare,
+            Err(e) => {
+                tracing::error!(error = %e, "looking for other nodes before removing layers");
+                return;
+            }
+        };
+        if let Err(e) = layers.collect_garbage(spare).await {
             tracing::error!(error = %e, "removing unused layers");
         }
     }
