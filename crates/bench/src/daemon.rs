@@ -178,10 +178,12 @@ impl Daemon {
             .error_for_status()?
             .text()
             .await?;
-        let prefix = format!("koder_pool_ready{{language=\"{language}\"}} ");
+        // The gauge is labelled by language and image; the language's lane has one image.
+        let label = format!("language=\"{language}\"}} ");
         Ok(text
             .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
+            .filter(|l| l.starts_with("koder_pool_ready{"))
+            .find_map(|l| l.split_once(&label).map(|(_, v)| v))
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map_or(0, |v| v as u64))
     }

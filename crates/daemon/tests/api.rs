@@ -693,7 +693,7 @@ async fn health_metrics_and_openapi() {
 async fn warm_pool_hands_out_and_refills() {
     let Some(()) = root_or_skip() else { return };
     let d = Daemon::start("[sessions]\nreap_interval = 0.2\npool = { python = 1 }\n").await;
-    let ready = "koder_pool_ready{language=\"python\"} 1";
+    let ready = "koder_pool_ready{image=\"host\",language=\"python\"} 1";
     for _ in 0..100 {
         if d.metrics().await.contains(ready) {
             break;

@@ -280,15 +280,16 @@ async fn a_language_pack_has_a_warm_pool() {
         &[Pack::Python],
     )
     .await;
-    let ready = |metrics: &str, lang: &str| {
+    // Pool depth is reported per image: python's lane runs on its pack, bash's on `host`.
+    let ready = |metrics: &str, lang: &str, image: &str| {
         metrics
             .lines()
-            .any(|l| l == format!("koder_pool_ready{{language=\"{lang}\"}} 1"))
+            .any(|l| l == format!("koder_pool_ready{{image=\"{image}\",language=\"{lang}\"}} 1"))
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let m = d.metrics().await;
-        if ready(&m, "python") && ready(&m, "bash") {
+        if ready(&m, "python", "python") && ready(&m, "bash", "host") {
             break;
         }
         assert!(Instant::now() < deadline, "pools not ready:\n{m}");

@@ -279,7 +279,7 @@ async fn warm_vm_then_restart_after_a_crash_removes_orphaned_vms() {
     while !d
         .metrics()
         .await
-        .contains("koder_pool_ready{language=\"bash\"} 1")
+        .contains("koder_pool_ready{image=\"host\",language=\"bash\"} 1")
     {
         assert!(Instant::now() < deadline, "no warm VM within 120 s");
         tokio::time::sleep(Duration::from_millis(200)).await;

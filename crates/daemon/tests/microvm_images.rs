@@ -147,7 +147,11 @@ async fn microvms_boot_packs_and_templates_from_one_shared_disk_each() {
     d.launch().await;
 
     // The warm pool names the pack: its disk is built before any create asks for it.
-    wait_for_metric(&d, "koder_pool_ready{language=\"python\"} 1").await;
+    wait_for_metric(
+        &d,
+        "koder_pool_ready{image=\"python\",language=\"python\"} 1",
+    )
+    .await;
     assert!(python_disk.is_file(), "no disk built ahead for the pool");
     let ino = inode(&python_disk);
 

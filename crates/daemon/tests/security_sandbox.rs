@@ -194,7 +194,7 @@ async fn session_status(d: &Daemon, id: &str) -> Value {
 async fn filling_a_tmpfs_is_an_oom_verdict_and_the_session_lives_on() {
     let Some(()) = root_or_skip() else { return };
     let d = Daemon::start("[sessions]\nreap_interval = 0.2\npool = { python = 1 }\n").await;
-    let ready = "koder_pool_ready{language=\"python\"} 1";
+    let ready = "koder_pool_ready{image=\"host\",language=\"python\"} 1";
     for _ in 0..100 {
         if d.metrics().await.contains(ready) {
             break;

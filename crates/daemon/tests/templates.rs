@@ -426,7 +426,7 @@ async fn a_warm_pool_on_a_template_starts_and_readies_before_hand_out() {
     while !d
         .metrics()
         .await
-        .contains("koder_pool_ready{language=\"python\"} 1")
+        .contains("koder_pool_ready{image=\"app\",language=\"python\"} 1")
     {
         assert!(
             std::time::Instant::now() < deadline,

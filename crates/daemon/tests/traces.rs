@@ -420,7 +420,7 @@ async fn metrics_count_pool_takes_egress_decisions_and_quota_rejections() {
     while !d
         .metrics()
         .await
-        .contains("koder_pool_ready{language=\"bash\"} 1")
+        .contains("koder_pool_ready{image=\"host\",language=\"bash\"} 1")
     {
         assert!(Instant::now() < deadline, "no warm sandbox within 60 s");
         tokio::time::sleep(Duration::from_millis(100)).await;

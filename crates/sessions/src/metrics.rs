@@ -77,16 +77,19 @@ impl Metrics {
             )
             .unwrap_or_else(unreachable_metric),
             pool_ready: IntGaugeVec::new(
-                Opts::new("pool_ready", "Warm sandboxes ready, by language"),
-                &["language"],
+                Opts::new(
+                    "pool_ready",
+                    "Warm sandboxes ready, by language and the image they run on",
+                ),
+                &["language", "image"],
             )
             .unwrap_or_else(unreachable_metric),
             pool_target: IntGaugeVec::new(
                 Opts::new(
                     "pool_target",
-                    "Warm sandboxes the pool is filling towards (follows recent creates), by language",
+                    "Warm sandboxes the pool is filling towards (follows recent creates), by language and image",
                 ),
-                &["language"],
+                &["language", "image"],
             )
             .unwrap_or_else(unreachable_metric),
             pool_takes: IntCounterVec::new(

@@ -91,6 +91,11 @@ impl Lane {
         }
     }
 
+    /// The pool gauges' labels: a language's lane and the image its sandboxes run on.
+    fn labels<'a>(&'a self, language: &'a str) -> [&'a str; 2] {
+        [language, &self.image]
+    }
+
     fn record_demand(&mut self, now: Instant) {
         if self.size.max == 0 {
             return;
@@ -134,28 +139,30 @@ impl Pool {
         limits: Limits,
         metrics: Arc<Metrics>,
     ) -> Self {
-        for (language, size) in &sizes {
-            metrics.pool_ready.with_label_values(&[language]).set(0);
-            metrics
-                .pool_target
-                .with_label_values(&[language])
-                .set(size.min as i64);
-        }
+        let lanes: BTreeMap<String, Lane> = sizes
+            .into_iter()
+            .map(|(language, size)| {
+                let image = images
+                    .get(&language)
+                    .map_or(koder_image::HOST, String::as_str);
+                let lane = Lane::new(size, image.to_string());
+                metrics
+                    .pool_ready
+                    .with_label_values(&lane.labels(&language))
+                    .set(0);
+                metrics
+                    .pool_target
+                    .with_label_values(&lane.labels(&language))
+                    .set(lane.size.min as i64);
+                (language, lane)
+            })
+            .collect();
         Self {
             runtime,
             limits,
             parallelism: std::thread::available_parallelism().map_or(1, |n| n.get()),
             state: Mutex::new(State {
-                lanes: sizes
-                    .into_iter()
-                    .map(|(language, size)| {
-                        let image = images
-                            .get(&language)
-                            .map_or(koder_image::HOST, String::as_str);
-                        let lane = Lane::new(size, image.to_string());
-                        (language, lane)
-                    })
-                    .collect(),
+                lanes,
                 starting: 0,
                 last_take: None,
                 deferred_since: None,
@@ -399,11 +406,11 @@ impl Pool {
     fn publish(&self, language: &str, lane: &mut Lane, now: Instant) {
         self.metrics
             .pool_ready
-            .with_label_values(&[language])
+            .with_label_values(&lane.labels(language))
             .set(lane.ready.len() as i64);
         self.metrics
             .pool_target
-            .with_label_values(&[language])
+            .with_label_values(&lane.labels(language))
             .set(lane.target(now) as i64);
     }
 
@@ -471,10 +478,10 @@ impl Pool {
             settled.await;
         }
         let state = self.state.lock();
-        for language in state.lanes.keys() {
+        for (language, lane) in &state.lanes {
             self.metrics
                 .pool_ready
-                .with_label_values(&[language])
+                .with_label_values(&lane.labels(language))
                 .set(0);
         }
     }
@@ -525,7 +532,7 @@ mod tests {
     fn target(pool: &Pool) -> i64 {
         pool.metrics
             .pool_target
-            .with_label_values(&["python"])
+            .with_label_values(&["python", "python"])
             .get()
     }
 
