@@ -111,8 +111,12 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// The python lane's target (its sandboxes run on the host image).
 fn target(m: &Manager) -> i64 {
-    m.metrics().pool_target.with_label_values(&["python"]).get()
+    m.metrics()
+        .pool_target
+        .with_label_values(&["python", "host"])
+        .get()
 }
 
 fn cores() -> usize {
