@@ -580,6 +580,10 @@ pub struct NodeInfo {
     pub id: String,
     /// Base URL the other nodes reach it at.
     pub address: String,
+    /// `http://host:port` of its gRPC face, where gRPC calls for its sessions are forwarded;
+    /// absent when it serves no gRPC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_address: Option<String>,
     pub runtimes: Vec<String>,
     pub capacity_sandboxes: u64,
     /// At its last heartbeat.

@@ -10,6 +10,7 @@
 //! the request unchanged. A node header therefore grants no identity, and one a client sends
 //! without a valid proof is refused.
 
+mod grpc;
 mod proof;
 mod proxy;
 mod target;
@@ -25,10 +26,12 @@ use koder_api_types::ErrorCode;
 use koder_http::ApiError;
 use koder_sessions::{Manager, Peer};
 
+pub use grpc::mount as mount_grpc;
 pub use proof::{ClusterKey, ProofError, MIN_SECRET_LEN};
 use target::Target;
 
 /// This node as a member of a cluster.
+#[derive(Clone)]
 pub struct Cluster {
     manager: Arc<Manager>,
     key: ClusterKey,
@@ -86,10 +89,14 @@ fn checked(c: &Cluster, req: &Request) -> Result<String, ProofError> {
         .and_then(|v| v.to_str().ok())
         .ok_or(ProofError::Malformed)?;
     let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let now = std::time::SystemTime::now()
+    c.key.verify(value, req.method(), target, now_ms())
+}
+
+/// Unix time in milliseconds, as proofs carry it.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    c.key.verify(value, req.method(), target, now)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 async fn send(c: &Cluster, peer: &Peer, req: Request) -> Response {

@@ -38,30 +38,23 @@ fn unreachable(peer: &Peer, why: impl std::fmt::Display) -> ApiError {
 
 /// `host:port` of a node's advertised `http://host:port` address.
 fn authority(peer: &Peer) -> Result<String, ApiError> {
-    let uri: Uri = peer
-        .address
+    authority_of(&peer.address).map_err(|why| unreachable(peer, why))
+}
+
+/// `host:port` of an advertised `http://host:port` address, or why it is none.
+pub(crate) fn authority_of(address: &str) -> Result<String, &'static str> {
+    let uri: Uri = address
         .parse()
-        .map_err(|_| unreachable(peer, "its advertised address is not a URL"))?;
+        .map_err(|_| "its advertised address is not a URL")?;
     if uri.scheme_str() != Some("http") {
-        return Err(unreachable(
-            peer,
-            "its advertised address is not http://host:port",
-        ));
+        return Err("its advertised address is not http://host:port");
     }
-    let host = uri
-        .host()
-        .ok_or_else(|| unreachable(peer, "its advertised address has no host"))?;
+    let host = uri.host().ok_or("its advertised address has no host")?;
     Ok(format!("{host}:{}", uri.port_u16().unwrap_or(80)))
 }
 
 fn is_upgrade(req: &Request) -> bool {
     req.headers().contains_key(header::UPGRADE)
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Sends `req` to `peer` and returns its answer, streaming.
@@ -88,7 +81,9 @@ pub async fn forward(
     })?;
     koder_http::strip_hop_by_hop(&mut parts.headers, upgrade);
     parts.headers.remove(HEADER);
-    let proof = from.key.sign(from.node, now_ms(), &parts.method, &target);
+    let proof = from
+        .key
+        .sign(from.node, crate::now_ms(), &parts.method, &target);
     let host = HeaderValue::from_str(&authority).map_err(|_| unreachable(peer, "bad address"))?;
     parts.headers.insert(header::HOST, host);
     let proof = HeaderValue::from_str(&proof).map_err(|_| unreachable(peer, "bad node id"))?;
@@ -140,6 +135,7 @@ mod tests {
         Peer {
             node_id: "n".into(),
             address: address.into(),
+            grpc_address: None,
         }
     }
 

@@ -103,6 +103,9 @@ pub struct NodeSection {
     pub id: Option<String>,
     /// Base URL the other nodes reach this one at; default `http://<listen address>`.
     pub advertise: Option<String>,
+    /// `http://host:port` the other nodes forward gRPC calls to, when `[server] grpc_addr` is
+    /// set; default `advertise`'s host with the gRPC port, else `http://<grpc_addr>`.
+    pub advertise_grpc: Option<String>,
     /// Seconds between heartbeats.
     pub heartbeat_s: f64,
     /// Seconds without a heartbeat after which a node counts as lost.
@@ -114,6 +117,7 @@ impl Default for NodeSection {
         NodeSection {
             id: None,
             advertise: None,
+            advertise_grpc: None,
             heartbeat_s: 5.0,
             lost_after_s: 30.0,
         }

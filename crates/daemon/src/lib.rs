@@ -137,19 +137,28 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let native = koder_http::router(state).merge(koder_console::router());
     let app = koder_http::drain_unread_bodies(koder_e2b::mount(native, e2b));
-    let app = match cluster(&cfg, &manager)? {
-        Some(cluster) => koder_cluster::mount(app, cluster),
-        None => app,
+    let grpc = koder_grpc::router(grpc)?;
+    let (app, grpc) = match cluster(&cfg, &manager)? {
+        Some(cluster) => (
+            koder_cluster::mount(app, cluster.clone()),
+            koder_cluster::mount_grpc(grpc, cluster),
+        ),
+        None => (app, grpc),
     };
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
         .await
         .with_context(|| format!("listening on {}", cfg.server.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "koder-sandbox serving");
+    let grpc_listener = bind_grpc(&cfg).await?;
+    let grpc_addr = grpc_listener
+        .as_ref()
+        .map(tokio::net::TcpListener::local_addr)
+        .transpose()?;
     let node = node::Node::start(
         &cfg,
         store,
-        node::info(&cfg, node_id, addr, offers_microvm)?,
+        node::info(&cfg, node_id, addr, grpc_addr, offers_microvm)?,
         manager.clone(),
     )
     .await?;
@@ -164,7 +173,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     // One signal stops both servers.
     let (stop, stopping) = tokio::sync::watch::channel(false);
-    spawn_grpc(&cfg, grpc, stopping.clone()).await?;
+    if let Some(listener) = grpc_listener {
+        spawn_grpc(listener, grpc, stopping.clone())?;
+    }
     spawn_https(&cfg, app.clone(), stopping).await?;
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
@@ -196,6 +207,17 @@ fn cluster(
             cfg.server.listen
         );
     }
+    let grpc_unspecified = cfg
+        .server
+        .grpc_addr()?
+        .is_some_and(|a| a.ip().is_unspecified());
+    if grpc_unspecified && cfg.node.advertise.is_none() && cfg.node.advertise_grpc.is_none() {
+        bail!(
+            "[cluster]: gRPC listening on {} the other nodes cannot be told where to forward \
+             gRPC calls: set [node] advertise or advertise_grpc",
+            cfg.server.grpc_addr
+        );
+    }
     let secret = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let key = koder_cluster::ClusterKey::new(&secret)
         .with_context(|| format!("[cluster] secret_file {}", path.display()))?;
@@ -205,18 +227,23 @@ fn cluster(
     Ok(Some(cluster))
 }
 
-/// Binds `[server] grpc_addr` (when set) and serves gRPC beside HTTP until `stopping` turns true.
-async fn spawn_grpc(
-    cfg: &Config,
-    grpc: koder_grpc::GrpcState,
-    mut stopping: tokio::sync::watch::Receiver<bool>,
-) -> anyhow::Result<()> {
+/// Binds `[server] grpc_addr`, when set.
+async fn bind_grpc(cfg: &Config) -> anyhow::Result<Option<tokio::net::TcpListener>> {
     let Some(addr) = cfg.server.grpc_addr()? else {
-        return Ok(());
+        return Ok(None);
     };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("gRPC: listening on {addr}"))?;
+    Ok(Some(listener))
+}
+
+/// Serves gRPC on `listener` beside HTTP until `stopping` turns true.
+fn spawn_grpc(
+    listener: tokio::net::TcpListener,
+    grpc: axum::Router,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "koder-sandbox serving gRPC");
     // After the HTTP line, which whoever started us reads first.

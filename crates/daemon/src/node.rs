@@ -40,12 +40,14 @@ pub fn id(cfg: &Config, data_dir: &Path) -> anyhow::Result<String> {
     }
 }
 
-/// Who this node is (`id`), the address other nodes reach it at (`[node] advertise`, else the address the daemon listens on), and whether
-/// its microVM runtime is usable.
+/// Who this node is (`id`), the address other nodes reach it at (`[node] advertise`, else the
+/// address the daemon listens on), where they forward gRPC calls (when it serves gRPC on
+/// `grpc`), and whether its microVM runtime is usable.
 pub fn info(
     cfg: &Config,
     id: String,
     listening: std::net::SocketAddr,
+    grpc: Option<std::net::SocketAddr>,
     microvm: bool,
 ) -> anyhow::Result<NodeInfo> {
     let mut runtimes = vec!["jail".to_string()];
@@ -59,9 +61,28 @@ pub fn info(
             .advertise
             .clone()
             .unwrap_or_else(|| format!("http://{listening}")),
+        grpc_address: grpc.map(|grpc| grpc_address(cfg, grpc)).transpose()?,
         runtimes,
         capacity_sandboxes: u64::from(crate::jail_max_sandboxes(cfg)),
     })
+}
+
+/// `[node] advertise_grpc`, else the advertised host with the gRPC port, else the address gRPC
+/// listens on.
+fn grpc_address(cfg: &Config, grpc: std::net::SocketAddr) -> anyhow::Result<String> {
+    if let Some(address) = &cfg.node.advertise_grpc {
+        return Ok(address.clone());
+    }
+    let Some(advertise) = &cfg.node.advertise else {
+        return Ok(format!("http://{grpc}"));
+    };
+    let uri: axum::http::Uri = advertise
+        .parse()
+        .with_context(|| format!("[node] advertise {advertise:?} is not a URL"))?;
+    let host = uri
+        .host()
+        .with_context(|| format!("[node] advertise {advertise:?} has no host"))?;
+    Ok(format!("http://{host}:{}", grpc.port()))
 }
 
 impl Node {
@@ -178,5 +199,32 @@ async fn take_over(manager: &Manager, node: &str) {
         Ok(0) => {}
         Ok(n) => tracing::warn!(node, count = n, "ended the sessions of a lost node"),
         Err(e) => tracing::warn!(node, error = %e, "ending the sessions of a lost node"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grpc_of(node: &str) -> String {
+        let cfg: Config = toml::from_str(node).unwrap();
+        grpc_address(&cfg, "0.0.0.0:7071".parse().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_grpc_address_follows_the_advertised_one() {
+        assert_eq!(grpc_of(""), "http://0.0.0.0:7071");
+        assert_eq!(
+            grpc_of("[node]\nadvertise = \"http://node-a.internal:7070\"\n"),
+            "http://node-a.internal:7071"
+        );
+        assert_eq!(
+            grpc_of(
+                "[node]\nadvertise = \"http://a:7070\"\nadvertise_grpc = \"http://b:9000\"\n"
+            ),
+            "http://b:9000"
+        );
+        let cfg: Config = toml::from_str("[node]\nadvertise = \"not a url\"\n").unwrap();
+        assert!(grpc_address(&cfg, "127.0.0.1:1".parse().unwrap()).is_err());
     }
 }

@@ -12,6 +12,7 @@
 #[path = "support/clusternet.rs"]
 mod clusternet;
 mod common;
+mod grpc_common;
 #[path = "support/pg.rs"]
 mod pg;
 
@@ -21,7 +22,9 @@ use std::time::Duration;
 
 use clusternet::ClusterNet;
 use common::*;
-use futures::SinkExt as _;
+use futures::{SinkExt as _, StreamExt as _};
+use grpc_common::{authed, ok, refused, Client};
+use koder_grpc::proto as pb;
 use pg::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -33,6 +36,8 @@ const BUCKET: &str = "koder-cluster";
 const KEY_ID: &str = "koder-test-key";
 const SECRET: &str = "koder-test-secret";
 const NODES: &str = "SELECT id || ' ' || state FROM nodes ORDER BY id";
+/// Every node's gRPC port (each in a namespace of its own).
+const GRPC_PORT: u16 = 50051;
 
 /// s3s-fs on the bridge's address, its bucket a directory of its root.
 struct S3 {
@@ -121,13 +126,14 @@ fn s3s_fs_or_skip() -> Option<PathBuf> {
 
 /// node-2 keeps a warm `node` sandbox (creates name no language, so `bash`, in the scenes
 /// before the last).
-fn node_config(k: usize, store: &str, s3: &str, secret: &Path) -> String {
+fn node_config(k: usize, store: &str, s3: &str, secret: &Path, ip: &str) -> String {
     let sessions = match k {
         2 => "[sessions]\nreap_interval = 0.2\npool = { node = 1 }\n",
         _ => BASE_CONFIG,
     };
     format!(
-        "{sessions}[store]\nurl = \"{store}\"\n\
+        "{sessions}[server]\ngrpc_addr = \"{ip}:{GRPC_PORT}\"\n\
+         [store]\nurl = \"{store}\"\n\
          [node]\nid = \"node-{k}\"\nheartbeat_s = 0.2\nlost_after_s = 1.5\n\
          [cluster]\nsecret_file = \"{}\"\n\
          [blobs]\nurl = \"s3://{BUCKET}/cluster\"\nendpoint = \"{s3}\"\n\
@@ -166,7 +172,7 @@ async fn three_nodes_serve_as_one() {
     let s3_url = format!("http://{host}:{}", s3.port);
     let mut nodes = Vec::new();
     for k in 0..3 {
-        let config = node_config(k, &store_url, &s3_url, &secret);
+        let config = node_config(k, &store_url, &s3_url, &secret, &net.node_ip(k));
         nodes.push(Daemon::start_in(&config, net.netns(k), &net.node_ip(k)).await);
     }
     eventually(&db, NODES, "node-0 up\nnode-1 up\nnode-2 up", 20).await;
@@ -186,6 +192,14 @@ async fn three_nodes_serve_as_one() {
     let (on1, on2) = (ids[3].clone(), ids[4].clone());
 
     every_surface_through_other_nodes(&nodes, &on1).await;
+    let grpc: Vec<Client> = futures::future::join_all(
+        (0..3).map(|k| Client::connect(format!("http://{}:{GRPC_PORT}", net.node_ip(k)))),
+    )
+    .await
+    .into_iter()
+    .map(|c| c.expect("gRPC connect"))
+    .collect();
+    grpc_through_other_nodes(&grpc, &on1).await;
     forged_node_proofs_are_refused(&nodes[0], &on1).await;
 
     // Tenant t2 may hold 2 sessions: one on node-1, one on node-2, then no third anywhere.
@@ -317,7 +331,18 @@ async fn three_nodes_serve_as_one() {
         60,
     )
     .await;
-    let warm = nodes[1].create(json!({"language": "node"})).await;
+    // (A gRPC create, placed as REST's are.)
+    let warm = ok(grpc[1]
+        .clone()
+        .create_session(authed(
+            KEY1,
+            pb::CreateSessionRequest {
+                language: Some("node".into()),
+                ..Default::default()
+            },
+        ))
+        .await)
+    .id;
     assert_eq!(node_of(&warm), "node-2");
     assert!(
         nodes[2]
@@ -470,6 +495,125 @@ async fn every_surface_through_other_nodes(nodes: &[Daemon], id: &str) {
     assert_eq!(
         (status, error_code(&v)),
         (StatusCode::NOT_FOUND, "SANDBOX-NOT-FOUND")
+    );
+}
+
+/// Session `id` lives on node-1; the gRPC faces of nodes 0 and 2 serve it: unary, server
+/// and client streams and the bidirectional terminal, another tenant refused by the owner.
+async fn grpc_through_other_nodes(grpc: &[Client], id: &str) {
+    let (mut a, mut c) = (grpc[0].clone(), grpc[2].clone());
+    let shell = |cmd: &str| pb::ExecRequest {
+        session_id: id.into(),
+        shell: Some(cmd.into()),
+        ..Default::default()
+    };
+    let done = ok(a.exec(authed(KEY1, shell("echo grpc-forwarded"))).await);
+    assert_eq!(done.stdout, "grpc-forwarded\n", "{done:?}");
+
+    // Streamed, not buffered at the hop: the second line comes later than the first.
+    let mut events = ok(c
+        .exec_stream(authed(KEY1, shell("echo one; sleep 0.3; echo two")))
+        .await);
+    let mut lines = Vec::new();
+    while let Some(event) = events.next().await {
+        if let Some(pb::exec_event::Event::Stdout(b)) = event.expect("an event").event {
+            lines.push((std::time::Instant::now(), b));
+        }
+    }
+    let out: Vec<u8> = lines.iter().flat_map(|(_, b)| b.clone()).collect();
+    assert_eq!(out, b"one\ntwo\n");
+    if let [first, .., last] = lines.as_slice() {
+        assert!(last.0.duration_since(first.0) >= Duration::from_millis(200));
+    }
+
+    // A file streamed up through one node and down through the other.
+    let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let parts = std::iter::once(pb::WriteFileRequest {
+        part: Some(pb::write_file_request::Part::Header(pb::WriteFileHeader {
+            session_id: id.into(),
+            path: "/tmp/grpc.bin".into(),
+            ..Default::default()
+        })),
+    })
+    .chain(bytes.chunks(64 * 1024).map(|chunk| pb::WriteFileRequest {
+        part: Some(pb::write_file_request::Part::Data(chunk.to_vec())),
+    }))
+    .collect::<Vec<_>>();
+    let entry = ok(a
+        .write_file(authed(KEY1, futures::stream::iter(parts)))
+        .await);
+    assert_eq!(entry.size, bytes.len() as u64);
+    let mut down = ok(c
+        .read_file(authed(
+            KEY1,
+            pb::ReadFileRequest {
+                session_id: id.into(),
+                path: "/tmp/grpc.bin".into(),
+            },
+        ))
+        .await);
+    let mut read = Vec::new();
+    while let Some(chunk) = down.next().await {
+        read.extend(chunk.expect("a chunk").data);
+    }
+    assert!(read == bytes, "{} bytes came back", read.len());
+
+    // The terminal, both ways through node-0.
+    use pb::terminal_request::Part;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let part = |p| pb::TerminalRequest { part: Some(p) };
+    tx.send(part(Part::Start(pb::TerminalStart {
+        session_id: id.into(),
+        argv: vec!["/bin/sh".into()],
+        ..Default::default()
+    })))
+    .await
+    .unwrap();
+    let input =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut out = ok(a.terminal(authed(KEY1, input)).await);
+    tx.send(part(Part::Input(b"echo term-$((6*7))\n".to_vec())))
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while !seen.contains("term-42") {
+            let msg = out
+                .next()
+                .await
+                .expect("terminal output")
+                .expect("a message");
+            if let Some(pb::terminal_output::Event::Output(b)) = msg.event {
+                seen.push_str(&String::from_utf8_lossy(&b));
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no term-42 through the hop: {seen:?}"));
+    drop(tx);
+
+    // Another tenant is refused by the owner as it would be directly.
+    let get = |key| {
+        authed(
+            key,
+            pb::GetSessionRequest {
+                session_id: id.into(),
+            },
+        )
+    };
+    assert_eq!(ok(c.get_session(get(KEY1)).await).id, id);
+    assert_eq!(
+        refused(c.get_session(get(KEY2)).await),
+        (tonic::Code::NotFound, "SANDBOX-NOT-FOUND".into())
+    );
+    // A client cannot pass as a node here either.
+    let mut forged = get(KEY1);
+    forged
+        .metadata_mut()
+        .insert("x-koder-forwarded", "v1 node-1 0 00".parse().unwrap());
+    assert_eq!(
+        refused(c.get_session(forged).await),
+        (tonic::Code::Unauthenticated, "SANDBOX-NODE-AUTH".into())
     );
 }
 

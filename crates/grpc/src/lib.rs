@@ -54,22 +54,31 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves the Sandbox service and reflection on `listener` until `shutdown` completes.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: GrpcState,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), ServeError> {
+/// The Sandbox service and reflection as one router: what [`serve`] serves, with room for
+/// a layer in front (a cluster forwards calls for other nodes' sessions there).
+pub fn router(state: GrpcState) -> Result<axum::Router, ServeError> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    // Streamed answers are many small writes; Nagle would hold each behind a delayed ACK.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
-        .add_service(proto::sandbox_server::SandboxServer::new(
+    Ok(
+        tonic::service::Routes::new(proto::sandbox_server::SandboxServer::new(
             SandboxService::new(state),
         ))
         .add_service(reflection)
+        .into_axum_router(),
+    )
+}
+
+/// Serves `router` ([`router`]) over HTTP/2 on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    // Streamed answers are many small writes; Nagle would hold each behind a delayed ACK.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_routes(tonic::service::Routes::from(router))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())

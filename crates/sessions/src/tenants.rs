@@ -21,6 +21,7 @@ impl Manager {
             .map(|n| koder_api_types::NodeInfo {
                 id: n.info.id,
                 address: n.info.address,
+                grpc_address: n.info.grpc_address,
                 runtimes: n.info.runtimes,
                 capacity_sandboxes: n.info.capacity_sandboxes,
                 load_sandboxes: n.load_sandboxes,

@@ -19,6 +19,8 @@ pub struct NodeInfo {
     pub id: String,
     /// Base URL the other nodes reach this one at.
     pub address: String,
+    /// `http://host:port` of its gRPC face, when it serves one.
+    pub grpc_address: Option<String>,
     /// The runtimes it offers (`jail`, `microvm`).
     pub runtimes: Vec<String>,
     /// Sandboxes it can hold at once.
@@ -74,7 +76,7 @@ pub struct NodeRecord {
 }
 
 const NODE_COLUMNS: &str = "id, address, runtimes_json, capacity_sandboxes, load_sandboxes, \
-     warm_json, state, started_at_ms, heartbeat_at_ms, down_at_ms";
+     warm_json, state, started_at_ms, heartbeat_at_ms, down_at_ms, grpc_address";
 
 impl Store {
     /// Registers the node as up at `at` (started and last heard of then, no load yet): a new
@@ -82,8 +84,9 @@ impl Store {
     pub async fn register_node(&self, n: &NodeInfo, at: DateTime<Utc>) -> Result<(), StoreError> {
         query(&format!(
             "INSERT INTO nodes ({NODE_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, 0, '{{}}', 'up', $5, $5, NULL) \
+             VALUES ($1, $2, $3, $4, 0, '{{}}', 'up', $5, $5, NULL, $6) \
              ON CONFLICT (id) DO UPDATE SET address = excluded.address, \
+             grpc_address = excluded.grpc_address, \
              runtimes_json = excluded.runtimes_json, \
              capacity_sandboxes = excluded.capacity_sandboxes, load_sandboxes = 0, \
              warm_json = '{{}}', state = 'up', \
@@ -95,6 +98,7 @@ impl Store {
         .bind(to_json(&n.runtimes)?)
         .bind(to_i64(n.capacity_sandboxes, "capacity")?)
         .bind(to_ms(at))
+        .bind(&n.grpc_address)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -203,6 +207,7 @@ fn node_from_row(row: &DbRow) -> Result<NodeRecord, StoreError> {
             .transpose()?,
         info: NodeInfo {
             address: get(row, "address")?,
+            grpc_address: get(row, "grpc_address")?,
             runtimes: from_json(&get::<String>(row, "runtimes_json")?, &what("runtimes"))?,
             capacity_sandboxes: count("capacity_sandboxes")?,
             id,
@@ -227,6 +232,7 @@ mod tests {
         NodeInfo {
             id: id.into(),
             address: format!("http://{id}.internal:7070"),
+            grpc_address: Some(format!("http://{id}.internal:7071")),
             runtimes: vec!["jail".into(), "microvm".into()],
             capacity_sandboxes: 64,
         }

@@ -21,6 +21,8 @@ pub struct Peer {
     pub node_id: String,
     /// Its base URL (`[node] advertise`).
     pub address: String,
+    /// `http://host:port` of its gRPC face, when it serves one.
+    pub grpc_address: Option<String>,
 }
 
 impl Peer {
@@ -28,6 +30,7 @@ impl Peer {
         Peer {
             node_id: n.info.id.clone(),
             address: n.info.address.clone(),
+            grpc_address: n.info.grpc_address.clone(),
         }
     }
 }
@@ -275,6 +278,7 @@ mod tests {
             info: NodeInfo {
                 id: id.into(),
                 address: format!("http://{id}:7070"),
+                grpc_address: None,
                 runtimes: vec!["jail".into()],
                 capacity_sandboxes: capacity,
             },
