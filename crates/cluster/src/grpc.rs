@@ -218,7 +218,7 @@ async fn create(
         Some(create) => {
             let runtime = create.runtime.as_deref().unwrap_or("jail");
             let lane = c.manager.lane_of(&create);
-            c.manager.place(runtime, lane.as_deref()).await
+            c.place(&parts.headers, runtime, lane.as_deref()).await
         }
     };
     match placed {

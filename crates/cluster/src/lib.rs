@@ -19,10 +19,12 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use koder_api_types::ErrorCode;
+use koder_auth::Authenticator;
 use koder_http::ApiError;
 use koder_sessions::{Manager, Peer};
 
@@ -36,14 +38,52 @@ pub struct Cluster {
     manager: Arc<Manager>,
     key: ClusterKey,
     node: String,
+    /// Who creates (placement spreads a tenant's sessions); the owner authenticates anyway.
+    auth: Arc<Authenticator>,
 }
 
 impl Cluster {
     /// `None` when the manager is no node (it shares no store with others).
-    pub fn new(manager: Arc<Manager>, key: ClusterKey) -> Option<Cluster> {
+    pub fn new(
+        manager: Arc<Manager>,
+        key: ClusterKey,
+        auth: Arc<Authenticator>,
+    ) -> Option<Cluster> {
         let node = manager.node_id()?.to_string();
-        Some(Cluster { manager, key, node })
+        Some(Cluster {
+            manager,
+            key,
+            node,
+            auth,
+        })
     }
+
+    /// Where a create of the caller of `headers` goes ([`Manager::place`]).
+    async fn place(
+        &self,
+        headers: &HeaderMap,
+        runtime: &str,
+        lane: Option<&str>,
+    ) -> Result<Option<Peer>, koder_sessions::Error> {
+        let tenant = tenant_of(&self.auth, headers).await;
+        self.manager.place(runtime, lane, tenant.as_deref()).await
+    }
+}
+
+/// E2B's API key header.
+const E2B_API_KEY: &str = "x-api-key";
+
+/// The tenant a request's credentials name (`Authorization: Bearer`, or E2B's `X-API-KEY`),
+/// for placement only: `None` when they name none, and the node serving the request refuses
+/// it then.
+async fn tenant_of(auth: &Authenticator, headers: &HeaderMap) -> Option<String> {
+    let principal = if let Some(h) = headers.get(header::AUTHORIZATION) {
+        auth.authenticate_header(h.to_str().ok()?).await
+    } else {
+        let key = headers.get(E2B_API_KEY)?.to_str().ok()?;
+        auth.authenticate(key).await
+    };
+    principal.ok().map(|p| p.identity.tenant_id)
 }
 
 /// Puts forwarding in front of `app`.
@@ -71,7 +111,7 @@ async fn forward(State(c): State<Arc<Cluster>>, mut req: Request, next: Next) ->
     let routed = match target {
         Target::Any => return next.run(req).await,
         Target::Session(id) => c.manager.owner_of(&id).await.map(|p| (p, req)),
-        Target::E2bCreate => c.manager.place("jail", None).await.map(|p| (p, req)),
+        Target::E2bCreate => c.place(req.headers(), "jail", None).await.map(|p| (p, req)),
         Target::NativeCreate => return create(&c, req, next).await,
     };
     match routed {
@@ -141,7 +181,7 @@ async fn create(c: &Cluster, req: Request, next: Next) -> Response {
     };
     let runtime = create.runtime.as_deref().unwrap_or("jail");
     let lane = c.manager.lane_of(&create);
-    match c.manager.place(runtime, lane.as_deref()).await {
+    match c.place(&parts.headers, runtime, lane.as_deref()).await {
         Ok(Some(peer)) => {
             let mut copy = Request::new(Body::from(bytes.clone()));
             *copy.method_mut() = parts.method.clone();
@@ -169,5 +209,44 @@ async fn create(c: &Cluster, req: Request, next: Next) -> Response {
                 .await
         }
         Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use koder_auth::{hash_key, KeyRing};
+
+    #[tokio::test]
+    async fn placement_knows_the_creating_tenant_from_either_header() {
+        let mut keys = KeyRing::default();
+        keys.insert_hash(hash_key("ksk_one"), "t1");
+        let auth = Authenticator::new(keys, None);
+        let tenant = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, v.parse().unwrap());
+            }
+            let auth = &auth;
+            async move { tenant_of(auth, &h).await }
+        };
+        assert_eq!(
+            tenant(&[("authorization", "Bearer ksk_one")])
+                .await
+                .as_deref(),
+            Some("t1")
+        );
+        assert_eq!(
+            tenant(&[("x-api-key", "ksk_one")]).await.as_deref(),
+            Some("t1")
+        );
+        for unknown in [
+            &[("authorization", "Bearer ksk_two")][..],
+            &[("authorization", "ksk_one")],
+            &[("x-api-key", "")],
+            &[],
+        ] {
+            assert_eq!(tenant(unknown).await, None, "{unknown:?}");
+        }
     }
 }

@@ -74,7 +74,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o711))?;
 
     let store = open_store(&cfg, data_dir).await?;
-    let auth = authenticator(&cfg, &store, data_dir).await?;
+    let auth = Arc::new(authenticator(&cfg, &store, data_dir).await?);
     let agent = agent_bin(&cfg)?;
     let images = image_store(data_dir)?;
     let runtimes = koder_sessions::Runtimes {
@@ -116,7 +116,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     manager.set_event_sink(webhooks.clone());
     let state = koder_http::AppState {
         manager: manager.clone(),
-        auth: Arc::new(auth),
+        auth: auth.clone(),
         admin_keys: Arc::new(admin_keys(&cfg)?),
         limits: Arc::new(limiter(&cfg)),
         webhooks: webhooks.clone(),
@@ -138,7 +138,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let native = koder_http::router(state).merge(koder_console::router());
     let app = koder_http::drain_unread_bodies(koder_e2b::mount(native, e2b));
     let grpc = koder_grpc::router(grpc)?;
-    let (app, grpc) = match cluster(&cfg, &manager)? {
+    let (app, grpc) = match cluster(&cfg, &manager, &auth)? {
         Some(cluster) => (
             koder_cluster::mount(app, cluster.clone()),
             koder_cluster::mount_grpc(grpc, cluster),
@@ -196,6 +196,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 fn cluster(
     cfg: &Config,
     manager: &Arc<koder_sessions::Manager>,
+    auth: &Arc<koder_auth::Authenticator>,
 ) -> anyhow::Result<Option<koder_cluster::Cluster>> {
     let Some(path) = &cfg.cluster.secret_file else {
         return Ok(None);
@@ -221,7 +222,7 @@ fn cluster(
     let secret = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let key = koder_cluster::ClusterKey::new(&secret)
         .with_context(|| format!("[cluster] secret_file {}", path.display()))?;
-    let cluster = koder_cluster::Cluster::new(manager.clone(), key)
+    let cluster = koder_cluster::Cluster::new(manager.clone(), key, auth.clone())
         .context("[cluster] needs this daemon to be a node")?;
     tracing::info!("forwarding to and from the other nodes of the cluster");
     Ok(Some(cluster))

@@ -219,9 +219,7 @@ mod tests {
             "http://node-a.internal:7071"
         );
         assert_eq!(
-            grpc_of(
-                "[node]\nadvertise = \"http://a:7070\"\nadvertise_grpc = \"http://b:9000\"\n"
-            ),
+            grpc_of("[node]\nadvertise = \"http://a:7070\"\nadvertise_grpc = \"http://b:9000\"\n"),
             "http://b:9000"
         );
         let cfg: Config = toml::from_str("[node]\nadvertise = \"not a url\"\n").unwrap();

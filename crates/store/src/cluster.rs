@@ -32,6 +32,23 @@ impl Store {
             .collect()
     }
 
+    /// Per node, the tenant's sessions holding a sandbox there (placement spreads a tenant).
+    pub async fn tenant_sandboxes_by_node(
+        &self,
+        tenant_id: &str,
+    ) -> Result<HashMap<String, u64>, StoreError> {
+        let rows = query(&format!(
+            "SELECT node_id, COUNT(*) AS n FROM sessions WHERE tenant_id = $1 AND {HOLDS_SANDBOX} \
+             GROUP BY node_id"
+        ))
+        .bind(tenant_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((get(r, "node_id")?, count(get(r, "n")?)?)))
+            .collect()
+    }
+
     /// The tenant's sessions holding a sandbox on a node other than `node`.
     pub async fn count_tenant_sandboxes_elsewhere(
         &self,
@@ -140,6 +157,19 @@ mod tests {
             by_node,
             HashMap::from([("n1".to_string(), 1), ("n2".to_string(), 3)])
         );
+        assert_eq!(
+            store.tenant_sandboxes_by_node("a").await.unwrap(),
+            HashMap::from([("n1".to_string(), 1), ("n2".to_string(), 2)])
+        );
+        assert_eq!(
+            store.tenant_sandboxes_by_node("b").await.unwrap(),
+            HashMap::from([("n2".to_string(), 1)])
+        );
+        assert!(store
+            .tenant_sandboxes_by_node("c")
+            .await
+            .unwrap()
+            .is_empty());
         assert_eq!(
             store
                 .count_tenant_sandboxes_elsewhere("a", "n1")

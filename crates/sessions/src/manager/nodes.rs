@@ -104,20 +104,31 @@ impl Manager {
         Some(lane_key(runtime, image.language, &pooled))
     }
 
-    /// Where a new session on `runtime` (taking from warm-pool `lane`, when it can) should be
-    /// created: `None` for this node, else another node, up ([`choose`]).
-    pub async fn place(&self, runtime: &str, lane: Option<&str>) -> Result<Option<Peer>, Error> {
+    /// Where a new session of `tenant` (when the caller is known) on `runtime` (taking from
+    /// warm-pool `lane`, when it can) should be created: `None` for this node, else another
+    /// node, up ([`choose`]).
+    pub async fn place(
+        &self,
+        runtime: &str,
+        lane: Option<&str>,
+        tenant: Option<&str>,
+    ) -> Result<Option<Peer>, Error> {
         let Some(me) = self.cfg.node_id.as_deref() else {
             return Ok(None);
         };
         let nodes = self.store.list_nodes().await?;
         let held = self.store.sandboxes_by_node().await?;
+        let tenant_held = match tenant {
+            Some(tenant) => self.store.tenant_sandboxes_by_node(tenant).await?,
+            None => HashMap::new(),
+        };
         // This node's own pool as it is now, not as of its last heartbeat.
         let warm_here = lane.is_some_and(|l| self.warm_lanes().contains_key(l));
         let want = Want {
             runtime,
             lane,
             warm_here,
+            tenant_held: &tenant_held,
         };
         Ok(choose(me, &nodes, &held, &want).map(Peer::of))
     }
@@ -229,14 +240,17 @@ struct Want<'a> {
     lane: Option<&'a str>,
     /// This node has a warm sandbox for `lane`.
     warm_here: bool,
+    /// The creating tenant's sandboxes, by node.
+    tenant_held: &'a HashMap<String, u64>,
 }
 
 /// The node a create goes to: `None` for this node `me` when it offers the runtime and has
 /// room and either has a warm sandbox for the create itself or no other node with room has
 /// one (a pool hit elsewhere beats a cold start here; the receiving node beats an equal
 /// other); otherwise the other up node offering the runtime with room, one with a warm
-/// sandbox for the create first, then the one with the most room (by the sandboxes the store
-/// records on each against the capacity each registered). `None` as well when no node has
+/// sandbox for the create first, then the one holding fewest of the tenant's sandboxes (a
+/// node lost takes fewer of one tenant's sessions), then the one with the most room (by the
+/// sandboxes the store records on each against the capacity each registered). `None` as well when no node has
 /// room: this node answers why not.
 fn choose<'a>(
     me: &str,
@@ -260,7 +274,15 @@ fn choose<'a>(
         .iter()
         .filter(fits)
         .filter(|n| n.info.id != me)
-        .max_by_key(|n| (warm(n), room(n), std::cmp::Reverse(n.info.id.clone())));
+        .max_by_key(|n| {
+            let tenant_there = want.tenant_held.get(&n.info.id).copied().unwrap_or(0);
+            (
+                warm(n),
+                std::cmp::Reverse(tenant_there),
+                room(n),
+                std::cmp::Reverse(n.info.id.clone()),
+            )
+        });
     match best {
         Some(other) if !here || (warm(other) && !want.warm_here) => Some(other),
         _ => None,
@@ -298,12 +320,50 @@ mod tests {
 
     const PY: &str = "jail/python/python";
 
+    static NO_TENANT: std::sync::LazyLock<HashMap<String, u64>> =
+        std::sync::LazyLock::new(HashMap::new);
+
     fn want(lane: Option<&'static str>, warm_here: bool) -> Want<'static> {
         Want {
             runtime: "jail",
             lane,
             warm_here,
+            tenant_held: &NO_TENANT,
         }
+    }
+
+    #[test]
+    fn a_tenant_is_spread_over_the_other_nodes() {
+        let nodes = [
+            node("a", 3, &[]),
+            node("b", 9, &[]),
+            node("c", 3, &[(PY, 1)]),
+            node("d", 3, &[]),
+        ];
+        let held = [("a", 3), ("b", 2)];
+        let tenant = HashMap::from([("b".to_string(), 2), ("d".to_string(), 1)]);
+        let spread = |lane| Want {
+            tenant_held: &tenant,
+            ..want(lane, false)
+        };
+        // Here is full. b has the most room but two of the tenant's, d one, c none.
+        assert_eq!(placed(&nodes, &held, &spread(None)), Some("c".into()));
+        // Without the tenant's counts: the most room.
+        assert_eq!(placed(&nodes, &held, &want(None, false)), Some("b".into()));
+        // A warm sandbox still comes first.
+        let tenant_on_c = HashMap::from([("c".to_string(), 2)]);
+        let warm = Want {
+            tenant_held: &tenant_on_c,
+            ..want(Some(PY), false)
+        };
+        assert_eq!(placed(&nodes, &held, &warm), Some("c".into()));
+        // Here has room: here, whatever the tenant holds.
+        let mine = HashMap::from([("a".to_string(), 2)]);
+        let here = Want {
+            tenant_held: &mine,
+            ..want(None, false)
+        };
+        assert_eq!(placed(&nodes, &[], &here), None);
     }
 
     #[test]
