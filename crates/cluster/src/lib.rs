@@ -40,6 +40,8 @@ pub struct Cluster {
     node: String,
     /// Who creates (placement spreads a tenant's sessions); the owner authenticates anyway.
     auth: Arc<Authenticator>,
+    /// `[e2b] domain`: requests for `<port>-<id>.<domain>` are that session's.
+    e2b_domain: Option<String>,
 }
 
 impl Cluster {
@@ -55,7 +57,14 @@ impl Cluster {
             key,
             node,
             auth,
+            e2b_domain: None,
         })
+    }
+
+    /// Requests for the host names `<port>-<id>.<domain>` go to session `<id>`'s node.
+    pub fn with_e2b_domain(mut self, domain: Option<String>) -> Cluster {
+        self.e2b_domain = domain;
+        self
     }
 
     /// Where a create of the caller of `headers` goes ([`Manager::place`]).
@@ -107,7 +116,12 @@ async fn forward(State(c): State<Arc<Cluster>>, mut req: Request, next: Next) ->
             }
         };
     }
-    let target = target::of(req.method(), req.uri().path(), req.headers());
+    let target = target::of(
+        req.method(),
+        req.uri(),
+        req.headers(),
+        c.e2b_domain.as_deref(),
+    );
     let routed = match target {
         Target::Any => return next.run(req).await,
         Target::Session(id) => c.manager.owner_of(&id).await.map(|p| (p, req)),

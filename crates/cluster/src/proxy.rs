@@ -67,6 +67,7 @@ pub async fn forward(
     let upgrade = is_upgrade(&req);
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
+    let client_authority = parts.uri.authority().map(|a| a.to_string());
     let target = parts
         .uri
         .path_and_query()
@@ -84,8 +85,13 @@ pub async fn forward(
     let proof = from
         .key
         .sign(from.node, crate::now_ms(), &parts.method, &target);
-    let host = HeaderValue::from_str(&authority).map_err(|_| unreachable(peer, "bad address"))?;
-    parts.headers.insert(header::HOST, host);
+    // The name the client asked for stays (the owner routes `<port>-<id>.<domain>` by it, and
+    // answers with URLs under it); HTTP/2's authority becomes HTTP/1's Host.
+    if !parts.headers.contains_key(header::HOST) {
+        let asked = client_authority.unwrap_or(authority.clone());
+        let host = HeaderValue::from_str(&asked).map_err(|_| unreachable(peer, "bad address"))?;
+        parts.headers.insert(header::HOST, host);
+    }
     let proof = HeaderValue::from_str(&proof).map_err(|_| unreachable(peer, "bad node id"))?;
     parts.headers.insert(HEADER, proof);
 

@@ -1,9 +1,11 @@
 //! Which session a request is for, read from the request line and headers alone (before any
-//! surface parses it): the native API's `/v1/sandbox/sessions/{id}/...`, E2B's control plane
-//! `/sandboxes/{id}/...` and `/v2/sandboxes/{id}/...`, and envd's `E2b-Sandbox-Id` header; or
-//! whether it creates one (placement).
+//! surface parses it): a host name `<port>-<id>.<domain>` under the E2B sandbox domain (the
+//! sandbox's own port: its path is the sandbox server's, never read as an API path), envd's
+//! `E2b-Sandbox-Id` header, the native API's `/v1/sandbox/sessions/{id}/...`, E2B's control
+//! plane `/sandboxes/{id}/...` and `/v2/sandboxes/{id}/...`; or whether it creates one
+//! (placement).
 
-use axum::http::{HeaderMap, Method};
+use axum::http::{HeaderMap, Method, Uri};
 
 /// The E2B header naming the sandbox an envd or interpreter request is for.
 const E2B_SANDBOX_ID: &str = "e2b-sandbox-id";
@@ -22,7 +24,11 @@ pub enum Target {
     Any,
 }
 
-pub fn of(method: &Method, path: &str, headers: &HeaderMap) -> Target {
+pub fn of(method: &Method, uri: &Uri, headers: &HeaderMap, e2b_domain: Option<&str>) -> Target {
+    if let Some(id) = e2b_domain.and_then(|d| koder_e2b::sandbox_of_host(uri, headers, d)) {
+        return Target::Session(id);
+    }
+    let path = uri.path();
     if let Some(id) = headers.get(E2B_SANDBOX_ID) {
         return match id.to_str() {
             Ok(id) if plausible(id) => Target::Session(id.to_string()),
@@ -57,7 +63,7 @@ mod tests {
     use super::*;
 
     fn target(method: Method, path: &str) -> Target {
-        of(&method, path, &HeaderMap::new())
+        of(&method, &path.parse().unwrap(), &HeaderMap::new(), None)
     }
 
     #[test]
@@ -98,11 +104,48 @@ mod tests {
     fn envd_names_its_sandbox_in_a_header() {
         let mut h = HeaderMap::new();
         h.insert(E2B_SANDBOX_ID, "s1".parse().unwrap());
+        let start = "/process.Process/Start".parse().unwrap();
         assert_eq!(
-            of(&Method::POST, "/process.Process/Start", &h),
+            of(&Method::POST, &start, &h, None),
             Target::Session("s1".into())
         );
         h.insert(E2B_SANDBOX_ID, "a b".parse().unwrap());
-        assert_eq!(of(&Method::POST, "/files", &h), Target::Any);
+        assert_eq!(
+            of(&Method::POST, &"/files".parse().unwrap(), &h, None),
+            Target::Any
+        );
+    }
+
+    #[test]
+    fn a_sandbox_host_name_beats_the_path() {
+        let mut h = HeaderMap::new();
+        h.insert("host", "8000-s1.sbx.test:80".parse().unwrap());
+        // The sandbox server's own path, whatever it looks like.
+        let path: Uri = "/v1/sandbox/sessions/other/exec".parse().unwrap();
+        let domain = Some("sbx.test");
+        assert_eq!(
+            of(&Method::POST, &path, &h, domain),
+            Target::Session("s1".into())
+        );
+        // HTTP/2's authority too.
+        let absolute: Uri = "http://49983-s2.sbx.test/files".parse().unwrap();
+        assert_eq!(
+            of(&Method::GET, &absolute, &HeaderMap::new(), domain),
+            Target::Session("s2".into())
+        );
+        // Without a domain, or another domain's name: as before.
+        assert_eq!(
+            of(&Method::POST, &path, &h, None),
+            Target::Session("other".into())
+        );
+        assert_eq!(
+            of(&Method::POST, &path, &h, Some("other.test")),
+            Target::Session("other".into())
+        );
+        h.insert("host", "api.sbx.test".parse().unwrap());
+        assert_eq!(
+            of(&Method::GET, &"/sandboxes".parse().unwrap(), &h, domain),
+            Target::Any
+        );
     }
 }

@@ -223,7 +223,8 @@ fn cluster(
     let key = koder_cluster::ClusterKey::new(&secret)
         .with_context(|| format!("[cluster] secret_file {}", path.display()))?;
     let cluster = koder_cluster::Cluster::new(manager.clone(), key, auth.clone())
-        .context("[cluster] needs this daemon to be a node")?;
+        .context("[cluster] needs this daemon to be a node")?
+        .with_e2b_domain(cfg.e2b.domain.clone());
     tracing::info!("forwarding to and from the other nodes of the cluster");
     Ok(Some(cluster))
 }

@@ -38,6 +38,8 @@ const SECRET: &str = "koder-test-secret";
 const NODES: &str = "SELECT id || ' ' || state FROM nodes ORDER BY id";
 /// Every node's gRPC port (each in a namespace of its own).
 const GRPC_PORT: u16 = 50051;
+/// The E2B sandbox domain: `<port>-<id>.sbx.test` names a sandbox's port on every node.
+const E2B_DOMAIN: &str = "sbx.test";
 
 /// s3s-fs on the bridge's address, its bucket a directory of its root.
 struct S3 {
@@ -133,6 +135,7 @@ fn node_config(k: usize, store: &str, s3: &str, secret: &Path, ip: &str) -> Stri
     };
     format!(
         "{sessions}[server]\ngrpc_addr = \"{ip}:{GRPC_PORT}\"\n\
+         [e2b]\ndomain = \"{E2B_DOMAIN}\"\n\
          [store]\nurl = \"{store}\"\n\
          [node]\nid = \"node-{k}\"\nheartbeat_s = 0.2\nlost_after_s = 1.5\n\
          [cluster]\nsecret_file = \"{}\"\n\
@@ -475,6 +478,24 @@ async fn every_surface_through_other_nodes(nodes: &[Daemon], id: &str) {
     assert_eq!(resp.status(), StatusCode::OK);
     let info: Value = resp.json().await.unwrap();
     assert_eq!(info["sandboxID"], id, "{info}");
+    let token = info["trafficAccessToken"]
+        .as_str()
+        .expect("a traffic token");
+    // The sandbox's server by its E2B host name, asked of a node that does not hold the
+    // sandbox, with the token the owner gave.
+    let resp = c
+        .http
+        .get(format!("{}/hello.txt", c.base))
+        .header("host", format!("8000-{id}.{E2B_DOMAIN}"))
+        .header("e2b-traffic-access-token", token)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    assert_eq!(
+        (status, resp.text().await.unwrap()),
+        (StatusCode::OK, "hello through the cluster".into())
+    );
     let resp = a
         .http
         .get(format!("{}/files", a.base))

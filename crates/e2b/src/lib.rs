@@ -29,7 +29,7 @@ mod state;
 use std::future::Future;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderValue, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -41,6 +41,13 @@ use envd::auth::{SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER};
 use error::close_connection;
 pub use error::HttpError;
 pub use state::E2b;
+
+/// The sandbox a request names by its host, `<port>-<id>.<domain>` (its `:authority` or
+/// `Host`), under the sandbox domain `domain` (`[e2b] domain`): for layers in front of the
+/// E2B surfaces that must know a request's sandbox before they serve it (a cluster's).
+pub fn sandbox_of_host(uri: &Uri, headers: &HeaderMap, domain: &str) -> Option<String> {
+    host::route(uri, headers, domain).map(|r| r.sandbox)
+}
 
 /// The port of envd inside an E2B sandbox, named by `E2b-Sandbox-Port`.
 pub const ENVD_PORT: &str = "49983";
