@@ -2,6 +2,12 @@
 //! says it is. A token that fails is refused: it is never tried as the other kind, and a
 //! caller with a bad token is never treated as anonymous.
 
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use koder_api_types::ErrorCode;
 use parking_lot::RwLock;
 
@@ -97,7 +103,29 @@ pub struct Authenticator {
     keys: RwLock<KeyRing>,
     static_keys: bool,
     jwt: Option<JwtVerifier>,
+    source: Option<Lookups>,
 }
+
+/// Where keys live beyond this daemon's ring: the store, where another daemon sharing it may
+/// have issued a key since this one started.
+pub trait KeySource: Send + Sync {
+    /// The tenant of the key with this hash, if the source holds it.
+    fn tenant_of(
+        &self,
+        hash: [u8; 32],
+    ) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>>;
+}
+
+/// Look-ups of unknown keys in the source, rate-limited: every random token a client makes
+/// up is one, and they must not become a flood of queries to a shared database.
+struct Lookups {
+    source: Arc<dyn KeySource>,
+    rate: DefaultDirectRateLimiter,
+}
+
+/// Unknown keys looked up per second (beyond it they are refused unseen, until the rate
+/// allows again).
+const LOOKUPS_PER_SECOND: u32 = 20;
 
 impl Authenticator {
     pub fn new(keys: KeyRing, jwt: Option<JwtVerifier>) -> Self {
@@ -105,6 +133,7 @@ impl Authenticator {
             keys: RwLock::new(keys),
             static_keys: true,
             jwt,
+            source: None,
         }
     }
 
@@ -114,7 +143,18 @@ impl Authenticator {
             keys: RwLock::new(KeyRing::default()),
             static_keys: false,
             jwt: Some(jwt),
+            source: None,
         }
+    }
+
+    /// Keys the ring does not know are looked up in `source` (and kept in the ring when found).
+    pub fn with_key_source(mut self, source: Arc<dyn KeySource>) -> Self {
+        let per_second = NonZeroU32::new(LOOKUPS_PER_SECOND).unwrap_or(NonZeroU32::MIN);
+        self.source = Some(Lookups {
+            source,
+            rate: RateLimiter::direct(Quota::per_second(per_second)),
+        });
+        self
     }
 
     pub fn static_keys_enabled(&self) -> bool {
@@ -141,11 +181,21 @@ impl Authenticator {
         if !self.static_keys {
             return Err(AuthError::KeysDisabled);
         }
-        self.keys
-            .read()
-            .verify_key(token)
-            .map(Principal::api_key)
-            .ok_or(AuthError::InvalidKey)
+        let known = self.keys.read().verify_key(token);
+        match known {
+            Some(identity) => Ok(Principal::api_key(identity)),
+            None => self.look_up(token).await.ok_or(AuthError::InvalidKey),
+        }
+    }
+
+    /// A key issued elsewhere since this daemon loaded its ring.
+    async fn look_up(&self, token: &str) -> Option<Principal> {
+        let lookups = self.source.as_ref()?;
+        lookups.rate.check().ok()?;
+        let hash = crate::hash_key(token);
+        let tenant = lookups.source.tenant_of(hash).await?;
+        self.insert_key(hash, tenant.clone());
+        Some(Principal::api_key(Identity { tenant_id: tenant }))
     }
 }
 
@@ -159,6 +209,54 @@ mod tests {
         let mut ring = KeyRing::default();
         ring.insert_hash(hash_key("secret-one"), "t1");
         ring
+    }
+
+    /// A store holding one key, counting look-ups.
+    struct Store(std::sync::atomic::AtomicU32);
+
+    impl KeySource for Store {
+        fn tenant_of(
+            &self,
+            hash: [u8; 32],
+        ) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Box::pin(async move { (hash == hash_key("issued-elsewhere")).then(|| "t9".into()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn keys_issued_elsewhere_are_looked_up_once_and_guesses_are_bounded() {
+        let store = Arc::new(Store(Default::default()));
+        let auth = Authenticator::new(ring(), None).with_key_source(store.clone());
+        let looked = || store.0.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            auth.authenticate("secret-one")
+                .await
+                .unwrap()
+                .identity
+                .tenant_id,
+            "t1"
+        );
+        assert_eq!(looked(), 0, "a known key needs no look-up");
+        for _ in 0..3 {
+            let p = auth.authenticate("issued-elsewhere").await.unwrap();
+            assert_eq!(
+                (p.identity.tenant_id.as_str(), p.credential),
+                ("t9", Credential::ApiKey)
+            );
+        }
+        assert_eq!(looked(), 1, "kept in the ring once found");
+        // Made-up keys: refused, and at most the rate's worth are looked up.
+        for i in 0..100 {
+            assert!(matches!(
+                auth.authenticate(&format!("guess-{i}")).await,
+                Err(AuthError::InvalidKey)
+            ));
+        }
+        assert!(looked() <= 1 + LOOKUPS_PER_SECOND, "{} look-ups", looked());
+        // No source: nothing is looked up.
+        let plain = Authenticator::new(ring(), None);
+        assert!(plain.authenticate("issued-elsewhere").await.is_err());
     }
 
     #[tokio::test]

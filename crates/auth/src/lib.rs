@@ -15,7 +15,7 @@ mod scope;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
-pub use authn::{AuthError, Authenticator, Credential, Principal, ScopeDenied};
+pub use authn::{AuthError, Authenticator, Credential, KeySource, Principal, ScopeDenied};
 pub use keys::{
     bearer_token, generate_key, hash_key, parse_key_spec, KeyRing, KeySpecError, MIN_KEY_LEN,
 };

@@ -329,10 +329,31 @@ async fn authenticator(
         };
         return Ok(Authenticator::jwt_only(jwt));
     }
-    Ok(Authenticator::new(
-        load_keys(cfg, store, data_dir).await?,
-        jwt,
-    ))
+    Ok(
+        Authenticator::new(load_keys(cfg, store, data_dir).await?, jwt)
+            .with_key_source(Arc::new(StoredKeys(store.clone()))),
+    )
+}
+
+/// The store's keys, for those another daemon sharing it issued after this one loaded its
+/// ring (a key issued at run time works on every node at once).
+struct StoredKeys(Store);
+
+impl koder_auth::KeySource for StoredKeys {
+    fn tenant_of(
+        &self,
+        hash: [u8; 32],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + '_>> {
+        Box::pin(async move {
+            match self.0.get_api_key(&hash).await {
+                Ok(key) => key.map(|k| k.tenant_id),
+                Err(e) => {
+                    tracing::warn!(error = %e, "looking up an API key in the store");
+                    None
+                }
+            }
+        })
+    }
 }
 
 /// The configured issuer's verifier, its keys fetched once now so a wrong URL shows at start

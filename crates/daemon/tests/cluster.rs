@@ -38,6 +38,7 @@ const SECRET: &str = "koder-test-secret";
 const NODES: &str = "SELECT id || ' ' || state FROM nodes ORDER BY id";
 /// Every node's gRPC port (each in a namespace of its own).
 const GRPC_PORT: u16 = 50051;
+const ADMIN_KEY: &str = "cluster-admin-key-0123456789";
 /// The E2B sandbox domain: `<port>-<id>.sbx.test` names a sandbox's port on every node.
 const E2B_DOMAIN: &str = "sbx.test";
 
@@ -136,6 +137,7 @@ fn node_config(k: usize, store: &str, s3: &str, secret: &Path, ip: &str) -> Stri
     format!(
         "{sessions}[server]\ngrpc_addr = \"{ip}:{GRPC_PORT}\"\n\
          [e2b]\ndomain = \"{E2B_DOMAIN}\"\n\
+         [auth]\nadmin_keys = [\"{ADMIN_KEY}\"]\n\
          [store]\nurl = \"{store}\"\n\
          [node]\nid = \"node-{k}\"\nheartbeat_s = 0.2\nlost_after_s = 1.5\n\
          [cluster]\nsecret_file = \"{}\"\n\
@@ -220,6 +222,22 @@ async fn three_nodes_serve_as_one() {
             "{}",
             refused.1
         );
+    }
+
+    // A key issued at run time through one node works on the others at once.
+    let (status, issued) = nodes[0]
+        .json_as(
+            ADMIN_KEY,
+            Method::POST,
+            "/v1/sandbox/admin/tenants/t1/keys",
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{issued}");
+    let issued = issued["api_key"].as_str().unwrap();
+    for d in &nodes[1..] {
+        let listed = listed(d, issued).await;
+        assert!(listed.iter().any(|(id, _)| *id == on1), "{listed:?}");
     }
 
     // A session on node-2 paused to disk (through node-1): its layer goes to S3.
