@@ -69,6 +69,16 @@ impl ClusterKey {
         mac
     }
 
+    /// A key for `purpose` that every node derives alike from the cluster secret (HMAC-SHA256
+    /// of the purpose, apart from the proofs' inputs by its prefix), for what one node issues
+    /// and another must verify (E2B's envd tokens).
+    pub fn derive(&self, purpose: &str) -> [u8; 32] {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        mac.update(b"derive\0");
+        mac.update(purpose.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
     /// The header value for `node` forwarding `method target` at `at_ms`.
     pub fn sign(&self, node: &str, at_ms: i64, method: &Method, target: &str) -> String {
         let tag = self
@@ -162,6 +172,16 @@ mod tests {
             k.verify(&v, &Method::POST, target, 1_000_000 + 61_000),
             Err(ProofError::Stale)
         );
+    }
+
+    #[test]
+    fn derived_keys_are_per_purpose_and_per_secret() {
+        let key = ClusterKey::new(&[7u8; 40]).unwrap();
+        let same = ClusterKey::new(&[7u8; 40]).unwrap();
+        let other = ClusterKey::new(&[8u8; 40]).unwrap();
+        assert_eq!(key.derive("e2b"), same.derive("e2b"));
+        assert_ne!(key.derive("e2b"), key.derive("e2b2"));
+        assert_ne!(key.derive("e2b"), other.derive("e2b"));
     }
 
     #[test]

@@ -129,16 +129,22 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         limits: state.limits.clone(),
         admin_keys: state.admin_keys.clone(),
     };
+    let cluster_key = cluster_key(&cfg)?;
+    // In a cluster every node verifies the envd tokens any node gave out.
+    let e2b_token_key = match &cluster_key {
+        Some(key) => key.derive(E2B_TOKEN_PURPOSE),
+        None => token_key(data_dir)?,
+    };
     let e2b = koder_e2b::E2b::new(
         state.clone(),
         cfg.sessions.clone(),
-        token_key(data_dir)?,
+        e2b_token_key,
         cfg.e2b.domain.clone(),
     );
     let native = koder_http::router(state).merge(koder_console::router());
     let app = koder_http::drain_unread_bodies(koder_e2b::mount(native, e2b));
     let grpc = koder_grpc::router(grpc)?;
-    let (app, grpc) = match cluster(&cfg, &manager, &auth)? {
+    let (app, grpc) = match cluster(&cfg, cluster_key, &manager, &auth)? {
         Some(cluster) => (
             koder_cluster::mount(app, cluster.clone()),
             koder_cluster::mount_grpc(grpc, cluster),
@@ -195,10 +201,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// This node as a member of a cluster when `[cluster] secret_file` is set.
 fn cluster(
     cfg: &Config,
+    key: Option<koder_cluster::ClusterKey>,
     manager: &Arc<koder_sessions::Manager>,
     auth: &Arc<koder_auth::Authenticator>,
 ) -> anyhow::Result<Option<koder_cluster::Cluster>> {
-    let Some(path) = &cfg.cluster.secret_file else {
+    let Some(key) = key else {
         return Ok(None);
     };
     if cfg.node.advertise.is_none() && cfg.server.listen.ip().is_unspecified() {
@@ -219,14 +226,22 @@ fn cluster(
             cfg.server.grpc_addr
         );
     }
-    let secret = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let key = koder_cluster::ClusterKey::new(&secret)
-        .with_context(|| format!("[cluster] secret_file {}", path.display()))?;
     let cluster = koder_cluster::Cluster::new(manager.clone(), key, auth.clone())
         .context("[cluster] needs this daemon to be a node")?
         .with_e2b_domain(cfg.e2b.domain.clone());
     tracing::info!("forwarding to and from the other nodes of the cluster");
     Ok(Some(cluster))
+}
+
+/// The cluster's shared secret (`[cluster] secret_file`), when this daemon is in one.
+fn cluster_key(cfg: &Config) -> anyhow::Result<Option<koder_cluster::ClusterKey>> {
+    let Some(path) = &cfg.cluster.secret_file else {
+        return Ok(None);
+    };
+    let secret = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let key = koder_cluster::ClusterKey::new(&secret)
+        .with_context(|| format!("[cluster] secret_file {}", path.display()))?;
+    Ok(Some(key))
 }
 
 /// Binds `[server] grpc_addr`, when set.
@@ -469,6 +484,9 @@ fn dev_key(data_dir: &Path) -> anyhow::Result<String> {
         koder_auth::generate_key,
     )
 }
+
+/// What the E2B envd token key is derived for from a cluster's secret.
+const E2B_TOKEN_PURPOSE: &str = "e2b-envd-token";
 
 fn token_key(data_dir: &Path) -> anyhow::Result<[u8; 32]> {
     hex_key(&data_dir.join(TOKEN_KEY_FILE))

@@ -240,6 +240,20 @@ async fn three_nodes_serve_as_one() {
         assert!(listed.iter().any(|(id, _)| *id == on1), "{listed:?}");
     }
 
+    // Its envd token, as node-2 gives it out.
+    let resp = nodes[0]
+        .http
+        .get(format!("{}/sandboxes/{on2}", nodes[0].base))
+        .header("x-api-key", KEY1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let envd_token = resp.json::<Value>().await.unwrap()["envdAccessToken"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
     // A session on node-2 paused to disk (through node-1): its layer goes to S3.
     let v = nodes[0]
         .exec(&on2, json!({"shell": "echo kept > /home/user/kept"}))
@@ -312,6 +326,17 @@ async fn three_nodes_serve_as_one() {
         .exec(&on2, json!({"cmd": ["/bin/cat", "/home/user/kept"]}))
         .await;
     assert_eq!(v["stdout"], "kept\n", "{v}");
+    // The envd token node-2 gave out still opens envd on its new node (every node derives
+    // the token key from the cluster secret).
+    let resp = nodes[0]
+        .http
+        .get(format!("{}/health", nodes[0].base))
+        .header("host", format!("49983-{on2}.{E2B_DOMAIN}"))
+        .header("x-access-token", &envd_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
 
     // node-2 comes back: its start-up reconciles its own sessions only; the one resumed
     // elsewhere runs on, served through node-2 as well.
