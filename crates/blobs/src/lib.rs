@@ -133,35 +133,18 @@ impl Blobs {
         key: &str,
         body: impl Stream<Item = Result<Bytes, std::io::Error>> + Send,
     ) -> Result<BlobInfo, BlobError> {
-        let (info, synced) = self.put_syncing(tenant, key, body).await?;
-        synced.wait().await?;
-        Ok(info)
-    }
-
-    /// [`put`](Self::put) whose durability is still under way when it returns: the local
-    /// store's fsync runs on a thread of its own (S3 has none to do), and the caller awaits
-    /// the returned [`Synced`] before anything durable refers to the object. Lets a caller
-    /// overlap the fsync with work that only needs the object readable (a fork's copies).
-    pub async fn put_syncing(
-        &self,
-        tenant: &str,
-        key: &str,
-        body: impl Stream<Item = Result<Bytes, std::io::Error>> + Send,
-    ) -> Result<(BlobInfo, Synced), BlobError> {
         let path = self.path(tenant, key)?;
         let _uploading = Uploading::new(&self.inner, &path);
         let info = upload::upload(self.inner.store.as_ref(), &path, body).await?;
-        let syncing = match &self.inner.local {
-            Some(local) => {
-                let file = local.fs.path_to_filesystem(&path)?;
-                let root = local.root.clone();
-                Some(tokio::task::spawn_blocking(move || {
-                    local::sync(&root, &file)
-                }))
-            }
-            None => None,
-        };
-        Ok((info, Synced(syncing)))
+        if let Some(local) = &self.inner.local {
+            let file = local.fs.path_to_filesystem(&path)?;
+            let root = local.root.clone();
+            blocking("syncing the blob to disk", move || {
+                local::sync(&root, &file)
+            })
+            .await?;
+        }
+        Ok(info)
     }
 
     /// [`put`](Self::put) for a synchronous producer: returns a [`BlobWriter`]
@@ -288,28 +271,6 @@ impl Blobs {
             tracing::info!(removed, "removed staging files of unfinished blob uploads");
         }
         Ok(removed)
-    }
-}
-
-/// A stored object's durability, under way ([`Blobs::put_syncing`]).
-#[must_use = "await the sync before anything durable refers to the object"]
-pub struct Synced(Option<tokio::task::JoinHandle<std::io::Result<()>>>);
-
-impl Synced {
-    /// Nothing left to sync.
-    pub fn done() -> Synced {
-        Synced(None)
-    }
-
-    /// Waits until the object survives a power cut.
-    pub async fn wait(self) -> Result<(), BlobError> {
-        let Some(task) = self.0 else {
-            return Ok(());
-        };
-        task.await
-            .map_err(std::io::Error::other)
-            .and_then(|r| r)
-            .map_err(|e| BlobError::io("syncing the blob to disk", e))
     }
 }
 

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use chrono::Utc;
 use futures::StreamExt;
 use koder_agent_protocol::AgentClient;
-use koder_blobs::{BlobConfig, BlobInfo, Blobs, Synced};
+use koder_blobs::{BlobConfig, BlobInfo, Blobs};
 use koder_store::{LayerRecord, Store};
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
@@ -100,16 +100,14 @@ impl Layers {
 
     /// Streams the sandbox's writable layer into a new layer of `tenant`. The caller has frozen
     /// the sandbox's processes. `max_bytes` bounds the stored size (the tenant's room). The
-    /// layer stays pinned while the returned [`Pin`] lives. The blob is readable (and cached
-    /// here) at once; it is durable once the returned [`Synced`] is awaited, which the caller
-    /// does before anything durable refers to it.
+    /// layer stays pinned while the returned [`Pin`] lives.
     pub async fn capture(
         &self,
         tenant: &str,
         agent: &AgentClient,
         max_bytes: u64,
         max_entries: u64,
-    ) -> Result<(LayerRecord, Pin, Synced), Error> {
+    ) -> Result<(LayerRecord, Pin), Error> {
         let id = format!("lyr-{}", uuid::Uuid::new_v4().simple());
         let pin = self.pin(std::slice::from_ref(&id));
         let part = self.cache.join(format!("{id}.tar{PART}"));
@@ -117,7 +115,7 @@ impl Layers {
             .capture_into(tenant, &id, &part, agent, max_bytes, max_entries)
             .await;
         match result {
-            Ok((record, synced)) => Ok((record, pin, synced)),
+            Ok(record) => Ok((record, pin)),
             Err(e) => {
                 let _ = tokio::fs::remove_file(&part).await;
                 let _ = self.blobs.delete(tenant, &blob_key(&id)).await;
@@ -134,7 +132,7 @@ impl Layers {
         agent: &AgentClient,
         max_bytes: u64,
         max_entries: u64,
-    ) -> Result<(LayerRecord, Synced), Error> {
+    ) -> Result<LayerRecord, Error> {
         let key = blob_key(id);
         // A local blob becomes the cache file by a hard link once stored: written once.
         let local = self.blobs.local_file(tenant, &key).map_err(blob_error)?;
@@ -149,7 +147,7 @@ impl Layers {
         };
         let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(UPLOAD_QUEUE);
         let body = tokio_stream::wrappers::ReceiverStream::new(rx);
-        let upload = self.blobs.put_syncing(tenant, &key, body);
+        let upload = self.blobs.put(tenant, &key, body);
         let produce = async {
             let mut stored: u64 = 0;
             while let Some(chunk) = capture.next_chunk().await? {
@@ -180,7 +178,7 @@ impl Layers {
         };
         let (produced, uploaded) = tokio::join!(produce, upload);
         let (entries, _content) = produced?;
-        let (info, synced) = uploaded.map_err(blob_error)?;
+        let info = uploaded.map_err(blob_error)?;
         if let Some(blob) = &local {
             share(blob, part).await?;
         }
@@ -198,7 +196,7 @@ impl Layers {
             created_at: Utc::now(),
         };
         self.store.insert_layer(&record).await?;
-        Ok((record, synced))
+        Ok(record)
     }
 
     /// Local files of these layers, in order, fetching (and verifying) any not cached here.
@@ -358,11 +356,6 @@ async fn share(from: &Path, to: &Path) -> Result<(), Error> {
         .await
         .map(|_| ())
         .map_err(|e| Error::Internal(format!("copy layer into the cache: {e}")))
-}
-
-/// Waits until a capture's blob is durable ([`Layers::capture`]).
-pub async fn durable(synced: Synced) -> Result<(), Error> {
-    synced.wait().await.map_err(blob_error)
 }
 
 fn blob_error(e: koder_blobs::BlobError) -> Error {

@@ -17,7 +17,6 @@ use std::time::Instant;
 
 use koder_api_types::{CreateSession, CreateSnapshot, OnTimeout, Session, SessionState, Snapshot};
 use koder_auth::Identity;
-use koder_blobs::Synced;
 use koder_runtime::RuntimeError;
 use koder_store::{DurablePause, LayerRecord, SessionDurable, SessionRecord, SnapshotRecord};
 
@@ -87,19 +86,7 @@ impl Manager {
     /// replaces the stack (stacking it would bring back what the session deleted since, which
     /// no capture records then).
     async fn capture(&self, live: &Live, below: &[String]) -> Result<(Vec<String>, Pin), Error> {
-        let (stack, pin, synced) = self.capture_syncing(live, below).await?;
-        crate::layers::durable(synced).await?;
-        Ok((stack, pin))
-    }
-
-    /// [`capture`](Self::capture) whose new layer is readable but not yet durable: the
-    /// caller awaits the [`Synced`] before anything durable refers to it.
-    async fn capture_syncing(
-        &self,
-        live: &Live,
-        below: &[String],
-    ) -> Result<(Vec<String>, Pin, Synced), Error> {
-        let (layer, _fresh, synced) = self.capture_layer(live).await?;
+        let (layer, _fresh) = self.capture_layer(live).await?;
         let mut stack = if live.sandbox.layers_below() {
             below.to_vec()
         } else {
@@ -109,10 +96,10 @@ impl Manager {
         // The layers below are the session's until it ends, which may be before the caller
         // records the stack: pinned with the capture.
         let pin = self.layer_store()?.pin(&stack);
-        Ok((stack, pin, synced))
+        Ok((stack, pin))
     }
 
-    async fn capture_layer(&self, live: &Live) -> Result<(LayerRecord, Pin, Synced), Error> {
+    async fn capture_layer(&self, live: &Live) -> Result<(LayerRecord, Pin), Error> {
         let layers = self.layer_store()?;
         let room = self.room(&live.tenant_id).await?;
         let rc = live.sandbox.resources();
@@ -156,24 +143,12 @@ impl Manager {
         who: &Identity,
         record: &SessionRecord,
     ) -> Result<(Vec<String>, Option<Pin>), Error> {
-        let (layers, pin, synced) = self.current_layers_syncing(who, record).await?;
-        crate::layers::durable(synced).await?;
-        Ok((layers, pin))
-    }
-
-    /// [`current_layers`](Self::current_layers) with a fresh capture not yet durable (see
-    /// [`capture_syncing`](Self::capture_syncing)).
-    async fn current_layers_syncing(
-        &self,
-        who: &Identity,
-        record: &SessionRecord,
-    ) -> Result<(Vec<String>, Option<Pin>, Synced), Error> {
         let mut durable = self.store.session_durable(&record.id).await?;
         if record.state == SessionState::Stopped {
             return Err(Error::Conflict("the session has ended".into()));
         }
         match durable.pause {
-            Some(DurablePause::Disk) => return Ok((durable.layers, None, Synced::done())),
+            Some(DurablePause::Disk) => return Ok((durable.layers, None)),
             Some(DurablePause::VmMemory) => {
                 return Err(Error::Conflict(
                     "the session's VM is saved with its memory; resume it first".into(),
@@ -182,9 +157,9 @@ impl Manager {
             None => {}
         }
         let live = self.live_any(who, &record.id)?;
-        let (layers, pin, synced) = self.capture_syncing(&live, &durable.layers).await?;
+        let (layers, pin) = self.capture(&live, &durable.layers).await?;
         durable.layers = layers;
-        Ok((durable.layers, Some(pin), synced))
+        Ok((durable.layers, Some(pin)))
     }
 
     #[tracing::instrument(name = "session.snapshot", skip_all,
@@ -660,8 +635,7 @@ impl Manager {
             )));
         }
         let record = self.record(who, id).await?;
-        // The copies only read the capture; its fsync runs while they are made.
-        let (layers, _pin, synced) = self.current_layers_syncing(who, &record).await?;
+        let (layers, _pin) = self.current_layers(who, &record).await?;
         let durable = self.store.session_durable(id).await?;
         let req = CreateSession {
             language: Some(record.language.clone()),
@@ -685,9 +659,7 @@ impl Manager {
             .await;
         let (made, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
         let made: Vec<Session> = made.into_iter().filter_map(Result::ok).collect();
-        // Nothing durable may refer to the layer before it is (a fork paused to disk would).
-        let synced = crate::layers::durable(synced).await;
-        if let Some(e) = failed.into_iter().find_map(Result::err).or(synced.err()) {
+        if let Some(Err(e)) = failed.into_iter().next() {
             for s in &made {
                 self.end(&s.id, "fork failed").await;
             }
