@@ -30,6 +30,7 @@ const BACKGROUND_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4738";
 const CONTEXT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4739";
 const E2B_CREATE_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473a";
 const E2B_RUN_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473b";
+const LIFECYCLE_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473c";
 /// What every traced exec runs: long enough to time, printing the context it was given.
 const COMMAND: &str = "sleep 0.3; echo \"$TRACEPARENT\"; exit 3";
 
@@ -245,6 +246,38 @@ async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
     ] {
         assert!(metrics.contains(line), "{line} not in:\n{metrics}");
     }
+    // Pause, resume, snapshot and destroy, each request traced.
+    let lifecycle = [
+        (
+            Method::POST,
+            format!("/v1/sandbox/sessions/{sid}/pause"),
+            StatusCode::OK,
+        ),
+        (
+            Method::POST,
+            format!("/v1/sandbox/sessions/{sid}/resume"),
+            StatusCode::OK,
+        ),
+        (
+            Method::POST,
+            format!("/v1/sandbox/sessions/{sid}/snapshot"),
+            StatusCode::CREATED,
+        ),
+        (
+            Method::DELETE,
+            format!("/v1/sandbox/sessions/{sid}"),
+            StatusCode::NO_CONTENT,
+        ),
+    ];
+    for (method, path, want) in &lifecycle {
+        let resp = d
+            .req(method.clone(), path, KEY1)
+            .header("traceparent", traceparent(LIFECYCLE_TRACE))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), *want, "{method} {path}");
+    }
     // Stopping flushes what the batch exporter still holds.
     d.stop();
 
@@ -324,6 +357,30 @@ async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
     .await;
     let (_, seen) = check_exec_tree(&all, E2B_RUN_TRACE, start_route, (&e2b_id, "background"));
     assert!(e2b_output.contains(&seen), "TRACEPARENT: {e2b_output}");
+
+    // Each lifecycle step's span is its request's child, naming the session.
+    let steps = [
+        ("POST /v1/sandbox/sessions/{id}/pause", "session.pause"),
+        ("POST /v1/sandbox/sessions/{id}/resume", "session.resume"),
+        (
+            "POST /v1/sandbox/sessions/{id}/snapshot",
+            "session.snapshot",
+        ),
+        ("DELETE /v1/sandbox/sessions/{id}", "session.destroy"),
+    ];
+    let names: Vec<&str> = steps.iter().flat_map(|(r, s)| [*r, *s]).collect();
+    let all = spans_of(&spans, LIFECYCLE_TRACE, &names).await;
+    for (route, step) in steps {
+        let request = named(&all, route);
+        assert_eq!(hex(&request.parent_span_id), CALLER_SPAN, "{route}");
+        let span = named(&all, step);
+        assert_eq!(span.parent_span_id, request.span_id, "{step}");
+        assert_eq!(
+            attr(span, "session").as_deref(),
+            Some(sid.as_str()),
+            "{step}"
+        );
+    }
 
     // Lifecycle steps have spans of their own (the create's source recorded on it).
     let all = spans.lock().unwrap().clone();
