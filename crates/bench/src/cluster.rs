@@ -105,11 +105,22 @@ pub async fn run(
 /// reaches) on top of its own.
 async fn start(bin: &Path, work_root: &Path, db: &Database, keep: bool) -> Result<Vec<Daemon>> {
     let secret = work_root.join(format!("koder-bench-{}-cluster.secret", std::process::id()));
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos();
-    std::fs::write(&secret, format!("{nanos:032x}{:032x}", std::process::id()))?;
-    let key = format!("e2b_{:040x}", nanos);
+    std::fs::write(&secret, hex::encode(rand::random::<[u8; 32]>()))?;
+    let key = format!("e2b_{}", hex::encode(rand::random::<[u8; 20]>()));
+    let nodes = start_nodes(bin, work_root, db, keep, &secret, &key).await;
+    // Each daemon read the secret at its start.
+    let _ = std::fs::remove_file(&secret);
+    nodes
+}
+
+async fn start_nodes(
+    bin: &Path,
+    work_root: &Path,
+    db: &Database,
+    keep: bool,
+    secret: &Path,
+    key: &str,
+) -> Result<Vec<Daemon>> {
     let mut nodes = Vec::new();
     for k in 0..NODES {
         let extra = format!(
@@ -128,7 +139,7 @@ async fn start(bin: &Path, work_root: &Path, db: &Database, keep: bool) -> Resul
             keep,
         )
         .await?;
-        d.key = key.clone();
+        d.key = key.to_string();
         nodes.push(d);
     }
     Ok(nodes)
