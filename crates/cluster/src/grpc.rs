@@ -9,7 +9,6 @@
 //! unchanged).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -64,7 +63,6 @@ const PREFIX: usize = 5;
 /// A first message longer than this is not looked into (tonic's default decoding limit, so
 /// the service refuses it anyway).
 const MAX_FIRST_MESSAGE: usize = 4 << 20;
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a call is, for the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,9 +136,11 @@ async fn forward(State(c): State<Arc<Cluster>>, mut req: Request, next: Next) ->
         };
     }
     let call = call_of(req.uri().path());
-    if call == Call::Any {
-        return next.run(req).await;
-    }
+    let nested = match call {
+        Call::Any => return next.run(req).await,
+        Call::Session { nested } => Some(nested),
+        Call::Create => None,
+    };
     let (parts, body) = req.into_parts();
     let (read, message, rest) = match first_message(body).await {
         Ok(first) => first,
@@ -151,25 +151,22 @@ async fn forward(State(c): State<Arc<Cluster>>, mut req: Request, next: Next) ->
             .run(Request::from_parts(parts, rejoin(read, rest)))
             .await;
     };
-    match call {
-        Call::Session { nested } => {
-            let owner = match session_of(&message, nested) {
-                Some(id) => c.manager.owner_of(&id).await,
-                None => Ok(None),
-            };
-            match owner {
-                Ok(Some(peer)) => send(&c, &peer, parts, rejoin(read, rest))
-                    .await
-                    .unwrap_or_else(|e| e),
-                Ok(None) => {
-                    next.run(Request::from_parts(parts, rejoin(read, rest)))
-                        .await
-                }
-                Err(e) => failure(e.code(), &e.to_string()),
-            }
+    let Some(nested) = nested else {
+        return create(&c, parts, read, &message, rest, next).await;
+    };
+    let owner = match session_of(&message, nested) {
+        Some(id) => c.manager.owner_of(&id).await,
+        None => Ok(None),
+    };
+    match owner {
+        Ok(Some(peer)) => send(&c, &peer, parts, rejoin(read, rest))
+            .await
+            .unwrap_or_else(|e| e),
+        Ok(None) => {
+            next.run(Request::from_parts(parts, rejoin(read, rest)))
+                .await
         }
-        Call::Create => create(&c, parts, read, &message, rest, next).await,
-        Call::Any => unreachable!("answered above"),
+        Err(e) => failure(e.code(), &e.to_string()),
     }
 }
 
@@ -321,14 +318,9 @@ async fn send(
         HeaderValue::from_str(&proof).map_err(|_| unreachable_status(peer, "bad node id"))?;
     parts.headers.insert(HEADER, proof);
 
-    let stream = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        tokio::net::TcpStream::connect(authority.as_str()),
-    )
-    .await
-    .map_err(|_| unreachable_status(peer, "connect timed out"))?
-    .map_err(|e| unreachable_status(peer, e))?;
-    let _ = stream.set_nodelay(true);
+    let stream = crate::proxy::dial(&authority)
+        .await
+        .map_err(|e| unreachable_status(peer, e))?;
     let (mut sender, conn) = hyper::client::conn::http2::handshake::<_, _, Body>(
         TokioExecutor::new(),
         TokioIo::new(stream),

@@ -53,6 +53,17 @@ pub(crate) fn authority_of(address: &str) -> Result<String, &'static str> {
     Ok(format!("{host}:{}", uri.port_u16().unwrap_or(80)))
 }
 
+/// A fresh connection to another node, bounded by the connect timeout; Nagle off, since
+/// streamed answers are many small writes (see the daemon's listener).
+pub(crate) async fn dial(authority: &str) -> Result<tokio::net::TcpStream, String> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(authority))
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
 fn is_upgrade(req: &Request) -> bool {
     req.headers().contains_key(header::UPGRADE)
 }
@@ -95,15 +106,7 @@ pub async fn forward(
     let proof = HeaderValue::from_str(&proof).map_err(|_| unreachable(peer, "bad node id"))?;
     parts.headers.insert(HEADER, proof);
 
-    let stream = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        tokio::net::TcpStream::connect(authority.as_str()),
-    )
-    .await
-    .map_err(|_| unreachable(peer, "connect timed out"))?
-    .map_err(|e| unreachable(peer, e))?;
-    // Streamed answers are many small writes (see the daemon's listener).
-    let _ = stream.set_nodelay(true);
+    let stream = dial(&authority).await.map_err(|e| unreachable(peer, e))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(stream))
         .await
         .map_err(|e| unreachable(peer, e))?;
