@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 /// agent speaking another. 2: per-stream credit (`Credit`, see [`crate::flow`]). 3: file
 /// metadata (`Entry::metadata`, `WriteFileRequest::metadata`), watch barriers (`WatchFlush`).
 /// 4: trace context of an exec (`ExecRequest::trace`) and what the agent timed of it
-/// (`ExitInfo::timing`).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// (`ExitInfo::timing`). 5: the same for a context run (`ContextRun::trace`,
+/// `RunOutcome::timing`).
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Largest data chunk of a byte stream (stdout, stdin, relayed bytes) carried in one frame.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -133,6 +134,9 @@ pub enum ToAgent {
         timeout_ms: Option<u64>,
         /// Set for this run only; the context's environment is as before once it ends.
         env: Vec<(String, String)>,
+        /// The W3C trace context of the run's in-sandbox span, given to the code as
+        /// `TRACEPARENT` for this run (unless `env` names one).
+        trace: Option<TraceContext>,
     },
     ContextList,
     ContextDelete {
@@ -481,6 +485,10 @@ pub struct RunOutcome {
     /// The interpreter was killed (timeout, crash, OOM) and started afresh: state is gone.
     pub restarted: bool,
     pub duration_ms: u64,
+    /// The run's timing inside the sandbox: `spawn_us` from the request's arrival to the code
+    /// handed to the interpreter (waiting for the context, starting a dead interpreter again),
+    /// `run_us` the interpreter's work, `since_exit_us` what came after (a restart).
+    pub timing: ExecTiming,
 }
 
 /// One displayable value in the representations it offers.

@@ -84,7 +84,7 @@ async fn try_run(
     code: &str,
     timeout_ms: Option<u64>,
 ) -> Result<Ran, ClientError> {
-    try_run_with_env(client, cid, code, timeout_ms, &[]).await
+    try_run_with_env(client, cid, code, timeout_ms, &[], None).await
 }
 
 async fn try_run_with_env(
@@ -93,6 +93,7 @@ async fn try_run_with_env(
     code: &str,
     timeout_ms: Option<u64>,
     env: &[(&str, &str)],
+    trace: Option<TraceContext>,
 ) -> Result<Ran, ClientError> {
     let began = Instant::now();
     let mut s = client
@@ -104,6 +105,7 @@ async fn try_run_with_env(
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            trace,
         })
         .await?;
     let mut ran = Ran::default();
@@ -372,7 +374,7 @@ fn per_run_environment_is_set_and_restored() {
             let id = create(&h.client, language).await.context_id;
             run(&h.client, &id, set_before).await.ok();
             let env = [("ONLY_RUN", "1"), ("KEPT", "during")];
-            let r = try_run_with_env(&h.client, &id, read, Some(30_000), &env)
+            let r = try_run_with_env(&h.client, &id, read, Some(30_000), &env, None)
                 .await
                 .unwrap()
                 .ok();
@@ -385,6 +387,38 @@ fn per_run_environment_is_set_and_restored() {
             let r = run(&h.client, &id, read).await.ok();
             assert_eq!(r.stdout, format!("{null} before\n"), "{language}");
         }
+    });
+}
+
+/// A traced run gets its context as `TRACEPARENT` for that run only (a value the run's own
+/// environment names wins), and its timing covers the interpreter's work.
+#[test]
+fn a_traced_run_sees_its_context_and_is_timed() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let trace = TraceContext {
+            trace_id: [0xab; 16],
+            span_id: [0x12; 8],
+            sampled: true,
+        };
+        let read = "import os, time; time.sleep(0.2); print(os.environ.get('TRACEPARENT'))";
+        let r = try_run_with_env(&h.client, &id, read, Some(30_000), &[], Some(trace))
+            .await
+            .unwrap()
+            .ok();
+        assert_eq!(r.stdout.trim(), trace.traceparent());
+        let t = r.outcome.timing;
+        assert!(t.run_us >= 200_000, "{t:?}");
+        assert!(t.run_us < 30_000_000 && t.spawn_us < 30_000_000, "{t:?}");
+        let own = [("TRACEPARENT", "mine")];
+        let r = try_run_with_env(&h.client, &id, read, Some(30_000), &own, Some(trace))
+            .await
+            .unwrap()
+            .ok();
+        assert_eq!(r.stdout, "mine\n");
+        let r = run(&h.client, &id, read).await.ok();
+        assert_eq!(r.stdout, "None\n");
     });
 }
 
@@ -557,6 +591,7 @@ fn a_cancelled_run_is_interrupted_and_the_state_kept() {
                 code: "import time\nprint('sleeping', flush=True)\ntime.sleep(60)".into(),
                 timeout_ms: Some(120_000),
                 env: Vec::new(),
+                trace: None,
             })
             .await
             .unwrap();
@@ -614,7 +649,7 @@ fn bad_requests_get_typed_errors() {
         let id = create(&h.client, "python").await.context_id;
         for bad in [("", "x"), ("A=B", "x"), ("A", "nul\0")] {
             assert_eq!(
-                agent_code(try_run_with_env(&h.client, &id, "1", None, &[bad]).await),
+                agent_code(try_run_with_env(&h.client, &id, "1", None, &[bad], None).await),
                 ErrorCode::InvalidRequest,
                 "{bad:?}"
             );

@@ -1,20 +1,27 @@
 //! `runtime: "microvm"` through the normal API: real guests (QEMU `microvm`; TCG on hosts
 //! without usable hardware KVM, such as CI), booted from the image `ksandbox image build` made
 //! (`KODER_MICROVM_IMAGES`, default `target/microvm-images`; scripts/test.sh builds it).
-//! Two boots in all: guests are slow under TCG.
+//! Two boots in all: guests are slow under TCG. The first also exports its traces to the
+//! test's collector: an exec's and a context run's in-guest spans, children of their requests'.
 
 mod common;
+#[path = "support/otlp.rs"]
+mod otlp;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::*;
 use futures::SinkExt;
+use otlp::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
 const S: &str = "/v1/sandbox/sessions";
+/// The traces of the first test: an exec, a context run.
+const EXEC_TRACE: &str = "5bf92f3577b34da6a3ce929d0e0e4736";
+const RUN_TRACE: &str = "5bf92f3577b34da6a3ce929d0e0e4737";
 
 fn microvm_config() -> String {
     format!("{BASE_CONFIG}\n{}", microvm_section())
@@ -64,7 +71,12 @@ async fn wait_until_gone(needle: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
     let Some(()) = root_or_skip() else { return };
-    let d = Daemon::start(&microvm_config()).await;
+    let (spans, url) = collector().await;
+    let config = format!(
+        "{}\n[telemetry]\notlp_endpoint = \"{url}\"\n",
+        microvm_config()
+    );
+    let mut d = Daemon::start(&config).await;
     let vms = d.data_dir().join("microvm/vms");
 
     let (status, s) = d
@@ -190,14 +202,32 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
         c["context_id"].as_str().unwrap()
     );
     d.json(Method::POST, &run, json!({"code": "x = 20"})).await;
-    let (status, r) = d
-        .json(Method::POST, &run, json!({"code": "print(x + 22)"}))
-        .await;
-    assert_eq!(
-        (status, r["stdout"].as_str()),
-        (StatusCode::OK, Some("42\n")),
-        "{r}"
-    );
+    let resp = d
+        .req(Method::POST, &run, KEY1)
+        .header("traceparent", traceparent(RUN_TRACE))
+        .json(&json!({"code": "import os\nprint(x + 22, os.environ['TRACEPARENT'])"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let context_run: Value = resp.json().await.unwrap();
+    let (answer, run_saw) = context_run["stdout"]
+        .as_str()
+        .and_then(|o| o.trim().split_once(' '))
+        .unwrap_or_else(|| panic!("{context_run}"));
+    assert_eq!(answer, "42", "{context_run}");
+    let run_saw = run_saw.to_string();
+
+    // A traced exec: its in-guest span is the exec's child, its context the process's.
+    let resp = d
+        .req(Method::POST, &format!("{S}/{id}/exec"), KEY1)
+        .header("traceparent", traceparent(EXEC_TRACE))
+        .json(&json!({"shell": COMMAND}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let traced: Value = resp.json().await.unwrap();
 
     // Pause saves the VM with its memory (QEMU: nothing of it runs), resume starts it again
     // from there: the background process ticks on.
@@ -266,6 +296,24 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
         )
         .await;
     assert!(status.is_client_error(), "{status} {e}");
+
+    // Stopping flushes what the batch exporter still holds.
+    d.stop();
+    let exec_route = "POST /v1/sandbox/sessions/{id}/exec";
+    let all = spans_of(&spans, EXEC_TRACE, &[exec_route, "exec", "sandbox.exec"]).await;
+    let (_, seen) = check_exec_tree(&all, EXEC_TRACE, exec_route, (&id, "awaited", "microvm"));
+    assert_eq!(traced["stdout"].as_str().unwrap().trim(), seen, "{traced}");
+    let run_route = "POST /v1/sandbox/sessions/{id}/contexts/{cid}/run";
+    let all = spans_of(&spans, RUN_TRACE, &[run_route, "exec", "sandbox.run"]).await;
+    let run = named(&all, "exec");
+    assert_eq!(run.parent_span_id, named(&all, run_route).span_id);
+    assert_eq!(attr(run, "runtime").as_deref(), Some("microvm"));
+    let inside = named(&all, "sandbox.run");
+    assert_eq!(inside.parent_span_id, run.span_id);
+    assert_eq!(
+        run_saw,
+        format!("00-{RUN_TRACE}-{}-01", hex(&inside.span_id))
+    );
 }
 
 /// A warm VM takes its session's limits at hand-out; a daemon that dies without cleaning up

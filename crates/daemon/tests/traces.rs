@@ -5,24 +5,18 @@
 //! the exec's child, whose context the process got as `TRACEPARENT`.
 
 mod common;
+#[path = "support/otlp.rs"]
+mod otlp;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::State;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use common::*;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
-use opentelemetry_proto::tonic::trace::v1::Span;
-use prost::Message;
+use otlp::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-/// The caller's span in every trace of these tests.
-const CALLER_SPAN: &str = "00f067aa0ba902b7";
 /// One trace per request kind, so each tree is found by its trace id.
 const JSON_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const SSE_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4737";
@@ -31,150 +25,6 @@ const CONTEXT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4739";
 const E2B_CREATE_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473a";
 const E2B_RUN_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473b";
 const LIFECYCLE_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473c";
-/// What every traced exec runs: long enough to time, printing the context it was given.
-const COMMAND: &str = "sleep 0.3; echo \"$TRACEPARENT\"; exit 3";
-
-type Spans = Arc<Mutex<Vec<Span>>>;
-
-async fn collector() -> (Spans, String) {
-    let spans = Spans::default();
-    let app = axum::Router::new()
-        .route("/v1/traces", axum::routing::post(export))
-        .with_state(spans.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (spans, url)
-}
-
-async fn export(State(spans): State<Spans>, body: Bytes) -> Vec<u8> {
-    let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
-    let mut all = spans.lock().unwrap();
-    for rs in req.resource_spans {
-        for ss in rs.scope_spans {
-            all.extend(ss.spans);
-        }
-    }
-    // An empty ExportTraceServiceResponse.
-    Vec::new()
-}
-
-fn attr(span: &Span, key: &str) -> Option<String> {
-    let value = span
-        .attributes
-        .iter()
-        .find(|a| a.key == key)?
-        .value
-        .as_ref()?;
-    Some(match value.value.as_ref()? {
-        Any::StringValue(s) => s.clone(),
-        Any::IntValue(i) => i.to_string(),
-        Any::BoolValue(b) => b.to_string(),
-        other => format!("{other:?}"),
-    })
-}
-
-fn traceparent(trace: &str) -> String {
-    format!("00-{trace}-{CALLER_SPAN}-01")
-}
-
-/// The spans of `trace` once `names` are all there (the exporter batches; stopping the daemon
-/// flushed it).
-async fn spans_of(spans: &Spans, trace: &str, names: &[&str]) -> Vec<Span> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let found: Vec<Span> = spans
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| hex(&s.trace_id) == trace)
-            .cloned()
-            .collect();
-        if names.iter().all(|n| found.iter().any(|s| s.name == *n)) {
-            return found;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "trace {trace} lacks some of {names:?} after 20 s: {:?}",
-            found.iter().map(|s| &s.name).collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
-    let mut of = spans.iter().filter(|s| s.name == name);
-    let span = of.next().unwrap_or_else(|| panic!("no {name} span"));
-    assert!(of.next().is_none(), "one {name} span in its trace");
-    span
-}
-
-/// The caller's span → the request span (`request_name`) → its `exec` span (whose attributes
-/// are checked) → the in-sandbox span, placed inside it: the exec's whole tree in one trace.
-/// Returns the exec span and the in-sandbox span's W3C context as the process saw it.
-fn check_exec_tree(
-    spans: &[Span],
-    trace: &str,
-    request_name: &str,
-    (session, mode): (&str, &str),
-) -> (Span, String) {
-    let request = named(spans, request_name);
-    assert_eq!(
-        hex(&request.parent_span_id),
-        CALLER_SPAN,
-        "{request_name}: the caller's span is the parent"
-    );
-    assert!(attr(request, "http.response.status_code").is_some());
-    let exec = named(spans, "exec");
-    assert_eq!(
-        exec.parent_span_id, request.span_id,
-        "{request_name}: the exec is the request's child"
-    );
-    for (key, value) in [
-        ("mode", mode),
-        ("session", session),
-        ("tenant", "t1"),
-        ("runtime", "jail"),
-        ("verdict", "ok"),
-        ("exit_code", "3"),
-    ] {
-        assert_eq!(
-            attr(exec, key).as_deref(),
-            Some(value),
-            "{request_name}: {key}"
-        );
-    }
-    assert!(attr(exec, "image").is_some(), "{request_name}: image");
-    let duration: u64 = attr(exec, "duration_ms").unwrap().parse().unwrap();
-    assert!(duration >= 300, "{request_name}: the exec took its sleep");
-    // The exec span lasts until the exec ends, whenever the HTTP answer began.
-    assert!(
-        exec.end_time_unix_nano - exec.start_time_unix_nano >= 300_000_000,
-        "{request_name}: {} ns",
-        exec.end_time_unix_nano - exec.start_time_unix_nano
-    );
-
-    let inside = named(spans, "sandbox.exec");
-    assert_eq!(
-        inside.parent_span_id, exec.span_id,
-        "{request_name}: the in-sandbox span is the exec's child"
-    );
-    assert!(
-        inside.start_time_unix_nano >= exec.start_time_unix_nano
-            && inside.end_time_unix_nano <= exec.end_time_unix_nano,
-        "{request_name}: the in-sandbox span lies within its exec"
-    );
-    let wall: u64 = attr(inside, "wall_us").unwrap().parse().unwrap();
-    assert!(wall >= 300_000, "{request_name}: the process's wall time");
-    assert!(attr(inside, "spawn_us").is_some());
-    assert_eq!(attr(inside, "exit_code").as_deref(), Some("3"));
-    assert!(
-        inside.end_time_unix_nano - inside.start_time_unix_nano >= 300_000_000,
-        "{request_name}: the span covers the process's run"
-    );
-    let seen = format!("00-{trace}-{}-01", hex(&inside.span_id));
-    (exec.clone(), seen)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
@@ -227,11 +77,14 @@ async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
             KEY1,
         )
         .header("traceparent", traceparent(CONTEXT_TRACE))
-        .json(&json!({"code": "import time; time.sleep(0.3); 6 * 7"}))
+        .json(
+            &json!({"code": "import os, time; time.sleep(0.3); print(os.environ['TRACEPARENT'])"}),
+        )
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
+    let context_run: Value = resp.json().await.unwrap();
 
     let (e2b_id, e2b_output) = e2b_commands_run(&d).await;
 
@@ -284,7 +137,7 @@ async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
     let exec_route = "POST /v1/sandbox/sessions/{id}/exec";
     let tree = [exec_route, "exec", "sandbox.exec"];
     let all = spans_of(&spans, JSON_TRACE, &tree).await;
-    let (exec, seen) = check_exec_tree(&all, JSON_TRACE, exec_route, (&sid, "awaited"));
+    let (exec, seen) = check_exec_tree(&all, JSON_TRACE, exec_route, (&sid, "awaited", "jail"));
     assert_eq!(
         awaited["stdout"].as_str().unwrap().trim(),
         seen,
@@ -306,23 +159,29 @@ async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
     );
 
     let all = spans_of(&spans, SSE_TRACE, &tree).await;
-    let (_, seen) = check_exec_tree(&all, SSE_TRACE, exec_route, (&sid, "streamed"));
+    let (_, seen) = check_exec_tree(&all, SSE_TRACE, exec_route, (&sid, "streamed", "jail"));
     assert!(
         streamed.contains(&seen),
         "TRACEPARENT in the stream: {streamed}"
     );
 
     let all = spans_of(&spans, BACKGROUND_TRACE, &tree).await;
-    let (_, seen) = check_exec_tree(&all, BACKGROUND_TRACE, exec_route, (&sid, "background"));
+    let (_, seen) = check_exec_tree(
+        &all,
+        BACKGROUND_TRACE,
+        exec_route,
+        (&sid, "background", "jail"),
+    );
     assert_eq!(background["stdout"].as_str().unwrap().trim(), seen);
     assert_eq!(
         attr(named(&all, exec_route), "http.response.status_code").as_deref(),
         Some("202")
     );
 
-    // A context run: the exec span of an interpreter run (no process of its own to time).
+    // A context run: the exec span of an interpreter run, and its child the interpreter's work
+    // on it, whose context the code saw as `TRACEPARENT`.
     let run_route = "POST /v1/sandbox/sessions/{id}/contexts/{cid}/run";
-    let all = spans_of(&spans, CONTEXT_TRACE, &[run_route, "exec"]).await;
+    let all = spans_of(&spans, CONTEXT_TRACE, &[run_route, "exec", "sandbox.run"]).await;
     let request = named(&all, run_route);
     let run = named(&all, "exec");
     assert_eq!(run.parent_span_id, request.span_id);
@@ -330,6 +189,25 @@ async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
     assert_eq!(attr(run, "verdict").as_deref(), Some("ok"));
     assert_eq!(attr(run, "session").as_deref(), Some(sid.as_str()));
     assert!(attr(run, "duration_ms").unwrap().parse::<u64>().unwrap() >= 300);
+    let inside = named(&all, "sandbox.run");
+    assert_eq!(inside.parent_span_id, run.span_id);
+    assert!(
+        inside.start_time_unix_nano >= run.start_time_unix_nano
+            && inside.end_time_unix_nano <= run.end_time_unix_nano,
+        "the interpreter's work lies within its run"
+    );
+    let wall: u64 = attr(inside, "wall_us").unwrap().parse().unwrap();
+    assert!(
+        wall >= 300_000,
+        "the interpreter's work took its sleep: {wall} µs"
+    );
+    assert!(inside.end_time_unix_nano - inside.start_time_unix_nano >= 300_000_000);
+    assert_eq!(attr(inside, "execution_count").as_deref(), Some("1"));
+    assert_eq!(
+        context_run["stdout"].as_str().unwrap().trim(),
+        format!("00-{CONTEXT_TRACE}-{}-01", hex(&inside.span_id)),
+        "{context_run}"
+    );
 
     // E2B: the control plane's create and envd's process start (what `commands.run` sends)
     // have request spans named by their routes, parents of the create and the exec.
@@ -355,7 +233,12 @@ async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
         &[start_route, "exec", "sandbox.exec"],
     )
     .await;
-    let (_, seen) = check_exec_tree(&all, E2B_RUN_TRACE, start_route, (&e2b_id, "background"));
+    let (_, seen) = check_exec_tree(
+        &all,
+        E2B_RUN_TRACE,
+        start_route,
+        (&e2b_id, "background", "jail"),
+    );
     assert!(e2b_output.contains(&seen), "TRACEPARENT: {e2b_output}");
 
     // Each lifecycle step's span is its request's child, naming the session.
@@ -455,10 +338,6 @@ async fn e2b_commands_run(d: &Daemon) -> (String, String) {
         rest = &rest[5 + n..];
     }
     (id, String::from_utf8_lossy(&stdout).into_owned())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What operators watch besides requests: pool takes by image (hit or miss), egress decisions

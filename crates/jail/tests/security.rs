@@ -57,6 +57,7 @@ async fn run_in(agent: &AgentClient, context_id: &str, code: &str) -> (String, R
             code: code.into(),
             timeout_ms: Some(20_000),
             env: Vec::new(),
+            trace: None,
         })
         .await
         .expect("open run");

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use koder_agent_protocol::{
-    AgentError, ErrorCode, ExecRequest, ExecTiming, ExitInfo, FromAgent, ToAgent, CHUNK_BYTES,
+    AgentError, ErrorCode, ExecRequest, ExecTiming, ExitInfo, FromAgent, ToAgent, TraceContext,
+    CHUNK_BYTES,
 };
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -235,15 +236,18 @@ pub async fn run(
         .await;
 }
 
-fn micros(d: Duration) -> u64 {
+pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// `TRACEPARENT` for the process when the exec is traced and its own environment names none
-/// (a caller's explicit value wins).
-fn trace_env(req: &ExecRequest) -> Option<(String, String)> {
-    let cx = req.trace?;
-    let named = req.env.iter().any(|(k, _)| k == TRACEPARENT);
+/// `TRACEPARENT` for an exec's process or a context run when it is traced and its own
+/// environment `env` names none (a caller's explicit value wins).
+pub(crate) fn trace_env(
+    trace: Option<TraceContext>,
+    env: &[(String, String)],
+) -> Option<(String, String)> {
+    let cx = trace?;
+    let named = env.iter().any(|(k, _)| k == TRACEPARENT);
     (!named).then(|| (TRACEPARENT.to_string(), cx.traceparent()))
 }
 
@@ -276,7 +280,7 @@ fn spawn(
     req: &ExecRequest,
 ) -> Result<(Started, oneshot::Receiver<Status>), AgentError> {
     let cwd = req.cwd.as_deref().unwrap_or(&defaults.workdir);
-    let trace = trace_env(req);
+    let trace = trace_env(req.trace, &req.env);
     let started = if req.uid.is_none() && req.gid.is_none() {
         let env: Vec<(&str, &str)> = defaults
             .env

@@ -270,10 +270,10 @@ impl Manager {
         req: RunRequest,
         live_output: Option<mpsc::Sender<RunEvent>>,
     ) -> Result<ContextRun, Error> {
-        let trace = ExecTrace::start(Mode::Context, &who.tenant_id, id);
+        let mut trace = ExecTrace::start(Mode::Context, &who.tenant_id, id);
         let span = trace.span().clone();
         let run = self
-            .run_traced(who, id, cid, req, live_output, &trace)
+            .run_traced(who, id, cid, req, live_output, &mut trace)
             .instrument(span)
             .await?;
         trace.finish(End {
@@ -293,7 +293,7 @@ impl Manager {
         cid: &str,
         req: RunRequest,
         live_output: Option<mpsc::Sender<RunEvent>>,
-        trace: &ExecTrace,
+        trace: &mut ExecTrace,
     ) -> Result<ContextRun, Error> {
         let RunRequest {
             code,
@@ -326,6 +326,7 @@ impl Manager {
             code,
             timeout_ms: Some(timeout_ms),
             env,
+            trace: trace.agent_context(),
         };
         let mut stream = match live.sandbox.agent().open(msg).await {
             Ok(s) => s,
@@ -362,6 +363,7 @@ impl Manager {
                 }
                 Ok(FromAgent::RunDone(outcome)) => {
                     stream.mark_finished();
+                    trace.agent_ran(&outcome);
                     break Ok(Some(outcome));
                 }
                 Ok(other) => break Err(unexpected(&other)),

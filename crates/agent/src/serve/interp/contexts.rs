@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use koder_agent_protocol::{AgentError, ContextInfo, ErrorCode, RunError, RunOutcome, ToAgent};
+use koder_agent_protocol::{
+    AgentError, ContextInfo, ErrorCode, ExecTiming, RunError, RunOutcome, ToAgent, TraceContext,
+};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
@@ -16,8 +18,8 @@ use super::limits::{DEFAULT_CONTEXT, MAX_CODE_BYTES, MAX_CONTEXTS};
 use super::process::Interp;
 use super::run::How;
 use crate::outbox::Outbox;
-use crate::serve::exec::kill_group;
 use crate::serve::exec::ExecDefaults;
+use crate::serve::exec::{kill_group, micros};
 
 /// The contexts of this sandbox.
 pub struct Contexts {
@@ -216,12 +218,18 @@ impl Contexts {
     pub(super) async fn run(
         &self,
         id: &str,
-        code: String,
-        timeout_ms: Option<u64>,
-        env: &[(String, String)],
+        run: Run,
         rx: &mut mpsc::Receiver<ToAgent>,
         out: &Outbox,
     ) -> Result<RunOutcome, AgentError> {
+        let arrived = Instant::now();
+        let Run {
+            code,
+            timeout_ms,
+            env,
+            trace,
+        } = run;
+        let env = env.as_slice();
         if code.len() > MAX_CODE_BYTES {
             return Err(AgentError::new(
                 ErrorCode::TooLarge,
@@ -250,7 +258,13 @@ impl Contexts {
         };
         let n = ctx.count.fetch_add(1, Ordering::SeqCst) + 1;
         let timeout = timeout_ms.map(Duration::from_millis);
-        let end = interp.run(n, &code, env, timeout, rx, out).await?;
+        let env: Vec<(String, String)> = crate::serve::exec::trace_env(trace, env)
+            .into_iter()
+            .chain(env.iter().cloned())
+            .collect();
+        let started = Instant::now();
+        let end = interp.run(n, &code, &env, timeout, rx, out).await?;
+        let ended = Instant::now();
         let mut outcome = RunOutcome {
             results: end.results.list,
             error: end.error,
@@ -258,6 +272,7 @@ impl Contexts {
             timed_out: false,
             restarted,
             duration_ms: 0,
+            timing: ExecTiming::default(),
         };
         match end.how {
             How::Done => {}
@@ -302,8 +317,22 @@ impl Contexts {
             }
         }
         outcome.duration_ms = began.elapsed().as_millis() as u64;
+        outcome.timing = ExecTiming {
+            spawn_us: micros(started - arrived),
+            run_us: micros(ended - started),
+            since_exit_us: micros(ended.elapsed()),
+        };
         Ok(outcome)
     }
+}
+
+/// What a `ContextRun` asks for.
+pub(super) struct Run {
+    pub code: String,
+    pub timeout_ms: Option<u64>,
+    /// Set for this run only.
+    pub env: Vec<(String, String)>,
+    pub trace: Option<TraceContext>,
 }
 
 pub(super) struct Context {

@@ -57,10 +57,19 @@ pub async fn handle(
             code,
             timeout_ms,
             env,
-        } => contexts
-            .run(&context_id, code, timeout_ms, &env, &mut rx, &out)
-            .await
-            .map(FromAgent::RunDone),
+            trace,
+        } => {
+            let run = contexts::Run {
+                code,
+                timeout_ms,
+                env,
+                trace,
+            };
+            contexts
+                .run(&context_id, run, &mut rx, &out)
+                .await
+                .map(FromAgent::RunDone)
+        }
         other => Err(AgentError::new(
             ErrorCode::InvalidRequest,
             format!("{} is not a context operation", other.kind()),

@@ -91,21 +91,40 @@ impl ExecTrace {
 
     /// The agent reported the exec's end just now: exports the in-sandbox span.
     pub(crate) fn agent_exited(&mut self, exit: &proto::ExitInfo, pid: Option<u32>) {
-        let Some((child, sent)) = self.sandbox.take() else {
-            return;
-        };
-        let t = exit.timing;
-        let mut attrs = vec![
-            ("spawn_us", saturating(t.spawn_us)),
-            ("wall_us", saturating(t.run_us)),
-        ];
+        let mut attrs = Vec::new();
         if let Some(pid) = pid {
             attrs.push(("process.pid", i64::from(pid)));
         }
         if let Some(code) = exit.exit_code {
             attrs.push(("exit_code", i64::from(code)));
         }
-        child.export("sandbox.exec", placed(sent, SystemTime::now(), &t), &attrs);
+        self.export_inside("sandbox.exec", &exit.timing, attrs);
+    }
+
+    /// The agent reported a context run's end just now: exports the in-sandbox span (the
+    /// interpreter's work on the run; the interpreter itself outlives it).
+    pub(crate) fn agent_ran(&mut self, outcome: &proto::RunOutcome) {
+        let attrs = vec![
+            ("execution_count", saturating(outcome.execution_count)),
+            ("restarted", i64::from(outcome.restarted)),
+        ];
+        self.export_inside("sandbox.run", &outcome.timing, attrs);
+    }
+
+    fn export_inside(
+        &mut self,
+        name: &'static str,
+        t: &proto::ExecTiming,
+        mut attrs: Vec<(&'static str, i64)>,
+    ) {
+        let Some((child, sent)) = self.sandbox.take() else {
+            return;
+        };
+        attrs.extend([
+            ("spawn_us", saturating(t.spawn_us)),
+            ("wall_us", saturating(t.run_us)),
+        ]);
+        child.export(name, placed(sent, SystemTime::now(), t), &attrs);
     }
 
     /// Records how the exec ended (its span closes when this is dropped).
