@@ -25,13 +25,15 @@ use koder_image::plan::Plan;
 use koder_image::template::Spec;
 use koder_image::{ImageStore, StoredImage};
 use koder_sessions::Manager;
+use koder_store::{BuildRecord, Store};
 use parking_lot::Mutex;
 
 pub use log::{Follow, LogEvent};
 
 use log::BuildLog;
 
-/// Finished builds kept for their status and logs (the oldest forgotten first).
+/// Finished builds kept for their status and logs, in memory and in the store (the oldest
+/// forgotten first).
 const KEPT: usize = 100;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +46,8 @@ pub enum BuildError {
     ImageNotFound(String),
     #[error("this server has no image store")]
     NoStore,
+    #[error("reading the build's record: {0}")]
+    Store(String),
 }
 
 impl BuildError {
@@ -53,16 +57,20 @@ impl BuildError {
             BuildError::NotFound(_) => ErrorCode::ImageBuildNotFound,
             BuildError::ImageNotFound(_) => ErrorCode::ImageNotFound,
             BuildError::NoStore => ErrorCode::NotImplemented,
+            BuildError::Store(_) => ErrorCode::Internal,
         }
     }
 }
 
-/// Every build of this daemon's life (kept in memory: a finished image keeps its own log).
+/// The builds of this daemon's life in memory (a running one's log is followed here), and
+/// every build's status and final log in the store, so they outlive the daemon.
 pub struct Builds {
     manager: Arc<Manager>,
     store: Option<ImageStore>,
     builds: Mutex<HashMap<String, Arc<Job>>>,
     queue: tokio::sync::Semaphore,
+    records: Store,
+    node: Option<String>,
 }
 
 struct Job {
@@ -82,16 +90,79 @@ impl Job {
             step.status = status.into();
         }
     }
+
+    fn ended(&self) -> bool {
+        matches!(
+            self.status.lock().state,
+            BuildState::Succeeded | BuildState::Failed
+        )
+    }
 }
 
 impl Builds {
-    pub fn new(manager: Arc<Manager>) -> Arc<Self> {
-        Arc::new(Self {
+    /// The builds of `manager`'s node, recorded in `records`. Builds of this node that a
+    /// stopped daemon left queued or running are ended as failed: their sandboxes are gone.
+    pub async fn start(manager: Arc<Manager>, records: Store) -> Arc<Self> {
+        let me = Arc::new(Self {
             store: manager.image_store().cloned(),
+            node: manager.node_id().map(str::to_owned),
             manager,
             builds: Mutex::default(),
             queue: tokio::sync::Semaphore::new(1),
-        })
+            records,
+        });
+        me.end_interrupted().await;
+        me
+    }
+
+    async fn end_interrupted(&self) {
+        let left = match self.records.unfinished_builds(self.node.as_deref()).await {
+            Ok(left) => left,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the builds a stopped daemon left");
+                return;
+            }
+        };
+        for mut b in left {
+            let why = "the daemon stopped during the build; submit it again";
+            interrupted(&mut b, why, Utc::now());
+            // Only a running build's last lines were recorded: they are its log now.
+            let last = format!("build failed: {why}");
+            b.log_tail = b
+                .log_tail
+                .lines()
+                .chain([last.as_str()])
+                .collect::<Vec<_>>()
+                .join("\n");
+            let log = format!("{}\n", b.log_tail);
+            tracing::info!(build = %b.build_id, "ending a build a stopped daemon left");
+            if let Err(e) = self
+                .records
+                .put_build(self.node.as_deref(), &b, Some(&log))
+                .await
+            {
+                tracing::warn!(build = %b.build_id, error = %e, "recording an interrupted build");
+            }
+        }
+    }
+
+    /// Records the job's status as it is now (with its whole log once it ended).
+    async fn save(&self, job: &Job) {
+        let status = job.snapshot();
+        let log = job.ended().then(|| job.log.text());
+        let saved = self
+            .records
+            .put_build(self.node.as_deref(), &status, log.as_deref())
+            .await;
+        if let Err(e) = saved {
+            tracing::warn!(build = %status.build_id, error = %e, "recording a build");
+        }
+    }
+
+    /// Marks step `index` with `status`, recorded at once.
+    async fn mark(&self, job: &Job, index: usize, status: &str) {
+        job.set_step(index, status);
+        self.save(job).await;
     }
 
     /// Parses a spec: TOML, or JSON when `json`.
@@ -156,16 +227,12 @@ impl Builds {
             status: Mutex::new(status),
             log: BuildLog::new(),
         });
+        let queued = job.snapshot();
         self.remember(&id, job.clone());
         let me = self.clone();
         let name = name.to_string();
         tokio::spawn(async move { me.run(job, store, plan, name).await });
-        self.get(&id)
-    }
-
-    /// The whole log of a build so far (a finished image keeps its own as `build.log`).
-    pub fn log_lines(&self, id: &str) -> Result<Vec<String>, BuildError> {
-        Ok(self.job(id)?.log.follow().replay)
+        Ok(queued)
     }
 
     fn remember(&self, id: &str, job: Arc<Job>) {
@@ -183,22 +250,61 @@ impl Builds {
         builds.insert(id.into(), job);
     }
 
-    fn job(&self, id: &str) -> Result<Arc<Job>, BuildError> {
-        self.builds
-            .lock()
-            .get(id)
-            .cloned()
-            .ok_or_else(|| BuildError::NotFound(id.into()))
+    fn job(&self, id: &str) -> Option<Arc<Job>> {
+        self.builds.lock().get(id).cloned()
     }
 
-    pub fn get(&self, id: &str) -> Result<Build, BuildError> {
-        Ok(self.job(id)?.snapshot())
+    /// A build this daemon no longer holds (an earlier daemon's, or another node's), as
+    /// recorded.
+    async fn recorded(&self, id: &str) -> Result<BuildRecord, BuildError> {
+        match self.records.get_build(id).await {
+            Ok(Some(record)) => Ok(record),
+            Ok(None) => Err(BuildError::NotFound(id.into())),
+            Err(e) => Err(BuildError::Store(e.to_string())),
+        }
     }
 
-    /// The build's log so far and, while it runs, its new lines and final status.
-    pub fn follow(&self, id: &str) -> Result<Follow, BuildError> {
-        Ok(self.job(id)?.log.follow())
+    pub async fn get(&self, id: &str) -> Result<Build, BuildError> {
+        match self.job(id) {
+            Some(job) => Ok(job.snapshot()),
+            None => Ok(self.recorded(id).await?.status),
+        }
     }
+
+    /// The build's log so far and, while it runs here, its new lines and final status.
+    pub async fn follow(&self, id: &str) -> Result<Follow, BuildError> {
+        if let Some(job) = self.job(id) {
+            return Ok(job.log.follow());
+        }
+        let record = self.recorded(id).await?;
+        let ended = record.log.is_some();
+        Ok(Follow {
+            replay: record.log.as_deref().map(log::lines).unwrap_or_default(),
+            live: None,
+            done: ended.then(|| Box::new(record.status)),
+        })
+    }
+
+    /// The whole log of a build so far (a finished image keeps its own as `build.log`).
+    pub async fn log_lines(&self, id: &str) -> Result<Vec<String>, BuildError> {
+        Ok(self.follow(id).await?.replay)
+    }
+}
+
+/// Ends a build that can no longer run: failed at its running step, if any.
+fn interrupted(b: &mut Build, why: &str, now: chrono::DateTime<Utc>) {
+    let running = b.steps.iter().position(|s| s.status == "running");
+    if let Some(i) = running {
+        b.steps[i].status = "failed".into();
+    }
+    b.state = BuildState::Failed;
+    b.failed_step = running;
+    b.finished_at = Some(now);
+    b.error = Some(koder_api_types::ErrorDetail {
+        code: koder_api_types::codes::IMAGE_BUILD_FAILED.into(),
+        message: why.into(),
+        details: None,
+    });
 }
 
 /// A JSON spec as TOML text (TOML has no null: a null field is left out).
@@ -213,6 +319,41 @@ fn toml_text(v: &serde_json::Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_interrupted_build_fails_at_its_running_step() {
+        let step = |status: &str| BuildStep {
+            step: "RUN x".into(),
+            key: "k".into(),
+            status: status.into(),
+        };
+        let mut b = Build {
+            build_id: "bld-1".into(),
+            name: "img".into(),
+            state: BuildState::Running,
+            steps: vec![step("cached"), step("running"), step("pending")],
+            failed_step: None,
+            error: None,
+            digest: None,
+            log_tail: String::new(),
+            created_at: Utc::now(),
+            finished_at: None,
+        };
+        let now = Utc::now();
+        interrupted(&mut b, "gone", now);
+        assert_eq!(b.state, BuildState::Failed);
+        assert_eq!(b.failed_step, Some(1));
+        let statuses: Vec<&str> = b.steps.iter().map(|s| s.status.as_str()).collect();
+        assert_eq!(statuses, ["cached", "failed", "pending"]);
+        assert_eq!(b.finished_at, Some(now));
+        let error = b.error.clone().unwrap();
+        assert_eq!(error.code, koder_api_types::codes::IMAGE_BUILD_FAILED);
+        assert_eq!(error.message, "gone");
+        // Still queued: no step ran, none failed.
+        b.steps = vec![step("pending")];
+        interrupted(&mut b, "gone", now);
+        assert_eq!(b.failed_step, None);
+    }
 
     #[test]
     fn json_and_toml_specs_pass_the_same_checks() {

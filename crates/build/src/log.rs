@@ -123,6 +123,11 @@ impl BuildLog {
     }
 }
 
+/// A stored log ([`BuildLog::text`]) as its lines again.
+pub(crate) fn lines(text: &str) -> Vec<String> {
+    text.lines().map(str::to_owned).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -61,8 +61,10 @@ impl Builds {
         plan: Plan,
         name: String,
     ) {
+        self.save(&job).await;
         let _turn = self.queue.acquire().await;
         job.status.lock().state = BuildState::Running;
+        self.save(&job).await;
         let result = self.steps(&job, &store, &plan, &name).await;
         let mut status = {
             let mut s = job.status.lock();
@@ -94,6 +96,10 @@ impl Builds {
         status.log_tail = job.log.tail();
         tracing::info!(build = %status.build_id, image = %name, state = ?status.state, "image build ended");
         job.log.finish(status);
+        self.save(&job).await;
+        if let Err(e) = self.records.prune_builds(crate::KEPT as u64).await {
+            tracing::warn!(error = %e, "forgetting old builds");
+        }
     }
 
     async fn steps(
@@ -112,18 +118,18 @@ impl Builds {
             let head = format!("step {}/{total}: {}", i + 1, step.describe);
             let Some(run) = &step.run else {
                 job.log.line(head);
-                job.set_step(i, "built");
+                self.mark(job, i, "built").await;
                 continue;
             };
             if let Some(cached) = store.by_digest(&step.key).map_err(|e| failed(Some(i), e))? {
                 job.log.line(format!("{head}: cached"));
-                job.set_step(i, "cached");
+                self.mark(job, i, "cached").await;
                 layers.push(cached.step_layer());
                 parent = cached;
                 continue;
             }
             job.log.line(head);
-            job.set_step(i, "running");
+            self.mark(job, i, "running").await;
             let on = Base {
                 image: base,
                 layers: &layers,
@@ -131,12 +137,12 @@ impl Builds {
             };
             match self.step(job, store, on, step, run, i).await {
                 Ok(image) => {
-                    job.set_step(i, "built");
+                    self.mark(job, i, "built").await;
                     layers.push(image.step_layer());
                     parent = image;
                 }
                 Err(f) => {
-                    job.set_step(i, "failed");
+                    self.mark(job, i, "failed").await;
                     return Err(f);
                 }
             }

@@ -120,7 +120,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         admin_keys: Arc::new(admin_keys(&cfg)?),
         limits: Arc::new(limiter(&cfg)),
         webhooks: webhooks.clone(),
-        builds: koder_build::Builds::new(manager.clone()),
+        builds: koder_build::Builds::start(manager.clone(), store.clone()).await,
     };
     // gRPC shares the HTTP face's domain, credentials and rates.
     let grpc = koder_grpc::GrpcState {

@@ -449,3 +449,124 @@ async fn a_warm_pool_on_a_template_starts_and_readies_before_hand_out() {
         .await;
     assert_eq!(v["stdout"], "hello from the file\n", "{v}");
 }
+
+/// The builds' log of `id` as its SSE replay: the lines and the `done` status.
+async fn logs_of(d: &Daemon, id: &str) -> (Vec<String>, Value) {
+    let resp = d
+        .req(
+            Method::GET,
+            &format!("/v1/sandbox/images/builds/{id}/logs"),
+            ADMIN,
+        )
+        .send()
+        .await
+        .expect("logs request");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let events = read_sse(resp).await;
+    let lines = events
+        .iter()
+        .filter(|e| e.name == "log")
+        .map(|e| e.data["line"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let done = events
+        .iter()
+        .find(|e| e.name == "done")
+        .expect("a done event");
+    (lines, done.data.clone())
+}
+
+/// A build's status and log outlive the daemon that ran it; a build its daemon was killed
+/// during is failed at the next start (its sandbox is gone), not left running for ever.
+#[tokio::test(flavor = "multi_thread")]
+async fn builds_outlive_their_daemon_and_one_it_died_during_fails() {
+    let Some(()) = root_or_skip() else { return };
+    let mut d = template_daemon().await;
+    let spec = "base = \"python\"\nrun = [\"echo quick build\"]\n";
+    let (_, quick, lines) = build(&d, "quick", ADMIN, spec).await;
+    assert_eq!(quick["state"], "succeeded", "{quick}");
+    let quick_id = quick["build_id"].as_str().unwrap().to_string();
+
+    let resp = d
+        .req(Method::POST, "/v1/sandbox/images/builds?name=slow", ADMIN)
+        .header("content-type", "application/toml")
+        .body("base = \"python\"\nrun = [\"echo begun; sleep 600\"]\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let slow_id = resp.json::<Value>().await.unwrap()["build_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/v1/sandbox/images/builds/{slow_id}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (_, b) = d.json_as(ADMIN, Method::GET, &path, Value::Null).await;
+        if b["log_tail"].as_str().unwrap_or_default().contains("begun") {
+            assert_eq!(b["state"], "running", "{b}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the step never ran: {b}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    d.crash();
+    d.launch().await;
+
+    let quick_path = format!("/v1/sandbox/images/builds/{quick_id}");
+    let (status, again) = d
+        .json_as(ADMIN, Method::GET, &quick_path, Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again, quick, "the status as it ended");
+    let (replayed, done) = logs_of(&d, &quick_id).await;
+    assert_eq!(replayed, lines, "the whole log");
+    assert_eq!(done, quick);
+
+    let (status, slow) = d.json_as(ADMIN, Method::GET, &path, Value::Null).await;
+    assert_eq!(status, StatusCode::OK, "{slow}");
+    assert_eq!(slow["state"], "failed", "{slow}");
+    assert_eq!(slow["failed_step"], 0, "{slow}");
+    assert_eq!(step_statuses(&slow), ["failed"], "{slow}");
+    assert_eq!(
+        slow["error"]["code"], "SANDBOX-IMAGE-BUILD-FAILED",
+        "{slow}"
+    );
+    assert!(
+        slow["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("daemon stopped"),
+        "{slow}"
+    );
+    assert!(slow["finished_at"].is_string(), "{slow}");
+    let (replayed, done) = logs_of(&d, &slow_id).await;
+    assert!(replayed.iter().any(|l| l.contains("begun")), "{replayed:?}");
+    assert!(
+        replayed.last().unwrap().contains("daemon stopped"),
+        "{replayed:?}"
+    );
+    assert_eq!(done, slow);
+    let (status, _) = d
+        .json_as(ADMIN, Method::GET, "/v1/sandbox/images/slow", Value::Null)
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "no image of the stopped build"
+    );
+    let (status, e) = d
+        .json_as(
+            ADMIN,
+            Method::GET,
+            "/v1/sandbox/images/builds/bld-unknown",
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&e)),
+        (StatusCode::NOT_FOUND, "SANDBOX-IMAGE-BUILD-NOT-FOUND")
+    );
+}

@@ -272,7 +272,7 @@ pub async fn get_build(
     _: AdminCaller,
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Build>> {
-    Ok(axum::Json(s.builds.get(&id).map_err(build_error)?))
+    Ok(axum::Json(s.builds.get(&id).await.map_err(build_error)?))
 }
 
 #[utoipa::path(get, path = "/v1/sandbox/images/builds/{id}/logs", tag = "images",
@@ -290,7 +290,7 @@ pub async fn build_logs(
     _: AdminCaller,
     Path(id): Path<String>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>>> {
-    let follow = s.builds.follow(&id).map_err(build_error)?;
+    let follow = s.builds.follow(&id).await.map_err(build_error)?;
     let replay = futures::stream::iter(follow.replay.into_iter().map(log_event));
     let live = futures::stream::unfold((follow.live, follow.done), |(mut live, done)| async move {
         if let Some(done) = done {

@@ -47,6 +47,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 use db::{query, DbRow, Pool};
 
+mod builds;
 mod cluster;
 mod db;
 mod nodes;
@@ -60,6 +61,7 @@ mod tests;
 mod volumes;
 mod webhooks;
 
+pub use builds::BuildRecord;
 pub use db::Backend;
 pub use nodes::{NodeInfo, NodeLoad, NodeRecord, NodeState};
 pub use secrets::SecretRecord;

@@ -83,6 +83,7 @@ pub struct TemplateBuild {
     state: Mutex<Stage>,
 }
 
+#[derive(Clone)]
 enum Stage {
     /// Requested; its steps not given yet.
     Waiting,
@@ -424,7 +425,7 @@ async fn tag_when_built(e2b: E2b, who: Identity, build: Arc<TemplateBuild>, id: 
 
 /// The build's final status, once it ends.
 async fn finished(builds: &koder_build::Builds, id: &str) -> Option<Build> {
-    let follow = builds.follow(id).ok()?;
+    let follow = builds.follow(id).await.ok()?;
     if let Some(done) = follow.done {
         return Some(*done);
     }
@@ -435,7 +436,11 @@ async fn finished(builds: &koder_build::Builds, id: &str) -> Option<Build> {
             Ok(LogEvent::Line(_)) => {}
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
             Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                return builds.get(id).ok().filter(|b| b.finished_at.is_some())
+                return builds
+                    .get(id)
+                    .await
+                    .ok()
+                    .filter(|b| b.finished_at.is_some())
             }
         }
     }
@@ -460,7 +465,8 @@ async fn build_status(
     let _ = q.level;
     let build = build_of(&e2b, &who, &template, &id)?;
     let builds = &e2b.app().builds;
-    let (status, lines, reason) = match &*build.state.lock() {
+    let stage = build.state.lock().clone();
+    let (status, lines, reason) = match stage {
         Stage::Waiting => ("waiting", Vec::new(), None),
         Stage::Refused(why) => (
             "error",
@@ -469,9 +475,10 @@ async fn build_status(
         ),
         Stage::Started { build: bid, tagged } => {
             let b = builds
-                .get(bid)
+                .get(&bid)
+                .await
                 .map_err(|e| HttpError::not_found(e.to_string()))?;
-            let lines = builds.log_lines(bid).unwrap_or_default();
+            let lines = builds.log_lines(&bid).await.unwrap_or_default();
             match b.state {
                 BuildState::Failed => {
                     let message = b
@@ -484,7 +491,7 @@ async fn build_status(
                     }
                     ("error", lines, Some(reason))
                 }
-                BuildState::Succeeded if *tagged => ("ready", lines, None),
+                BuildState::Succeeded if tagged => ("ready", lines, None),
                 BuildState::Queued => ("waiting", lines, None),
                 _ => ("building", lines, None),
             }
