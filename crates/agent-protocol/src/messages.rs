@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// metadata (`Entry::metadata`, `WriteFileRequest::metadata`), watch barriers (`WatchFlush`).
 /// 4: trace context of an exec (`ExecRequest::trace`) and what the agent timed of it
 /// (`ExitInfo::timing`). 5: the same for a context run (`ContextRun::trace`,
-/// `RunOutcome::timing`).
+/// `RunOutcome::timing`); execs that outlive their connection (`ExecRequest::detached`).
 pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Largest data chunk of a byte stream (stdout, stdin, relayed bytes) carried in one frame.
@@ -345,6 +345,11 @@ pub struct ExecRequest {
     /// The W3C trace context of the in-sandbox work, given to the process as `TRACEPARENT`
     /// (unless `env` names one) so instrumented code joins the trace.
     pub trace: Option<TraceContext>,
+    /// Runs on when its stream goes without a word (the connection closed: a microVM saved
+    /// with its memory, a daemon gone): only `Cancel`, a signal or the timeout ends it, and
+    /// its output is read and dropped once nobody takes it. Otherwise a closed connection
+    /// kills it, as `Cancel` does.
+    pub detached: bool,
 }
 
 /// A W3C trace context (`traceparent`, version 00): the span in-sandbox work is a child of.

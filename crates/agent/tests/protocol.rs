@@ -238,6 +238,76 @@ fn dropping_an_exec_stream_kills_the_process() {
     });
 }
 
+/// A connection that ends without a word (a microVM's save, a daemon gone) kills its execs,
+/// but a detached one, which runs on with its output read and dropped: it neither blocks on
+/// nor dies of a pipe nobody reads.
+#[test]
+fn a_lost_connection_kills_its_execs_but_detached_ones() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = agent(root.path(), &[]);
+    rt().block_on(async {
+        // client ⇄ relay ⇄ server, so the connection can be cut with no message on it.
+        let (client_end, relay_a) = tokio::io::duplex(1 << 16);
+        let (relay_b, server_end) = tokio::io::duplex(1 << 16);
+        tokio::spawn(serve_connection(agent, server_end));
+        let relay = tokio::spawn(async move {
+            let (mut a, mut b) = (relay_a, relay_b);
+            let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+        });
+        let (r, w) = tokio::io::split(client_end);
+        let client = AgentClient::new(r, w);
+        // Both write far more than the pipes hold once nobody reads them, counting each
+        // write that got through.
+        let count = root.path().join("count");
+        let chatty = format!(
+            "while :; do head -c 65536 /dev/zero || exit 1; echo x >> {}; sleep 0.01; done",
+            count.display()
+        );
+        let mut pids = Vec::new();
+        let mut streams = Vec::new();
+        for detached in [false, true] {
+            let mut s = client
+                .exec(ExecRequest {
+                    detached,
+                    ..exec(&["sh", "-c", &chatty])
+                })
+                .await
+                .unwrap();
+            let FromAgent::Started { pid } = s.recv().await.unwrap() else {
+                panic!("not started")
+            };
+            pids.push(pid);
+            streams.push(s);
+        }
+        relay.abort();
+        let alive = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|st| !st.contains(") Z "))
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while alive(pids[0]) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the attached exec lived on"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Long after its pipes would have filled: still running, and still writing.
+        let written = || std::fs::metadata(&count).map_or(0, |m| m.len());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = written();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(alive(pids[1]), "the detached exec died with its connection");
+        assert!(
+            written() > before,
+            "the detached exec is blocked on its output"
+        );
+        // SAFETY: kill takes plain integers; the group is the exec's own (its own session).
+        unsafe { libc::kill(-(pids[1] as i32), libc::SIGKILL) };
+        drop(streams);
+    });
+}
+
 #[test]
 fn files_round_trip_and_hostile_paths_are_refused() {
     let h = harness();

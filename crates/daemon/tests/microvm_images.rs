@@ -269,9 +269,10 @@ async fn microvms_boot_packs_and_templates_from_one_shared_disk_each() {
         "{v}"
     );
     assert!(vm_disks(&d).contains(&web_disk), "{:?}", vm_disks(&d));
-    // (Not the start command's server: it dies with the agent connection the save ends,
-    // a known limit in ARCHITECTURE.md.)
+    // The start command's server outlived the agent connection the save ended: it still
+    // answers.
     assert_eq!(sh(&d, &web_id, "cat /opt/app/built.txt").await, "built\n");
+    assert_eq!(sh(&d, &web_id, FETCH).await, "hello from the file\n");
 
     // Once no session runs on it, the template goes, its disk with it.
     let (status, _) = d

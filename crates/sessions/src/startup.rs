@@ -58,9 +58,11 @@ impl Prepare {
     /// must not be handed out (the caller destroys it).
     pub(crate) async fn run(&self, sandbox: &dyn Sandbox) -> Result<(), Error> {
         let agent = sandbox.agent().clone();
-        // No timeout: it lives as long as the sandbox.
+        // No timeout: it lives as long as the sandbox, whichever connection the agent is on
+        // (a microVM saved with its memory comes back on a new one).
         let mut start = ExecRequest {
             timeout_ms: None,
+            detached: true,
             ..self.shell(&self.startup.start, ATTEMPT)
         };
         start.output_limit_bytes = 1024;

@@ -148,27 +148,26 @@ pub async fn run(
         .send(FromAgent::Started { pid: pid as u32 })
         .await
         .is_err()
+        && !req.detached
     {
         kill_group(pid, libc::SIGKILL);
     }
     let limit = req.output_limit_bytes;
     let stdout_cut = Arc::new(AtomicBool::new(false));
     let stderr_cut = Arc::new(AtomicBool::new(false));
+    let pump = |fd, cut: &Arc<AtomicBool>, wrap| {
+        Pump {
+            limit,
+            out: out.clone(),
+            cut: cut.clone(),
+            wrap,
+            drain_unread: req.detached,
+        }
+        .spawn(fd)
+    };
     let pumps = [
-        spawn_pump(
-            stdout,
-            limit,
-            out.clone(),
-            stdout_cut.clone(),
-            FromAgent::Stdout,
-        ),
-        spawn_pump(
-            stderr,
-            limit,
-            out.clone(),
-            stderr_cut.clone(),
-            FromAgent::Stderr,
-        ),
+        pump(stdout, &stdout_cut, FromAgent::Stdout),
+        pump(stderr, &stderr_cut, FromAgent::Stderr),
     ];
     let mut stdin_tx = spawn_stdin(stdin, req.stdin, req.keep_stdin_open);
 
@@ -193,6 +192,8 @@ pub async fn run(
                 }
                 Some(ToAgent::CloseStdin) => stdin_tx = None,
                 Some(ToAgent::Signal(sig)) if (1..=64).contains(&sig) => kill_group(pid, sig),
+                // The connection is gone: a detached exec runs on, unread.
+                None if req.detached => control_open = false,
                 Some(ToAgent::Cancel) | None => {
                     // The caller is gone or gave up: nobody will read this exec's result.
                     control_open = false;
@@ -352,39 +353,54 @@ fn spawn_as(
     Ok((started, exit_rx))
 }
 
-fn spawn_pump(
-    fd: Option<OwnedFd>,
+/// Forwards one output pipe of an exec to its stream, up to `limit` bytes (the rest is read
+/// and dropped, flagged in `cut`).
+struct Pump {
     limit: u64,
     out: Outbox,
     cut: Arc<AtomicBool>,
     wrap: fn(Vec<u8>) -> FromAgent,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let Some(mut r) = fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok()) else {
-            return;
-        };
-        let mut sent = 0u64;
-        let mut buf = vec![0u8; CHUNK_BYTES];
-        loop {
-            let n = match r.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
+    /// Once the stream is gone, keep reading (and dropping) what the process writes, so a
+    /// detached exec never blocks on, or dies of, a pipe nobody reads.
+    drain_unread: bool,
+}
+
+impl Pump {
+    fn spawn(self, fd: Option<OwnedFd>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let Some(mut r) = fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok()) else {
+                return;
             };
-            let room = limit.saturating_sub(sent);
-            let take = (n as u64).min(room) as usize;
-            if take < n {
-                cut.store(true, Ordering::Relaxed);
-            }
-            if take > 0 {
-                sent += take as u64;
-                // Awaiting here is the back-pressure: a slow reader stops us reading the pipe,
-                // and the process blocks on its own writes instead of the agent buffering.
-                if out.send(wrap(buf[..take].to_vec())).await.is_err() {
-                    return;
+            let mut sent = 0u64;
+            let mut stream_open = true;
+            let mut buf = vec![0u8; CHUNK_BYTES];
+            loop {
+                let n = match r.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let room = self.limit.saturating_sub(sent);
+                let take = (n as u64).min(room) as usize;
+                if take < n {
+                    self.cut.store(true, Ordering::Relaxed);
+                }
+                if take > 0 && stream_open {
+                    sent += take as u64;
+                    // Awaiting here is the back-pressure: a slow reader stops us reading the
+                    // pipe, and the process blocks on its own writes instead of the agent
+                    // buffering.
+                    stream_open = self
+                        .out
+                        .send((self.wrap)(buf[..take].to_vec()))
+                        .await
+                        .is_ok();
+                    if !stream_open && !self.drain_unread {
+                        return;
+                    }
                 }
             }
-        }
-    })
+        })
+    }
 }
 
 /// Feeds stdin: the initial bytes, then (when kept open) whatever arrives on the returned

@@ -156,6 +156,7 @@ impl Manager {
             uid,
             gid: uid,
             trace: None,
+            detached: false,
         })
     }
 
