@@ -1,5 +1,5 @@
-//! OpenTelemetry through the real daemon: this test is the OTLP/HTTP collector (protobuf on
-//! loopback). A request carrying a W3C `traceparent` gets a request span that is the caller's
+//! OpenTelemetry through the real daemon: this test is the OTLP collector (HTTP with protobuf
+//! bodies, and gRPC, on loopback). A request carrying a W3C `traceparent` gets a request span that is the caller's
 //! child, named by its route template (REST and E2B alike); the exec it runs is a child of that
 //! whether awaited, streamed or in the background, and what the agent timed in the sandbox is
 //! the exec's child, whose context the process got as `TRACEPARENT`.
@@ -25,6 +25,7 @@ const CONTEXT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4739";
 const E2B_CREATE_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473a";
 const E2B_RUN_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473b";
 const LIFECYCLE_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473c";
+const GRPC_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e473d";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_of_exec_is_its_requests_child_with_an_in_sandbox_child() {
@@ -338,6 +339,36 @@ async fn e2b_commands_run(d: &Daemon) -> (String, String) {
         rest = &rest[5 + n..];
     }
     (id, String::from_utf8_lossy(&stdout).into_owned())
+}
+
+/// The same spans reach an OTLP/gRPC collector (`otlp_protocol = "grpc"`): a traced exec's
+/// tree, from the caller's span to the in-sandbox one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_grpc_collector() {
+    let Some(()) = root_or_skip() else { return };
+    let (spans, url) = grpc_collector().await;
+    let config =
+        format!("{BASE_CONFIG}[telemetry]\notlp_endpoint = \"{url}\"\notlp_protocol = \"grpc\"\n");
+    let mut d = Daemon::start(&config).await;
+    let sid = d.create(json!({})).await;
+    let resp = d
+        .req(
+            Method::POST,
+            &format!("/v1/sandbox/sessions/{sid}/exec"),
+            KEY1,
+        )
+        .header("traceparent", traceparent(GRPC_TRACE))
+        .json(&json!({"shell": COMMAND}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let ran: Value = resp.json().await.unwrap();
+    d.stop();
+    let exec_route = "POST /v1/sandbox/sessions/{id}/exec";
+    let all = spans_of(&spans, GRPC_TRACE, &[exec_route, "exec", "sandbox.exec"]).await;
+    let (_, seen) = check_exec_tree(&all, GRPC_TRACE, exec_route, (&sid, "awaited", "jail"));
+    assert_eq!(ran["stdout"].as_str().unwrap().trim(), seen, "{ran}");
 }
 
 /// What operators watch besides requests: pool takes by image (hit or miss), egress decisions

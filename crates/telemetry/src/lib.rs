@@ -1,6 +1,6 @@
 //! The daemon's tracing set-up: logs on stderr (text or JSON) and, with
 //! `[telemetry] otlp_endpoint`, every span exported to an OpenTelemetry collector over
-//! OTLP/HTTP (protobuf). Incoming W3C `traceparent` headers make a request's span the child of
+//! OTLP/HTTP (protobuf) or OTLP/gRPC (`otlp_protocol`). Incoming W3C `traceparent` headers make a request's span the child of
 //! the caller's. Work done where the daemon's tracer cannot run (inside a sandbox) is exported
 //! by the daemon on its behalf as a [`RemoteChild`].
 
@@ -26,9 +26,12 @@ use tracing_subscriber::{EnvFilter, Layer};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TelemetryConfig {
-    /// The collector's OTLP/HTTP base URL (`http://collector:4318`; spans go to
-    /// `<base>/v1/traces`); empty (the default): no spans leave the daemon.
+    /// The collector's base URL: OTLP/HTTP's (`http://collector:4318`; spans go to
+    /// `<base>/v1/traces`) or OTLP/gRPC's (`http://collector:4317`); empty (the default): no
+    /// spans leave the daemon.
     pub otlp_endpoint: String,
+    /// How spans travel to `otlp_endpoint`, as `OTEL_EXPORTER_OTLP_PROTOCOL` names it.
+    pub otlp_protocol: OtlpProtocol,
     /// `service.name` of the exported spans.
     pub service_name: String,
 }
@@ -37,9 +40,20 @@ impl Default for TelemetryConfig {
     fn default() -> Self {
         Self {
             otlp_endpoint: String::new(),
+            otlp_protocol: OtlpProtocol::HttpProtobuf,
             service_name: "koder-sandbox".into(),
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum OtlpProtocol {
+    /// OTLP/HTTP with protobuf bodies.
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+    /// OTLP/gRPC.
+    #[serde(rename = "grpc")]
+    Grpc,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,17 +116,25 @@ fn span_filter() -> Targets {
     Targets::new().with_target("koder", Level::INFO)
 }
 
+/// Builds the exporter, for gRPC inside the caller's Tokio runtime: the channel's worker runs
+/// there, so the batch processor's own thread can export through it.
 fn provider(cfg: &TelemetryConfig) -> Result<SdkTracerProvider, TelemetryError> {
     let base = cfg.otlp_endpoint.trim_end_matches('/');
-    let endpoint = match base.ends_with("/v1/traces") {
-        true => base.to_string(),
-        false => format!("{base}/v1/traces"),
+    let builder = opentelemetry_otlp::SpanExporter::builder();
+    let exporter = match cfg.otlp_protocol {
+        OtlpProtocol::HttpProtobuf => {
+            let endpoint = match base.ends_with("/v1/traces") {
+                true => base.to_string(),
+                false => format!("{base}/v1/traces"),
+            };
+            builder
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(endpoint)
+                .build()?
+        }
+        OtlpProtocol::Grpc => builder.with_tonic().with_endpoint(base).build()?,
     };
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-        .with_endpoint(endpoint)
-        .build()?;
     let resource = opentelemetry_sdk::Resource::builder_empty()
         .with_service_name(cfg.service_name.clone())
         .build();
@@ -232,5 +254,20 @@ impl RemoteChild {
             .with_attributes(attrs.iter().map(|(k, v)| KeyValue::new(*k, *v)))
             .start_with_context(&tracer, &self.parent);
         span.end_with_timestamp(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_protocol_is_named_as_otel_names_it() {
+        let parse = |text: &str| toml::from_str::<TelemetryConfig>(text);
+        let cfg = parse("otlp_endpoint = \"http://c:4317\"\notlp_protocol = \"grpc\"").unwrap();
+        assert_eq!(cfg.otlp_protocol, OtlpProtocol::Grpc);
+        let cfg = parse("otlp_endpoint = \"http://c:4318\"").unwrap();
+        assert_eq!(cfg.otlp_protocol, OtlpProtocol::HttpProtobuf);
+        assert!(parse("otlp_protocol = \"http/json\"").is_err());
     }
 }

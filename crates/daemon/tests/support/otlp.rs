@@ -1,5 +1,5 @@
-//! The test's own OTLP/HTTP collector (protobuf on loopback) and checks of the span trees it
-//! received: what `traces.rs` and the microVM tests share.
+//! The test's own OTLP collectors on loopback (HTTP with protobuf bodies, and gRPC) and checks
+//! of the span trees they received: what `traces.rs` and the microVM tests share.
 
 #![allow(dead_code)] // each test binary uses a different subset
 
@@ -8,7 +8,12 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
@@ -31,14 +36,48 @@ pub async fn collector() -> (Spans, String) {
     (spans, url)
 }
 
-async fn export(State(spans): State<Spans>, body: Bytes) -> Vec<u8> {
-    let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+/// An OTLP/gRPC collector on loopback: `(spans, its URL)`.
+pub async fn grpc_collector() -> (Spans, String) {
+    let spans = Spans::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let service = TraceServiceServer::new(GrpcCollector(spans.clone()));
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming),
+    );
+    (spans, url)
+}
+
+struct GrpcCollector(Spans);
+
+#[tonic::async_trait]
+impl TraceService for GrpcCollector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        keep(&self.0, request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+fn keep(spans: &Spans, req: ExportTraceServiceRequest) {
     let mut all = spans.lock().unwrap();
     for rs in req.resource_spans {
         for ss in rs.scope_spans {
             all.extend(ss.spans);
         }
     }
+}
+
+async fn export(State(spans): State<Spans>, body: Bytes) -> Vec<u8> {
+    keep(
+        &spans,
+        ExportTraceServiceRequest::decode(body).expect("OTLP protobuf"),
+    );
     // An empty ExportTraceServiceResponse.
     Vec::new()
 }
