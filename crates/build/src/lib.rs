@@ -203,26 +203,11 @@ impl Builds {
         koder_image::store::check_name(name)
             .map_err(|e| BuildError::InvalidSpec(format!("name: {e}")))?;
         let id = format!("bld-{}", uuid::Uuid::new_v4().simple());
-        let status = Build {
-            build_id: id.clone(),
-            name: name.into(),
-            state: BuildState::Queued,
-            steps: plan
-                .steps
-                .iter()
-                .map(|step| BuildStep {
-                    step: step.describe.clone(),
-                    key: step.key.clone(),
-                    status: "pending".into(),
-                })
-                .collect(),
-            failed_step: None,
-            error: None,
-            digest: None,
-            log_tail: String::new(),
-            created_at: Utc::now(),
-            finished_at: None,
-        };
+        let steps = plan
+            .steps
+            .iter()
+            .map(|step| (step.describe.clone(), step.key.clone()));
+        let status = queued(&id, name, steps);
         let job = Arc::new(Job {
             status: Mutex::new(status),
             log: BuildLog::new(),
@@ -291,6 +276,28 @@ impl Builds {
     }
 }
 
+/// A new build's status: queued, every step `(description, key)` pending.
+fn queued(id: &str, name: &str, steps: impl Iterator<Item = (String, String)>) -> Build {
+    Build {
+        build_id: id.into(),
+        name: name.into(),
+        state: BuildState::Queued,
+        steps: steps
+            .map(|(step, key)| BuildStep {
+                step,
+                key,
+                status: "pending".into(),
+            })
+            .collect(),
+        failed_step: None,
+        error: None,
+        digest: None,
+        log_tail: String::new(),
+        created_at: Utc::now(),
+        finished_at: None,
+    }
+}
+
 /// Ends a build that can no longer run: failed at its running step, if any.
 fn interrupted(b: &mut Build, why: &str, now: chrono::DateTime<Utc>) {
     let running = b.steps.iter().position(|s| s.status == "running");
@@ -327,18 +334,9 @@ mod tests {
             key: "k".into(),
             status: status.into(),
         };
-        let mut b = Build {
-            build_id: "bld-1".into(),
-            name: "img".into(),
-            state: BuildState::Running,
-            steps: vec![step("cached"), step("running"), step("pending")],
-            failed_step: None,
-            error: None,
-            digest: None,
-            log_tail: String::new(),
-            created_at: Utc::now(),
-            finished_at: None,
-        };
+        let mut b = queued("bld-1", "img", std::iter::empty());
+        b.state = BuildState::Running;
+        b.steps = vec![step("cached"), step("running"), step("pending")];
         let now = Utc::now();
         interrupted(&mut b, "gone", now);
         assert_eq!(b.state, BuildState::Failed);

@@ -173,25 +173,7 @@ async fn build(d: &Daemon, name: &str, key: &str, spec: &str) -> (StatusCode, Va
     }
     assert_eq!(submitted["state"], "queued", "{submitted}");
     let id = submitted["build_id"].as_str().unwrap();
-    let logs = d
-        .req(
-            Method::GET,
-            &format!("/v1/sandbox/images/builds/{id}/logs"),
-            ADMIN,
-        )
-        .send()
-        .await
-        .expect("logs request");
-    let events = read_sse(logs).await;
-    let lines: Vec<String> = events
-        .iter()
-        .filter(|e| e.name == "log")
-        .map(|e| e.data["line"].as_str().unwrap_or_default().to_string())
-        .collect();
-    let done = events
-        .iter()
-        .find(|e| e.name == "done")
-        .expect("a done event");
+    let (lines, done) = logs_of(d, id).await;
     let (s, polled) = d
         .json_as(
             ADMIN,
@@ -201,8 +183,8 @@ async fn build(d: &Daemon, name: &str, key: &str, spec: &str) -> (StatusCode, Va
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{polled}");
-    assert_eq!(polled["state"], done.data["state"], "{polled}");
-    (status, done.data.clone(), lines)
+    assert_eq!(polled["state"], done["state"], "{polled}");
+    (status, done, lines)
 }
 
 fn step_statuses(build: &Value) -> Vec<&str> {
@@ -450,7 +432,7 @@ async fn a_warm_pool_on_a_template_starts_and_readies_before_hand_out() {
     assert_eq!(v["stdout"], "hello from the file\n", "{v}");
 }
 
-/// The builds' log of `id` as its SSE replay: the lines and the `done` status.
+/// The log of build `id` as its SSE stream gives it: the lines and the `done` status.
 async fn logs_of(d: &Daemon, id: &str) -> (Vec<String>, Value) {
     let resp = d
         .req(
