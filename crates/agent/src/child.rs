@@ -101,6 +101,9 @@ pub(crate) struct Plan {
     argv: Vec<CString>,
     env: Vec<CString>,
     cwd: CString,
+    /// The account it runs as (default: the agent's own).
+    uid: Option<u32>,
+    gid: Option<u32>,
 }
 
 /// `execvp`'s search path when the environment has no `PATH` (glibc's `_CS_PATH`).
@@ -140,7 +143,16 @@ impl Plan {
                 .map(|(k, v)| c(&format!("{k}={v}")))
                 .collect::<Result<_, _>>()?,
             cwd: c(cwd)?,
+            uid: None,
+            gid: None,
         })
+    }
+
+    /// Runs the program as `uid`/`gid` (each `None`: the agent's own).
+    pub(crate) fn run_as(mut self, uid: Option<u32>, gid: Option<u32>) -> Self {
+        self.uid = uid;
+        self.gid = gid;
+        self
     }
 }
 
@@ -163,6 +175,8 @@ struct ChildArgs {
     /// file without an executable format.
     sh_argv: *mut *const libc::c_char,
     envp: *const *const libc::c_char,
+    uid: Option<u32>,
+    gid: Option<u32>,
     errno: AtomicI32,
 }
 
@@ -170,7 +184,8 @@ struct ChildArgs {
 /// the agent's memory until it execs, so nothing of the agent's address space is copied (a
 /// fork's page-table copy and the copy-on-write faults after it are most of what an exec costs
 /// the agent). The child takes the same steps as [`before_exec`] (workload cgroup,
-/// close-on-exec above its stdio) plus a new session, its stdio pipes and working directory.
+/// close-on-exec above its stdio) plus a new session, its stdio pipes, its account and working
+/// directory.
 /// The parent gets control back once the program runs; a failure before that is the child's
 /// errno, and its zombie is left to the reaper.
 pub(crate) fn vfork_spawn(plan: &Plan) -> std::io::Result<Spawned> {
@@ -198,6 +213,8 @@ pub(crate) fn vfork_spawn(plan: &Plan) -> std::io::Result<Spawned> {
         argv: argv.as_ptr(),
         sh_argv: sh_argv.as_mut_ptr(),
         envp: envp.as_ptr(),
+        uid: plan.uid,
+        gid: plan.gid,
         errno: AtomicI32::new(0),
     };
     // Uninitialised memory: only the child writes it, as its stack, which grows down from
@@ -302,6 +319,10 @@ unsafe fn child_steps(args: &ChildArgs) -> libc::c_int {
                 return errno();
             }
         }
+        if let Err(e) = switch_account(args.uid, args.gid) {
+            return e;
+        }
+        // After the switch, as std does: the directory must be the account's to enter.
         if libc::chdir(args.cwd) < 0 {
             return errno();
         }
@@ -313,6 +334,33 @@ unsafe fn child_steps(args: &ChildArgs) -> libc::c_int {
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
         exec_first(args)
     }
+}
+
+/// Becomes `gid` and `uid` as std's `Command::gid`/`uid` would (a root caller drops its
+/// supplementary groups first), by raw syscalls: libc's wrappers would make every thread of
+/// the agent, whose memory this child shares, switch too (glibc's set*id broadcast).
+///
+/// # Safety
+/// Only in the child of `vfork_spawn`.
+unsafe fn switch_account(uid: Option<u32>, gid: Option<u32>) -> Result<(), libc::c_int> {
+    let check = |ret: libc::c_long| if ret < 0 { Err(errno()) } else { Ok(()) };
+    // SAFETY: set*id and getuid syscalls on plain integers; setgroups with no list.
+    unsafe {
+        if let Some(gid) = gid {
+            check(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
+        }
+        if let Some(uid) = uid {
+            if libc::syscall(libc::SYS_getuid) == 0 {
+                check(libc::syscall(
+                    libc::SYS_setgroups,
+                    0,
+                    std::ptr::null::<libc::gid_t>(),
+                ))?;
+            }
+            check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
+        }
+    }
+    Ok(())
 }
 
 /// Handlers are the agent's code: none may run in the child before exec (which resets them

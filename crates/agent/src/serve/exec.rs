@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -273,8 +273,8 @@ fn validate(req: &ExecRequest) -> Result<(), AgentError> {
 }
 
 /// Starts the exec in a new session (a process group of its own, so a timeout or signal
-/// reaches every process it started): with `vfork_spawn` (no copy of the agent's memory), or
-/// through std's fork for another account, whose switch std makes.
+/// reaches every process it started) under its account, with `vfork_spawn`: no copy of the
+/// agent's memory, whoever it runs as.
 fn spawn(
     reaper: &Reaper,
     defaults: &ExecDefaults,
@@ -282,29 +282,26 @@ fn spawn(
 ) -> Result<(Started, oneshot::Receiver<Status>), AgentError> {
     let cwd = req.cwd.as_deref().unwrap_or(&defaults.workdir);
     let trace = trace_env(req.trace, &req.env);
-    let started = if req.uid.is_none() && req.gid.is_none() {
-        let env: Vec<(&str, &str)> = defaults
-            .env
-            .iter()
-            .chain(&trace)
-            .chain(&req.env)
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        child::Plan::new(&req.argv, &env, cwd).and_then(|plan| {
-            reaper.register(|| {
-                let c = child::vfork_spawn(&plan)?;
-                let started = Started {
-                    pid: c.pid,
-                    stdin: Some(c.stdin),
-                    stdout: Some(c.stdout),
-                    stderr: Some(c.stderr),
-                };
-                Ok((started, c.pid))
-            })
+    let env: Vec<(&str, &str)> = defaults
+        .env
+        .iter()
+        .chain(&trace)
+        .chain(&req.env)
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let started = child::Plan::new(&req.argv, &env, cwd).and_then(|plan| {
+        let plan = plan.run_as(req.uid, req.gid);
+        reaper.register(|| {
+            let c = child::vfork_spawn(&plan)?;
+            let started = Started {
+                pid: c.pid,
+                stdin: Some(c.stdin),
+                stdout: Some(c.stdout),
+                stderr: Some(c.stderr),
+            };
+            Ok((started, c.pid))
         })
-    } else {
-        spawn_as(reaper, defaults, req, cwd, trace)
-    };
+    });
     started.map_err(|e| {
         let code = match e.kind() {
             std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
@@ -315,42 +312,6 @@ fn spawn(
         };
         AgentError::new(code, format!("cannot start {:?}: {e}", req.argv[0]))
     })
-}
-
-/// The fork path, for an exec under another account.
-fn spawn_as(
-    reaper: &Reaper,
-    defaults: &ExecDefaults,
-    req: &ExecRequest,
-    cwd: &str,
-    trace: Option<(String, String)>,
-) -> std::io::Result<(Started, oneshot::Receiver<Status>)> {
-    let mut cmd = Command::new(&req.argv[0]);
-    cmd.args(&req.argv[1..])
-        .env_clear()
-        .envs(defaults.env.iter().map(|(k, v)| (k, v)))
-        .envs(trace)
-        .envs(req.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    run_as(&mut cmd, req.uid, req.gid);
-    // SAFETY: setsid is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let (mut child, exit_rx) = reaper.spawn(&mut cmd)?;
-    let started = Started {
-        pid: child.id() as i32,
-        stdin: child.stdin.take().map(OwnedFd::from),
-        stdout: child.stdout.take().map(OwnedFd::from),
-        stderr: child.stderr.take().map(OwnedFd::from),
-    };
-    Ok((started, exit_rx))
 }
 
 /// Forwards one output pipe of an exec to its stream, up to `limit` bytes (the rest is read
@@ -460,10 +421,10 @@ pub(super) fn run_as(cmd: &mut Command, uid: Option<u32>, gid: Option<u32>) {
 mod tests {
     use super::*;
 
-    /// The spawn paths fail alike: a missing program, a missing working directory and a
-    /// non-executable file give the same typed errors through vfork as through std's fork.
+    /// Spawns fail alike under any account: a missing program, a missing working directory
+    /// and a non-executable file give the same typed errors.
     #[test]
-    fn spawn_failures_are_typed_alike_on_both_paths() {
+    fn spawn_failures_are_typed_alike_under_any_account() {
         let _serial = crate::child::tests::SERIAL.lock();
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(tmp.path().join("data"), "x").unwrap();
@@ -484,14 +445,48 @@ mod tests {
                 uid,
                 ..Default::default()
             };
-            let vfork = spawn(&reaper, &defaults, &req(None)).err().expect("fails");
-            let fork = spawn(&reaper, &defaults, &req(Some(root)))
+            let own = spawn(&reaper, &defaults, &req(None)).err().expect("fails");
+            let named = spawn(&reaper, &defaults, &req(Some(root)))
                 .err()
                 .expect("fails");
-            assert_eq!(vfork.code, ErrorCode::SpawnFailed, "{argv}: {vfork:?}");
-            assert_eq!((vfork.code, &vfork.message), (fork.code, &fork.message));
+            assert_eq!(own.code, ErrorCode::SpawnFailed, "{argv}: {own:?}");
+            assert_eq!((own.code, &own.message), (named.code, &named.message));
         }
         // SAFETY: waitpid with a null status pointer: the failed children's zombies.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    }
+
+    /// An exec under another account runs as it (its supplementary groups dropped), and the
+    /// switch is the child's alone though it shares the agent's memory: the agent keeps its
+    /// own ids.
+    #[test]
+    fn an_exec_runs_as_its_account_and_the_agent_stays_itself() {
+        if own_uid() != 0 {
+            return; // only root may become another account
+        }
+        let _serial = crate::child::tests::SERIAL.lock();
+        let reaper = Reaper::default();
+        let defaults = ExecDefaults {
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            workdir: "/".into(),
+        };
+        let req = ExecRequest {
+            argv: ["/bin/sh", "-c", "id -u; id -g; id -G"]
+                .map(String::from)
+                .to_vec(),
+            uid: Some(65534),
+            gid: Some(65533),
+            ..Default::default()
+        };
+        let (started, _exit) = spawn(&reaper, &defaults, &req).expect("spawns");
+        let mut out = String::new();
+        let stdout = started.stdout.expect("stdout");
+        std::io::Read::read_to_string(&mut std::fs::File::from(stdout), &mut out).unwrap();
+        assert_eq!(out, "65534\n65533\n65533\n");
+        assert_eq!(own_uid(), 0, "the agent switched too");
+        // SAFETY: getgid has no failure mode.
+        assert_eq!(unsafe { libc::getgid() }, 0, "the agent switched too");
+        // SAFETY: waitpid with a null status pointer reaps the child.
         while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
     }
 
