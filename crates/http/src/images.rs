@@ -265,7 +265,8 @@ pub async fn create_build(
     params(("id" = String, Path)),
     responses((status = 200, body = Build), (status = 401, body = ErrorBody),
               (status = 403, body = ErrorBody, description = "a tenant key"),
-              (status = 404, body = ErrorBody, description = "SANDBOX-IMAGE-BUILD-NOT-FOUND")),
+              (status = 404, body = ErrorBody, description = "SANDBOX-IMAGE-BUILD-NOT-FOUND"),
+              (status = 500, body = ErrorBody, description = "a build this daemon no longer holds could not be read from the store")),
     security(("bearer" = [])))]
 pub async fn get_build(
     State(s): State<AppState>,
@@ -278,12 +279,14 @@ pub async fn get_build(
 #[utoipa::path(get, path = "/v1/sandbox/images/builds/{id}/logs", tag = "images",
     description = "The build's log as Server-Sent Events: every line so far, then (while it runs) each \
         new one, as `log` events (`data`: `{\"line\": ...}`); the last event is `done` with the final status \
-        (a `Build` as JSON). A finished build is replayed. Admin key only.",
+        (a `Build` as JSON). A finished build is replayed, also after a restart (from the store); \
+        a build another node is running has no lines here until it ended. Admin key only.",
     params(("id" = String, Path)),
     responses((status = 200, content_type = "text/event-stream", description = "`log` events, then `done`"),
               (status = 401, body = ErrorBody),
               (status = 403, body = ErrorBody, description = "a tenant key"),
-              (status = 404, body = ErrorBody, description = "SANDBOX-IMAGE-BUILD-NOT-FOUND")),
+              (status = 404, body = ErrorBody, description = "SANDBOX-IMAGE-BUILD-NOT-FOUND"),
+              (status = 500, body = ErrorBody, description = "a build this daemon no longer holds could not be read from the store")),
     security(("bearer" = [])))]
 pub async fn build_logs(
     State(s): State<AppState>,
