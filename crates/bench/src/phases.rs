@@ -56,6 +56,7 @@ pub const ORDER: &[&str] = &[
     "create_from_snapshot",
     "restore",
     "fork",
+    "fork_one",
     "pause_resume",
     "image_pack_build",
     "image_pack_cached",

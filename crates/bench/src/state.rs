@@ -70,6 +70,7 @@ struct Samples {
     from_snapshot: Vec<Duration>,
     restore: Vec<Duration>,
     fork_per_copy: Vec<Duration>,
+    fork_one: Vec<Duration>,
     pause_resume: Vec<Duration>,
     size_bytes: u64,
 }
@@ -114,6 +115,12 @@ pub async fn run(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
                 "fork",
                 format!("fork of that session, per copy ({FORK_COPIES} copies per fork)"),
                 &s.fork_per_copy,
+                100.0,
+            ));
+            rows.push(row(
+                "fork_one",
+                "fork of that session into one copy (the whole fork's time)".into(),
+                &s.fork_one,
                 100.0,
             ));
             rows.push(row(
@@ -162,6 +169,7 @@ async fn samples(ctx: &Ctx<'_>, api: &Api<'_>, source: &str, disk_mib: u64) -> R
         from_snapshot: Vec::new(),
         restore: Vec::new(),
         fork_per_copy: Vec::new(),
+        fork_one: Vec::new(),
         pause_resume: Vec::new(),
         size_bytes: 0,
     };
@@ -201,17 +209,19 @@ async fn samples(ctx: &Ctx<'_>, api: &Api<'_>, source: &str, disk_mib: u64) -> R
             .await?;
         s.restore.push(took);
 
-        let (forks, took) = api
-            .timed(
-                Method::POST,
-                &format!("/sessions/{source}/fork"),
-                json!({"count": FORK_COPIES}),
-            )
-            .await?;
-        s.fork_per_copy.push(took / FORK_COPIES as u32);
-        for f in forks["sessions"].as_array().into_iter().flatten() {
-            if let Some(id) = f["id"].as_str() {
-                api.delete(id).await;
+        for (copies, into) in [(FORK_COPIES, &mut s.fork_per_copy), (1, &mut s.fork_one)] {
+            let (forks, took) = api
+                .timed(
+                    Method::POST,
+                    &format!("/sessions/{source}/fork"),
+                    json!({ "count": copies }),
+                )
+                .await?;
+            into.push(took / copies as u32);
+            for f in forks["sessions"].as_array().into_iter().flatten() {
+                if let Some(id) = f["id"].as_str() {
+                    api.delete(id).await;
+                }
             }
         }
         let _ = api

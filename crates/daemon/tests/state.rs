@@ -395,6 +395,18 @@ async fn the_snapshot_storage_quota_is_a_typed_507_and_leaves_nothing() {
         .await;
     assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{v}");
     assert_eq!(error_code(&v), "SANDBOX-QUOTA-SNAPSHOT-STORAGE");
+    // A fork stores nothing at first, but its layer is bounded by the same room (a copy may
+    // have to store it later).
+    let (status, v) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{a}/fork"),
+            json!({"count": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{v}");
+    assert_eq!(error_code(&v), "SANDBOX-QUOTA-SNAPSHOT-STORAGE");
+    assert!(fork_trees(&d).is_empty(), "{:?}", fork_trees(&d));
     // A sparse 10 GB file is refused from its size at once, not read.
     sh(
         &d,
@@ -465,21 +477,30 @@ async fn hostile_contents_restore_inside_the_session_only() {
     let b = d
         .create(json!({"from_snapshot": snap["snapshot_id"]}))
         .await;
-    let out = sh(
-        &d,
-        &b,
-        "cd /home/user; readlink etc-link canary up; ls deep | wc -l; cat \"$(printf 'new\\nline')\"",
-    )
-    .await;
-    assert_eq!(
-        out,
-        format!("/etc\n{canary_s}\n../../../../../../\n2000\nline\nbreak")
-    );
+    const LIST: &str = "cd /home/user; readlink etc-link canary up; ls deep | wc -l; \
+         cat \"$(printf 'new\\nline')\"";
+    let want = format!("/etc\n{canary_s}\n../../../../../../\n2000\nline\nbreak");
+    assert_eq!(sh(&d, &b, LIST).await, want);
     // Writing through the restored links changes the sandbox's files, never the host's.
     let v = d
         .exec(&b, json!({"shell": "echo pwned > /home/user/canary"}))
         .await;
     assert_ne!(v["exit_code"], 0, "{v}");
+    assert_eq!(std::fs::read_to_string(&canary).unwrap(), "host");
+    // A fork copies the same hostile tree on the host, and so does storing that copy.
+    let copy = fork(&d, &a, 1).await.remove(0);
+    assert_eq!(sh(&d, &copy, LIST).await, want);
+    let stored = snapshot(&d, &copy, Value::Null).await;
+    let c = d
+        .create(json!({"from_snapshot": stored["snapshot_id"]}))
+        .await;
+    assert_eq!(sh(&d, &c, LIST).await, want);
+    for s in [&copy, &c] {
+        let v = d
+            .exec(s, json!({"shell": "echo pwned > /home/user/canary"}))
+            .await;
+        assert_ne!(v["exit_code"], 0, "{v}");
+    }
     assert_eq!(std::fs::read_to_string(&canary).unwrap(), "host");
 }
 
@@ -490,6 +511,9 @@ async fn a_crash_mid_snapshot_or_mid_restore_leaves_no_half_state() {
         let mut d = Daemon::start(BASE_CONFIG).await;
         let a = d.create(json!({})).await;
         sh(&d, &a, "echo x > /home/user/x").await;
+        // A fork's tree does not outlive the daemon either.
+        fork(&d, &a, 1).await;
+        assert_eq!(fork_trees(&d).len(), 1);
         let sid = if point == "restore-before-install" {
             Some(snapshot(&d, &a, Value::Null).await["snapshot_id"].clone())
         } else {
@@ -528,6 +552,7 @@ async fn a_crash_mid_snapshot_or_mid_restore_leaves_no_half_state() {
         if sid.is_none() {
             assert!(layer_files(&d).is_empty(), "{point}: {:?}", layer_files(&d));
         }
+        assert!(fork_trees(&d).is_empty(), "{point}: {:?}", fork_trees(&d));
         let sandboxes = d.data_dir().join("jail/sandboxes");
         assert_eq!(
             std::fs::read_dir(&sandboxes)
@@ -580,6 +605,29 @@ async fn a_deleted_restored_file_stays_deleted() {
 }
 
 /// Unpacked layers the jail runtime holds (one per layer it stacks below sandboxes).
+/// The daemon's stored layers (cache files beside the blobs).
+fn stored_layers(d: &Daemon) -> Vec<String> {
+    layer_cache(d, |e| !e.path().is_dir())
+}
+
+/// Fork layers kept as trees only.
+fn fork_trees(d: &Daemon) -> Vec<String> {
+    layer_cache(d, |e| e.path().is_dir())
+}
+
+fn layer_cache(d: &Daemon, keep: impl Fn(&std::fs::DirEntry) -> bool) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(d.data_dir().join("layers"))
+        .map(|r| {
+            r.flatten()
+                .filter(|e| keep(e))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
 fn trees(d: &Daemon) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(d.data_dir().join("jail/layers"))
         .map(|r| {
@@ -636,9 +684,12 @@ async fn forked_copies_share_one_layer_and_keep_their_own_changes() {
         .as_str()
         .unwrap()
         .to_string();
+    let stored = stored_layers(&d);
     let copies = fork(&d, &a, 3).await;
-    // One tree for the three copies.
-    assert_eq!(trees(&d).len(), 1, "{:?}", trees(&d));
+    // One tree for the three copies, copied on the host: nothing stored, nothing unpacked.
+    assert_eq!(fork_trees(&d).len(), 1, "{:?}", fork_trees(&d));
+    assert_eq!(stored_layers(&d), stored);
+    assert!(trees(&d).is_empty(), "{:?}", trees(&d));
     for c in &copies {
         assert_eq!(sh(&d, c, DIGEST).await, want);
     }
@@ -657,6 +708,13 @@ async fn forked_copies_share_one_layer_and_keep_their_own_changes() {
     // Its snapshot holds everything it sees: the shared layer and its own changes.
     let snap = snapshot(&d, &copies[0], Value::Null).await;
     let sid = snap["snapshot_id"].as_str().unwrap().to_string();
+    // The shared layer was stored for it (once), beside the copy's own capture.
+    assert_eq!(stored_layers(&d).len(), stored.len() + 2);
+    let second = snapshot(&d, &copies[1], Value::Null).await["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(stored_layers(&d).len(), stored.len() + 3);
     let from = d.create(json!({ "from_snapshot": sid })).await;
     assert_eq!(sh(&d, &from, CHANGED).await, changed);
     // Restored into another copy, too.
@@ -693,6 +751,7 @@ async fn forked_copies_share_one_layer_and_keep_their_own_changes() {
     assert!(resp.status().is_success(), "{}", resp.status());
     delete_snapshot(&d, &early).await;
     delete_snapshot(&d, &sid).await;
+    delete_snapshot(&d, &second).await;
     let in_use = trees(&d);
     assert!(!in_use.is_empty());
     assert_eq!(sh(&d, &copies[2], DIGEST).await, want);

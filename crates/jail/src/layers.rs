@@ -22,12 +22,13 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use koder_layer::{ApplyOptions, Limits, Owners};
-use koder_runtime::RuntimeError;
+use koder_layer::{ApplyOptions, LayerError, Limits, Owners};
+use koder_runtime::{CopiedLayer, LayerBounds, RuntimeError};
 use rustix::fs::{Mode, OFlags};
 
 use crate::spawn::IdMap;
 use crate::SANDBOX_IDS;
+use std::os::fd::{AsFd, OwnedFd};
 
 /// Entries one restored sandbox may hold (a million empty files is a hostile layer, not a
 /// workspace).
@@ -59,13 +60,9 @@ pub fn apply(
     Ok(())
 }
 
+/// Writes `layer` (a tar file, or a tree a fork copied with neutral owners) into `into`.
 fn unpack(into: &Path, layer: &Path, owners: Owners, max_bytes: u64) -> Result<(), RuntimeError> {
-    let root = rustix::fs::open(
-        into,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| RuntimeError::io(format!("open {}", into.display()))(e.into()))?;
+    let root = open_dir(into)?;
     let opts = ApplyOptions {
         limits: Limits {
             max_bytes,
@@ -73,21 +70,104 @@ fn unpack(into: &Path, layer: &Path, owners: Owners, max_bytes: u64) -> Result<(
         },
         owners,
     };
-    let file =
-        File::open(layer).map_err(RuntimeError::io(format!("open layer {}", layer.display())))?;
-    koder_layer::apply(
-        std::os::fd::AsFd::as_fd(&root),
-        BufReader::with_capacity(256 * 1024, file),
-        &opts,
-    )
-    .map(drop)
-    .map_err(|e| {
+    let applied = if is_tree(layer) {
+        let neutral = Owners::Shift {
+            base: 0,
+            size: SANDBOX_IDS,
+        };
+        koder_layer::copy(open_dir(layer)?.as_fd(), neutral, root.as_fd(), &opts)
+    } else {
+        let file = File::open(layer)
+            .map_err(RuntimeError::io(format!("open layer {}", layer.display())))?;
+        koder_layer::apply(
+            root.as_fd(),
+            BufReader::with_capacity(256 * 1024, file),
+            &opts,
+        )
+    };
+    applied.map(drop).map_err(|e| {
         if e.is_quota() {
             RuntimeError::Exhausted(format!("restoring layer: {e}"))
         } else {
             RuntimeError::Start(format!("restoring layer: {e}"))
         }
     })
+}
+
+fn open_dir(path: &Path) -> Result<OwnedFd, RuntimeError> {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| RuntimeError::io(format!("open {}", path.display()))(e.into()))
+}
+
+/// A layer given as a directory: a fork's copy, already in a tree's form.
+fn is_tree(layer: &Path) -> bool {
+    std::fs::symlink_metadata(layer).is_ok_and(|m| m.is_dir())
+}
+
+/// Copies the writable layer of a running sandbox into `into` with neutral owners, as
+/// [`Trees`] hold them. The agent (`pid`) holds the only reference to that layer once the
+/// host's mount of the sandbox's disk is gone, so the host reaches it through the agent's
+/// descriptor; `upper` ((device, inode), recorded when the sandbox started) tells which one,
+/// so a descriptor the sandbox swapped in could name nothing but the layer itself.
+pub fn copy_writable(
+    pid: i32,
+    upper: (u64, u64),
+    ids: IdMap,
+    into: &Path,
+    bounds: LayerBounds,
+) -> Result<CopiedLayer, RuntimeError> {
+    let source = open_agents_dir(pid, upper)?;
+    let opts = ApplyOptions {
+        limits: Limits {
+            max_bytes: bounds.max_bytes,
+            max_entries: bounds.max_entries,
+        },
+        owners: Owners::Shift {
+            base: 0,
+            size: SANDBOX_IDS,
+        },
+    };
+    let from = Owners::Shift {
+        base: ids.host_base,
+        size: ids.count,
+    };
+    match koder_layer::copy(source.as_fd(), from, open_dir(into)?.as_fd(), &opts) {
+        Ok(stats) => Ok(CopiedLayer {
+            entries: stats.entries,
+            bytes: stats.bytes,
+        }),
+        Err(e) if e.is_quota() => Err(RuntimeError::Exhausted(e.to_string())),
+        Err(e) => Err(copy_error(e)),
+    }
+}
+
+fn copy_error(e: LayerError) -> RuntimeError {
+    RuntimeError::io("copying the writable layer")(std::io::Error::other(e))
+}
+
+/// The directory `(device, inode)` among the open descriptors of process `pid`.
+fn open_agents_dir(pid: i32, want: (u64, u64)) -> Result<OwnedFd, RuntimeError> {
+    let fds = format!("/proc/{pid}/fd");
+    let entries = std::fs::read_dir(&fds).map_err(RuntimeError::io(format!("list {fds}")))?;
+    for entry in entries.flatten() {
+        // Following the descriptor's magic link is the point; anything but a directory (a
+        // fifo would block without NONBLOCK) is refused by the open itself.
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let Ok(fd) = rustix::fs::open(entry.path(), flags, Mode::empty()) else {
+            continue;
+        };
+        let found = rustix::fs::fstat(&fd).is_ok_and(|st| (st.st_dev, st.st_ino) == want);
+        if found {
+            return Ok(fd);
+        }
+    }
+    Err(RuntimeError::io("find the sandbox's writable layer")(
+        std::io::Error::from(std::io::ErrorKind::NotFound),
+    ))
 }
 
 /// The host's unpacked layers. Shared with the [`Lease`]s it hands out.
@@ -108,10 +188,11 @@ struct Tree {
     unpacking: Arc<Mutex<()>>,
 }
 
-/// One sandbox's use of one tree: while it lives, the tree stays.
+/// One sandbox's use of one tree: while it lives, the tree stays. A fork's tree (given as a
+/// directory) is its maker's to keep and delete: its lease counts nothing.
 pub struct Lease {
     trees: Arc<Trees>,
-    key: String,
+    key: Option<String>,
     path: PathBuf,
 }
 
@@ -123,8 +204,11 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        let Some(key) = &self.key else {
+            return;
+        };
         let mut known = self.trees.lock();
-        if let Some(t) = known.get_mut(&self.key) {
+        if let Some(t) = known.get_mut(key) {
             t.users = t.users.saturating_sub(1);
         }
         self.trees.collect(&mut known);
@@ -158,6 +242,13 @@ impl Trees {
     }
 
     fn lease_one(self: &Arc<Self>, layer: &Path) -> Result<Lease, RuntimeError> {
+        if is_tree(layer) {
+            return Ok(Lease {
+                trees: self.clone(),
+                key: None,
+                path: layer.to_path_buf(),
+            });
+        }
         let meta = std::fs::metadata(layer)
             .map_err(RuntimeError::io(format!("open layer {}", layer.display())))?;
         let inode = (meta.dev(), meta.ino());
@@ -178,7 +269,7 @@ impl Trees {
         let lease = Lease {
             trees: self.clone(),
             path: self.dir.join(&key),
-            key,
+            key: Some(key),
         };
         let _one_at_a_time = unpacking
             .lock()

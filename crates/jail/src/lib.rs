@@ -17,7 +17,7 @@ mod spawn;
 mod volumes;
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{chown, PermissionsExt};
+use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,8 +31,8 @@ use koder_hostkit::install::install_executable;
 use koder_hostkit::mode::{check_traversable, set_mode};
 use koder_hostkit::reap::{self, ExeMatch};
 use koder_runtime::{
-    validate_id, Enforcement, Limits, NotEnforced, ReconcileReport, ResourceControl, Runtime,
-    RuntimeError, Sandbox, SandboxSpec, Usage,
+    validate_id, CopiedLayer, Enforcement, LayerBounds, Limits, NotEnforced, ReconcileReport,
+    ResourceControl, Runtime, RuntimeError, Sandbox, SandboxSpec, Usage,
 };
 
 use koder_image as image;
@@ -560,6 +560,9 @@ struct Pending(Option<Starting>);
 struct Starting {
     parts: Parts,
     agent: Option<OwnedFd>,
+    /// The agent's pid and its writable layer's (device, inode), once it runs.
+    agent_pid: i32,
+    upper: (u64, u64),
     slot: u32,
     slots: Slots,
 }
@@ -603,6 +606,11 @@ impl Pending {
         let starting = self.starting()?;
         let spawned = inner.spawn(spec, starting.slot, &mut starting.parts)?;
         starting.agent = Some(spawned.pidfd);
+        starting.agent_pid = spawned.pid;
+        // Before `after_clone` takes the host's mount of the disk it may be on.
+        starting.upper = std::fs::metadata(&starting.parts.upper)
+            .map(|m| (m.dev(), m.ino()))
+            .map_err(RuntimeError::io("stat the writable layer"))?;
         after_clone(&starting.parts, spawned.pid, !spec.volumes.is_empty())?;
         Ok(spawned.stderr)
     }
@@ -625,10 +633,23 @@ impl Pending {
             .agent
             .take()
             .ok_or_else(|| RuntimeError::Start("no agent".into()))?;
-        let Some(Starting { parts, slot, .. }) = self.0.take() else {
+        let Some(Starting {
+            parts,
+            slot,
+            agent_pid,
+            upper,
+            ..
+        }) = self.0.take()
+        else {
             return Err(RuntimeError::Start("sandbox already handed out".into()));
         };
-        Ok(Live { pidfd, parts, slot })
+        Ok(Live {
+            pidfd,
+            parts,
+            slot,
+            agent_pid,
+            upper,
+        })
     }
 }
 
@@ -788,6 +809,8 @@ impl Runtime for JailRuntime {
         let pending = Pending(Some(Starting {
             parts,
             agent: None,
+            agent_pid: 0,
+            upper: (0, 0),
             slot,
             slots: inner.slots.clone(),
         }));
@@ -810,6 +833,7 @@ impl Runtime for JailRuntime {
                     has_cgroup: live.parts.cgroup.is_some(),
                     layers_below: !live.parts.leases.is_empty(),
                     trees: inner.trees.clone(),
+                    ids: inner.ids_for(slot),
                     agent,
                     state: tokio::sync::Mutex::new(Some(live)),
                     slots: inner.slots.clone(),
@@ -890,6 +914,9 @@ struct Live {
     pidfd: OwnedFd,
     parts: Parts,
     slot: u32,
+    agent_pid: i32,
+    /// (device, inode) of its writable layer's directory.
+    upper: (u64, u64),
 }
 
 pub struct JailSandbox {
@@ -899,6 +926,8 @@ pub struct JailSandbox {
     layers_below: bool,
     /// Swept at each destroy for trees whose layer went meanwhile.
     trees: Option<Arc<layers::Trees>>,
+    /// Its uid range on the host.
+    ids: IdMap,
     agent: AgentClient,
     state: tokio::sync::Mutex<Option<Live>>,
     slots: Slots,
@@ -948,6 +977,26 @@ impl Sandbox for JailSandbox {
 
     fn layers_below(&self) -> bool {
         self.layers_below
+    }
+
+    /// Only where layers can be shared lower layers (not rootless: the copy's owners are
+    /// the whole sandbox range, which only root can give).
+    async fn copy_writable_layer(
+        &self,
+        into: &Path,
+        bounds: LayerBounds,
+    ) -> Result<CopiedLayer, RuntimeError> {
+        if self.trees.is_none() {
+            return Err(RuntimeError::Unsupported(
+                "an unprivileged jail cannot copy its writable layer on the host".into(),
+            ));
+        }
+        let (pid, upper) = match self.state.lock().await.as_ref() {
+            Some(live) => (live.agent_pid, live.upper),
+            None => return Err(RuntimeError::Start("the sandbox was destroyed".into())),
+        };
+        let (ids, into) = (self.ids, into.to_path_buf());
+        blocking(move || layers::copy_writable(pid, upper, ids, &into, bounds)).await
     }
 }
 

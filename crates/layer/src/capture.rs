@@ -12,7 +12,11 @@ use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
 use tar::{Builder, EntryType, Header};
 
 use crate::xattrs::{self, Xattr};
-use crate::{shown, Budget, LayerError, Limits, Stats, MAX_DEPTH, MAX_PATH};
+use crate::{shown, Budget, LayerError, Limits, Owners, Stats, MAX_DEPTH, MAX_PATH};
+
+/// The id an owner outside a user namespace's mapping shows as inside it (the kernel's
+/// default `overflowuid`/`overflowgid`): what a capture from inside would have recorded.
+const OVERFLOW_ID: u32 = 65534;
 
 /// Link targets longer than this do not fit the header and go to a PAX `linkpath` record.
 const HEADER_LINK_MAX: usize = 100;
@@ -24,7 +28,20 @@ pub fn capture(
     out: impl Write,
     limits: &Limits,
 ) -> Result<Stats, LayerError> {
+    capture_owned(root, out, limits, Owners::AsIs)
+}
+
+/// [`capture`] of a tree whose owners are `owners` of the archive's ids (as [`crate::apply`]
+/// would write them): the archive records them as a capture inside that id range would
+/// have, an owner outside it as the overflow id.
+pub(crate) fn capture_owned(
+    root: BorrowedFd<'_>,
+    out: impl Write,
+    limits: &Limits,
+    owners: Owners,
+) -> Result<Stats, LayerError> {
     let mut walk = Walk {
+        owners,
         tar: Builder::new(BufWriter::with_capacity(256 * 1024, out)),
         budget: Budget::new(limits),
         links: HashMap::new(),
@@ -37,6 +54,7 @@ pub fn capture(
 }
 
 struct Walk<'a, W: Write> {
+    owners: Owners,
     tar: Builder<W>,
     budget: Budget<'a>,
     /// First archive path of every inode with more than one link seen so far.
@@ -80,8 +98,10 @@ impl<W: Write> Walk<'_, W> {
     }
 
     fn entry(&mut self, dir: BorrowedFd<'_>, name: &CStr, depth: usize) -> Result<(), LayerError> {
-        let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+        let mut st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| self.io("stat", e))?;
+        st.st_uid = archive_id(self.owners, st.st_uid);
+        st.st_gid = archive_id(self.owners, st.st_gid);
         match FileType::from_raw_mode(st.st_mode) {
             FileType::Directory => {
                 self.budget.entry()?;
@@ -192,6 +212,16 @@ impl<W: Write> Walk<'_, W> {
 
     fn io(&self, what: &str, e: impl Into<io::Error>) -> LayerError {
         LayerError::io(format!("{what} {}", shown(&self.path)), e)
+    }
+}
+
+fn archive_id(owners: Owners, id: u32) -> u32 {
+    match owners {
+        Owners::AsIs => id,
+        Owners::Shift { base, size } => id
+            .checked_sub(base)
+            .filter(|n| *n < size)
+            .unwrap_or(OVERFLOW_ID),
     }
 }
 

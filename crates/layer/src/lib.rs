@@ -47,12 +47,14 @@
 
 mod apply;
 mod capture;
+mod copy;
 mod path;
 mod reader;
 mod xattrs;
 
 pub use apply::apply;
 pub use capture::capture;
+pub use copy::copy;
 
 /// Longest path (bytes, without a trailing `/`) an archive may name, as Linux' `PATH_MAX`
 /// minus the terminating NUL.

@@ -7,7 +7,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use common::*;
-use koder_layer::Owners;
+use koder_layer::{ApplyOptions, LayerError, Limits, Owners, Stats};
+use std::os::fd::AsFd;
 
 const MTIME: i64 = 1_600_000_000;
 const SHIFT: Owners = Owners::Shift {
@@ -214,4 +215,89 @@ fn stacked_layers_behave_like_overlay() {
         b"inside"
     );
     assert!(fs::symlink_metadata("/etc/koder-layer-test").is_err());
+}
+
+fn copy(
+    src: &Path,
+    src_owners: Owners,
+    dst: &Path,
+    opts: ApplyOptions,
+) -> Result<Stats, LayerError> {
+    koder_layer::copy(
+        open_dir(src).as_fd(),
+        src_owners,
+        open_dir(dst).as_fd(),
+        &opts,
+    )
+}
+
+#[test]
+fn a_copy_is_the_capture_applied_with_owners_moved_between_ranges() {
+    let src = tempfile::tempdir().unwrap();
+    build_tree(src.path());
+    // Owned by a host id outside the source's range: a capture inside sees the overflow id.
+    std::os::unix::fs::lchown(src.path().join("empty"), Some(5), Some(5)).unwrap();
+    let via_archive = tempfile::tempdir().unwrap();
+    let (archive, captured) = capture(src.path(), &ROOMY).unwrap();
+    apply(via_archive.path(), &archive, SHIFT).unwrap();
+
+    let dst = tempfile::tempdir().unwrap();
+    let from = Owners::Shift {
+        base: 500,
+        size: 65_536,
+    };
+    let opts = ApplyOptions {
+        limits: ROOMY,
+        owners: SHIFT,
+    };
+    let copied = copy(src.path(), from, dst.path(), opts).unwrap();
+    assert_eq!(copied, captured);
+
+    let mut want = snapshot(via_archive.path());
+    for (path, node) in want.iter_mut() {
+        let moved = if path.as_slice() == b"empty" {
+            365_534
+        } else {
+            node.uid - 500
+        };
+        node.uid = moved;
+        node.gid = moved;
+    }
+    assert_eq!(snapshot(dst.path()), want);
+    assert_eq!(
+        fs::metadata(dst.path().join("suid")).unwrap().uid(),
+        300_500
+    );
+}
+
+#[test]
+fn a_copy_fails_with_the_cause_not_the_broken_pipe() {
+    let src = tempfile::tempdir().unwrap();
+    build_tree(src.path());
+    let roomy = ApplyOptions {
+        limits: ROOMY,
+        owners: SHIFT,
+    };
+    // The source's fault, found by the capture.
+    let small = ApplyOptions {
+        limits: Limits {
+            max_bytes: 1 << 20,
+            max_entries: 1 << 30,
+        },
+        ..roomy
+    };
+    let dst = tempfile::tempdir().unwrap();
+    let e = copy(src.path(), Owners::AsIs, dst.path(), small).unwrap_err();
+    assert!(e.is_quota(), "{e}");
+    // The target's refusal, found by apply while the capture still writes.
+    let narrow = ApplyOptions {
+        owners: Owners::Shift {
+            base: 300_000,
+            size: 10,
+        },
+        ..roomy
+    };
+    let dst = tempfile::tempdir().unwrap();
+    let e = copy(src.path(), Owners::AsIs, dst.path(), narrow).unwrap_err();
+    assert!(matches!(e, LayerError::Forbidden { .. }), "{e}");
 }

@@ -265,6 +265,12 @@ impl MicroVmRuntime {
         if spec.layers.is_empty() {
             return Ok(None);
         }
+        if let Some(tree) = spec.layers.iter().find(|l| l.is_dir()) {
+            return Err(RuntimeError::InvalidSpec(format!(
+                "a microVM takes layers as files, not the jail's copied tree {}",
+                tree.display()
+            )));
+        }
         let disk = dir.join(layers::DISK_FILE);
         let (files, dest) = (spec.layers.clone(), disk.clone());
         // Copies of up to the disk quota each: not on a worker other requests wait for.

@@ -27,8 +27,11 @@ pub struct SandboxSpec {
     /// Route the sandbox's outgoing connections and lookups to the daemon for decision
     /// (otherwise it has loopback only).
     pub egress: bool,
-    /// Captured writable layers (tar files on the host, as `koder-layer` writes them) the
-    /// sandbox's upper layer starts from, bottom first: a sandbox made from a snapshot.
+    /// Captured writable layers the sandbox's upper layer starts from, bottom first: a
+    /// sandbox made from a snapshot or a fork. Each is a tar file on the host, as `koder-layer`
+    /// writes them, or a directory [`Sandbox::copy_writable_layer`] made (read only from
+    /// then on; its maker deletes it once no sandbox uses it). Runtimes that cannot take a
+    /// directory refuse it with `InvalidSpec`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<std::path::PathBuf>,
     /// Volumes mounted into the sandbox, each at its own target (distinct, none under another:
@@ -242,6 +245,37 @@ pub trait Sandbox: Send + Sync {
     fn layers_below(&self) -> bool {
         false
     }
+
+    /// Copies the writable layer, as a capture through the agent would record it, into the
+    /// directory `into` (made by the caller, empty, on the host): a layer that
+    /// [`SandboxSpec::layers`] takes as it is, with nothing stored or unpacked. The caller
+    /// has frozen the sandbox. Blocks a thread of its own for as long as the copy takes.
+    /// On error `into` holds a partial copy the caller discards; `Exhausted` means `bounds`
+    /// were exceeded; `Unsupported` where the runtime cannot (then capture via the agent).
+    async fn copy_writable_layer(
+        &self,
+        _into: &std::path::Path,
+        _bounds: LayerBounds,
+    ) -> Result<CopiedLayer, RuntimeError> {
+        Err(RuntimeError::Unsupported(
+            "this runtime copies writable layers through its agent only".into(),
+        ))
+    }
+}
+
+/// Bounds on a layer [`Sandbox::copy_writable_layer`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerBounds {
+    /// Sum of the apparent sizes of regular files.
+    pub max_bytes: u64,
+    pub max_entries: u64,
+}
+
+/// What [`Sandbox::copy_writable_layer`] copied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopiedLayer {
+    pub entries: u64,
+    pub bytes: u64,
 }
 
 /// Optional capability: the sandbox's whole state (memory, processes, devices; its disks stay

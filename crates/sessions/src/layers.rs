@@ -2,9 +2,17 @@
 //! (the durable copy, tenant-scoped) and into a local cache (what runtimes apply a layer
 //! from); a layer missing from the cache is fetched back and checked against its sha256.
 //!
+//! A fork's layer is at first only a tree on this host ([`Layers::copy_from`]: the source's
+//! writable layer copied by its runtime, used as it is by the copies): no blob, no row, nothing
+//! counted against the tenant's snapshot storage. Only what outlives the copies' sandboxes (a
+//! snapshot, a pause to disk) needs it stored; [`Layers::make_durable`] archives the tree then,
+//! into the same blob, cache file and row a capture makes. Forks that are thrown away (the
+//! usual end of one) never pay for storing.
+//!
 //! Crash safety: cache files are written under a `.part` name and renamed when complete, a
 //! blob is visible only once complete, and the layer's row is inserted last; `sweep` removes
-//! whatever a crash left between those steps.
+//! whatever a crash left between those steps, and every fork's tree (their sandboxes did not
+//! outlive the daemon; a stored one has its blob).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -13,8 +21,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use chrono::Utc;
 use futures::StreamExt;
+use koder_agent_protocol::client::LayerCapture;
 use koder_agent_protocol::AgentClient;
 use koder_blobs::{BlobConfig, BlobInfo, Blobs};
+use koder_runtime::{LayerBounds, RuntimeError, Sandbox};
 use koder_store::{LayerRecord, Store};
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
@@ -39,6 +49,86 @@ pub struct Layers {
     fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Layers captured but not yet listed by a snapshot or session: the collector keeps off.
     pinned: Arc<Mutex<HashMap<String, u32>>>,
+    /// Fork layers of this host that are trees (stored or not yet), by id.
+    copied: Mutex<HashMap<String, Arc<Copied>>>,
+}
+
+struct Copied {
+    tenant: String,
+    tree: PathBuf,
+    /// Whether the tree is stored as a layer too; held while it is being stored.
+    stored: tokio::sync::Mutex<bool>,
+}
+
+/// Where a layer's archive comes from.
+enum Archive {
+    /// The agent's capture stream.
+    Agent(LayerCapture),
+    /// A fork's tree archived on a blocking thread.
+    Tree {
+        chunks: mpsc::Receiver<Vec<u8>>,
+        done: tokio::task::JoinHandle<Result<koder_layer::Stats, koder_layer::LayerError>>,
+    },
+}
+
+impl Archive {
+    async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, Error> {
+        match self {
+            Self::Agent(capture) => Ok(capture.next_chunk().await?),
+            Self::Tree { chunks, .. } => Ok(chunks.recv().await),
+        }
+    }
+
+    /// The archive's entry count, once every chunk was read.
+    async fn entries(self) -> Result<u64, Error> {
+        match self {
+            Self::Agent(capture) => capture
+                .end()
+                .map(|(entries, _)| entries)
+                .ok_or_else(|| Error::Internal("layer capture ended early".into())),
+            // Dropped first: a thread still writing (the upload stopped reading) then ends.
+            Self::Tree { chunks, done } => {
+                drop(chunks);
+                done.await
+                    .map_err(|e| Error::Internal(format!("archiving a fork's layer: {e}")))?
+                    .map(|stats| stats.entries)
+                    .map_err(|e| Error::Internal(format!("archiving a fork's layer: {e}")))
+            }
+        }
+    }
+
+    /// Archives `tree` (a fork's copy, owners already the sandbox's own) on a blocking thread.
+    fn of_tree(tree: PathBuf, limits: koder_layer::Limits) -> Self {
+        let (tx, chunks) = mpsc::channel(UPLOAD_QUEUE);
+        let done = tokio::task::spawn_blocking(move || {
+            let root = std::fs::File::open(&tree).map_err(|e| koder_layer::LayerError::Io {
+                context: format!("open {}", tree.display()),
+                source: e,
+            })?;
+            let writer = std::io::BufWriter::with_capacity(CHUNK, ChunkSender(tx));
+            koder_layer::capture(std::os::fd::AsFd::as_fd(&root), writer, &limits)
+        });
+        Self::Tree { chunks, done }
+    }
+}
+
+/// Size of the chunks a tree's archive is sent in.
+const CHUNK: usize = 256 * 1024;
+
+/// Hands each write on as one chunk (behind a `BufWriter`, so chunks are `CHUNK` long).
+struct ChunkSender(mpsc::Sender<Vec<u8>>);
+
+impl std::io::Write for ChunkSender {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(buf.to_vec())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Keeps layers from the garbage collector until whoever needs them has recorded a reference
@@ -79,6 +169,7 @@ impl Layers {
             store,
             fetching: Mutex::default(),
             pinned: Arc::default(),
+            copied: Mutex::default(),
         })
     }
 
@@ -108,20 +199,119 @@ impl Layers {
         max_bytes: u64,
         max_entries: u64,
     ) -> Result<(LayerRecord, Pin), Error> {
-        let id = format!("lyr-{}", uuid::Uuid::new_v4().simple());
+        let id = new_id();
         let pin = self.pin(std::slice::from_ref(&id));
+        let archive = Archive::Agent(agent.capture_layer(max_bytes, max_entries).await?);
+        let record = self.store_archive(tenant, &id, archive, max_bytes).await?;
+        Ok((record, pin))
+    }
+
+    /// Stores `archive` as the layer `id`: blob, cache file, row; nothing of it on error.
+    async fn store_archive(
+        &self,
+        tenant: &str,
+        id: &str,
+        archive: Archive,
+        max_bytes: u64,
+    ) -> Result<LayerRecord, Error> {
         let part = self.cache.join(format!("{id}.tar{PART}"));
         let result = self
-            .capture_into(tenant, &id, &part, agent, max_bytes, max_entries)
+            .capture_into(tenant, id, &part, archive, max_bytes)
             .await;
-        match result {
-            Ok(record) => Ok((record, pin)),
+        if result.is_err() {
+            let _ = tokio::fs::remove_file(&part).await;
+            let _ = self.blobs.delete(tenant, &blob_key(id)).await;
+        }
+        result
+    }
+
+    /// A fork's layer: the sandbox's writable layer copied by its runtime into a tree of this
+    /// host, pinned while the returned [`Pin`] lives. The caller has frozen the sandbox.
+    /// `None` where the runtime cannot copy (capture through the agent instead).
+    pub async fn copy_from(
+        &self,
+        tenant: &str,
+        sandbox: &dyn Sandbox,
+        bounds: LayerBounds,
+    ) -> Result<Option<(String, Pin)>, Error> {
+        let id = new_id();
+        let pin = self.pin(std::slice::from_ref(&id));
+        let tree = self.cache.join(format!("{id}.tree"));
+        let part = self.cache.join(format!("{id}.tree{PART}"));
+        let made = async {
+            tokio::fs::create_dir(&part)
+                .await
+                .map_err(|e| Error::Internal(format!("create a fork's layer: {e}")))?;
+            sandbox
+                .copy_writable_layer(&part, bounds)
+                .await
+                .map_err(|e| match e {
+                    RuntimeError::Exhausted(m) => Error::PayloadTooLarge(m),
+                    other => other.into(),
+                })?;
+            tokio::fs::rename(&part, &tree)
+                .await
+                .map_err(|e| Error::Internal(format!("commit a fork's layer: {e}")))
+        };
+        match made.await {
+            Ok(()) => {
+                let copied = Copied {
+                    tenant: tenant.to_string(),
+                    tree,
+                    stored: tokio::sync::Mutex::new(false),
+                };
+                self.copied.lock().insert(id.clone(), Arc::new(copied));
+                Ok(Some((id, pin)))
+            }
             Err(e) => {
-                let _ = tokio::fs::remove_file(&part).await;
-                let _ = self.blobs.delete(tenant, &blob_key(&id)).await;
-                Err(e)
+                remove_tree(part).await;
+                match e {
+                    Error::NotImplemented(_) => Ok(None),
+                    other => Err(other),
+                }
             }
         }
+    }
+
+    /// The tree of a fork's layer `id` of `tenant`, while this host has it.
+    pub fn copied_tree(&self, tenant: &str, id: &str) -> Option<PathBuf> {
+        let copied = self.copied.lock();
+        let c = copied.get(id)?;
+        (c.tenant == tenant).then(|| c.tree.clone())
+    }
+
+    /// Whether any of `ids` is a fork's layer not stored yet.
+    pub fn any_unstored(&self, ids: &[String]) -> bool {
+        let copied = self.copied.lock();
+        ids.iter().any(|id| {
+            copied
+                .get(id)
+                .is_some_and(|c| c.stored.try_lock().map_or(true, |stored| !*stored))
+        })
+    }
+
+    /// Stores every fork's layer among `ids` not stored yet (blob, cache file, row), each at
+    /// most `max_bytes` (the tenant's snapshot storage left): what a snapshot or a pause to
+    /// disk lists must outlive this host's trees.
+    pub async fn make_durable(&self, ids: &[String], max_bytes: u64) -> Result<(), Error> {
+        for id in ids {
+            let Some(c) = self.copied.lock().get(id).cloned() else {
+                continue;
+            };
+            let mut stored = c.stored.lock().await;
+            if *stored {
+                continue;
+            }
+            let limits = koder_layer::Limits {
+                max_bytes,
+                max_entries: u64::MAX,
+            };
+            let archive = Archive::of_tree(c.tree.clone(), limits);
+            self.store_archive(&c.tenant, id, archive, max_bytes)
+                .await?;
+            *stored = true;
+        }
+        Ok(())
     }
 
     async fn capture_into(
@@ -129,14 +319,12 @@ impl Layers {
         tenant: &str,
         id: &str,
         part: &Path,
-        agent: &AgentClient,
+        mut capture: Archive,
         max_bytes: u64,
-        max_entries: u64,
     ) -> Result<LayerRecord, Error> {
         let key = blob_key(id);
         // A local blob becomes the cache file by a hard link once stored: written once.
         let local = self.blobs.local_file(tenant, &key).map_err(blob_error)?;
-        let mut capture = agent.capture_layer(max_bytes, max_entries).await?;
         let mut file = match local {
             Some(_) => None,
             None => Some(
@@ -172,12 +360,10 @@ impl Layers {
                     .await
                     .map_err(|e| Error::Internal(format!("write layer cache file: {e}")))?;
             }
-            capture
-                .end()
-                .ok_or_else(|| Error::Internal("layer capture ended early".into()))
+            capture.entries().await
         };
         let (produced, uploaded) = tokio::join!(produce, upload);
-        let (entries, _content) = produced?;
+        let entries = produced?;
         let info = uploaded.map_err(blob_error)?;
         if let Some(blob) = &local {
             share(blob, part).await?;
@@ -293,6 +479,8 @@ impl Layers {
         // once its reference is recorded, so a layer unpinned since then is seen referenced,
         // and one still pinned then is spared.
         let pinned: HashSet<String> = self.pinned.lock().keys().cloned().collect();
+        let used = self.store.referenced_layers().await?;
+        self.collect_trees(&used, &pinned).await;
         let mut n = 0;
         for l in self.store.unreferenced_layers().await? {
             let recent = spare_since.is_some_and(|since| l.created_at > since);
@@ -303,6 +491,23 @@ impl Layers {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Deletes the fork trees nothing lists (`used`) or pins: their copies have ended.
+    async fn collect_trees(&self, used: &HashSet<String>, pinned: &HashSet<String>) {
+        let gone: Vec<Arc<Copied>> = {
+            let mut copied = self.copied.lock();
+            let unused: Vec<String> = copied
+                .keys()
+                .filter(|id| !used.contains(*id) && !pinned.contains(*id))
+                .filter(|id| !self.pinned.lock().contains_key(*id))
+                .cloned()
+                .collect();
+            unused.iter().filter_map(|id| copied.remove(id)).collect()
+        };
+        for c in gone {
+            remove_tree(c.tree.clone()).await;
+        }
     }
 
     /// At start-up, before any capture: unfinished uploads and cache files, blobs and cache
@@ -336,12 +541,32 @@ impl Layers {
             let keep = name
                 .strip_suffix(".tar")
                 .is_some_and(|id| known.contains(id));
-            if !keep {
+            // Fork trees too: the sandboxes they were made for did not outlive the daemon.
+            if entry.file_type().await.is_ok_and(|t| t.is_dir()) {
+                remove_tree(entry.path()).await;
+            } else if !keep {
                 let _ = tokio::fs::remove_file(entry.path()).await;
             }
         }
         self.collect_garbage(spare_since).await?;
         Ok(())
+    }
+}
+
+fn new_id() -> String {
+    format!("lyr-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Deletes a fork's tree (sandbox-made: `remove_dir_all` never follows its symlinks) on a
+/// blocking thread.
+async fn remove_tree(tree: PathBuf) {
+    let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&tree) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err((tree, e)),
+        _ => Ok(()),
+    })
+    .await;
+    if let Ok(Err((tree, e))) = removed {
+        tracing::warn!(tree = %tree.display(), error = %e, "deleting a fork's layer");
     }
 }
 

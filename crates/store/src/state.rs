@@ -151,6 +151,15 @@ impl Store {
     /// candidate, and a reference written meanwhile to a listed one is seen.
     pub async fn unreferenced_layers(&self) -> Result<Vec<LayerRecord>, StoreError> {
         let candidates = self.all_layers().await?;
+        let used = self.referenced_layers().await?;
+        Ok(candidates
+            .into_iter()
+            .filter(|l| !used.contains(&l.id))
+            .collect())
+    }
+
+    /// The ids of every layer a snapshot or a session not stopped lists (stored or not).
+    pub async fn referenced_layers(&self) -> Result<HashSet<String>, StoreError> {
         let mut used: HashSet<String> = HashSet::new();
         for row in query("SELECT layers_json FROM snapshots")
             .fetch_all(&self.pool)
@@ -170,10 +179,7 @@ impl Store {
                 "session layers",
             )?);
         }
-        Ok(candidates
-            .into_iter()
-            .filter(|l| !used.contains(&l.id))
-            .collect())
+        Ok(used)
     }
 
     pub async fn delete_layer(&self, id: &str) -> Result<(), StoreError> {

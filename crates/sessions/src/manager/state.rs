@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use koder_api_types::{CreateSession, CreateSnapshot, OnTimeout, Session, SessionState, Snapshot};
 use koder_auth::Identity;
-use koder_runtime::RuntimeError;
-use koder_store::{DurablePause, LayerRecord, SessionDurable, SessionRecord, SnapshotRecord};
+use koder_runtime::{LayerBounds, RuntimeError};
+use koder_store::{DurablePause, SessionDurable, SessionRecord, SnapshotRecord};
 
 use super::{validate_env, Manager};
 use crate::layers::{Layers, Pin};
@@ -32,6 +32,17 @@ const MAX_FORK: u32 = 100;
 /// Sandboxes a fork starts at once (each cold create is mostly syscalls on one core).
 const FORK_PARALLEL: usize = 4;
 const MAX_NAME: usize = 128;
+
+/// How the layer a capture makes is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// Stored (blob, cache file, row), as is every layer below it: a snapshot, a pause to
+    /// disk.
+    Stored,
+    /// As a tree on this host where the runtime can copy one (a fork), stored only if a copy
+    /// later needs it to be.
+    Local,
+}
 
 impl Manager {
     fn layer_store(&self) -> Result<&Layers, Error> {
@@ -49,8 +60,18 @@ impl Manager {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let records = self.store.layers(tenant, ids).await?;
-        self.layer_store()?.local(&records).await
+        let layers = self.layer_store()?;
+        let mut files = Vec::with_capacity(ids.len());
+        for id in ids {
+            match layers.copied_tree(tenant, id) {
+                Some(tree) => files.push(tree),
+                None => {
+                    let record = self.store.layers(tenant, std::slice::from_ref(id)).await?;
+                    files.extend(layers.local(&record).await?);
+                }
+            }
+        }
+        Ok(files)
     }
 
     /// Bytes of snapshot storage the tenant has left; none left is a typed 507.
@@ -85,21 +106,34 @@ impl Manager {
     /// its writable layer started as `below` applied and holds everything, so the capture
     /// replaces the stack (stacking it would bring back what the session deleted since, which
     /// no capture records then).
-    async fn capture(&self, live: &Live, below: &[String]) -> Result<(Vec<String>, Pin), Error> {
-        let (layer, _fresh) = self.capture_layer(live).await?;
-        let mut stack = if live.sandbox.layers_below() {
-            below.to_vec()
-        } else {
-            Vec::new()
-        };
-        stack.push(layer.id);
+    ///
+    /// `keep` says whether every layer of the result must be stored (it outlives the host's
+    /// sandboxes) or a fork's tree on this host will do.
+    async fn capture(
+        &self,
+        live: &Live,
+        below: &[String],
+        keep: Keep,
+    ) -> Result<(Vec<String>, Pin), Error> {
+        let stacked = live.sandbox.layers_below();
+        let layers = self.layer_store()?;
+        if keep == Keep::Stored && stacked && layers.any_unstored(below) {
+            let room = self.room(&live.tenant_id).await?;
+            layers
+                .make_durable(below, room)
+                .await
+                .map_err(|e| self.storage_error(e))?;
+        }
+        let (layer, _fresh) = self.capture_layer(live, keep).await?;
+        let mut stack = if stacked { below.to_vec() } else { Vec::new() };
+        stack.push(layer);
         // The layers below are the session's until it ends, which may be before the caller
         // records the stack: pinned with the capture.
         let pin = self.layer_store()?.pin(&stack);
         Ok((stack, pin))
     }
 
-    async fn capture_layer(&self, live: &Live) -> Result<(LayerRecord, Pin), Error> {
+    async fn capture_layer(&self, live: &Live, keep: Keep) -> Result<(String, Pin), Error> {
         let layers = self.layer_store()?;
         let room = self.room(&live.tenant_id).await?;
         let rc = live.sandbox.resources();
@@ -110,14 +144,28 @@ impl Manager {
             }
             _ => false,
         };
-        let captured = layers
-            .capture(
-                &live.tenant_id,
-                live.sandbox.agent(),
-                room,
-                MAX_LAYER_ENTRIES,
-            )
-            .await;
+        let captured = async {
+            if keep == Keep::Local {
+                let bounds = LayerBounds {
+                    max_bytes: room,
+                    max_entries: MAX_LAYER_ENTRIES,
+                };
+                let tenant = &live.tenant_id;
+                if let Some(copied) = layers.copy_from(tenant, &*live.sandbox, bounds).await? {
+                    return Ok(copied);
+                }
+            }
+            let (record, pin) = layers
+                .capture(
+                    &live.tenant_id,
+                    live.sandbox.agent(),
+                    room,
+                    MAX_LAYER_ENTRIES,
+                )
+                .await?;
+            Ok((record.id, pin))
+        }
+        .await;
         if frozen_here {
             if let Some(rc) = rc {
                 if let Err(e) = rc.thaw().await {
@@ -125,14 +173,19 @@ impl Manager {
                 }
             }
         }
-        captured
-            .map_err(|e| match e {
-                Error::PayloadTooLarge(m) => Error::QuotaSnapshotStorage(format!(
-                    "the session's files do not fit the snapshot storage left: {m}"
-                )),
-                other => other,
-            })
-            .inspect_err(|e| self.metrics.count_quota(e))
+        captured.map_err(|e| self.storage_error(e))
+    }
+
+    /// A layer over the tenant's snapshot storage left is the typed 507 (and counted).
+    fn storage_error(&self, e: Error) -> Error {
+        let e = match e {
+            Error::PayloadTooLarge(m) => Error::QuotaSnapshotStorage(format!(
+                "the session's files do not fit the snapshot storage left: {m}"
+            )),
+            other => other,
+        };
+        self.metrics.count_quota(&e);
+        e
     }
 
     /// The layers the session's filesystem is now: its stack plus a fresh capture, or just
@@ -142,6 +195,7 @@ impl Manager {
         &self,
         who: &Identity,
         record: &SessionRecord,
+        keep: Keep,
     ) -> Result<(Vec<String>, Option<Pin>), Error> {
         let mut durable = self.store.session_durable(&record.id).await?;
         if record.state == SessionState::Stopped {
@@ -157,7 +211,7 @@ impl Manager {
             None => {}
         }
         let live = self.live_any(who, &record.id)?;
-        let (layers, pin) = self.capture(&live, &durable.layers).await?;
+        let (layers, pin) = self.capture(&live, &durable.layers, keep).await?;
         durable.layers = layers;
         Ok((durable.layers, Some(pin)))
     }
@@ -172,7 +226,7 @@ impl Manager {
     ) -> Result<Snapshot, Error> {
         validate_name(req.name.as_deref())?;
         let record = self.record(who, id).await?;
-        let (layers, _pin) = self.current_layers(who, &record).await?;
+        let (layers, _pin) = self.current_layers(who, &record, Keep::Stored).await?;
         let now = self.now();
         let snap = SnapshotRecord {
             id: format!("snap-{}", uuid::Uuid::new_v4().simple()),
@@ -549,7 +603,7 @@ impl Manager {
         let mut durable = self.store.session_durable(id).await?;
         let live = self.live_any(who, id)?;
         // Its filesystem as a stack of layers, as in `current_layers`.
-        let (layers, _pin) = self.capture(&live, &durable.layers).await?;
+        let (layers, _pin) = self.capture(&live, &durable.layers, Keep::Stored).await?;
         durable.layers = layers;
         durable.pause = Some(DurablePause::Disk);
         self.store.set_session_durable(id, &durable).await?;
@@ -635,7 +689,9 @@ impl Manager {
             )));
         }
         let record = self.record(who, id).await?;
-        let (layers, _pin) = self.current_layers(who, &record).await?;
+        // The copies' sandboxes are this host's: a tree of it will do until one of them is
+        // snapshotted or paused to disk.
+        let (layers, _pin) = self.current_layers(who, &record, Keep::Local).await?;
         let durable = self.store.session_durable(id).await?;
         let req = CreateSession {
             language: Some(record.language.clone()),
