@@ -1,7 +1,8 @@
 //! Images brought in by operators, end to end: OCI archives imported through the API (on
 //! the Debian bash pack of the test cache as their base layer), template specs built step by
-//! step in jails on the python pack (a pip package from the package index, reached through
-//! the build-only network exemption), and sessions on them.
+//! step in jails on the python pack (a Debian package from the mirror and a pip package from
+//! the package index, both reached through the build-only network exemption), and sessions on
+//! them.
 
 mod common;
 
@@ -139,6 +140,7 @@ const BUILD_CONFIG: &str = "[images]\nbuild_internal = [\"203.0.113.80/32\"]\n";
 
 const TEMPLATE: &str = r#"
 base = "python"
+apt = ["hello"]
 pip = ["six"]
 env = { GREETING = "hello from the template" }
 workdir = "/opt/app"
@@ -236,16 +238,32 @@ async fn a_template_builds_in_jails_caches_its_steps_and_its_sessions_start_read
     assert_eq!(built["state"], "succeeded", "{built}\n{}", log.join("\n"));
     assert_eq!(
         step_statuses(&built),
-        ["built", "built", "built"],
+        ["built", "built", "built", "built"],
         "{built}"
     );
     let text = log.join("\n");
-    assert!(text.contains("step 1/3: pip six"), "{text}");
+    assert!(text.contains("step 1/4: apt hello"), "{text}");
+    assert!(text.contains("Setting up hello"), "{text}");
+    assert!(text.contains("step 2/4: pip six"), "{text}");
     assert!(text.contains("Successfully installed six"), "{text}");
 
-    // Sessions on it: the package, the file, the env, and the server the start command runs,
-    // answering before the session was handed out.
+    // Sessions on it: the Debian package, the file, the env, and the server the start command
+    // runs, answering before the session was handed out; the image's files are the sandbox
+    // root's (its lower layer is id-mapped), so a session can change those in its writable
+    // directories (in its own upper layer).
     let id = d.create(json!({"image": "app"})).await;
+    let v = d
+        .exec(
+            &id,
+            json!({"shell": "hello; dpkg-query -W -f='${Status}\\n' hello; stat -c %U:%G /usr/bin /etc/passwd; \
+                              chmod 600 /var/lib/dpkg/status && stat -c %a /var/lib/dpkg/status"}),
+        )
+        .await;
+    assert_eq!(
+        v["stdout"].as_str().unwrap_or(""),
+        "Hello, world!\ninstall ok installed\nroot:root\nroot:root\n600\n",
+        "{v}"
+    );
     let v = d
         .exec(
             &id,
@@ -302,13 +320,13 @@ async fn a_template_builds_in_jails_caches_its_steps_and_its_sessions_start_read
     assert_eq!(again["state"], "succeeded", "{again}");
     assert_eq!(
         step_statuses(&again),
-        ["cached", "cached", "cached"],
+        ["cached", "cached", "cached", "cached"],
         "{again}"
     );
     assert_eq!(again["digest"], built["digest"]);
     assert_eq!(
         log.iter().filter(|l| l.ends_with(": cached")).count(),
-        3,
+        4,
         "{log:?}"
     );
     assert!(
@@ -321,7 +339,7 @@ async fn a_template_builds_in_jails_caches_its_steps_and_its_sessions_start_read
     let (_, rebuilt, _) = build(&d, "app2", ADMIN, &changed).await;
     assert_eq!(
         step_statuses(&rebuilt),
-        ["cached", "cached", "built"],
+        ["cached", "cached", "cached", "built"],
         "{rebuilt}"
     );
 
@@ -332,11 +350,11 @@ async fn a_template_builds_in_jails_caches_its_steps_and_its_sessions_start_read
     );
     let (_, failed, _) = build(&d, "broken", ADMIN, &failing).await;
     assert_eq!(failed["state"], "failed", "{failed}");
-    assert_eq!(failed["failed_step"], 2, "{failed}");
+    assert_eq!(failed["failed_step"], 3, "{failed}");
     assert_eq!(failed["error"]["code"], "SANDBOX-IMAGE-BUILD-STEP-FAILED");
     let message = failed["error"]["message"].as_str().unwrap();
     assert!(
-        message.contains("step 3") && message.contains("exited with 3"),
+        message.contains("step 4") && message.contains("exited with 3"),
         "{message}"
     );
     assert!(message.contains("about to fail"), "{message}");
@@ -398,7 +416,9 @@ async fn a_warm_pool_on_a_template_starts_and_readies_before_hand_out() {
         .link_from(&cache, "python")
         .expect("link the python pack");
     d.launch().await;
-    let spec = TEMPLATE.replace("pip = [\"six\"]\n", "");
+    let spec = TEMPLATE
+        .replace("pip = [\"six\"]\n", "")
+        .replace("apt = [\"hello\"]\n", "");
     let (_, built, log) = build(&d, "app", ADMIN, &spec).await;
     assert_eq!(built["state"], "succeeded", "{built}\n{}", log.join("\n"));
     // The pool's image is read at start.

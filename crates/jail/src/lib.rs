@@ -369,8 +369,7 @@ impl Inner {
         image: &Image,
         parts: &Parts,
         cgroup_fds: usize,
-        volume_mounts: Vec<InitVolume>,
-        layer_mounts: Vec<String>,
+        mounts: Mounts,
     ) -> InitConfig {
         let dir = &parts.dir;
         let s = |p: PathBuf| p.to_string_lossy().into_owned();
@@ -382,7 +381,7 @@ impl Inner {
         InitConfig {
             hostname: "sandbox".into(),
             root_target: s(dir.join("root")),
-            image_layers: vec![s(image.layer.clone())],
+            image_layers: mounts.image_layers,
             upper_dir: s(parts.upper.clone()),
             work_dir: s(parts.work.clone()),
             ro_binds: image.ro_binds.clone(),
@@ -393,7 +392,8 @@ impl Inner {
             // directory outside the usual ones (E2B's `/app`), read-only.
             writable_dirs: writable_dirs(spec, image)
                 .chain(
-                    volume_mounts
+                    mounts
+                        .volumes
                         .iter()
                         .filter(|v| !v.read_only)
                         .map(|v| v.target.clone()),
@@ -409,8 +409,8 @@ impl Inner {
                 core: 0,
             },
             workload_cgroup_fds: cgroup_fds as u32,
-            volume_mounts,
-            layer_mounts,
+            volume_mounts: mounts.volumes,
+            layer_mounts: mounts.layers,
         }
     }
 
@@ -436,15 +436,31 @@ impl Inner {
 
     /// Attaches the volumes and shared layers of the sandbox, id-mapped for `slot`, under its
     /// directory; returns what the agent mounts.
+    ///
+    /// A store image's tree is the daemon's own: attached id-mapped as the lowest shared
+    /// layer, its files are the sandbox's own users' (root's are its root's), so a build step
+    /// (apt, dpkg) or a session can change them in its upper layer. `host` is the host's own
+    /// directories and is not mapped (its files show as `nobody`).
     fn attach_mounts(
         &self,
         spec: &SandboxSpec,
+        image: &Image,
         parts: &Parts,
         slot: u32,
         ids: IdMap,
-    ) -> Result<(Vec<InitVolume>, Vec<String>), RuntimeError> {
-        if spec.volumes.is_empty() && parts.leases.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
+    ) -> Result<Mounts, RuntimeError> {
+        let image_tree =
+            (self.trees.is_some() && !image::is_host(&spec.image)).then_some(image.layer.as_path());
+        let image_layers = match image_tree {
+            Some(_) => Vec::new(),
+            None => vec![image.layer.to_string_lossy().into_owned()],
+        };
+        if spec.volumes.is_empty() && parts.leases.is_empty() && image_tree.is_none() {
+            return Ok(Mounts {
+                volumes: Vec::new(),
+                layers: Vec::new(),
+                image_layers,
+            });
         }
         let userns = self.user_namespaces.for_slot(slot, ids)?;
         let volume_mounts = if spec.volumes.is_empty() {
@@ -453,13 +469,23 @@ impl Inner {
             volumes::attach(&parts.dir, &spec.volumes, userns.as_fd(), ids.host_base)?
         };
         // Top first, as overlayfs stacks them.
-        let trees: Vec<&Path> = parts.leases.iter().rev().map(|l| l.path()).collect();
+        let trees: Vec<&Path> = parts
+            .leases
+            .iter()
+            .rev()
+            .map(|l| l.path())
+            .chain(image_tree)
+            .collect();
         let layer_mounts = if trees.is_empty() {
             Vec::new()
         } else {
             volumes::attach_layers(&parts.dir, &trees, userns.as_fd(), ids.host_base)?
         };
-        Ok((volume_mounts, layer_mounts))
+        Ok(Mounts {
+            volumes: volume_mounts,
+            layers: layer_mounts,
+            image_layers,
+        })
     }
 
     /// Everything of a start up to the agent's clone; blocking throughout (disk, mounts,
@@ -491,18 +517,11 @@ impl Inner {
             Some(workload) => open_procs_files(&**workload)?,
             None => Vec::new(),
         };
-        let (volume_mounts, layer_mounts) = self.attach_mounts(spec, parts, slot, ids)?;
+        let mounts = self.attach_mounts(spec, &image, parts, slot, ids)?;
         let _ = std::fs::remove_file(&parts.socket);
         let listener = std::os::unix::net::UnixListener::bind(&parts.socket)
             .map_err(RuntimeError::io("bind agent socket"))?;
-        let init = self.init_config(
-            spec,
-            &image,
-            parts,
-            cgroup_procs.len(),
-            volume_mounts,
-            layer_mounts,
-        );
+        let init = self.init_config(spec, &image, parts, cgroup_procs.len(), mounts);
         let config = serde_json::to_string(&init)
             .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
         // On v2 the agent is cloned straight into its leaf; on v1 it migrates there, which
@@ -542,13 +561,11 @@ fn open_cgroup_dir(path: &PathBuf) -> Result<OwnedFd, RuntimeError> {
 /// disk, the volumes and the shared layers, so the host's copies go (no sandbox mount stays
 /// visible on the host, and the loop device frees itself when the sandbox ends); the agent's
 /// pid is recorded for reconciliation after a crash.
-fn after_clone(parts: &Parts, pid: i32, has_volumes: bool) -> Result<(), RuntimeError> {
+fn after_clone(parts: &Parts, pid: i32) -> Result<(), RuntimeError> {
     if let Some(disk) = &parts.disk {
         disk.detach_host_mount()?;
     }
-    if has_volumes || !parts.leases.is_empty() {
-        volumes::detach_host_mounts(&parts.dir)?;
-    }
+    volumes::detach_host_mounts(&parts.dir)?;
     reap::record(&parts.dir.join(AGENT_PID_FILE), &[pid])
 }
 
@@ -611,7 +628,7 @@ impl Pending {
         starting.upper = std::fs::metadata(&starting.parts.upper)
             .map(|m| (m.dev(), m.ino()))
             .map_err(RuntimeError::io("stat the writable layer"))?;
-        after_clone(&starting.parts, spawned.pid, !spec.volumes.is_empty())?;
+        after_clone(&starting.parts, spawned.pid)?;
         Ok(spawned.stderr)
     }
 
@@ -714,6 +731,14 @@ fn open_procs_files(workload: &dyn Cgroup) -> Result<Vec<OwnedFd>, RuntimeError>
                 .map_err(RuntimeError::io(format!("open {}", path.display())))
         })
         .collect()
+}
+
+/// What the agent mounts besides its root's upper layer: volumes, the shared layers (detached
+/// id-mapped mounts, top first) and the image's layers given by host path (an unmapped image).
+struct Mounts {
+    volumes: Vec<InitVolume>,
+    layers: Vec<String>,
+    image_layers: Vec<String>,
 }
 
 /// Host-side resources of one sandbox, released in reverse order by `teardown`.

@@ -110,8 +110,9 @@ impl Pack {
             recipe_version: RECIPE_VERSION,
             pack: self.name(),
             suite: self.suite(),
-            // Essential packages and the requested ones: no apt, no init system.
-            variant: "essential",
+            // Essential packages, apt (a template's `apt` steps install with it) and the
+            // requested ones: no init system.
+            variant: "minbase",
             packages: self.packages(),
             excluded: EXCLUDED.to_vec(),
             languages: self.languages(),
