@@ -623,16 +623,38 @@ async fn malformed_requests_get_typed_errors() {
     );
 }
 
+/// A timeout ends its session when it passes, not at the reaper's next tick: here the tick
+/// (10 minutes) never comes during the test, so only the wake at the timeout can end them —
+/// one created with a short timeout, one whose timeout is shortened while it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expired_sessions_are_destroyed() {
+async fn expired_sessions_are_destroyed_when_their_timeout_passes() {
     let Some(()) = root_or_skip() else { return };
-    let d = Daemon::start(BASE_CONFIG).await;
-    let id = d.create(json!({"timeout_s": 1})).await;
+    let d = Daemon::start("[sessions]\nreap_interval = 600\npool = {}\n").await;
+    // The first tick has passed once the daemon answers; a create then wakes the reaper.
+    let short = d.create(json!({"timeout_s": 1})).await;
+    let long = d.create(json!({"timeout_s": 3600})).await;
     let sandboxes = d.data_dir().join("jail/sandboxes");
-    assert_eq!(std::fs::read_dir(&sandboxes).unwrap().count(), 1);
-    tokio::time::sleep(Duration::from_millis(2000)).await;
-    let (_, s) = d.json(Method::GET, &format!("{S}/{id}"), Value::Null).await;
-    assert_eq!(s["state"], "stopped");
+    assert_eq!(std::fs::read_dir(&sandboxes).unwrap().count(), 2);
+    let (status, v) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{long}/timeout"),
+            json!({"timeout_s": 2}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    for id in [&short, &long] {
+        let mut state = Value::Null;
+        for _ in 0..100 {
+            let (_, s) = d.json(Method::GET, &format!("{S}/{id}"), Value::Null).await;
+            state = s["state"].clone();
+            if state == "stopped" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(state, "stopped", "{id} outlived its timeout by 8 s");
+    }
     assert_eq!(
         std::fs::read_dir(&sandboxes).unwrap().count(),
         0,
@@ -641,7 +663,7 @@ async fn expired_sessions_are_destroyed() {
     assert!(d
         .metrics()
         .await
-        .contains("koder_sessions_ended_total{reason=\"expired\"} 1"));
+        .contains("koder_sessions_ended_total{reason=\"expired\"} 2"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -725,6 +725,25 @@ impl Store {
         rows.iter().map(session_from_row).collect()
     }
 
+    /// When the first of the sessions [`Store::expired_sessions`] looks at expires (past or
+    /// future); `None` when `node` has none not stopped.
+    pub async fn next_expiry(
+        &self,
+        node: Option<&str>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let row = query(&format!(
+            "SELECT MIN(expires_at_ms) AS next FROM sessions WHERE state <> 'stopped' AND {}",
+            of_node(1)
+        ))
+        .bind(node)
+        .bind(node)
+        .fetch_one(&self.pool)
+        .await?;
+        get::<Option<i64>>(&row, "next")?
+            .map(|ms| from_ms(ms, "next expiry"))
+            .transpose()
+    }
+
     /// The sessions `node` owns (as for [`Store::expired_sessions`]) that are not stopped,
     /// oldest first.
     pub async fn live_sessions_of(

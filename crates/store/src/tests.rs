@@ -273,6 +273,7 @@ async fn state_changes_and_expiry(db: TestDb) {
         ids(&store.expired_sessions(t(601), None).await.unwrap()),
         ["s2"]
     );
+    assert_eq!(store.next_expiry(None).await.unwrap(), Some(t(601)));
     assert_eq!(
         ids(&store.expired_sessions(t(10_000), None).await.unwrap()),
         ["s2", "s3"]
@@ -290,6 +291,7 @@ async fn state_changes_and_expiry(db: TestDb) {
         ids(&store.expired_sessions(t(5_000), None).await.unwrap()),
         ["s3", "s2"]
     );
+    assert_eq!(store.next_expiry(None).await.unwrap(), Some(t(602)));
     let err = store.set_session_expiry("nope", t(0)).await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound), "{err}");
 
@@ -612,6 +614,7 @@ async fn time_paused_to_disk_is_not_session_time(db: TestDb) {
 
 async fn sessions_belong_to_their_node(db: TestDb) {
     let store = store_with(&db, &["a"]).await;
+    assert_eq!(store.next_expiry(Some("n1")).await.unwrap(), None);
     for (id, node) in [("s1", Some("n1")), ("s2", Some("n2")), ("s3", None)] {
         let mut s = session(id, "a", 0);
         s.node_id = node.map(str::to_string);

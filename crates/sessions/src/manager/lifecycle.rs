@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use koder_api_types::{CreateSession, Limits, NetworkMode, Session, SessionState};
@@ -260,6 +260,7 @@ impl Manager {
             lost: false,
         };
         self.store.insert_session(&record).await?;
+        self.expiry_moved(record.expires_at);
         self.record_bindings(&record.id, &secrets).await?;
         let span = tracing::Span::current();
         span.record("session", record.id.as_str());
@@ -450,6 +451,7 @@ impl Manager {
         let timeout_s = limits::timeout(&self.cfg, timeout_s)?;
         record.expires_at = self.now() + ChronoDuration::seconds(timeout_s as i64);
         self.store.set_session_expiry(id, record.expires_at).await?;
+        self.expiry_moved(record.expires_at);
         self.view(&record).await
     }
 
@@ -462,6 +464,7 @@ impl Manager {
         }
         record.expires_at = self.now();
         self.store.set_session_expiry(id, record.expires_at).await?;
+        self.expiry_moved(record.expires_at);
         self.view(&record).await
     }
 
@@ -676,10 +679,11 @@ impl Manager {
         tracing::info!(session = %id, reason, "session ended");
     }
 
+    /// The reaper: every `reap_interval`, and at once when a session's timeout passes in
+    /// between, so a timeout ends (or pauses) its session when it passes, not at the next tick.
     pub(super) async fn reap_forever(me: Weak<Self>) {
         for tick in 0u32.. {
             let Some(manager) = me.upgrade() else { return };
-            let interval = manager.cfg.reap_interval;
             manager.reap_expired().await;
             if tick % MINUTES_CHECK_TICKS == 0 {
                 manager.enforce_minutes().await;
@@ -687,8 +691,38 @@ impl Manager {
             if tick % TRASH_PURGE_TICKS == TRASH_PURGE_TICKS - 1 {
                 manager.purge_volume_trash().await;
             }
+            let wait = manager.until_next_reap().await;
+            let wake = manager.reap_wake.clone();
             drop(manager);
-            tokio::time::sleep(interval).await;
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = wake.notified() => {}
+            }
+        }
+    }
+
+    /// How long the reaper sleeps: until the next timeout passes, at most `reap_interval`. A
+    /// session still expired after a pass (its end or pause failed) waits for the next tick
+    /// instead of spinning the reaper.
+    async fn until_next_reap(&self) -> Duration {
+        let interval = self.cfg.reap_interval;
+        let now = self.now();
+        let wait = match self.store.next_expiry(self.cfg.node_id.as_deref()).await {
+            Ok(Some(at)) if at > now => (at - now).to_std().map_or(interval, |d| d.min(interval)),
+            Ok(_) => interval,
+            Err(e) => {
+                tracing::error!(error = %e, "looking for the next session timeout");
+                interval
+            }
+        };
+        *self.reap_at.lock() = ChronoDuration::from_std(wait).ok().map(|d| now + d);
+        wait
+    }
+
+    /// Wakes the reaper when a session's timeout, now `at`, passes before it means to look.
+    fn expiry_moved(&self, at: DateTime<Utc>) {
+        if self.reap_at.lock().is_none_or(|planned| at < planned) {
+            self.reap_wake.notify_one();
         }
     }
 

@@ -85,6 +85,10 @@ pub struct Manager {
     /// Serializes saving VMs to files and resuming them: two resumes of one saved VM would
     /// race for its state.
     vm_state_lock: tokio::sync::Mutex<()>,
+    /// When the reaper means to look next, and what wakes it before then: a session whose
+    /// timeout passes sooner (created, or its timeout shortened meanwhile).
+    reap_at: Mutex<Option<DateTime<Utc>>>,
+    reap_wake: Arc<tokio::sync::Notify>,
     /// The images sessions run on, and which are in use.
     images: Images,
     /// Where lifecycle events go (webhooks).
@@ -191,6 +195,8 @@ impl Manager {
             volumes,
             volume_lock: tokio::sync::Mutex::default(),
             vm_state_lock: tokio::sync::Mutex::default(),
+            reap_at: Mutex::default(),
+            reap_wake: Arc::default(),
             images,
             events,
         });
