@@ -214,11 +214,16 @@ pub struct RawExec {
 
 impl RawExec {
     pub fn new(ctx: &Ctx<'_>, client: &Client, sid: &str, cmd: &[&str]) -> Result<RawExec> {
+        Self::with_body(ctx, client, sid, json!({ "cmd": cmd }))
+    }
+
+    /// An exec request of any shape (`{"cmd", "user"}`...).
+    pub fn with_body(ctx: &Ctx<'_>, client: &Client, sid: &str, body: Value) -> Result<RawExec> {
         Ok(RawExec {
             http: reqwest::Client::builder().build()?,
             url: client.url(&["v1", "sandbox", "sessions", sid, "exec"])?,
             key: ctx.d.key.clone(),
-            body: json!({ "cmd": cmd }),
+            body,
         })
     }
 
