@@ -479,10 +479,12 @@ impl Layers {
         // once its reference is recorded, so a layer unpinned since then is seen referenced,
         // and one still pinned then is spared.
         let pinned: HashSet<String> = self.pinned.lock().keys().cloned().collect();
+        // Candidates before references (see `Store::referenced_layers`).
+        let candidates = self.store.all_layers().await?;
         let used = self.store.referenced_layers().await?;
         self.collect_trees(&used, &pinned).await;
         let mut n = 0;
-        for l in self.store.unreferenced_layers().await? {
+        for l in candidates.into_iter().filter(|l| !used.contains(&l.id)) {
             let recent = spare_since.is_some_and(|since| l.created_at > since);
             if recent || pinned.contains(&l.id) || self.pinned.lock().contains_key(&l.id) {
                 continue;

@@ -2,7 +2,7 @@
 //!
 //! Write order keeps a crash harmless: a layer's blob is complete before its row exists, and a
 //! snapshot row is written only after all its layer rows; a blob without a row, or a row nothing
-//! references, is garbage the owner sweeps (`unreferenced_layers`).
+//! references, is garbage the owner sweeps (`all_layers` less `referenced_layers`).
 
 use std::collections::HashSet;
 
@@ -144,21 +144,11 @@ impl Store {
         u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative layer bytes {n}")))
     }
 
-    /// Layers neither a snapshot nor a session that is not stopped lists. Kept simple and
-    /// portable (no JSON functions in SQL): the references are gathered here.
-    /// Layers no snapshot or unstopped session lists. Listed before the references are read:
-    /// a layer is recorded before anything refers to it, so one recorded meanwhile is no
-    /// candidate, and a reference written meanwhile to a listed one is seen.
-    pub async fn unreferenced_layers(&self) -> Result<Vec<LayerRecord>, StoreError> {
-        let candidates = self.all_layers().await?;
-        let used = self.referenced_layers().await?;
-        Ok(candidates
-            .into_iter()
-            .filter(|l| !used.contains(&l.id))
-            .collect())
-    }
-
-    /// The ids of every layer a snapshot or a session not stopped lists (stored or not).
+    /// The ids of every layer a snapshot or a session not stopped lists (stored or not). Kept
+    /// simple and portable (no JSON functions in SQL): the references are gathered here. A
+    /// collector reads its candidates ([`Store::all_layers`]) *before* these: a layer is
+    /// recorded before anything refers to it, so one recorded meanwhile is no candidate, and
+    /// a reference written meanwhile to a candidate is seen.
     pub async fn referenced_layers(&self) -> Result<HashSet<String>, StoreError> {
         let mut used: HashSet<String> = HashSet::new();
         for row in query("SELECT layers_json FROM snapshots")
@@ -429,7 +419,7 @@ mod tests {
         ));
     }
 
-    async fn unreferenced_layers_are_those_no_snapshot_or_live_session_lists(db: TestDb) {
+    async fn referenced_layers_are_those_a_snapshot_or_live_session_lists(db: TestDb) {
         let store = store_with(&db, &["a"]).await;
         for l in ["l1", "l2", "l3", "l4"] {
             store.insert_layer(&layer(l, "a", 1)).await.unwrap();
@@ -462,12 +452,14 @@ mod tests {
             .set_session_state("gone", SessionState::Stopped, Some("deleted"))
             .await
             .unwrap();
+        let used = store.referenced_layers().await.unwrap();
         let mut free: Vec<String> = store
-            .unreferenced_layers()
+            .all_layers()
             .await
             .unwrap()
             .into_iter()
             .map(|l| l.id)
+            .filter(|id| !used.contains(id))
             .collect();
         free.sort();
         assert_eq!(free, ["l3", "l4"]);
@@ -534,7 +526,7 @@ mod tests {
 
     on_both_backends!(
         layers_are_tenant_scoped_and_counted,
-        unreferenced_layers_are_those_no_snapshot_or_live_session_lists,
+        referenced_layers_are_those_a_snapshot_or_live_session_lists,
         snapshots_round_trip_list_expire_delete,
         session_durable_defaults_and_round_trips,
     );
