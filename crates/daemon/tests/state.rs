@@ -453,6 +453,24 @@ async fn the_snapshot_storage_quota_is_a_typed_507_and_leaves_nothing() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::NO_CONTENT);
     assert!(layer_files(&d).is_empty(), "{:?}", layer_files(&d));
+
+    // A fork's tree is stored when a copy's snapshot needs it, within the room left then:
+    // here the source's own snapshot took most of it first.
+    sh(&d, &a, "head -c 1500000 /dev/urandom > /home/user/mid").await;
+    let copy = fork(&d, &a, 1).await.remove(0);
+    snapshot(&d, &a, Value::Null).await;
+    let stored = stored_layers(&d);
+    let (status, v) = d
+        .json(
+            POST,
+            &format!("/v1/sandbox/sessions/{copy}/snapshot"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{v}");
+    assert_eq!(error_code(&v), "SANDBOX-QUOTA-SNAPSHOT-STORAGE");
+    assert_eq!(stored_layers(&d), stored, "a half-stored layer was left");
+    assert_eq!(sh(&d, &copy, "wc -c < /home/user/mid").await, "1500000\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

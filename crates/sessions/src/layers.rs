@@ -92,7 +92,10 @@ impl Archive {
                 done.await
                     .map_err(|e| Error::Internal(format!("archiving a fork's layer: {e}")))?
                     .map(|stats| stats.entries)
-                    .map_err(|e| Error::Internal(format!("archiving a fork's layer: {e}")))
+                    .map_err(|e| match e.is_quota() {
+                        true => Error::PayloadTooLarge(e.to_string()),
+                        false => Error::Internal(format!("archiving a fork's layer: {e}")),
+                    })
             }
         }
     }
