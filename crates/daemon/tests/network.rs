@@ -257,6 +257,69 @@ async fn allowlist_none_and_open_against_a_test_network() {
     );
 }
 
+/// Sessions with network get warm sandboxes too, from a lane of their own that fills once such
+/// creates come: each one is bound to its own session's policy when it is handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_with_network_are_served_from_the_pool_under_their_own_policy() {
+    let Some(()) = root_or_skip() else { return };
+    let net = TestNet::up(0, SERVERS, 8080);
+    let ip = net.server_ip();
+    let config = config(&net, &format!("{ip}/32")).replace("pool = {}", "pool = { python = 1 }");
+    let d = Daemon::start(&config).await;
+    let series = |name: &str| format!("{name}{{image=\"host\",language=\"python\"}} 1");
+    let egress_ready = series("koder_pool_egress_ready");
+    let wait_ready = || async {
+        for _ in 0..300 {
+            if d.metrics().await.lines().any(|l| l == egress_ready) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("no warm sandbox with egress after 30 s");
+    };
+    // The first create with network finds none (a miss is demand), then the lane fills.
+    let open = json!({"language": "python", "network": {"mode": "open"}});
+    let first = d.create(open.clone()).await;
+    wait_ready().await;
+    let (status, s) = d
+        .json(
+            Method::POST,
+            S,
+            json!({"language": "python", "network": {"mode": "allowlist", "allow": ["pkg.test"]}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{s}");
+    let listed = s["id"].as_str().unwrap().to_string();
+    wait_ready().await;
+    let second = d.create(open).await;
+    let m = d.metrics().await;
+    let takes = |result: &str| {
+        format!("koder_pool_egress_takes_total{{image=\"host\",language=\"python\",result=\"{result}\"}}")
+    };
+    assert!(m.contains(&format!("{} 2", takes("hit"))), "{m}");
+    assert!(m.contains(&format!("{} 1", takes("miss"))), "{m}");
+    assert!(
+        m.contains("koder_sessions_created_total{source=\"pool\"} 2"),
+        "{m}"
+    );
+    // The allowlisted session's pooled sandbox obeys its allowlist; the open ones reach by IP.
+    let out = probe(&d, &listed, &format!(
+        "{HELPERS}\nprint(http('http://pkg.test:8080/'))\nprint(raw('{ip}', 8080, b'GET / HTTP/1.1\\r\\nHost: other.test\\r\\n\\r\\n'))"
+    )).await;
+    assert_eq!(out[0], "ok:pkg.test:8080", "{out:?}");
+    assert!(
+        out[1].starts_with("refused"),
+        "allowlist not applied: {out:?}"
+    );
+    for id in [&first, &second] {
+        let out = probe(&d, id, &format!(
+            "{HELPERS}\nprint(raw('{ip}', 8080, b'GET / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')[:15])\nprint(raw('169.254.169.254', 80, b'x'))"
+        )).await;
+        assert_eq!(out[0], "HTTP/1.0 200 OK", "{out:?}");
+        assert!(out[1].starts_with("refused"), "{out:?}");
+    }
+}
+
 /// The same mediation inside a microVM: the guest has no network device; its agent redirects
 /// and reports connections and lookups over vsock, and the daemon decides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

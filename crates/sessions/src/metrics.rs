@@ -17,6 +17,9 @@ pub struct Metrics {
     pub pool_target: IntGaugeVec,
     /// Creates the pool could serve (its lane runs their image), by whether it had one ready.
     pub pool_takes: IntCounterVec,
+    pub pool_egress_ready: IntGaugeVec,
+    pub pool_egress_target: IntGaugeVec,
+    pub pool_egress_takes: IntCounterVec,
     pub pool_failures: IntCounter,
     /// Egress decisions on sandbox connections and name lookups.
     pub egress_decisions: IntCounterVec,
@@ -100,6 +103,30 @@ impl Metrics {
                 &["language", "image", "result"],
             )
             .unwrap_or_else(unreachable_metric),
+            pool_egress_ready: IntGaugeVec::new(
+                Opts::new(
+                    "pool_egress_ready",
+                    "Warm sandboxes with egress ready (for network open/allowlist), by language and image",
+                ),
+                &["language", "image"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            pool_egress_target: IntGaugeVec::new(
+                Opts::new(
+                    "pool_egress_target",
+                    "Warm sandboxes with egress the pool is filling towards (follows recent such creates), by language and image",
+                ),
+                &["language", "image"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            pool_egress_takes: IntCounterVec::new(
+                Opts::new(
+                    "pool_egress_takes_total",
+                    "Creates with egress on a pooled image, by language, image and result (hit, miss)",
+                ),
+                &["language", "image", "result"],
+            )
+            .unwrap_or_else(unreachable_metric),
             egress_decisions: IntCounterVec::new(
                 Opts::new(
                     "egress_decisions_total",
@@ -156,6 +183,9 @@ impl Metrics {
             Box::new(m.pool_ready.clone()),
             Box::new(m.pool_target.clone()),
             Box::new(m.pool_takes.clone()),
+            Box::new(m.pool_egress_ready.clone()),
+            Box::new(m.pool_egress_target.clone()),
+            Box::new(m.pool_egress_takes.clone()),
             Box::new(m.pool_failures.clone()),
             Box::new(m.egress_decisions.clone()),
             Box::new(m.quota_rejections.clone()),

@@ -2,6 +2,12 @@
 //! Each language's sandboxes run on that language's image (`host`, or its configured pack), and
 //! only a create asking for that image gets one.
 //!
+//! Each language has two lanes: sandboxes without network, sized as configured, and sandboxes
+//! started with egress (network `open` or `allowlist`: the agent's redirect to the daemon is set
+//! up at boot and is the same for every session; the session's own policy is bound when it is
+//! handed out), between 0 and the configured `max` and filled only by demand — E2B's SDK asks
+//! for internet access by default, so its creates would otherwise always start cold.
+//!
 //! Each language keeps between `min` and `max` ready sandboxes ([`PoolSize`]). The target in
 //! between is the number of creates that asked for that language in the last
 //! [`DEMAND_WINDOW`], clamped to `[min, max]`: the recent create rate times a refill horizon as
@@ -23,6 +29,7 @@ use std::time::Duration;
 
 use koder_runtime::{Limits, Runtime, RuntimeError, Sandbox, SandboxSpec};
 use parking_lot::Mutex;
+use prometheus::{IntCounter, IntGauge};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -56,7 +63,7 @@ pub struct Pool {
 }
 
 struct State {
-    lanes: BTreeMap<String, Lane>,
+    lanes: BTreeMap<LaneKey, Lane>,
     /// Refills in flight, all languages.
     starting: usize,
     last_take: Option<Instant>,
@@ -69,7 +76,14 @@ struct State {
     closed: bool,
 }
 
-/// One language's pool.
+/// Which lane: a language's sandboxes without network, or with egress.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct LaneKey {
+    language: String,
+    egress: bool,
+}
+
+/// One lane of the pool.
 struct Lane {
     size: PoolSize,
     /// The image its sandboxes run on.
@@ -78,22 +92,56 @@ struct Lane {
     starting: usize,
     /// Times of recent creates, oldest first; never more than `size.max` (the target's cap).
     demand: VecDeque<Instant>,
+    metrics: LaneMetrics,
+}
+
+/// A lane's series: `pool_*` for a lane without network, `pool_egress_*` for one with
+/// egress, each by language and image.
+struct LaneMetrics {
+    ready: IntGauge,
+    target: IntGauge,
+    hit: IntCounter,
+    miss: IntCounter,
+}
+
+impl LaneMetrics {
+    fn of(metrics: &Metrics, key: &LaneKey, image: &str) -> Self {
+        let labels = [key.language.as_str(), image];
+        let (ready, target, takes) = match key.egress {
+            false => (
+                &metrics.pool_ready,
+                &metrics.pool_target,
+                &metrics.pool_takes,
+            ),
+            true => (
+                &metrics.pool_egress_ready,
+                &metrics.pool_egress_target,
+                &metrics.pool_egress_takes,
+            ),
+        };
+        let take = |result| takes.with_label_values(&[labels[0], labels[1], result]);
+        Self {
+            ready: ready.with_label_values(&labels),
+            target: target.with_label_values(&labels),
+            hit: take("hit"),
+            miss: take("miss"),
+        }
+    }
 }
 
 impl Lane {
-    fn new(size: PoolSize, image: String) -> Self {
+    fn new(key: &LaneKey, size: PoolSize, image: String, metrics: &Metrics) -> Self {
+        let metrics = LaneMetrics::of(metrics, key, &image);
+        metrics.ready.set(0);
+        metrics.target.set(size.min as i64);
         Self {
             size,
             image,
             ready: VecDeque::new(),
             starting: 0,
             demand: VecDeque::new(),
+            metrics,
         }
-    }
-
-    /// The pool gauges' labels: a language's lane and the image its sandboxes run on.
-    fn labels<'a>(&'a self, language: &'a str) -> [&'a str; 2] {
-        [language, &self.image]
     }
 
     fn record_demand(&mut self, now: Instant) {
@@ -124,7 +172,7 @@ impl Lane {
 
 /// What one look at the pool decided.
 struct Plan {
-    start: Vec<String>,
+    start: Vec<LaneKey>,
     surplus: Vec<Arc<dyn Sandbox>>,
     /// When to look again unless woken.
     next: Instant,
@@ -139,24 +187,24 @@ impl Pool {
         limits: Limits,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let lanes: BTreeMap<String, Lane> = sizes
-            .into_iter()
-            .map(|(language, size)| {
-                let image = images
-                    .get(&language)
-                    .map_or(koder_image::HOST, String::as_str);
-                let lane = Lane::new(size, image.to_string());
-                metrics
-                    .pool_ready
-                    .with_label_values(&lane.labels(&language))
-                    .set(0);
-                metrics
-                    .pool_target
-                    .with_label_values(&lane.labels(&language))
-                    .set(lane.size.min as i64);
-                (language, lane)
-            })
-            .collect();
+        let mut lanes = BTreeMap::new();
+        for (language, size) in sizes {
+            let image = images
+                .get(&language)
+                .map_or(koder_image::HOST, String::as_str);
+            let on_demand = PoolSize {
+                min: 0,
+                max: size.max,
+            };
+            for (egress, size) in [(false, size), (true, on_demand)] {
+                let key = LaneKey {
+                    language: language.clone(),
+                    egress,
+                };
+                let lane = Lane::new(&key, size, image.to_string(), &metrics);
+                lanes.insert(key, lane);
+            }
+        }
         Self {
             runtime,
             limits,
@@ -187,15 +235,16 @@ impl Pool {
         self
     }
 
-    /// A ready sandbox for `language` on `image`, if the pool has one that fits: CPU, memory
-    /// and pids limits can change at hand-out, the size of its disk and its image cannot. Every
-    /// call for the lane's image counts as demand, a miss too (that create is what the pool
-    /// should have had ready).
+    /// A ready sandbox for `language` on `image`, with egress or without, if the pool has one
+    /// that fits: CPU, memory and pids limits can change at hand-out, the size of its disk, its
+    /// image and whether it has egress cannot. Every call for the lane's image counts as
+    /// demand, a miss too (that create is what the pool should have had ready).
     pub fn take(
         &self,
         language: &str,
         image: &str,
         disk_mib: Option<u64>,
+        egress: bool,
     ) -> Option<Arc<dyn Sandbox>> {
         if disk_mib != self.limits.disk_mib {
             return None;
@@ -204,9 +253,13 @@ impl Pool {
         let taken = {
             let mut state = self.state.lock();
             state.last_take = Some(now);
+            let key = LaneKey {
+                language: language.to_string(),
+                egress,
+            };
             let lane = state
                 .lanes
-                .get_mut(language)
+                .get_mut(&key)
                 .filter(|lane| lane.image == image)?;
             lane.record_demand(now);
             // A dead one not yet removed by its watcher stays for the watcher to destroy.
@@ -215,34 +268,38 @@ impl Pool {
                 .iter()
                 .position(|sb| !sb.agent().is_closed())
                 .and_then(|at| lane.ready.remove(at));
-            self.publish(language, lane, now);
-            let result = if sb.is_some() { "hit" } else { "miss" };
-            self.metrics
-                .pool_takes
-                .with_label_values(&[language, image, result])
-                .inc();
+            Self::publish(lane, now);
+            match sb.is_some() {
+                true => lane.metrics.hit.inc(),
+                false => lane.metrics.miss.inc(),
+            }
             sb
         };
         self.wake.notify_one();
         taken
     }
 
-    /// (language, image, ready sandboxes) of every language with one ready.
+    /// (language, image, ready sandboxes) of every language with one ready without network.
     pub fn ready_lanes(&self) -> Vec<(String, String, usize)> {
         self.state
             .lock()
             .lanes
             .iter()
-            .filter(|(_, lane)| !lane.ready.is_empty())
-            .map(|(language, lane)| (language.clone(), lane.image.clone(), lane.ready.len()))
+            .filter(|(key, lane)| !key.egress && !lane.ready.is_empty())
+            .map(|(key, lane)| (key.language.clone(), lane.image.clone(), lane.ready.len()))
             .collect()
     }
 
-    pub fn depth(&self, language: &str) -> usize {
+    /// Ready sandboxes of `language`'s lane, with egress or without.
+    pub fn depth(&self, language: &str, egress: bool) -> usize {
+        let key = LaneKey {
+            language: language.to_string(),
+            egress,
+        };
         self.state
             .lock()
             .lanes
-            .get(language)
+            .get(&key)
             .map_or(0, |lane| lane.ready.len())
     }
 
@@ -257,8 +314,8 @@ impl Pool {
                     }
                 });
             }
-            for language in plan.start {
-                self.spawn_refill(language);
+            for key in plan.start {
+                self.spawn_refill(key);
             }
             let _ = tokio::time::timeout_at(plan.next, self.wake.notified()).await;
         }
@@ -276,8 +333,8 @@ impl Pool {
         if state.closed {
             return plan;
         }
-        let mut missing: Vec<(String, usize)> = Vec::new();
-        for (language, lane) in state.lanes.iter_mut() {
+        let mut missing: Vec<(LaneKey, usize)> = Vec::new();
+        for (key, lane) in state.lanes.iter_mut() {
             let target = lane.target(now);
             while lane.held() > target {
                 let Some(sb) = lane.ready.pop_front() else {
@@ -285,9 +342,9 @@ impl Pool {
                 };
                 plan.surplus.push(sb);
             }
-            self.publish(language, lane, now);
+            Self::publish(lane, now);
             if lane.held() < target {
-                missing.push((language.clone(), target - lane.held()));
+                missing.push((key.clone(), target - lane.held()));
             }
         }
         if missing.is_empty() {
@@ -300,28 +357,28 @@ impl Pool {
         }
         state.deferred_since = None;
         while state.starting < self.parallelism {
-            let Some((language, left)) = missing.iter_mut().max_by_key(|(_, left)| *left) else {
+            let Some((key, left)) = missing.iter_mut().max_by_key(|(_, left)| *left) else {
                 break;
             };
             if *left == 0 {
                 break;
             }
             *left -= 1;
-            if let Some(lane) = state.lanes.get_mut(language.as_str()) {
+            if let Some(lane) = state.lanes.get_mut(key) {
                 lane.starting += 1;
             }
             state.starting += 1;
-            plan.start.push(language.clone());
+            plan.start.push(key.clone());
         }
         plan
     }
 
-    /// Starts one sandbox for `language` on its own task (already counted as starting).
-    fn spawn_refill(self: &Arc<Self>, language: String) {
+    /// Starts one sandbox for the lane `key` on its own task (already counted as starting).
+    fn spawn_refill(self: &Arc<Self>, key: LaneKey) {
         let pool = self.clone();
         let image = {
             let state = self.state.lock();
-            state.lanes.get(&language).map(|lane| lane.image.clone())
+            state.lanes.get(&key).map(|lane| lane.image.clone())
         };
         tokio::spawn(async move {
             let spec = SandboxSpec {
@@ -329,44 +386,45 @@ impl Pool {
                 image: image.unwrap_or_else(|| koder_image::HOST.into()),
                 limits: pool.limits,
                 env: Vec::new(),
-                egress: false,
+                egress: key.egress,
                 layers: Vec::new(),
                 volumes: Vec::new(),
                 writable_root: false,
             };
             let mut created = pool.runtime.create(spec).await;
-            if let (Ok(sb), Some(prepare)) = (&created, pool.startups.get(&language)) {
+            if let (Ok(sb), Some(prepare)) = (&created, pool.startups.get(&key.language)) {
                 if let Err(e) = prepare.run(&**sb).await {
                     let _ = sb.destroy().await;
                     created = Err(RuntimeError::Start(e.to_string()));
                 }
             }
-            pool.finish_refill(&language, created).await;
+            pool.finish_refill(&key, created).await;
         });
     }
 
     async fn finish_refill(
         self: &Arc<Self>,
-        language: &str,
+        key: &LaneKey,
         created: Result<Arc<dyn Sandbox>, RuntimeError>,
     ) {
         match created {
             Ok(sb) => {
-                if self.add_ready(language, &sb) {
-                    self.watch(language, &sb);
+                if self.add_ready(key, &sb) {
+                    self.watch(key, &sb);
                 } else {
                     // Drained meanwhile: destroyed before it stops counting as starting, so
                     // `drain` returns only once it is gone.
                     if let Err(e) = sb.destroy().await {
                         tracing::warn!(error = %e, "destroying a warm sandbox after drain");
                     }
-                    self.done_starting(language, Ok(()));
+                    self.done_starting(key, Ok(()));
                 }
             }
             Err(e) => {
                 self.metrics.pool_failures.inc();
-                tracing::warn!(%language, error = %e, "warm sandbox failed to start");
-                self.done_starting(language, Err(()));
+                tracing::warn!(language = %key.language, egress = key.egress, error = %e,
+                    "warm sandbox failed to start");
+                self.done_starting(key, Err(()));
             }
         }
         self.settled.notify_waiters();
@@ -374,7 +432,7 @@ impl Pool {
     }
 
     /// Puts a started sandbox into its queue; false once the pool is drained.
-    fn add_ready(&self, language: &str, sb: &Arc<dyn Sandbox>) -> bool {
+    fn add_ready(&self, key: &LaneKey, sb: &Arc<dyn Sandbox>) -> bool {
         let mut state = self.state.lock();
         if state.closed {
             return false;
@@ -382,19 +440,19 @@ impl Pool {
         state.starting -= 1;
         state.backoff = FIRST_BACKOFF;
         let now = Instant::now();
-        if let Some(lane) = state.lanes.get_mut(language) {
+        if let Some(lane) = state.lanes.get_mut(key) {
             lane.starting -= 1;
             lane.ready.push_back(sb.clone());
-            self.publish(language, lane, now);
+            Self::publish(lane, now);
         }
         true
     }
 
     /// A refill that added nothing stops counting as starting; a failed one delays the next.
-    fn done_starting(&self, language: &str, outcome: Result<(), ()>) {
+    fn done_starting(&self, key: &LaneKey, outcome: Result<(), ()>) {
         let mut state = self.state.lock();
         state.starting -= 1;
-        if let Some(lane) = state.lanes.get_mut(language) {
+        if let Some(lane) = state.lanes.get_mut(key) {
             lane.starting -= 1;
         }
         if outcome.is_err() {
@@ -403,33 +461,25 @@ impl Pool {
         }
     }
 
-    fn publish(&self, language: &str, lane: &mut Lane, now: Instant) {
-        self.metrics
-            .pool_ready
-            .with_label_values(&lane.labels(language))
-            .set(lane.ready.len() as i64);
-        self.metrics
-            .pool_target
-            .with_label_values(&lane.labels(language))
-            .set(lane.target(now) as i64);
+    fn publish(lane: &mut Lane, now: Instant) {
+        lane.metrics.ready.set(lane.ready.len() as i64);
+        let target = lane.target(now) as i64;
+        lane.metrics.target.set(target);
     }
 
     /// A warm sandbox whose agent dies is taken out and destroyed at once: it is never handed
     /// out, and its resources do not wait for the next create.
-    fn watch(self: &Arc<Self>, language: &str, sb: &Arc<dyn Sandbox>) {
+    fn watch(self: &Arc<Self>, key: &LaneKey, sb: &Arc<dyn Sandbox>) {
         let closed = sb.agent().closed();
-        let (pool, watched, language) = (
-            Arc::downgrade(self),
-            Arc::downgrade(sb),
-            language.to_string(),
-        );
+        let (pool, watched, key) = (Arc::downgrade(self), Arc::downgrade(sb), key.clone());
         tokio::spawn(async move {
             closed.await;
             let (Some(pool), Some(watched)) = (pool.upgrade(), watched.upgrade()) else {
                 return;
             };
-            if pool.remove(&language, &watched) {
-                tracing::warn!(%language, "warm sandbox died; discarding it");
+            if pool.remove(&key, &watched) {
+                tracing::warn!(language = %key.language, egress = key.egress,
+                    "warm sandbox died; discarding it");
                 pool.metrics.pool_failures.inc();
                 let _ = watched.destroy().await;
                 pool.wake.notify_one();
@@ -438,15 +488,15 @@ impl Pool {
     }
 
     /// Takes `sb` out of the ready queue; false if it was no longer there (handed out, drained).
-    fn remove(&self, language: &str, sb: &Arc<dyn Sandbox>) -> bool {
+    fn remove(&self, key: &LaneKey, sb: &Arc<dyn Sandbox>) -> bool {
         let mut state = self.state.lock();
-        let Some(lane) = state.lanes.get_mut(language) else {
+        let Some(lane) = state.lanes.get_mut(key) else {
             return false;
         };
         let before = lane.ready.len();
         lane.ready.retain(|q| !Arc::ptr_eq(q, sb));
         let removed = lane.ready.len() != before;
-        self.publish(language, lane, Instant::now());
+        Self::publish(lane, Instant::now());
         removed
     }
 
@@ -478,11 +528,8 @@ impl Pool {
             settled.await;
         }
         let state = self.state.lock();
-        for (language, lane) in &state.lanes {
-            self.metrics
-                .pool_ready
-                .with_label_values(&lane.labels(language))
-                .set(0);
+        for lane in state.lanes.values() {
+            lane.metrics.ready.set(0);
         }
     }
 }
@@ -540,37 +587,40 @@ mod tests {
     async fn the_target_follows_a_burst_then_decays_to_min() {
         let rt = MemoryRuntime::new();
         let pool = pool(&rt, PoolSize { min: 1, max: 4 });
-        until("min is ready", || pool.depth("python") == 1).await;
+        until("min is ready", || pool.depth("python", false) == 1).await;
         // One hit, five misses (which cold creates would serve): demand all the same.
         let taken: Vec<_> = (0..6)
-            .filter_map(|_| pool.take("python", "python", None))
+            .filter_map(|_| pool.take("python", "python", None, false))
             .collect();
         assert_eq!(taken.len(), 1);
         assert_eq!(target(&pool), 4, "six creates, capped at max");
-        until("the pool grows to max", || pool.depth("python") == 4).await;
+        until("the pool grows to max", || pool.depth("python", false) == 4).await;
         // Held while demand is recent...
         tokio::time::sleep(DEMAND_WINDOW / 2).await;
-        assert_eq!(pool.depth("python"), 4);
+        assert_eq!(pool.depth("python", false), 4);
         // ...and back to min once a window passed without creates, the surplus destroyed.
         tokio::time::sleep(DEMAND_WINDOW).await;
         assert_eq!(target(&pool), 1);
         until("surplus destroyed", || rt.live().len() == taken.len() + 1).await;
-        assert_eq!(pool.depth("python"), 1);
+        assert_eq!(pool.depth("python", false), 1);
     }
 
     #[tokio::test(start_paused = true)]
     async fn refills_wait_for_a_quiet_moment_but_not_forever() {
         let rt = MemoryRuntime::new();
         let pool = pool(&rt, PoolSize::fixed(1));
-        until("ready", || pool.depth("python") == 1).await;
-        assert!(pool.take("python", "python", None).is_some());
+        until("ready", || pool.depth("python", false) == 1).await;
+        assert!(pool.take("python", "python", None, false).is_some());
         tokio::time::sleep(QUIET / 2).await;
         assert_eq!(rt.live().len(), 1, "no refill right after a take");
-        until("refilled after the quiet gap", || pool.depth("python") == 1).await;
+        until("refilled after the quiet gap", || {
+            pool.depth("python", false) == 1
+        })
+        .await;
         // A take every QUIET/2 never leaves a quiet gap; the refill still comes.
         let started = tokio::time::Instant::now();
-        while pool.depth("python") == 0 || started.elapsed() < QUIET {
-            pool.take("python", "python", None);
+        while pool.depth("python", false) == 0 || started.elapsed() < QUIET {
+            pool.take("python", "python", None, false);
             tokio::time::sleep(QUIET / 2).await;
             assert!(
                 started.elapsed() <= MAX_DEFER + QUIET,
@@ -583,16 +633,37 @@ mod tests {
     async fn a_lane_holds_its_image_and_serves_only_it() {
         let rt = MemoryRuntime::new();
         let pool = pool(&rt, PoolSize::fixed(1));
-        until("ready", || pool.depth("python") == 1).await;
+        until("ready", || pool.depth("python", false) == 1).await;
         let id = rt.live().pop().unwrap();
         assert_eq!(rt.sandbox(&id).unwrap().spec().image, "python");
-        assert!(pool.take("python", "host", None).is_none());
+        assert!(pool.take("python", "host", None, false).is_none());
         assert_eq!(
-            pool.depth("python"),
+            pool.depth("python", false),
             1,
             "another image's create takes nothing"
         );
-        assert!(pool.take("python", "python", None).is_some());
+        assert!(pool.take("python", "python", None, false).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_egress_lane_fills_by_demand_with_egress_sandboxes() {
+        let rt = MemoryRuntime::new();
+        let pool = pool(&rt, PoolSize::fixed(1));
+        until("ready", || pool.depth("python", false) == 1).await;
+        assert_eq!(pool.depth("python", true), 0, "none held before any demand");
+        assert!(pool.take("python", "python", None, true).is_none());
+        until("filled after a miss", || pool.depth("python", true) == 1).await;
+        let egress = pool.take("python", "python", None, true).unwrap();
+        assert!(rt.sandbox(egress.id()).unwrap().spec().egress);
+        let plain = pool.take("python", "python", None, false).unwrap();
+        assert!(!rt.sandbox(plain.id()).unwrap().spec().egress);
+        let hits =
+            |m: &prometheus::IntCounterVec| m.with_label_values(&["python", "python", "hit"]).get();
+        assert_eq!(hits(&pool.metrics.pool_egress_takes), 1);
+        assert_eq!(hits(&pool.metrics.pool_takes), 1);
+        // Back to none once a window passed without such creates.
+        tokio::time::sleep(DEMAND_WINDOW * 2).await;
+        assert_eq!(pool.depth("python", true), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -600,7 +671,7 @@ mod tests {
         let rt = MemoryRuntime::new();
         rt.fail_next_create(RuntimeError::Start("no".into()));
         let pool = pool(&rt, PoolSize::fixed(1));
-        until("ready after the retry", || pool.depth("python") == 1).await;
+        until("ready after the retry", || pool.depth("python", false) == 1).await;
         assert_eq!(pool.metrics.pool_failures.get(), 1);
     }
 }

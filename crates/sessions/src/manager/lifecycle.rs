@@ -388,13 +388,14 @@ impl Manager {
             _ => (self.runtime.clone(), &self.pool),
         };
         let runtime_limits = limits::to_runtime_limits(limits);
-        // Warm sandboxes have no network; one with egress is always made for its session.
-        let fresh = egress || !layers.is_empty() || !volumes.is_empty();
+        // Sandboxes with layers or volumes are made for their session; with egress or without,
+        // the pool has a lane for both.
+        let fresh = !layers.is_empty() || !volumes.is_empty();
         let lane_image = self.pool_image_of(image, language);
         // A fresh one never asks the pool: what it took would be dropped, never destroyed.
         let take = || match fresh {
             true => None,
-            false => pool.take(language, &lane_image, limits.disk_mib),
+            false => pool.take(language, &lane_image, limits.disk_mib, egress),
         };
         while let Some(sb) = take() {
             let applied = match sb.resources() {
@@ -728,6 +729,7 @@ impl Manager {
 
     /// Ends sessions past their timeout.
     pub async fn reap_expired(&self) {
+        let _one_at_a_time = self.reaping.lock().await;
         match self
             .store
             .expired_sessions(self.now(), self.cfg.node_id.as_deref())

@@ -89,6 +89,9 @@ pub struct Manager {
     /// timeout passes sooner (created, or its timeout shortened meanwhile).
     reap_at: Mutex<Option<DateTime<Utc>>>,
     reap_wake: Arc<tokio::sync::Notify>,
+    /// One sweep at a time: two would both act on a session expired when each listed it (and
+    /// the second, finding it paused by the first, would end it).
+    reaping: tokio::sync::Mutex<()>,
     /// The images sessions run on, and which are in use.
     images: Images,
     /// Where lifecycle events go (webhooks).
@@ -197,6 +200,7 @@ impl Manager {
             vm_state_lock: tokio::sync::Mutex::default(),
             reap_at: Mutex::default(),
             reap_wake: Arc::default(),
+            reaping: tokio::sync::Mutex::default(),
             images,
             events,
         });
@@ -250,7 +254,7 @@ impl Manager {
     }
 
     pub fn pool_depth(&self, language: &str) -> usize {
-        self.pool.depth(language)
+        self.pool.depth(language, false)
     }
 
     /// Stops background tasks and destroys every sandbox (sessions end as "daemon shutdown").
