@@ -393,7 +393,7 @@ async fn metrics_count_pool_takes_egress_decisions_and_quota_rejections() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     d.create(json!({"language": "bash"})).await;
-    // Not the pool's to serve (it has network): no take.
+    // With network: the egress lane's, empty until such creates come (a miss there).
     let open = d
         .create(json!({"language": "bash", "network": {"mode": "open"}}))
         .await;
@@ -425,7 +425,16 @@ async fn metrics_count_pool_takes_egress_decisions_and_quota_rejections() {
         1,
         "{metrics}"
     );
-    assert!(!metrics.contains("result=\"miss\""), "{metrics}");
+    assert_eq!(
+        value("koder_pool_takes_total{image=\"host\",language=\"bash\",result=\"miss\"}"),
+        0,
+        "{metrics}"
+    );
+    assert_eq!(
+        value("koder_pool_egress_takes_total{image=\"host\",language=\"bash\",result=\"miss\"}"),
+        1,
+        "{metrics}"
+    );
     assert_eq!(
         value("koder_quota_rejections_total{quota=\"sessions\"}"),
         1,
