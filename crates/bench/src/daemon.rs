@@ -169,8 +169,14 @@ impl Daemon {
         )?)
     }
 
-    /// Warm sandboxes the pool holds for `language` (from `/metrics`).
-    pub async fn pool_ready(&self, http: &reqwest::Client, language: &str) -> Result<u64> {
+    /// Warm sandboxes the pool holds for `language` (from `/metrics`): in its lane without
+    /// network, or in the one with egress (filled by demand for network open/allowlist).
+    pub async fn pool_ready(
+        &self,
+        http: &reqwest::Client,
+        language: &str,
+        egress: bool,
+    ) -> Result<u64> {
         let text = http
             .get(format!("{}/metrics", self.base))
             .send()
@@ -180,9 +186,13 @@ impl Daemon {
             .await?;
         // The gauge is labelled by language and image; the language's lane has one image.
         let label = format!("language=\"{language}\"}} ");
+        let series = match egress {
+            false => "koder_pool_ready{",
+            true => "koder_pool_egress_ready{",
+        };
         Ok(text
             .lines()
-            .filter(|l| l.starts_with("koder_pool_ready{"))
+            .filter(|l| l.starts_with(series))
             .find_map(|l| l.split_once(&label).map(|(_, v)| v))
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map_or(0, |v| v as u64))
@@ -196,8 +206,20 @@ impl Daemon {
         target: u64,
         limit: Duration,
     ) -> Result<()> {
+        self.wait_lane(http, language, false, target, limit).await
+    }
+
+    /// Waits until a lane of `language`'s pool holds `target` sandboxes.
+    pub async fn wait_lane(
+        &self,
+        http: &reqwest::Client,
+        language: &str,
+        egress: bool,
+        target: u64,
+        limit: Duration,
+    ) -> Result<()> {
         let deadline = Instant::now() + limit;
-        while self.pool_ready(http, language).await? < target {
+        while self.pool_ready(http, language, egress).await? < target {
             if Instant::now() > deadline {
                 bail!("the {language} pool did not refill to {target} within {limit:?}");
             }

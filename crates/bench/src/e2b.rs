@@ -256,6 +256,11 @@ async fn tti_sequential(ctx: &Ctx<'_>, driver: &mut Driver, rows: &mut Vec<Row>)
         ctx.d
             .wait_pool(&http, "bash", ctx.s.warm_pool_bash, phases::POOL_WAIT)
             .await?;
+        // The SDK asks for internet access (its default): its sandbox comes from the lane
+        // started with egress, which the warm-up's create asked the pool to fill.
+        ctx.d
+            .wait_lane(&http, "bash", true, 1, phases::POOL_WAIT)
+            .await?;
         for sdk in [i % 2 == 0, i % 2 != 0] {
             if sdk {
                 tti.extend(driver.samples("tti", 1)?);

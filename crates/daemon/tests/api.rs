@@ -666,6 +666,91 @@ async fn expired_sessions_are_destroyed_when_their_timeout_passes() {
         .contains("koder_sessions_ended_total{reason=\"expired\"} 2"));
 }
 
+/// Host pids in the daemon's sandbox cgroups (every leaf of every hierarchy).
+fn sandbox_pids(d: &Daemon) -> Vec<i32> {
+    fn procs_below(dir: &std::path::Path, into: &mut Vec<i32>) {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        into.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                procs_below(&e.path(), into);
+            }
+        }
+    }
+    let mut pids = Vec::new();
+    for group in sandbox_cgroups(d) {
+        procs_below(&group, &mut pids);
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// A process that has not exited (a zombie has).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+/// A DELETE answers once nothing of the session runs any more (the rest of the teardown
+/// finishes after it): every process is gone when it answers, its sandbox's cgroups and files
+/// go shortly after, and its tenant's session slot is free at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_answers_with_every_process_gone_and_the_rest_follows() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(&format!(
+        "{BASE_CONFIG}[tenants.t1]\nplan = \"standard\"\nmax_sessions = 1\n"
+    ))
+    .await;
+    let id = d.create(json!({})).await;
+    let out = d
+        .exec(
+            &id,
+            json!({"shell": "nohup sleep 300 >/dev/null 2>&1 & setsid sleep 301 >/dev/null 2>&1 & echo ok"}),
+        )
+        .await;
+    assert_eq!(out["stdout"], "ok\n", "{out}");
+    let pids = sandbox_pids(&d);
+    assert!(pids.len() >= 3, "agent and two sleeps expected: {pids:?}");
+
+    let (status, v) = d
+        .json(Method::DELETE, &format!("{S}/{id}"), Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{v}");
+    let left: Vec<i32> = pids.into_iter().filter(|p| running(*p)).collect();
+    assert_eq!(
+        left,
+        Vec::<i32>::new(),
+        "processes still running after DELETE"
+    );
+    let (_, v) = d.json(Method::GET, &format!("{S}/{id}"), Value::Null).await;
+    assert_eq!(v["state"], "stopped", "{v}");
+    // The tenant's one slot is free now, not after the teardown.
+    let again = d.json(Method::POST, S, json!({})).await;
+    assert_eq!(again.0, StatusCode::CREATED, "{}", again.1);
+    let again = again.1["id"].as_str().unwrap().to_string();
+    d.json(Method::DELETE, &format!("{S}/{again}"), Value::Null)
+        .await;
+
+    let sandboxes = d.data_dir().join("jail/sandboxes");
+    let left = || {
+        (
+            std::fs::read_dir(&sandboxes).map_or(0, |r| r.count()),
+            sandbox_cgroups(&d).len(),
+        )
+    };
+    assert!(
+        comes_true(|| left() == (0, 0)).await,
+        "(sandbox dirs, cgroups) left 5 s after DELETE: {:?}",
+        left()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_metrics_and_openapi() {
     let Some(()) = root_or_skip() else { return };

@@ -28,26 +28,6 @@ fn agent_pid_files(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// Sandbox cgroups under the daemon's parent, in every controller hierarchy.
-fn sandbox_cgroups(d: &Daemon) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
-    if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
-        roots.extend(controllers.flatten().map(|c| c.path()));
-    }
-    for root in roots {
-        if let Ok(children) = std::fs::read_dir(root.join(&d.cgroup_parent)) {
-            found.extend(
-                children
-                    .flatten()
-                    .filter(|c| c.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|c| c.path()),
-            );
-        }
-    }
-    found
-}
-
 /// SIGKILLs the agent of the daemon's only sandbox, as a crash inside it would; returns the
 /// sandbox's directory.
 fn kill_only_agent(d: &Daemon) -> PathBuf {

@@ -60,6 +60,8 @@ pub async fn get_session(
     Ok(axum::Json(s.manager.get(&who, &id).await?))
 }
 
+/// Ends the session: answers once all its processes have exited (on jails the rest of the
+/// teardown finishes just after; with volumes, before the answer).
 #[utoipa::path(delete, path = "/v1/sandbox/sessions/{id}", tag = "sessions",
     params(("id" = String, Path)),
     responses((status = 204), (status = 404, body = ErrorBody)),

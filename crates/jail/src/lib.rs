@@ -660,12 +660,20 @@ impl Pending {
         else {
             return Err(RuntimeError::Start("sandbox already handed out".into()));
         };
+        // Our child, not reaped yet: its pid names it. Without it only the stop is slower.
+        let mount_ns = rustix::fs::open(
+            format!("/proc/{agent_pid}/ns/mnt"),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok();
         Ok(Live {
             pidfd,
             parts,
             slot,
             agent_pid,
             upper,
+            mount_ns,
         })
     }
 }
@@ -853,9 +861,13 @@ impl Runtime for JailRuntime {
         let error = match ready {
             Ok(Ok(agent)) => {
                 let live = pending.into_live()?;
+                let has_cgroup = live.parts.cgroup.is_some();
                 return Ok(Arc::new(JailSandbox {
                     id: spec.id,
-                    has_cgroup: live.parts.cgroup.is_some(),
+                    has_cgroup,
+                    applied_limits: std::sync::Mutex::new(
+                        has_cgroup.then(|| cgroup_limits(&inner.effective_limits(spec.limits))),
+                    ),
                     layers_below: !live.parts.leases.is_empty(),
                     trees: inner.trees.clone(),
                     ids: inner.ids_for(slot),
@@ -942,11 +954,18 @@ struct Live {
     agent_pid: i32,
     /// (device, inode) of its writable layer's directory.
     upper: (u64, u64),
+    /// Its mount namespace, held so that its last process's exit (what a stop waits for) does
+    /// not also wait for the kernel to unmount its root, /proc, /dev... (a millisecond and
+    /// more, an RCU grace period among it): they go when the teardown drops this.
+    mount_ns: Option<OwnedFd>,
 }
 
 pub struct JailSandbox {
     id: String,
     has_cgroup: bool,
+    /// What its cgroups hold now (`None`: unknown, after a failed write): a warm sandbox
+    /// handed out with the limits it was made with needs no cgroupfs write.
+    applied_limits: std::sync::Mutex<Option<koder_cgroups::Limits>>,
     /// Its captured layers are shared lower layers (not applied into its upper layer).
     layers_below: bool,
     /// Swept at each destroy for trees whose layer went meanwhile.
@@ -973,15 +992,19 @@ impl Sandbox for JailSandbox {
         let Some(live) = state.take() else {
             return Ok(());
         };
-        // Killing PID 1 of the pid namespace takes every sandbox process with it; the cgroup
-        // kill below is the second guarantee.
-        let _ = rustix::process::pidfd_send_signal(&live.pidfd, rustix::process::Signal::KILL);
-        wait_exit(&live.pidfd).await;
+        kill(&live).await;
         // Emptying the cgroup and removing the layers block for milliseconds: not on a worker
         // that other requests are waiting for.
-        let Live { parts, slot, .. } = live;
+        let Live {
+            parts,
+            slot,
+            mount_ns,
+            ..
+        } = live;
         let trees = self.trees.clone();
         let result = blocking(move || {
+            // First: the disk and the layers it held are only free once unmounted.
+            drop(mount_ns);
             let done = teardown(&parts);
             // Gives its leases back (the sandbox is dead), then looks at every unused tree.
             drop(parts);
@@ -993,6 +1016,15 @@ impl Sandbox for JailSandbox {
         .await;
         self.slots.release(slot);
         result
+    }
+
+    /// Its agent is PID 1 of the sandbox's pid namespace: the kernel reports it exited only
+    /// once every other process there was killed and reaped.
+    async fn stop(&self) -> bool {
+        if let Some(live) = self.state.lock().await.as_ref() {
+            kill(live).await;
+        }
+        true
     }
 
     /// Only with a cgroup (a rootless jail has none and says so at start-up).
@@ -1061,7 +1093,19 @@ impl ResourceControl for JailSandbox {
     }
 
     async fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError> {
-        self.with_cgroups(|top, workload| apply_limits(top, workload, limits))
+        let wanted = cgroup_limits(limits);
+        let mut applied = self
+            .applied_limits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if applied.as_ref() == Some(&wanted) {
+            return Ok(());
+        }
+        // Half-written limits are not known: the next call writes them all again.
+        *applied = None;
+        self.with_cgroups(|top, workload| apply_limits(top, workload, limits))?;
+        *applied = Some(wanted);
+        Ok(())
     }
 
     async fn reset_memory_peak(&self) -> Result<(), RuntimeError> {
@@ -1111,6 +1155,13 @@ impl JailSandbox {
 }
 
 /// Waits (asynchronously) for the agent to exit and reaps it.
+/// Kills PID 1 of the sandbox's pid namespace, which takes every sandbox process with it (the
+/// cgroup kill of the teardown is the second guarantee), and waits until it has exited.
+async fn kill(live: &Live) {
+    let _ = rustix::process::pidfd_send_signal(&live.pidfd, rustix::process::Signal::KILL);
+    wait_exit(&live.pidfd).await;
+}
+
 async fn wait_exit(pidfd: &OwnedFd) {
     use rustix::process::{waitid, WaitId, WaitIdOptions};
     let reap = || {

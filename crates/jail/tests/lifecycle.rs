@@ -389,3 +389,56 @@ async fn freeze_stops_the_sandbox_until_thawed() {
     );
     sb.destroy().await.unwrap();
 }
+
+/// A hand-out's `set_limits` writes the groups only where the limits differ from what they
+/// hold: equal limits (a warm sandbox made with the session's own) cost no cgroupfs write,
+/// and any change is written in full, back and forth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_limits_writes_only_what_differs_from_the_groups() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("limits");
+    let parent = format!("koder-test-limits-{}", std::process::id());
+    let made_with = Limits {
+        cpu_millis: Some(1000),
+        memory_mib: Some(256),
+        pids: Some(100),
+        disk_mib: None,
+    };
+    let sb = env
+        .runtime
+        .create(SandboxSpec {
+            id: format!("lim{}", std::process::id()),
+            image: "host".into(),
+            limits: made_with,
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    let pids_max = pids_dir(&parent, sb.id())
+        .unwrap()
+        .join("workload/pids.max");
+    let read = || {
+        std::fs::read_to_string(&pids_max)
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(read(), "100");
+    let rc = sb.resources().expect("cgroups");
+
+    let other = Limits {
+        pids: Some(50),
+        ..made_with
+    };
+    rc.set_limits(&other).await.unwrap();
+    assert_eq!(read(), "50");
+    rc.set_limits(&made_with).await.unwrap();
+    assert_eq!(read(), "100", "changed back");
+    // Someone else's write shows what the next equal call does: nothing.
+    std::fs::write(&pids_max, "77").unwrap();
+    rc.set_limits(&made_with).await.unwrap();
+    assert_eq!(read(), "77", "equal limits were written again");
+    rc.set_limits(&other).await.unwrap();
+    assert_eq!(read(), "50");
+    sb.destroy().await.unwrap();
+}

@@ -227,6 +227,14 @@ pub trait Sandbox: Send + Sync {
     /// Kills every process and removes every trace; idempotent.
     async fn destroy(&self) -> Result<(), RuntimeError>;
 
+    /// Kills every process and returns once none runs any more, leaving what they leave
+    /// (cgroups, mounts, files) to [`Sandbox::destroy`], which must still be called: the
+    /// part of a destroy its caller waits for when the rest may finish later. `false` where
+    /// the runtime cannot tell its processes are gone before its `destroy` (the default).
+    async fn stop(&self) -> bool {
+        false
+    }
+
     /// Resource accounting and freezing, where the runtime can do them.
     fn resources(&self) -> Option<&dyn ResourceControl> {
         None

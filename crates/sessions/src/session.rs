@@ -35,4 +35,6 @@ pub(crate) struct Live {
     pub(crate) policy: Option<crate::egress::SharedPolicy>,
     /// The secrets its egress injects, set once the session is recorded.
     pub(crate) secrets: Arc<std::sync::OnceLock<crate::secrets::Bindings>>,
+    /// Its sandbox mounts volumes: they are free for another session only after its teardown.
+    pub(crate) volumes: bool,
 }

@@ -533,3 +533,35 @@ pub fn link_pack(d: &Daemon, pack: koder_image::packs::Pack) -> koder_image::Sto
         .link_from(&cache, pack.name())
         .unwrap_or_else(|e| panic!("linking the {} pack: {e}", pack.name()))
 }
+
+/// Sandbox cgroups under the daemon's parent, in every controller hierarchy.
+pub fn sandbox_cgroups(d: &Daemon) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut roots = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
+    if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+        roots.extend(controllers.flatten().map(|c| c.path()));
+    }
+    for root in roots {
+        if let Ok(children) = std::fs::read_dir(root.join(&d.cgroup_parent)) {
+            found.extend(
+                children
+                    .flatten()
+                    .filter(|c| c.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|c| c.path()),
+            );
+        }
+    }
+    found
+}
+
+/// Polls `done` for up to 5 s: for what finishes after an answer (a DELETE's teardown).
+pub async fn comes_true(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}

@@ -221,6 +221,7 @@ impl Manager {
         let layer_files = self.layer_files(&who.tenant_id, &layers).await?;
         let session_id = uuid::Uuid::new_v4().simple().to_string();
         let (volumes, claim) = self.claim_volumes(who, &session_id, &req.volumes).await?;
+        let has_volumes = !volumes.is_empty();
         let (sandbox, source) = self
             .sandbox_on(
                 runtime,
@@ -273,7 +274,9 @@ impl Manager {
         if durable != SessionDurable::default() {
             self.store.set_session_durable(&record.id, &durable).await?;
         }
-        let live = self.install(&record, sandbox, env, policy).await;
+        let live = self
+            .install(&record, sandbox, env, policy, has_volumes)
+            .await;
         ticket.forget();
         guard.disarm();
         claim.disarm();
@@ -320,6 +323,7 @@ impl Manager {
         sandbox: Arc<dyn Sandbox>,
         env: Vec<(String, String)>,
         policy: koder_netpolicy::Policy,
+        volumes: bool,
     ) -> Arc<Live> {
         let live = Arc::new(Live {
             sandbox,
@@ -336,6 +340,7 @@ impl Manager {
             policy: (record.network.mode != NetworkMode::None)
                 .then(|| Arc::new(tokio::sync::Mutex::new(policy))),
             secrets: Arc::default(),
+            volumes,
         });
         let replaced = self.live.lock().insert(record.id.clone(), live.clone());
         self.watch_agent(record.id.clone(), &live);
@@ -359,15 +364,27 @@ impl Manager {
 
     /// Destroys a sandbox that no longer serves its session (restored over, paused to disk).
     pub(super) async fn retire(&self, id: &str, old: &Live) {
-        // Frozen processes cannot even die: thaw before the kill.
-        if *old.paused.lock() {
-            if let Some(rc) = old.sandbox.resources() {
-                let _ = rc.thaw().await;
-            }
-        }
+        thaw_if_paused(old).await;
         if let Err(e) = old.sandbox.destroy().await {
             tracing::error!(session = %id, error = %e, "sandbox teardown incomplete");
         }
+    }
+
+    /// [`Manager::retire`] that returns once the sandbox's processes are dead, where its
+    /// runtime can tell, the rest of the teardown (cgroups, mounts, layers: milliseconds of
+    /// cgroupfs and filesystem work) going on on a task of its own. A sandbox with volumes is
+    /// torn down in full first: its volumes are free for the next session only after that.
+    async fn retire_soon(&self, id: &str, old: Arc<Live>) {
+        thaw_if_paused(&old).await;
+        if old.volumes || !old.sandbox.stop().await {
+            return self.retire(id, &old).await;
+        }
+        let id = id.to_string();
+        self.teardowns.spawn(async move {
+            if let Err(e) = old.sandbox.destroy().await {
+                tracing::error!(session = %id, error = %e, "sandbox teardown incomplete");
+            }
+        });
     }
 
     /// A warm sandbox on `image` (`host` or a digest) with the session's limits applied, or a
@@ -474,7 +491,9 @@ impl Manager {
     pub async fn destroy(&self, who: &Identity, id: &str) -> Result<(), Error> {
         let record = self.record(who, id).await?;
         if record.state != SessionState::Stopped {
-            self.end(id, "deleted").await;
+            let live = self.live.lock().remove(id);
+            self.finish_end_as(id, live, "deleted", Teardown::Soon)
+                .await;
         } else if record.lost {
             self.store.acknowledge_lost(id).await?;
         }
@@ -649,13 +668,26 @@ impl Manager {
     }
 
     pub(super) async fn finish_end(&self, id: &str, live: Option<Arc<Live>>, reason: &str) {
+        self.finish_end_as(id, live, reason, Teardown::Now).await;
+    }
+
+    async fn finish_end_as(
+        &self,
+        id: &str,
+        live: Option<Arc<Live>>,
+        reason: &str,
+        teardown: Teardown,
+    ) {
         let record = self.store.get_session(id).await.ok().flatten();
         if let Some(r) = record.filter(|r| r.state != SessionState::Stopped) {
             self.events
                 .emit(&r.tenant_id, kinds::SESSION_STOPPED, stopped(id, reason));
         }
         if let Some(live) = live {
-            self.retire(id, &live).await;
+            match teardown {
+                Teardown::Now => self.retire(id, &live).await,
+                Teardown::Soon => self.retire_soon(id, live.clone()).await,
+            }
             self.admission.release(&live.tenant_id);
             self.metrics.sessions_active.dec();
             self.metrics
@@ -774,6 +806,25 @@ impl Manager {
 }
 
 /// The data of a `session.stopped` event.
+/// How much of a sandbox's teardown an ending session waits for.
+#[derive(Clone, Copy)]
+enum Teardown {
+    /// All of it (the agent died, a timeout, a shutdown: nobody waits for the answer, and
+    /// what follows may look at what is left).
+    Now,
+    /// Its processes' end; the rest finishes on its own task (a DELETE).
+    Soon,
+}
+
+/// Frozen processes cannot even die: thawed before the kill.
+async fn thaw_if_paused(live: &Live) {
+    if *live.paused.lock() {
+        if let Some(rc) = live.sandbox.resources() {
+            let _ = rc.thaw().await;
+        }
+    }
+}
+
 fn stopped(id: &str, reason: &str) -> serde_json::Value {
     serde_json::json!({"session_id": id, "reason": reason, "cause": stop_cause(reason)})
 }

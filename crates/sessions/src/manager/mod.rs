@@ -72,6 +72,8 @@ pub struct Manager {
     microvm: Result<Engine, String>,
     metrics: Arc<Metrics>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Teardowns of deleted sessions' sandboxes, finishing after their DELETE answered.
+    teardowns: tokio_util::task::TaskTracker,
     admission: Arc<Admission>,
     clock: Clock,
     /// (session, tenant) of sessions ended because their sandbox died, newest last.
@@ -191,6 +193,7 @@ impl Manager {
             microvm,
             metrics,
             tasks: Mutex::default(),
+            teardowns: tokio_util::task::TaskTracker::new(),
             admission: Arc::default(),
             clock,
             died: Mutex::default(),
@@ -278,6 +281,9 @@ impl Manager {
             }
             self.end(&id, "daemon shutdown").await;
         }
+        // Before the sweep below, which would race them for the same sandboxes.
+        self.teardowns.close();
+        self.teardowns.wait().await;
         self.pool.drain().await;
         if let Ok(vm) = &self.microvm {
             vm.pool.drain().await;

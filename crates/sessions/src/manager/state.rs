@@ -397,6 +397,7 @@ impl Manager {
         let files = self.layer_files(&record.tenant_id, &durable.layers).await?;
         let egress = record.network.mode != koder_api_types::NetworkMode::None;
         let volumes = self.session_mounts(&record.id).await?;
+        let has_volumes = !volumes.is_empty();
         // The image the session was created on, by the name it was recorded with.
         let image = self
             .images
@@ -437,7 +438,8 @@ impl Manager {
         if held == Some(DurablePause::VmMemory) {
             self.discard_vm(&record.sandbox_id).await;
         }
-        self.install(record, sandbox, env, policy).await;
+        self.install(record, sandbox, env, policy, has_volumes)
+            .await;
         if let Some(t) = ticket {
             t.forget();
         }
@@ -544,6 +546,7 @@ impl Manager {
         let ticket = self.admit_again(&record).await?;
         let env = validate_env(&record.env)?;
         let policy = crate::egress::policy_for(&record.network, &self.cfg.network).await?;
+        let has_volumes = !self.store.session_volume_mounts(id).await?.is_empty();
         let started = Instant::now();
         let sandbox = match runtime.resume_suspended(&record.sandbox_id).await {
             Ok(sandbox) => sandbox,
@@ -560,7 +563,8 @@ impl Manager {
             .set_session_state(id, SessionState::Running, None)
             .await?;
         self.end_held_pause(id).await?;
-        self.install(&record, sandbox, env, policy).await;
+        self.install(&record, sandbox, env, policy, has_volumes)
+            .await;
         ticket.forget();
         self.rebind_secrets(&record.tenant_id, id).await;
         tracing::info!(session = %id, took = ?started.elapsed(), "session resumed from its saved VM");
