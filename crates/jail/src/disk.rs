@@ -5,6 +5,8 @@
 //! `<dir>/disk` (both through [`koder_hostkit::loopdev`]). The overlay's upper and work
 //! directories live inside it, so writing past the size gives `ENOSPC` in the sandbox while the host spends at most that much disk.
 //!
+//! The next disk of each size is made ahead ([`ReadyDisks`]): copied and attached, not mounted.
+//!
 //! Lifetime: once the sandbox has been cloned, [`Disk::detach_host_mount`] lazily
 //! unmounts the host's copy. From then on only the sandbox's mount namespace holds the
 //! filesystem; when its last process dies the filesystem goes away and the loop device clears
@@ -14,12 +16,15 @@
 //! ext4 mount on top ([`loopdev::mount_private`] says why), so the host's lazy unmount never
 //! propagates into the sandbox's copy.
 
+use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::io::ErrorKind;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use koder_hostkit::loopdev::{self, unmount_all};
+use koder_hostkit::loopdev::{self, unmount_all, LoopDevice};
 use koder_hostkit::mode::set_mode;
 use koder_runtime::RuntimeError;
 use rustix::mount::MountFlags;
@@ -72,17 +77,43 @@ impl Disk {
         owner: Option<(u32, u32)>,
     ) -> Result<Disk, RuntimeError> {
         let image = dir.join(IMAGE_NAME);
-        let mount_point = dir.join(MOUNT_NAME);
-
         let file = templates.instantiate(size_mib, &image)?;
         // Armed only now: an image that already existed is not ours to delete.
-        let mut undo = Undo(Some(dir.to_path_buf()));
-
-        // Holding the device open keeps AUTOCLEAR from firing until the mount holds it; if
-        // anything below fails, closing it releases the device.
+        let undo = Undo(Some(dir.to_path_buf()));
         let device = loopdev::attach(&file, &image)?;
         drop(file);
+        Self::mount(dir, device, size_mib, owner, undo)
+    }
 
+    /// [`Disk::create`] from a disk `ready` made ahead, when it holds one of this size (and
+    /// asks it for the next either way).
+    pub fn create_ready(
+        ready: &Arc<ReadyDisks>,
+        dir: &Path,
+        size_mib: u64,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Disk, RuntimeError> {
+        let disk = match ready.take(size_mib, &dir.join(IMAGE_NAME)) {
+            Some(device) => Self::mount(dir, device, size_mib, owner, Undo(Some(dir.into()))),
+            // The first of its size also builds the template, which the next then copies.
+            None => Self::create(&ready.templates, dir, size_mib, owner),
+        };
+        ready.refill(size_mib);
+        disk
+    }
+
+    /// Mounts the image attached to `device` (`<dir>/disk.img`) at `<dir>/disk`. Holding the
+    /// device open keeps AUTOCLEAR from firing until the mount holds it; if anything fails,
+    /// closing it releases the device and `undo` removes the image.
+    fn mount(
+        dir: &Path,
+        device: LoopDevice,
+        size_mib: u64,
+        owner: Option<(u32, u32)>,
+        mut undo: Undo,
+    ) -> Result<Disk, RuntimeError> {
+        let image = dir.join(IMAGE_NAME);
+        let mount_point = dir.join(MOUNT_NAME);
         match std::fs::DirBuilder::new().mode(0o700).create(&mount_point) {
             Err(e) if e.kind() != ErrorKind::AlreadyExists => {
                 return Err(RuntimeError::io(format!(
@@ -131,6 +162,120 @@ impl Disk {
                 self.mount_point.display()
             )))
     }
+}
+
+/// Disk images made ahead, one per size a create asked for, each attached to its loop device:
+/// a create then only renames one into its sandbox's directory and mounts it. The copy of the
+/// template (an extent walk of a sparse file, up to milliseconds on a busy ext4) and the
+/// device's set-up (a millisecond) happen on a thread of their own after the previous create.
+/// Nothing is mounted on the host meanwhile, and the devices are `AUTOCLEAR`: a daemon that
+/// dies frees them with its descriptors; the images left in `dir` go at the next start.
+pub struct ReadyDisks {
+    templates: DiskTemplates,
+    dir: PathBuf,
+    stock: Mutex<HashMap<u64, Ready>>,
+    filling: Mutex<HashSet<u64>>,
+}
+
+struct Ready {
+    image: PathBuf,
+    device: LoopDevice,
+}
+
+impl ReadyDisks {
+    /// Made images in `dir` (emptied now: what a previous run left is not attached).
+    pub fn new(templates: DiskTemplates, dir: PathBuf) -> Result<Arc<Self>, RuntimeError> {
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != ErrorKind::NotFound => {
+                return Err(RuntimeError::io(format!("empty {}", dir.display()))(e))
+            }
+            _ => {}
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(RuntimeError::io(format!("create {}", dir.display())))?;
+        set_mode(&dir, 0o700)?;
+        Ok(Arc::new(Self {
+            templates,
+            dir,
+            stock: Mutex::default(),
+            filling: Mutex::default(),
+        }))
+    }
+
+    /// The ready disk of `size_mib` moved to `image`, if there is one.
+    fn take(&self, size_mib: u64, image: &Path) -> Option<LoopDevice> {
+        let ready = lock(&self.stock).remove(&size_mib)?;
+        match std::fs::rename(&ready.image, image) {
+            Ok(()) => Some(ready.device),
+            Err(e) => {
+                tracing::warn!(image = %ready.image.display(), error = %e, "a ready disk could not be used");
+                discard(ready);
+                None
+            }
+        }
+    }
+
+    /// Makes the next disk of `size_mib` on a thread of its own, unless one is ready or being
+    /// made.
+    fn refill(self: &Arc<Self>, size_mib: u64) {
+        if lock(&self.stock).contains_key(&size_mib) || !lock(&self.filling).insert(size_mib) {
+            return;
+        }
+        let me = self.clone();
+        let started = std::thread::Builder::new()
+            .name("ready-disk".into())
+            .spawn(move || {
+                match me.make(size_mib) {
+                    Ok(ready) => {
+                        if let Some(old) = lock(&me.stock).insert(size_mib, ready) {
+                            discard(old);
+                        }
+                    }
+                    Err(e) => tracing::warn!(size_mib, error = %e, "making a disk ahead"),
+                }
+                lock(&me.filling).remove(&size_mib);
+            });
+        if started.is_err() {
+            lock(&self.filling).remove(&size_mib);
+        }
+    }
+
+    fn make(&self, size_mib: u64) -> Result<Ready, RuntimeError> {
+        static MADE: AtomicU64 = AtomicU64::new(0);
+        let image = self.dir.join(format!(
+            "{size_mib}m-{}.img",
+            MADE.fetch_add(1, Ordering::Relaxed)
+        ));
+        let file = self.templates.instantiate(size_mib, &image)?;
+        match loopdev::attach(&file, &image) {
+            Ok(device) => Ok(Ready { image, device }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&image);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for ReadyDisks {
+    fn drop(&mut self) {
+        for (_, ready) in lock(&self.stock).drain() {
+            discard(ready);
+        }
+    }
+}
+
+/// Releases the device (closing it clears it) and deletes the image.
+fn discard(ready: Ready) {
+    let Ready { image, device } = ready;
+    drop(device);
+    if let Err(e) = std::fs::remove_file(&image) {
+        tracing::warn!(image = %image.display(), error = %e, "removing a disk made ahead");
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Best-effort removal of the disk of the sandbox in `dir`, for failed creations: [`unmount`],

@@ -115,7 +115,7 @@ struct Inner {
     cgroups: Option<Box<dyn CgroupDriver>>,
     image: Image,
     /// Size-limited writable layers, where the host can make them (root, loop devices, mkfs).
-    disks: Option<disk::DiskTemplates>,
+    disks: Option<Arc<disk::ReadyDisks>>,
     slots: Slots,
     /// Id mappings for idmapped volume and layer mounts, one per slot.
     user_namespaces: volumes::UserNamespaces,
@@ -206,9 +206,10 @@ impl JailRuntime {
             enforcement
                 .enforced
                 .push("disk quota (per-session ext4 on a loop device)".into());
-            Some(disk::DiskTemplates::overlay(
-                cfg.state_dir.join("images/disks"),
-            ))
+            Some(disk::ReadyDisks::new(
+                disk::DiskTemplates::overlay(cfg.state_dir.join("images/disks")),
+                cfg.state_dir.join("disks-ready"),
+            )?)
         };
         if rootless {
             enforcement.not_enforced.push(NotEnforced {
@@ -323,9 +324,9 @@ impl Inner {
         std::fs::create_dir(&dir).map_err(io("dir"))?;
         std::fs::create_dir(dir.join("root")).map_err(io("root"))?;
         match (disk_mib, &self.disks) {
-            (Some(mib), Some(templates)) => {
+            (Some(mib), Some(disks)) => {
                 let owner = host_id(0).map(|id| (id, id));
-                let disk = disk::Disk::create(templates, &dir, mib, owner)?;
+                let disk = disk::Disk::create_ready(disks, &dir, mib, owner)?;
                 parts.upper = disk.upper.clone();
                 parts.work = disk.work.clone();
                 parts.disk = Some(disk);
@@ -415,23 +416,75 @@ impl Inner {
     }
 
     /// Creates the sandbox's cgroup with its two leaves under `limits`; the top group goes into
-    /// `parts` at once, so teardown finds it whatever fails next. Returns the agent's leaf.
+    /// `groups` at once, so teardown finds it whatever fails next. Returns the agent's leaf.
     fn create_cgroups(
         &self,
         driver: &dyn CgroupDriver,
         id: &str,
         limits: &Limits,
-        parts: &mut Parts,
+        groups: &mut Groups,
     ) -> Result<Box<dyn Cgroup>, RuntimeError> {
         let cg_err = |e: koder_cgroups::CgroupError| RuntimeError::Cgroup(e.to_string());
-        let top = parts
-            .cgroup
+        let top = groups
+            .top
             .insert(driver.create(&self.cgroup_name(id)).map_err(cg_err)?);
         let agent = top.create_child(AGENT_CGROUP).map_err(cg_err)?;
         let workload = top.create_child(WORKLOAD_CGROUP).map_err(cg_err)?;
         apply_limits(&**top, &*workload, limits)?;
-        parts.workload = Some(workload);
+        groups.workload = Some(workload);
         Ok(agent)
+    }
+
+    /// The writable layer (`prepare_layers`, then the layers below or applied into it) and the
+    /// cgroups, side by side: neither needs the other, so a cold create waits for the slower
+    /// of the two (each milliseconds of disk or cgroupfs syscalls), not for their sum. What
+    /// either made is in `parts` when this returns, whatever failed.
+    fn prepare_layers_and_cgroups(
+        &self,
+        spec: &SandboxSpec,
+        parts: &mut Parts,
+        ids: IdMap,
+        limits: &Limits,
+    ) -> Result<Option<Box<dyn Cgroup>>, RuntimeError> {
+        let shared = self
+            .trees
+            .as_ref()
+            .filter(|_| !spec.layers.is_empty() && spec.layers.len() <= layers::MAX_LOWER_LAYERS);
+        let mut groups = Groups::default();
+        let (layers, agent_cgroup) = std::thread::scope(|scope| {
+            let cgroups = self.cgroups.as_deref().map(|driver| {
+                let groups = &mut groups;
+                std::thread::Builder::new()
+                    .name("sandbox-cgroups".into())
+                    .spawn_scoped(scope, move || {
+                        self.create_cgroups(driver, &spec.id, limits, groups)
+                    })
+            });
+            let layers = self
+                .prepare_layers(parts, ids, limits.disk_mib, shared.is_none())
+                .and_then(|()| match shared {
+                    Some(trees) => {
+                        parts.leases = trees.lease(&spec.layers)?;
+                        Ok(())
+                    }
+                    None => layers::apply(&parts.upper, &spec.layers, ids, limits.disk_mib),
+                });
+            let agent_cgroup = match cgroups {
+                None => Ok(None),
+                Some(Err(e)) => Err(RuntimeError::io("start a thread for the cgroups")(e)),
+                Some(Ok(thread)) => thread
+                    .join()
+                    .unwrap_or_else(|_| {
+                        Err(RuntimeError::Cgroup("the cgroup thread panicked".into()))
+                    })
+                    .map(Some),
+            };
+            (layers, agent_cgroup)
+        });
+        parts.cgroup = groups.top;
+        parts.workload = groups.workload;
+        layers?;
+        agent_cgroup
     }
 
     /// Attaches the volumes and shared layers of the sandbox, id-mapped for `slot`, under its
@@ -500,19 +553,7 @@ impl Inner {
         let image = image::resolve(&self.image, self.cfg.images.as_ref(), &spec.image)?;
         let ids = self.ids_for(slot);
         let limits = self.effective_limits(spec.limits);
-        let shared = self
-            .trees
-            .as_ref()
-            .filter(|_| !spec.layers.is_empty() && spec.layers.len() <= layers::MAX_LOWER_LAYERS);
-        self.prepare_layers(parts, ids, limits.disk_mib, shared.is_none())?;
-        match shared {
-            Some(trees) => parts.leases = trees.lease(&spec.layers)?,
-            None => layers::apply(&parts.upper, &spec.layers, ids, limits.disk_mib)?,
-        }
-        let agent_cgroup = match &self.cgroups {
-            Some(driver) => Some(self.create_cgroups(&**driver, &spec.id, &limits, parts)?),
-            None => None,
-        };
+        let agent_cgroup = self.prepare_layers_and_cgroups(spec, parts, ids, &limits)?;
         let cgroup_procs = match &parts.workload {
             Some(workload) => open_procs_files(&**workload)?,
             None => Vec::new(),
@@ -750,6 +791,13 @@ struct Mounts {
 }
 
 /// Host-side resources of one sandbox, released in reverse order by `teardown`.
+/// A sandbox's top cgroup and its workload leaf, as they are made.
+#[derive(Default)]
+struct Groups {
+    top: Option<Box<dyn Cgroup>>,
+    workload: Option<Box<dyn Cgroup>>,
+}
+
 struct Parts {
     dir: PathBuf,
     socket: PathBuf,

@@ -513,3 +513,79 @@ fn sizes_are_validated() {
         b"not ours"
     );
 }
+
+/// Loop devices whose backing file lies under `dir`.
+fn devices_backed_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let backing = e.path().join("loop/backing_file");
+        if let Ok(text) = std::fs::read_to_string(&backing) {
+            if Path::new(text.trim()).starts_with(dir) {
+                found.push(PathBuf::from(text.trim()));
+            }
+        }
+    }
+    found
+}
+
+fn images_in(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// A disk made ahead is what the next create of its size gets, whole (the same image, moved
+/// into the sandbox's directory, already attached), then the next is made; one of another size
+/// is made on the spot; dropping the stock releases its device and deletes its image.
+#[test]
+fn disks_made_ahead_are_taken_whole_and_released_with_the_stock() {
+    let Some(()) = usable_or_skip() else { return };
+    let s = Scratch::new();
+    let stock = s.root.join("ready");
+    let ready = disk::ReadyDisks::new(s.templates(), stock.clone()).expect("stock");
+    let a = s.sandbox_dir("a");
+    let _ga = DiskGuard(a.clone());
+    let first = Disk::create_ready(&ready, &a, 16, None).expect("first disk");
+    assert!(!mounts_at("/proc/self/mountinfo", &first.mount_point).is_empty());
+    wait_until(Duration::from_secs(10), "a disk made ahead", || {
+        images_in(&stock).len() == 1 && devices_backed_under(&stock).len() == 1
+    });
+    let ahead = images_in(&stock).remove(0);
+    let inode = std::fs::metadata(&ahead).unwrap().ino();
+    assert_eq!(
+        mounts_at("/proc/self/mountinfo", &stock),
+        Vec::<String>::new()
+    );
+
+    let b = s.sandbox_dir("b");
+    let _gb = DiskGuard(b.clone());
+    let second = Disk::create_ready(&ready, &b, 16, None).expect("second disk");
+    assert_eq!(std::fs::metadata(&second.image).unwrap().ino(), inode);
+    assert_eq!(
+        std::fs::read_to_string(backing_file(&second))
+            .unwrap()
+            .trim(),
+        second.image.to_string_lossy()
+    );
+    assert!(!mounts_at("/proc/self/mountinfo", &second.mount_point).is_empty());
+    assert!(second.upper.is_dir() && second.work.is_dir());
+
+    // Another size: nothing ready, made on the spot.
+    let c = s.sandbox_dir("c");
+    let _gc = DiskGuard(c.clone());
+    let other = Disk::create_ready(&ready, &c, 24, None).expect("other size");
+    assert_eq!(other.size_mib, 24);
+
+    wait_until(Duration::from_secs(10), "both sizes made ahead", || {
+        images_in(&stock).len() == 2 && devices_backed_under(&stock).len() == 2
+    });
+    drop(ready);
+    assert_eq!(images_in(&stock), Vec::<PathBuf>::new());
+    wait_until(Duration::from_secs(5), "stock devices released", || {
+        devices_backed_under(&stock).is_empty()
+    });
+}

@@ -312,7 +312,11 @@ impl Manager {
                 "source": source,
             }),
         );
-        self.view(&record).await
+        // Made without volumes, it has none to read back.
+        match has_volumes {
+            true => self.view(&record).await,
+            false => Ok(super::view(&record)),
+        }
     }
 
     /// Makes `sandbox` the live half of the session `record` and starts what serves it (the
