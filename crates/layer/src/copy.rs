@@ -11,6 +11,9 @@ use std::os::fd::BorrowedFd;
 use crate::capture::capture_owned;
 use crate::{apply, ApplyOptions, LayerError, Owners, Stats};
 
+/// The pipe between capture and apply (the unprivileged default `pipe-max-size`).
+const PIPE_BYTES: usize = 1 << 20;
+
 /// Copies the tree under `src`, whose owners are `src_owners` of the archive's ids, into the
 /// directory `dst` as [`apply`] with `opts` would write its capture. `opts.limits` bound
 /// both halves. On error `dst` holds a partial result: the caller discards it.
@@ -21,6 +24,9 @@ pub fn copy(
     opts: &ApplyOptions,
 ) -> Result<Stats, LayerError> {
     let (reader, writer) = io::pipe().map_err(|e| LayerError::io("making a pipe", e))?;
+    // The default 64 KiB pipe switches between the two threads every 64 KiB of content; a
+    // larger one (best effort: the host's limit may refuse it) copied 100 MiB ~15 % faster.
+    let _ = rustix::pipe::fcntl_setpipe_size(&writer, PIPE_BYTES);
     std::thread::scope(|scope| {
         let capturing = scope.spawn(move || capture_owned(src, writer, &opts.limits, src_owners));
         // Dropped when apply returns, so a capture still writing then fails at once.
