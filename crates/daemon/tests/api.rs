@@ -686,17 +686,6 @@ fn sandbox_pids(d: &Daemon) -> Vec<i32> {
     pids
 }
 
-/// A process that has not exited (a zombie has).
-fn running(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        !s.rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-    })
-}
-
 /// A DELETE answers once nothing of the session runs any more (the rest of the teardown
 /// finishes after it): every process is gone when it answers, its sandbox's cgroups and files
 /// go shortly after, and its tenant's session slot is free at once.
@@ -722,7 +711,7 @@ async fn delete_answers_with_every_process_gone_and_the_rest_follows() {
         .json(Method::DELETE, &format!("{S}/{id}"), Value::Null)
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{v}");
-    let left: Vec<i32> = pids.into_iter().filter(|p| running(*p)).collect();
+    let left: Vec<i32> = pids.into_iter().filter(|p| alive(*p)).collect();
     assert_eq!(
         left,
         Vec::<i32>::new(),

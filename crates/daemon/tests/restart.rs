@@ -7,18 +7,6 @@ use common::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-}
-
 fn cgroup_children(parent: &str) -> Vec<String> {
     let mut found = Vec::new();
     for c in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {

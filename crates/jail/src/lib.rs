@@ -790,7 +790,6 @@ struct Mounts {
     image_layers: Vec<String>,
 }
 
-/// Host-side resources of one sandbox, released in reverse order by `teardown`.
 /// A sandbox's top cgroup and its workload leaf, as they are made.
 #[derive(Default)]
 struct Groups {
@@ -798,6 +797,7 @@ struct Groups {
     workload: Option<Box<dyn Cgroup>>,
 }
 
+/// Host-side resources of one sandbox, released in reverse order by `teardown`.
 struct Parts {
     dir: PathBuf,
     socket: PathBuf,
@@ -1202,7 +1202,6 @@ impl JailSandbox {
     }
 }
 
-/// Waits (asynchronously) for the agent to exit and reaps it.
 /// Kills PID 1 of the sandbox's pid namespace, which takes every sandbox process with it (the
 /// cgroup kill of the teardown is the second guarantee), and waits until it has exited.
 async fn kill(live: &Live) {
@@ -1210,6 +1209,7 @@ async fn kill(live: &Live) {
     wait_exit(&live.pidfd).await;
 }
 
+/// Waits (asynchronously) for the agent to exit and reaps it.
 async fn wait_exit(pidfd: &OwnedFd) {
     use rustix::process::{waitid, WaitId, WaitIdOptions};
     let reap = || {

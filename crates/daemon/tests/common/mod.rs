@@ -565,3 +565,14 @@ pub async fn comes_true(mut done: impl FnMut() -> bool) -> bool {
     }
     true
 }
+
+/// A process that has not exited (a zombie has).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}

@@ -496,7 +496,7 @@ impl Manager {
         let record = self.record(who, id).await?;
         if record.state != SessionState::Stopped {
             let live = self.live.lock().remove(id);
-            self.finish_end_as(id, live, "deleted", Teardown::Soon)
+            self.finish_end_as(id, Some(record), live, "deleted", Teardown::Soon)
                 .await;
         } else if record.lost {
             self.store.acknowledge_lost(id).await?;
@@ -672,17 +672,23 @@ impl Manager {
     }
 
     pub(super) async fn finish_end(&self, id: &str, live: Option<Arc<Live>>, reason: &str) {
-        self.finish_end_as(id, live, reason, Teardown::Now).await;
+        self.finish_end_as(id, None, live, reason, Teardown::Now)
+            .await;
     }
 
+    /// [`Manager::finish_end`]; `record`, the session's record if the caller just read it.
     async fn finish_end_as(
         &self,
         id: &str,
+        record: Option<SessionRecord>,
         live: Option<Arc<Live>>,
         reason: &str,
         teardown: Teardown,
     ) {
-        let record = self.store.get_session(id).await.ok().flatten();
+        let record = match record {
+            Some(r) => Some(r),
+            None => self.store.get_session(id).await.ok().flatten(),
+        };
         if let Some(r) = record.filter(|r| r.state != SessionState::Stopped) {
             self.events
                 .emit(&r.tenant_id, kinds::SESSION_STOPPED, stopped(id, reason));
@@ -809,7 +815,6 @@ impl Manager {
     }
 }
 
-/// The data of a `session.stopped` event.
 /// How much of a sandbox's teardown an ending session waits for.
 #[derive(Clone, Copy)]
 enum Teardown {
@@ -829,6 +834,7 @@ async fn thaw_if_paused(live: &Live) {
     }
 }
 
+/// The data of a `session.stopped` event.
 fn stopped(id: &str, reason: &str) -> serde_json::Value {
     serde_json::json!({"session_id": id, "reason": reason, "cause": stop_cause(reason)})
 }
