@@ -25,7 +25,22 @@ pub struct Daemon {
     /// behalf of sessions (agent clones, disk images, page cache, its heap) is charged here,
     /// apart from the rest of the machine.
     pub daemon_cgroup: Option<(PathBuf, &'static str)>,
+    /// Its data dir is a filesystem mounted for it ([`Daemon::start_on_btrfs`]).
+    data_fs: bool,
     keep: bool,
+}
+
+/// The TOML tables of a daemon's config and where its data dir lives.
+#[derive(Default)]
+struct Setup<'a> {
+    /// The `[sessions]` table's body.
+    sessions: &'a str,
+    /// More keys of the `[jail]` table.
+    jail: &'a str,
+    /// More tables.
+    extra: &'a str,
+    /// The data dir on a btrfs filesystem made for the daemon on a sparse file.
+    btrfs: bool,
 }
 
 impl Daemon {
@@ -41,6 +56,23 @@ impl Daemon {
         Self::start_with(bin, work_root, label, sessions_toml, "", keep).await
     }
 
+    /// [`Daemon::start`] with its data dir on a btrfs filesystem made for it (a sparse file on
+    /// a loop device, under its work dir): files there share blocks when cloned.
+    pub async fn start_on_btrfs(
+        bin: &Path,
+        work_root: &Path,
+        label: &str,
+        sessions_toml: &str,
+        keep: bool,
+    ) -> Result<Daemon> {
+        let setup = Setup {
+            sessions: sessions_toml,
+            btrfs: true,
+            ..Setup::default()
+        };
+        Self::start_full(bin, work_root, label, setup, keep).await
+    }
+
     /// [`Daemon::start`] with more keys in its `[jail]` table (`jail_toml`).
     pub async fn start_jail(
         bin: &Path,
@@ -50,7 +82,12 @@ impl Daemon {
         jail_toml: &str,
         keep: bool,
     ) -> Result<Daemon> {
-        Self::start_full(bin, work_root, label, sessions_toml, jail_toml, "", keep).await
+        let setup = Setup {
+            sessions: sessions_toml,
+            jail: jail_toml,
+            ..Setup::default()
+        };
+        Self::start_full(bin, work_root, label, setup, keep).await
     }
 
     /// [`Daemon::start`] with more TOML tables (`extra_toml`) in its config.
@@ -62,16 +99,19 @@ impl Daemon {
         extra_toml: &str,
         keep: bool,
     ) -> Result<Daemon> {
-        Self::start_full(bin, work_root, label, sessions_toml, "", extra_toml, keep).await
+        let setup = Setup {
+            sessions: sessions_toml,
+            extra: extra_toml,
+            ..Setup::default()
+        };
+        Self::start_full(bin, work_root, label, setup, keep).await
     }
 
     async fn start_full(
         bin: &Path,
         work_root: &Path,
         label: &str,
-        sessions_toml: &str,
-        jail_toml: &str,
-        extra_toml: &str,
+        setup: Setup<'_>,
         keep: bool,
     ) -> Result<Daemon> {
         let tag = format!("{}-{label}", std::process::id());
@@ -97,14 +137,19 @@ impl Daemon {
             cgroup_parent: format!("koder-bench-{tag}"),
             dir,
             daemon_cgroup: None,
+            data_fs: false,
             keep,
         };
+        if setup.btrfs {
+            mount_btrfs(&d.dir)?;
+            d.data_fs = true;
+        }
         let config = d.dir.join("koder.toml");
         fs::write(
             &config,
             format!(
-                "[sessions]\n{sessions_toml}\n[jail]\ncgroup_parent = \"{}\"\n{jail_toml}\n{extra_toml}\n",
-                d.cgroup_parent
+                "[sessions]\n{}\n[jail]\ncgroup_parent = \"{}\"\n{}\n{}\n",
+                setup.sessions, d.cgroup_parent, setup.jail, setup.extra
             ),
         )?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -269,6 +314,13 @@ impl Daemon {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+        if std::mem::take(&mut self.data_fs) {
+            // Lazily: the loop devices of sandbox disks on it let go as their sandboxes went.
+            let data = self.dir.join("data");
+            if let Err(e) = Command::new("umount").arg("-l").arg(&data).status() {
+                eprintln!("koder-bench: unmounting {}: {e}", data.display());
+            }
+        }
         if !self.keep {
             if let Err(e) = fs::remove_dir_all(&self.dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
@@ -277,6 +329,28 @@ impl Daemon {
             }
         }
     }
+}
+
+/// Makes `<dir>/data` a btrfs filesystem on a sparse file in `dir`.
+fn mount_btrfs(dir: &Path) -> Result<()> {
+    let image = dir.join("btrfs.img");
+    fs::File::create(&image)?.set_len(64 << 30)?;
+    let run = |cmd: &mut Command| -> Result<()> {
+        let out = cmd
+            .output()
+            .with_context(|| format!("running {cmd:?} (btrfs-progs)"))?;
+        if !out.status.success() {
+            bail!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(())
+    };
+    run(Command::new("mkfs.btrfs").arg("-q").arg(&image))?;
+    let data = dir.join("data");
+    fs::create_dir(&data)?;
+    run(Command::new("mount")
+        .args(["-t", "btrfs", "-o", "loop"])
+        .arg(&image)
+        .arg(&data))
 }
 
 impl Drop for Daemon {

@@ -444,6 +444,29 @@ async fn run(args: &Args) -> Result<Report> {
         }
     }
 
+    if wants(Phase::State) {
+        progress("fork on a data dir that shares blocks (btrfs)");
+        match Daemon::start_on_btrfs(
+            &daemon_bin,
+            &args.work_root,
+            "btrfs",
+            "pool = {}\n",
+            args.keep,
+        )
+        .await
+        {
+            Ok(d) => {
+                let ctx = phases::Ctx {
+                    d: &d,
+                    s: &settings,
+                    base: &baselines,
+                };
+                state::forks(&ctx, &mut rows).await;
+            }
+            Err(e) => rows.push(Row::error("fork", "daemon with its data dir on btrfs", &e)),
+        }
+    }
+
     if wants(Phase::Create) || wants(Phase::Density) {
         // The previous phases leave a writeback backlog (disk images, the big file, removed
         // data dirs) that would otherwise be paid by this phase's creates and destroys.

@@ -57,6 +57,8 @@ pub const ORDER: &[&str] = &[
     "restore",
     "fork",
     "fork_one",
+    "fork_files",
+    "fork_one_files",
     "pause_resume",
     "image_pack_build",
     "image_pack_cached",

@@ -69,27 +69,33 @@ struct Samples {
     snapshot: Vec<Duration>,
     from_snapshot: Vec<Duration>,
     restore: Vec<Duration>,
-    fork_per_copy: Vec<Duration>,
-    fork_one: Vec<Duration>,
+    forks: Forks,
     pause_resume: Vec<Duration>,
     size_bytes: u64,
 }
 
+/// A row of `samples` (p50 held to `limit_ms` when given).
+fn row(id: &'static str, name: String, samples: &[Duration], limit_ms: Option<f64>) -> Row {
+    match Summary::of(samples) {
+        Some(sum) => {
+            let row = Row::info(id, name, sum.display()).data(json!(sum));
+            match limit_ms {
+                Some(limit) => row.target(
+                    format!("p50 ≤ {limit} ms"),
+                    Status::verdict(sum.p50_ms <= limit),
+                ),
+                None => row,
+            }
+        }
+        None => Row::not_available(id, name, "no samples"),
+    }
+}
+
 pub async fn run(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
     let mib = ctx.s.state_bytes >> 20;
+    let fs = filesystem_of(&ctx.d.dir);
     match measure(ctx).await {
         Ok(s) => {
-            let row = |id, name: String, samples: &[Duration], limit_ms: f64| match Summary::of(
-                samples,
-            ) {
-                Some(sum) => Row::info(id, name, sum.display())
-                    .target(
-                        format!("p50 ≤ {limit_ms} ms"),
-                        Status::verdict(sum.p50_ms <= limit_ms),
-                    )
-                    .data(json!(sum)),
-                None => Row::not_available(id, name, "no samples"),
-            };
             rows.push(row(
                 "snapshot",
                 format!(
@@ -97,37 +103,39 @@ pub async fn run(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
                     s.size_bytes >> 20
                 ),
                 &s.snapshot,
-                1000.0,
+                Some(1000.0),
             ));
             rows.push(row(
                 "create_from_snapshot",
                 format!("session create from that snapshot ({mib} MiB)"),
                 &s.from_snapshot,
-                300.0,
+                Some(300.0),
             ));
             rows.push(row(
                 "restore",
                 format!("restore of that snapshot into a running session ({mib} MiB)"),
                 &s.restore,
-                300.0,
+                Some(300.0),
+            ));
+            // Where the work root cannot share blocks, the copies get the files copied; the
+            // targets are for a data dir that can (`forks`).
+            rows.push(row(
+                "fork_files",
+                format!("fork of that session, per copy ({FORK_COPIES} copies per fork), data dir on {fs}"),
+                &s.forks.per_copy,
+                None,
             ));
             rows.push(row(
-                "fork",
-                format!("fork of that session, per copy ({FORK_COPIES} copies per fork)"),
-                &s.fork_per_copy,
-                100.0,
-            ));
-            rows.push(row(
-                "fork_one",
-                "fork of that session into one copy (the whole fork's time)".into(),
-                &s.fork_one,
-                100.0,
+                "fork_one_files",
+                format!("fork of that session into one copy, data dir on {fs}"),
+                &s.forks.one,
+                None,
             ));
             rows.push(row(
                 "pause_resume",
                 "jail pause → resume (freezer), round trip of both calls".into(),
                 &s.pause_resume,
-                5.0,
+                Some(5.0),
             ));
         }
         Err(e) => rows.push(Row::error("snapshot", "state that lasts", &e)),
@@ -140,6 +148,14 @@ async fn measure(ctx: &Ctx<'_>) -> Result<Samples> {
         base: &ctx.d.base,
         key: &ctx.d.key,
     };
+    let (source, disk_mib) = source(ctx, &api).await?;
+    let result = samples(ctx, &api, &source, disk_mib).await;
+    api.delete(&source).await;
+    result
+}
+
+/// A session holding `state_bytes` of new files in [`FILES`] files, and its disk size.
+async fn source(ctx: &Ctx<'_>, api: &Api<'_>) -> Result<(String, u64)> {
     let disk_mib = (ctx.s.state_bytes >> 20) * 3 + 256;
     let source = api
         .session(json!({"timeout_s": 3600, "limits": {"disk_mib": disk_mib}}))
@@ -156,11 +172,93 @@ async fn measure(ctx: &Ctx<'_>) -> Result<Samples> {
         )
         .await?;
     if v["exit_code"] != 0 {
+        api.delete(&source).await;
         bail!("writing the files: {v}");
     }
-    let result = samples(ctx, &api, &source, disk_mib).await;
-    api.delete(&source).await;
-    result
+    Ok((source, disk_mib))
+}
+
+/// Fork times: per copy of a fork into [`FORK_COPIES`], and of a fork into one.
+#[derive(Default)]
+struct Forks {
+    per_copy: Vec<Duration>,
+    one: Vec<Duration>,
+}
+
+impl Forks {
+    /// One sample of each; the copies are deleted after.
+    async fn sample(&mut self, api: &Api<'_>, source: &str) -> Result<()> {
+        for (copies, into) in [(FORK_COPIES, &mut self.per_copy), (1, &mut self.one)] {
+            let (forks, took) = api
+                .timed(
+                    Method::POST,
+                    &format!("/sessions/{source}/fork"),
+                    json!({ "count": copies }),
+                )
+                .await?;
+            into.push(took / copies as u32);
+            for f in forks["sessions"].as_array().into_iter().flatten() {
+                if let Some(id) = f["id"].as_str() {
+                    api.delete(id).await;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The fork rows, on a daemon whose data dir shares blocks (btrfs): the copies' disks are
+/// clones of the source's.
+pub async fn forks(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    let mib = ctx.s.state_bytes >> 20;
+    let api = Api {
+        http: Client::new(),
+        base: &ctx.d.base,
+        key: &ctx.d.key,
+    };
+    let measured = async {
+        let (source, _) = source(ctx, &api).await?;
+        let mut forks = Forks::default();
+        let mut sampled = Ok(());
+        for _ in 0..ctx.s.state_samples {
+            sampled = forks.sample(&api, &source).await;
+            if sampled.is_err() {
+                break;
+            }
+        }
+        api.delete(&source).await;
+        sampled.map(|()| forks)
+    };
+    let fs = filesystem_of(&ctx.d.dir);
+    match measured.await {
+        Ok(f) => {
+            rows.push(row(
+                "fork",
+                format!("fork of a session holding {mib} MiB of new files, per copy ({FORK_COPIES} copies per fork), data dir on {fs}"),
+                &f.per_copy,
+                Some(100.0),
+            ));
+            rows.push(row(
+                "fork_one",
+                format!("fork of that session into one copy, data dir on {fs}"),
+                &f.one,
+                Some(100.0),
+            ));
+        }
+        Err(e) => rows.push(Row::error("fork", "fork", &e)),
+    }
+}
+
+/// The type of the filesystem the daemon's data dir is on (`stat -f`), for the row names.
+fn filesystem_of(dir: &std::path::Path) -> String {
+    std::process::Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(dir.join("data"))
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "an unknown filesystem".into())
 }
 
 async fn samples(ctx: &Ctx<'_>, api: &Api<'_>, source: &str, disk_mib: u64) -> Result<Samples> {
@@ -168,8 +266,7 @@ async fn samples(ctx: &Ctx<'_>, api: &Api<'_>, source: &str, disk_mib: u64) -> R
         snapshot: Vec::new(),
         from_snapshot: Vec::new(),
         restore: Vec::new(),
-        fork_per_copy: Vec::new(),
-        fork_one: Vec::new(),
+        forks: Forks::default(),
         pause_resume: Vec::new(),
         size_bytes: 0,
     };
@@ -209,21 +306,7 @@ async fn samples(ctx: &Ctx<'_>, api: &Api<'_>, source: &str, disk_mib: u64) -> R
             .await?;
         s.restore.push(took);
 
-        for (copies, into) in [(FORK_COPIES, &mut s.fork_per_copy), (1, &mut s.fork_one)] {
-            let (forks, took) = api
-                .timed(
-                    Method::POST,
-                    &format!("/sessions/{source}/fork"),
-                    json!({ "count": copies }),
-                )
-                .await?;
-            into.push(took / copies as u32);
-            for f in forks["sessions"].as_array().into_iter().flatten() {
-                if let Some(id) = f["id"].as_str() {
-                    api.delete(id).await;
-                }
-            }
-        }
+        s.forks.sample(api, source).await?;
         let _ = api
             .call(Method::DELETE, &format!("/snapshots/{sid}"), Value::Null)
             .await;

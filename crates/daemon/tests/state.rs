@@ -805,3 +805,107 @@ async fn forked_copies_share_one_layer_and_keep_their_own_changes() {
     // The sweep is part of the sandbox's teardown, which finishes after the DELETE answered.
     assert!(comes_true(|| trees(&d).is_empty()).await, "{:?}", trees(&d));
 }
+
+/// Bytes the sandboxes' files share with each other on the daemon's btrfs data dir.
+fn shared_bytes(d: &Daemon) -> u64 {
+    let out = std::process::Command::new("btrfs")
+        .args(["filesystem", "du", "-s", "--raw"])
+        .arg(d.data_dir().join("jail/sandboxes"))
+        .output()
+        .expect("run btrfs filesystem du");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default();
+    last.split_whitespace()
+        .nth(2)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected btrfs du output: {text}"))
+}
+
+/// Where the data dir's filesystem shares blocks, a fork clones the source's disk instead of
+/// copying its files: the copies' disks share the source's blocks, each copy sees the files
+/// with its own owners and writes only its own, and copies of copies, snapshots of copies and
+/// forks of a session stacked on a snapshot's layers work as with copied forks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_on_a_filesystem_that_shares_blocks_clone_the_source_disk() {
+    let Some(()) = root_or_skip() else { return };
+    let Some(d) = Daemon::start_on_btrfs(BASE_CONFIG).await else {
+        return;
+    };
+    let a = d.create(json!({})).await;
+    sh(&d, &a, WRITE).await;
+    sh(
+        &d,
+        &a,
+        "head -c 20000000 /dev/urandom > /home/user/proj/big; chown 1000 /home/user/proj/big",
+    )
+    .await;
+    const BIG: &str = "sha256sum /home/user/proj/big; stat -c '%u %s' /home/user/proj/big";
+    let want = sh(&d, &a, DIGEST).await;
+    let big = sh(&d, &a, BIG).await;
+    let before = shared_bytes(&d);
+
+    let copies = fork(&d, &a, 2).await;
+    // No tree copied, no clone left behind: the copies' disks are clones of the source's
+    // (an extent shared by several files counts once).
+    assert!(fork_trees(&d).is_empty(), "{:?}", fork_trees(&d));
+    assert!(
+        shared_bytes(&d) >= before + 20_000_000,
+        "{before} -> {}",
+        shared_bytes(&d)
+    );
+    for c in &copies {
+        assert_eq!(sh(&d, c, DIGEST).await, want);
+        assert_eq!(sh(&d, c, BIG).await, big);
+    }
+
+    // Each writes its own blocks.
+    const CHANGE: &str = "echo changed > /home/user/proj/a.txt; rm -r /home/user/proj/sub; \
+         echo new > /home/user/proj/new.txt";
+    const CHANGED: &str = "cat /home/user/proj/a.txt /home/user/proj/new.txt; \
+         test -e /home/user/proj/sub && echo sub || echo no-sub; stat -c %u /home/user/proj/new.txt";
+    sh(&d, &copies[0], CHANGE).await;
+    let changed = sh(&d, &copies[0], CHANGED).await;
+    assert_eq!(changed, "changed\nnew\nno-sub\n0\n");
+    assert_eq!(sh(&d, &copies[1], DIGEST).await, want);
+    sh(&d, &a, "echo source > /home/user/proj/a.txt").await;
+    assert_eq!(sh(&d, &copies[1], DIGEST).await, want);
+
+    // A copy of a copy (its files stored under the first source's ids), as the sandbox user.
+    let grandchild = fork(&d, &copies[0], 1).await.remove(0);
+    assert_eq!(sh(&d, &grandchild, CHANGED).await, changed);
+    let v = d
+        .exec(
+            &grandchild,
+            json!({"shell": "echo mine > /home/user/mine; stat -c %u /home/user/mine", "user": "user"}),
+        )
+        .await;
+    assert_eq!(v["stdout"], "1000\n", "{v}");
+
+    // A snapshot of a copy holds what the copy sees, deletions included.
+    let sid = snapshot(&d, &copies[0], Value::Null).await["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let from = d.create(json!({ "from_snapshot": sid })).await;
+    assert_eq!(sh(&d, &from, CHANGED).await, changed);
+
+    // A session on a snapshot's layers (stacked below its disk) forks onto the same layers.
+    sh(
+        &d,
+        &from,
+        "rm /home/user/proj/new.txt; echo top > /home/user/top",
+    )
+    .await;
+    let stacked = fork(&d, &from, 1).await.remove(0);
+    assert_eq!(
+        sh(
+            &d,
+            &stacked,
+            "cat /home/user/top /home/user/proj/a.txt; test -e /home/user/proj/new.txt || echo gone"
+        )
+        .await,
+        "top\nchanged\ngone\n"
+    );
+    assert!(fork_trees(&d).is_empty(), "{:?}", fork_trees(&d));
+}

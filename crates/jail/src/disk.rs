@@ -18,15 +18,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
+use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::fd::BorrowedFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use koder_hostkit::loopdev::{self, unmount_all, LoopDevice};
 use koder_hostkit::mode::set_mode;
-use koder_runtime::RuntimeError;
+use koder_runtime::{DiskClone, RuntimeError};
+use rustix::io::Errno;
+use rustix::ioctl;
 use rustix::mount::MountFlags;
 
 pub use koder_hostkit::ext4::{Templates as DiskTemplates, MAX_SIZE_MIB, MIN_SIZE_MIB};
@@ -64,6 +68,9 @@ pub struct Disk {
     /// `<dir>/disk.img`, the sparse backing file.
     pub image: PathBuf,
     pub size_mib: u64,
+    /// The host uid (and gid) its files are stored under for the sandbox's 0: the sandbox's
+    /// own, or, on a fork's clone, that of the range the cloned disk was made for.
+    pub stored_ids_base: u32,
 }
 
 impl Disk {
@@ -82,7 +89,39 @@ impl Disk {
         let undo = Undo(Some(dir.to_path_buf()));
         let device = loopdev::attach(&file, &image)?;
         drop(file);
-        Self::mount(dir, device, size_mib, owner, undo)
+        Self::mount(dir, device, size_mib, Start::Fresh(owner), undo)
+    }
+
+    /// The disk of a fork's copy in `dir` (which exists): a reflink of `clone`, attached and
+    /// mounted as [`Disk::create`]'s are. Its files keep the owners they are stored with;
+    /// `remap` (a user namespace mapping `clone.stored_ids_base..` onto the copy's range) shows
+    /// them as the copy's own, through an id-mapped mount stacked on the disk's, where the
+    /// ranges differ. On failure nothing is left behind.
+    pub fn from_clone(
+        clone: &DiskClone,
+        dir: &Path,
+        remap: Option<BorrowedFd<'_>>,
+    ) -> Result<Disk, RuntimeError> {
+        let image = dir.join(IMAGE_NAME);
+        let source = File::open(&clone.image)
+            .map_err(RuntimeError::io(format!("open {}", clone.image.display())))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&image)
+            .map_err(RuntimeError::io(format!("create {}", image.display())))?;
+        let undo = Undo(Some(dir.to_path_buf()));
+        rustix::fs::ioctl_ficlone(&file, &source)
+            .map_err(|e| RuntimeError::io(format!("clone {}", clone.image.display()))(e.into()))?;
+        let device = loopdev::attach(&file, &image)?;
+        drop(file);
+        let start = Start::Clone {
+            stored_ids_base: clone.stored_ids_base,
+            remap,
+        };
+        Self::mount(dir, device, clone.size_mib, start, undo)
     }
 
     /// [`Disk::create`] from a disk `ready` made ahead, when it holds one of this size (and
@@ -94,7 +133,10 @@ impl Disk {
         owner: Option<(u32, u32)>,
     ) -> Result<Disk, RuntimeError> {
         let disk = match ready.take(size_mib, &dir.join(IMAGE_NAME)) {
-            Some(device) => Self::mount(dir, device, size_mib, owner, Undo(Some(dir.into()))),
+            Some(device) => {
+                let undo = Undo(Some(dir.into()));
+                Self::mount(dir, device, size_mib, Start::Fresh(owner), undo)
+            }
             // The first of its size also builds the template, which the next then copies.
             None => Self::create(&ready.templates, dir, size_mib, owner),
         };
@@ -109,7 +151,7 @@ impl Disk {
         dir: &Path,
         device: LoopDevice,
         size_mib: u64,
-        owner: Option<(u32, u32)>,
+        start: Start<'_>,
         mut undo: Undo,
     ) -> Result<Disk, RuntimeError> {
         let image = dir.join(IMAGE_NAME);
@@ -138,6 +180,25 @@ impl Disk {
         let loop_device = device.path().to_path_buf();
         drop(device);
 
+        let (owner, stored_ids_base) = match start {
+            Start::Fresh(owner) => (owner, owner.map_or(0, |(uid, _)| uid)),
+            Start::Clone {
+                stored_ids_base,
+                remap,
+            } => {
+                if let Some(userns) = remap {
+                    crate::volumes::attach_one(
+                        &mount_point,
+                        false,
+                        "a fork's disk",
+                        userns,
+                        &mount_point,
+                    )?;
+                }
+                // The clone has its directories, owned as the cloned sandbox had them.
+                (None, stored_ids_base)
+            }
+        };
         let (upper, work) = prepare_root(&mount_point, owner)?;
         undo.0 = None;
         Ok(Disk {
@@ -147,6 +208,7 @@ impl Disk {
             loop_device,
             image,
             size_mib,
+            stored_ids_base,
         })
     }
 
@@ -162,6 +224,96 @@ impl Disk {
                 self.mount_point.display()
             )))
     }
+}
+
+/// What a disk starts as.
+enum Start<'a> {
+    /// A copy of the template, its overlay directories given to `owner`.
+    Fresh(Option<(u32, u32)>),
+    /// A fork's clone, its files stored under `stored_ids_base` and shown through `remap`.
+    Clone {
+        stored_ids_base: u32,
+        remap: Option<BorrowedFd<'a>>,
+    },
+}
+
+/// Clones the disk image `image` of a live sandbox into the new file `into`, with that disk's
+/// filesystem (`fs`: a directory on it) frozen meanwhile: every write it accepted is in the
+/// image, and none is half made, as after a clean unmount. `Unsupported` (with nothing left at
+/// `into`) where the host filesystem cannot share blocks.
+pub fn clone_frozen(fs: BorrowedFd<'_>, image: &Path, into: &Path) -> Result<(), RuntimeError> {
+    let source =
+        File::open(image).map_err(RuntimeError::io(format!("open {}", image.display())))?;
+    let target = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(into)
+        .map_err(RuntimeError::io(format!("create {}", into.display())))?;
+    let cloned = Frozen::freeze(fs).and_then(|_thawed_on_drop| {
+        rustix::fs::ioctl_ficlone(&target, &source).map_err(|e| match e {
+            Errno::OPNOTSUPP | Errno::XDEV | Errno::INVAL => RuntimeError::Unsupported(format!(
+                "the host filesystem under {} cannot share blocks: {e}",
+                image.display()
+            )),
+            e => RuntimeError::io(format!("clone {}", image.display()))(e.into()),
+        })
+    });
+    if cloned.is_err() {
+        let _ = std::fs::remove_file(into);
+    }
+    cloned
+}
+
+/// A filesystem frozen (`FIFREEZE`: its dirty data written, new writes held) until dropped.
+/// Freezing needs `CAP_SYS_ADMIN` in the host's user namespace: only the daemon can, never a
+/// sandbox.
+struct Frozen<'a>(BorrowedFd<'a>);
+
+const FIFREEZE: ioctl::Opcode = ioctl::opcode::read_write::<libc::c_int>(b'X', 119);
+const FITHAW: ioctl::Opcode = ioctl::opcode::read_write::<libc::c_int>(b'X', 120);
+
+impl<'a> Frozen<'a> {
+    fn freeze(fs: BorrowedFd<'a>) -> Result<Self, RuntimeError> {
+        // SAFETY: FIFREEZE takes no argument the kernel reads.
+        unsafe { ioctl::ioctl(fs, ioctl::NoArg::<FIFREEZE>::new()) }
+            .map_err(|e| RuntimeError::io("freeze a sandbox's disk")(e.into()))?;
+        Ok(Self(fs))
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        // SAFETY: FITHAW takes no argument the kernel reads.
+        if let Err(e) = unsafe { ioctl::ioctl(self.0, ioctl::NoArg::<FITHAW>::new()) } {
+            tracing::error!(error = %e, "thawing a sandbox's disk");
+        }
+    }
+}
+
+/// Whether files in `dir` can share blocks (`FICLONE`), tried on two files made and removed.
+pub fn can_clone_in(dir: &Path) -> bool {
+    let probe = |name: &str| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(dir.join(name))
+    };
+    let (a, b) = (".clone-probe-a", ".clone-probe-b");
+    let shared = match (probe(a), probe(b)) {
+        (Ok(src), Ok(dst)) => {
+            use std::io::Write;
+            (&src).write_all(&[0; 4096]).is_ok() && rustix::fs::ioctl_ficlone(&dst, &src).is_ok()
+        }
+        _ => false,
+    };
+    for name in [a, b] {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    shared
 }
 
 /// Disk images made ahead, one per size a create asked for, each attached to its loop device:

@@ -150,7 +150,7 @@ fn copy_error(e: LayerError) -> RuntimeError {
 }
 
 /// The directory `(device, inode)` among the open descriptors of process `pid`.
-fn open_agents_dir(pid: i32, want: (u64, u64)) -> Result<OwnedFd, RuntimeError> {
+pub(crate) fn open_agents_dir(pid: i32, want: (u64, u64)) -> Result<OwnedFd, RuntimeError> {
     let fds = format!("/proc/{pid}/fd");
     let entries = std::fs::read_dir(&fds).map_err(RuntimeError::io(format!("list {fds}")))?;
     for entry in entries.flatten() {

@@ -31,8 +31,8 @@ use koder_hostkit::install::install_executable;
 use koder_hostkit::mode::{check_traversable, set_mode};
 use koder_hostkit::reap::{self, ExeMatch};
 use koder_runtime::{
-    validate_id, CopiedLayer, Enforcement, LayerBounds, Limits, NotEnforced, ReconcileReport,
-    ResourceControl, Runtime, RuntimeError, Sandbox, SandboxSpec, Usage,
+    validate_id, CopiedLayer, DiskClone, Enforcement, LayerBounds, Limits, NotEnforced,
+    ReconcileReport, ResourceControl, Runtime, RuntimeError, Sandbox, SandboxSpec, Usage,
 };
 
 use koder_image as image;
@@ -122,6 +122,9 @@ struct Inner {
     /// Captured layers unpacked as shared lower layers; `None` where mounts cannot be
     /// id-mapped (rootless), so layers are applied into each sandbox's upper layer.
     trees: Option<Arc<layers::Trees>>,
+    /// Whether writable disks can be cloned block-sharing (reflink: the state dir is on
+    /// btrfs or XFS), so a fork copies no file content.
+    clones: bool,
     enforcement: Enforcement,
 }
 
@@ -231,7 +234,14 @@ impl JailRuntime {
                 trash_dir(&cfg),
             )?)
         };
+        let clones = disks.is_some() && trees.is_some() && disk::can_clone_in(&sandboxes_dir(&cfg));
+        tracing::info!(
+            clones,
+            "forks {} writable disks",
+            if clones { "clone" } else { "copy the files of" }
+        );
         let inner = Inner {
+            clones,
             trees,
             cgroup_prefix: koder_cgroups::instance_prefix(&cfg.state_dir),
             disks,
@@ -311,20 +321,45 @@ impl Inner {
     /// A sandbox whose captured layers sit below its upper layer gets none of those
     /// (`!upper_dirs`): the layers hold them as the source sandbox had them (owners, modes),
     /// which the upper layer must not cover.
+    ///
+    /// A fork's copy starts from a clone of its source's disk (`clone`), which holds all of
+    /// that.
     fn prepare_layers(
         &self,
         parts: &mut Parts,
         ids: IdMap,
         disk_mib: Option<u64>,
         upper_dirs: bool,
+        clone: Option<&DiskClone>,
     ) -> Result<(), RuntimeError> {
         let io = |what: &str| RuntimeError::io(format!("prepare sandbox {what}"));
         let host_id = |in_sandbox: u32| (!self.rootless).then_some(ids.host_base + in_sandbox);
         let dir = parts.dir.clone();
         std::fs::create_dir(&dir).map_err(io("dir"))?;
         std::fs::create_dir(dir.join("root")).map_err(io("root"))?;
-        match (disk_mib, &self.disks) {
-            (Some(mib), Some(disks)) => {
+        match (disk_mib, &self.disks, clone) {
+            (Some(mib), Some(_), Some(clone)) => {
+                if clone.size_mib != mib {
+                    return Err(RuntimeError::InvalidSpec(format!(
+                        "the cloned disk is not of the sandbox's size ({mib} MiB)"
+                    )));
+                }
+                // Its files are stored under the range of the sandbox the disk was made for.
+                let remap = match clone.stored_ids_base == ids.host_base {
+                    true => None,
+                    false => Some(spawn::user_namespace(clone.stored_ids_base, ids)?),
+                };
+                let disk = disk::Disk::from_clone(clone, &dir, remap.as_ref().map(AsFd::as_fd))?;
+                parts.upper = disk.upper.clone();
+                parts.work = disk.work.clone();
+                parts.disk = Some(disk);
+            }
+            (_, _, Some(_)) => {
+                return Err(RuntimeError::InvalidSpec(
+                    "a cloned disk needs a sandbox with a disk quota".into(),
+                ));
+            }
+            (Some(mib), Some(disks), None) => {
                 let owner = host_id(0).map(|id| (id, id));
                 let disk = disk::Disk::create_ready(disks, &dir, mib, owner)?;
                 parts.upper = disk.upper.clone();
@@ -342,7 +377,7 @@ impl Inner {
             chown(dir.join(sub), host_id(0), host_id(0)).map_err(io("ownership"))?;
         }
         set_mode(&dir, 0o700)?;
-        if !upper_dirs {
+        if !upper_dirs || clone.is_some() {
             return Ok(());
         }
         let upper = parts.upper.clone();
@@ -450,6 +485,14 @@ impl Inner {
             .trees
             .as_ref()
             .filter(|_| !spec.layers.is_empty() && spec.layers.len() <= layers::MAX_LOWER_LAYERS);
+        if let Some(clone) = &spec.disk {
+            // The clone was made above the same layers, or with them applied into it.
+            if !self.clones || clone.layers_below != shared.is_some() {
+                return Err(RuntimeError::InvalidSpec(
+                    "this sandbox cannot start from that cloned disk".into(),
+                ));
+            }
+        }
         let mut groups = Groups::default();
         let (layers, agent_cgroup) = std::thread::scope(|scope| {
             let cgroups = self.cgroups.as_deref().map(|driver| {
@@ -460,13 +503,16 @@ impl Inner {
                         self.create_cgroups(driver, &spec.id, limits, groups)
                     })
             });
+            let clone = spec.disk.as_ref();
             let layers = self
-                .prepare_layers(parts, ids, limits.disk_mib, shared.is_none())
+                .prepare_layers(parts, ids, limits.disk_mib, shared.is_none(), clone)
                 .and_then(|()| match shared {
                     Some(trees) => {
                         parts.leases = trees.lease(&spec.layers)?;
                         Ok(())
                     }
+                    // A clone holds the layers applied to the disk it was cloned from.
+                    None if clone.is_some() => Ok(()),
                     None => layers::apply(&parts.upper, &spec.layers, ids, limits.disk_mib),
                 });
             let agent_cgroup = match cgroups {
@@ -917,6 +963,7 @@ impl Runtime for JailRuntime {
                         has_cgroup.then(|| cgroup_limits(&inner.effective_limits(spec.limits))),
                     ),
                     layers_below: !live.parts.leases.is_empty(),
+                    clones: inner.clones,
                     trees: inner.trees.clone(),
                     ids: inner.ids_for(slot),
                     agent,
@@ -1016,6 +1063,8 @@ pub struct JailSandbox {
     applied_limits: std::sync::Mutex<Option<koder_cgroups::Limits>>,
     /// Its captured layers are shared lower layers (not applied into its upper layer).
     layers_below: bool,
+    /// Its disk can be cloned ([`Inner::clones`]).
+    clones: bool,
     /// Swept at each destroy for trees whose layer went meanwhile.
     trees: Option<Arc<layers::Trees>>,
     /// Its uid range on the host.
@@ -1102,6 +1151,49 @@ impl Sandbox for JailSandbox {
         };
         let (ids, into) = (self.ids, into.to_path_buf());
         blocking(move || layers::copy_writable(pid, upper, ids, &into, bounds)).await
+    }
+
+    /// Where the state dir's filesystem shares blocks ([`Inner::clones`]) and the sandbox
+    /// has a disk. The host reaches the disk's filesystem, to freeze it, through the agent's
+    /// descriptor of the writable layer, as [`Sandbox::copy_writable_layer`] does.
+    async fn clone_disk(&self, into: &Path) -> Result<Option<DiskClone>, RuntimeError> {
+        if !self.clones {
+            return Ok(None);
+        }
+        // Held throughout: a destroy, or a second clone (one freeze at a time), waits.
+        let state = self.state.lock().await;
+        let Some(live) = state.as_ref() else {
+            return Err(RuntimeError::Start("the sandbox was destroyed".into()));
+        };
+        let Some(disk) = &live.parts.disk else {
+            return Ok(None);
+        };
+        let clone = DiskClone {
+            image: into.join(disk::IMAGE_NAME),
+            size_mib: disk.size_mib,
+            stored_ids_base: disk.stored_ids_base,
+            layers_below: self.layers_below,
+        };
+        let (pid, upper, image, target) = (
+            live.agent_pid,
+            live.upper,
+            disk.image.clone(),
+            clone.image.clone(),
+        );
+        let cloned = blocking(move || {
+            let fs = layers::open_agents_dir(pid, upper)?;
+            disk::clone_frozen(fs.as_fd(), &image, &target)
+        })
+        .await;
+        drop(state);
+        match cloned {
+            Ok(()) => Ok(Some(clone)),
+            Err(RuntimeError::Unsupported(why)) => {
+                tracing::warn!(why, "a fork copies files: the disk could not be cloned");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -154,7 +154,7 @@ pub fn spawn_agent(
     ));
 
     // An unprivileged writer may only map its own ids, and only after giving up setgroups.
-    let released = write_id_maps(pid, ids, rootless)
+    let released = write_id_maps(pid, 0, ids, rootless)
         .and_then(|()| place(pid))
         .and_then(|()| {
             koder_hostkit::crash::point("jail-before-release");
@@ -218,11 +218,11 @@ unsafe fn clone_pidfd(namespaces: u64, cgroup: Option<BorrowedFd<'_>>) -> std::i
     }
 }
 
-/// A user namespace mapping its ids 0..`ids.count` onto the host's `ids.host_base..`, held by a
-/// descriptor alone: made by a short-lived child that only waits while its maps are written and
+/// A user namespace mapping its ids `inside..inside + ids.count` onto the host's
+/// `ids.host_base..`, held by a descriptor alone: made by a short-lived child that only waits while its maps are written and
 /// its namespace is opened, then is killed and reaped. Its setgroups is denied: no process ever
 /// runs in it (idmapped mounts only use its mapping).
-pub fn user_namespace(ids: IdMap) -> Result<OwnedFd, RuntimeError> {
+pub fn user_namespace(inside: u32, ids: IdMap) -> Result<OwnedFd, RuntimeError> {
     let (hold_r, hold_w) = cloexec_pipe().map_err(RuntimeError::io("user namespace pipe"))?;
     let hold = SyncFds {
         read: hold_r.as_raw_fd(),
@@ -236,7 +236,7 @@ pub fn user_namespace(ids: IdMap) -> Result<OwnedFd, RuntimeError> {
         Err(e) => return Err(RuntimeError::Start(format!("clone3 (user namespace): {e}"))),
     };
     drop(hold_r);
-    let ns = write_id_maps(pid, ids, true).and_then(|()| {
+    let ns = write_id_maps(pid, inside, ids, true).and_then(|()| {
         std::fs::File::open(format!("/proc/{pid}/ns/user"))
             .map(OwnedFd::from)
             .map_err(RuntimeError::io("open user namespace"))
@@ -357,9 +357,14 @@ unsafe fn report_and_exit(err_w: RawFd) -> ! {
     }
 }
 
-fn write_id_maps(pid: i32, ids: IdMap, deny_setgroups: bool) -> Result<(), RuntimeError> {
+fn write_id_maps(
+    pid: i32,
+    inside: u32,
+    ids: IdMap,
+    deny_setgroups: bool,
+) -> Result<(), RuntimeError> {
     let proc = format!("/proc/{pid}");
-    let line = format!("0 {} {}\n", ids.host_base, ids.count);
+    let line = format!("{inside} {} {}\n", ids.host_base, ids.count);
     if deny_setgroups {
         std::fs::write(format!("{proc}/setgroups"), "deny")
             .map_err(RuntimeError::io("write setgroups"))?;

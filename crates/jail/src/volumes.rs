@@ -53,7 +53,9 @@ impl UserNamespaces {
             .map_err(|_| RuntimeError::Start("user namespace cache poisoned".into()))?;
         let fd = match cache.entry(slot) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(spawn::user_namespace(ids)?),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(spawn::user_namespace(0, ids)?)
+            }
         };
         fd.try_clone()
             .map_err(RuntimeError::io("duplicate user namespace descriptor"))
@@ -133,7 +135,9 @@ fn make_private_dir(root: &Path, owner: u32) -> Result<(), RuntimeError> {
     rustix::mount::mount_change(root, MountPropagationFlags::PRIVATE).map_err(errno("make private"))
 }
 
-fn attach_one(
+/// Mounts a clone of the mount tree at `source`, id-mapped through `userns` (and read-only if
+/// asked), at `at`: on top of whatever is mounted there already when `at` is `source`.
+pub fn attach_one(
     source: &Path,
     read_only: bool,
     what: &str,
@@ -267,7 +271,7 @@ mod tests {
             host_base: 300_000,
             count: 65536,
         };
-        let userns = spawn::user_namespace(ids).expect("user namespace");
+        let userns = spawn::user_namespace(0, ids).expect("user namespace");
         let volume = VolumeMount {
             source: source.path().into(),
             target: "/data".into(),

@@ -262,6 +262,11 @@ impl MicroVmRuntime {
         dir: &Path,
         disk_mib: u64,
     ) -> Result<Option<(PathBuf, VmLayers)>, RuntimeError> {
+        if spec.disk.is_some() {
+            return Err(RuntimeError::InvalidSpec(
+                "a microVM does not start from another sandbox's cloned disk".into(),
+            ));
+        }
         if spec.layers.is_empty() {
             return Ok(None);
         }

@@ -42,6 +42,28 @@ pub struct SandboxSpec {
     /// builds: a step may make `/app`). Its root is its own overlay either way.
     #[serde(default)]
     pub writable_root: bool,
+    /// A clone of another sandbox's writable disk to start from (a fork's copy), made by
+    /// [`Sandbox::clone_disk`] of the same runtime on this host: it becomes this sandbox's
+    /// own disk, and [`SandboxSpec::layers`] are then only what sits below it
+    /// ([`DiskClone::layers_below`]; applied layers are in the disk already). Runtimes that
+    /// cannot take one refuse it with `InvalidSpec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskClone>,
+}
+
+/// A sandbox's writable disk cloned while its filesystem was frozen, sharing every block with
+/// it (a reflink): no byte is copied until one of the two writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskClone {
+    /// The cloned image, on the host; its maker deletes it once the copies are made.
+    pub image: std::path::PathBuf,
+    pub size_mib: u64,
+    /// The host uid (and gid) its files are stored under for the sandbox's uid 0: the cloned
+    /// sandbox's range, or the range of the one it was itself cloned from.
+    pub stored_ids_base: u32,
+    /// Whether the cloned sandbox's layers sat below its disk (then the copy stacks the
+    /// same layers below its clone), or were applied into it.
+    pub layers_below: bool,
 }
 
 /// One volume attached to a sandbox. Files on a volume keep sandbox-relative ("neutral")
@@ -268,6 +290,14 @@ pub trait Sandbox: Send + Sync {
         Err(RuntimeError::Unsupported(
             "this runtime copies writable layers through its agent only".into(),
         ))
+    }
+
+    /// Clones the writable disk into the directory `into` (made by the caller, empty, on the
+    /// host) with its filesystem frozen meanwhile, sharing its blocks: what
+    /// [`SandboxSpec::disk`] takes. The caller has frozen the sandbox's processes. `Ok(None)`
+    /// where the runtime or the host's filesystem cannot share blocks (then copy the layer).
+    async fn clone_disk(&self, _into: &std::path::Path) -> Result<Option<DiskClone>, RuntimeError> {
+        Ok(None)
     }
 }
 

@@ -277,6 +277,17 @@ impl Layers {
     }
 
     /// The tree of a fork's layer `id` of `tenant`, while this host has it.
+    /// A new empty directory of the cache for a fork's clone of its source's disk: the caller
+    /// removes it once the copies are made; a crash leaves it to [`Layers::sweep`], as a
+    /// fork's tree.
+    pub async fn clone_dir(&self) -> Result<PathBuf, Error> {
+        let dir = self.cache.join(format!("{}.clone", new_id()));
+        tokio::fs::create_dir(&dir)
+            .await
+            .map_err(|e| Error::Internal(format!("create a fork's clone dir: {e}")))?;
+        Ok(dir)
+    }
+
     pub fn copied_tree(&self, tenant: &str, id: &str) -> Option<PathBuf> {
         let copied = self.copied.lock();
         let c = copied.get(id)?;
@@ -564,7 +575,7 @@ fn new_id() -> String {
 
 /// Deletes a fork's tree (sandbox-made: `remove_dir_all` never follows its symlinks) on a
 /// blocking thread.
-async fn remove_tree(tree: PathBuf) {
+pub(crate) async fn remove_tree(tree: PathBuf) {
     let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&tree) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err((tree, e)),
         _ => Ok(()),

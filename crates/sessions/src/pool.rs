@@ -390,6 +390,7 @@ impl Pool {
                 layers: Vec::new(),
                 volumes: Vec::new(),
                 writable_root: false,
+                ..Default::default()
             };
             let mut created = pool.runtime.create(spec).await;
             if let (Ok(sb), Some(prepare)) = (&created, pool.startups.get(&key.language)) {

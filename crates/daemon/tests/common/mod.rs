@@ -40,6 +40,8 @@ pub struct Daemon {
     listen: String,
     /// The network namespace the daemon runs in (multi-node tests).
     netns: Option<std::path::PathBuf>,
+    /// A filesystem mounted for the data dir ([`Daemon::start_on_btrfs`]).
+    data_fs: Option<std::path::PathBuf>,
 }
 
 /// The `[microvm]` table pointing at the image `ksandbox image build` made
@@ -87,13 +89,54 @@ impl Daemon {
         listen: &str,
         netns: Option<std::path::PathBuf>,
     ) -> Daemon {
+        let mut d = Self::unstarted(config, keys, listen, netns);
+        d.launch().await;
+        d
+    }
+
+    /// As [`Daemon::start`], on a data dir that is a btrfs filesystem made for it on a sparse
+    /// file (files there can share blocks); `None` where mkfs.btrfs is missing.
+    pub async fn start_on_btrfs(config: &str) -> Option<Daemon> {
+        let mut d = Self::unstarted(config, true, "127.0.0.1:0", None);
+        let image = d.dir.path().join("btrfs.img");
+        let file = std::fs::File::create(&image).expect("create the btrfs image");
+        file.set_len(8 << 30).expect("size the btrfs image");
+        let made = Command::new("mkfs.btrfs")
+            .arg("-q")
+            .arg(&image)
+            .stdout(Stdio::null())
+            .status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: no mkfs.btrfs (btrfs-progs)");
+            return None;
+        }
+        let data = d.data_dir();
+        std::fs::create_dir(&data).expect("create the data dir");
+        let mounted = Command::new("mount")
+            .args(["-t", "btrfs", "-o", "loop"])
+            .arg(&image)
+            .arg(&data)
+            .status()
+            .expect("run mount");
+        assert!(mounted.success(), "mount the btrfs data dir: {mounted}");
+        d.data_fs = Some(data);
+        d.launch().await;
+        Some(d)
+    }
+
+    fn unstarted(
+        config: &str,
+        keys: bool,
+        listen: &str,
+        netns: Option<std::path::PathBuf>,
+    ) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("kd-")
             .tempdir_in("/tmp")
             .expect("tempdir");
         let n = N.fetch_add(1, Ordering::Relaxed);
         let cgroup_parent = format!("koder-test-api-{}-{n}", std::process::id());
-        let mut d = Daemon {
+        Daemon {
             child: None,
             dir,
             base: String::new(),
@@ -103,9 +146,8 @@ impl Daemon {
             keys,
             listen: listen.to_string(),
             netns,
-        };
-        d.launch().await;
-        d
+            data_fs: None,
+        }
     }
 
     /// (Re)starts the process on the same data dir.
@@ -258,6 +300,10 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop();
         remove_cgroup_parent(&self.cgroup_parent);
+        // Lazily: the loop devices of sandbox disks on it let go once their sandboxes are gone.
+        if let Some(fs) = self.data_fs.take() {
+            let _ = Command::new("umount").arg("-l").arg(&fs).status();
+        }
     }
 }
 

@@ -176,6 +176,7 @@ impl Manager {
             layers,
             volumes: Vec::new(),
             writable_root: true,
+            ..Default::default()
         };
         let sandbox = self.runtime.create(spec).await?;
         crate::egress::start_unrecorded(

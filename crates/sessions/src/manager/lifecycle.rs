@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use koder_api_types::{CreateSession, Limits, NetworkMode, Session, SessionState};
 use koder_auth::Identity;
-use koder_runtime::{Sandbox, SandboxSpec, VolumeMount};
+use koder_runtime::{DiskClone, Sandbox, SandboxSpec, VolumeMount};
 use koder_store::{DurablePause, SessionDurable, SessionRecord, Store};
 use parking_lot::Mutex;
 use tracing::field::Empty;
@@ -135,16 +135,35 @@ pub(super) async fn lose_orphan(
     Ok(true)
 }
 
+/// What a new session's filesystem starts from besides its image.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Origin {
+    /// Captured layer ids, bottom first, as the session records them.
+    pub layers: Vec<String>,
+    /// A fork's clone of its source's disk: `layers` then sit below it or are in it
+    /// ([`DiskClone::layers_below`]).
+    pub disk: Option<DiskClone>,
+}
+
+/// What [`Manager::sandbox_on`] starts a sandbox from besides its image.
+#[derive(Debug, Default)]
+pub(super) struct StartFrom {
+    /// Local files of the layers the sandbox stacks or applies.
+    pub layers: Vec<std::path::PathBuf>,
+    pub disk: Option<DiskClone>,
+}
+
 impl Manager {
     pub async fn create(&self, who: &Identity, mut req: CreateSession) -> Result<Session, Error> {
         let layers = match req.from_snapshot.take() {
             Some(snapshot) => self.snapshot_base(who, &snapshot, &mut req).await?,
             None => Vec::new(),
         };
-        self.create_with(who, req, layers).await
+        self.create_with(who, req, Origin { layers, disk: None })
+            .await
     }
 
-    /// Creates a session whose sandbox starts from `layers` (ids, bottom first; none for a
+    /// Creates a session whose sandbox starts from `origin` (nothing but its image for a
     /// fresh one).
     #[tracing::instrument(name = "session.create", skip_all,
         fields(tenant = %who.tenant_id, session = Empty, source = Empty))]
@@ -152,8 +171,9 @@ impl Manager {
         &self,
         who: &Identity,
         mut req: CreateSession,
-        layers: Vec<String>,
+        origin: Origin,
     ) -> Result<Session, Error> {
+        let Origin { layers, disk } = origin;
         let started = Instant::now();
         // Pinned until the session is recorded: a delete cannot take the image meanwhile.
         let image = self
@@ -218,7 +238,11 @@ impl Manager {
         let ticket = self.admit(&tenant).await?;
 
         let egress = network.mode != NetworkMode::None;
-        let layer_files = self.layer_files(&who.tenant_id, &layers).await?;
+        // A clone holds the layers it was made above, unless they sat below its disk.
+        let layer_files = match &disk {
+            Some(clone) if !clone.layers_below => Vec::new(),
+            _ => self.layer_files(&who.tenant_id, &layers).await?,
+        };
         let session_id = uuid::Uuid::new_v4().simple().to_string();
         let (volumes, claim) = self.claim_volumes(who, &session_id, &req.volumes).await?;
         let has_volumes = !volumes.is_empty();
@@ -229,7 +253,10 @@ impl Manager {
                 language,
                 &limits,
                 egress,
-                layer_files,
+                StartFrom {
+                    layers: layer_files,
+                    disk,
+                },
                 volumes,
             )
             .await?;
@@ -401,9 +428,10 @@ impl Manager {
         language: &str,
         limits: &Limits,
         egress: bool,
-        layers: Vec<std::path::PathBuf>,
+        from: StartFrom,
         volumes: Vec<VolumeMount>,
     ) -> Result<(Arc<dyn Sandbox>, &'static str), Error> {
+        let StartFrom { layers, disk } = from;
         let (runtime, pool) = match (&self.microvm, runtime) {
             (Ok(vm), "microvm") => (vm.runtime.clone(), &vm.pool),
             _ => (self.runtime.clone(), &self.pool),
@@ -411,7 +439,7 @@ impl Manager {
         let runtime_limits = limits::to_runtime_limits(limits);
         // Sandboxes with layers or volumes are made for their session; with egress or without,
         // the pool has a lane for both.
-        let fresh = !layers.is_empty() || !volumes.is_empty();
+        let fresh = !layers.is_empty() || disk.is_some() || !volumes.is_empty();
         let lane_image = self.pool_image_of(image, language);
         // A fresh one never asks the pool: what it took would be dropped, never destroyed.
         let take = || match fresh {
@@ -440,11 +468,12 @@ impl Manager {
             layers,
             volumes,
             writable_root: false,
+            disk,
         };
-        let source = if spec.layers.is_empty() {
-            "cold"
-        } else {
-            "layers"
+        let source = match (&spec.disk, spec.layers.is_empty()) {
+            (Some(_), _) => "clone",
+            (None, true) => "cold",
+            (None, false) => "layers",
         };
         // Started on its own task: a dropped request must not abandon a half-started sandbox,
         // and one that finishes for nobody is destroyed.

@@ -17,9 +17,10 @@ use std::time::Instant;
 
 use koder_api_types::{CreateSession, CreateSnapshot, OnTimeout, Session, SessionState, Snapshot};
 use koder_auth::Identity;
-use koder_runtime::{LayerBounds, RuntimeError};
+use koder_runtime::{DiskClone, LayerBounds, RuntimeError};
 use koder_store::{DurablePause, SessionDurable, SessionRecord, SnapshotRecord};
 
+use super::lifecycle::{Origin, StartFrom};
 use super::{validate_env, Manager};
 use crate::layers::{Layers, Pin};
 use crate::session::Live;
@@ -136,15 +137,7 @@ impl Manager {
     async fn capture_layer(&self, live: &Live, keep: Keep) -> Result<(String, Pin), Error> {
         let layers = self.layer_store()?;
         let room = self.room(&live.tenant_id).await?;
-        let rc = live.sandbox.resources();
-        let frozen_here = match rc {
-            Some(rc) if !*live.paused.lock() => {
-                rc.freeze().await?;
-                true
-            }
-            _ => false,
-        };
-        let captured = async {
+        let captured = self.frozen(live, async {
             if keep == Keep::Local {
                 let bounds = LayerBounds {
                     max_bytes: room,
@@ -164,16 +157,65 @@ impl Manager {
                 )
                 .await?;
             Ok((record.id, pin))
-        }
-        .await;
-        if frozen_here {
-            if let Some(rc) = rc {
-                if let Err(e) = rc.thaw().await {
-                    tracing::error!(error = %e, "thawing a sandbox after its capture");
-                }
+        });
+        captured.await.map_err(|e| self.storage_error(e))
+    }
+
+    /// Runs `work` with the session's processes frozen (a paused session's are already), so
+    /// what it reads of the session's files is one instant of them.
+    async fn frozen<T>(
+        &self,
+        live: &Live,
+        work: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let rc = live.sandbox.resources();
+        let frozen_here = match rc {
+            Some(rc) if !*live.paused.lock() => {
+                rc.freeze().await?;
+                true
+            }
+            _ => false,
+        };
+        let done = work.await;
+        if let (true, Some(rc)) = (frozen_here, rc) {
+            if let Err(e) = rc.thaw().await {
+                tracing::error!(error = %e, "thawing a sandbox after reading its files");
             }
         }
-        captured.map_err(|e| self.storage_error(e))
+        done
+    }
+
+    /// A clone of the running session's disk for a fork's copies, where its runtime and the
+    /// host's filesystem can share blocks (`None` otherwise: then its files are copied), in a
+    /// directory of the layer cache the caller removes once the copies are made.
+    async fn clone_for_fork(
+        &self,
+        who: &Identity,
+        record: &SessionRecord,
+        durable: &SessionDurable,
+    ) -> Result<Option<(PathBuf, DiskClone)>, Error> {
+        let Some(layers) = self.layers.as_deref() else {
+            return Ok(None);
+        };
+        if record.state == SessionState::Stopped || durable.pause.is_some() {
+            return Ok(None);
+        }
+        let live = self.live_any(who, &record.id)?;
+        // As a copied fork: a tenant whose snapshot storage is full cannot fork.
+        self.room(&live.tenant_id).await?;
+        let dir = layers.clone_dir().await?;
+        let cloned = self
+            .frozen(&live, async {
+                live.sandbox.clone_disk(&dir).await.map_err(Error::from)
+            })
+            .await;
+        match cloned {
+            Ok(Some(clone)) => Ok(Some((dir, clone))),
+            other => {
+                crate::layers::remove_tree(dir).await;
+                other.map(|_| None)
+            }
+        }
     }
 
     /// A layer over the tenant's snapshot storage left is the typed 507 (and counted).
@@ -409,7 +451,10 @@ impl Manager {
                 &record.language,
                 &record.limits,
                 egress,
-                files,
+                StartFrom {
+                    layers: files,
+                    disk: None,
+                },
                 volumes,
             )
             .await?;
@@ -693,10 +738,25 @@ impl Manager {
             )));
         }
         let record = self.record(who, id).await?;
-        // The copies' sandboxes are this host's: a tree of it will do until one of them is
-        // snapshotted or paused to disk.
-        let (layers, _pin) = self.current_layers(who, &record, Keep::Local).await?;
         let durable = self.store.session_durable(id).await?;
+        let clone = self.clone_for_fork(who, &record, &durable).await?;
+        let (origin, _pin) = match &clone {
+            // Each copy's disk is a clone of this one, above the layers the source has.
+            Some((_, disk)) => {
+                let pin = self.layer_store()?.pin(&durable.layers);
+                let origin = Origin {
+                    layers: durable.layers.clone(),
+                    disk: Some(disk.clone()),
+                };
+                (origin, Some(pin))
+            }
+            // The copies' sandboxes are this host's: a tree of it will do until one of them
+            // is snapshotted or paused to disk.
+            None => {
+                let (layers, pin) = self.current_layers(who, &record, Keep::Local).await?;
+                (Origin { layers, disk: None }, pin)
+            }
+        };
         let req = CreateSession {
             language: Some(record.language.clone()),
             image: Some(record.image.clone()),
@@ -713,10 +773,13 @@ impl Manager {
             secrets: Vec::new(),
         };
         let results: Vec<Result<Session, Error>> = futures::stream::iter(0..count)
-            .map(|_| self.create_with(who, req.clone(), layers.clone()))
+            .map(|_| self.create_with(who, req.clone(), origin.clone()))
             .buffer_unordered(FORK_PARALLEL)
             .collect()
             .await;
+        if let Some((dir, _)) = clone {
+            crate::layers::remove_tree(dir).await;
+        }
         let (made, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
         let made: Vec<Session> = made.into_iter().filter_map(Result::ok).collect();
         if let Some(Err(e)) = failed.into_iter().next() {
