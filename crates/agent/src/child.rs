@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::OnceLock;
 
 use koder_agent_protocol::init::MAX_WORKLOAD_CGROUP_FDS;
 
@@ -177,6 +178,8 @@ struct ChildArgs {
     envp: *const *const libc::c_char,
     uid: Option<u32>,
     gid: Option<u32>,
+    /// [`signals_to_reset`].
+    reset_signals: &'static [libc::c_int],
     errno: AtomicI32,
 }
 
@@ -215,6 +218,7 @@ pub(crate) fn vfork_spawn(plan: &Plan) -> std::io::Result<Spawned> {
         envp: envp.as_ptr(),
         uid: plan.uid,
         gid: plan.gid,
+        reset_signals: signals_to_reset(),
         errno: AtomicI32::new(0),
     };
     // Uninitialised memory: only the child writes it, as its stack, which grows down from
@@ -309,7 +313,7 @@ fn errno() -> libc::c_int {
 unsafe fn child_steps(args: &ChildArgs) -> libc::c_int {
     // SAFETY: plain syscalls on prepared, NUL-terminated strings and arrays.
     unsafe {
-        default_signal_handlers();
+        default_signal_handlers(args.reset_signals);
         if let Err(e) = join_workload_cgroup() {
             return e.raw_os_error().unwrap_or(libc::EIO);
         }
@@ -363,28 +367,55 @@ unsafe fn switch_account(uid: Option<u32>, gid: Option<u32>) -> Result<(), libc:
     Ok(())
 }
 
-/// Handlers are the agent's code: none may run in the child before exec (which resets them
-/// anyway). SIGPIPE, which the agent ignores, gets its default back too, as std does for its
-/// children; other ignored signals stay ignored across exec, as they always did.
+/// The signals a spawned child gives back their default disposition before it unblocks
+/// signals: those the agent handles (a handler is the agent's code, and would run on the
+/// child's stack in the agent's memory, which the child shares until it execs, which resets
+/// them anyway) and SIGPIPE, which the agent ignores (as std does for its children; other
+/// ignored signals stay ignored across exec, as they always did).
+///
+/// Scanned once, at the first spawn, instead of by every child (64 `sigaction` calls each, as
+/// glibc's `posix_spawn` makes): the agent installs all its handlers before it serves (std's at
+/// start, the reaper's SIGCHLD), and a debug build checks that at every spawn.
+fn signals_to_reset() -> &'static [libc::c_int] {
+    static SCANNED: OnceLock<Vec<libc::c_int>> = OnceLock::new();
+    let scanned = SCANNED.get_or_init(scan_signals);
+    debug_assert_eq!(
+        *scanned,
+        scan_signals(),
+        "a signal handler was installed after the agent's first spawn"
+    );
+    scanned
+}
+
+fn scan_signals() -> Vec<libc::c_int> {
+    (1..=libc::SIGRTMAX())
+        .filter(|&sig| {
+            // SAFETY: sigaction only writes the current disposition into a plain struct;
+            // signals that cannot be queried are skipped.
+            let old = unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+                    return false;
+                }
+                old
+            };
+            let keep = old.sa_sigaction == libc::SIG_DFL
+                || (old.sa_sigaction == libc::SIG_IGN && sig != libc::SIGPIPE);
+            !keep
+        })
+        .collect()
+}
+
+/// Gives `signals` ([`signals_to_reset`]) their default disposition.
 ///
 /// # Safety
 /// Only in the child of `vfork_spawn` (its signal dispositions are its own copy).
-unsafe fn default_signal_handlers() {
-    // SAFETY: sigaction on plain structs; failures (signals that cannot be changed) are
-    // skipped.
+unsafe fn default_signal_handlers(signals: &[libc::c_int]) {
+    // SAFETY: sigaction on a plain struct; a failure leaves that signal as it was.
     unsafe {
-        for sig in 1..libc::SIGRTMAX() + 1 {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
-                continue;
-            }
-            let keep = old.sa_sigaction == libc::SIG_DFL
-                || (old.sa_sigaction == libc::SIG_IGN && sig != libc::SIGPIPE);
-            if keep {
-                continue;
-            }
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        for &sig in signals {
             libc::sigaction(sig, &dfl, std::ptr::null_mut());
         }
     }
@@ -465,6 +496,28 @@ pub(crate) mod tests {
     fn reap_failed_children() {
         // SAFETY: waitpid with a null status pointer.
         while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    }
+
+    /// The test harness ignores SIGPIPE, as the agent does: its children must not.
+    #[test]
+    fn a_child_gets_sigpipe_back_and_keeps_other_ignored_signals() {
+        let _serial = SERIAL.lock();
+        assert!(signals_to_reset().contains(&libc::SIGPIPE));
+        // SAFETY: changes this process's disposition of SIGUSR2, which nothing here handles.
+        unsafe { libc::signal(libc::SIGUSR2, libc::SIG_IGN) };
+        let status = run(&["/bin/cat", "/proc/self/status"], &[], Path::new("/"));
+        // SAFETY: as above.
+        unsafe { libc::signal(libc::SIGUSR2, libc::SIG_DFL) };
+        let (code, out) = status.unwrap();
+        assert_eq!(code, 0);
+        let ignored = out
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("no SigIgn in {out}"));
+        let bit = |sig: libc::c_int| 1u64 << (sig - 1);
+        assert_eq!(ignored & bit(libc::SIGPIPE), 0, "{ignored:x}");
+        assert_ne!(ignored & bit(libc::SIGUSR2), 0, "{ignored:x}");
     }
 
     #[test]

@@ -334,9 +334,11 @@ impl Pump {
             };
             let mut sent = 0u64;
             let mut stream_open = true;
-            let mut buf = vec![0u8; CHUNK_BYTES];
             loop {
-                let n = match r.read(&mut buf).await {
+                // Read into fresh room left uninitialised and sent as it is: no 64 KiB zeroed
+                // per pipe (most execs write a few bytes, or none), no copy of a full chunk.
+                let mut chunk = Vec::with_capacity(CHUNK_BYTES);
+                let n = match r.read_buf(&mut chunk).await {
                     Ok(0) | Err(_) => return,
                     Ok(n) => n,
                 };
@@ -347,14 +349,15 @@ impl Pump {
                 }
                 if take > 0 && stream_open {
                     sent += take as u64;
+                    chunk.truncate(take);
+                    // A small chunk does not hold 64 KiB while it waits in the outbox.
+                    if chunk.capacity() > 2 * take {
+                        chunk.shrink_to_fit();
+                    }
                     // Awaiting here is the back-pressure: a slow reader stops us reading the
                     // pipe, and the process blocks on its own writes instead of the agent
                     // buffering.
-                    stream_open = self
-                        .out
-                        .send((self.wrap)(buf[..take].to_vec()))
-                        .await
-                        .is_ok();
+                    stream_open = self.out.send((self.wrap)(chunk)).await.is_ok();
                     if !stream_open && !self.drain_unread {
                         return;
                     }
