@@ -329,7 +329,7 @@ struct Pump {
 impl Pump {
     fn spawn(self, fd: Option<OwnedFd>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
-            let Some(mut r) = fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok()) else {
+            let Some(mut r) = fd.and_then(|fd| receiver(fd).ok()) else {
                 return;
             };
             let mut sent = 0u64;
@@ -367,6 +367,13 @@ impl Pump {
     }
 }
 
+/// The read end of an output pipe `vfork_spawn` made: one `fcntl` where tokio's checked
+/// constructor would also `fstat` it and read its flags first.
+fn receiver(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
+    rustix::fs::fcntl_setfl(&fd, rustix::fs::OFlags::NONBLOCK)?;
+    pipe::Receiver::from_owned_fd_unchecked(fd)
+}
+
 /// Feeds stdin: the initial bytes, then (when kept open) whatever arrives on the returned
 /// channel; dropping the sender closes the process's stdin.
 fn spawn_stdin(
@@ -375,6 +382,11 @@ fn spawn_stdin(
     keep_open: bool,
 ) -> Option<mpsc::Sender<Vec<u8>>> {
     let fd = fd?;
+    if initial.is_empty() && !keep_open {
+        // Nothing to write, nothing to come: closing it now is the end of file the process
+        // reads, with no task and no registration with the reactor.
+        return None;
+    }
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(16);
     tokio::spawn(async move {
         let Ok(mut w) = pipe::Sender::from_owned_fd(fd) else {
