@@ -444,6 +444,32 @@ async fn run(args: &Args) -> Result<Report> {
         }
     }
 
+    if wants(Phase::E2b) {
+        settle(&settings).await;
+        progress("E2B Python SDK: bursts on a pool that grows with demand");
+        let pool_toml = format!(
+            "pool = {{ bash = {{ min = {}, max = {} }} }}\nreap_interval = 1.0\n",
+            settings.warm_pool_bash,
+            settings.tti_burst + 8
+        );
+        match Daemon::start(&daemon_bin, &args.work_root, "burst", &pool_toml, args.keep).await {
+            Ok(d) => {
+                let ctx = phases::Ctx {
+                    d: &d,
+                    s: &settings,
+                    base: &baselines,
+                };
+                let python = args.e2b_python.clone().unwrap_or_else(e2b::default_python);
+                e2b::bursts(&ctx, &python, &mut rows).await;
+            }
+            Err(e) => rows.push(Row::error(
+                "e2b_tti_burst",
+                "daemon with a pool that grows",
+                &e,
+            )),
+        }
+    }
+
     if wants(Phase::State) {
         progress("fork on a data dir that shares blocks (btrfs)");
         match Daemon::start_on_btrfs(

@@ -35,6 +35,7 @@ pub const ORDER: &[&str] = &[
     "e2b_tti",
     "host_node_burst",
     "e2b_tti_burst",
+    "e2b_tti_burst_pooled",
     "create_warm",
     "create_cold",
     "destroy",
