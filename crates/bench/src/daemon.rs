@@ -25,22 +25,23 @@ pub struct Daemon {
     /// behalf of sessions (agent clones, disk images, page cache, its heap) is charged here,
     /// apart from the rest of the machine.
     pub daemon_cgroup: Option<(PathBuf, &'static str)>,
-    /// Its data dir is a filesystem mounted for it ([`Daemon::start_on_btrfs`]).
+    /// Its data dir is a filesystem mounted for it ([`Setup::btrfs`]).
     data_fs: bool,
     keep: bool,
 }
 
 /// The TOML tables of a daemon's config and where its data dir lives.
 #[derive(Default)]
-struct Setup<'a> {
+pub struct Setup<'a> {
     /// The `[sessions]` table's body.
-    sessions: &'a str,
+    pub sessions: &'a str,
     /// More keys of the `[jail]` table.
-    jail: &'a str,
+    pub jail: &'a str,
     /// More tables.
-    extra: &'a str,
-    /// The data dir on a btrfs filesystem made for the daemon on a sparse file.
-    btrfs: bool,
+    pub extra: &'a str,
+    /// The data dir on a btrfs filesystem made for the daemon on a sparse file (files there
+    /// share blocks when cloned).
+    pub btrfs: bool,
 }
 
 impl Daemon {
@@ -54,40 +55,6 @@ impl Daemon {
         keep: bool,
     ) -> Result<Daemon> {
         Self::start_with(bin, work_root, label, sessions_toml, "", keep).await
-    }
-
-    /// [`Daemon::start`] with its data dir on a btrfs filesystem made for it (a sparse file on
-    /// a loop device, under its work dir): files there share blocks when cloned.
-    pub async fn start_on_btrfs(
-        bin: &Path,
-        work_root: &Path,
-        label: &str,
-        sessions_toml: &str,
-        keep: bool,
-    ) -> Result<Daemon> {
-        let setup = Setup {
-            sessions: sessions_toml,
-            btrfs: true,
-            ..Setup::default()
-        };
-        Self::start_full(bin, work_root, label, setup, keep).await
-    }
-
-    /// [`Daemon::start`] with more keys in its `[jail]` table (`jail_toml`).
-    pub async fn start_jail(
-        bin: &Path,
-        work_root: &Path,
-        label: &str,
-        sessions_toml: &str,
-        jail_toml: &str,
-        keep: bool,
-    ) -> Result<Daemon> {
-        let setup = Setup {
-            sessions: sessions_toml,
-            jail: jail_toml,
-            ..Setup::default()
-        };
-        Self::start_full(bin, work_root, label, setup, keep).await
     }
 
     /// [`Daemon::start`] with more TOML tables (`extra_toml`) in its config.
@@ -107,7 +74,8 @@ impl Daemon {
         Self::start_full(bin, work_root, label, setup, keep).await
     }
 
-    async fn start_full(
+    /// Starts the daemon as `setup` says and waits for `/healthz`.
+    pub async fn start_full(
         bin: &Path,
         work_root: &Path,
         label: &str,

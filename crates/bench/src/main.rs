@@ -30,7 +30,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use serde::Serialize;
 
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, Setup};
 use crate::report::{Report, Row};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -472,15 +472,12 @@ async fn run(args: &Args) -> Result<Report> {
 
     if wants(Phase::State) {
         progress("fork on a data dir that shares blocks (btrfs)");
-        match Daemon::start_on_btrfs(
-            &daemon_bin,
-            &args.work_root,
-            "btrfs",
-            "pool = {}\n",
-            args.keep,
-        )
-        .await
-        {
+        let setup = Setup {
+            sessions: "pool = {}\n",
+            btrfs: true,
+            ..Setup::default()
+        };
+        match Daemon::start_full(&daemon_bin, &args.work_root, "btrfs", setup, args.keep).await {
             Ok(d) => {
                 let ctx = phases::Ctx {
                     d: &d,
@@ -500,16 +497,12 @@ async fn run(args: &Args) -> Result<Report> {
         progress("starting the daemon with an empty pool");
         // Room for every density session (the default cap is 1024 sandboxes).
         let jail = format!("max_sandboxes = {}\n", settings.density + 64);
-        match Daemon::start_jail(
-            &daemon_bin,
-            &args.work_root,
-            "cold",
-            "pool = {}\nreap_interval = 1.0\n",
-            &jail,
-            args.keep,
-        )
-        .await
-        {
+        let setup = Setup {
+            sessions: "pool = {}\nreap_interval = 1.0\n",
+            jail: &jail,
+            ..Setup::default()
+        };
+        match Daemon::start_full(&daemon_bin, &args.work_root, "cold", setup, args.keep).await {
             Ok(mut d) => {
                 let ctx = phases::Ctx {
                     d: &d,

@@ -105,13 +105,7 @@ impl Disk {
         let image = dir.join(IMAGE_NAME);
         let source = File::open(&clone.image)
             .map_err(RuntimeError::io(format!("open {}", clone.image.display())))?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&image)
-            .map_err(RuntimeError::io(format!("create {}", image.display())))?;
+        let file = create_image(&image)?;
         let undo = Undo(Some(dir.to_path_buf()));
         rustix::fs::ioctl_ficlone(&file, &source)
             .map_err(|e| RuntimeError::io(format!("clone {}", clone.image.display()))(e.into()))?;
@@ -244,12 +238,7 @@ enum Start<'a> {
 pub fn clone_frozen(fs: BorrowedFd<'_>, image: &Path, into: &Path) -> Result<(), RuntimeError> {
     let source =
         File::open(image).map_err(RuntimeError::io(format!("open {}", image.display())))?;
-    let target = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(into)
-        .map_err(RuntimeError::io(format!("create {}", into.display())))?;
+    let target = create_image(into)?;
     let cloned = Frozen::freeze(fs).and_then(|_thawed_on_drop| {
         rustix::fs::ioctl_ficlone(&target, &source).map_err(|e| match e {
             Errno::OPNOTSUPP | Errno::XDEV | Errno::INVAL => RuntimeError::Unsupported(format!(
@@ -263,6 +252,17 @@ pub fn clone_frozen(fs: BorrowedFd<'_>, image: &Path, into: &Path) -> Result<(),
         let _ = std::fs::remove_file(into);
     }
     cloned
+}
+
+/// A new disk image at `path`, the daemon's alone.
+fn create_image(path: &Path) -> Result<File, RuntimeError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(RuntimeError::io(format!("create {}", path.display())))
 }
 
 /// A filesystem frozen (`FIFREEZE`: its dirty data written, new writes held) until dropped.
