@@ -220,6 +220,9 @@ impl Disk {
     }
 }
 
+/// How long after a create took a disk made ahead its replacement starts.
+const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(30);
+
 /// What a disk starts as.
 enum Start<'a> {
     /// A copy of the template, its overlay directories given to `owner`.
@@ -377,6 +380,9 @@ impl ReadyDisks {
         let started = std::thread::Builder::new()
             .name("ready-disk".into())
             .spawn(move || {
+                // Not beside the create that asked: its mount, clone and agent start would
+                // share the cores and the loop driver with this copy and attach.
+                std::thread::sleep(REFILL_DELAY);
                 match me.make(size_mib) {
                     Ok(ready) => {
                         if let Some(old) = lock(&me.stock).insert(size_mib, ready) {
