@@ -870,6 +870,11 @@ async fn pause_resume_and_the_user_account() {
     let d = Daemon::start(BASE_CONFIG).await;
     let id = d.create(json!({})).await;
     d.exec(&id, json!({"shell": "nohup sh -c 'while :; do echo x >> /tmp/tick; sleep 0.05; done' >/dev/null 2>&1 &"})).await;
+    // The loop runs once it has ticked: a pause before that would test nothing of a resume.
+    let started = d
+        .exec(&id, json!({"shell": "until [ -s /tmp/tick ]; do sleep 0.01; done; echo started", "timeout_ms": 10000}))
+        .await;
+    assert_eq!(started["stdout"], "started\n", "{started}");
     let (status, s) = d
         .json(Method::POST, &format!("{S}/{id}/pause"), Value::Null)
         .await;
