@@ -376,13 +376,17 @@ impl ReadyDisks {
         if lock(&self.stock).contains_key(&size_mib) || !lock(&self.filling).insert(size_mib) {
             return;
         }
-        let me = self.clone();
+        let me = Arc::downgrade(self);
         let started = std::thread::Builder::new()
             .name("ready-disk".into())
             .spawn(move || {
                 // Not beside the create that asked: its mount, clone and agent start would
                 // share the cores and the loop driver with this copy and attach.
                 std::thread::sleep(REFILL_DELAY);
+                // A runtime dropped meanwhile (its state dir perhaps deleted) wants none.
+                let Some(me) = me.upgrade() else {
+                    return;
+                };
                 match me.make(size_mib) {
                     Ok(ready) => {
                         if let Some(old) = lock(&me.stock).insert(size_mib, ready) {
