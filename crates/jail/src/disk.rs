@@ -322,7 +322,8 @@ pub fn can_clone_in(dir: &Path) -> bool {
 /// Disk images made ahead, one per size a create asked for, each attached to its loop device:
 /// a create then only renames one into its sandbox's directory and mounts it. The copy of the
 /// template (an extent walk of a sparse file, up to milliseconds on a busy ext4) and the
-/// device's set-up (a millisecond) happen on a thread of their own after the previous create.
+/// device's set-up (a millisecond) happen on a thread of their own, 30 ms (`REFILL_DELAY`) after the
+/// create that took the previous one.
 /// Nothing is mounted on the host meanwhile, and the devices are `AUTOCLEAR`: a daemon that
 /// dies frees them with its descriptors; the images left in `dir` go at the next start.
 pub struct ReadyDisks {

@@ -1153,7 +1153,7 @@ impl Sandbox for JailSandbox {
         blocking(move || layers::copy_writable(pid, upper, ids, &into, bounds)).await
     }
 
-    /// Where the state dir's filesystem shares blocks ([`Inner::clones`]) and the sandbox
+    /// Where the state dir's filesystem shares blocks (FICLONE: btrfs, XFS) and the sandbox
     /// has a disk. The host reaches the disk's filesystem, to freeze it, through the agent's
     /// descriptor of the writable layer, as [`Sandbox::copy_writable_layer`] does.
     async fn clone_disk(&self, into: &Path) -> Result<Option<DiskClone>, RuntimeError> {

@@ -219,9 +219,9 @@ unsafe fn clone_pidfd(namespaces: u64, cgroup: Option<BorrowedFd<'_>>) -> std::i
 }
 
 /// A user namespace mapping its ids `inside..inside + ids.count` onto the host's
-/// `ids.host_base..`, held by a descriptor alone: made by a short-lived child that only waits while its maps are written and
-/// its namespace is opened, then is killed and reaped. Its setgroups is denied: no process ever
-/// runs in it (idmapped mounts only use its mapping).
+/// `ids.host_base..`, held by a descriptor alone: made by a short-lived child that only waits
+/// while its maps are written and its namespace is opened, then is killed and reaped. Its
+/// setgroups is denied: no process ever runs in it (idmapped mounts only use its mapping).
 pub fn user_namespace(inside: u32, ids: IdMap) -> Result<OwnedFd, RuntimeError> {
     let (hold_r, hold_w) = cloexec_pipe().map_err(RuntimeError::io("user namespace pipe"))?;
     let hold = SyncFds {

@@ -276,18 +276,18 @@ impl Layers {
         }
     }
 
-    /// The tree of a fork's layer `id` of `tenant`, while this host has it.
-    /// A new empty directory of the cache for a fork's clone of its source's disk: the caller
-    /// removes it once the copies are made; a crash leaves it to [`Layers::sweep`], as a
-    /// fork's tree.
-    pub async fn clone_dir(&self) -> Result<PathBuf, Error> {
+    /// A new empty directory of the cache for a fork's clone of its source's disk, removed
+    /// when dropped (the copies made, or the request gone); a crash leaves it to
+    /// [`Layers::sweep`], as a fork's tree.
+    pub async fn clone_dir(&self) -> Result<CloneDir, Error> {
         let dir = self.cache.join(format!("{}.clone", new_id()));
         tokio::fs::create_dir(&dir)
             .await
             .map_err(|e| Error::Internal(format!("create a fork's clone dir: {e}")))?;
-        Ok(dir)
+        Ok(CloneDir(dir))
     }
 
+    /// The tree of a fork's layer `id` of `tenant`, while this host has it.
     pub fn copied_tree(&self, tenant: &str, id: &str) -> Option<PathBuf> {
         let copied = self.copied.lock();
         let c = copied.get(id)?;
@@ -573,9 +573,28 @@ fn new_id() -> String {
     format!("lyr-{}", uuid::Uuid::new_v4().simple())
 }
 
+/// [`Layers::clone_dir`]'s directory.
+pub struct CloneDir(PathBuf);
+
+impl CloneDir {
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for CloneDir {
+    fn drop(&mut self) {
+        let dir = std::mem::take(&mut self.0);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(remove_tree(dir))),
+            Err(_) => drop(std::fs::remove_dir_all(dir)),
+        }
+    }
+}
+
 /// Deletes a fork's tree (sandbox-made: `remove_dir_all` never follows its symlinks) on a
 /// blocking thread.
-pub(crate) async fn remove_tree(tree: PathBuf) {
+async fn remove_tree(tree: PathBuf) {
     let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&tree) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err((tree, e)),
         _ => Ok(()),

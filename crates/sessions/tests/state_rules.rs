@@ -429,3 +429,44 @@ async fn time_paused_to_disk_does_not_use_session_minutes() {
         ErrorCode::QuotaMinutes
     );
 }
+
+/// A snapshot whose request goes away while the session is frozen for its capture (the
+/// client hung up) still thaws the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_dropped_midway_leaves_the_session_thawed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, runtime) = (store().await, MemoryRuntime::new());
+    let cfg = SessionConfig {
+        snapshot_storage_mib: 1024,
+        ..config(dir.path())
+    };
+    let m = Manager::start(store.clone(), Arc::new(runtime.clone()), cfg)
+        .await
+        .unwrap();
+    let s = m.create(&who("a"), CreateSession::default()).await.unwrap();
+    let sandbox = sandbox_of(&runtime);
+    // Large enough that the capture is still streaming when the request is dropped.
+    sandbox.put_file("/home/user/big", &vec![7u8; 64 << 20]);
+    let (m2, id) = (m.clone(), s.id.clone());
+    let snapshot =
+        tokio::spawn(async move { m2.snapshot(&who("a"), &id, CreateSnapshot::default()).await });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !sandbox.is_frozen() {
+        assert!(
+            !snapshot.is_finished(),
+            "the capture ended before it was seen frozen"
+        );
+        assert!(std::time::Instant::now() < deadline, "never frozen");
+        tokio::task::yield_now().await;
+    }
+    snapshot.abort();
+    assert!(snapshot.await.unwrap_err().is_cancelled());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while sandbox.is_frozen() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session stayed frozen"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

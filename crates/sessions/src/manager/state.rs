@@ -22,7 +22,7 @@ use koder_store::{DurablePause, SessionDurable, SessionRecord, SnapshotRecord};
 
 use super::lifecycle::{Origin, StartFrom};
 use super::{validate_env, Manager};
-use crate::layers::{Layers, Pin};
+use crate::layers::{CloneDir, Layers, Pin};
 use crate::session::Live;
 use crate::Error;
 
@@ -176,11 +176,11 @@ impl Manager {
             }
             _ => false,
         };
+        // A request dropped while `work` runs (its client gone) must not leave it frozen.
+        let mut thaw = ThawOnDrop(frozen_here.then(|| live.sandbox.clone()));
         let done = work.await;
-        if let (true, Some(rc)) = (frozen_here, rc) {
-            if let Err(e) = rc.thaw().await {
-                tracing::error!(error = %e, "thawing a sandbox after reading its files");
-            }
+        if let Some(sandbox) = thaw.0.take() {
+            thaw_now(&*sandbox).await;
         }
         done
     }
@@ -193,7 +193,7 @@ impl Manager {
         who: &Identity,
         record: &SessionRecord,
         durable: &SessionDurable,
-    ) -> Result<Option<(PathBuf, DiskClone)>, Error> {
+    ) -> Result<Option<(CloneDir, DiskClone)>, Error> {
         let Some(layers) = self.layers.as_deref() else {
             return Ok(None);
         };
@@ -206,16 +206,13 @@ impl Manager {
         let dir = layers.clone_dir().await?;
         let cloned = self
             .frozen(&live, async {
-                live.sandbox.clone_disk(&dir).await.map_err(Error::from)
+                live.sandbox
+                    .clone_disk(dir.path())
+                    .await
+                    .map_err(Error::from)
             })
-            .await;
-        match cloned {
-            Ok(Some(clone)) => Ok(Some((dir, clone))),
-            other => {
-                crate::layers::remove_tree(dir).await;
-                other.map(|_| None)
-            }
-        }
+            .await?;
+        Ok(cloned.map(|clone| (dir, clone)))
     }
 
     /// A layer over the tenant's snapshot storage left is the typed 507 (and counted).
@@ -777,9 +774,8 @@ impl Manager {
             .buffer_unordered(FORK_PARALLEL)
             .collect()
             .await;
-        if let Some((dir, _)) = clone {
-            crate::layers::remove_tree(dir).await;
-        }
+        // The copies have their own clones of it.
+        drop(clone);
         let (made, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
         let made: Vec<Session> = made.into_iter().filter_map(Result::ok).collect();
         if let Some(Err(e)) = failed.into_iter().next() {
@@ -870,6 +866,29 @@ impl Manager {
     pub async fn durable_of(&self, who: &Identity, id: &str) -> Result<SessionDurable, Error> {
         self.record(who, id).await?;
         Ok(self.store.session_durable(id).await?)
+    }
+}
+
+/// Thaws the sandbox it holds when dropped before [`Manager::frozen`] took it back.
+struct ThawOnDrop(Option<Arc<dyn koder_runtime::Sandbox>>);
+
+impl Drop for ThawOnDrop {
+    fn drop(&mut self) {
+        let Some(sandbox) = self.0.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move { thaw_now(&*sandbox).await })),
+            Err(_) => tracing::error!(sandbox = sandbox.id(), "a sandbox left frozen"),
+        }
+    }
+}
+
+async fn thaw_now(sandbox: &dyn koder_runtime::Sandbox) {
+    if let Some(rc) = sandbox.resources() {
+        if let Err(e) = rc.thaw().await {
+            tracing::error!(error = %e, "thawing a sandbox after reading its files");
+        }
     }
 }
 
