@@ -5,7 +5,8 @@
 //! `<dir>/disk` (both through [`koder_hostkit::loopdev`]). The overlay's upper and work
 //! directories live inside it, so writing past the size gives `ENOSPC` in the sandbox while the host spends at most that much disk.
 //!
-//! The next disk of each size is made ahead ([`ReadyDisks`]): copied and attached, not mounted.
+//! The next disk of each size is made ahead ([`ReadyDisks`]): copied, attached and its
+//! filesystem opened, not mounted anywhere.
 //!
 //! Lifetime: once the sandbox has been cloned, [`Disk::detach_host_mount`] lazily
 //! unmounts the host's copy. From then on only the sandbox's mount namespace holds the
@@ -26,12 +27,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use koder_hostkit::loopdev::{self, unmount_all, LoopDevice};
+use koder_hostkit::loopdev::{self, unmount_all, DetachedFs};
 use koder_hostkit::mode::set_mode;
 use koder_runtime::{DiskClone, RuntimeError};
 use rustix::io::Errno;
 use rustix::ioctl;
-use rustix::mount::MountFlags;
+use rustix::mount::MountAttrFlags;
 
 pub use koder_hostkit::ext4::{Templates as DiskTemplates, MAX_SIZE_MIB, MIN_SIZE_MIB};
 use koder_hostkit::ext4::{OVERLAY_UPPER, OVERLAY_WORK};
@@ -87,9 +88,9 @@ impl Disk {
         let file = templates.instantiate(size_mib, &image)?;
         // Armed only now: an image that already existed is not ours to delete.
         let undo = Undo(Some(dir.to_path_buf()));
-        let device = loopdev::attach(&file, &image)?;
+        let disk = OpenDisk::new(&file, &image)?;
         drop(file);
-        Self::mount(dir, device, size_mib, Start::Fresh(owner), undo)
+        Self::mount(dir, disk, size_mib, Start::Fresh(owner), undo)
     }
 
     /// The disk of a fork's copy in `dir` (which exists): a reflink of `clone`, attached and
@@ -109,13 +110,13 @@ impl Disk {
         let undo = Undo(Some(dir.to_path_buf()));
         rustix::fs::ioctl_ficlone(&file, &source)
             .map_err(|e| RuntimeError::io(format!("clone {}", clone.image.display()))(e.into()))?;
-        let device = loopdev::attach(&file, &image)?;
+        let disk = OpenDisk::new(&file, &image)?;
         drop(file);
         let start = Start::Clone {
             stored_ids_base: clone.stored_ids_base,
             remap,
         };
-        Self::mount(dir, device, clone.size_mib, start, undo)
+        Self::mount(dir, disk, clone.size_mib, start, undo)
     }
 
     /// [`Disk::create`] from a disk `ready` made ahead, when it holds one of this size (and
@@ -127,9 +128,9 @@ impl Disk {
         owner: Option<(u32, u32)>,
     ) -> Result<Disk, RuntimeError> {
         let disk = match ready.take(size_mib, &dir.join(IMAGE_NAME)) {
-            Some(device) => {
+            Some(disk) => {
                 let undo = Undo(Some(dir.into()));
-                Self::mount(dir, device, size_mib, Start::Fresh(owner), undo)
+                Self::mount(dir, disk, size_mib, Start::Fresh(owner), undo)
             }
             // The first of its size also builds the template, which the next then copies.
             None => Self::create(&ready.templates, dir, size_mib, owner),
@@ -138,12 +139,11 @@ impl Disk {
         disk
     }
 
-    /// Mounts the image attached to `device` (`<dir>/disk.img`) at `<dir>/disk`. Holding the
-    /// device open keeps AUTOCLEAR from firing until the mount holds it; if anything fails,
-    /// closing it releases the device and `undo` removes the image.
+    /// Attaches `disk` (the filesystem of `<dir>/disk.img`) at `<dir>/disk`; if anything
+    /// fails, dropping it releases the device and `undo` removes the image.
     fn mount(
         dir: &Path,
-        device: LoopDevice,
+        disk: OpenDisk,
         size_mib: u64,
         start: Start<'_>,
         mut undo: Undo,
@@ -159,20 +159,12 @@ impl Disk {
             }
             _ => {}
         }
-        loopdev::mount_private(
-            device.path(),
-            &mount_point,
-            c"ext4",
-            MountFlags::NOSUID | MountFlags::NODEV,
-            MOUNT_OPTIONS,
-        )
-        .map_err(RuntimeError::io(format!(
+        let OpenDisk { fs, loop_device } = disk;
+        loopdev::attach_private(fs, &mount_point).map_err(RuntimeError::io(format!(
             "mount {} on {}",
-            device.path().display(),
+            loop_device.display(),
             mount_point.display()
         )))?;
-        let loop_device = device.path().to_path_buf();
-        drop(device);
 
         let (owner, stored_ids_base) = match start {
             Start::Fresh(owner) => (owner, owner.map_or(0, |(uid, _)| uid)),
@@ -217,6 +209,37 @@ impl Disk {
                 "unmount {}",
                 self.mount_point.display()
             )))
+    }
+}
+
+/// A disk image's filesystem, opened on its loop device and mounted nowhere yet.
+#[derive(Debug)]
+struct OpenDisk {
+    fs: DetachedFs,
+    /// `/dev/loopN`, which the filesystem holds from now on.
+    loop_device: PathBuf,
+}
+
+impl OpenDisk {
+    /// Attaches `file` (the image at `image`) to a loop device and opens its filesystem. The
+    /// device is held open until the filesystem holds it, so AUTOCLEAR cannot fire before.
+    fn new(file: &File, image: &Path) -> Result<Self, RuntimeError> {
+        let device = loopdev::attach(file, image)?;
+        let fs = loopdev::open_fs(
+            device.path(),
+            c"ext4",
+            MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV,
+            MOUNT_OPTIONS,
+        )
+        .map_err(RuntimeError::io(format!(
+            "open the filesystem of {} on {}",
+            image.display(),
+            device.path().display()
+        )))?;
+        Ok(Self {
+            fs,
+            loop_device: device.path().to_path_buf(),
+        })
     }
 }
 
@@ -319,13 +342,15 @@ pub fn can_clone_in(dir: &Path) -> bool {
     shared
 }
 
-/// Disk images made ahead, one per size a create asked for, each attached to its loop device:
-/// a create then only renames one into its sandbox's directory and mounts it. The copy of the
-/// template (an extent walk of a sparse file, up to milliseconds on a busy ext4) and the
-/// device's set-up (a millisecond) happen on a thread of their own, 30 ms (`REFILL_DELAY`) after the
-/// create that took the previous one.
-/// Nothing is mounted on the host meanwhile, and the devices are `AUTOCLEAR`: a daemon that
-/// dies frees them with its descriptors; the images left in `dir` go at the next start.
+/// Disk images made ahead, one per size a create asked for, each attached to its loop device
+/// with its filesystem opened: a create then only renames one into its sandbox's directory and
+/// attaches its mount. The copy of the template (an extent walk of a sparse file, up to
+/// milliseconds on a busy ext4), the device's set-up (a millisecond) and the filesystem's
+/// (another) happen on a thread of their own, 30 ms (`REFILL_DELAY`) after the create that took
+/// the previous one.
+/// Nothing is mounted on the host meanwhile (the filesystem's mount is detached: a descriptor,
+/// in no mount table), and the devices are `AUTOCLEAR`: a daemon that dies unmounts and frees
+/// them with its descriptors; the images left in `dir` go at the next start.
 pub struct ReadyDisks {
     templates: DiskTemplates,
     dir: PathBuf,
@@ -335,7 +360,7 @@ pub struct ReadyDisks {
 
 struct Ready {
     image: PathBuf,
-    device: LoopDevice,
+    disk: OpenDisk,
 }
 
 impl ReadyDisks {
@@ -358,11 +383,16 @@ impl ReadyDisks {
         }))
     }
 
+    /// Whether a disk of `size_mib` is ready to be taken now.
+    pub fn is_ready(&self, size_mib: u64) -> bool {
+        lock(&self.stock).contains_key(&size_mib)
+    }
+
     /// The ready disk of `size_mib` moved to `image`, if there is one.
-    fn take(&self, size_mib: u64, image: &Path) -> Option<LoopDevice> {
+    fn take(&self, size_mib: u64, image: &Path) -> Option<OpenDisk> {
         let ready = lock(&self.stock).remove(&size_mib)?;
         match std::fs::rename(&ready.image, image) {
-            Ok(()) => Some(ready.device),
+            Ok(()) => Some(ready.disk),
             Err(e) => {
                 tracing::warn!(image = %ready.image.display(), error = %e, "a ready disk could not be used");
                 discard(ready);
@@ -374,7 +404,7 @@ impl ReadyDisks {
     /// Makes the next disk of `size_mib` on a thread of its own, unless one is ready or being
     /// made.
     fn refill(self: &Arc<Self>, size_mib: u64) {
-        if lock(&self.stock).contains_key(&size_mib) || !lock(&self.filling).insert(size_mib) {
+        if self.is_ready(size_mib) || !lock(&self.filling).insert(size_mib) {
             return;
         }
         let me = Arc::downgrade(self);
@@ -410,8 +440,8 @@ impl ReadyDisks {
             MADE.fetch_add(1, Ordering::Relaxed)
         ));
         let file = self.templates.instantiate(size_mib, &image)?;
-        match loopdev::attach(&file, &image) {
-            Ok(device) => Ok(Ready { image, device }),
+        match OpenDisk::new(&file, &image) {
+            Ok(disk) => Ok(Ready { image, disk }),
             Err(e) => {
                 let _ = std::fs::remove_file(&image);
                 Err(e)
@@ -428,10 +458,10 @@ impl Drop for ReadyDisks {
     }
 }
 
-/// Releases the device (closing it clears it) and deletes the image.
+/// Unmounts the filesystem (the device, no longer held, clears itself) and deletes the image.
 fn discard(ready: Ready) {
-    let Ready { image, device } = ready;
-    drop(device);
+    let Ready { image, disk } = ready;
+    drop(disk);
     if let Err(e) = std::fs::remove_file(&image) {
         tracing::warn!(image = %image.display(), error = %e, "removing a disk made ahead");
     }

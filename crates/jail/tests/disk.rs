@@ -515,7 +515,8 @@ fn sizes_are_validated() {
 }
 
 /// Loop devices whose backing file lies under `dir`.
-fn devices_backed_under(dir: &Path) -> Vec<PathBuf> {
+/// The loop devices (`loopN`) whose backing file is under `dir`.
+fn devices_backed_under(dir: &Path) -> Vec<String> {
     let mut found = Vec::new();
     for e in std::fs::read_dir("/sys/block")
         .into_iter()
@@ -525,7 +526,7 @@ fn devices_backed_under(dir: &Path) -> Vec<PathBuf> {
         let backing = e.path().join("loop/backing_file");
         if let Ok(text) = std::fs::read_to_string(&backing) {
             if Path::new(text.trim()).starts_with(dir) {
-                found.push(PathBuf::from(text.trim()));
+                found.push(e.file_name().to_string_lossy().into_owned());
             }
         }
     }
@@ -552,8 +553,12 @@ fn disks_made_ahead_are_taken_whole_and_released_with_the_stock() {
     let first = Disk::create_ready(&ready, &a, 16, None).expect("first disk");
     assert!(!mounts_at("/proc/self/mountinfo", &first.mount_point).is_empty());
     wait_until(Duration::from_secs(10), "a disk made ahead", || {
-        images_in(&stock).len() == 1 && devices_backed_under(&stock).len() == 1
+        ready.is_ready(16)
     });
+    let devices = devices_backed_under(&stock);
+    assert_eq!(devices.len(), 1);
+    // Its filesystem is open already (ext4 lists each live superblock), mounted nowhere.
+    assert!(Path::new("/proc/fs/ext4").join(&devices[0]).exists());
     let ahead = images_in(&stock).remove(0);
     let inode = std::fs::metadata(&ahead).unwrap().ino();
     assert_eq!(
@@ -581,10 +586,16 @@ fn disks_made_ahead_are_taken_whole_and_released_with_the_stock() {
     assert_eq!(other.size_mib, 24);
 
     wait_until(Duration::from_secs(10), "both sizes made ahead", || {
-        images_in(&stock).len() == 2 && devices_backed_under(&stock).len() == 2
+        ready.is_ready(16) && ready.is_ready(24)
     });
+    assert_eq!(images_in(&stock).len(), 2);
+    assert_eq!(devices_backed_under(&stock).len(), 2);
+    // The refill threads may hold the stock a moment longer than its `is_ready` shows: it goes
+    // with whichever lets go last.
     drop(ready);
-    assert_eq!(images_in(&stock), Vec::<PathBuf>::new());
+    wait_until(Duration::from_secs(5), "stock images deleted", || {
+        images_in(&stock).is_empty()
+    });
     wait_until(Duration::from_secs(5), "stock devices released", || {
         devices_backed_under(&stock).is_empty()
     });

@@ -28,7 +28,7 @@ use koder_hostkit::loopdev;
 use parking_lot::Mutex;
 use rustix::fs::{RenameFlags, CWD};
 use rustix::io::Errno;
-use rustix::mount::MountFlags;
+use rustix::mount::MountAttrFlags;
 
 use crate::{btrfs, validate_id, Backend, Usage, VolumeError};
 
@@ -42,9 +42,9 @@ const ROOT_OWNER: (u32, u32) = (1000, 1000);
 const ROOT_MODE: u32 = 0o755;
 
 /// Host mounts of volumes: a setuid file owned by neutral uid 0 would be host root's.
-const MOUNT_FLAGS: MountFlags = MountFlags::NOSUID
-    .union(MountFlags::NODEV)
-    .union(MountFlags::NOEXEC);
+const MOUNT_FLAGS: MountAttrFlags = MountAttrFlags::MOUNT_ATTR_NOSUID
+    .union(MountAttrFlags::MOUNT_ATTR_NODEV)
+    .union(MountAttrFlags::MOUNT_ATTR_NOEXEC);
 /// Never panic the host or keep writing to a damaged filesystem. Unlike the jail's scratch
 /// disks, volumes keep write barriers: their content must survive a host crash.
 const MOUNT_OPTIONS: &CStr = c"errors=remount-ro";

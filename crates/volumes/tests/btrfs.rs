@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{can_loop_mount, tool, write, Scratch};
 use koder_hostkit::loopdev;
 use koder_volumes::{fs, Backend, VolumeError, VolumeHost};
-use rustix::mount::MountFlags;
+use rustix::mount::MountAttrFlags;
 
 #[test]
 fn btrfs_volumes_are_subvolumes_with_a_qgroup_quota() {
@@ -44,7 +44,8 @@ fn btrfs_volumes_are_subvolumes_with_a_qgroup_quota() {
             .unwrap();
         let device = loopdev::attach(&file, &image).unwrap();
         // Scratch unmounts it whatever happens; the device then clears itself.
-        loopdev::mount_private(device.path(), &mnt, c"btrfs", MountFlags::empty(), c"").unwrap();
+        loopdev::mount_private(device.path(), &mnt, c"btrfs", MountAttrFlags::empty(), c"")
+            .unwrap();
     }
 
     let dir = mnt.join("volumes");
