@@ -553,7 +553,7 @@ fn disks_made_ahead_are_taken_whole_and_released_with_the_stock() {
     let first = Disk::create_ready(&ready, &a, 16, None).expect("first disk");
     assert!(!mounts_at("/proc/self/mountinfo", &first.mount_point).is_empty());
     wait_until(Duration::from_secs(10), "a disk made ahead", || {
-        ready.is_ready(16)
+        ready.ready_count(16) == 1
     });
     let devices = devices_backed_under(&stock);
     assert_eq!(devices.len(), 1);
@@ -586,11 +586,11 @@ fn disks_made_ahead_are_taken_whole_and_released_with_the_stock() {
     assert_eq!(other.size_mib, 24);
 
     wait_until(Duration::from_secs(10), "both sizes made ahead", || {
-        ready.is_ready(16) && ready.is_ready(24)
+        ready.ready_count(16) == 1 && ready.ready_count(24) == 1
     });
     assert_eq!(images_in(&stock).len(), 2);
     assert_eq!(devices_backed_under(&stock).len(), 2);
-    // The refill threads may hold the stock a moment longer than its `is_ready` shows: it goes
+    // The refill threads may hold the stock a moment longer than its `ready_count` shows: it goes
     // with whichever lets go last.
     drop(ready);
     wait_until(Duration::from_secs(5), "stock images deleted", || {
@@ -599,4 +599,51 @@ fn disks_made_ahead_are_taken_whole_and_released_with_the_stock() {
     wait_until(Duration::from_secs(5), "stock devices released", || {
         devices_backed_under(&stock).is_empty()
     });
+}
+
+/// A size whose creates come faster than its refill gets more disks made ahead; the sizes
+/// stocked are the few asked last, the one asked longest ago leaving the stock with its disks.
+#[test]
+fn the_stock_deepens_for_a_size_in_demand_and_keeps_only_recent_sizes() {
+    let Some(()) = usable_or_skip() else { return };
+    let s = Scratch::new();
+    let stock = s.root.join("ready");
+    let ready = disk::ReadyDisks::new(s.templates(), stock.clone()).expect("stock");
+    let mut guards = Vec::new();
+    let mut create = |name: &str, mib: u64| {
+        let dir = s.sandbox_dir(name);
+        guards.push(DiskGuard(dir.clone()));
+        Disk::create_ready(&ready, &dir, mib, None).expect("disk")
+    };
+    // The second create comes before the first's refill has started: a miss.
+    create("a", 16);
+    create("b", 16);
+    wait_until(Duration::from_secs(10), "two disks made ahead", || {
+        ready.ready_count(16) == 2
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(images_in(&stock).len(), 2, "no more than the depth");
+    assert_eq!(devices_backed_under(&stock).len(), 2);
+
+    let others = [17, 18, 19, 20];
+    for (i, mib) in others.into_iter().enumerate() {
+        create(&format!("o{i}"), mib);
+    }
+    assert_eq!(ready.ready_count(16), 0, "the oldest size left the stock");
+    wait_until(
+        Duration::from_secs(20),
+        "the recent sizes made ahead",
+        || others.iter().all(|&mib| ready.ready_count(mib) == 1),
+    );
+    let mut names: Vec<String> = images_in(&stock)
+        .iter()
+        .filter_map(|p| Some(p.file_name()?.to_str()?.split('-').next()?.to_owned()))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["17m", "18m", "19m", "20m"]);
+    wait_until(
+        Duration::from_secs(5),
+        "the oldest size's devices released",
+        || devices_backed_under(&stock).len() == others.len(),
+    );
 }

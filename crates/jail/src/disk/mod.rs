@@ -5,8 +5,8 @@
 //! `<dir>/disk` (both through [`koder_hostkit::loopdev`]). The overlay's upper and work
 //! directories live inside it, so writing past the size gives `ENOSPC` in the sandbox while the host spends at most that much disk.
 //!
-//! The next disk of each size is made ahead ([`ReadyDisks`]): copied, attached and its
-//! filesystem opened, not mounted anywhere.
+//! Disks of the sizes creates ask for are made ahead ([`ReadyDisks`], in `ready`): copied,
+//! attached and their filesystems opened, mounted nowhere.
 //!
 //! Lifetime: once the sandbox has been cloned, [`Disk::detach_host_mount`] lazily
 //! unmounts the host's copy. From then on only the sandbox's mount namespace holds the
@@ -17,15 +17,13 @@
 //! ext4 mount on top ([`loopdev::mount_private`] says why), so the host's lazy unmount never
 //! propagates into the sandbox's copy.
 
-use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use koder_hostkit::loopdev::{self, unmount_all, DetachedFs};
 use koder_hostkit::mode::set_mode;
@@ -34,8 +32,11 @@ use rustix::io::Errno;
 use rustix::ioctl;
 use rustix::mount::MountAttrFlags;
 
+mod ready;
+
 pub use koder_hostkit::ext4::{Templates as DiskTemplates, MAX_SIZE_MIB, MIN_SIZE_MIB};
 use koder_hostkit::ext4::{OVERLAY_UPPER, OVERLAY_WORK};
+pub use ready::ReadyDisks;
 
 /// The sandbox's image file, relative to its directory.
 pub const IMAGE_NAME: &str = "disk.img";
@@ -133,7 +134,7 @@ impl Disk {
                 Self::mount(dir, disk, size_mib, Start::Fresh(owner), undo)
             }
             // The first of its size also builds the template, which the next then copies.
-            None => Self::create(&ready.templates, dir, size_mib, owner),
+            None => Self::create(ready.templates(), dir, size_mib, owner),
         };
         ready.refill(size_mib);
         disk
@@ -243,9 +244,6 @@ impl OpenDisk {
     }
 }
 
-/// How long after a create took a disk made ahead its replacement starts.
-const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(30);
-
 /// What a disk starts as.
 enum Start<'a> {
     /// A copy of the template, its overlay directories given to `owner`.
@@ -340,135 +338,6 @@ pub fn can_clone_in(dir: &Path) -> bool {
         let _ = std::fs::remove_file(dir.join(name));
     }
     shared
-}
-
-/// Disk images made ahead, one per size a create asked for, each attached to its loop device
-/// with its filesystem opened: a create then only renames one into its sandbox's directory and
-/// attaches its mount. The copy of the template (an extent walk of a sparse file, up to
-/// milliseconds on a busy ext4), the device's set-up (a millisecond) and the filesystem's
-/// (another) happen on a thread of their own, 30 ms (`REFILL_DELAY`) after the create that took
-/// the previous one.
-/// Nothing is mounted on the host meanwhile (the filesystem's mount is detached: a descriptor,
-/// in no mount table), and the devices are `AUTOCLEAR`: a daemon that dies unmounts and frees
-/// them with its descriptors; the images left in `dir` go at the next start.
-pub struct ReadyDisks {
-    templates: DiskTemplates,
-    dir: PathBuf,
-    stock: Mutex<HashMap<u64, Ready>>,
-    filling: Mutex<HashSet<u64>>,
-}
-
-struct Ready {
-    image: PathBuf,
-    disk: OpenDisk,
-}
-
-impl ReadyDisks {
-    /// Made images in `dir` (emptied now: what a previous run left is not attached).
-    pub fn new(templates: DiskTemplates, dir: PathBuf) -> Result<Arc<Self>, RuntimeError> {
-        match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != ErrorKind::NotFound => {
-                return Err(RuntimeError::io(format!("empty {}", dir.display()))(e))
-            }
-            _ => {}
-        }
-        std::fs::create_dir_all(&dir)
-            .map_err(RuntimeError::io(format!("create {}", dir.display())))?;
-        set_mode(&dir, 0o700)?;
-        Ok(Arc::new(Self {
-            templates,
-            dir,
-            stock: Mutex::default(),
-            filling: Mutex::default(),
-        }))
-    }
-
-    /// Whether a disk of `size_mib` is ready to be taken now.
-    pub fn is_ready(&self, size_mib: u64) -> bool {
-        lock(&self.stock).contains_key(&size_mib)
-    }
-
-    /// The ready disk of `size_mib` moved to `image`, if there is one.
-    fn take(&self, size_mib: u64, image: &Path) -> Option<OpenDisk> {
-        let ready = lock(&self.stock).remove(&size_mib)?;
-        match std::fs::rename(&ready.image, image) {
-            Ok(()) => Some(ready.disk),
-            Err(e) => {
-                tracing::warn!(image = %ready.image.display(), error = %e, "a ready disk could not be used");
-                discard(ready);
-                None
-            }
-        }
-    }
-
-    /// Makes the next disk of `size_mib` on a thread of its own, unless one is ready or being
-    /// made.
-    fn refill(self: &Arc<Self>, size_mib: u64) {
-        if self.is_ready(size_mib) || !lock(&self.filling).insert(size_mib) {
-            return;
-        }
-        let me = Arc::downgrade(self);
-        let started = std::thread::Builder::new()
-            .name("ready-disk".into())
-            .spawn(move || {
-                // Not beside the create that asked: its mount, clone and agent start would
-                // share the cores and the loop driver with this copy and attach.
-                std::thread::sleep(REFILL_DELAY);
-                // A runtime dropped meanwhile (its state dir perhaps deleted) wants none.
-                let Some(me) = me.upgrade() else {
-                    return;
-                };
-                match me.make(size_mib) {
-                    Ok(ready) => {
-                        if let Some(old) = lock(&me.stock).insert(size_mib, ready) {
-                            discard(old);
-                        }
-                    }
-                    Err(e) => tracing::warn!(size_mib, error = %e, "making a disk ahead"),
-                }
-                lock(&me.filling).remove(&size_mib);
-            });
-        if started.is_err() {
-            lock(&self.filling).remove(&size_mib);
-        }
-    }
-
-    fn make(&self, size_mib: u64) -> Result<Ready, RuntimeError> {
-        static MADE: AtomicU64 = AtomicU64::new(0);
-        let image = self.dir.join(format!(
-            "{size_mib}m-{}.img",
-            MADE.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = self.templates.instantiate(size_mib, &image)?;
-        match OpenDisk::new(&file, &image) {
-            Ok(disk) => Ok(Ready { image, disk }),
-            Err(e) => {
-                let _ = std::fs::remove_file(&image);
-                Err(e)
-            }
-        }
-    }
-}
-
-impl Drop for ReadyDisks {
-    fn drop(&mut self) {
-        for (_, ready) in lock(&self.stock).drain() {
-            discard(ready);
-        }
-    }
-}
-
-/// Unmounts the filesystem (the device, no longer held, clears itself) and deletes the image.
-fn discard(ready: Ready) {
-    let Ready { image, disk } = ready;
-    drop(disk);
-    if let Err(e) = std::fs::remove_file(&image) {
-        tracing::warn!(image = %image.display(), error = %e, "removing a disk made ahead");
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Best-effort removal of the disk of the sandbox in `dir`, for failed creations: [`unmount`],
