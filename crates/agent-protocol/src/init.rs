@@ -21,6 +21,12 @@ pub const WORKLOAD_CGROUP_FD: i32 = 5;
 /// freezer).
 pub const MAX_WORKLOAD_CGROUP_FDS: u32 = 5;
 
+/// Where the agent finds the read end of its placement pipe when
+/// [`InitConfig::await_placement`] is set: right after the workload cgroup descriptors.
+pub fn placement_fd(cfg: &InitConfig) -> i32 {
+    WORKLOAD_CGROUP_FD.saturating_add(cfg.workload_cgroup_fds.min(MAX_WORKLOAD_CGROUP_FDS) as i32)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InitConfig {
     pub hostname: String,
@@ -49,6 +55,14 @@ pub struct InitConfig {
     /// the runtime has no cgroups (rootless).
     #[serde(default)]
     pub workload_cgroup_fds: u32,
+    /// The runtime moves the agent into its own cgroup while the agent sets up (on cgroup v1,
+    /// where a move waits for an RCU grace period, milliseconds, that would otherwise delay
+    /// the agent's start): before making its cgroup namespace, whose root is the cgroup it is
+    /// in, the agent reads one byte from [`placement_fd`]; end-of-file means the move failed.
+    /// Unset, the agent is in its cgroup from the start (v2's `CLONE_INTO_CGROUP`, or the
+    /// move done before it ran) or has none.
+    #[serde(default)]
+    pub await_placement: bool,
     /// Volumes the agent mounts into the root, after every other mount.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<InitVolume>,
@@ -328,6 +342,7 @@ mod tests {
             },
             egress: false,
             workload_cgroup_fds: 0,
+            await_placement: false,
             volume_mounts: Vec::new(),
             layer_mounts: Vec::new(),
         };

@@ -1,7 +1,7 @@
 //! `koder-agent init`: started by a runtime as PID 1 of a new sandbox, with its listening
-//! socket on fd 3, its configuration (JSON) to read on fd 4 and the workload cgroup's
-//! `cgroup.procs` files from fd 5 on. Builds and confines the
-//! sandbox, then serves the daemon forever.
+//! socket on fd 3, its configuration (JSON) to read on fd 4, the workload cgroup's
+//! `cgroup.procs` files from fd 5 on and, when it is to await its placement, the placement pipe
+//! after them. Builds and confines the sandbox, then serves the daemon forever.
 
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
@@ -45,20 +45,20 @@ enum Never {}
 fn init() -> Result<Never, Box<dyn std::error::Error>> {
     let cfg = read_config()?;
     let workload = take_workload_cgroup(cfg.workload_cgroup_fds)?;
+    let placement = cfg
+        .await_placement
+        .then(|| take_handed_fd(init::placement_fd(&cfg)))
+        .transpose()?;
     // Whatever the runtime's process had open must not reach untrusted code: everything above
     // the hand-overs is closed, and the listener and cgroup files never survive an exec.
+    let first_unused = init::placement_fd(&cfg) + i32::from(cfg.await_placement);
     // SAFETY: close_range on fds above the hand-overs; nothing in this process uses them.
     unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            (WORKLOAD_CGROUP_FD as u32).saturating_add(cfg.workload_cgroup_fds),
-            u32::MAX,
-            0u32,
-        );
+        libc::syscall(libc::SYS_close_range, first_unused as u32, u32::MAX, 0u32);
     }
     child::mark_cloexec_from(LISTEN_FD)?;
     child::set_workload_cgroup(workload)?;
-    let upper = setup::build_root(&cfg)?;
+    let upper = setup::build_root(&cfg, placement)?;
     let (fs, confinement, defaults, runtime) = confined(
         &cfg.workdir,
         &cfg.env,
@@ -92,15 +92,17 @@ fn take_workload_cgroup(count: u32) -> Result<Vec<OwnedFd>, Box<dyn std::error::
         return Err(format!("{count} workload cgroup descriptors announced").into());
     }
     let fds = WORKLOAD_CGROUP_FD..WORKLOAD_CGROUP_FD + count as i32;
-    fds.map(|fd| {
-        // SAFETY: F_GETFD only reads the descriptor's flags.
-        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-            return Err(format!("workload cgroup descriptor {fd} is not open").into());
-        }
-        // SAFETY: the runtime placed this open file here for us alone; we take sole ownership.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    })
-    .collect()
+    fds.map(take_handed_fd).collect()
+}
+
+/// A descriptor the runtime handed over at `fd`, now ours alone.
+fn take_handed_fd(fd: i32) -> Result<OwnedFd, Box<dyn std::error::Error>> {
+    // SAFETY: F_GETFD only reads the descriptor's flags.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(format!("handed-over descriptor {fd} is not open").into());
+    }
+    // SAFETY: the runtime placed this open file here for us alone; we take sole ownership.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Reads the configuration the runtime handed over on [`CONFIG_FD`], and closes it.

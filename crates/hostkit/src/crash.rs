@@ -1,6 +1,7 @@
 //! Test hook, debug builds only: `KODER_TEST_CRASH_AT=<point>` in the daemon's environment
 //! makes the whole process abort at that point, so tests can crash a daemon exactly there.
-//! Points: `jail-before-release` (a child cloned and placed, not yet released to exec),
+//! Points: `jail-before-release` (a child cloned, its id maps written, not yet released to
+//! exec nor, on cgroup v1, moved into its cgroup),
 //! `layer-before-commit` (a layer's blob stored, its row not yet written),
 //! `restore-before-install` (a restored sandbox started, not yet the session's),
 //! `vm-suspend-before-commit` (a microVM's memory saved to its partial file, not yet renamed

@@ -404,7 +404,6 @@ impl Inner {
         spec: &SandboxSpec,
         image: &Image,
         parts: &Parts,
-        cgroup_fds: usize,
         mounts: Mounts,
     ) -> InitConfig {
         let dir = &parts.dir;
@@ -444,7 +443,9 @@ impl Inner {
                 nproc: NPROC_BACKSTOP,
                 core: 0,
             },
-            workload_cgroup_fds: cgroup_fds as u32,
+            // Both set by `spawn::spawn_agent`, which hands the descriptors over.
+            workload_cgroup_fds: 0,
+            await_placement: false,
             volume_mounts: mounts.volumes,
             layer_mounts: mounts.layers,
         }
@@ -608,32 +609,34 @@ impl Inner {
         let _ = std::fs::remove_file(&parts.socket);
         let listener = std::os::unix::net::UnixListener::bind(&parts.socket)
             .map_err(RuntimeError::io("bind agent socket"))?;
-        let init = self.init_config(spec, &image, parts, cgroup_procs.len(), mounts);
-        let config = serde_json::to_string(&init)
-            .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
+        let init = self.init_config(spec, &image, parts, mounts);
         // On v2 the agent is cloned straight into its leaf; on v1 it migrates there, which
-        // waits for an RCU grace period (milliseconds) on a host without `favordynmods`.
+        // waits for an RCU grace period (milliseconds) on a host without `favordynmods`: done
+        // while the agent sets up.
         let into_cgroup = match (&self.cgroups, &agent_cgroup) {
             (Some(driver), Some(cg)) if driver.version() == CgroupVersion::V2 => {
                 cg.paths().first().map(open_cgroup_dir).transpose()?
             }
             _ => None,
         };
-        let migrate = agent_cgroup.as_deref().filter(|_| into_cgroup.is_none());
+        let move_agent = |pid: i32| match &agent_cgroup {
+            Some(cg) => cg
+                .add_process(pid as u32)
+                .map_err(|e| RuntimeError::Cgroup(e.to_string())),
+            None => Ok(()),
+        };
+        let placement = match (&into_cgroup, &agent_cgroup) {
+            (None, Some(_)) => spawn::Placement::Moved(&move_agent),
+            _ => spawn::Placement::Into(into_cgroup.as_ref().map(AsFd::as_fd)),
+        };
         spawn::spawn_agent(
             &self.cfg.agent_bin,
-            &config,
+            init,
             OwnedFd::from(listener),
             cgroup_procs,
             ids,
             self.rootless,
-            into_cgroup.as_ref().map(AsFd::as_fd),
-            |pid| match migrate {
-                Some(cg) => cg
-                    .add_process(pid as u32)
-                    .map_err(|e| RuntimeError::Cgroup(e.to_string())),
-                None => Ok(()),
-            },
+            placement,
         )
     }
 }

@@ -4,8 +4,13 @@
 //! CLONE_PIDFD and namespace flags from a multi-threaded process. The child only makes
 //! async-signal-safe syscalls (close, prctl, read, setresuid, setsid, dup2, close_range, execve,
 //! _exit) on memory prepared before the clone: it waits on a pipe until the parent has written
-//! its uid/gid maps and placed it in its cgroup, then execs the agent, which does all the real
-//! set-up single-threaded.
+//! its uid/gid maps, then execs the agent, which does all the real set-up single-threaded.
+//!
+//! Where the agent cannot be cloned straight into its cgroup (cgroup v1), the parent moves it
+//! there while the agent sets up: a v1 move waits for an RCU grace period (milliseconds), which
+//! would otherwise sit between the clone and the agent's first instruction. The agent waits for
+//! the parent's word on a second pipe before it makes its cgroup namespace (whose root is the
+//! cgroup it is in then), and runs nothing of the sandbox's before.
 //!
 //! Until its exec the child is a copy of the daemon holding every descriptor the daemon had
 //! (its HTTP listener among them), so it must never outlive a daemon that dies in that window:
@@ -21,7 +26,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use koder_agent_protocol::init::{CONFIG_FD, LISTEN_FD, WORKLOAD_CGROUP_FD};
+use koder_agent_protocol::init::{self, InitConfig, CONFIG_FD, LISTEN_FD, WORKLOAD_CGROUP_FD};
 use koder_runtime::RuntimeError;
 
 /// A contiguous uid/gid range of the host the sandbox's ids map onto.
@@ -64,24 +69,28 @@ const NAMESPACES: u64 = (libc::CLONE_NEWUSER
 
 /// Descriptors handed to the child are first moved above this number, so the child's dup2
 /// onto 0..=3 can never overwrite one it still has to dup.
-const HIGH_FD: RawFd = 10;
+const HIGH_FD: RawFd = 16;
 
-/// Starts `agent init` in new namespaces, with `listener` as its fd 3, `config_json` to
-/// read on fd 4 and `cgroup_procs` from fd 5 on.
-///
-/// `into_cgroup`, a cgroup-v2 directory, is where the child starts (`CLONE_INTO_CGROUP`): no
-/// migration afterwards. `place` runs after the child exists but before it may run (write
-/// maps, join cgroups); if it fails the child is killed and reaped.
-#[allow(clippy::too_many_arguments)]
+/// How the agent gets into its cgroup.
+pub enum Placement<'a> {
+    /// It starts in this cgroup-v2 directory (`CLONE_INTO_CGROUP`), or stays in the daemon's
+    /// (`None`: no cgroups, rootless).
+    Into(Option<BorrowedFd<'a>>),
+    /// This moves it there (the pid given) while it sets up.
+    Moved(&'a dyn Fn(i32) -> Result<(), RuntimeError>),
+}
+
+/// Starts `agent init` in new namespaces, with `listener` as its fd 3, `config` to read on fd
+/// 4, `cgroup_procs` from fd 5 on and, when `placement` moves it, its placement pipe after
+/// them (`config` is completed with both). If the move fails the agent is killed and reaped.
 pub fn spawn_agent(
     agent: &Path,
-    config_json: &str,
+    mut config: InitConfig,
     listener: OwnedFd,
     cgroup_procs: Vec<OwnedFd>,
     ids: IdMap,
     rootless: bool,
-    into_cgroup: Option<BorrowedFd<'_>>,
-    place: impl FnOnce(i32) -> Result<(), RuntimeError>,
+    placement: Placement<'_>,
 ) -> Result<Spawned, RuntimeError> {
     let cstr = |s: &str| {
         CString::new(s).map_err(|_| RuntimeError::InvalidSpec("NUL byte in agent argument".into()))
@@ -93,7 +102,23 @@ pub fn spawn_agent(
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
 
     let io = |what: &'static str| RuntimeError::io(what);
+    let (into_cgroup, move_agent) = match placement {
+        Placement::Into(dir) => (dir, None),
+        Placement::Moved(move_agent) => (None, Some(move_agent)),
+    };
+    config.workload_cgroup_fds = cgroup_procs.len() as u32;
+    config.await_placement = move_agent.is_some();
+    let placement_fd = init::placement_fd(&config);
+    let config_json = serde_json::to_string(&config)
+        .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
     let (sync_r, sync_w) = cloexec_pipe().map_err(io("sync pipe"))?;
+    let (placed_r, placed_w) = match move_agent {
+        Some(_) => {
+            let (r, w) = cloexec_pipe().map_err(io("placement pipe"))?;
+            (Some(high(r).map_err(io("dup placement pipe"))?), Some(w))
+        }
+        None => (None, None),
+    };
     let (err_r, err_w) = cloexec_pipe().map_err(io("exec status pipe"))?;
     let (stderr_r, stderr_w) = cloexec_pipe().map_err(io("agent stderr pipe"))?;
     let null = std::fs::OpenOptions::new()
@@ -104,7 +129,7 @@ pub fn spawn_agent(
     let null = high(null.into()).map_err(io("dup /dev/null"))?;
     let listener = high(listener).map_err(io("dup listener"))?;
     let stderr_w = high(stderr_w).map_err(io("dup stderr pipe"))?;
-    let config = high(config_file(config_json).map_err(io("agent config memfd"))?)
+    let config = high(config_file(&config_json).map_err(io("agent config memfd"))?)
         .map_err(io("dup agent config"))?;
     let cgroup_procs = cgroup_procs
         .into_iter()
@@ -120,6 +145,10 @@ pub fn spawn_agent(
         config.as_raw_fd(),
     ];
     handed.extend(cgroup_procs.iter().map(AsRawFd::as_raw_fd));
+    if let Some(placed_r) = &placed_r {
+        debug_assert_eq!(handed.len() as RawFd, placement_fd);
+        handed.push(placed_r.as_raw_fd());
+    }
     // Sources sit at HIGH_FD and above, so the child's dup2 onto 0.. never clobbers one.
     if handed.len() > HIGH_FD as usize {
         return Err(RuntimeError::Start(format!(
@@ -151,15 +180,21 @@ pub fn spawn_agent(
         null,
         config,
         cgroup_procs,
+        placed_r,
     ));
 
     // An unprivileged writer may only map its own ids, and only after giving up setgroups.
     let released = write_id_maps(pid, 0, ids, rootless)
-        .and_then(|()| place(pid))
         .and_then(|()| {
             koder_hostkit::crash::point("jail-before-release");
-            release(sync_w, err_r)
-        });
+            let_run(sync_w)
+        })
+        .and_then(|()| match (move_agent, placed_w) {
+            // Dropped unwritten on failure: the agent reads end-of-file and gives up.
+            (Some(move_agent), Some(placed_w)) => move_agent(pid).and_then(|()| placed(placed_w)),
+            _ => Ok(()),
+        })
+        .and_then(|()| exec_status(err_r));
     if let Err(e) = released {
         kill_and_reap(&pidfd);
         return Err(e);
@@ -374,13 +409,23 @@ fn write_id_maps(
     Ok(())
 }
 
-/// Lets the child run and waits until its execve succeeded (the CLOEXEC status pipe closes) or
-/// failed (it carries the errno).
-fn release(sync_w: OwnedFd, err_r: OwnedFd) -> Result<(), RuntimeError> {
-    let mut sync = std::fs::File::from(sync_w);
-    sync.write_all(&[1])
-        .map_err(RuntimeError::io("release agent"))?;
-    drop(sync);
+/// Lets the child go on to its exec.
+fn let_run(sync_w: OwnedFd) -> Result<(), RuntimeError> {
+    std::fs::File::from(sync_w)
+        .write_all(&[1])
+        .map_err(RuntimeError::io("release agent"))
+}
+
+/// Tells the agent it is in its cgroup.
+fn placed(placed_w: OwnedFd) -> Result<(), RuntimeError> {
+    std::fs::File::from(placed_w)
+        .write_all(&[1])
+        .map_err(RuntimeError::io("tell the agent it is placed"))
+}
+
+/// Waits until the child's execve succeeded (the CLOEXEC status pipe closes) or failed (it
+/// carries the errno).
+fn exec_status(err_r: OwnedFd) -> Result<(), RuntimeError> {
     let mut status = Vec::new();
     std::fs::File::from(err_r)
         .read_to_end(&mut status)
@@ -435,6 +480,135 @@ fn high(fd: OwnedFd) -> std::io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    /// A cgroup made for a test, in whichever hierarchy takes a process (v1 memory or v2),
+    /// removed on drop.
+    struct TestGroup(PathBuf);
+
+    impl TestGroup {
+        fn new(name: &str) -> Option<TestGroup> {
+            if !rustix::process::geteuid().is_root() {
+                return None;
+            }
+            [
+                "/sys/fs/cgroup/memory",
+                "/sys/fs/cgroup/unified",
+                "/sys/fs/cgroup",
+            ]
+            .into_iter()
+            .map(|root| Path::new(root).join(name))
+            .find(|dir| std::fs::create_dir(dir).is_ok())
+            .map(TestGroup)
+        }
+    }
+
+    impl Drop for TestGroup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+
+    fn minimal_config() -> InitConfig {
+        InitConfig {
+            hostname: "h".into(),
+            root_target: "/r".into(),
+            image_layers: Vec::new(),
+            upper_dir: "/u".into(),
+            work_dir: "/w".into(),
+            ro_binds: Vec::new(),
+            tmp_size_mib: 1,
+            workdir: "/".into(),
+            env: Vec::new(),
+            writable_dirs: Vec::new(),
+            rlimits: init::Rlimits {
+                nofile: 64,
+                nproc: 64,
+                core: 0,
+            },
+            egress: false,
+            workload_cgroup_fds: 0,
+            await_placement: false,
+            volume_mounts: Vec::new(),
+            layer_mounts: Vec::new(),
+        }
+    }
+
+    /// Runs `script` as the agent, its cgroup move `move_agent`; returns what spawning said and
+    /// what the script wrote to stderr.
+    fn spawn_script(
+        script: &str,
+        move_agent: &dyn Fn(i32) -> Result<(), RuntimeError>,
+    ) -> (Result<(), RuntimeError>, String) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let agent = dir.path().join("agent");
+        std::fs::write(&agent, script).expect("write script");
+        // Run by the sandbox's root, an unprivileged host uid.
+        for (path, mode) in [(dir.path(), 0o755), (agent.as_path(), 0o755)] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        }
+        let listener = std::fs::File::open("/dev/null").expect("/dev/null").into();
+        let ids = IdMap {
+            host_base: 3_900_000_000,
+            count: 65536,
+        };
+        let spawned = spawn_agent(
+            &agent,
+            minimal_config(),
+            listener,
+            Vec::new(),
+            ids,
+            false,
+            Placement::Moved(move_agent),
+        );
+        match spawned {
+            Ok(spawned) => {
+                let mut stderr = String::new();
+                let _ = std::fs::File::from(spawned.stderr).read_to_string(&mut stderr);
+                kill_and_reap(&spawned.pidfd);
+                (Ok(()), stderr)
+            }
+            Err(e) => (Err(e), String::new()),
+        }
+    }
+
+    /// A moved agent learns it is placed only once it is in its cgroup, however slow the move,
+    /// on the descriptor after the workload cgroup ones, its config saying to wait for it; a
+    /// move that fails ends the start.
+    #[test]
+    fn a_moved_agent_is_told_once_it_is_in_its_cgroup() {
+        let name = format!("koder-test-place-{}", std::process::id());
+        let Some(group) = TestGroup::new(&name) else {
+            eprintln!("skipped: needs root and a cgroup hierarchy");
+            return;
+        };
+        let script = r#"#!/bin/sh
+grep -q '"await_placement":true' <&4 || echo "config without await_placement" >&2
+head -c 1 <&5 >/dev/null
+cat /proc/self/cgroup >&2
+"#;
+        let slow_move = |pid: i32| {
+            std::thread::sleep(Duration::from_millis(300));
+            std::fs::write(group.0.join("cgroup.procs"), pid.to_string())
+                .map_err(RuntimeError::io("move"))
+        };
+        let (spawned, stderr) = spawn_script(script, &slow_move);
+        assert!(spawned.is_ok(), "{spawned:?}");
+        assert!(!stderr.contains("without"), "{stderr}");
+        assert!(
+            stderr.lines().any(|l| l.ends_with(&format!(":/{name}"))),
+            "not in its cgroup when told: {stderr}"
+        );
+
+        let failing_move = |_| Err(RuntimeError::Cgroup("refused".into()));
+        let (spawned, _) = spawn_script(script, &failing_move);
+        assert!(
+            matches!(&spawned, Err(RuntimeError::Cgroup(m)) if m == "refused"),
+            "{spawned:?}"
+        );
+    }
 
     /// Where the host has a cgroup-v2 hierarchy (here or beside v1 ones), a child cloned into
     /// one of its groups is a member from its first instruction.

@@ -134,6 +134,10 @@ print("keyctl", errno_of(libc.syscall(250, 0, 0, 0, 0, 0)))
 print("bpf", errno_of(libc.syscall(321, 0, 0, 0)))
 print("io_uring", errno_of(libc.syscall(425, 1, 0)))
 print("cgroupns", open("/proc/self/cgroup").read().strip().splitlines()[0].split(":")[-1])
+def memory_cgroup(pid):
+    return [l.split(":")[-1] for l in open(f"/proc/{pid}/cgroup") if ":memory:" in l][0]
+print("agent", memory_cgroup(1))
+print("workload", memory_cgroup("self"))
 "#;
     let out = run(&sb, &format!("/usr/bin/python3 -c '{script}'")).await;
     let stdout = text(&out.stdout);
@@ -145,6 +149,10 @@ print("cgroupns", open("/proc/self/cgroup").read().strip().splitlines()[0].split
         "bpf 1",
         "io_uring 1",
         "cgroupns /",
+        // The agent's cgroup is its cgroup namespace's root (made once the runtime had moved
+        // it there), the workload's beside it.
+        "agent /",
+        "workload /../workload",
     ] {
         assert!(
             stdout.lines().any(|l| l == line),
