@@ -274,6 +274,13 @@ pub fn mount_private(
 #[derive(Debug)]
 pub struct DetachedFs(OwnedFd);
 
+/// Its root, for `*at` calls (or `/proc/self/fd/N/...` paths) before it is attached anywhere.
+impl AsFd for DetachedFs {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
 /// Opens the `fstype` filesystem on `device` with `options` (`key` or `key=value`, comma
 /// separated, as mount(2) takes them) into a [`DetachedFs`] whose mount has `flags`.
 pub fn open_fs(

@@ -14,6 +14,7 @@ pub mod disk;
 mod layers;
 
 mod spawn;
+mod upper;
 mod volumes;
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -377,26 +378,18 @@ impl Inner {
             chown(dir.join(sub), host_id(0), host_id(0)).map_err(io("ownership"))?;
         }
         set_mode(&dir, 0o700)?;
+        let made = parts.disk.as_ref().is_some_and(|d| d.upper_dirs_made);
         if !upper_dirs || clone.is_some() {
+            if made {
+                upper::remove(&parts.upper).map_err(io("upper layer"))?;
+            }
             return Ok(());
         }
-        let upper = parts.upper.clone();
-        for sub in image::UPPER_DIRS {
-            std::fs::create_dir_all(upper.join(sub)).map_err(io(sub))?;
-            chown(upper.join(sub), host_id(0), host_id(0)).map_err(io("ownership"))?;
+        if !made {
+            upper::make(&parts.upper).map_err(io("upper layer"))?;
         }
-        std::fs::create_dir_all(upper.join("home/user")).map_err(io("home/user"))?;
-        chown(
-            upper.join("home/user"),
-            host_id(SANDBOX_USER_UID),
-            host_id(SANDBOX_USER_UID),
-        )
-        .map_err(io("ownership"))?;
-        set_mode(&upper.join("root"), 0o700)?;
-        for sticky in ["tmp", "var/tmp"] {
-            set_mode(&upper.join(sticky), 0o1777)?;
-        }
-        Ok(())
+        upper::give(&parts.upper, host_id(0), host_id(SANDBOX_USER_UID))
+            .map_err(io("upper layer ownership"))
     }
 
     fn init_config(

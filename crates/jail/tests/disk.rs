@@ -578,6 +578,10 @@ fn disks_made_ahead_are_taken_whole_and_released_with_the_stock() {
     );
     assert!(!mounts_at("/proc/self/mountinfo", &second.mount_point).is_empty());
     assert!(second.upper.is_dir() && second.work.is_dir());
+    // Made ahead with the directories sandbox code writes to, still root's.
+    assert!(!first.upper_dirs_made && second.upper_dirs_made);
+    let tmp = std::fs::metadata(second.upper.join("tmp")).unwrap();
+    assert_eq!((tmp.uid(), tmp.mode() & 0o7777), (0, 0o1777));
 
     // Another size: nothing ready, made on the spot.
     let c = s.sandbox_dir("c");

@@ -122,6 +122,9 @@ async fn a_layer_is_a_shared_read_only_lower_layer() {
     let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
     let layer = base_layer(dir.path());
     let a = create(&env, std::slice::from_ref(&layer)).await;
+    // Time for the next disk to be made ahead, with the directories a bare upper layer gets,
+    // which one above layers must not have: b gets it.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let b = create(&env, std::slice::from_ref(&layer)).await;
     assert!(a.layers_below() && b.layers_below());
     // One tree for both, and nothing of either mounted on the host.

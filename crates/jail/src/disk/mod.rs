@@ -73,6 +73,9 @@ pub struct Disk {
     /// The host uid (and gid) its files are stored under for the sandbox's 0: the sandbox's
     /// own, or, on a fork's clone, that of the range the cloned disk was made for.
     pub stored_ids_base: u32,
+    /// Its upper directory holds the directories sandbox code writes to (`upper::make`),
+    /// owned by root still: a disk made ahead had them made then.
+    pub upper_dirs_made: bool,
 }
 
 impl Disk {
@@ -160,7 +163,11 @@ impl Disk {
             }
             _ => {}
         }
-        let OpenDisk { fs, loop_device } = disk;
+        let OpenDisk {
+            fs,
+            loop_device,
+            upper_dirs_made,
+        } = disk;
         loopdev::attach_private(fs, &mount_point).map_err(RuntimeError::io(format!(
             "mount {} on {}",
             loop_device.display(),
@@ -196,6 +203,7 @@ impl Disk {
             image,
             size_mib,
             stored_ids_base,
+            upper_dirs_made,
         })
     }
 
@@ -219,6 +227,8 @@ struct OpenDisk {
     fs: DetachedFs,
     /// `/dev/loopN`, which the filesystem holds from now on.
     loop_device: PathBuf,
+    /// See [`Disk::upper_dirs_made`].
+    upper_dirs_made: bool,
 }
 
 impl OpenDisk {
@@ -240,6 +250,7 @@ impl OpenDisk {
         Ok(Self {
             fs,
             loop_device: device.path().to_path_buf(),
+            upper_dirs_made: false,
         })
     }
 }

@@ -6,6 +6,7 @@
 //! done on a thread of its own. How many are held follows demand: one per size at first, more
 //! for a size whose creates came faster than one refill.
 
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,7 +14,8 @@ use std::time::Duration;
 
 use koder_runtime::RuntimeError;
 
-use super::{DiskTemplates, OpenDisk};
+use super::{DiskTemplates, OpenDisk, OVERLAY_UPPER};
+use crate::upper;
 use koder_hostkit::mode::set_mode;
 
 /// How long after a create took a ready disk its refill starts: not beside that create, whose
@@ -213,7 +215,19 @@ impl ReadyDisks {
             MADE.fetch_add(1, Ordering::Relaxed)
         ));
         let file = self.templates.instantiate(size_mib, &image)?;
-        match OpenDisk::new(&file, &image) {
+        let made = OpenDisk::new(&file, &image).and_then(|mut disk| {
+            // Made now so a create only gives them away; reached through the descriptor, as
+            // the filesystem is mounted nowhere.
+            let upper = format!(
+                "/proc/self/fd/{}/{OVERLAY_UPPER}",
+                disk.fs.as_fd().as_raw_fd()
+            );
+            upper::make(Path::new(&upper))
+                .map_err(RuntimeError::io(format!("lay out {}", image.display())))?;
+            disk.upper_dirs_made = true;
+            Ok(disk)
+        });
+        match made {
             Ok(disk) => Ok(Ready { image, disk }),
             Err(e) => {
                 let _ = std::fs::remove_file(&image);
