@@ -90,7 +90,8 @@ const MAX_STACKED_MOUNTS: usize = 8;
 /// until the filesystem on it is mounted, then drop it and the mount keeps the device alive.
 #[derive(Debug)]
 pub struct LoopDevice {
-    device: File,
+    /// Never read: held open only, so that autoclear waits for the filesystem.
+    _device: File,
     path: PathBuf,
 }
 
@@ -98,10 +99,6 @@ impl LoopDevice {
     /// `/dev/loopN`.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    pub fn file(&self) -> &File {
-        &self.device
     }
 }
 
@@ -147,7 +144,10 @@ pub fn attach(image: &File, name: &Path) -> Result<LoopDevice, RuntimeError> {
             )
         };
         if rc == 0 {
-            return Ok(LoopDevice { device, path });
+            return Ok(LoopDevice {
+                _device: device,
+                path,
+            });
         }
         let err = io::Error::last_os_error();
         match err.raw_os_error() {
