@@ -27,7 +27,8 @@ pub fn placement_fd(cfg: &InitConfig) -> i32 {
     WORKLOAD_CGROUP_FD.saturating_add(cfg.workload_cgroup_fds.min(MAX_WORKLOAD_CGROUP_FDS) as i32)
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `Default` is an empty configuration, for runtimes' tests that fill in what they need.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InitConfig {
     pub hostname: String,
     /// Host directory where the sandbox root is assembled before `pivot_root`.
@@ -94,7 +95,7 @@ pub struct Bind {
     pub target: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rlimits {
     pub nofile: u64,
     pub nproc: u64,

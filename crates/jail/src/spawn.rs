@@ -511,31 +511,6 @@ mod tests {
         }
     }
 
-    fn minimal_config() -> InitConfig {
-        InitConfig {
-            hostname: "h".into(),
-            root_target: "/r".into(),
-            image_layers: Vec::new(),
-            upper_dir: "/u".into(),
-            work_dir: "/w".into(),
-            ro_binds: Vec::new(),
-            tmp_size_mib: 1,
-            workdir: "/".into(),
-            env: Vec::new(),
-            writable_dirs: Vec::new(),
-            rlimits: init::Rlimits {
-                nofile: 64,
-                nproc: 64,
-                core: 0,
-            },
-            egress: false,
-            workload_cgroup_fds: 0,
-            await_placement: false,
-            volume_mounts: Vec::new(),
-            layer_mounts: Vec::new(),
-        }
-    }
-
     /// Runs `script` as the agent, its cgroup move `move_agent`; returns what spawning said and
     /// what the script wrote to stderr.
     fn spawn_script(
@@ -556,7 +531,7 @@ mod tests {
         };
         let spawned = spawn_agent(
             &agent,
-            minimal_config(),
+            InitConfig::default(),
             listener,
             Vec::new(),
             ids,
