@@ -112,10 +112,14 @@ pub fn spawn_agent(
     let config_json = serde_json::to_string(&config)
         .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
     let (sync_r, sync_w) = cloexec_pipe().map_err(io("sync pipe"))?;
-    let (placed_r, placed_w) = match move_agent {
-        Some(_) => {
+    // The move, and the pipe's end on which it is announced.
+    let (placed_r, mover) = match move_agent {
+        Some(move_agent) => {
             let (r, w) = cloexec_pipe().map_err(io("placement pipe"))?;
-            (Some(high(r).map_err(io("dup placement pipe"))?), Some(w))
+            (
+                Some(high(r).map_err(io("dup placement pipe"))?),
+                Some((move_agent, w)),
+            )
         }
         None => (None, None),
     };
@@ -187,12 +191,14 @@ pub fn spawn_agent(
     let released = write_id_maps(pid, 0, ids, rootless)
         .and_then(|()| {
             koder_hostkit::crash::point("jail-before-release");
-            let_run(sync_w)
+            send_byte(sync_w, "release agent")
         })
-        .and_then(|()| match (move_agent, placed_w) {
+        .and_then(|()| match mover {
             // Dropped unwritten on failure: the agent reads end-of-file and gives up.
-            (Some(move_agent), Some(placed_w)) => move_agent(pid).and_then(|()| placed(placed_w)),
-            _ => Ok(()),
+            Some((move_agent, placed_w)) => {
+                move_agent(pid).and_then(|()| send_byte(placed_w, "tell the agent it is placed"))
+            }
+            None => Ok(()),
         })
         .and_then(|()| exec_status(err_r));
     if let Err(e) = released {
@@ -409,18 +415,12 @@ fn write_id_maps(
     Ok(())
 }
 
-/// Lets the child go on to its exec.
-fn let_run(sync_w: OwnedFd) -> Result<(), RuntimeError> {
-    std::fs::File::from(sync_w)
+/// The go-ahead on a pipe the child waits on (`what` for the error): to exec (the sync pipe),
+/// to make its cgroup namespace (the placement pipe).
+fn send_byte(pipe: OwnedFd, what: &'static str) -> Result<(), RuntimeError> {
+    std::fs::File::from(pipe)
         .write_all(&[1])
-        .map_err(RuntimeError::io("release agent"))
-}
-
-/// Tells the agent it is in its cgroup.
-fn placed(placed_w: OwnedFd) -> Result<(), RuntimeError> {
-    std::fs::File::from(placed_w)
-        .write_all(&[1])
-        .map_err(RuntimeError::io("tell the agent it is placed"))
+        .map_err(RuntimeError::io(what))
 }
 
 /// Waits until the child's execve succeeded (the CLOEXEC status pipe closes) or failed (it
@@ -499,9 +499,15 @@ mod tests {
                 "/sys/fs/cgroup",
             ]
             .into_iter()
-            .map(|root| Path::new(root).join(name))
-            .find(|dir| std::fs::create_dir(dir).is_ok())
-            .map(TestGroup)
+            .filter_map(|root| {
+                let dir = Path::new(root).join(name);
+                let group = std::fs::create_dir(&dir)
+                    .is_ok()
+                    .then_some(TestGroup(dir))?;
+                // A directory on the tmpfs that holds v1 hierarchies is no cgroup (and goes).
+                group.0.join("cgroup.procs").exists().then_some(group)
+            })
+            .next()
         }
     }
 

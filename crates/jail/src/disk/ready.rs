@@ -92,10 +92,7 @@ impl ReadyDisks {
 
     /// How many disks of `size_mib` are ready to be taken now.
     pub fn ready_count(&self, size_mib: u64) -> usize {
-        lock(&self.stock)
-            .iter()
-            .find(|s| s.mib == size_mib)
-            .map_or(0, |s| s.ready.len())
+        find(&mut lock(&self.stock), size_mib).map_or(0, |s| s.ready.len())
     }
 
     /// A ready disk of `size_mib` moved to `image`, if there is one. Either way the size
@@ -121,7 +118,7 @@ impl ReadyDisks {
             let evicted: Vec<Size> = stock.drain(kept..).collect();
             (taken, evicted)
         };
-        evicted.into_iter().flat_map(|s| s.ready).for_each(discard);
+        discard_all(evicted);
         let ready = taken?;
         match std::fs::rename(&ready.image, image) {
             Ok(()) => Some(ready.disk),
@@ -138,7 +135,7 @@ impl ReadyDisks {
     pub(super) fn refill(self: &Arc<Self>, size_mib: u64) {
         {
             let mut stock = lock(&self.stock);
-            let Some(size) = stock.iter_mut().find(|s| s.mib == size_mib) else {
+            let Some(size) = find(&mut stock, size_mib) else {
                 return;
             };
             if size.filling || size.ready.len() >= size.depth {
@@ -174,7 +171,7 @@ impl ReadyDisks {
     /// Whether the filling thread of `size_mib` should make another; when not, it is done.
     fn still_wanted(&self, size_mib: u64) -> bool {
         let mut stock = lock(&self.stock);
-        match stock.iter_mut().find(|s| s.mib == size_mib) {
+        match find(&mut stock, size_mib) {
             Some(size) if size.ready.len() < size.depth => true,
             Some(size) => {
                 size.filling = false;
@@ -186,7 +183,7 @@ impl ReadyDisks {
     }
 
     fn stop_filling(&self, size_mib: u64) {
-        if let Some(size) = lock(&self.stock).iter_mut().find(|s| s.mib == size_mib) {
+        if let Some(size) = find(&mut lock(&self.stock), size_mib) {
             size.filling = false;
         }
     }
@@ -195,7 +192,7 @@ impl ReadyDisks {
     fn put(&self, size_mib: u64, ready: Ready) {
         let unwanted = {
             let mut stock = lock(&self.stock);
-            match stock.iter_mut().find(|s| s.mib == size_mib) {
+            match find(&mut stock, size_mib) {
                 Some(size) if size.ready.len() < size.depth => {
                     size.ready.push(ready);
                     None
@@ -244,6 +241,20 @@ impl Drop for ReadyDisks {
     }
 }
 
+/// Releases the disks of sizes dropped from the stock on a thread of their own (each an
+/// unmount), not on the create that dropped them.
+fn discard_all(sizes: Vec<Size>) {
+    let disks: Vec<Ready> = sizes.into_iter().flat_map(|s| s.ready).collect();
+    if disks.is_empty() {
+        return;
+    }
+    // Without a thread they are dropped here: their filesystems and devices go with them, their
+    // images (in the stock's dir) at the next start.
+    let _ = std::thread::Builder::new()
+        .name("ready-disk-drop".into())
+        .spawn(move || disks.into_iter().for_each(discard));
+}
+
 /// Unmounts the filesystem (the device, no longer held, clears itself) and deletes the image.
 fn discard(ready: Ready) {
     let Ready { image, disk } = ready;
@@ -251,6 +262,11 @@ fn discard(ready: Ready) {
     if let Err(e) = std::fs::remove_file(&image) {
         tracing::warn!(image = %image.display(), error = %e, "removing a disk made ahead");
     }
+}
+
+/// The stocked size of `mib`, if it is stocked.
+fn find(stock: &mut [Size], mib: u64) -> Option<&mut Size> {
+    stock.iter_mut().find(|s| s.mib == mib)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
