@@ -874,9 +874,27 @@ impl Parts {
     }
 }
 
-/// Reads the agent's set-up log until it closes stderr (set-up done) and then checks health;
-/// on failure the log is the error message.
+/// Reads the agent's set-up log until it closes stderr (set-up done) and checks its health; on
+/// failure the log is the error message. The health request goes out while the agent still
+/// sets up: the daemon bound the listener before the clone, so the connection waits in its
+/// backlog and the agent answers the moment it serves, with no round trip after the set-up.
+/// An agent that dies instead closes the listener, which fails the waiting request.
 async fn wait_ready(stderr: OwnedFd, socket: &Path) -> Result<AgentClient, RuntimeError> {
+    let (log, agent) = tokio::join!(read_setup_log(stderr), async {
+        let agent = AgentClient::connect_unix(socket)
+            .await
+            .map_err(|e| format!("agent unreachable: {e}"))?;
+        match agent.health().await {
+            Ok(_) => Ok(agent),
+            Err(e) => Err(format!("agent unhealthy: {e}")),
+        }
+    });
+    let log = log?;
+    agent.map_err(|e| RuntimeError::Start(if log.is_empty() { e } else { log }))
+}
+
+/// What the agent wrote on stderr while it set up, until it closed it.
+async fn read_setup_log(stderr: OwnedFd) -> Result<String, RuntimeError> {
     const MAX_LOG: usize = 16 * 1024;
     let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)
         .map_err(RuntimeError::io("agent stderr"))?;
@@ -893,17 +911,7 @@ async fn wait_ready(stderr: OwnedFd, socket: &Path) -> Result<AgentClient, Runti
             Err(e) => return Err(RuntimeError::io("read agent stderr")(e)),
         }
     }
-    let log = String::from_utf8_lossy(&log).trim().to_string();
-    let agent = AgentClient::connect_unix(socket).await;
-    match agent {
-        Ok(agent) => match agent.health().await {
-            Ok(_) => Ok(agent),
-            Err(e) if log.is_empty() => Err(RuntimeError::Start(format!("agent unhealthy: {e}"))),
-            Err(_) => Err(RuntimeError::Start(log)),
-        },
-        Err(e) if log.is_empty() => Err(RuntimeError::Start(format!("agent unreachable: {e}"))),
-        Err(_) => Err(RuntimeError::Start(log)),
-    }
+    Ok(String::from_utf8_lossy(&log).trim().to_string())
 }
 
 #[async_trait]
