@@ -266,11 +266,10 @@ impl AgentClient {
     /// Runs an exec to completion, keeping at most `output_limit_bytes` per stream.
     pub async fn exec_collect(&self, req: ExecRequest) -> Result<ExecOutput> {
         let limit = usize::try_from(req.output_limit_bytes).unwrap_or(usize::MAX);
-        let mut s = self.exec(req).await?;
+        let mut s = self.exec(ExecRequest { quiet: true, ..req }).await?;
         let mut out = ExecOutput::default();
         loop {
             match s.recv().await? {
-                FromAgent::Started { pid } => out.pid = Some(pid),
                 FromAgent::Stdout(d) => {
                     out.stdout_truncated |= append_bounded(&mut out.stdout, &d, limit)
                 }
@@ -453,7 +452,6 @@ impl AgentClient {
 /// The collected result of [`AgentClient::exec_collect`].
 #[derive(Debug, Default, Clone)]
 pub struct ExecOutput {
-    pub pid: Option<u32>,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub stdout_truncated: bool,

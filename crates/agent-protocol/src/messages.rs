@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 /// 4: trace context of an exec (`ExecRequest::trace`) and what the agent timed of it
 /// (`ExitInfo::timing`). 5: the same for a context run (`ContextRun::trace`,
 /// `RunOutcome::timing`); execs that outlive their connection (`ExecRequest::detached`).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: execs awaited to their end announce no start (`ExecRequest::quiet`, `ExitInfo::pid`).
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Largest data chunk of a byte stream (stdout, stdin, relayed bytes) carried in one frame.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -350,6 +351,9 @@ pub struct ExecRequest {
     /// its output is read and dropped once nobody takes it. Otherwise a closed connection
     /// kills it, as `Cancel` does.
     pub detached: bool,
+    /// The caller waits for the exit and needs no `Started`: none is sent (one message and one
+    /// wake-up less on each side of every exec); the pid comes with `Exited`.
+    pub quiet: bool,
 }
 
 /// A W3C trace context (`traceparent`, version 00): the span in-sandbox work is a child of.
@@ -409,6 +413,8 @@ pub struct ExitInfo {
     pub duration_ms: u64,
     /// The exec's timing inside the sandbox (zero for a terminal's process).
     pub timing: ExecTiming,
+    /// The process's pid in the sandbox.
+    pub pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

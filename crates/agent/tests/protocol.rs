@@ -164,31 +164,62 @@ fn a_traced_exec_passes_traceparent_and_reports_its_timing() {
     });
 }
 
+/// Every message of one exec, up to and including its `Exited`.
+async fn exec_events(client: &AgentClient, req: ExecRequest) -> Vec<FromAgent> {
+    let mut s = client.exec(req).await.unwrap();
+    let mut events = Vec::new();
+    loop {
+        let m = s.recv().await.unwrap();
+        let done = matches!(m, FromAgent::Exited(_));
+        events.push(m);
+        if done {
+            return events;
+        }
+    }
+}
+
+fn exit_of(events: &[FromAgent]) -> &ExitInfo {
+    match events.last() {
+        Some(FromAgent::Exited(exit)) => exit,
+        other => panic!("no exit last: {other:?}"),
+    }
+}
+
 #[test]
 fn exec_streams_start_output_then_exit() {
     let h = harness();
     rt().block_on(async {
-        let mut s = h
-            .client
-            .exec(exec(&["/bin/sh", "-c", "echo out; echo err >&2; exit 3"]))
-            .await
-            .unwrap();
-        let mut events = Vec::new();
-        loop {
-            let m = s.recv().await.unwrap();
-            let done = matches!(m, FromAgent::Exited(_));
-            events.push(m);
-            if done {
-                break;
-            }
-        }
-        assert!(matches!(events[0], FromAgent::Started { .. }), "{events:?}");
+        let req = exec(&["/bin/sh", "-c", "echo out; echo err >&2; exit 3"]);
+        let events = exec_events(&h.client, req).await;
+        let FromAgent::Started { pid } = events[0] else {
+            panic!("no start first: {events:?}");
+        };
         assert!(events.contains(&FromAgent::Stdout(b"out\n".to_vec())));
         assert!(events.contains(&FromAgent::Stderr(b"err\n".to_vec())));
-        let FromAgent::Exited(exit) = events.last().unwrap() else {
-            unreachable!()
+        assert_eq!(exit_of(&events).exit_code, Some(3));
+        assert_eq!(exit_of(&events).pid, Some(pid));
+    });
+}
+
+#[test]
+fn a_quiet_exec_announces_no_start_and_names_its_pid_at_the_exit() {
+    let h = harness();
+    rt().block_on(async {
+        let req = ExecRequest {
+            quiet: true,
+            ..exec(&["/bin/sh", "-c", "echo $$; exit 4"])
         };
-        assert_eq!(exit.exit_code, Some(3));
+        let events = exec_events(&h.client, req).await;
+        assert!(
+            !events
+                .iter()
+                .any(|m| matches!(m, FromAgent::Started { .. })),
+            "{events:?}"
+        );
+        let exit = exit_of(&events);
+        assert_eq!(exit.exit_code, Some(4));
+        let said = format!("{}\n", exit.pid.expect("the exit names the pid"));
+        assert_eq!(events[0], FromAgent::Stdout(said.into_bytes()));
     });
 }
 

@@ -409,9 +409,14 @@ async fn exec(state: &State, req: ExecRequest, mut follow_ups: FollowUps, out: &
     let _running = Running::new(&state.running);
     let killed = state.kill_all.lock().clone();
     let pid = state.next_pid.fetch_add(1, Ordering::SeqCst);
-    out.send(FromAgent::Started { pid }).await;
+    if !req.quiet {
+        out.send(FromAgent::Started { pid }).await;
+    }
     let limit = usize::try_from(req.output_limit_bytes).unwrap_or(usize::MAX);
-    let mut exit = ExitInfo::default();
+    let mut exit = ExitInfo {
+        pid: Some(pid),
+        ..Default::default()
+    };
     for (data, truncated, stdout) in [
         (&scripted.stdout, &mut exit.stdout_truncated, true),
         (&scripted.stderr, &mut exit.stderr_truncated, false),

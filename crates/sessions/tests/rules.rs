@@ -679,3 +679,28 @@ async fn a_dead_agent_stops_the_session_and_later_calls_are_session_stopped() {
         .await
         .expect("the dead session still holds its slot");
 }
+
+#[tokio::test]
+async fn an_awaited_exec_asks_for_no_start_and_a_background_one_does() {
+    let quiet: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let seen = quiet.clone();
+    let runtime = MemoryRuntime::new().with_script(Arc::new(move |req| {
+        seen.lock().unwrap().push(req.quiet);
+        Scripted::builtin(&req.argv, &req.stdin)
+    }));
+    let f = fixture_with(&[tenant("acme", "standard", None)], config(), runtime).await;
+    let acme = who("acme");
+    let s = f
+        .manager
+        .create(&acme, CreateSession::default())
+        .await
+        .unwrap();
+    let r = f.manager.exec(&acme, &s.id, cmd(&["true"])).await.unwrap();
+    assert_eq!(r.exit_code, Some(0));
+    f.manager
+        .exec_background(&acme, &s.id, cmd(&["true"]))
+        .await
+        .unwrap();
+    // Followers are handed the exec once it started: that one must be announced.
+    assert_eq!(*quiet.lock().unwrap(), [true, false]);
+}

@@ -144,10 +144,11 @@ pub async fn run(
     } = child;
     // The first word on the stream, before any output: the daemon waits for it (or for the
     // error of a spawn that failed) before it hands a followed exec to its client.
-    if out
-        .send(FromAgent::Started { pid: pid as u32 })
-        .await
-        .is_err()
+    if !req.quiet
+        && out
+            .send(FromAgent::Started { pid: pid as u32 })
+            .await
+            .is_err()
         && !req.detached
     {
         kill_group(pid, libc::SIGKILL);
@@ -233,6 +234,7 @@ pub async fn run(
                 run_us: micros(exited - started),
                 since_exit_us: micros(exited.elapsed()),
             },
+            pid: Some(pid as u32),
         }))
         .await;
 }

@@ -96,6 +96,7 @@ pub async fn run(
             exit_code,
             signal,
             duration_ms: started.elapsed().as_millis() as u64,
+            pid: Some(pid as u32),
             ..Default::default()
         }))
         .await;

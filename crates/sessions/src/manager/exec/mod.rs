@@ -69,7 +69,7 @@ impl Manager {
             }
         };
         if !out.killed {
-            trace.agent_exited(&out.exit, out.pid);
+            trace.agent_exited(&out.exit);
         }
         let (verdict, peak_kib) = meter.finish(&out.exit, out.killed, &self.metrics).await;
         let exec_id = uuid::Uuid::new_v4().simple().to_string();
@@ -157,6 +157,7 @@ impl Manager {
             gid: uid,
             trace: None,
             detached: false,
+            quiet: false,
         })
     }
 
@@ -255,7 +256,6 @@ impl Manager {
         };
         let run = Running {
             stream,
-            pid,
             meter,
             report,
             metrics: self.metrics_handle(),
@@ -325,7 +325,6 @@ struct Report {
 /// A started followed exec, for [`consume`].
 struct Running {
     stream: proto::AgentStream,
-    pid: u32,
     meter: Meter,
     report: Report,
     metrics: Arc<crate::Metrics>,
@@ -356,7 +355,6 @@ fn report_verdict(
 async fn consume(exec: Arc<FollowedExec>, run: Running, mut trace: ExecTrace) {
     let Running {
         mut stream,
-        pid,
         meter,
         report,
         metrics,
@@ -373,7 +371,7 @@ async fn consume(exec: Arc<FollowedExec>, run: Running, mut trace: ExecTrace) {
             Ok(FromAgent::Stdout(d)) => exec.record(ExecEvent::Stdout(Bytes::from(d)), limit),
             Ok(FromAgent::Stderr(d)) => exec.record(ExecEvent::Stderr(Bytes::from(d)), limit),
             Ok(FromAgent::Exited(exit)) => {
-                trace.agent_exited(&exit, Some(pid));
+                trace.agent_exited(&exit);
                 break (exit, false);
             }
             Ok(_) => {}
@@ -413,7 +411,6 @@ async fn consume(exec: Arc<FollowedExec>, run: Running, mut trace: ExecTrace) {
 /// An exec's collected output; `killed` when the sandbox went away mid-run (what was printed
 /// until then is kept).
 struct Collected {
-    pid: Option<u32>,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
     stdout_truncated: bool,
@@ -429,10 +426,11 @@ async fn collect_exec(
 ) -> Result<Collected, ClientError> {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let began = Instant::now();
-    let mut running = false;
-    let mut stream = agent.exec(req).await?;
+    // Only the exit matters here: the agent announces no start.
+    let mut stream = agent
+        .exec(proto::ExecRequest { quiet: true, ..req })
+        .await?;
     let mut c = Collected {
-        pid: None,
         stdout: Vec::new(),
         stderr: Vec::new(),
         stdout_truncated: false,
@@ -442,10 +440,6 @@ async fn collect_exec(
     };
     loop {
         match stream.recv().await {
-            Ok(FromAgent::Started { pid }) => {
-                running = true;
-                c.pid = Some(pid);
-            }
             Ok(FromAgent::Stdout(d)) => {
                 c.stdout_truncated |= append_bounded(&mut c.stdout, &d, limit)
             }
@@ -463,8 +457,9 @@ async fn collect_exec(
                     format!("unexpected {other:?}").chars().take(80).collect(),
                 ))
             }
-            // Output already received is the partial result of a killed exec.
-            Err(ClientError::Disconnected) if running => {
+            // The agent took the exec (a spawn that failed is an `Error`, not a hang-up): output
+            // already received is the partial result of a killed exec.
+            Err(ClientError::Disconnected) => {
                 c.killed = true;
                 c.exit.signal = Some(SIGKILL);
                 c.exit.duration_ms = began.elapsed().as_millis() as u64;

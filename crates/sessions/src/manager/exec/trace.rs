@@ -90,9 +90,9 @@ impl ExecTrace {
     }
 
     /// The agent reported the exec's end just now: exports the in-sandbox span.
-    pub(crate) fn agent_exited(&mut self, exit: &proto::ExitInfo, pid: Option<u32>) {
+    pub(crate) fn agent_exited(&mut self, exit: &proto::ExitInfo) {
         let mut attrs = Vec::new();
-        if let Some(pid) = pid {
+        if let Some(pid) = exit.pid {
             attrs.push(("process.pid", i64::from(pid)));
         }
         if let Some(code) = exit.exit_code {
