@@ -138,11 +138,9 @@ pub struct AgentClient {
 }
 
 impl AgentClient {
+    /// Connects to an agent's unix socket (watched for reading only: [`crate::socket`]).
     pub async fn connect_unix(path: &Path) -> Result<Self> {
-        let stream = tokio::net::UnixStream::connect(path)
-            .await
-            .map_err(CodecError::Io)?;
-        let (r, w) = stream.into_split();
+        let (r, w) = crate::socket::connect(path).await.map_err(CodecError::Io)?;
         Ok(Self::new(r, w))
     }
 

@@ -86,8 +86,12 @@ impl Agent {
 
 pub async fn serve_listener(agent: Arc<Agent>, listener: tokio::net::UnixListener) {
     loop {
-        match listener.accept().await {
-            Ok((conn, _)) => {
+        match listener
+            .accept()
+            .await
+            .and_then(|(conn, _)| koder_agent_protocol::socket::accepted(conn))
+        {
+            Ok(conn) => {
                 tokio::spawn(serve_connection(agent.clone(), conn));
             }
             Err(e) => {
