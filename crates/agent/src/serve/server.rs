@@ -86,12 +86,8 @@ impl Agent {
 
 pub async fn serve_listener(agent: Arc<Agent>, listener: tokio::net::UnixListener) {
     loop {
-        match listener
-            .accept()
-            .await
-            .and_then(|(conn, _)| koder_agent_protocol::socket::accepted(conn))
-        {
-            Ok(conn) => {
+        match listener.accept().await {
+            Ok((conn, _)) => {
                 tokio::spawn(serve_connection(agent.clone(), conn));
             }
             Err(e) => {
