@@ -20,13 +20,21 @@ fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-fn driver_or_skip(test: &str) -> Option<koder_cgroups::Driver> {
+/// Held for a whole test: each test's `Guard` removes the shared parent once its own group is
+/// gone, which raced another test between making that parent (`detect`) and its group in it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+type Serial = std::sync::MutexGuard<'static, ()>;
+
+fn driver_or_skip(test: &str) -> Option<(koder_cgroups::Driver, Serial)> {
     if !is_root() {
         eprintln!("SKIP {test}: not running as root");
         return None;
     }
+    // A test that failed while holding it poisoned nothing the next one uses.
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     match detect(PARENT) {
-        Ok(d) => Some(d),
+        Ok(d) => Some((d, serial)),
         Err(e) => {
             eprintln!("SKIP {test}: no usable cgroup hierarchy: {e}");
             None
@@ -120,7 +128,7 @@ fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn lifecycle() {
-    let Some(driver) = driver_or_skip("lifecycle") else {
+    let Some((driver, _serial)) = driver_or_skip("lifecycle") else {
         return;
     };
     let name = format!("t{}-lifecycle", std::process::id());
@@ -230,7 +238,7 @@ fn lifecycle() {
 
 #[test]
 fn oom_kill_is_counted() {
-    let Some(driver) = driver_or_skip("oom_kill_is_counted") else {
+    let Some((driver, _serial)) = driver_or_skip("oom_kill_is_counted") else {
         return;
     };
     let python = "/usr/bin/python3";
@@ -271,7 +279,7 @@ fn oom_kill_is_counted() {
 
 #[test]
 fn pids_limit_refuses_forks() {
-    let Some(driver) = driver_or_skip("pids_limit_refuses_forks") else {
+    let Some((driver, _serial)) = driver_or_skip("pids_limit_refuses_forks") else {
         return;
     };
     let name = format!("t{}-pids", std::process::id());
@@ -307,7 +315,7 @@ fn pids_limit_refuses_forks() {
 /// counted where it happened, and a process joins a group through its `cgroup.procs` files.
 #[test]
 fn oom_stays_in_the_workload_child() {
-    let Some(driver) = driver_or_skip("oom_stays_in_the_workload_child") else {
+    let Some((driver, _serial)) = driver_or_skip("oom_stays_in_the_workload_child") else {
         return;
     };
     let python = "/usr/bin/python3";
@@ -435,7 +443,7 @@ fn v2_core_on_controllerless_mount() {
 /// the descriptors kept open in that leaf do not stop its parent's destroy from removing it.
 #[test]
 fn exec_counters_follow_the_kernel() {
-    let Some(driver) = driver_or_skip("exec_counters_follow_the_kernel") else {
+    let Some((driver, _serial)) = driver_or_skip("exec_counters_follow_the_kernel") else {
         return;
     };
     let python = "/usr/bin/python3";
