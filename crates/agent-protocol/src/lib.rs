@@ -10,7 +10,7 @@ pub mod init;
 pub mod messages;
 pub mod metadata;
 pub mod mount_target;
-pub mod socket;
+mod socket;
 
 pub use client::{
     relay, AgentClient, AgentStream, ClientError, ExecOutput, FileReader, FileWriter, StreamHandle,

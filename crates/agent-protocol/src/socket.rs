@@ -22,7 +22,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 /// Connects to the agent's socket at `path`.
-pub async fn connect(path: &Path) -> io::Result<(ReadHalf, WriteHalf)> {
+pub(crate) async fn connect(path: &Path) -> io::Result<(ReadHalf, WriteHalf)> {
     let stream = tokio::net::UnixStream::connect(path).await?;
     split(taken_back(stream)?)
 }
@@ -33,7 +33,7 @@ fn taken_back(stream: tokio::net::UnixStream) -> io::Result<OwnedFd> {
 }
 
 /// Splits a connected, non-blocking stream socket into its halves.
-pub fn split(fd: OwnedFd) -> io::Result<(ReadHalf, WriteHalf)> {
+fn split(fd: OwnedFd) -> io::Result<(ReadHalf, WriteHalf)> {
     let socket = Arc::new(watch(fd, Interest::READABLE)?);
     Ok((ReadHalf(socket.clone()), WriteHalf { socket, full: None }))
 }
@@ -44,7 +44,7 @@ fn watch(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
     unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)
 }
 
-pub struct ReadHalf(Arc<AsyncFd<OwnedFd>>);
+pub(crate) struct ReadHalf(Arc<AsyncFd<OwnedFd>>);
 
 impl AsyncRead for ReadHalf {
     fn poll_read(
@@ -76,7 +76,7 @@ impl AsyncRead for ReadHalf {
     }
 }
 
-pub struct WriteHalf {
+pub(crate) struct WriteHalf {
     socket: Arc<AsyncFd<OwnedFd>>,
     /// A second descriptor of the socket watched for write space while a write waits for it.
     full: Option<AsyncFd<OwnedFd>>,

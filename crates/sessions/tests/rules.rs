@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
-use koder_api_types::{codes, CreateSession, ErrorCode, ExecRequest, Limits, SessionState};
+use koder_api_types::{
+    codes, CreateSession, ErrorCode, ExecRequest, Limits, Session, SessionState,
+};
 use koder_auth::Identity;
 use koder_runtime::Usage;
 use koder_runtime_memory::{MemoryRuntime, Scripted};
@@ -74,6 +76,18 @@ async fn fixture_with(tenants: &[Tenant], cfg: SessionConfig, runtime: MemoryRun
 
 async fn fixture(tenants: &[Tenant]) -> Fixture {
     fixture_with(tenants, config(), MemoryRuntime::new()).await
+}
+
+/// Tenant `acme` (standard plan, no session cap) on `runtime`, with one session made.
+async fn acme_session(runtime: MemoryRuntime) -> (Fixture, Identity, Session) {
+    let f = fixture_with(&[tenant("acme", "standard", None)], config(), runtime).await;
+    let acme = who("acme");
+    let s = f
+        .manager
+        .create(&acme, CreateSession::default())
+        .await
+        .expect("create");
+    (f, acme, s)
 }
 
 fn code_of<T>(r: Result<T, Error>) -> ErrorCode {
@@ -421,18 +435,7 @@ fn verdict_runtime() -> MemoryRuntime {
 
 #[tokio::test]
 async fn an_oom_kill_during_the_exec_is_the_oom_verdict() {
-    let f = fixture_with(
-        &[tenant("acme", "standard", None)],
-        config(),
-        verdict_runtime(),
-    )
-    .await;
-    let acme = who("acme");
-    let s = f
-        .manager
-        .create(&acme, CreateSession::default())
-        .await
-        .unwrap();
+    let (f, acme, s) = acme_session(verdict_runtime()).await;
 
     let ok = f.manager.exec(&acme, &s.id, cmd(&["true"])).await.unwrap();
     assert_eq!(ok.verdict, None);
@@ -462,18 +465,7 @@ async fn an_oom_kill_during_the_exec_is_the_oom_verdict() {
 
 #[tokio::test]
 async fn a_pids_limit_hit_with_a_failed_exit_is_the_pids_verdict() {
-    let f = fixture_with(
-        &[tenant("acme", "standard", None)],
-        config(),
-        verdict_runtime(),
-    )
-    .await;
-    let acme = who("acme");
-    let s = f
-        .manager
-        .create(&acme, CreateSession::default())
-        .await
-        .unwrap();
+    let (f, acme, s) = acme_session(verdict_runtime()).await;
 
     let r = f
         .manager
@@ -495,13 +487,7 @@ async fn a_pids_limit_hit_with_a_failed_exit_is_the_pids_verdict() {
 
 #[tokio::test]
 async fn an_exec_past_its_timeout_is_the_timeout_verdict() {
-    let f = fixture(&[tenant("acme", "standard", None)]).await;
-    let acme = who("acme");
-    let s = f
-        .manager
-        .create(&acme, CreateSession::default())
-        .await
-        .unwrap();
+    let (f, acme, s) = acme_session(MemoryRuntime::new()).await;
 
     let started = std::time::Instant::now();
     let r = f
@@ -688,13 +674,7 @@ async fn an_awaited_exec_asks_for_no_start_and_a_background_one_does() {
         seen.lock().unwrap().push(req.quiet);
         Scripted::builtin(&req.argv, &req.stdin)
     }));
-    let f = fixture_with(&[tenant("acme", "standard", None)], config(), runtime).await;
-    let acme = who("acme");
-    let s = f
-        .manager
-        .create(&acme, CreateSession::default())
-        .await
-        .unwrap();
+    let (f, acme, s) = acme_session(runtime).await;
     let r = f.manager.exec(&acme, &s.id, cmd(&["true"])).await.unwrap();
     assert_eq!(r.exit_code, Some(0));
     f.manager
