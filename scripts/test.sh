@@ -3,6 +3,9 @@
 # Jail tests need root (real namespaces and cgroups); unprivileged runs skip them and say so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A suite run builds the workspace once: incremental caches would only double the debug target
+# (~30 GB more), and CI's disk filled with them (exit 101, "No space left on device").
+export CARGO_INCREMENTAL=0
 scripts/setup.sh
 scripts/setup-microvm.sh
 scripts/setup-s3.sh  # the S3-protocol server the blob store's S3 tests run against (cached)
