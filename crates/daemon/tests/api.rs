@@ -963,3 +963,33 @@ async fn a_client_that_gives_up_mid_create_leaves_no_sandbox() {
         std::fs::read_dir(&sandboxes).unwrap().count()
     );
 }
+
+/// A daemon whose stderr is a file (a service manager's log, journald) writes plain text:
+/// colour codes there would reach every log reader as `\x1b[..m` noise; with
+/// `KODER_LOG_FORMAT=json` every log line is one JSON object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_on_a_file_are_plain_text_or_json_lines() {
+    let Some(()) = root_or_skip() else { return };
+    let info = ("RUST_LOG", "info");
+    for json in [false, true] {
+        let env: &[(&str, &str)] = match json {
+            true => &[info, ("KODER_LOG_FORMAT", "json")],
+            false => &[info],
+        };
+        let mut d = Daemon::start_logging(BASE_CONFIG, env).await;
+        let id = d.create(json!({})).await;
+        d.stop();
+        let log = d.log();
+        assert!(!log.contains('\u{1b}'), "escape codes in the log: {log}");
+        let created = log.lines().find(|l| l.contains("session created"));
+        let created = created.unwrap_or_else(|| panic!("no 'session created' line: {log}"));
+        assert!(created.contains(&id), "{created}");
+        if json {
+            for line in log.lines().filter(|l| l.starts_with('{')) {
+                serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            }
+            let v: Value = serde_json::from_str(created).unwrap();
+            assert_eq!(v["fields"]["message"], "session created", "{v}");
+        }
+    }
+}

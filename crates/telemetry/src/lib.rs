@@ -4,6 +4,7 @@
 //! the caller's. Work done where the daemon's tracer cannot run (inside a sandbox) is exported
 //! by the daemon on its behalf as a [`RemoteChild`].
 
+use std::io::IsTerminal as _;
 use std::time::SystemTime;
 
 use opentelemetry::propagation::Extractor;
@@ -82,7 +83,11 @@ impl Telemetry {
 /// kept.
 pub fn init(cfg: &TelemetryConfig, filter: &str, json: bool) -> Result<Telemetry, TelemetryError> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colour only for a person at a terminal: a log file or journald would keep the escape
+    // codes as text (and formatting them is work on every request's span).
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     let fmt = if json {
         fmt.json().boxed()
     } else {

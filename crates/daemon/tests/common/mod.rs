@@ -42,6 +42,9 @@ pub struct Daemon {
     netns: Option<std::path::PathBuf>,
     /// A filesystem mounted for the data dir ([`Daemon::start_on_btrfs`]).
     data_fs: Option<std::path::PathBuf>,
+    /// Where stderr goes instead of the test's own ([`Daemon::start_logging`]), with the
+    /// environment that start adds.
+    log_file: Option<(std::path::PathBuf, Vec<(String, String)>)>,
 }
 
 /// The `[microvm]` table pointing at the image `ksandbox image build` made
@@ -92,6 +95,22 @@ impl Daemon {
         let mut d = Self::unstarted(config, keys, listen, netns);
         d.launch().await;
         d
+    }
+
+    /// As [`Daemon::start`], with stderr written to a file ([`Daemon::log`]) as a service
+    /// manager would, and `env` added to the daemon's environment.
+    pub async fn start_logging(config: &str, env: &[(&str, &str)]) -> Daemon {
+        let mut d = Self::unstarted(config, true, "127.0.0.1:0", None);
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        d.log_file = Some((d.dir.path().join("daemon.log"), env.collect()));
+        d.launch().await;
+        d
+    }
+
+    /// What the daemon wrote on stderr so far ([`Daemon::start_logging`] only).
+    pub fn log(&self) -> String {
+        let (path, _) = self.log_file.as_ref().expect("started with start_logging");
+        std::fs::read_to_string(path).expect("read the daemon's log")
     }
 
     /// As [`Daemon::start`], on a data dir that is a btrfs filesystem made for it on a sparse
@@ -147,6 +166,7 @@ impl Daemon {
             listen: listen.to_string(),
             netns,
             data_fs: None,
+            log_file: None,
         }
     }
 
@@ -171,6 +191,10 @@ impl Daemon {
             .env("RUST_LOG", test_log_filter())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if let Some((path, env)) = &self.log_file {
+            let file = std::fs::File::create(path).expect("create the daemon's log");
+            cmd.stderr(file).envs(env.iter().map(|(k, v)| (k, v)));
+        }
         if self.keys {
             cmd.arg("--api-key")
                 .arg(format!("t1:{KEY1}"))
