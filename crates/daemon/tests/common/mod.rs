@@ -107,6 +107,20 @@ impl Daemon {
         d
     }
 
+    /// Sends stderr to the log file of [`Daemon::start_logging`], if any, with its environment;
+    /// a relaunch appends, so the log holds every run on this data dir.
+    fn log_to_file(&self, cmd: &mut Command) {
+        let Some((path, env)) = &self.log_file else {
+            return;
+        };
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("open the daemon's log");
+        cmd.stderr(file).envs(env.iter().map(|(k, v)| (k, v)));
+    }
+
     /// What the daemon wrote on stderr so far ([`Daemon::start_logging`] only).
     pub fn log(&self) -> String {
         let (path, _) = self.log_file.as_ref().expect("started with start_logging");
@@ -191,10 +205,7 @@ impl Daemon {
             .env("RUST_LOG", test_log_filter())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        if let Some((path, env)) = &self.log_file {
-            let file = std::fs::File::create(path).expect("create the daemon's log");
-            cmd.stderr(file).envs(env.iter().map(|(k, v)| (k, v)));
-        }
+        self.log_to_file(&mut cmd);
         if self.keys {
             cmd.arg("--api-key")
                 .arg(format!("t1:{KEY1}"))
@@ -541,6 +552,7 @@ impl Daemon {
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        self.log_to_file(&mut cmd);
         if self.keys {
             cmd.arg("--api-key").arg(format!("t1:{KEY1}"));
         }
