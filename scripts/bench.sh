@@ -21,6 +21,8 @@ fi
 e2b_venv
 
 cargo build --release --locked -p koder-sandbox -p koder-agent -p koder-bench
+. scripts/lib/static-agent.sh
+static_agent release  # the agent the daemons it starts use, as scripts/serve.sh's does
 mkdir -p target/bench
 exec target/release/koder-bench --e2b-python "$E2B_PYTHON" \
   --json target/bench/results.json --markdown target/bench/results.md "$@"

@@ -16,6 +16,10 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests start the real agent binary, so every binary is built first.
 cargo build --workspace --bins --locked
+# ... and the agent as scripts/serve.sh runs it, statically linked: every daemon and jail test
+# of the suite starts sandboxes with it (KODER_AGENT_BIN).
+. scripts/lib/static-agent.sh
+static_agent dev
 # The microVM guest (kernel + root disk), built once into the test cache outside the clone and
 # rebuilt when its recipe's version changes (minutes the first time).
 export KODER_MICROVM_IMAGES="${KODER_TEST_CACHE:-/var/cache/koder-sandbox-test}/microvm-images"
