@@ -580,11 +580,21 @@ impl CloneDir {
     pub fn path(&self) -> &Path {
         &self.0
     }
+
+    /// Removes the directory and returns once it is gone (a drop only starts that): a fork
+    /// answers with no clone of its source's disk left on the data dir.
+    pub async fn remove(mut self) {
+        remove_tree(std::mem::take(&mut self.0)).await;
+    }
 }
 
 impl Drop for CloneDir {
     fn drop(&mut self) {
         let dir = std::mem::take(&mut self.0);
+        // Removed already.
+        if dir.as_os_str().is_empty() {
+            return;
+        }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(remove_tree(dir))),
             Err(_) => drop(std::fs::remove_dir_all(dir)),

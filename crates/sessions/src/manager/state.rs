@@ -775,7 +775,9 @@ impl Manager {
             .collect()
             .await;
         // The copies have their own clones of it.
-        drop(clone);
+        if let Some((dir, _)) = clone {
+            dir.remove().await;
+        }
         let (made, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
         let made: Vec<Session> = made.into_iter().filter_map(Result::ok).collect();
         if let Some(Err(e)) = failed.into_iter().next() {
