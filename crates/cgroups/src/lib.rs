@@ -142,6 +142,10 @@ pub trait CgroupDriver: Send + Sync {
     fn open(&self, name: &str) -> Result<Box<dyn Cgroup>>;
     /// Names of existing cgroups under the parent, sorted.
     fn list(&self) -> Result<Vec<String>>;
+    /// Renames the group `from`, its children with it, to `to` (which must not exist) in
+    /// every hierarchy or in none, and opens it under its new name. cgroup2 cannot rename a
+    /// group: `Unsupported` there.
+    fn rename(&self, from: &str, to: &str) -> Result<Box<dyn Cgroup>>;
 }
 
 pub trait Cgroup: Send + Sync {
@@ -266,6 +270,9 @@ impl CgroupDriver for Driver {
     }
     fn list(&self) -> Result<Vec<String>> {
         self.inner().list()
+    }
+    fn rename(&self, from: &str, to: &str) -> Result<Box<dyn Cgroup>> {
+        self.inner().rename(from, to)
     }
 }
 

@@ -145,6 +145,30 @@ impl CgroupDriver for V1Driver {
         Ok(Box::new(V1Cgroup::new(name.to_string(), dirs)))
     }
 
+    fn rename(&self, from: &str, to: &str) -> Result<Box<dyn Cgroup>> {
+        validate_name(from)?;
+        validate_name(to)?;
+        let (old, new) = (self.parent_dirs.join(from), self.parent_dirs.join(to));
+        let pairs: Vec<(PathBuf, PathBuf)> = old.distinct().into_iter().zip(new.distinct()).collect();
+        for (done, (o, n)) in pairs.iter().enumerate() {
+            // rename(2) would replace an empty directory `to`: a group never takes another's place.
+            let failure = match n.exists() {
+                true => CgroupError::AlreadyExists { path: n.clone() },
+                false => match std::fs::rename(o, n) {
+                    Ok(()) => continue,
+                    Err(e) => CgroupError::io("rename", o, e),
+                },
+            };
+            for (o, n) in pairs[..done].iter().rev() {
+                if let Err(e) = std::fs::rename(n, o) {
+                    debug!(error = %e, "rollback of a partial cgroup rename failed");
+                }
+            }
+            return Err(failure);
+        }
+        Ok(Box::new(V1Cgroup::new(to.to_string(), new)))
+    }
+
     fn list(&self) -> Result<Vec<String>> {
         // Union over hierarchies: a crash mid-create can leave a cgroup in
         // only some of them, and those need reaping too.
@@ -518,6 +542,36 @@ mod tests {
             assert!(matches!(err, CgroupError::NotFound { .. }));
             let err = driver.open("../etc").err().expect("bad name");
             assert!(matches!(err, CgroupError::InvalidName { .. }));
+        }
+    }
+
+    #[test]
+    fn rename_moves_every_hierarchy_or_none() {
+        for comount in [false, true] {
+            let (_tmp, driver, roots) = setup(comount);
+            driver
+                .create("made")
+                .and_then(|cg| cg.create_child("leaf"))
+                .expect("create");
+            let cg = driver.rename("made", "box").expect("rename");
+            assert_eq!(cg.name(), "box");
+            for c in V1Controller::ALL {
+                assert!(dir(&roots, c, "box/leaf").is_dir(), "{c:?}");
+                assert!(!dir(&roots, c, "made").exists(), "{c:?}");
+            }
+            // A name taken in one hierarchy leaves the group as it was in all of them.
+            driver.create("made").expect("create again");
+            fs::create_dir_all(dir(&roots, V1Controller::Pids, "taken")).expect("mkdir");
+            let err = driver.rename("made", "taken").err().expect("taken");
+            assert!(matches!(err, CgroupError::AlreadyExists { .. }), "{err}");
+            for c in V1Controller::ALL {
+                assert!(dir(&roots, c, "made").is_dir(), "{c:?}");
+            }
+            assert!(!dir(&roots, V1Controller::Memory, "taken").exists());
+            let err = driver.rename("made", "../x").err().expect("bad name");
+            assert!(matches!(err, CgroupError::InvalidName { .. }));
+            let err = driver.rename("gone", "other").err().expect("missing");
+            assert!(matches!(err, CgroupError::Io { .. }), "{err}");
         }
     }
 

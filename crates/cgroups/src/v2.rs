@@ -97,6 +97,14 @@ impl CgroupDriver for V2Driver {
         Ok(Box::new(V2Cgroup::new(name, dir)))
     }
 
+    fn rename(&self, from: &str, _to: &str) -> Result<Box<dyn Cgroup>> {
+        // cgroup2's directory operations are mkdir and rmdir only.
+        Err(CgroupError::Unsupported {
+            what: "renaming a cgroup",
+            path: self.parent.join(from),
+        })
+    }
+
     fn list(&self) -> Result<Vec<String>> {
         let mut names = Vec::new();
         fsutil::list_child_dirs(&self.parent, &mut names)?;

@@ -536,3 +536,38 @@ fn exec_counters_follow_the_kernel() {
     assert!(workload.exec_counters().is_err());
     assert!(workload.memory_peak().is_err());
 }
+
+/// The kernel renames a v1 group with its children in every hierarchy (what a create made
+/// ahead relies on); cgroup2 refuses, and says so.
+#[test]
+fn rename_on_the_real_hierarchy() {
+    let Some((driver, _serial)) = driver_or_skip("rename_on_the_real_hierarchy") else {
+        return;
+    };
+    let (from, to) = (
+        format!("t{}-ahead", std::process::id()),
+        format!("t{}-named", std::process::id()),
+    );
+    let made = Guard(driver.create(&from).expect("create"));
+    made.0.create_child("leaf").expect("child");
+    match driver.version() {
+        CgroupVersion::V1 => {
+            let renamed = Guard(driver.rename(&from, &to).expect("rename"));
+            let names = driver.list().expect("list");
+            assert!(names.contains(&to) && !names.contains(&from), "{names:?}");
+            for p in renamed.0.paths() {
+                assert!(p.join("leaf/cgroup.procs").is_file(), "{}", p.display());
+            }
+            let mut child = spawn_gated(&["true"]);
+            let leaf = renamed.0.open_child("leaf").expect("open leaf");
+            leaf.add_process(child.0.id()).expect("add to the renamed leaf");
+            release(&mut child);
+            // The group made ahead is gone under its old name: nothing for its guard to do.
+            drop(made);
+        }
+        CgroupVersion::V2 => {
+            let err = driver.rename(&from, &to).err().expect("v2 cannot rename");
+            assert!(matches!(err, CgroupError::Unsupported { .. }), "{err}");
+        }
+    }
+}
