@@ -149,7 +149,8 @@ impl CgroupDriver for V1Driver {
         validate_name(from)?;
         validate_name(to)?;
         let (old, new) = (self.parent_dirs.join(from), self.parent_dirs.join(to));
-        let pairs: Vec<(PathBuf, PathBuf)> = old.distinct().into_iter().zip(new.distinct()).collect();
+        let pairs: Vec<(PathBuf, PathBuf)> =
+            old.distinct().into_iter().zip(new.distinct()).collect();
         for (done, (o, n)) in pairs.iter().enumerate() {
             // rename(2) would replace an empty directory `to`: a group never takes another's place.
             let failure = match n.exists() {

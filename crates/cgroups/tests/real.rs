@@ -560,7 +560,8 @@ fn rename_on_the_real_hierarchy() {
             }
             let mut child = spawn_gated(&["true"]);
             let leaf = renamed.0.open_child("leaf").expect("open leaf");
-            leaf.add_process(child.0.id()).expect("add to the renamed leaf");
+            leaf.add_process(child.0.id())
+                .expect("add to the renamed leaf");
             release(&mut child);
             // The group made ahead is gone under its old name: nothing for its guard to do.
             drop(made);

@@ -13,6 +13,7 @@
 pub mod disk;
 mod layers;
 
+mod ready_cgroups;
 mod spawn;
 mod upper;
 mod volumes;
@@ -114,6 +115,8 @@ struct Inner {
     cgroup_prefix: String,
     rootless: bool,
     cgroups: Option<Box<dyn CgroupDriver>>,
+    /// Sandbox cgroups made ahead, where groups can be renamed (v1).
+    ready_cgroups: Option<Arc<ready_cgroups::ReadyCgroups>>,
     image: Image,
     /// Size-limited writable layers, where the host can make them (root, loop devices, mkfs).
     disks: Option<Arc<disk::ReadyDisks>>,
@@ -241,10 +244,25 @@ impl JailRuntime {
             "forks {} writable disks",
             if clones { "clone" } else { "copy the files of" }
         );
+        let cgroup_prefix = koder_cgroups::instance_prefix(&cfg.state_dir);
+        // A driver of its own: the stock's thread outlives no runtime but runs beside it.
+        let ready_cgroups = match &cgroups {
+            Some(_) => koder_cgroups::detect(&cfg.cgroup_parent)
+                .ok()
+                .and_then(|d| {
+                    ready_cgroups::ReadyCgroups::new(
+                        Box::new(d),
+                        &cgroup_prefix,
+                        [AGENT_CGROUP, WORKLOAD_CGROUP],
+                    )
+                }),
+            None => None,
+        };
         let inner = Inner {
             clones,
             trees,
-            cgroup_prefix: koder_cgroups::instance_prefix(&cfg.state_dir),
+            cgroup_prefix,
+            ready_cgroups,
             disks,
             slots: Slots::new(cfg.max_sandboxes),
             user_namespaces: volumes::UserNamespaces::default(),
@@ -454,13 +472,24 @@ impl Inner {
         groups: &mut Groups,
     ) -> Result<Box<dyn Cgroup>, RuntimeError> {
         let cg_err = |e: koder_cgroups::CgroupError| RuntimeError::Cgroup(e.to_string());
-        let top = groups
-            .top
-            .insert(driver.create(&self.cgroup_name(id)).map_err(cg_err)?);
-        let agent = top.create_child(AGENT_CGROUP).map_err(cg_err)?;
-        let workload = top.create_child(WORKLOAD_CGROUP).map_err(cg_err)?;
+        let name = self.cgroup_name(id);
+        let ready = self.ready_cgroups.as_ref().and_then(|r| r.take(&name));
+        let made_ahead = ready.is_some();
+        let top = groups.top.insert(match ready {
+            Some(top) => top,
+            None => driver.create(&name).map_err(cg_err)?,
+        });
+        let leaf = |leaf| match made_ahead {
+            true => top.open_child(leaf),
+            false => top.create_child(leaf),
+        };
+        let agent = leaf(AGENT_CGROUP).map_err(cg_err)?;
+        let workload = leaf(WORKLOAD_CGROUP).map_err(cg_err)?;
         apply_limits(&**top, &*workload, limits)?;
         groups.workload = Some(workload);
+        if let Some(ready) = &self.ready_cgroups {
+            ready.refill();
+        }
         Ok(agent)
     }
 
@@ -988,6 +1017,15 @@ impl Runtime for JailRuntime {
     async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {
         let inner = &self.inner;
         let mut report = ReconcileReport::default();
+        // Called at start and at the final sweep: neither wants groups made ahead (a later
+        // create makes more).
+        if let Some(ready) = inner.ready_cgroups.clone() {
+            blocking(move || {
+                ready.clear();
+                Ok(())
+            })
+            .await?;
+        }
         let mut names: Vec<String> = Vec::new();
         if let Some(driver) = &inner.cgroups {
             let all = driver

@@ -207,6 +207,8 @@ async fn a_failed_start_cleans_up_and_says_why() {
             .count(),
         0
     );
+    // With the cgroups it made ahead for the next create, before their parent goes.
+    drop(rt);
     for c in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
         let _ = std::fs::remove_dir(c.path().join(&parent));
     }
@@ -441,4 +443,72 @@ async fn set_limits_writes_only_what_differs_from_the_groups() {
     rc.set_limits(&other).await.unwrap();
     assert_eq!(read(), "50");
     sb.destroy().await.unwrap();
+}
+
+/// Groups of this test's runtime made ahead, in the memory hierarchy (cgroup v1; `None` on v2,
+/// where groups cannot be renamed and none are made ahead).
+fn ready_groups(parent: &str) -> Option<Vec<String>> {
+    let memory = Path::new("/sys/fs/cgroup/memory");
+    if !memory.join("memory.limit_in_bytes").exists() {
+        return None;
+    }
+    let names = std::fs::read_dir(memory.join(parent)).map_or(Vec::new(), |d| {
+        d.flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("-ready."))
+            .collect()
+    });
+    Some(names)
+}
+
+/// On cgroup v1 a create takes a group made ahead (renamed to its sandbox's name, leaves and
+/// all) instead of making fifteen directories; the stock refills after it, and reconciliation
+/// (start, final sweep) leaves none behind and makes no more until a create asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_take_cgroups_made_ahead() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("ahead");
+    let parent = format!("koder-test-ahead-{}", std::process::id());
+    let Some(none) = ready_groups(&parent) else {
+        eprintln!("skipped: cgroups are v2 here (no rename, nothing made ahead)");
+        return;
+    };
+    assert!(none.is_empty(), "{none:?}");
+    let first = sandbox(&env).await;
+    assert!(eventually(|| ready_groups(&parent).is_some_and(|r| r.len() == 1)).await);
+    let made = ready_groups(&parent).unwrap_or_default().remove(0);
+
+    let second = sandbox(&env).await;
+    let id = second.id().to_string();
+    for c in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        assert!(
+            !c.path().join(&parent).join(&made).exists(),
+            "{made} still in {c:?}"
+        );
+    }
+    // Its group is the renamed one, with both leaves: the agent in one, the workload in the
+    // other.
+    assert_eq!(
+        cgroup_dirs(&parent, &id).len(),
+        5,
+        "{:?}",
+        cgroup_dirs(&parent, &id)
+    );
+    assert_eq!(leaf_pids(&parent, &id, "agent").len(), 1);
+    let out = run(&second, "sleep 5 & echo started").await;
+    assert_eq!(text(&out.stdout).trim(), "started");
+    assert!(!leaf_pids(&parent, &id, "workload").is_empty());
+    assert!(eventually(|| ready_groups(&parent).is_some_and(|r| r.len() == 1)).await);
+
+    env.runtime.reconcile().await.unwrap();
+    assert_eq!(ready_groups(&parent), Some(Vec::new()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        ready_groups(&parent),
+        Some(Vec::new()),
+        "made again without a create"
+    );
+    for sb in [first, second] {
+        sb.destroy().await.unwrap();
+    }
 }
