@@ -5,8 +5,9 @@
 //! group, so there each create makes its own (three `mkdir`s in one hierarchy).
 //!
 //! How many are held follows demand, as for the disks: one at first, twice as many each time a
-//! create found none ready, up to [`MAX_DEPTH`]. A made group has no limits and no process;
-//! the create that takes it sets its limits.
+//! create found none ready, up to [`MAX_DEPTH`]; they are made in the pauses between creates
+//! (see [`ReadyCgroups::refill`]). A made group has no limits and no process; the create that
+//! takes it sets its limits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -43,6 +44,8 @@ struct Stock {
     filling: bool,
     /// Cleared by reconciliation: nothing is made until a create asks again.
     paused: bool,
+    /// Creates that asked so far.
+    takes: u64,
 }
 
 impl ReadyCgroups {
@@ -78,6 +81,7 @@ impl ReadyCgroups {
         let made = {
             let mut stock = lock(&self.stock);
             stock.paused = false;
+            stock.takes += 1;
             let made = stock.ready.pop();
             if made.is_none() && stock.asked {
                 stock.depth = (stock.depth * 2).min(MAX_DEPTH);
@@ -96,32 +100,39 @@ impl ReadyCgroups {
     }
 
     /// Starts a thread making groups until the stock's depth is ready, unless one is at it or
-    /// nothing is missing.
+    /// nothing is missing. It makes one only after [`REFILL_DELAY`] without a take: while
+    /// creates keep arriving, its `mkdir`s would share the cores and the cgroup lock with
+    /// theirs and slow each of them more than a group made ahead saves (a create loop measured
+    /// so), so the stock fills in the pauses between them.
     pub(crate) fn refill(self: &Arc<Self>) {
-        {
+        let mut seen = {
             let mut stock = lock(&self.stock);
             if stock.paused || stock.filling || stock.ready.len() >= stock.depth {
                 return;
             }
             stock.filling = true;
-        }
+            stock.takes
+        };
         let me = Arc::downgrade(self);
         let started = std::thread::Builder::new()
             .name("ready-cgroups".into())
-            .spawn(move || {
+            .spawn(move || loop {
                 std::thread::sleep(REFILL_DELAY);
                 // A runtime dropped meanwhile wants none.
-                while let Some(me) = me.upgrade() {
-                    if !me.still_wanted() {
+                let Some(me) = me.upgrade() else { return };
+                let takes = lock(&me.stock).takes;
+                if std::mem::replace(&mut seen, takes) != takes {
+                    continue;
+                }
+                if !me.still_wanted() {
+                    return;
+                }
+                match me.make() {
+                    Ok(name) => me.put(name),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "making a sandbox cgroup ahead");
+                        lock(&me.stock).filling = false;
                         return;
-                    }
-                    match me.make() {
-                        Ok(name) => me.put(name),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "making a sandbox cgroup ahead");
-                            lock(&me.stock).filling = false;
-                            return;
-                        }
                     }
                 }
             });
