@@ -33,6 +33,9 @@ pub(crate) struct ReadyCgroups {
     /// The leaves every sandbox cgroup has.
     leaves: [&'static str; 2],
     stock: Mutex<Stock>,
+    /// Held while a group is made and stocked: [`ReadyCgroups::clear`] waits for it, so none
+    /// appears after it returned (a daemon exiting then leaves none behind).
+    making: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -68,6 +71,7 @@ impl ReadyCgroups {
                 depth: 1,
                 ..Stock::default()
             }),
+            making: Mutex::default(),
         };
         let leftovers = me.driver.list().unwrap_or_default();
         for name in leftovers.iter().filter(|n| n.starts_with(&me.prefix)) {
@@ -120,6 +124,7 @@ impl ReadyCgroups {
                 std::thread::sleep(REFILL_DELAY);
                 // A runtime dropped meanwhile wants none.
                 let Some(me) = me.upgrade() else { return };
+                let _making = lock(&me.making);
                 let takes = lock(&me.stock).takes;
                 if std::mem::replace(&mut seen, takes) != takes {
                     continue;
@@ -185,6 +190,7 @@ impl ReadyCgroups {
 
     /// Destroys every group held ready; none is made again until a create asks.
     pub(crate) fn clear(&self) {
+        let _making = lock(&self.making);
         let ready = {
             let mut stock = lock(&self.stock);
             stock.paused = true;

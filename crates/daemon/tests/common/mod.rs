@@ -629,6 +629,9 @@ pub fn sandbox_cgroups(d: &Daemon) -> Vec<std::path::PathBuf> {
                 children
                     .flatten()
                     .filter(|c| c.file_type().is_ok_and(|t| t.is_dir()))
+                    // Groups the jail made ahead for the next creates (cgroup v1) are no
+                    // sandbox's: named `<prefix>ready.<n>`, which no sandbox id can be.
+                    .filter(|c| !c.file_name().to_string_lossy().contains("ready."))
                     .map(|c| c.path()),
             );
         }
