@@ -245,7 +245,7 @@ impl JailRuntime {
             if clones { "clone" } else { "copy the files of" }
         );
         let cgroup_prefix = koder_cgroups::instance_prefix(&cfg.state_dir);
-        // A driver of its own: the stock's thread outlives no runtime but runs beside it.
+        // A driver of its own: the stock's refill thread holds the stock, not the runtime.
         let ready_cgroups = match &cgroups {
             Some(_) => koder_cgroups::detect(&cfg.cgroup_parent)
                 .ok()

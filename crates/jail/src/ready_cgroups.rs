@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use koder_cgroups::{Cgroup, CgroupDriver, CgroupVersion};
 
-/// How long after a create took a group its refill starts: not beside that create's clone and
-/// agent start.
+/// How long without a create asking a group is made after: not beside a create's clone and
+/// agent start, nor beside the next create of a loop.
 const REFILL_DELAY: Duration = Duration::from_millis(30);
 
 /// The most groups held ready.
