@@ -18,5 +18,7 @@ cd "$(dirname "$0")"
   e2fsprogs=/usr/sbin/mkfs.ext4 `# per-session disk quota images, volume images` \
   btrfs-progs=/usr/bin/btrfs `# btrfs volume backend (its tests make a btrfs filesystem)` \
   nftables=/usr/sbin/nft `# egress redirect inside sandboxes with network access` \
+  binutils=/usr/bin/readelf `# checks the agent scripts/lib/static-agent.sh builds is static` \
+  libc6-dev=/usr/include/stdio.h `# its libc.a: glibc linked statically into that agent` \
   python3-matplotlib=/usr/lib/python3/dist-packages/matplotlib/__init__.py `# interpreter rich output` \
   python3-pandas=/usr/lib/python3/dist-packages/pandas/__init__.py
