@@ -230,9 +230,7 @@ impl Trees {
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Tree>> {
         // A panic while holding it leaves counts that are still whole numbers: carry on.
-        self.known
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.known)
     }
 
     /// The tree of each of `layers` (in order), unpacked now where this host has none yet.
@@ -271,9 +269,7 @@ impl Trees {
             path: self.dir.join(&key),
             key: Some(key),
         };
-        let _one_at_a_time = unpacking
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _one_at_a_time = crate::lock(&unpacking);
         if !lease.path.is_dir() {
             self.unpack(layer, &lease.path)?;
         }

@@ -663,6 +663,12 @@ impl Inner {
     }
 }
 
+/// Locks `m` whatever a panic while it was held left: every lock of this crate guards state a
+/// panic cannot leave half-changed (counts, lists, the last limits written).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn open_cgroup_dir(path: &PathBuf) -> Result<OwnedFd, RuntimeError> {
     std::fs::File::open(path)
         .map(OwnedFd::from)
@@ -1276,10 +1282,7 @@ impl ResourceControl for JailSandbox {
 
     async fn set_limits(&self, limits: &Limits) -> Result<(), RuntimeError> {
         let wanted = cgroup_limits(limits);
-        let mut applied = self
-            .applied_limits
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut applied = lock(&self.applied_limits);
         if applied.as_ref() == Some(&wanted) {
             return Ok(());
         }

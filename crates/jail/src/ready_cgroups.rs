@@ -10,10 +10,12 @@
 //! takes it sets its limits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use koder_cgroups::{Cgroup, CgroupDriver, CgroupVersion};
+
+use crate::lock;
 
 /// How long without a create asking a group is made after: not beside a create's clone and
 /// agent start, nor beside the next create of a loop.
@@ -42,12 +44,11 @@ pub(crate) struct ReadyCgroups {
 struct Stock {
     ready: Vec<String>,
     depth: usize,
-    /// A create has asked before: finding none now means creates outpace the refill.
-    asked: bool,
     filling: bool,
     /// Cleared by reconciliation: nothing is made until a create asks again.
     paused: bool,
-    /// Creates that asked so far.
+    /// Creates that asked since the stock was last cleared: after the first, finding none
+    /// means creates outpace the refill.
     takes: u64,
 }
 
@@ -87,10 +88,9 @@ impl ReadyCgroups {
             stock.paused = false;
             stock.takes += 1;
             let made = stock.ready.pop();
-            if made.is_none() && stock.asked {
+            if made.is_none() && stock.takes > 1 {
                 stock.depth = (stock.depth * 2).min(MAX_DEPTH);
             }
-            stock.asked = true;
             made
         }?;
         match self.driver.rename(&made, name) {
@@ -194,7 +194,7 @@ impl ReadyCgroups {
         let ready = {
             let mut stock = lock(&self.stock);
             stock.paused = true;
-            stock.asked = false;
+            stock.takes = 0;
             stock.depth = 1;
             std::mem::take(&mut stock.ready)
         };
@@ -208,8 +208,4 @@ impl Drop for ReadyCgroups {
     fn drop(&mut self) {
         self.clear();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

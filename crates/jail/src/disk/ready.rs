@@ -9,13 +9,13 @@
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use koder_runtime::RuntimeError;
 
 use super::{DiskTemplates, OpenDisk, OVERLAY_UPPER};
-use crate::upper;
+use crate::{lock, upper};
 use koder_hostkit::mode::set_mode;
 
 /// How long after a create took a ready disk its refill starts: not beside that create, whose
@@ -267,8 +267,4 @@ fn discard(ready: Ready) {
 /// The stocked size of `mib`, if it is stocked.
 fn find(stock: &mut [Size], mib: u64) -> Option<&mut Size> {
     stock.iter_mut().find(|s| s.mib == mib)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
