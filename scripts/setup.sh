@@ -17,7 +17,7 @@ cd "$(dirname "$0")"
   bubblewrap=/usr/bin/bwrap `# one-shot sandbox baseline of the benchmark (scripts/bench.sh)` \
   e2fsprogs=/usr/sbin/mkfs.ext4 `# per-session disk quota images, volume images` \
   btrfs-progs=/usr/bin/btrfs `# btrfs volume backend (its tests make a btrfs filesystem)` \
-  nftables=/usr/sbin/nft `# egress redirect inside sandboxes with network access` \
+  nftables=/usr/sbin/nft `# egress redirect inside sandboxes with network access (loaded by the agent or, ahead, by the daemon)` \
   binutils=/usr/bin/readelf `# checks the agent scripts/lib/static-agent.sh builds is static` \
   libc6-dev=/usr/include/stdio.h `# its libc.a: glibc linked statically into that agent` \
   python3-matplotlib=/usr/lib/python3/dist-packages/matplotlib/__init__.py `# interpreter rich output` \

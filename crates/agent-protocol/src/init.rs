@@ -52,6 +52,11 @@ pub struct InitConfig {
     /// the sandbox has loopback only.
     #[serde(default)]
     pub egress: bool,
+    /// The runtime cloned the agent into a network namespace it made itself, loopback up and,
+    /// with `egress`, [`EGRESS_RULES`] and the default routes loaded: the agent leaves its
+    /// network as it finds it (it holds no capability over that namespace).
+    #[serde(default)]
+    pub network_ready: bool,
     /// How many workload `cgroup.procs` descriptors sit from [`WORKLOAD_CGROUP_FD`] on; 0 when
     /// the runtime has no cgroups (rootless).
     #[serde(default)]
@@ -87,6 +92,44 @@ pub struct InitVolume {
 
 /// Where the agent listens for redirected TCP inside the sandbox.
 pub const EGRESS_PORT: u16 = 15001;
+
+/// The nftables ruleset of a sandbox with egress, loaded by whoever sets its network up (the
+/// agent at boot, or the jail runtime ahead of it): every outgoing TCP connection is
+/// redirected to the agent's listener ([`EGRESS_PORT`]), DNS to its resolver, everything else
+/// leaving loopback is dropped. IPv6 the same way: its connections reach the same listener (on
+/// `::1`) and so the same policy as IPv4's. Connections the redirect caught keep their
+/// original (non-loopback) addresses in conntrack, so their packets are accepted by connection
+/// state.
+pub const EGRESS_RULES: &str = "
+table ip koder {
+  chain egress_nat {
+    type nat hook output priority -100; policy accept;
+    ip daddr 127.0.0.0/8 return
+    meta l4proto tcp redirect to :15001
+    udp dport 53 redirect to :53
+  }
+  chain egress_filter {
+    type filter hook output priority 0; policy drop;
+    ip daddr 127.0.0.0/8 accept
+    ct status dnat accept
+    ct state established,related accept
+  }
+}
+table ip6 koder6 {
+  chain egress_nat {
+    type nat hook output priority -100; policy accept;
+    ip6 daddr ::1 return
+    meta l4proto tcp redirect to :15001
+    udp dport 53 redirect to :53
+  }
+  chain egress_filter {
+    type filter hook output priority 0; policy drop;
+    ip6 daddr ::1 accept
+    ct status dnat accept
+    ct state established,related accept
+  }
+}
+";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bind {
@@ -276,6 +319,13 @@ mod tests {
 
     const NONCE: &str = "0123456789abcdef0123456789abcdef";
 
+    /// Both families' TCP goes to the agent's egress listener, so the port has one source.
+    #[test]
+    fn the_egress_rules_redirect_to_the_egress_port() {
+        let redirect = format!("meta l4proto tcp redirect to :{EGRESS_PORT}");
+        assert_eq!(EGRESS_RULES.matches(&redirect).count(), 2);
+    }
+
     #[test]
     fn sync_lines_are_found_in_garbage_fed_in_pieces() {
         let mut input = vec![0u8, 0, 0, 9, 1, 2, 3];
@@ -342,6 +392,7 @@ mod tests {
                 core: 0,
             },
             egress: false,
+            network_ready: false,
             workload_cgroup_fds: 0,
             await_placement: false,
             volume_mounts: Vec::new(),

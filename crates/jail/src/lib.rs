@@ -13,8 +13,10 @@
 pub mod disk;
 mod layers;
 
+mod netns;
 mod ready_cgroups;
 mod spawn;
+mod stock;
 mod upper;
 mod volumes;
 
@@ -117,6 +119,9 @@ struct Inner {
     cgroups: Option<Box<dyn CgroupDriver>>,
     /// Sandbox cgroups made ahead, where groups can be renamed (v1).
     ready_cgroups: Option<Arc<ready_cgroups::ReadyCgroups>>,
+    /// Network namespaces made ahead (not rootless: only the host's root can make one the
+    /// sandbox holds no capability over).
+    ready_netns: Option<Arc<netns::ReadyNetns>>,
     image: Image,
     /// Size-limited writable layers, where the host can make them (root, loop devices, mkfs).
     disks: Option<Arc<disk::ReadyDisks>>,
@@ -255,14 +260,20 @@ impl JailRuntime {
                         &cgroup_prefix,
                         [AGENT_CGROUP, WORKLOAD_CGROUP],
                     )
-                }),
+                })
+                .map(Arc::new),
             None => None,
+        };
+        let ready_netns = match rootless {
+            true => None,
+            false => netns::ReadyNetns::new().map(Arc::new),
         };
         let inner = Inner {
             clones,
             trees,
             cgroup_prefix,
             ready_cgroups,
+            ready_netns,
             disks,
             slots: Slots::new(cfg.max_sandboxes),
             user_namespaces: volumes::UserNamespaces::default(),
@@ -446,6 +457,8 @@ impl Inner {
                 )
                 .collect(),
             egress: spec.egress,
+            // Set by `spawn` when it takes a namespace made ahead.
+            network_ready: false,
             rlimits: Rlimits {
                 nofile: 65536,
                 // RLIMIT_NPROC counts per host uid, and each sandbox has its own uids. It is
@@ -631,7 +644,9 @@ impl Inner {
         let _ = std::fs::remove_file(&parts.socket);
         let listener = std::os::unix::net::UnixListener::bind(&parts.socket)
             .map_err(RuntimeError::io("bind agent socket"))?;
-        let init = self.init_config(spec, &image, parts, mounts);
+        let mut init = self.init_config(spec, &image, parts, mounts);
+        let netns = self.ready_netns.as_ref().and_then(|r| r.take(spec.egress));
+        init.network_ready = netns.is_some();
         // On v2 the agent is cloned straight into its leaf; on v1 it migrates there, which
         // waits for an RCU grace period (milliseconds) on a host without `favordynmods`: done
         // while the agent sets up.
@@ -651,15 +666,22 @@ impl Inner {
             (None, Some(_)) => spawn::Placement::Moved(&move_agent),
             _ => spawn::Placement::Into(into_cgroup.as_ref().map(AsFd::as_fd)),
         };
-        spawn::spawn_agent(
+        let spawned = spawn::spawn_agent(
             &self.cfg.agent_bin,
             init,
             OwnedFd::from(listener),
             cgroup_procs,
-            ids,
-            self.rootless,
-            placement,
-        )
+            spawn::Start {
+                ids,
+                rootless: self.rootless,
+                placement,
+                netns: netns.as_ref().map(AsFd::as_fd),
+            },
+        );
+        if let Some(ready) = &self.ready_netns {
+            ready.refill(spec.egress);
+        }
+        spawned
     }
 }
 
@@ -1023,15 +1045,15 @@ impl Runtime for JailRuntime {
     async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {
         let inner = &self.inner;
         let mut report = ReconcileReport::default();
-        // Called at start and at the final sweep: neither wants groups made ahead (a later
-        // create makes more).
-        if let Some(ready) = inner.ready_cgroups.clone() {
-            blocking(move || {
-                ready.clear();
-                Ok(())
-            })
-            .await?;
-        }
+        // Called at start and at the final sweep: neither wants cgroups or network namespaces
+        // made ahead (a later create makes more).
+        let (cgroups, netns) = (inner.ready_cgroups.clone(), inner.ready_netns.clone());
+        blocking(move || {
+            cgroups.iter().for_each(|c| c.clear());
+            netns.iter().for_each(|n| n.clear());
+            Ok(())
+        })
+        .await?;
         let mut names: Vec<String> = Vec::new();
         if let Some(driver) = &inner.cgroups {
             let all = driver

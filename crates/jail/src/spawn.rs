@@ -77,20 +77,86 @@ pub enum Placement<'a> {
     /// (`None`: no cgroups, rootless).
     Into(Option<BorrowedFd<'a>>),
     /// This moves it there (the pid given) while it sets up.
-    Moved(&'a dyn Fn(i32) -> Result<(), RuntimeError>),
+    Moved(&'a (dyn Fn(i32) -> Result<(), RuntimeError> + Sync)),
+}
+
+/// Where and as whom the agent starts.
+pub struct Start<'a> {
+    pub ids: IdMap,
+    pub rootless: bool,
+    pub placement: Placement<'a>,
+    /// A network namespace made ahead to clone it into; `None`: a new one (`CLONE_NEWNET`).
+    pub netns: Option<BorrowedFd<'a>>,
 }
 
 /// Starts `agent init` in new namespaces, with `listener` as its fd 3, `config` to read on fd
-/// 4, `cgroup_procs` from fd 5 on and, when `placement` moves it, its placement pipe after
+/// 4, `cgroup_procs` from fd 5 on and, when `start.placement` moves it, its placement pipe after
 /// them (`config` is completed with both). If the move fails the agent is killed and reaped.
+///
+/// Into a network namespace made ahead, the clone is made by a thread of its own that entered
+/// it first (a child starts in its creator's namespaces; `setns` moves only the calling
+/// thread, which then ends with it). That thread stays until the agent has exec'd: the agent
+/// dies with the thread that created it until its credentials change.
 pub fn spawn_agent(
+    agent: &Path,
+    config: InitConfig,
+    listener: OwnedFd,
+    cgroup_procs: Vec<OwnedFd>,
+    start: Start<'_>,
+) -> Result<Spawned, RuntimeError> {
+    let Start {
+        ids,
+        rootless,
+        placement,
+        netns,
+    } = start;
+    let Some(netns) = netns else {
+        return spawn_here(
+            agent,
+            config,
+            listener,
+            cgroup_procs,
+            (ids, rootless),
+            placement,
+            NAMESPACES,
+        );
+    };
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("agent-spawn".into())
+            .spawn_scoped(scope, move || {
+                rustix::thread::move_into_link_name_space(
+                    netns,
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )
+                .map_err(|e| {
+                    RuntimeError::Start(format!("enter the network namespace made ahead: {e}"))
+                })?;
+                let namespaces = NAMESPACES & !(libc::CLONE_NEWNET as u64);
+                spawn_here(
+                    agent,
+                    config,
+                    listener,
+                    cgroup_procs,
+                    (ids, rootless),
+                    placement,
+                    namespaces,
+                )
+            })
+            .map_err(RuntimeError::io("start the agent's spawning thread"))?
+            .join()
+            .unwrap_or_else(|_| Err(RuntimeError::Start("the spawning thread panicked".into())))
+    })
+}
+
+fn spawn_here(
     agent: &Path,
     mut config: InitConfig,
     listener: OwnedFd,
     cgroup_procs: Vec<OwnedFd>,
-    ids: IdMap,
-    rootless: bool,
+    (ids, rootless): (IdMap, bool),
     placement: Placement<'_>,
+    namespaces: u64,
 ) -> Result<Spawned, RuntimeError> {
     let cstr = |s: &str| {
         CString::new(s).map_err(|_| RuntimeError::InvalidSpec("NUL byte in agent argument".into()))
@@ -168,7 +234,7 @@ pub fn spawn_agent(
 
     // SAFETY: the child branch below only calls `child`, which keeps to async-signal-safe
     // syscalls on CStrings/fds prepared above and ends in execve or _exit.
-    let (pid, pidfd) = match unsafe { clone_pidfd(NAMESPACES, into_cgroup) } {
+    let (pid, pidfd) = match unsafe { clone_pidfd(namespaces, into_cgroup) } {
         // SAFETY: we are the fork-like child; this never returns.
         Ok(Cloned::Child) => unsafe {
             child(sync, err_wfd, &handed, rootless, &path, &argv, &envp)
@@ -521,7 +587,7 @@ mod tests {
     /// what the script wrote to stderr.
     fn spawn_script(
         script: &str,
-        move_agent: &dyn Fn(i32) -> Result<(), RuntimeError>,
+        move_agent: &(dyn Fn(i32) -> Result<(), RuntimeError> + Sync),
     ) -> (Result<(), RuntimeError>, String) {
         let dir = tempfile::tempdir().expect("tempdir");
         let agent = dir.path().join("agent");
@@ -540,9 +606,12 @@ mod tests {
             InitConfig::default(),
             listener,
             Vec::new(),
-            ids,
-            false,
-            Placement::Moved(move_agent),
+            Start {
+                ids,
+                rootless: false,
+                placement: Placement::Moved(move_agent),
+                netns: None,
+            },
         );
         match spawned {
             Ok(spawned) => {

@@ -512,3 +512,56 @@ async fn creates_take_cgroups_made_ahead() {
         sb.destroy().await.unwrap();
     }
 }
+
+/// A create clones its agent into a network namespace made ahead when one of its kind (with
+/// or without egress) is ready: set up by the runtime, which opened its low ports to every user
+/// (what no sandbox could do to its own namespace, so it tells the two apart), loopback up, and
+/// with egress the default routes and the redirect that carry a connection to the agent's
+/// listener. The first create of each kind finds none and sets its own up, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_take_network_namespaces_made_ahead() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("netns");
+    // Low ports, default routes, and a TCP connection to an address outside the sandbox
+    // (nothing leaves it: its namespace has loopback alone): with egress the redirect hands it
+    // to the agent's listener, without it has no route.
+    let probe = "cat /proc/sys/net/ipv4/ip_unprivileged_port_start; \
+        grep -c '^lo\t00000000' /proc/net/route; \
+        /usr/bin/python3 -c 'import socket; s=socket.socket(); s.settimeout(5)
+try: s.connect((\"192.0.2.1\", 80)); print(\"connected\")
+except OSError as e: print(type(e).__name__)'";
+    for egress in [false, true] {
+        let mut seen = Vec::new();
+        for n in 0..3 {
+            let sb = env
+                .runtime
+                .create(SandboxSpec {
+                    id: format!("ns{}-{egress}-{n}", std::process::id()),
+                    image: "host".into(),
+                    egress,
+                    ..Default::default()
+                })
+                .await
+                .expect("create");
+            let out = run(&sb, probe).await;
+            seen.push(
+                text(&out.stdout)
+                    .split_whitespace()
+                    .map(String::from)
+                    .collect::<Vec<_>>(),
+            );
+            sb.destroy().await.unwrap();
+            // Past the stock's pause between creates.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let routes = if egress { "1" } else { "0" };
+        let reached = if egress { "connected" } else { "OSError" };
+        assert_eq!(seen[0][..2], ["1024", routes], "egress {egress}: {seen:?}");
+        for later in &seen[1..] {
+            assert_eq!(later[..2], ["0", routes], "egress {egress}: {seen:?}");
+        }
+        for probe in &seen {
+            assert_eq!(probe.get(2).map(String::as_str), Some(reached), "{seen:?}");
+        }
+    }
+}

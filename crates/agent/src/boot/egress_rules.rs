@@ -1,44 +1,9 @@
-//! The egress ruleset of a sandbox with network access, loaded at boot while the agent still
-//! holds its capabilities: every outgoing TCP connection is redirected to the agent's listener
-//! (`serve::egress`, port [`EGRESS_PORT`](koder_agent_protocol::init::EGRESS_PORT)), DNS to its resolver, everything else leaving
-//! loopback is dropped. IPv6 the same way: its connections reach the same listener (on `::1`)
-//! and so the same policy as IPv4's.
+//! The egress ruleset of a sandbox with network access
+//! ([`EGRESS_RULES`](koder_agent_protocol::init::EGRESS_RULES)), loaded at boot while the agent
+//! still holds its capabilities, unless the runtime made the sandbox's network namespace with
+//! it already (`InitConfig::network_ready`).
 
 use crate::setup_error::{SetupError, Step};
-
-/// The nftables ruleset of the sandbox's namespace. Connections the redirect caught keep
-/// their original (non-loopback) addresses in conntrack, so their packets are accepted by
-/// connection state; anything else that would leave loopback is dropped.
-const RULES: &str = "
-table ip koder {
-  chain egress_nat {
-    type nat hook output priority -100; policy accept;
-    ip daddr 127.0.0.0/8 return
-    meta l4proto tcp redirect to :15001
-    udp dport 53 redirect to :53
-  }
-  chain egress_filter {
-    type filter hook output priority 0; policy drop;
-    ip daddr 127.0.0.0/8 accept
-    ct status dnat accept
-    ct state established,related accept
-  }
-}
-table ip6 koder6 {
-  chain egress_nat {
-    type nat hook output priority -100; policy accept;
-    ip6 daddr ::1 return
-    meta l4proto tcp redirect to :15001
-    udp dport 53 redirect to :53
-  }
-  chain egress_filter {
-    type filter hook output priority 0; policy drop;
-    ip6 daddr ::1 accept
-    ct status dnat accept
-    ct state established,related accept
-  }
-}
-";
 
 /// Run during set-up, while the agent still holds its capabilities: default routes, v4 and
 /// v6 (so connects reach the redirect instead of failing with ENETUNREACH) whose source is
@@ -59,8 +24,12 @@ pub(crate) fn prepare() -> Result<(), SetupError> {
         &["-6", "route", "add", "default", "dev", "lo", "src", "::1"],
         None,
     );
-    run_tool("/usr/sbin/nft", &["-f", "-"], Some(RULES))
-        .step("load egress rules (package nftables)")
+    run_tool(
+        "/usr/sbin/nft",
+        &["-f", "-"],
+        Some(koder_agent_protocol::init::EGRESS_RULES),
+    )
+    .step("load egress rules (package nftables)")
 }
 
 fn run_tool(program: &str, args: &[&str], input: Option<&str>) -> std::io::Result<()> {

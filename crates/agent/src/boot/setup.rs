@@ -57,9 +57,11 @@ pub fn build_root(cfg: &InitConfig, placement: Option<OwnedFd>) -> Result<OwnedF
     rustix::system::sethostname(cfg.hostname.as_bytes())
         .map_err(std::io::Error::from)
         .step("set hostname")?;
-    loopback_up().step("bring loopback up")?;
-    if cfg.egress {
-        super::egress_rules::prepare()?;
+    if !cfg.network_ready {
+        loopback_up().step("bring loopback up")?;
+        if cfg.egress {
+            super::egress_rules::prepare()?;
+        }
     }
     std::env::set_current_dir(&cfg.workdir).step("enter workdir")?;
     Ok(upper)
