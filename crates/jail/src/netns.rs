@@ -104,6 +104,10 @@ pub(crate) fn make(egress: bool) -> Result<OwnedFd, String> {
 }
 
 fn set_up_here(egress: bool) -> Result<OwnedFd, String> {
+    // Made in the pauses between creates, but a pause may be shorter than the ~5 ms of `ip`
+    // and `nft` it takes: at the lowest priority (inherited by the tools) it yields the cores
+    // to whatever comes next. Best effort: at the default priority it only competes more.
+    let _ = rustix::process::setpriority_process(None, 19);
     // SAFETY: NEWNET changes only this thread's network namespace; no descriptor table is
     // unshared.
     unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
