@@ -104,22 +104,11 @@ pub fn spawn_agent(
     cgroup_procs: Vec<OwnedFd>,
     start: Start<'_>,
 ) -> Result<Spawned, RuntimeError> {
-    let Start {
-        ids,
-        rootless,
-        placement,
-        netns,
-    } = start;
+    let netns = start.netns;
+    let here =
+        move |namespaces| spawn_here(agent, config, listener, cgroup_procs, start, namespaces);
     let Some(netns) = netns else {
-        return spawn_here(
-            agent,
-            config,
-            listener,
-            cgroup_procs,
-            (ids, rootless),
-            placement,
-            NAMESPACES,
-        );
+        return here(NAMESPACES);
     };
     std::thread::scope(|scope| {
         std::thread::Builder::new()
@@ -132,16 +121,7 @@ pub fn spawn_agent(
                 .map_err(|e| {
                     RuntimeError::Start(format!("enter the network namespace made ahead: {e}"))
                 })?;
-                let namespaces = NAMESPACES & !(libc::CLONE_NEWNET as u64);
-                spawn_here(
-                    agent,
-                    config,
-                    listener,
-                    cgroup_procs,
-                    (ids, rootless),
-                    placement,
-                    namespaces,
-                )
+                here(NAMESPACES & !(libc::CLONE_NEWNET as u64))
             })
             .map_err(RuntimeError::io("start the agent's spawning thread"))?
             .join()
@@ -149,15 +129,21 @@ pub fn spawn_agent(
     })
 }
 
+/// [`spawn_agent`] from the calling thread, into new `namespaces`.
 fn spawn_here(
     agent: &Path,
     mut config: InitConfig,
     listener: OwnedFd,
     cgroup_procs: Vec<OwnedFd>,
-    (ids, rootless): (IdMap, bool),
-    placement: Placement<'_>,
+    start: Start<'_>,
     namespaces: u64,
 ) -> Result<Spawned, RuntimeError> {
+    let Start {
+        ids,
+        rootless,
+        placement,
+        ..
+    } = start;
     let cstr = |s: &str| {
         CString::new(s).map_err(|_| RuntimeError::InvalidSpec("NUL byte in agent argument".into()))
     };
