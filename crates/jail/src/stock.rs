@@ -203,12 +203,17 @@ mod tests {
         lock(&stock.state).filling
     }
 
+    /// Asks for a refill and waits until its thread is done.
+    fn refilled(stock: &Arc<Stock<Arc<Counter>>>) {
+        stock.refill();
+        wait_for(|| !filling(stock));
+    }
+
     #[test]
     fn fills_on_demand_deepens_when_found_empty_and_clears() {
         let counter = Arc::new(Counter::default());
         let stock = Stock::new(counter.clone());
-        stock.refill();
-        wait_for(|| !filling(&stock));
+        refilled(&stock);
         assert_eq!(
             counter.made.load(Ordering::SeqCst),
             1,
@@ -218,8 +223,7 @@ mod tests {
         // Found none twice: the depth doubles to 2, then 4.
         assert_eq!(stock.take(), None);
         assert_eq!(stock.take(), None);
-        stock.refill();
-        wait_for(|| !filling(&stock));
+        refilled(&stock);
         assert_eq!(ready(&stock), MAX_DEPTH);
         stock.clear();
         assert_eq!(counter.discarded.load(Ordering::SeqCst), MAX_DEPTH);
@@ -236,12 +240,10 @@ mod tests {
         counter.fail.store(true, Ordering::SeqCst);
         let stock = Stock::new(counter.clone());
         assert_eq!(stock.take(), None);
-        stock.refill();
-        wait_for(|| !filling(&stock));
+        refilled(&stock);
         assert_eq!(ready(&stock), 0);
         counter.fail.store(false, Ordering::SeqCst);
-        stock.refill();
-        wait_for(|| !filling(&stock));
+        refilled(&stock);
         assert_eq!(stock.take(), Some(0));
     }
 
@@ -249,8 +251,7 @@ mod tests {
     fn dropping_the_stock_discards_what_it_holds() {
         let counter = Arc::new(Counter::default());
         let stock = Stock::new(counter.clone());
-        stock.refill();
-        wait_for(|| !filling(&stock));
+        refilled(&stock);
         assert_eq!(ready(&stock), 1);
         drop(stock);
         assert_eq!(counter.discarded.load(Ordering::SeqCst), 1);
