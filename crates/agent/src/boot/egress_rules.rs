@@ -53,3 +53,47 @@ fn run_tool(program: &str, args: &[&str], input: Option<&str>) -> std::io::Resul
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(program: &str, args: &[&str]) -> String {
+        let out = std::process::Command::new(program)
+            .args(args)
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{program} {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The agent's own set-up (a jail's first create of a kind, rootless jails, microVM guests):
+    /// in a namespace of a thread of its own, as the agent's would be.
+    #[test]
+    fn loads_the_routes_and_the_redirect() {
+        if !rustix::process::geteuid().is_root() || !std::path::Path::new("/usr/sbin/nft").exists()
+        {
+            eprintln!("skipped: needs root and nftables");
+            return;
+        }
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    // SAFETY: NEWNET changes only this thread's network namespace.
+                    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
+                        .expect("unshare");
+                    crate::boot::setup::loopback_up().expect("loopback");
+                    prepare().expect("prepare");
+                    let routes = run("/usr/sbin/ip", &["route", "show", "default"]);
+                    assert!(
+                        routes.contains("dev lo") && routes.contains("src 127.0.0.1"),
+                        "{routes}"
+                    );
+                    let rules = run("/usr/sbin/nft", &["list", "ruleset"]);
+                    assert_eq!(rules.matches("redirect to :15001").count(), 2, "{rules}");
+                })
+                .join()
+                .expect("thread")
+        });
+    }
+}
