@@ -532,17 +532,15 @@ try: s.connect((\"192.0.2.1\", 80)); print(\"connected\")
 except OSError as e: print(type(e).__name__)'";
     for egress in [false, true] {
         let mut seen = Vec::new();
-        for n in 0..3 {
-            let sb = env
-                .runtime
-                .create(SandboxSpec {
-                    id: format!("ns{}-{egress}-{n}", std::process::id()),
-                    image: "host".into(),
+        for _ in 0..3 {
+            let sb = sandbox_with(
+                &env,
+                SandboxSpec {
                     egress,
                     ..Default::default()
-                })
-                .await
-                .expect("create");
+                },
+            )
+            .await;
             let out = run(&sb, probe).await;
             seen.push(
                 text(&out.stdout)

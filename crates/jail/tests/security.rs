@@ -8,26 +8,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use koder_agent_protocol::{AgentClient, FromAgent, RunOutcome, ToAgent};
-use koder_runtime::{Limits, Runtime, SandboxSpec};
+use koder_runtime::{Limits, SandboxSpec};
 
 /// Generous bound for the sandbox to reach a state; never a performance assertion.
 const SETTLE: Duration = Duration::from_secs(30);
-
-async fn sandbox_with(
-    env: &Env,
-    name: &str,
-    limits: Limits,
-) -> std::sync::Arc<dyn koder_runtime::Sandbox> {
-    env.runtime
-        .create(SandboxSpec {
-            id: format!("{name}{}", std::process::id()),
-            image: "host".into(),
-            limits,
-            ..Default::default()
-        })
-        .await
-        .expect("create sandbox")
-}
 
 /// One message, its one answer.
 async fn ask(agent: &AgentClient, msg: ToAgent) -> FromAgent {
@@ -83,7 +67,14 @@ async fn kill_all_recovers_a_fork_bombed_sandbox() {
         pids: Some(48),
         ..Default::default()
     };
-    let sb = sandbox_with(&env, "bomb", limits).await;
+    let sb = sandbox_with(
+        &env,
+        SandboxSpec {
+            limits,
+            ..Default::default()
+        },
+    )
+    .await;
     let ctx = new_context(sb.agent(), "python").await;
     let (_, first) = run_in(sb.agent(), &ctx, "x = 41").await;
     assert!(first.error.is_none(), "{first:?}");
@@ -227,16 +218,14 @@ async fn only_allowed_address_families_open() {
     let Some(()) = root_or_skip() else { return };
     let env = runtime("families");
     for egress in [false, true] {
-        let sb = env
-            .runtime
-            .create(SandboxSpec {
-                id: format!("fam{}-{egress}", std::process::id()),
-                image: "host".into(),
+        let sb = sandbox_with(
+            &env,
+            SandboxSpec {
                 egress,
                 ..Default::default()
-            })
-            .await
-            .expect("create");
+            },
+        )
+        .await;
         let out = run(&sb, &format!("/usr/bin/python3 -c '{FAMILY_PROBE}'")).await;
         let stdout = text(&out.stdout);
         let got: Vec<&str> = stdout.lines().collect();

@@ -59,12 +59,17 @@ pub fn runtime(tag: &str) -> Env {
 static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 pub async fn sandbox(env: &Env) -> Arc<dyn Sandbox> {
+    sandbox_with(env, SandboxSpec::default()).await
+}
+
+/// A sandbox of `spec` (its limits, egress, ...) under a fresh id, on the `host` image.
+pub async fn sandbox_with(env: &Env, spec: SandboxSpec) -> Arc<dyn Sandbox> {
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     env.runtime
         .create(SandboxSpec {
             id: format!("t{}-{n}", std::process::id()),
             image: "host".into(),
-            ..Default::default()
+            ..spec
         })
         .await
         .expect("create sandbox")
