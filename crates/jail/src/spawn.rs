@@ -1,10 +1,13 @@
 //! Starting the agent as PID 1 of fresh namespaces.
 //!
-//! `clone3` is called directly because no maintained crate offers fork-like clone with
-//! CLONE_PIDFD and namespace flags from a multi-threaded process. The child only makes
-//! async-signal-safe syscalls (close, prctl, read, setresuid, setsid, dup2, close_range, execve,
-//! _exit) on memory prepared before the clone: it waits on a pipe until the parent has written
-//! its uid/gid maps, then execs the agent, which does all the real set-up single-threaded.
+//! `clone` is called directly because no maintained crate offers a clone with CLONE_PIDFD and
+//! namespace flags from a multi-threaded process. The agent is cloned sharing the daemon's
+//! memory, on a stack of its own ([`clone_sharing_memory`]); only a start straight into a
+//! cgroup-v2 directory takes a fork-like `clone3` (glibc has no wrapper that runs a function on
+//! a new stack with `CLONE_INTO_CGROUP`). The child only makes async-signal-safe syscalls
+//! (close, prctl, read, setresuid, setsid, dup2, close_range, sigprocmask, execve, _exit) on
+//! memory prepared before the clone: it waits on a pipe until the parent has written its
+//! uid/gid maps, then execs the agent, which does all the real set-up single-threaded.
 //!
 //! Where the agent cannot be cloned straight into its cgroup (cgroup v1), the parent moves it
 //! there while the agent sets up: a v1 move waits for an RCU grace period (milliseconds), which
@@ -12,13 +15,13 @@
 //! the parent's word on a second pipe before it makes its cgroup namespace (whose root is the
 //! cgroup it is in then), and runs nothing of the sandbox's before.
 //!
-//! Until its exec the child is a copy of the daemon holding every descriptor the daemon had
+//! Until its exec the child holds a copy of every descriptor the daemon had
 //! (its HTTP listener among them), so it must never outlive a daemon that dies in that window:
 //! it closes its copy of the pipe's write end first (a dead parent then reads as end-of-file,
 //! not as a wait forever) and asks for SIGKILL when the creating thread dies. Only its stdio,
 //! the listener (3), the config (4) and the workload cgroup files (5..) survive its exec.
 //!
-//! The same clone makes [`user_namespace`]s: a child that only waits while its id maps are
+//! A fork-like clone makes [`user_namespace`]s: a child that only waits while its id maps are
 //! written and its namespace opened, then is killed and reaped.
 
 use std::ffi::CString;
@@ -212,21 +215,40 @@ fn spawn_here(
             handed.len()
         )));
     }
-    let sync = SyncFds {
-        read: sync_r.as_raw_fd(),
-        write: sync_w.as_raw_fd(),
-    };
-    let err_wfd = err_w.as_raw_fd();
-
-    // SAFETY: the child branch below only calls `child`, which keeps to async-signal-safe
-    // syscalls on CStrings/fds prepared above and ends in execve or _exit.
-    let (pid, pidfd) = match unsafe { clone_pidfd(namespaces, into_cgroup) } {
-        // SAFETY: we are the fork-like child; this never returns.
-        Ok(Cloned::Child) => unsafe {
-            child(sync, err_wfd, &handed, rootless, &path, &argv, &envp)
+    let args = ChildArgs {
+        sync: SyncFds {
+            read: sync_r.as_raw_fd(),
+            write: sync_w.as_raw_fd(),
         },
-        Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
-        Err(e) => return Err(RuntimeError::Start(format!("clone3 failed: {e}"))),
+        err_w: err_w.as_raw_fd(),
+        handed: &handed,
+        rootless,
+        path: &path,
+        argv: &argv,
+        envp: &envp,
+        // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+        mask: unsafe {
+            let mut mask: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut mask);
+            mask
+        },
+    };
+    let (pid, pidfd, _stack) = match into_cgroup {
+        // SAFETY: the child branch below only calls `child`, which keeps to async-signal-safe
+        // syscalls on CStrings/fds prepared above and ends in execve or _exit.
+        Some(dir) => match unsafe { clone_pidfd(namespaces, Some(dir)) } {
+            // SAFETY: we are the fork-like child; this never returns.
+            Ok(Cloned::Child) => unsafe { child(&args) },
+            Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd, None),
+            Err(e) => return Err(RuntimeError::Start(format!("clone3 failed: {e}"))),
+        },
+        // `args` and everything it points to stay untouched until the child has exec'd or
+        // died: every path below waits for one or the other (`exec_status`, `kill_and_reap`)
+        // before this frame, and with it the child's stack, goes.
+        None => match clone_sharing_memory(namespaces, &args) {
+            Ok((pid, pidfd, stack)) => (pid, pidfd, Some(stack)),
+            Err(e) => return Err(RuntimeError::Start(format!("clone failed: {e}"))),
+        },
     };
     drop((
         sync_r,
@@ -368,18 +390,95 @@ struct SyncFds {
     write: RawFd,
 }
 
-/// # Safety
-/// Only to be called in the child of a fork-like clone; never returns.
-unsafe fn child(
+/// What the agent's clone child reads: all of it prepared before the clone, none of it
+/// written by either side until the child has exec'd or died.
+struct ChildArgs<'a> {
     sync: SyncFds,
     err_w: RawFd,
-    handed: &[RawFd],
+    handed: &'a [RawFd],
     rootless: bool,
-    path: &CString,
-    argv: &[*const libc::c_char],
-    envp: &[*const libc::c_char],
-) -> ! {
-    // SAFETY: the caller guarantees we are the fork-like child: only async-signal-safe
+    path: &'a CString,
+    argv: &'a [*const libc::c_char],
+    envp: &'a [*const libc::c_char],
+    /// The signal mask the agent starts with (the clone sharing memory starts the child with
+    /// every signal blocked).
+    mask: libc::sigset_t,
+}
+
+/// How much stack the child sharing the daemon's memory runs on: a handful of syscalls deep.
+const CHILD_STACK_BYTES: usize = 64 * 1024;
+
+/// Starts [`child`] with `clone(CLONE_VM)` on a stack of its own, returned to be kept until
+/// the child has exec'd or died. Sharing the daemon's memory instead of copying it (as a
+/// fork-like clone does) spares each create the copy of the daemon's page tables, the
+/// write-protection of its every anonymous page (a TLB shoot-down on the cores its threads
+/// run on) and the copy-on-write faults its threads then take until the agent execs. Without
+/// `CLONE_VFORK`: the parent must write the child's id maps while it waits.
+///
+/// The child starts with every signal blocked, so no handler of the daemon's runs on its
+/// stack, and restores `args.mask` just before its exec. Its failed syscalls write errno where
+/// the creating thread keeps its own (they share their thread-local storage); that thread only
+/// reads and writes pipes meanwhile and never looks at errno after a success.
+fn clone_sharing_memory(
+    namespaces: u64,
+    args: &ChildArgs<'_>,
+) -> std::io::Result<(i32, OwnedFd, Vec<u8>)> {
+    extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the parent's `ChildArgs`, alive and unchanged until this child
+        // has exec'd or died; `child` never returns.
+        unsafe { child(&*arg.cast::<ChildArgs<'_>>().cast_const()) }
+    }
+    // Uninitialised: only the child writes it, as its stack, which grows down from the
+    // (16-byte aligned) top.
+    let mut stack = Vec::<u8>::with_capacity(CHILD_STACK_BYTES);
+    let top = stack
+        .spare_capacity_mut()
+        .as_mut_ptr()
+        .wrapping_add(CHILD_STACK_BYTES);
+    let top = top.wrapping_sub(top as usize % 16);
+    let flags = namespaces as libc::c_int | libc::CLONE_VM | libc::CLONE_PIDFD | libc::SIGCHLD;
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: sigset_t is plain data, filled by sigfillset before use; pthread_sigmask reads
+    // `all` and writes `old`. The child runs `entry` on its own stack, reads only `args`
+    // (see `ChildArgs`) and makes nothing but async-signal-safe calls; CLONE_PIDFD stores the
+    // pidfd in `pidfd` before clone returns.
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let pid = libc::clone(
+            entry,
+            top.cast(),
+            flags,
+            std::ptr::from_ref(args).cast_mut().cast(),
+            &mut pidfd as *mut libc::c_int,
+        );
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        pid
+    };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: CLONE_PIDFD stored a fresh descriptor we now own.
+    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }, stack))
+}
+
+/// # Safety
+/// Only to be called in the child of a clone (fork-like, or sharing memory as
+/// [`clone_sharing_memory`] does); never returns.
+unsafe fn child(args: &ChildArgs<'_>) -> ! {
+    let ChildArgs {
+        sync,
+        err_w,
+        handed,
+        rootless,
+        path,
+        argv,
+        envp,
+        ref mask,
+    } = *args;
+    // SAFETY: the caller guarantees we are the clone's child: only async-signal-safe
     // syscalls follow, on descriptors and C strings prepared before the clone.
     unsafe {
         // Only the parent may hold the write end, or its death would never read as end-of-file.
@@ -434,6 +533,7 @@ unsafe fn child(
         {
             report_and_exit(err_w);
         }
+        libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut());
         libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
         report_and_exit(err_w)
     }

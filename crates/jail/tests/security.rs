@@ -4,11 +4,12 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use koder_agent_protocol::{AgentClient, FromAgent, RunOutcome, ToAgent};
-use koder_runtime::{Limits, SandboxSpec};
+use koder_runtime::{Limits, Sandbox, SandboxSpec};
 
 /// Generous bound for the sandbox to reach a state; never a performance assertion.
 const SETTLE: Duration = Duration::from_secs(30);
@@ -247,7 +248,31 @@ async fn the_agent_command_line_carries_no_configuration() {
     let state = env.dir.path().display().to_string();
     let inside = run(&sb, "tr '\\0' ' ' </proc/1/cmdline").await;
     assert_eq!(text(&inside.stdout).trim(), "koder-agent init");
-    let pid: i32 = std::fs::read_to_string(
+    let host =
+        std::fs::read(format!("/proc/{}/cmdline", agent_pid(&env, &sb))).expect("host cmdline");
+    let host = String::from_utf8_lossy(&host);
+    assert!(!host.contains('{') && !host.contains(&state), "{host}");
+    sb.destroy().await.unwrap();
+}
+
+/// The agent is cloned with every signal blocked (it shares the daemon's memory until its
+/// exec, and no handler of the daemon's may run there): its exec restores an empty mask, or
+/// it would never see the signals it handles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_starts_with_no_signal_blocked() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("sigmask");
+    let sb = sandbox(&env).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent_pid(&env, &sb)))
+        .expect("agent status");
+    let blocked = status.lines().find(|l| l.starts_with("SigBlk:"));
+    assert_eq!(blocked, Some("SigBlk:\t0000000000000000"), "{status}");
+    sb.destroy().await.unwrap();
+}
+
+/// The host pid of the sandbox's agent, as the jail records it.
+fn agent_pid(env: &Env, sb: &Arc<dyn Sandbox>) -> i32 {
+    std::fs::read_to_string(
         env.dir
             .path()
             .join("sandboxes")
@@ -257,9 +282,5 @@ async fn the_agent_command_line_carries_no_configuration() {
     .expect("agent pid")
     .trim()
     .parse()
-    .expect("pid");
-    let host = std::fs::read(format!("/proc/{pid}/cmdline")).expect("host cmdline");
-    let host = String::from_utf8_lossy(&host);
-    assert!(!host.contains('{') && !host.contains(&state), "{host}");
-    sb.destroy().await.unwrap();
+    .expect("pid")
 }
