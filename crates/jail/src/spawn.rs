@@ -26,6 +26,7 @@
 
 use std::ffi::CString;
 use std::io::{Read, Write};
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
@@ -233,7 +234,7 @@ fn spawn_here(
             mask
         },
     };
-    let (pid, pidfd, _stack) = match into_cgroup {
+    let (pid, pidfd, stack) = match into_cgroup {
         // SAFETY: the child branch below only calls `child`, which keeps to async-signal-safe
         // syscalls on CStrings/fds prepared above and ends in execve or _exit.
         Some(dir) => match unsafe { clone_pidfd(namespaces, Some(dir)) } {
@@ -244,7 +245,7 @@ fn spawn_here(
         },
         // `args` and everything it points to stay untouched until the child has exec'd or
         // died: every path below waits for one or the other (`exec_status`, `kill_and_reap`)
-        // before this frame, and with it the child's stack, goes.
+        // before this frame goes and the child's stack is released.
         None => match clone_sharing_memory(namespaces, &args) {
             Ok((pid, pidfd, stack)) => (pid, pidfd, Some(stack)),
             Err(e) => return Err(RuntimeError::Start(format!("clone failed: {e}"))),
@@ -275,10 +276,13 @@ fn spawn_here(
             None => Ok(()),
         })
         .and_then(|()| exec_status(err_r));
-    if let Err(e) = released {
+    if released.is_err() {
         kill_and_reap(&pidfd);
-        return Err(e);
     }
+    if let Some(stack) = stack {
+        stack.release();
+    }
+    released?;
     Ok(Spawned {
         pid,
         pidfd,
@@ -408,8 +412,19 @@ struct ChildArgs<'a> {
 /// How much stack the child sharing the daemon's memory runs on: a handful of syscalls deep.
 const CHILD_STACK_BYTES: usize = 64 * 1024;
 
-/// Starts [`child`] with `clone(CLONE_VM)` on a stack of its own, returned to be kept until
-/// the child has exec'd or died. Sharing the daemon's memory instead of copying it (as a
+/// The stack a child sharing the daemon's memory runs on. Freed only by
+/// [`ChildStack::release`], once the child has exec'd or died: a panic before that leaks it
+/// rather than free memory the child may still be running on.
+struct ChildStack(ManuallyDrop<Vec<u8>>);
+
+impl ChildStack {
+    fn release(self) {
+        drop(ManuallyDrop::into_inner(self.0));
+    }
+}
+
+/// Starts [`child`] with `clone(CLONE_VM)` on a stack of its own, returned to be released
+/// once the child has exec'd or died. Sharing the daemon's memory instead of copying it (as a
 /// fork-like clone does) spares each create the copy of the daemon's page tables, the
 /// write-protection of its every anonymous page (a TLB shoot-down on the cores its threads
 /// run on) and the copy-on-write faults its threads then take until the agent execs. Without
@@ -422,7 +437,7 @@ const CHILD_STACK_BYTES: usize = 64 * 1024;
 fn clone_sharing_memory(
     namespaces: u64,
     args: &ChildArgs<'_>,
-) -> std::io::Result<(i32, OwnedFd, Vec<u8>)> {
+) -> std::io::Result<(i32, OwnedFd, ChildStack)> {
     extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
         // SAFETY: `arg` is the parent's `ChildArgs`, alive and unchanged until this child
         // has exec'd or died; `child` never returns.
@@ -430,12 +445,13 @@ fn clone_sharing_memory(
     }
     // Uninitialised: only the child writes it, as its stack, which grows down from the
     // (16-byte aligned) top.
-    let mut stack = Vec::<u8>::with_capacity(CHILD_STACK_BYTES);
+    let mut stack = ManuallyDrop::new(Vec::<u8>::with_capacity(CHILD_STACK_BYTES));
     let top = stack
         .spare_capacity_mut()
         .as_mut_ptr()
         .wrapping_add(CHILD_STACK_BYTES);
     let top = top.wrapping_sub(top as usize % 16);
+    let stack = ChildStack(stack);
     let flags = namespaces as libc::c_int | libc::CLONE_VM | libc::CLONE_PIDFD | libc::SIGCHLD;
     let mut pidfd: libc::c_int = -1;
     // SAFETY: sigset_t is plain data, filled by sigfillset before use; pthread_sigmask reads
@@ -458,7 +474,9 @@ fn clone_sharing_memory(
         pid
     };
     if pid < 0 {
-        return Err(std::io::Error::last_os_error());
+        let e = std::io::Error::last_os_error();
+        stack.release();
+        return Err(e);
     }
     // SAFETY: CLONE_PIDFD stored a fresh descriptor we now own.
     Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }, stack))
