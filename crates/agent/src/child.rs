@@ -105,6 +105,8 @@ pub(crate) struct Plan {
     /// The account it runs as (default: the agent's own).
     uid: Option<u32>,
     gid: Option<u32>,
+    /// A pipe for its stdin; without, it reads end-of-file from /dev/null.
+    stdin_pipe: bool,
 }
 
 /// `execvp`'s search path when the environment has no `PATH` (glibc's `_CS_PATH`).
@@ -146,7 +148,16 @@ impl Plan {
             cwd: c(cwd)?,
             uid: None,
             gid: None,
+            stdin_pipe: true,
         })
+    }
+
+    /// Gives the program /dev/null as its stdin instead of a pipe, for an exec that has
+    /// nothing to send it: what it reads is end-of-file either way, and a pipe costs a
+    /// `pipe2` and two `close`s per exec.
+    pub(crate) fn without_stdin(mut self) -> Self {
+        self.stdin_pipe = false;
+        self
     }
 
     /// Runs the program as `uid`/`gid` (each `None`: the agent's own).
@@ -157,10 +168,11 @@ impl Plan {
     }
 }
 
-/// A child started by [`vfork_spawn`]: its pid and the parent's ends of its stdio pipes.
+/// A child started by [`vfork_spawn`]: its pid and the parent's ends of its stdio pipes
+/// (no stdin pipe for a plan [`Plan::without_stdin`]).
 pub(crate) struct Spawned {
     pub(crate) pid: i32,
-    pub(crate) stdin: OwnedFd,
+    pub(crate) stdin: Option<OwnedFd>,
     pub(crate) stdout: OwnedFd,
     pub(crate) stderr: OwnedFd,
 }
@@ -192,10 +204,17 @@ struct ChildArgs {
 /// The parent gets control back once the program runs; a failure before that is the child's
 /// errno, and its zombie is left to the reaper.
 pub(crate) fn vfork_spawn(plan: &Plan) -> std::io::Result<Spawned> {
-    let (stdin_r, stdin) = pipe()?;
+    let (stdin_r, stdin) = match plan.stdin_pipe {
+        true => pipe().map(|(r, w)| (Some(r), Some(w)))?,
+        false => (None, None),
+    };
+    let stdin_source = match &stdin_r {
+        Some(r) => r.as_raw_fd(),
+        None => null_device()?,
+    };
     let (stdout, stdout_w) = pipe()?;
     let (stderr, stderr_w) = pipe()?;
-    let ends = [stdin_r, stdout_w, stderr_w];
+    let ends = (stdin_r, stdout_w, stderr_w);
     let nul_terminated = |v: &[CString]| -> Vec<*const libc::c_char> {
         v.iter()
             .map(|s| s.as_ptr())
@@ -210,7 +229,7 @@ pub(crate) fn vfork_spawn(plan: &Plan) -> std::io::Result<Spawned> {
         .chain(argv.iter().skip(1).copied())
         .collect();
     let args = ChildArgs {
-        stdio: ends.each_ref().map(|fd| fd.as_raw_fd()),
+        stdio: [stdin_source, ends.1.as_raw_fd(), ends.2.as_raw_fd()],
         cwd: plan.cwd.as_ptr(),
         candidates: candidates.as_ptr(),
         argv: argv.as_ptr(),
@@ -257,6 +276,22 @@ pub(crate) fn vfork_spawn(plan: &Plan) -> std::io::Result<Spawned> {
         }),
         errno => Err(std::io::Error::from_raw_os_error(errno)),
     }
+}
+
+/// /dev/null opened for reading, kept for the agent's lifetime above the hand-over numbers
+/// (close-on-exec: a child only gets it as its stdin).
+fn null_device() -> std::io::Result<RawFd> {
+    static NULL: OnceLock<OwnedFd> = OnceLock::new();
+    if let Some(fd) = NULL.get() {
+        return Ok(fd.as_raw_fd());
+    }
+    let fd = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    let kept = rustix::io::fcntl_dupfd_cloexec(&fd, KEEP_FROM)?;
+    Ok(NULL.get_or_init(|| kept).as_raw_fd())
 }
 
 /// A close-on-exec pipe whose ends are both above the stdio numbers (the agent runs with 2
@@ -496,6 +531,27 @@ pub(crate) mod tests {
     fn reap_failed_children() {
         // SAFETY: waitpid with a null status pointer.
         while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    }
+
+    /// A plan without stdin gives the program /dev/null (end-of-file at once), one with it a
+    /// pipe.
+    #[test]
+    fn stdin_is_a_pipe_unless_the_plan_has_nothing_to_send() {
+        let _serial = SERIAL.lock();
+        let argv = ["/bin/readlink".to_string(), "/proc/self/fd/0".to_string()];
+        for (pipe, expect) in [(true, "pipe:"), (false, "/dev/null")] {
+            let plan = Plan::new(&argv, &[], "/").unwrap();
+            let plan = if pipe { plan } else { plan.without_stdin() };
+            let child = vfork_spawn(&plan).unwrap();
+            assert_eq!(child.stdin.is_some(), pipe);
+            let mut out = String::new();
+            std::fs::File::from(child.stdout)
+                .read_to_string(&mut out)
+                .unwrap();
+            // SAFETY: waitpid with a null status pointer.
+            unsafe { libc::waitpid(child.pid, std::ptr::null_mut(), 0) };
+            assert!(out.starts_with(expect), "{out}");
+        }
     }
 
     /// The test harness ignores SIGPIPE, as the agent does: its children must not.

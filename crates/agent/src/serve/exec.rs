@@ -293,11 +293,15 @@ fn spawn(
         .collect();
     let started = child::Plan::new(&req.argv, &env, cwd).and_then(|plan| {
         let plan = plan.run_as(req.uid, req.gid);
+        let plan = match req.stdin.is_empty() && !req.keep_stdin_open {
+            true => plan.without_stdin(),
+            false => plan,
+        };
         reaper.register(|| {
             let c = child::vfork_spawn(&plan)?;
             let started = Started {
                 pid: c.pid,
-                stdin: Some(c.stdin),
+                stdin: c.stdin,
                 stdout: Some(c.stdout),
                 stderr: Some(c.stderr),
             };
@@ -315,6 +319,12 @@ fn spawn(
         AgentError::new(code, format!("cannot start {:?}: {e}", req.argv[0]))
     })
 }
+
+/// What the first read of an output pipe asks for; each read that fills its room doubles the
+/// next one's, up to `CHUNK_BYTES`. Most execs write a few bytes or none, and a 64 KiB buffer
+/// for each pipe of every exec made the allocator grow and trim its heap (four `brk` calls per
+/// exec).
+const FIRST_READ_BYTES: usize = 4096;
 
 /// Forwards one output pipe of an exec to its stream, up to `limit` bytes (the rest is read
 /// and dropped, flagged in `cut`).
@@ -336,14 +346,18 @@ impl Pump {
             };
             let mut sent = 0u64;
             let mut stream_open = true;
+            let mut room = FIRST_READ_BYTES;
             loop {
-                // Read into fresh room left uninitialised and sent as it is: no 64 KiB zeroed
-                // per pipe (most execs write a few bytes, or none), no copy of a full chunk.
-                let mut chunk = Vec::with_capacity(CHUNK_BYTES);
+                // Read into fresh room left uninitialised and sent as it is: nothing zeroed,
+                // no copy of a full chunk.
+                let mut chunk = Vec::with_capacity(room);
                 let n = match r.read_buf(&mut chunk).await {
                     Ok(0) | Err(_) => return,
                     Ok(n) => n,
                 };
+                if n == chunk.capacity() {
+                    room = (room * 2).min(CHUNK_BYTES);
+                }
                 let room = self.limit.saturating_sub(sent);
                 let take = (n as u64).min(room) as usize;
                 if take < n {
