@@ -432,8 +432,9 @@ impl ChildStack {
 ///
 /// The child starts with every signal blocked, so no handler of the daemon's runs on its
 /// stack, and restores `args.mask` just before its exec. Its failed syscalls write errno where
-/// the creating thread keeps its own (they share their thread-local storage); that thread only
-/// reads and writes pipes meanwhile and never looks at errno after a success.
+/// the creating thread keeps its own (they share their thread-local storage): that thread reads
+/// errno only right after a call of its own failed, so the most a race can do is put the
+/// wrong errno in an error message.
 fn clone_sharing_memory(
     namespaces: u64,
     args: &ChildArgs<'_>,
