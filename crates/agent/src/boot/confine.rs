@@ -5,6 +5,7 @@
 //! no_new_privs, Landlock (writes only below the writable directories) and a seccomp filter that
 //! refuses the syscalls a sandbox never needs.
 
+#[cfg(test)]
 use std::collections::BTreeMap;
 
 use koder_agent_protocol::init::Rlimits;
@@ -14,10 +15,13 @@ use landlock::{
     path_beneath_rules, Access, AccessFs, PathBeneath, Ruleset, RulesetAttr, RulesetCreatedAttr,
     RulesetStatus, ABI,
 };
+#[cfg(test)]
 use seccompiler::{
     SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
     TargetArch,
 };
+
+use super::seccomp_bpf;
 
 use crate::confinement::Confinement;
 use crate::setup_error::{SetupError, Step};
@@ -197,6 +201,8 @@ const DENIED: &[libc::c_long] = &[
     libc::SYS_vhangup,
 ];
 
+/// `clone` with any of these is refused: a nested user namespace would hand back every
+/// capability inside it.
 const NAMESPACE_FLAGS: &[libc::c_int] = &[
     libc::CLONE_NEWUSER,
     libc::CLONE_NEWNS,
@@ -222,10 +228,32 @@ const ALLOWED_FAMILIES: &[libc::c_int] = &[
 /// Generic netlink, netfilter, audit, uevents and the rest stay refused.
 const ALLOWED_NETLINK: &[libc::c_int] = &[libc::NETLINK_ROUTE, libc::NETLINK_SOCK_DIAG];
 
+/// The rules the agent's seccomp program enforces (`seccomp_bpf::program`): the syscalls in
+/// [`DENIED`] and `clone` with any of [`NAMESPACE_FLAGS`] fail with EPERM; `clone3`, whose
+/// flags sit in memory where seccomp cannot look, with ENOSYS (libc falls back to `clone`);
 /// `socket(2)`/`socketpair(2)` outside [`ALLOWED_FAMILIES`] (or netlink outside
-/// [`ALLOWED_NETLINK`]) fail with EAFNOSUPPORT, as on a kernel without that family, so
-/// programs take their usual fallback. The agent is under it too: the guest binds its vsock
-/// listener before confining itself, and nothing after needs another family.
+/// [`ALLOWED_NETLINK`]) with EAFNOSUPPORT, as on a kernel without that family, so programs take
+/// their usual fallback; x32-ABI numbers with ENOSYS. The agent is under them too: the guest
+/// binds its vsock listener before confining itself, and nothing after needs another family.
+pub(crate) const RULES: seccomp_bpf::Rules<'static> = seccomp_bpf::Rules {
+    denied: DENIED,
+    clone_flags: any_of(NAMESPACE_FLAGS),
+    families: ALLOWED_FAMILIES,
+    netlink: ALLOWED_NETLINK,
+};
+
+const fn any_of(flags: &[libc::c_int]) -> u32 {
+    let (mut mask, mut i) = (0u32, 0);
+    while i < flags.len() {
+        mask |= flags[i] as u32;
+        i += 1;
+    }
+    mask
+}
+
+/// The same rules as seccompiler builds them, the reference `seccomp_bpf`'s tests compare the
+/// program with.
+#[cfg(test)]
 fn family_filter() -> Result<SeccompFilter, seccompiler::BackendError> {
     let arg_ne = |arg: u8, v: libc::c_int| {
         SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, v as u64)
@@ -260,7 +288,9 @@ fn family_filter() -> Result<SeccompFilter, seccompiler::BackendError> {
     )
 }
 
-fn build_filters() -> Result<Vec<seccompiler::BpfProgram>, seccompiler::BackendError> {
+#[cfg(test)]
+pub(crate) fn seccompiler_filters(
+) -> Result<Vec<seccompiler::BpfProgram>, seccompiler::BackendError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
     // clone(2) with any namespace flag: a nested user namespace would hand back every
@@ -295,113 +325,18 @@ fn build_filters() -> Result<Vec<seccompiler::BpfProgram>, seccompiler::BackendE
         deny.try_into()?,
         clone3.try_into()?,
         family_filter()?.try_into()?,
-        x32_filter(libc::ENOSYS as u32),
     ])
 }
 
-/// What seccomp reports as the architecture of an x86-64 syscall (linux/audit.h:
-/// `EM_X86_64 | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE`; the libc crate does not export it).
-const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-
-/// Set in every syscall number of the x32 ABI, which reaches the same kernel entry points
-/// as x86-64's own numbers and reports the same architecture.
-const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-
-/// Refuses every x32 syscall with `errno`. On a host whose kernel has x32 enabled, `unshare`,
-/// `mount`, `keyctl`... under their x32 numbers would pass the rules above, which match
-/// numbers exactly. Written by hand because no rule of seccompiler's matches a range of
-/// numbers: four instructions, checked by running it in a forked child (tests below).
-fn x32_filter(errno: u32) -> seccompiler::BpfProgram {
-    use libc::{BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD, BPF_RET, BPF_W};
-    let stmt = |code: u32, k: u32| seccompiler::sock_filter {
-        code: code as u16,
-        jt: 0,
-        jf: 0,
-        k,
-    };
-    let jump = |code: u32, k: u32, jt: u8, jf: u8| seccompiler::sock_filter {
-        code: code as u16,
-        jt,
-        jf,
-        k,
-    };
-    // Offsets into `struct seccomp_data`: nr, then arch.
-    let (nr, arch) = (0, 4);
-    vec![
-        stmt(BPF_LD | BPF_W | BPF_ABS, arch),
-        // Another architecture is the first filter's to kill.
-        jump(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        stmt(BPF_RET | BPF_K, libc::SECCOMP_RET_ALLOW),
-        stmt(BPF_LD | BPF_W | BPF_ABS, nr),
-        jump(BPF_JMP | BPF_JGE | BPF_K, X32_SYSCALL_BIT, 0, 1),
-        stmt(BPF_RET | BPF_K, libc::SECCOMP_RET_ERRNO | (errno & 0xffff)),
-        stmt(BPF_RET | BPF_K, libc::SECCOMP_RET_ALLOW),
-    ]
-}
-
 fn apply_seccomp() -> Result<(), SetupError> {
-    let filters = build_filters()
+    seccompiler::apply_filter(&seccomp_bpf::program(&RULES))
         .map_err(|e| std::io::Error::other(e.to_string()))
-        .step("build seccomp filter")?;
-    for f in &filters {
-        seccompiler::apply_filter(f)
-            .map_err(|e| std::io::Error::other(e.to_string()))
-            .step("apply seccomp filter")?;
-    }
-    Ok(())
+        .step("apply seccomp filter")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn filters_compile() {
-        let filters = build_filters().expect("filters build");
-        assert_eq!(filters.len(), 4);
-        assert!(filters.iter().all(|f| !f.is_empty()));
-    }
-
-    /// Runs the x32 filter (refusing with EXDEV, which no kernel answers on its own) in a
-    /// forked child: an x32 number is refused whatever the kernel's x32 support, x86-64's own
-    /// numbers pass.
-    #[test]
-    fn x32_syscalls_are_refused_and_native_ones_pass() {
-        let filter = x32_filter(libc::EXDEV as u32);
-        // SAFETY: the child only makes raw syscalls (prctl, seccomp, getpid, _exit) before
-        // exiting; the parent waits for it.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork");
-        if pid == 0 {
-            // SAFETY: as above, in the child.
-            unsafe {
-                let verdict = (|| {
-                    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                        || seccompiler::apply_filter(&filter).is_err()
-                    {
-                        return 10;
-                    }
-                    let x32 = libc::syscall(i64::from(X32_SYSCALL_BIT) | libc::SYS_getpid);
-                    let errno = *libc::__errno_location();
-                    match (x32, errno, libc::syscall(libc::SYS_getpid) > 0) {
-                        (-1, libc::EXDEV, true) => 0,
-                        (-1, libc::EXDEV, false) => 11,
-                        _ => 12,
-                    }
-                })();
-                libc::_exit(verdict);
-            }
-        }
-        let mut status = 0;
-        // SAFETY: waitpid writes only into `status`.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(libc::WIFEXITED(status), "{status:#x}");
-        assert_eq!(
-            libc::WEXITSTATUS(status),
-            0,
-            "10: not applied, 11: getpid refused, 12: x32 passed"
-        );
-    }
 
     #[test]
     fn kept_caps_exclude_admin_and_ptrace() {

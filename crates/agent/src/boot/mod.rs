@@ -5,5 +5,6 @@
 pub mod confine;
 mod egress_rules;
 pub mod guest;
+mod seccomp_bpf;
 pub mod setup;
 pub mod volumes;
