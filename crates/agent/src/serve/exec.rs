@@ -293,9 +293,9 @@ fn spawn(
         .collect();
     let started = child::Plan::new(&req.argv, &env, cwd).and_then(|plan| {
         let plan = plan.run_as(req.uid, req.gid);
-        let plan = match req.stdin.is_empty() && !req.keep_stdin_open {
-            true => plan.without_stdin(),
-            false => plan,
+        let plan = match sends_stdin(req) {
+            true => plan,
+            false => plan.without_stdin(),
         };
         reaper.register(|| {
             let c = child::vfork_spawn(&plan)?;
@@ -390,19 +390,20 @@ fn receiver(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
     pipe::Receiver::from_owned_fd_unchecked(fd)
 }
 
+/// Whether the exec has anything for its process's stdin: bytes now, or more later.
+fn sends_stdin(req: &ExecRequest) -> bool {
+    !req.stdin.is_empty() || req.keep_stdin_open
+}
+
 /// Feeds stdin: the initial bytes, then (when kept open) whatever arrives on the returned
-/// channel; dropping the sender closes the process's stdin.
+/// channel; dropping the sender closes the process's stdin. No pipe (`fd` is `None`) for an
+/// exec with nothing to send: it reads end-of-file from /dev/null ([`sends_stdin`]).
 fn spawn_stdin(
     fd: Option<OwnedFd>,
     initial: Vec<u8>,
     keep_open: bool,
 ) -> Option<mpsc::Sender<Vec<u8>>> {
     let fd = fd?;
-    if initial.is_empty() && !keep_open {
-        // Nothing to write, nothing to come: closing it now is the end of file the process
-        // reads, with no task and no registration with the reactor.
-        return None;
-    }
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(16);
     tokio::spawn(async move {
         let Ok(mut w) = pipe::Sender::from_owned_fd(fd) else {
