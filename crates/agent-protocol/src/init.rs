@@ -12,18 +12,18 @@ pub const LISTEN_FD: i32 = 3;
 /// argv, where the sandbox (`/proc/1/cmdline`) and every host `ps` could read it.
 pub const CONFIG_FD: i32 = 4;
 
-/// First of [`InitConfig::workload_cgroup_fds`] descriptors, each a `cgroup.procs` file of the
-/// sandbox's workload cgroup (one per cgroup-v1 hierarchy, one on v2) opened for writing by the
-/// runtime: every process the agent starts writes `0` into each before exec, so sandbox code
+/// First of [`InitConfig::workload_cgroup_fds`] descriptors, each a file a process joins the
+/// sandbox's workload cgroup through (`tasks`, one per cgroup-v1 hierarchy: a thread moving
+/// itself there skips the kernel's global threadgroup lock; `cgroup.procs` on v2) opened for
+/// writing by the runtime: every process the agent starts writes `0` into each before exec, so sandbox code
 /// runs in the workload group while the agent stays above it, outside its OOM domain.
 pub const WORKLOAD_CGROUP_FD: i32 = 5;
 /// At most one per v1 controller hierarchy the runtime uses (memory, cpu, cpuacct, pids,
 /// freezer).
 pub const MAX_WORKLOAD_CGROUP_FDS: u32 = 5;
 
-/// Where the agent finds the read end of its placement pipe when
-/// [`InitConfig::await_placement`] is set: right after the workload cgroup descriptors.
-pub fn placement_fd(cfg: &InitConfig) -> i32 {
+/// First of [`InitConfig::agent_cgroup_fds`] descriptors: right after the workload cgroup ones.
+pub fn agent_cgroup_fd(cfg: &InitConfig) -> i32 {
     WORKLOAD_CGROUP_FD.saturating_add(cfg.workload_cgroup_fds.min(MAX_WORKLOAD_CGROUP_FDS) as i32)
 }
 
@@ -57,18 +57,19 @@ pub struct InitConfig {
     /// network as it finds it (it holds no capability over that namespace).
     #[serde(default)]
     pub network_ready: bool,
-    /// How many workload `cgroup.procs` descriptors sit from [`WORKLOAD_CGROUP_FD`] on; 0 when
+    /// How many workload join-file descriptors sit from [`WORKLOAD_CGROUP_FD`] on; 0 when
     /// the runtime has no cgroups (rootless).
     #[serde(default)]
     pub workload_cgroup_fds: u32,
-    /// The runtime moves the agent into its own cgroup while the agent sets up (on cgroup v1,
-    /// where a move waits for an RCU grace period, milliseconds, that would otherwise delay
-    /// the agent's start): before making its cgroup namespace, whose root is the cgroup it is
-    /// in, the agent reads one byte from [`placement_fd`]; end-of-file means the move failed.
-    /// Unset, the agent is in its cgroup from the start (v2's `CLONE_INTO_CGROUP`, or the
-    /// move done before it ran) or has none.
+    /// How many files the agent joins its own cgroup through sit from [`agent_cgroup_fd`] on
+    /// (at most [`MAX_WORKLOAD_CGROUP_FDS`]: one per v1 hierarchy): the agent writes `0` into
+    /// each before anything else, then closes them. On cgroup v1 the runtime cannot start the
+    /// agent in its group, and a thread moving itself is the one move that skips the kernel's
+    /// global threadgroup lock (a move by pid takes it, and after ~30 ms without a taker
+    /// waits for an RCU grace period: ~6 ms here). 0: the agent starts in its cgroup (v2's
+    /// `CLONE_INTO_CGROUP`) or has none.
     #[serde(default)]
-    pub await_placement: bool,
+    pub agent_cgroup_fds: u32,
     /// Volumes the agent mounts into the root, after every other mount.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<InitVolume>,
@@ -394,7 +395,7 @@ mod tests {
             egress: false,
             network_ready: false,
             workload_cgroup_fds: 0,
-            await_placement: false,
+            agent_cgroup_fds: 0,
             volume_mounts: Vec::new(),
             layer_mounts: Vec::new(),
         };

@@ -154,14 +154,9 @@ pub trait Cgroup: Send + Sync {
     /// single one on v2), e.g. for `clone3(CLONE_INTO_CGROUP)` or debugging.
     fn paths(&self) -> Vec<PathBuf>;
     fn add_process(&self, pid: u32) -> Result<()>;
-    /// The `cgroup.procs` files, one per distinct hierarchy: a process that
-    /// writes `0` into each of them moves itself into this group.
-    fn procs_files(&self) -> Vec<PathBuf> {
-        self.paths()
-            .into_iter()
-            .map(|p| p.join("cgroup.procs"))
-            .collect()
-    }
+    /// The files, one per distinct hierarchy, a single-threaded process writes `0` into to
+    /// move itself into this group.
+    fn join_files(&self) -> Vec<PathBuf>;
     /// Creates the child group `name` (a single path component). On v2 this
     /// delegates the controllers to it, which the kernel only allows while
     /// this group holds no processes: make children before adding any.

@@ -183,6 +183,11 @@ impl Cgroup for V2Cgroup {
         vec![self.dir.clone()]
     }
 
+    /// `cgroup.procs`: a domain group takes whole processes only.
+    fn join_files(&self) -> Vec<PathBuf> {
+        vec![self.dir.join("cgroup.procs")]
+    }
+
     fn create_child(&self, name: &str) -> Result<Box<dyn Cgroup>> {
         let child = self.child(name)?;
         // Fails with EBUSY once this group has members (no internal processes).
@@ -637,7 +642,7 @@ mod tests {
         );
         assert_eq!(workload.name(), "box/workload");
         assert_eq!(
-            workload.procs_files(),
+            workload.join_files(),
             vec![root.join("koder-sandbox/box/workload/cgroup.procs")]
         );
         assert_eq!(agent.name(), "box/agent");

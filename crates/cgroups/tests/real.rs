@@ -350,7 +350,7 @@ fn oom_stays_in_the_workload_child() {
 
     // The hog moves itself, the way the agent's children do before exec.
     let mut join = String::new();
-    for f in workload.procs_files() {
+    for f in workload.join_files() {
         join.push_str(&format!("echo 0 > '{}' && ", f.display()));
     }
     let mut hog = ChildGuard(

@@ -469,7 +469,7 @@ impl Inner {
             },
             // Both set by `spawn::spawn_agent`, which hands the descriptors over.
             workload_cgroup_fds: 0,
-            await_placement: false,
+            agent_cgroup_fds: 0,
             volume_mounts: mounts.volumes,
             layer_mounts: mounts.layers,
         }
@@ -636,8 +636,8 @@ impl Inner {
         let ids = self.ids_for(slot);
         let limits = self.effective_limits(spec.limits);
         let agent_cgroup = self.prepare_layers_and_cgroups(spec, parts, ids, &limits)?;
-        let cgroup_procs = match &parts.workload {
-            Some(workload) => open_procs_files(&**workload)?,
+        let workload_joins = match &parts.workload {
+            Some(workload) => open_join_files(&**workload)?,
             None => Vec::new(),
         };
         let mounts = self.attach_mounts(spec, &image, parts, slot, ids)?;
@@ -647,30 +647,23 @@ impl Inner {
         let mut init = self.init_config(spec, &image, parts, mounts);
         let netns = self.ready_netns.as_ref().and_then(|r| r.take(spec.egress));
         init.network_ready = netns.is_some();
-        // On v2 the agent is cloned straight into its leaf; on v1 it migrates there, which
-        // waits for an RCU grace period (milliseconds) on a host without `favordynmods`: done
-        // while the agent sets up.
+        // On v2 the agent is cloned straight into its leaf; on v1 it joins it itself, first
+        // thing (see `spawn`: a move by pid could wait for an RCU grace period).
         let into_cgroup = match (&self.cgroups, &agent_cgroup) {
             (Some(driver), Some(cg)) if driver.version() == CgroupVersion::V2 => {
                 cg.paths().first().map(open_cgroup_dir).transpose()?
             }
             _ => None,
         };
-        let move_agent = |pid: i32| match &agent_cgroup {
-            Some(cg) => cg
-                .add_process(pid as u32)
-                .map_err(|e| RuntimeError::Cgroup(e.to_string())),
-            None => Ok(()),
-        };
         let placement = match (&into_cgroup, &agent_cgroup) {
-            (None, Some(_)) => spawn::Placement::Moved(&move_agent),
+            (None, Some(cg)) => spawn::Placement::Joins(open_join_files(&**cg)?),
             _ => spawn::Placement::Into(into_cgroup.as_ref().map(AsFd::as_fd)),
         };
         let spawned = spawn::spawn_agent(
             &self.cfg.agent_bin,
             init,
             OwnedFd::from(listener),
-            cgroup_procs,
+            workload_joins,
             spawn::Start {
                 ids,
                 rootless: self.rootless,
@@ -865,11 +858,11 @@ fn apply_limits(
         .map_err(|e| RuntimeError::Cgroup(e.to_string()))
 }
 
-/// The workload's `cgroup.procs` files, opened by the daemon (the sandbox's uids could not) for
-/// the agent to move its children with.
-fn open_procs_files(workload: &dyn Cgroup) -> Result<Vec<OwnedFd>, RuntimeError> {
-    workload
-        .procs_files()
+/// The files a process joins `group` through, opened by the daemon (the sandbox's uids could
+/// not) for the agent: it joins its own group through them, its children the workload.
+fn open_join_files(group: &dyn Cgroup) -> Result<Vec<OwnedFd>, RuntimeError> {
+    group
+        .join_files()
         .iter()
         .map(|path| {
             std::fs::OpenOptions::new()

@@ -9,17 +9,17 @@
 //! memory prepared before the clone: it waits on a pipe until the parent has written its
 //! uid/gid maps, then execs the agent, which does all the real set-up single-threaded.
 //!
-//! Where the agent cannot be cloned straight into its cgroup (cgroup v1), the parent moves it
-//! there while the agent sets up: a v1 move waits for an RCU grace period (milliseconds), which
-//! would otherwise sit between the clone and the agent's first instruction. The agent waits for
-//! the parent's word on a second pipe before it makes its cgroup namespace (whose root is the
-//! cgroup it is in then), and runs nothing of the sandbox's before.
+//! Where the agent cannot be cloned straight into its cgroup (cgroup v1), it joins it itself,
+//! first thing after its exec, through the group's `tasks` files the parent hands over: a
+//! thread moving itself is the one move that skips the kernel's global threadgroup lock, which
+//! a move by pid takes and which, after ~30 ms without a taker, waits for an RCU grace period
+//! (~6 ms here) — a wait every create after a pause used to sit in.
 //!
 //! Until its exec the child holds a copy of every descriptor the daemon had
 //! (its HTTP listener among them), so it must never outlive a daemon that dies in that window:
 //! it closes its copy of the pipe's write end first (a dead parent then reads as end-of-file,
 //! not as a wait forever) and asks for SIGKILL when the creating thread dies. Only its stdio,
-//! the listener (3), the config (4) and the workload cgroup files (5..) survive its exec.
+//! the listener (3), the config (4) and the cgroup join files (5..) survive its exec.
 //!
 //! A fork-like clone makes [`user_namespace`]s: a child that only waits while its id maps are
 //! written and its namespace opened, then is killed and reaped.
@@ -30,7 +30,7 @@ use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use koder_agent_protocol::init::{self, InitConfig, CONFIG_FD, LISTEN_FD, WORKLOAD_CGROUP_FD};
+use koder_agent_protocol::init::{InitConfig, CONFIG_FD, LISTEN_FD, WORKLOAD_CGROUP_FD};
 use koder_runtime::RuntimeError;
 
 /// A contiguous uid/gid range of the host the sandbox's ids map onto.
@@ -80,8 +80,8 @@ pub enum Placement<'a> {
     /// It starts in this cgroup-v2 directory (`CLONE_INTO_CGROUP`), or stays in the daemon's
     /// (`None`: no cgroups, rootless).
     Into(Option<BorrowedFd<'a>>),
-    /// This moves it there (the pid given) while it sets up.
-    Moved(&'a (dyn Fn(i32) -> Result<(), RuntimeError> + Sync)),
+    /// It joins its cgroup itself, first thing, through these join files (cgroup v1).
+    Joins(Vec<OwnedFd>),
 }
 
 /// Where and as whom the agent starts.
@@ -94,8 +94,8 @@ pub struct Start<'a> {
 }
 
 /// Starts `agent init` in new namespaces, with `listener` as its fd 3, `config` to read on fd
-/// 4, `cgroup_procs` from fd 5 on and, when `start.placement` moves it, its placement pipe after
-/// them (`config` is completed with both). If the move fails the agent is killed and reaped.
+/// 4, the workload's join files (`workload_joins`) from fd 5 on and, when `start.placement`
+/// says it joins its own cgroup, that cgroup's join files after them (`config` counts both).
 ///
 /// Into a network namespace made ahead, the clone is made by a thread of its own that entered
 /// it first (a child starts in its creator's namespaces; `setns` moves only the calling
@@ -105,12 +105,12 @@ pub fn spawn_agent(
     agent: &Path,
     config: InitConfig,
     listener: OwnedFd,
-    cgroup_procs: Vec<OwnedFd>,
+    workload_joins: Vec<OwnedFd>,
     start: Start<'_>,
 ) -> Result<Spawned, RuntimeError> {
     let netns = start.netns;
     let here =
-        move |namespaces| spawn_here(agent, config, listener, cgroup_procs, start, namespaces);
+        move |namespaces| spawn_here(agent, config, listener, workload_joins, start, namespaces);
     let Some(netns) = netns else {
         return here(NAMESPACES);
     };
@@ -138,7 +138,7 @@ fn spawn_here(
     agent: &Path,
     mut config: InitConfig,
     listener: OwnedFd,
-    cgroup_procs: Vec<OwnedFd>,
+    workload_joins: Vec<OwnedFd>,
     start: Start<'_>,
     namespaces: u64,
 ) -> Result<Spawned, RuntimeError> {
@@ -158,27 +158,15 @@ fn spawn_here(
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
 
     let io = |what: &'static str| RuntimeError::io(what);
-    let (into_cgroup, move_agent) = match placement {
-        Placement::Into(dir) => (dir, None),
-        Placement::Moved(move_agent) => (None, Some(move_agent)),
+    let (into_cgroup, own_joins) = match placement {
+        Placement::Into(dir) => (dir, Vec::new()),
+        Placement::Joins(files) => (None, files),
     };
-    config.workload_cgroup_fds = cgroup_procs.len() as u32;
-    config.await_placement = move_agent.is_some();
-    let placement_fd = init::placement_fd(&config);
+    config.workload_cgroup_fds = workload_joins.len() as u32;
+    config.agent_cgroup_fds = own_joins.len() as u32;
     let config_json = serde_json::to_string(&config)
         .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
     let (sync_r, sync_w) = cloexec_pipe().map_err(io("sync pipe"))?;
-    // The move, and the pipe's end on which it is announced.
-    let (placed_r, mover) = match move_agent {
-        Some(move_agent) => {
-            let (r, w) = cloexec_pipe().map_err(io("placement pipe"))?;
-            (
-                Some(high(r).map_err(io("dup placement pipe"))?),
-                Some((move_agent, w)),
-            )
-        }
-        None => (None, None),
-    };
     let (err_r, err_w) = cloexec_pipe().map_err(io("exec status pipe"))?;
     let (stderr_r, stderr_w) = cloexec_pipe().map_err(io("agent stderr pipe"))?;
     let null = std::fs::OpenOptions::new()
@@ -191,11 +179,12 @@ fn spawn_here(
     let stderr_w = high(stderr_w).map_err(io("dup stderr pipe"))?;
     let config = high(config_file(&config_json).map_err(io("agent config memfd"))?)
         .map_err(io("dup agent config"))?;
-    let cgroup_procs = cgroup_procs
+    let joins = workload_joins
         .into_iter()
+        .chain(own_joins)
         .map(high)
         .collect::<std::io::Result<Vec<_>>>()
-        .map_err(io("dup workload cgroup files"))?;
+        .map_err(io("dup cgroup join files"))?;
     // Built before the clone: the child must not allocate.
     let mut handed = vec![
         null.as_raw_fd(),
@@ -204,11 +193,8 @@ fn spawn_here(
         listener.as_raw_fd(),
         config.as_raw_fd(),
     ];
-    handed.extend(cgroup_procs.iter().map(AsRawFd::as_raw_fd));
-    if let Some(placed_r) = &placed_r {
-        debug_assert_eq!(handed.len() as RawFd, placement_fd);
-        handed.push(placed_r.as_raw_fd());
-    }
+    debug_assert_eq!(handed.len() as RawFd, WORKLOAD_CGROUP_FD);
+    handed.extend(joins.iter().map(AsRawFd::as_raw_fd));
     // Sources sit at HIGH_FD and above, so the child's dup2 onto 0.. never clobbers one.
     if handed.len() > HIGH_FD as usize {
         return Err(RuntimeError::Start(format!(
@@ -251,29 +237,13 @@ fn spawn_here(
             Err(e) => return Err(RuntimeError::Start(format!("clone failed: {e}"))),
         },
     };
-    drop((
-        sync_r,
-        err_w,
-        stderr_w,
-        listener,
-        null,
-        config,
-        cgroup_procs,
-        placed_r,
-    ));
+    drop((sync_r, err_w, stderr_w, listener, null, config, joins));
 
     // An unprivileged writer may only map its own ids, and only after giving up setgroups.
     let released = write_id_maps(pid, 0, ids, rootless)
         .and_then(|()| {
             koder_hostkit::crash::point("jail-before-release");
             send_byte(sync_w, "release agent")
-        })
-        .and_then(|()| match mover {
-            // Dropped unwritten on failure: the agent reads end-of-file and gives up.
-            Some((move_agent, placed_w)) => {
-                move_agent(pid).and_then(|()| send_byte(placed_w, "tell the agent it is placed"))
-            }
-            None => Ok(()),
         })
         .and_then(|()| exec_status(err_r));
     if released.is_err() {
@@ -586,8 +556,7 @@ fn write_id_maps(
     Ok(())
 }
 
-/// The go-ahead on a pipe the child waits on (`what` for the error): to exec (the sync pipe),
-/// to make its cgroup namespace (the placement pipe).
+/// The go-ahead to exec on the pipe the child waits on (`what` for the error).
 fn send_byte(pipe: OwnedFd, what: &'static str) -> Result<(), RuntimeError> {
     std::fs::File::from(pipe)
         .write_all(&[1])
@@ -653,7 +622,6 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
     use std::path::PathBuf;
-    use std::time::Duration;
 
     /// A cgroup made for a test, in whichever hierarchy takes a process (v1 memory or v2),
     /// removed on drop.
@@ -688,11 +656,12 @@ mod tests {
         }
     }
 
-    /// Runs `script` as the agent, its cgroup move `move_agent`; returns what spawning said and
-    /// what the script wrote to stderr.
+    /// Runs `script` as the agent, handed `workload_joins` and told to join its own cgroup
+    /// through `own_joins`; returns what spawning said and what the script wrote to stderr.
     fn spawn_script(
         script: &str,
-        move_agent: &(dyn Fn(i32) -> Result<(), RuntimeError> + Sync),
+        workload_joins: Vec<OwnedFd>,
+        own_joins: Vec<OwnedFd>,
     ) -> (Result<(), RuntimeError>, String) {
         let dir = tempfile::tempdir().expect("tempdir");
         let agent = dir.path().join("agent");
@@ -710,11 +679,11 @@ mod tests {
             &agent,
             InitConfig::default(),
             listener,
-            Vec::new(),
+            workload_joins,
             Start {
                 ids,
                 rootless: false,
-                placement: Placement::Moved(move_agent),
+                placement: Placement::Joins(own_joins),
                 netns: None,
             },
         );
@@ -729,40 +698,51 @@ mod tests {
         }
     }
 
-    /// A moved agent learns it is placed only once it is in its cgroup, however slow the move,
-    /// on the descriptor after the workload cgroup ones, its config saying to wait for it; a
-    /// move that fails ends the start.
+    /// An agent that is to join its own cgroup finds that cgroup's join files right after the
+    /// workload's, its config counting both, and writing `0` there (as the sandbox's root, an
+    /// unprivileged host uid, through a file the daemon opened) puts it in the group.
     #[test]
-    fn a_moved_agent_is_told_once_it_is_in_its_cgroup() {
-        let name = format!("koder-test-place-{}", std::process::id());
+    fn an_agent_joins_its_cgroup_through_the_files_after_the_workload_ones() {
+        let name = format!("koder-test-join-{}", std::process::id());
         let Some(group) = TestGroup::new(&name) else {
             eprintln!("skipped: needs root and a cgroup hierarchy");
             return;
         };
+        let join_file = ["tasks", "cgroup.procs"]
+            .into_iter()
+            .map(|f| group.0.join(f))
+            .find(|p| p.exists())
+            .expect("a join file");
+        let open_write = |p: &Path| -> OwnedFd {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(p)
+                .expect("open")
+                .into()
+        };
+        // A stand-in workload file: the agent must leave it alone.
+        let workload = tempfile::NamedTempFile::new().expect("temp file");
         let script = r#"#!/bin/sh
-grep -q '"await_placement":true' <&4 || echo "config without await_placement" >&2
-head -c 1 <&5 >/dev/null
+config=$(cat <&4)
+case $config in *'"workload_cgroup_fds":1'*'"agent_cgroup_fds":1'*) ;; *) echo "config: $config" >&2 ;; esac
+echo 0 >&6 || echo "join failed" >&2
 cat /proc/self/cgroup >&2
 "#;
-        let slow_move = |pid: i32| {
-            std::thread::sleep(Duration::from_millis(300));
-            std::fs::write(group.0.join("cgroup.procs"), pid.to_string())
-                .map_err(RuntimeError::io("move"))
-        };
-        let (spawned, stderr) = spawn_script(script, &slow_move);
+        let (spawned, stderr) = spawn_script(
+            script,
+            vec![open_write(workload.path())],
+            vec![open_write(&join_file)],
+        );
         assert!(spawned.is_ok(), "{spawned:?}");
-        assert!(!stderr.contains("without"), "{stderr}");
+        assert!(
+            !stderr.contains("config") && !stderr.contains("failed"),
+            "{stderr}"
+        );
         assert!(
             stderr.lines().any(|l| l.ends_with(&format!(":/{name}"))),
-            "not in its cgroup when told: {stderr}"
+            "not in its cgroup: {stderr}"
         );
-
-        let failing_move = |_| Err(RuntimeError::Cgroup("refused".into()));
-        let (spawned, _) = spawn_script(script, &failing_move);
-        assert!(
-            matches!(&spawned, Err(RuntimeError::Cgroup(m)) if m == "refused"),
-            "{spawned:?}"
-        );
+        assert_eq!(std::fs::read(workload.path()).expect("read"), b"");
     }
 
     /// Where the host has a cgroup-v2 hierarchy (here or beside v1 ones), a child cloned into

@@ -149,8 +149,8 @@ print("workload", memory_cgroup("self"))
         "bpf 1",
         "io_uring 1",
         "cgroupns /",
-        // The agent's cgroup is its cgroup namespace's root (made once the runtime had moved
-        // it there), the workload's beside it.
+        // The agent's cgroup is its cgroup namespace's root (made once the agent had joined
+        // it), the workload's beside it.
         "agent /",
         "workload /../workload",
     ] {

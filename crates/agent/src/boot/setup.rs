@@ -22,10 +22,7 @@ const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
 /// Returns the overlay's upper directory, opened before the overlay hides it: the only way
 /// back to it once the root is pivoted (snapshots read it through this descriptor).
-///
-/// `placement`, when the runtime moves us into our cgroup while we build (see
-/// [`InitConfig::await_placement`]), says when that is done.
-pub fn build_root(cfg: &InitConfig, placement: Option<OwnedFd>) -> Result<OwnedFd, SetupError> {
+pub fn build_root(cfg: &InitConfig) -> Result<OwnedFd, SetupError> {
     mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None).step("make mounts private")?;
 
     let upper = open_dir(Path::new(&cfg.upper_dir)).step("open upper layer")?;
@@ -48,10 +45,7 @@ pub fn build_root(cfg: &InitConfig, placement: Option<OwnedFd>) -> Result<OwnedF
     pivot_into(&root)?;
     // Last, so no other mount covers a volume or is made inside one.
     super::volumes::mount_all(volumes)?;
-    if let Some(placed) = placement {
-        await_placement(placed).step("wait to be placed in the sandbox's cgroup")?;
-    }
-    // Our cgroup is final now, so a new cgroup namespace makes it the sandbox's cgroup root
+    // Our cgroup is final (joined first thing at start), so a new cgroup namespace makes it the sandbox's cgroup root
     // and hides the host's hierarchy.
     unshare(libc::CLONE_NEWCGROUP).step("unshare cgroup namespace")?;
     rustix::system::sethostname(cfg.hostname.as_bytes())
@@ -344,19 +338,6 @@ fn inside(root: &Path, path: &str) -> PathBuf {
     root.join(path.trim_start_matches('/'))
 }
 
-/// Blocks until the runtime writes the byte that says we are in our cgroup; its end of the
-/// pipe closing first means it could not move us (or died), and we must not go on.
-fn await_placement(placed: OwnedFd) -> std::io::Result<()> {
-    use std::io::Read;
-    let mut byte = [0u8; 1];
-    match std::fs::File::from(placed).read(&mut byte)? {
-        1 => Ok(()),
-        _ => Err(std::io::Error::other(
-            "the runtime did not place the agent in its cgroup",
-        )),
-    }
-}
-
 fn unshare(flags: libc::c_int) -> std::io::Result<()> {
     // SAFETY: unshare of namespaces only (no CLONE_FILES/CLONE_FS on a multi-threaded process):
     // the agent is single-threaded while it sets up.
@@ -396,21 +377,4 @@ pub(crate) fn mount(
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-
-    /// The runtime's byte lets the agent go on; its end closing unwritten stops it.
-    #[test]
-    fn placement_is_a_byte_and_end_of_file_is_a_failure() {
-        let (r, w) = rustix::pipe::pipe().expect("pipe");
-        std::fs::File::from(w).write_all(&[1]).expect("write");
-        assert!(await_placement(r).is_ok());
-        let (r, w) = rustix::pipe::pipe().expect("pipe");
-        drop(w);
-        assert!(await_placement(r).is_err());
-    }
 }
