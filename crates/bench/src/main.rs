@@ -4,11 +4,13 @@
 //! seconds (CI keeps the harness from rotting; no timing is asserted there).
 //!
 //! Daemon "pool" (warm pool `bash = 2, python = 1`): exec latency (JSON and SSE, with host
-//! spawn, bwrap and `runc exec` sampled in between), the E2B Python SDK (`commands.run`,
+//! spawn, bwrap and `runc exec` sampled in between; then after a pause each, beside a host
+//! spawn after the same pause), the E2B Python SDK (`commands.run`,
 //! time to interactive vs. host `node -v`), warm create, create+exec+destroy, python, warm
 //! interpreter, throughput (vs. the host spawning from as many threads), sustained creates,
 //! files. Every ratio is against a baseline measured in the same run, interleaved.
-//! Daemon "cold" (`pool = {}`): create with an empty pool, destroy, density.
+//! Daemon "cold" (`pool = {}`): create with an empty pool (back to back, then after a pause
+//! each), destroy, density.
 
 mod cluster;
 mod daemon;
@@ -185,6 +187,8 @@ pub struct Settings {
     /// New data in the session the state phase snapshots, and its samples.
     pub state_bytes: u64,
     pub state_samples: usize,
+    /// Samples of the rows measured after a pause (exec, empty-pool create).
+    pub paused_samples: usize,
 }
 
 impl Settings {
@@ -213,6 +217,7 @@ impl Settings {
                 tti_burst: 3,
                 state_bytes: 4 << 20,
                 state_samples: 1,
+                paused_samples: 3,
             }
         } else {
             Settings {
@@ -238,6 +243,7 @@ impl Settings {
                 tti_burst: 50,
                 state_bytes: 100 << 20,
                 state_samples: 5,
+                paused_samples: 30,
             }
         };
         let scale = |n: usize| ((n as f64 * args.samples_scale).round() as usize).max(1);
@@ -250,6 +256,7 @@ impl Settings {
         s.e2b_run_samples = scale(s.e2b_run_samples);
         s.tti_samples = scale(s.tti_samples);
         s.state_samples = scale(s.state_samples);
+        s.paused_samples = scale(s.paused_samples);
         if let Some(v) = args.e2b_samples {
             s.e2b_run_samples = v.max(1);
         }
@@ -396,6 +403,8 @@ async fn run(args: &Args) -> Result<Report> {
                         base: &none,
                     };
                     phases::exec_latency(&ctx, &mut baselines, &mut rows).await;
+                    progress("exec after a pause (host spawn after the same pause interleaved)");
+                    phases::exec_after_pause(&ctx, &mut rows).await;
                 }
                 let ctx = phases::Ctx {
                     d: &d,
@@ -512,6 +521,8 @@ async fn run(args: &Args) -> Result<Report> {
                 if wants(Phase::Create) {
                     progress("cold create and destroy");
                     phases::cold_create(&ctx, &mut rows).await;
+                    progress("cold create after a pause");
+                    phases::cold_create_after_pause(&ctx, &mut rows).await;
                 }
                 if wants(Phase::Density) {
                     progress(&format!("density: {} idle sessions", settings.density));

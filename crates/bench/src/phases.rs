@@ -529,6 +529,75 @@ async fn exec_latency_inner(ctx: &Ctx<'_>) -> Result<(HostSampler, Vec<Duration>
     result
 }
 
+/// The pause before each sample of the "after a pause" rows: an agent's calls come with its
+/// model's thinking between them, long enough for idle CPUs to sleep and for any fast path
+/// that only lasts while it is used (the kernel's cgroup lock held ready for the next move,
+/// ~30 ms) to lapse; a back-to-back loop hides what such a pause costs.
+const PAUSE: Duration = Duration::from_millis(200);
+
+/// Exec `/bin/true` after a pause, each sample interleaved with a host spawn after the same
+/// pause (alternating which goes first).
+pub async fn exec_after_pause(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    let host = format!(
+        "`/bin/true`, plain spawn on the host after a {} ms pause",
+        PAUSE.as_millis()
+    );
+    let name = format!(
+        "exec `/bin/true` in a live session after a {} ms pause (REST, keep-alive)",
+        PAUSE.as_millis()
+    );
+    match exec_after_pause_inner(ctx).await {
+        Ok((spawns, execs)) => match (summary(&spawns), summary(&execs)) {
+            (Ok(spawn), Ok(exec)) => {
+                let ratio = [("spawn after the same pause", Some(spawn.p50_ms))];
+                rows.push(
+                    Row::info(
+                        "host_spawn_paused",
+                        format!("{host} — interleaved with the execs"),
+                        spawn.display(),
+                    )
+                    .target("baseline", Status::Info)
+                    .data(json!(spawn)),
+                );
+                rows.push(
+                    Row::info("exec_true_paused", name, with_ratios(&exec, &ratio))
+                        .target("compare with the host", Status::Info)
+                        .data(json!(exec)),
+                );
+            }
+            (Err(e), _) | (_, Err(e)) => rows.push(Row::error("exec_true_paused", name, &e)),
+        },
+        Err(e) => rows.push(Row::error("exec_true_paused", name, &e)),
+    }
+}
+
+async fn exec_after_pause_inner(ctx: &Ctx<'_>) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let client = ctx.d.client()?;
+    let session = client.create_session(&create_req("bash")).await?;
+    let result = async {
+        let raw = RawExec::new(ctx, &client, session.id(), &[TRUE])?;
+        raw.json().await?;
+        let n = ctx.s.paused_samples;
+        let (mut spawns, mut execs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for i in 0..n {
+            for exec_first in [i % 2 == 0, i % 2 != 0] {
+                tokio::time::sleep(PAUSE).await;
+                if exec_first {
+                    let t = Instant::now();
+                    raw.json().await?;
+                    execs.push(t.elapsed());
+                } else {
+                    spawns.push(host::time_one(Command::new(TRUE))?);
+                }
+            }
+        }
+        Ok((spawns, execs))
+    }
+    .await;
+    let _ = client.destroy_session(session.id()).await;
+    result
+}
+
 // ---- create ----
 
 pub async fn warm_create(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
@@ -597,7 +666,7 @@ async fn warm_create_inner(ctx: &Ctx<'_>, full: bool) -> Result<Summary> {
 
 pub async fn cold_create(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
     let name = "session create, empty pool (`pool = {}`)";
-    match cold_create_inner(ctx).await {
+    match cold_create_inner(ctx, ctx.s.create_samples, None).await {
         Ok((create, destroy)) => {
             rows.push(
                 Row::info("create_cold", name, create.display())
@@ -613,12 +682,35 @@ pub async fn cold_create(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
     }
 }
 
-async fn cold_create_inner(ctx: &Ctx<'_>) -> Result<(Summary, Summary)> {
+/// Empty-pool creates with a pause before each, as a user making one now and then does.
+pub async fn cold_create_after_pause(ctx: &Ctx<'_>, rows: &mut Vec<Row>) {
+    let name = format!(
+        "session create, empty pool, after a {} ms pause",
+        PAUSE.as_millis()
+    );
+    match cold_create_inner(ctx, ctx.s.paused_samples, Some(PAUSE)).await {
+        Ok((create, _)) => rows.push(
+            Row::info("create_cold_paused", name, create.display())
+                .target("p50 ≤ 8 ms", Status::verdict(create.p50_ms <= 8.0))
+                .data(json!(create)),
+        ),
+        Err(e) => rows.push(Row::error("create_cold_paused", name, &e)),
+    }
+}
+
+/// `n` creates, each destroyed before the next, `pause` before each.
+async fn cold_create_inner(
+    ctx: &Ctx<'_>,
+    n: usize,
+    pause: Option<Duration>,
+) -> Result<(Summary, Summary)> {
     let client = ctx.d.client()?;
     let req = create_req("bash");
-    let n = ctx.s.create_samples;
     let (mut creates, mut destroys) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n + 1 {
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
         let began = Instant::now();
         let session = client.create_session(&req).await?;
         let created = began.elapsed();
