@@ -22,11 +22,6 @@ pub const WORKLOAD_CGROUP_FD: i32 = 5;
 /// freezer).
 pub const MAX_WORKLOAD_CGROUP_FDS: u32 = 5;
 
-/// First of [`InitConfig::agent_cgroup_fds`] descriptors: right after the workload cgroup ones.
-pub fn agent_cgroup_fd(cfg: &InitConfig) -> i32 {
-    WORKLOAD_CGROUP_FD.saturating_add(cfg.workload_cgroup_fds.min(MAX_WORKLOAD_CGROUP_FDS) as i32)
-}
-
 /// `Default` is an empty configuration, for runtimes' tests that fill in what they need.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InitConfig {
@@ -61,15 +56,6 @@ pub struct InitConfig {
     /// the runtime has no cgroups (rootless).
     #[serde(default)]
     pub workload_cgroup_fds: u32,
-    /// How many files the agent joins its own cgroup through sit from [`agent_cgroup_fd`] on
-    /// (at most [`MAX_WORKLOAD_CGROUP_FDS`]: one per v1 hierarchy): the agent writes `0` into
-    /// each before anything else, then closes them. On cgroup v1 the runtime cannot start the
-    /// agent in its group, and a thread moving itself is the one move that skips the kernel's
-    /// global threadgroup lock (a move by pid takes it, and after ~30 ms without a taker
-    /// waits for an RCU grace period: ~6 ms here). 0: the agent starts in its cgroup (v2's
-    /// `CLONE_INTO_CGROUP`) or has none.
-    #[serde(default)]
-    pub agent_cgroup_fds: u32,
     /// Volumes the agent mounts into the root, after every other mount.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<InitVolume>,
@@ -395,7 +381,6 @@ mod tests {
             egress: false,
             network_ready: false,
             workload_cgroup_fds: 0,
-            agent_cgroup_fds: 0,
             volume_mounts: Vec::new(),
             layer_mounts: Vec::new(),
         };

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::OnceLock;
 
@@ -11,8 +11,9 @@ use koder_agent_protocol::init::MAX_WORKLOAD_CGROUP_FDS;
 
 const SLOTS: usize = MAX_WORKLOAD_CGROUP_FDS as usize;
 
-/// The files a process joins the workload cgroup through (a jail's `workload` group: `tasks`,
-/// one per v1 hierarchy, or `cgroup.procs` on v2; a guest's `sandbox` group), open for writing; -1 in unused slots. Process-wide
+/// The files a process joins the workload cgroup through (a jail's `workload` group: its
+/// `tasks`, one per v1 hierarchy, or `cgroup.procs` on v2; a guest's `sandbox` group), open for
+/// writing; -1 in unused slots. Process-wide
 /// integers on purpose: the forked child uses them where nothing may lock or allocate. The
 /// descriptors are close-on-exec, so no sandbox process ever holds one and none can move
 /// itself back into the agent's group.
@@ -65,23 +66,11 @@ fn join_workload_cgroup() -> std::io::Result<()> {
         if fd < 0 {
             break;
         }
-        // SAFETY: the agent keeps these descriptors open forever.
-        join_through(unsafe { BorrowedFd::borrow_raw(fd) })?;
-    }
-    Ok(())
-}
-
-/// Moves the calling process, single-threaded, into the cgroup whose join files these are (the
-/// agent into its own, first thing at start).
-pub fn join_cgroup(files: &[OwnedFd]) -> std::io::Result<()> {
-    files.iter().try_for_each(|f| join_through(f.as_fd()))
-}
-
-/// Writes `0` (the writer itself) into one join file. Async-signal-safe.
-fn join_through(file: BorrowedFd<'_>) -> std::io::Result<()> {
-    // SAFETY: write(2) of a 1-byte static buffer to an open descriptor.
-    if unsafe { libc::write(file.as_raw_fd(), b"0".as_ptr().cast(), 1) } < 0 {
-        return Err(std::io::Error::last_os_error());
+        // SAFETY: write(2) of a 1-byte static buffer to a descriptor the agent keeps open
+        // forever ("0" = the writer itself).
+        if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
     }
     Ok(())
 }

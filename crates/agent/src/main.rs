@@ -1,7 +1,6 @@
 //! `koder-agent init`: started by a runtime as PID 1 of a new sandbox, with its listening
-//! socket on fd 3, its configuration (JSON) to read on fd 4, the workload cgroup's join files
-//! from fd 5 on and, when it is to join its own cgroup itself, that cgroup's join files after
-//! them. Builds and confines the sandbox, then serves the daemon forever.
+//! socket on fd 3, its configuration (JSON) to read on fd 4 and the workload cgroup's join
+//! files from fd 5 on. Builds and confines the sandbox, then serves the daemon forever.
 
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
@@ -44,15 +43,10 @@ enum Never {}
 
 fn init() -> Result<Never, Box<dyn std::error::Error>> {
     let cfg = read_config()?;
-    let workload = take_cgroup_files(WORKLOAD_CGROUP_FD, cfg.workload_cgroup_fds)?;
-    let own = take_cgroup_files(init::agent_cgroup_fd(&cfg), cfg.agent_cgroup_fds)?;
-    // Before anything else: every later step happens, and is accounted, in the sandbox's
-    // cgroup, whose root the cgroup namespace made while building becomes.
-    child::join_cgroup(&own).map_err(|e| format!("join the agent's cgroup: {e}"))?;
-    drop(own);
+    let workload = take_workload_cgroup(cfg.workload_cgroup_fds)?;
     // Whatever the runtime's process had open must not reach untrusted code: everything above
     // the hand-overs is closed, and the listener and cgroup files never survive an exec.
-    let first_unused = init::agent_cgroup_fd(&cfg) + cfg.agent_cgroup_fds as i32;
+    let first_unused = WORKLOAD_CGROUP_FD + workload.len() as i32;
     // SAFETY: close_range on fds above the hand-overs; nothing in this process uses them.
     unsafe {
         libc::syscall(libc::SYS_close_range, first_unused as u32, u32::MAX, 0u32);
@@ -86,12 +80,12 @@ fn init() -> Result<Never, Box<dyn std::error::Error>> {
     })
 }
 
-/// `count` cgroup join files the runtime handed over from `first` on.
-fn take_cgroup_files(first: i32, count: u32) -> Result<Vec<OwnedFd>, Box<dyn std::error::Error>> {
+/// The workload cgroup's join files the runtime handed over from [`WORKLOAD_CGROUP_FD`] on.
+fn take_workload_cgroup(count: u32) -> Result<Vec<OwnedFd>, Box<dyn std::error::Error>> {
     if count > MAX_WORKLOAD_CGROUP_FDS {
-        return Err(format!("{count} cgroup descriptors announced from {first}").into());
+        return Err(format!("{count} workload cgroup descriptors announced").into());
     }
-    let fds = first..first + count as i32;
+    let fds = WORKLOAD_CGROUP_FD..WORKLOAD_CGROUP_FD + count as i32;
     fds.map(take_handed_fd).collect()
 }
 

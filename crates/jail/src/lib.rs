@@ -467,9 +467,8 @@ impl Inner {
                 nproc: NPROC_BACKSTOP,
                 core: 0,
             },
-            // Both set by `spawn::spawn_agent`, which hands the descriptors over.
+            // Set by `spawn::spawn_agent`, which hands the descriptors over.
             workload_cgroup_fds: 0,
-            agent_cgroup_fds: 0,
             volume_mounts: mounts.volumes,
             layer_mounts: mounts.layers,
         }
@@ -647,8 +646,8 @@ impl Inner {
         let mut init = self.init_config(spec, &image, parts, mounts);
         let netns = self.ready_netns.as_ref().and_then(|r| r.take(spec.egress));
         init.network_ready = netns.is_some();
-        // On v2 the agent is cloned straight into its leaf; on v1 it joins it itself, first
-        // thing (see `spawn`: a move by pid could wait for an RCU grace period).
+        // On v2 the agent is cloned straight into its leaf; on v1 its clone joins it before
+        // the exec (see `spawn`: a move by pid could wait for an RCU grace period).
         let into_cgroup = match (&self.cgroups, &agent_cgroup) {
             (Some(driver), Some(cg)) if driver.version() == CgroupVersion::V2 => {
                 cg.paths().first().map(open_cgroup_dir).transpose()?
@@ -859,7 +858,8 @@ fn apply_limits(
 }
 
 /// The files a process joins `group` through, opened by the daemon (the sandbox's uids could
-/// not) for the agent: it joins its own group through them, its children the workload.
+/// not): the agent's clone joins its own group through them, the agent's children the
+/// workload.
 fn open_join_files(group: &dyn Cgroup) -> Result<Vec<OwnedFd>, RuntimeError> {
     group
         .join_files()

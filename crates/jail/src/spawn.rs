@@ -5,15 +5,16 @@
 //! memory, on a stack of its own ([`clone_sharing_memory`]); only a start straight into a
 //! cgroup-v2 directory takes a fork-like `clone3` (glibc has no wrapper that runs a function on
 //! a new stack with `CLONE_INTO_CGROUP`). The child only makes async-signal-safe syscalls
-//! (close, prctl, read, setresuid, setsid, dup2, close_range, sigprocmask, execve, _exit) on
+//! (close, prctl, read, write, setresuid, setsid, dup2, close_range, sigprocmask, execve, _exit) on
 //! memory prepared before the clone: it waits on a pipe until the parent has written its
 //! uid/gid maps, then execs the agent, which does all the real set-up single-threaded.
 //!
-//! Where the agent cannot be cloned straight into its cgroup (cgroup v1), it joins it itself,
-//! first thing after its exec, through the group's `tasks` files the parent hands over: a
-//! thread moving itself is the one move that skips the kernel's global threadgroup lock, which
-//! a move by pid takes and which, after ~30 ms without a taker, waits for an RCU grace period
-//! (~6 ms here) — a wait every create after a pause used to sit in.
+//! Where the agent cannot be cloned straight into its cgroup (cgroup v1), the child joins it
+//! itself before its exec, through the group's `tasks` files: a thread moving itself is the
+//! one move that skips the kernel's global threadgroup lock, which a move by pid takes and
+//! which, after ~30 ms without a taker, waits for an RCU grace period (~6 ms here) — a wait
+//! every create after a pause used to sit in. The agent thus runs in its cgroup from its first
+//! instruction, and what its exec and start-up allocate is the sandbox's.
 //!
 //! Until its exec the child holds a copy of every descriptor the daemon had
 //! (its HTTP listener among them), so it must never outlive a daemon that dies in that window:
@@ -80,7 +81,8 @@ pub enum Placement<'a> {
     /// It starts in this cgroup-v2 directory (`CLONE_INTO_CGROUP`), or stays in the daemon's
     /// (`None`: no cgroups, rootless).
     Into(Option<BorrowedFd<'a>>),
-    /// It joins its cgroup itself, first thing, through these join files (cgroup v1).
+    /// The child joins its cgroup itself before its exec, through these join files (cgroup
+    /// v1).
     Joins(Vec<OwnedFd>),
 }
 
@@ -94,8 +96,7 @@ pub struct Start<'a> {
 }
 
 /// Starts `agent init` in new namespaces, with `listener` as its fd 3, `config` to read on fd
-/// 4, the workload's join files (`workload_joins`) from fd 5 on and, when `start.placement`
-/// says it joins its own cgroup, that cgroup's join files after them (`config` counts both).
+/// 4 and the workload's join files (`workload_joins`) from fd 5 on (`config` counts them).
 ///
 /// Into a network namespace made ahead, the clone is made by a thread of its own that entered
 /// it first (a child starts in its creator's namespaces; `setns` moves only the calling
@@ -163,7 +164,6 @@ fn spawn_here(
         Placement::Joins(files) => (None, files),
     };
     config.workload_cgroup_fds = workload_joins.len() as u32;
-    config.agent_cgroup_fds = own_joins.len() as u32;
     let config_json = serde_json::to_string(&config)
         .map_err(|e| RuntimeError::Start(format!("encode agent config: {e}")))?;
     let (sync_r, sync_w) = cloexec_pipe().map_err(io("sync pipe"))?;
@@ -179,12 +179,15 @@ fn spawn_here(
     let stderr_w = high(stderr_w).map_err(io("dup stderr pipe"))?;
     let config = high(config_file(&config_json).map_err(io("agent config memfd"))?)
         .map_err(io("dup agent config"))?;
-    let joins = workload_joins
-        .into_iter()
-        .chain(own_joins)
-        .map(high)
-        .collect::<std::io::Result<Vec<_>>>()
-        .map_err(io("dup cgroup join files"))?;
+    let highs = |files: Vec<OwnedFd>| {
+        files
+            .into_iter()
+            .map(high)
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(io("dup cgroup join files"))
+    };
+    let (workload_joins, own_joins) = (highs(workload_joins)?, highs(own_joins)?);
+    let own_joins_raw: Vec<RawFd> = own_joins.iter().map(AsRawFd::as_raw_fd).collect();
     // Built before the clone: the child must not allocate.
     let mut handed = vec![
         null.as_raw_fd(),
@@ -194,7 +197,7 @@ fn spawn_here(
         config.as_raw_fd(),
     ];
     debug_assert_eq!(handed.len() as RawFd, WORKLOAD_CGROUP_FD);
-    handed.extend(joins.iter().map(AsRawFd::as_raw_fd));
+    handed.extend(workload_joins.iter().map(AsRawFd::as_raw_fd));
     // Sources sit at HIGH_FD and above, so the child's dup2 onto 0.. never clobbers one.
     if handed.len() > HIGH_FD as usize {
         return Err(RuntimeError::Start(format!(
@@ -209,6 +212,7 @@ fn spawn_here(
         },
         err_w: err_w.as_raw_fd(),
         handed: &handed,
+        joins: &own_joins_raw,
         rootless,
         path: &path,
         argv: &argv,
@@ -237,7 +241,16 @@ fn spawn_here(
             Err(e) => return Err(RuntimeError::Start(format!("clone failed: {e}"))),
         },
     };
-    drop((sync_r, err_w, stderr_w, listener, null, config, joins));
+    drop((
+        sync_r,
+        err_w,
+        stderr_w,
+        listener,
+        null,
+        config,
+        workload_joins,
+        own_joins,
+    ));
 
     // An unprivileged writer may only map its own ids, and only after giving up setgroups.
     let released = write_id_maps(pid, 0, ids, rootless)
@@ -370,6 +383,9 @@ struct ChildArgs<'a> {
     sync: SyncFds,
     err_w: RawFd,
     handed: &'a [RawFd],
+    /// Join files of the agent's cgroup, written before the exec (above `handed`, so gone at
+    /// the exec).
+    joins: &'a [RawFd],
     rootless: bool,
     path: &'a CString,
     argv: &'a [*const libc::c_char],
@@ -461,6 +477,7 @@ unsafe fn child(args: &ChildArgs<'_>) -> ! {
         sync,
         err_w,
         handed,
+        joins,
         rootless,
         path,
         argv,
@@ -492,6 +509,13 @@ unsafe fn child(args: &ChildArgs<'_>) -> ! {
             }
             // The parent gave up on us (pipe closed without the go byte).
             libc::_exit(1);
+        }
+        // Into our cgroup ("0": this thread, our only one) before anything is made for the
+        // sandbox, so what the exec and the agent allocate is the sandbox's.
+        for &join in joins {
+            if libc::write(join, b"0".as_ptr().cast(), 1) < 0 {
+                report_and_exit(err_w);
+            }
         }
         // Become the namespace's root: our host credentials are unmapped in it, and without this
         // execve would drop every capability the agent needs to build the sandbox. Raw syscalls,
@@ -573,7 +597,7 @@ fn exec_status(err_r: OwnedFd) -> Result<(), RuntimeError> {
     match <[u8; 4]>::try_from(status.as_slice()) {
         Err(_) if status.is_empty() => Ok(()),
         Ok(errno) => Err(RuntimeError::Start(format!(
-            "cannot exec the agent: {}",
+            "cannot start the agent (its cgroup, credentials, descriptors or exec): {}",
             std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno))
         ))),
         Err(_) => Err(RuntimeError::Start(
@@ -656,7 +680,7 @@ mod tests {
         }
     }
 
-    /// Runs `script` as the agent, handed `workload_joins` and told to join its own cgroup
+    /// Runs `script` as the agent, handed `workload_joins`, its clone joining its own cgroup
     /// through `own_joins`; returns what spawning said and what the script wrote to stderr.
     fn spawn_script(
         script: &str,
@@ -698,11 +722,11 @@ mod tests {
         }
     }
 
-    /// An agent that is to join its own cgroup finds that cgroup's join files right after the
-    /// workload's, its config counting both, and writing `0` there (as the sandbox's root, an
-    /// unprivileged host uid, through a file the daemon opened) puts it in the group.
+    /// Given its cgroup's join files, the agent is in that cgroup from its first instruction
+    /// (its clone joined before the exec), the files themselves gone; the workload's are handed
+    /// over from fd 5 on, counted in its config, and left alone.
     #[test]
-    fn an_agent_joins_its_cgroup_through_the_files_after_the_workload_ones() {
+    fn the_agent_starts_in_the_cgroup_its_clone_joined() {
         let name = format!("koder-test-join-{}", std::process::id());
         let Some(group) = TestGroup::new(&name) else {
             eprintln!("skipped: needs root and a cgroup hierarchy");
@@ -723,10 +747,11 @@ mod tests {
         // A stand-in workload file: the agent must leave it alone.
         let workload = tempfile::NamedTempFile::new().expect("temp file");
         let script = r#"#!/bin/sh
-config=$(cat <&4)
-case $config in *'"workload_cgroup_fds":1'*'"agent_cgroup_fds":1'*) ;; *) echo "config: $config" >&2 ;; esac
-echo 0 >&6 || echo "join failed" >&2
 cat /proc/self/cgroup >&2
+case $(cat <&4) in *'"workload_cgroup_fds":1'*) ;; *) echo "config without the workload files" >&2 ;; esac
+[ -e /proc/self/fd/5 ] || echo "no fd 5" >&2
+[ -e /proc/self/fd/6 ] && echo "fd 6 survived the exec" >&2
+exit 0
 "#;
         let (spawned, stderr) = spawn_script(
             script,
@@ -735,7 +760,7 @@ cat /proc/self/cgroup >&2
         );
         assert!(spawned.is_ok(), "{spawned:?}");
         assert!(
-            !stderr.contains("config") && !stderr.contains("failed"),
+            !stderr.contains("config") && !stderr.contains("fd "),
             "{stderr}"
         );
         assert!(

@@ -45,7 +45,7 @@ pub fn build_root(cfg: &InitConfig) -> Result<OwnedFd, SetupError> {
     pivot_into(&root)?;
     // Last, so no other mount covers a volume or is made inside one.
     super::volumes::mount_all(volumes)?;
-    // Our cgroup is final (joined first thing at start), so a new cgroup namespace makes it the sandbox's cgroup root
+    // We started in our cgroup, so a new cgroup namespace makes it the sandbox's cgroup root
     // and hides the host's hierarchy.
     unshare(libc::CLONE_NEWCGROUP).step("unshare cgroup namespace")?;
     rustix::system::sethostname(cfg.hostname.as_bytes())
