@@ -15,8 +15,9 @@ pub const CONFIG_FD: i32 = 4;
 /// First of [`InitConfig::workload_cgroup_fds`] descriptors, each a file a process joins the
 /// sandbox's workload cgroup through (`tasks`, one per cgroup-v1 hierarchy: a thread moving
 /// itself there skips the kernel's global threadgroup lock; `cgroup.procs` on v2) opened for
-/// writing by the runtime: every process the agent starts writes `0` into each before exec, so sandbox code
-/// runs in the workload group while the agent stays above it, outside its OOM domain.
+/// writing by the runtime: every process the agent starts writes `0` into each before exec,
+/// so sandbox code runs in the workload group while the agent stays above it, outside its OOM
+/// domain.
 pub const WORKLOAD_CGROUP_FD: i32 = 5;
 /// At most one per v1 controller hierarchy the runtime uses (memory, cpu, cpuacct, pids,
 /// freezer).

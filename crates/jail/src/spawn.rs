@@ -5,9 +5,9 @@
 //! memory, on a stack of its own ([`clone_sharing_memory`]); only a start straight into a
 //! cgroup-v2 directory takes a fork-like `clone3` (glibc has no wrapper that runs a function on
 //! a new stack with `CLONE_INTO_CGROUP`). The child only makes async-signal-safe syscalls
-//! (close, prctl, read, write, setresuid, setsid, dup2, close_range, sigprocmask, execve, _exit) on
-//! memory prepared before the clone: it waits on a pipe until the parent has written its
-//! uid/gid maps, then execs the agent, which does all the real set-up single-threaded.
+//! (close, prctl, read, write, setresuid, setsid, dup2, close_range, sigprocmask, execve,
+//! _exit) on memory prepared before the clone: it waits on a pipe until the parent has written
+//! its uid/gid maps, then execs the agent, which does all the real set-up single-threaded.
 //!
 //! Where the agent cannot be cloned straight into its cgroup (cgroup v1), the child joins it
 //! itself before its exec, through the group's `tasks` files: a thread moving itself is the
@@ -748,7 +748,7 @@ mod tests {
         let workload = tempfile::NamedTempFile::new().expect("temp file");
         let script = r#"#!/bin/sh
 cat /proc/self/cgroup >&2
-case $(cat <&4) in *'"workload_cgroup_fds":1'*) ;; *) echo "config without the workload files" >&2 ;; esac
+case $(cat <&4) in *'"workload_cgroup_fds":1'*) ;; *) echo "config: no workload files" >&2 ;; esac
 [ -e /proc/self/fd/5 ] || echo "no fd 5" >&2
 [ -e /proc/self/fd/6 ] && echo "fd 6 survived the exec" >&2
 exit 0
