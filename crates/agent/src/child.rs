@@ -12,12 +12,11 @@ use koder_agent_protocol::init::MAX_WORKLOAD_CGROUP_FDS;
 const SLOTS: usize = MAX_WORKLOAD_CGROUP_FDS as usize;
 
 /// The files a process joins the workload cgroup through (a jail's `workload` group: its
-/// `tasks`, one per v1 hierarchy, or `cgroup.procs` on v2; a guest's `sandbox` group), open for
-/// writing; -1 in unused slots. Process-wide
-/// integers on purpose: the forked child uses them where nothing may lock or allocate. The
-/// descriptors are close-on-exec, so no sandbox process ever holds one and none can move
-/// itself back into the agent's group.
-static WORKLOAD_PROCS: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
+/// `tasks`, one per v1 hierarchy, or `cgroup.procs` on v2; a guest's `sandbox` group), open
+/// for writing; -1 in unused slots. Process-wide integers on purpose: the forked child uses
+/// them where nothing may lock or allocate. The descriptors are close-on-exec, so no sandbox
+/// process ever holds one and none can move itself back into the agent's group.
+static WORKLOAD_JOINS: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadCgroupError {
@@ -35,14 +34,14 @@ const KEEP_FROM: RawFd = 10;
 
 /// Makes every later child join the group whose join files these are (kept open for
 /// the agent's lifetime). Called once, before the first child.
-pub fn set_workload_cgroup(procs: Vec<OwnedFd>) -> Result<(), WorkloadCgroupError> {
-    if procs.len() > SLOTS {
-        return Err(WorkloadCgroupError::TooMany { given: procs.len() });
+pub fn set_workload_cgroup(joins: Vec<OwnedFd>) -> Result<(), WorkloadCgroupError> {
+    if joins.len() > SLOTS {
+        return Err(WorkloadCgroupError::TooMany { given: joins.len() });
     }
-    if WORKLOAD_PROCS[0].load(Ordering::Relaxed) >= 0 {
+    if WORKLOAD_JOINS[0].load(Ordering::Relaxed) >= 0 {
         return Err(WorkloadCgroupError::AlreadySet);
     }
-    for (slot, fd) in WORKLOAD_PROCS.iter().zip(procs) {
+    for (slot, fd) in WORKLOAD_JOINS.iter().zip(joins) {
         let kept =
             rustix::io::fcntl_dupfd_cloexec(&fd, KEEP_FROM).map_err(WorkloadCgroupError::Dup)?;
         slot.store(kept.into_raw_fd(), Ordering::Relaxed);
@@ -61,7 +60,7 @@ pub fn before_exec(keep: RawFd) -> std::io::Result<()> {
 
 /// Moves the calling process into the workload cgroup; a no-op without one. Async-signal-safe.
 fn join_workload_cgroup() -> std::io::Result<()> {
-    for slot in &WORKLOAD_PROCS {
+    for slot in &WORKLOAD_JOINS {
         let fd = slot.load(Ordering::Relaxed);
         if fd < 0 {
             break;
