@@ -209,6 +209,38 @@ async fn a_disk_pause_outlives_its_manager_and_resumes_with_its_files() {
     );
 }
 
+/// Memory's answer for a running session matches the store's, and it says nothing for any
+/// session that is not running here, so a caller falls back to the store (which wakes it).
+#[tokio::test]
+async fn the_owner_of_a_running_session_is_known_without_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, runtime) = (store().await, MemoryRuntime::new());
+    let m = manager(&store, &runtime, dir.path()).await;
+    let s = m.create(&who("a"), CreateSession::default()).await.unwrap();
+    let tenant = |o: Option<Identity>| o.map(|o| o.tenant_id);
+    assert_eq!(tenant(m.owner_of_running(&s.id)), Some("a".into()));
+    assert_eq!(
+        tenant(m.owner_of_active(&s.id).await.unwrap()),
+        Some("a".into())
+    );
+    assert_eq!(tenant(m.owner_of_running("no-such-session")), None);
+
+    for memory in [true, false] {
+        m.pause_session(&who("a"), &s.id, memory).await.unwrap();
+        assert_eq!(tenant(m.owner_of_running(&s.id)), None, "memory {memory}");
+        assert_eq!(
+            tenant(m.owner_of_active(&s.id).await.unwrap()),
+            Some("a".into())
+        );
+        m.resume(&who("a"), &s.id).await.unwrap();
+        assert_eq!(tenant(m.owner_of_running(&s.id)), Some("a".into()));
+    }
+
+    m.destroy(&who("a"), &s.id).await.unwrap();
+    assert_eq!(tenant(m.owner_of_running(&s.id)), None);
+    assert_eq!(tenant(m.owner_of_active(&s.id).await.unwrap()), None);
+}
+
 #[tokio::test]
 async fn fork_is_bounded_and_copies_each_time() {
     let dir = tempfile::tempdir().unwrap();

@@ -103,12 +103,17 @@ pub(crate) async fn authenticate(
                 "missing X-Access-Token (the envdAccessToken of create or connect) or X-API-KEY",
             )),
         };
+    let belongs = |o: &Identity| tenant.as_ref().is_none_or(|t| *t == o.tenant_id);
+    // A running sandbox needs no waking: memory answers without the store.
+    if let Some(who) = e2b.manager().owner_of_running(&id).filter(belongs) {
+        return Ok(Authenticated { who, id });
+    }
     let owner = e2b
         .manager()
         .owner_of_active(&id)
         .await
         .map_err(|e| HttpError::new(503, e.to_string()))?
-        .filter(|o| tenant.as_ref().is_none_or(|t| *t == o.tenant_id));
+        .filter(belongs);
     let Some(who) = owner else {
         if tenant.is_none() {
             // Only a holder of the sandbox's own token may end E2B's state for it.

@@ -250,6 +250,18 @@ impl Manager {
             }))
     }
 
+    /// The tenant of session `id` if its sandbox runs on this daemon and is not paused: the
+    /// same answer as [`Self::owner_of_active`] for such a session, from memory. A transport
+    /// asks it first on every request (E2B's envd calls), and the store only when this says
+    /// nothing (a session paused, on another host, or ended).
+    pub fn owner_of_running(&self, id: &str) -> Option<Identity> {
+        let live = self.live.lock().get(id).cloned()?;
+        let paused = *live.paused.lock();
+        (!paused).then(|| Identity {
+            tenant_id: live.tenant_id.clone(),
+        })
+    }
+
     /// Every session with a sandbox or a pause on this daemon, for transports whose credential
     /// names no session (E2B's signed file URLs are recognised by the token that signed them).
     pub fn live_ids(&self) -> Vec<String> {
