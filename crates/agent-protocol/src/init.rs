@@ -15,9 +15,10 @@ pub const CONFIG_FD: i32 = 4;
 /// First of [`InitConfig::workload_cgroup_fds`] descriptors, each a file a process joins the
 /// sandbox's workload cgroup through (`tasks`, one per cgroup-v1 hierarchy: a thread moving
 /// itself there skips the kernel's global threadgroup lock; `cgroup.procs` on v2) opened for
-/// writing by the runtime: every process the agent starts writes `0` into each before exec,
-/// so sandbox code runs in the workload group while the agent stays above it, outside its OOM
-/// domain.
+/// writing by the runtime: every process the agent starts writes `0` into each before exec
+/// (or, on v1, is cloned by the agent's one thread that joined them, see
+/// [`InitConfig::workload_joins_per_thread`]), so sandbox code runs in the workload group
+/// while the agent stays above it, outside its OOM domain.
 pub const WORKLOAD_CGROUP_FD: i32 = 5;
 /// At most one per v1 controller hierarchy the runtime uses (memory, cpu, cpuacct, pids,
 /// freezer).
@@ -57,6 +58,11 @@ pub struct InitConfig {
     /// the runtime has no cgroups (rootless).
     #[serde(default)]
     pub workload_cgroup_fds: u32,
+    /// The join files are cgroup-v1 `tasks` files, through which a thread moves alone: the
+    /// agent may keep one thread in the workload and start every exec's process from it, so
+    /// no process has to join. Never on v2, where `0` in `cgroup.procs` moves the whole agent.
+    #[serde(default)]
+    pub workload_joins_per_thread: bool,
     /// Volumes the agent mounts into the root, after every other mount.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<InitVolume>,
@@ -382,6 +388,7 @@ mod tests {
             egress: false,
             network_ready: false,
             workload_cgroup_fds: 0,
+            workload_joins_per_thread: false,
             volume_mounts: Vec::new(),
             layer_mounts: Vec::new(),
         };

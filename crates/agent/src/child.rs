@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::OnceLock;
+use std::sync::{mpsc, OnceLock};
 
 use koder_agent_protocol::init::MAX_WORKLOAD_CGROUP_FDS;
 
@@ -47,6 +47,72 @@ pub fn set_workload_cgroup(joins: Vec<OwnedFd>) -> Result<(), WorkloadCgroupErro
         slot.store(kept.into_raw_fd(), Ordering::Relaxed);
     }
     Ok(())
+}
+
+/// The thread [`vfork_spawn`] clones every child from once [`start_spawner`] made it.
+static SPAWNER: OnceLock<Spawner> = OnceLock::new();
+
+/// A plan for the spawner thread and where its outcome goes (the plan too, for a retry).
+type Job = (Plan, mpsc::SyncSender<(Plan, Cloned)>);
+
+struct Spawner {
+    jobs: mpsc::Sender<Job>,
+}
+
+/// Starts a thread that moves itself into the workload's groups (writing `0` into each
+/// `tasks` file moves the writing thread alone), then clones every later [`vfork_spawn`]
+/// child: a child starts in the groups of the thread that cloned it, so it joins nothing
+/// itself, and the five `tasks` writes (~35 µs of every exec on a v1 host, a quarter of the
+/// agent's own share) are paid once per sandbox.
+///
+/// Only for v1 `tasks` files, where a group may hold one thread of a process without the
+/// others; on v2 the join files are `cgroup.procs`, where `0` would move the whole agent.
+/// Called once the agent is confined: a thread inherits its creator's seccomp filter,
+/// Landlock domain, capabilities and ids, and its children inherit its own.
+pub fn start_spawner() -> std::io::Result<()> {
+    let (jobs, queue) = mpsc::channel::<Job>();
+    let (joined_tx, joined) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("spawner".into())
+        .spawn(move || {
+            // Signals for the agent go to its serving thread, never to this one.
+            block_all_signals();
+            let result = join_workload_cgroup();
+            let ok = result.is_ok();
+            let _ = joined_tx.send(result);
+            if ok {
+                for (plan, reply) in queue {
+                    let cloned = clone_child(&plan, false);
+                    let _ = reply.send((plan, cloned));
+                }
+            }
+        })?;
+    joined
+        .recv()
+        .map_err(|_| std::io::Error::other("the spawner thread ended before it joined"))??;
+    SPAWNER
+        .set(Spawner { jobs })
+        .map_err(|_| std::io::Error::other("the spawner is already started"))
+}
+
+impl Spawner {
+    /// Has the spawner thread clone `plan`'s child; blocks until it has (as a vfork does).
+    fn start(&self, plan: Plan) -> std::io::Result<(Plan, Cloned)> {
+        let gone = || std::io::Error::other("the spawner thread is gone");
+        let (reply, outcome) = mpsc::sync_channel(1);
+        self.jobs.send((plan, reply)).map_err(|_| gone())?;
+        outcome.recv().map_err(|_| gone())
+    }
+}
+
+/// Blocks every signal on the calling thread for good.
+fn block_all_signals() {
+    // SAFETY: sigset_t is plain data, filled in by sigfillset before use.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
+    }
 }
 
 /// Called in the forked child once its explicit descriptors sit at `0..keep`: joins the
@@ -192,6 +258,9 @@ struct ChildArgs {
     gid: Option<u32>,
     /// [`signals_to_reset`].
     reset_signals: &'static [libc::c_int],
+    /// Whether the child joins the workload's groups (not when the spawner thread, which is
+    /// in them, cloned it).
+    join: bool,
     errno: AtomicI32,
 }
 
@@ -200,10 +269,29 @@ struct ChildArgs {
 /// fork's page-table copy and the copy-on-write faults after it are most of what an exec costs
 /// the agent). The child takes the same steps as [`before_exec`] (workload cgroup,
 /// close-on-exec above its stdio) plus a new session, its stdio pipes, its account and working
-/// directory.
-/// The parent gets control back once the program runs; a failure before that is the child's
+/// directory; cloned by the spawner thread ([`start_spawner`]) it is in the workload already.
+/// The caller gets control back once the program runs; a failure before that is the child's
 /// errno, and its zombie is left to the reaper.
-pub(crate) fn vfork_spawn(plan: &Plan) -> std::io::Result<Spawned> {
+pub(crate) fn vfork_spawn(plan: Plan) -> std::io::Result<Spawned> {
+    let Some(spawner) = SPAWNER.get() else {
+        return clone_child(&plan, true)?;
+    };
+    match spawner.start(plan)? {
+        // The workload's pids limit is full. Cloned from the agent's group, whose limit has
+        // headroom, the child joins the workload past its limit (a v1 move is never refused
+        // for it), so an exec (a `pkill`) still starts in a saturated sandbox.
+        (plan, Err(e)) if e.raw_os_error() == Some(libc::EAGAIN) => clone_child(&plan, true)?,
+        (_, cloned) => cloned?,
+    }
+}
+
+/// What [`clone_child`] gives: `Err` when no child came to be (its pipes or the clone
+/// failed), else the child's own outcome.
+type Cloned = std::io::Result<std::io::Result<Spawned>>;
+
+/// The clone behind [`vfork_spawn`], on the calling thread; the child joins the workload's
+/// groups itself when `join`.
+fn clone_child(plan: &Plan, join: bool) -> Cloned {
     let (stdin_r, stdin) = match plan.stdin_pipe {
         true => pipe().map(|(r, w)| (Some(r), Some(w)))?,
         false => (None, None),
@@ -238,6 +326,7 @@ pub(crate) fn vfork_spawn(plan: &Plan) -> std::io::Result<Spawned> {
         uid: plan.uid,
         gid: plan.gid,
         reset_signals: signals_to_reset(),
+        join,
         errno: AtomicI32::new(0),
     };
     // Uninitialised memory: only the child writes it, as its stack, which grows down from
@@ -267,7 +356,7 @@ pub(crate) fn vfork_spawn(plan: &Plan) -> std::io::Result<Spawned> {
         return Err(std::io::Error::last_os_error());
     }
     drop(ends);
-    match args.errno.load(Ordering::Relaxed) {
+    Ok(match args.errno.load(Ordering::Relaxed) {
         0 => Ok(Spawned {
             pid,
             stdin,
@@ -275,7 +364,7 @@ pub(crate) fn vfork_spawn(plan: &Plan) -> std::io::Result<Spawned> {
             stderr,
         }),
         errno => Err(std::io::Error::from_raw_os_error(errno)),
-    }
+    })
 }
 
 /// /dev/null opened for reading, kept for the agent's lifetime above the hand-over numbers
@@ -349,8 +438,10 @@ unsafe fn child_steps(args: &ChildArgs) -> libc::c_int {
     // SAFETY: plain syscalls on prepared, NUL-terminated strings and arrays.
     unsafe {
         default_signal_handlers(args.reset_signals);
-        if let Err(e) = join_workload_cgroup() {
-            return e.raw_os_error().unwrap_or(libc::EIO);
+        if args.join {
+            if let Err(e) = join_workload_cgroup() {
+                return e.raw_os_error().unwrap_or(libc::EIO);
+            }
         }
         libc::setsid();
         for (target, &fd) in args.stdio.iter().enumerate() {
@@ -509,7 +600,7 @@ pub(crate) mod tests {
     fn run(argv: &[&str], env: &[(&str, &str)], cwd: &Path) -> std::io::Result<(i32, String)> {
         let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
         let plan = Plan::new(&argv, env, cwd.to_str().unwrap())?;
-        let child = vfork_spawn(&plan)?;
+        let child = vfork_spawn(plan)?;
         drop(child.stdin);
         let mut out = String::new();
         std::fs::File::from(child.stdout)
@@ -542,7 +633,7 @@ pub(crate) mod tests {
         for (pipe, expect) in [(true, "pipe:"), (false, "/dev/null")] {
             let plan = Plan::new(&argv, &[], "/").unwrap();
             let plan = if pipe { plan } else { plan.without_stdin() };
-            let child = vfork_spawn(&plan).unwrap();
+            let child = vfork_spawn(plan).unwrap();
             assert_eq!(child.stdin.is_some(), pipe);
             let mut out = String::new();
             std::fs::File::from(child.stdout)

@@ -44,6 +44,7 @@ enum Never {}
 fn init() -> Result<Never, Box<dyn std::error::Error>> {
     let cfg = read_config()?;
     let workload = take_workload_cgroup(cfg.workload_cgroup_fds)?;
+    let spawner = cfg.workload_joins_per_thread && !workload.is_empty();
     // Whatever the runtime's process had open must not reach untrusted code: everything above
     // the hand-overs is closed, and the listener and cgroup files never survive an exec.
     let first_unused = WORKLOAD_CGROUP_FD + workload.len() as i32;
@@ -62,6 +63,10 @@ fn init() -> Result<Never, Box<dyn std::error::Error>> {
         &upper,
     )?;
     quiet_stdio()?;
+    if spawner {
+        // After `confined`: the thread and every child it clones carry the same walls.
+        child::start_spawner()?;
+    }
     let egress = cfg.egress;
     runtime.block_on(async move {
         let reaper = Reaper::start()?;

@@ -157,6 +157,9 @@ pub trait Cgroup: Send + Sync {
     /// The files, one per distinct hierarchy, a single-threaded process writes `0` into to
     /// move itself into this group.
     fn join_files(&self) -> Vec<PathBuf>;
+    /// Whether a thread writing `0` into [`Self::join_files`] moves alone, leaving its
+    /// process's other threads where they are (v1 `tasks`); on v2 the whole process moves.
+    fn joins_per_thread(&self) -> bool;
     /// Creates the child group `name` (a single path component). On v2 this
     /// delegates the controllers to it, which the kernel only allows while
     /// this group holds no processes: make children before adding any.

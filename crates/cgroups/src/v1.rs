@@ -367,6 +367,10 @@ impl Cgroup for V1Cgroup {
             .collect()
     }
 
+    fn joins_per_thread(&self) -> bool {
+        true
+    }
+
     fn create_child(&self, name: &str) -> Result<Box<dyn Cgroup>> {
         let child = self.child(name)?;
         Ok(Box::new(V1Cgroup::make(child.name, child.dirs)?))

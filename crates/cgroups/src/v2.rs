@@ -188,6 +188,10 @@ impl Cgroup for V2Cgroup {
         vec![self.dir.join("cgroup.procs")]
     }
 
+    fn joins_per_thread(&self) -> bool {
+        false
+    }
+
     fn create_child(&self, name: &str) -> Result<Box<dyn Cgroup>> {
         let child = self.child(name)?;
         // Fails with EBUSY once this group has members (no internal processes).

@@ -56,6 +56,9 @@ const NPROC_BACKSTOP: u64 = 8192;
 /// sits beside the workload's, so the workload hits its own limits first.
 const AGENT_MEMORY_HEADROOM: u64 = 64 * 1024 * 1024;
 const AGENT_PIDS_HEADROOM: u64 = 32;
+/// The task the agent's spawner thread takes in a v1 workload (it lives there to clone every
+/// exec's process in place), added to the workload's pids limit so the session keeps its own.
+const SPAWNER_PIDS: u64 = 1;
 /// Leaves of a sandbox's cgroup. Both are leaves on v1 too: one layout on both versions, and
 /// v2 forbids processes in a group whose controllers are delegated to children.
 const AGENT_CGROUP: &str = "agent";
@@ -469,6 +472,7 @@ impl Inner {
             },
             // Set by `spawn::spawn_agent`, which hands the descriptors over.
             workload_cgroup_fds: 0,
+            workload_joins_per_thread: false,
             volume_mounts: mounts.volumes,
             layer_mounts: mounts.layers,
         }
@@ -646,6 +650,10 @@ impl Inner {
         let mut init = self.init_config(spec, &image, parts, mounts);
         let netns = self.ready_netns.as_ref().and_then(|r| r.take(spec.egress));
         init.network_ready = netns.is_some();
+        init.workload_joins_per_thread = parts
+            .workload
+            .as_ref()
+            .is_some_and(|w| w.joins_per_thread());
         // On v2 the agent is cloned straight into its leaf; on v1 its clone joins it before
         // the exec (see `spawn`: a move by pid could wait for an RCU grace period).
         let into_cgroup = match (&self.cgroups, &agent_cgroup) {
@@ -832,7 +840,8 @@ fn cgroup_limits(limits: &Limits) -> koder_cgroups::Limits {
     }
 }
 
-/// The session's `limits` on the workload, plus headroom on the top group. The CPU quota is the
+/// The session's `limits` on the workload (its pids limit raised by the spawner thread's task
+/// where the agent keeps one there), plus headroom on the top group. The CPU quota is the
 /// workload's alone: v1 refuses a child quota above its parent's, which would make every raise
 /// order-dependent, and the agent's CPU follows the daemon's requests anyway.
 fn apply_limits(
@@ -841,6 +850,12 @@ fn apply_limits(
     limits: &Limits,
 ) -> Result<(), RuntimeError> {
     let session = cgroup_limits(limits);
+    let for_workload = koder_cgroups::Limits {
+        pids_max: session
+            .pids_max
+            .map(|p| p.saturating_add(spawner_tasks(workload))),
+        ..session.clone()
+    };
     let with_headroom = koder_cgroups::Limits {
         memory_max_bytes: session
             .memory_max_bytes
@@ -852,9 +867,18 @@ fn apply_limits(
     };
     // Workload first: lowering it reclaims there, so the top group's lower limit then fits.
     workload
-        .set_limits(&session)
+        .set_limits(&for_workload)
         .and_then(|()| top.set_limits(&with_headroom))
         .map_err(|e| RuntimeError::Cgroup(e.to_string()))
+}
+
+/// The tasks the agent's spawner thread takes in `workload`: [`SPAWNER_PIDS`] where the agent
+/// keeps one there (v1), else none.
+fn spawner_tasks(workload: &dyn Cgroup) -> u64 {
+    match workload.joins_per_thread() {
+        true => SPAWNER_PIDS,
+        false => 0,
+    }
 }
 
 /// The files a process joins `group` through, opened by the daemon (the sandbox's uids could
@@ -1266,17 +1290,19 @@ impl ResourceControl for JailSandbox {
     /// as the session's figures always were; peaks and OOM/pids counters, from which exec
     /// verdicts come, are the workload's.
     async fn usage(&self) -> Result<Usage, RuntimeError> {
-        let (all, s) = self.with_cgroups(|top, workload| {
+        let (all, s, spawner) = self.with_cgroups(|top, workload| {
             let stats =
                 |cg: &dyn Cgroup| cg.stats().map_err(|e| RuntimeError::Cgroup(e.to_string()));
-            Ok((stats(top)?, stats(workload)?))
+            Ok((stats(top)?, stats(workload)?, spawner_tasks(workload)))
         })?;
         Ok(Usage {
             memory_current_bytes: all.memory_current_bytes,
             memory_peak_bytes: s.memory_peak_bytes,
             oom_kills: s.oom_kills,
             cpu_usage_us: s.cpu_usage_us,
-            pids_current: all.pids_current,
+            // The agent counts as the one task it always was: its spawner thread is not the
+            // session's.
+            pids_current: all.pids_current.saturating_sub(spawner),
             pids_max_hits: s.pids_max_hits,
         })
     }

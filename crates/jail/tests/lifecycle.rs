@@ -40,6 +40,13 @@ fn pids_dir(parent: &str, id: &str) -> Option<PathBuf> {
     })
 }
 
+/// The task the agent's spawner thread takes in the workload's pids limit: 1 on cgroup v1,
+/// where that thread lives there, 0 on v2.
+fn spawner_tasks(parent: &str, id: &str) -> u64 {
+    let v1 = pids_dir(parent, id).is_some_and(|d| d.starts_with("/sys/fs/cgroup/pids"));
+    u64::from(v1)
+}
+
 /// Host pids in one of the sandbox's cgroup leaves (`agent`, `workload`).
 fn leaf_pids(parent: &str, id: &str, leaf: &str) -> Vec<i32> {
     pids_dir(parent, id)
@@ -103,7 +110,8 @@ async fn destroy_leaves_no_process_cgroup_mount_or_file() {
     let top = pids_dir(&parent, &id).unwrap();
     let read = |p: PathBuf| std::fs::read_to_string(p).unwrap().trim().to_string();
     assert_eq!(read(top.join("cgroup.procs")), "");
-    let session: u64 = read(top.join("workload/pids.max")).parse().unwrap();
+    let workload: u64 = read(top.join("workload/pids.max")).parse().unwrap();
+    let session = workload - spawner_tasks(&parent, &id);
     assert_eq!(read(top.join("pids.max")), (session + 32).to_string());
     assert!(!cgroup_dirs(&parent, &id).is_empty());
     let sandbox_dir = env.dir.path().join("sandboxes").join(&id);
@@ -127,6 +135,75 @@ async fn destroy_leaves_no_process_cgroup_mount_or_file() {
         0,
         "a sandbox mount is visible on the host"
     );
+}
+
+/// The leaf (`agent`, `workload`) each of the agent's threads is in, by the pids hierarchy.
+fn thread_leaves(pid: i32) -> Vec<(i32, String)> {
+    let leaf = |cgroup: &str| -> Option<String> {
+        let pids = |l: &&str| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|c| c.split(',').any(|c| c == "pids"))
+        };
+        let line = cgroup
+            .lines()
+            .find(pids)
+            .or_else(|| cgroup.lines().find(|l| l.starts_with("0::")))?;
+        Some(line.rsplit('/').next()?.to_string())
+    };
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| {
+            let tid = t.file_name().to_str()?.parse().ok()?;
+            Some((
+                tid,
+                leaf(&std::fs::read_to_string(t.path().join("cgroup")).ok()?)?,
+            ))
+        })
+        .collect()
+}
+
+/// On cgroup v1 one thread of the agent lives in the workload and clones every exec's process
+/// there, so no process has to join it; the agent's main thread stays in its own leaf, outside
+/// the workload's limits. On v2 no agent thread is in the workload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_starts_processes_from_one_thread_in_the_workload() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("spawner");
+    let parent = format!("koder-test-spawner-{}", std::process::id());
+    let sb = sandbox(&env).await;
+    let id = sb.id().to_string();
+    let agent = leaf_pids(&parent, &id, "agent");
+    assert_eq!(agent.len(), 1, "{agent:?}");
+    let pid = agent[0];
+    let leaves = thread_leaves(pid);
+    let main = leaves.iter().find(|(tid, _)| *tid == pid);
+    assert_eq!(main.map(|(_, l)| l.as_str()), Some("agent"), "{leaves:?}");
+    let in_workload = leaves.iter().filter(|(_, l)| l == "workload").count();
+    assert_eq!(
+        in_workload as u64,
+        spawner_tasks(&parent, &id),
+        "{leaves:?}"
+    );
+
+    let out = run(&sb, "sleep 300 >/dev/null 2>&1 & echo started").await;
+    assert_eq!(text(&out.stdout).trim(), "started");
+    let others: Vec<i32> = leaf_pids(&parent, &id, "workload")
+        .into_iter()
+        .filter(|p| *p != pid)
+        .collect();
+    assert!(
+        !others.is_empty(),
+        "the exec's process is not in the workload"
+    );
+    assert!(
+        !leaf_pids(&parent, &id, "agent")
+            .iter()
+            .any(|p| others.contains(p)),
+        "an exec's process stayed in the agent's leaf"
+    );
+    sb.destroy().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -419,11 +496,10 @@ async fn set_limits_writes_only_what_differs_from_the_groups() {
     let pids_max = pids_dir(&parent, sb.id())
         .unwrap()
         .join("workload/pids.max");
+    let spawner = spawner_tasks(&parent, sb.id());
     let read = || {
-        std::fs::read_to_string(&pids_max)
-            .unwrap()
-            .trim()
-            .to_string()
+        let raw = std::fs::read_to_string(&pids_max).unwrap();
+        (raw.trim().parse::<u64>().unwrap() - spawner).to_string()
     };
     assert_eq!(read(), "100");
     let rc = sb.resources().expect("cgroups");
@@ -439,7 +515,11 @@ async fn set_limits_writes_only_what_differs_from_the_groups() {
     // Someone else's write shows what the next equal call does: nothing.
     std::fs::write(&pids_max, "77").unwrap();
     rc.set_limits(&made_with).await.unwrap();
-    assert_eq!(read(), "77", "equal limits were written again");
+    assert_eq!(
+        read(),
+        (77 - spawner).to_string(),
+        "equal limits were written again"
+    );
     rc.set_limits(&other).await.unwrap();
     assert_eq!(read(), "50");
     sb.destroy().await.unwrap();

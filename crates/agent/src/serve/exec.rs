@@ -298,7 +298,7 @@ fn spawn(
             false => plan.without_stdin(),
         };
         reaper.register(|| {
-            let c = child::vfork_spawn(&plan)?;
+            let c = child::vfork_spawn(plan)?;
             let started = Started {
                 pid: c.pid,
                 stdin: c.stdin,
