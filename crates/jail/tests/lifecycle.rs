@@ -90,7 +90,7 @@ fn mounts_mentioning(path: &Path) -> usize {
 async fn destroy_leaves_no_process_cgroup_mount_or_file() {
     let Some(()) = root_or_skip() else { return };
     let env = runtime("destroy");
-    let parent = format!("koder-test-destroy-{}", std::process::id());
+    let parent = env.cgroup_parent.clone();
     let sb = sandbox(&env).await;
     let id = sb.id().to_string();
     run(
@@ -171,7 +171,7 @@ fn thread_leaves(pid: i32) -> Vec<(i32, String)> {
 async fn the_agent_starts_processes_from_one_thread_in_the_workload() {
     let Some(()) = root_or_skip() else { return };
     let env = runtime("spawner");
-    let parent = format!("koder-test-spawner-{}", std::process::id());
+    let parent = env.cgroup_parent.clone();
     let sb = sandbox(&env).await;
     let id = sb.id().to_string();
     let agent = leaf_pids(&parent, &id, "agent");
@@ -210,7 +210,7 @@ async fn the_agent_starts_processes_from_one_thread_in_the_workload() {
 async fn restart_reconciles_what_a_crash_left() {
     let Some(()) = root_or_skip() else { return };
     let env = runtime("crash");
-    let parent = format!("koder-test-crash-{}", std::process::id());
+    let parent = env.cgroup_parent.clone();
     let sb = sandbox(&env).await;
     let id = sb.id().to_string();
     run(&sb, "nohup sleep 300 >/dev/null 2>&1 & echo ok").await;
@@ -476,7 +476,7 @@ async fn freeze_stops_the_sandbox_until_thawed() {
 async fn set_limits_writes_only_what_differs_from_the_groups() {
     let Some(()) = root_or_skip() else { return };
     let env = runtime("limits");
-    let parent = format!("koder-test-limits-{}", std::process::id());
+    let parent = env.cgroup_parent.clone();
     let made_with = Limits {
         cpu_millis: Some(1000),
         memory_mib: Some(256),
@@ -548,7 +548,7 @@ fn ready_groups(parent: &str) -> Option<Vec<String>> {
 async fn creates_take_cgroups_made_ahead() {
     let Some(()) = root_or_skip() else { return };
     let env = runtime("ahead");
-    let parent = format!("koder-test-ahead-{}", std::process::id());
+    let parent = env.cgroup_parent.clone();
     let Some(none) = ready_groups(&parent) else {
         eprintln!("skipped: cgroups are v2 here (no rename, nothing made ahead)");
         return;

@@ -39,7 +39,8 @@ pub fn root_or_skip() -> Option<()> {
 pub struct Env {
     pub runtime: JailRuntime,
     pub dir: tempfile::TempDir,
-    tag: String,
+    /// The runtime's cgroup parent, unique to the test.
+    pub cgroup_parent: String,
 }
 
 /// A runtime with its own state dir under /tmp and its own cgroup parent, so parallel test
@@ -50,10 +51,14 @@ pub fn runtime(tag: &str) -> Env {
         .tempdir_in("/tmp")
         .expect("tempdir");
     let mut cfg = JailConfig::new(dir.path(), agent_bin());
-    let tag = format!("{tag}-{}", std::process::id());
-    cfg.cgroup_parent = format!("koder-test-{tag}");
+    cfg.cgroup_parent = format!("koder-test-{tag}-{}", std::process::id());
+    let cgroup_parent = cfg.cgroup_parent.clone();
     let runtime = JailRuntime::new(cfg).expect("jail runtime");
-    Env { runtime, dir, tag }
+    Env {
+        runtime,
+        dir,
+        cgroup_parent,
+    }
 }
 
 static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -108,13 +113,13 @@ impl Drop for Env {
                 }
             });
         });
-        let parent = format!("koder-test-{}", self.tag);
+        let parent = &self.cgroup_parent;
         let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
             return;
         };
         for c in controllers.flatten() {
-            let _ = std::fs::remove_dir(c.path().join(&parent));
+            let _ = std::fs::remove_dir(c.path().join(parent));
         }
-        let _ = std::fs::remove_dir(std::path::Path::new("/sys/fs/cgroup").join(&parent));
+        let _ = std::fs::remove_dir(std::path::Path::new("/sys/fs/cgroup").join(parent));
     }
 }
