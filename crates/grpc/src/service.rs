@@ -419,7 +419,8 @@ impl Sandbox for SandboxService {
             .manager
             .exec_background(&admitted.who, &id, exec)
             .await
-            .or_status()?;
+            .or_status()?
+            .exec_id;
         Ok(Response::new(pb::ExecStarted { exec_id }))
     }
 

@@ -107,7 +107,7 @@ pub async fn exec(
     Json(req): Json<ExecRequest>,
 ) -> ApiResult<Response> {
     if req.background {
-        let exec_id = s.manager.exec_background(&who, &id, req).await?;
+        let exec_id = s.manager.exec_background(&who, &id, req).await?.exec_id;
         return Ok((StatusCode::ACCEPTED, axum::Json(ExecStarted { exec_id })).into_response());
     }
     if crate::live::wants_sse(&headers) {

@@ -70,6 +70,8 @@ pub(crate) struct FollowedExec {
     command: Vec<String>,
     background: bool,
     started_at: DateTime<Utc>,
+    /// Its process's pid in the sandbox: a followed exec exists once its process runs.
+    pid: u32,
     handle: StreamHandle,
     state: Mutex<State>,
     events: broadcast::Sender<ExecEvent>,
@@ -79,7 +81,6 @@ pub(crate) struct FollowedExec {
 }
 
 struct State {
-    pid: Option<u32>,
     retained: VecDeque<ExecEvent>,
     retained_bytes: usize,
     stdout_dropped: bool,
@@ -150,18 +151,23 @@ impl Registry {
 }
 
 impl FollowedExec {
-    /// A running exec of `command` on the agent stream behind `handle`; a background one keeps
-    /// its stdin open for later input.
-    pub(crate) fn new(command: Vec<String>, background: bool, handle: StreamHandle) -> Arc<Self> {
+    /// A running exec of `command` (its process `pid`) on the agent stream behind `handle`; a
+    /// background one keeps its stdin open for later input.
+    pub(crate) fn new(
+        command: Vec<String>,
+        background: bool,
+        pid: u32,
+        handle: StreamHandle,
+    ) -> Arc<Self> {
         let (events, _) = broadcast::channel(CHANNEL_EVENTS);
         Arc::new(FollowedExec {
             id: uuid::Uuid::new_v4().simple().to_string(),
             command,
             background,
             started_at: Utc::now(),
+            pid,
             handle,
             state: Mutex::new(State {
-                pid: None,
                 retained: VecDeque::new(),
                 retained_bytes: 0,
                 stdout_dropped: false,
@@ -178,8 +184,9 @@ impl FollowedExec {
         &self.id
     }
 
-    pub(crate) fn set_pid(&self, pid: u32) {
-        self.state.lock().pid = Some(pid);
+    /// Its process's pid in the sandbox.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
     }
 
     /// Whether the session's processes were all killed while this exec ran, or it was cancelled.
@@ -223,7 +230,7 @@ impl FollowedExec {
                 ExecState::Running
             },
             started_at: self.started_at,
-            pid: st.pid,
+            pid: Some(self.pid),
             result: st.result.clone(),
         }
     }

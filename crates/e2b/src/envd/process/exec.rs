@@ -8,6 +8,7 @@ use bytes::Bytes;
 use koder_api_types::{codes, ExecRequest, ExecResult};
 use koder_auth::Identity;
 use koder_sessions::execs::{ExecEvent, Follow};
+use koder_sessions::BackgroundExec;
 use tokio::sync::broadcast;
 
 use super::events::{self, stream_lost};
@@ -19,8 +20,6 @@ use crate::proto::process::{ProcessConfig, StartResponse};
 use crate::E2b;
 
 const SIGKILL: i32 = 9;
-/// How long a new process may take to report its pid.
-const START_WAIT: Duration = Duration::from_secs(10);
 
 /// Starts `cfg` as a background exec of the manager and streams it.
 pub(super) async fn start(
@@ -44,7 +43,7 @@ pub(super) async fn start(
         user: Some(t.user.name().into()),
         ..Default::default()
     };
-    let exec_id = m.exec_background(&t.who, &t.id, exec).await?;
+    let BackgroundExec { exec_id, pid } = m.exec_background(&t.who, &t.id, exec).await?;
     // Subscribing before anything else is what guarantees no output is missed.
     let follow = m.follow_exec(&t.who, &t.id, &exec_id).await?;
     if !stdin {
@@ -54,7 +53,6 @@ pub(super) async fn start(
             .exec_stdin(&t.who, &t.id, &exec_id, Bytes::new(), true)
             .await;
     }
-    let pid = wait_for_pid(&t, &exec_id, &cfg.cmd).await?;
     let owner = Owner::of(&t, &exec_id);
     t.ctx.procs.lock().insert(
         pid,
@@ -99,32 +97,6 @@ impl Owner {
                 .await,
             Err(koder_sessions::Error::NotFound)
         )
-    }
-}
-
-/// The exec's pid once the agent reported it started. The manager records it as the first
-/// event of the exec arrives (its background API does not return it).
-async fn wait_for_pid(t: &Target, exec_id: &str, cmd: &str) -> Result<u32, RpcError> {
-    let deadline = tokio::time::Instant::now() + START_WAIT;
-    let mut pause = Duration::from_millis(1);
-    loop {
-        let st = t.e2b.manager().exec_status(&t.who, &t.id, exec_id).await?;
-        if let Some(pid) = st.pid {
-            return Ok(pid);
-        }
-        if st.result.is_some() {
-            return Err(RpcError::invalid(format!(
-                "{cmd:?} could not be started (no such program, or the working directory does not exist)"
-            )));
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(RpcError::new(
-                Code::DeadlineExceeded,
-                "the process did not start in time",
-            ));
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(20));
     }
 }
 

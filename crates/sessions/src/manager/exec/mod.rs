@@ -29,6 +29,13 @@ use crate::Error;
 const EXEC_GRACE: Duration = Duration::from_secs(10);
 pub(crate) const SIGKILL: i32 = 9;
 
+/// A background exec that runs: its id and its process's pid (in the sandbox).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackgroundExec {
+    pub exec_id: String,
+    pub pid: u32,
+}
+
 impl Manager {
     pub async fn exec(
         &self,
@@ -161,18 +168,19 @@ impl Manager {
         })
     }
 
-    /// Starts an exec that runs on its own; its output is buffered for followers.
+    /// Starts an exec that runs on its own; its output is buffered for followers. It returns
+    /// once the process runs.
     pub async fn exec_background(
         &self,
         who: &Identity,
         id: &str,
         req: ExecRequest,
-    ) -> Result<String, Error> {
-        Ok(self
-            .start_followed(who, id, req, true)
-            .await?
-            .id()
-            .to_string())
+    ) -> Result<BackgroundExec, Error> {
+        let exec = self.start_followed(who, id, req, true).await?;
+        Ok(BackgroundExec {
+            exec_id: exec.id().to_string(),
+            pid: exec.pid(),
+        })
     }
 
     /// Starts an exec and follows it; dropping the follower before it ends kills the exec.
@@ -245,8 +253,7 @@ impl Manager {
                 return Err(e);
             }
         };
-        let exec = FollowedExec::new(command, background, stream.handle());
-        exec.set_pid(pid);
+        let exec = FollowedExec::new(command, background, pid, stream.handle());
         live.execs.insert(exec.clone());
         let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
         let report = Report {
