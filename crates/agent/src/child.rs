@@ -52,11 +52,14 @@ pub fn set_workload_cgroup(joins: Vec<OwnedFd>) -> Result<(), WorkloadCgroupErro
 /// The thread [`vfork_spawn`] clones every child from once [`start_spawner`] made it.
 static SPAWNER: OnceLock<Spawner> = OnceLock::new();
 
-/// A plan for the spawner thread and where its outcome goes (the plan too, for a retry).
-type Job = (Plan, mpsc::SyncSender<(Plan, Cloned)>);
+/// The spawner thread's side of a clone: the plan back (for a retry) and what came of it.
+type Outcome = (Plan, Cloned);
 
+/// The serving thread's ends of the spawner's two channels, made once and held together: a
+/// caller sends a plan and receives its outcome under the lock, so outcomes never cross and no
+/// exec allocates a channel of its own.
 struct Spawner {
-    jobs: mpsc::Sender<Job>,
+    ends: parking_lot::Mutex<(mpsc::Sender<Plan>, mpsc::Receiver<Outcome>)>,
 }
 
 /// Starts a thread that moves itself into the workload's groups (writing `0` into each
@@ -70,7 +73,8 @@ struct Spawner {
 /// Called once the agent is confined: a thread inherits its creator's seccomp filter,
 /// Landlock domain, capabilities and ids, and its children inherit its own.
 pub fn start_spawner() -> std::io::Result<()> {
-    let (jobs, queue) = mpsc::channel::<Job>();
+    let (jobs, queue) = mpsc::channel::<Plan>();
+    let (done, outcomes) = mpsc::channel::<Outcome>();
     let (joined_tx, joined) = mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name("spawner".into())
@@ -81,9 +85,11 @@ pub fn start_spawner() -> std::io::Result<()> {
             let ok = result.is_ok();
             let _ = joined_tx.send(result);
             if ok {
-                for (plan, reply) in queue {
+                for plan in queue {
                     let cloned = clone_child(&plan, false);
-                    let _ = reply.send((plan, cloned));
+                    if done.send((plan, cloned)).is_err() {
+                        return;
+                    }
                 }
             }
         })?;
@@ -91,17 +97,19 @@ pub fn start_spawner() -> std::io::Result<()> {
         .recv()
         .map_err(|_| std::io::Error::other("the spawner thread ended before it joined"))??;
     SPAWNER
-        .set(Spawner { jobs })
+        .set(Spawner {
+            ends: parking_lot::Mutex::new((jobs, outcomes)),
+        })
         .map_err(|_| std::io::Error::other("the spawner is already started"))
 }
 
 impl Spawner {
     /// Has the spawner thread clone `plan`'s child; blocks until it has (as a vfork does).
-    fn start(&self, plan: Plan) -> std::io::Result<(Plan, Cloned)> {
+    fn start(&self, plan: Plan) -> std::io::Result<Outcome> {
         let gone = || std::io::Error::other("the spawner thread is gone");
-        let (reply, outcome) = mpsc::sync_channel(1);
-        self.jobs.send((plan, reply)).map_err(|_| gone())?;
-        outcome.recv().map_err(|_| gone())
+        let ends = self.ends.lock();
+        ends.0.send(plan).map_err(|_| gone())?;
+        ends.1.recv().map_err(|_| gone())
     }
 }
 
