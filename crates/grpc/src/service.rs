@@ -7,7 +7,9 @@ use futures::{Stream, StreamExt as _};
 use koder_api_types::{CreateSnapshot, ErrorCode};
 use koder_auth::{Identity, Scope};
 use koder_sessions::execs::{ExecEvent, Follow};
-use koder_sessions::{ContextOptions, RunRequest, Terminal, TerminalEvent, TerminalSpec};
+use koder_sessions::{
+    ContextOptions, LaterStdin, RunRequest, Terminal, TerminalEvent, TerminalSpec,
+};
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -417,7 +419,7 @@ impl Sandbox for SandboxService {
         let exec_id = self
             .s
             .manager
-            .exec_background(&admitted.who, &id, exec)
+            .exec_background(&admitted.who, &id, exec, LaterStdin::Open)
             .await
             .or_status()?
             .exec_id;

@@ -9,6 +9,7 @@ use koder_api_types::{
     CreateSession, ErrorBody, ExecRequest, ExecResult, ExecStarted, FileEntry, FileList,
     KilledProcesses, MakeDir, MoveFile, Session, SessionList, SessionMetrics, SetTimeout,
 };
+use koder_sessions::LaterStdin;
 use serde::Deserialize;
 
 use crate::error::ApiError;
@@ -107,7 +108,11 @@ pub async fn exec(
     Json(req): Json<ExecRequest>,
 ) -> ApiResult<Response> {
     if req.background {
-        let exec_id = s.manager.exec_background(&who, &id, req).await?.exec_id;
+        let exec_id = s
+            .manager
+            .exec_background(&who, &id, req, LaterStdin::Open)
+            .await?
+            .exec_id;
         return Ok((StatusCode::ACCEPTED, axum::Json(ExecStarted { exec_id })).into_response());
     }
     if crate::live::wants_sse(&headers) {

@@ -151,11 +151,12 @@ impl Registry {
 }
 
 impl FollowedExec {
-    /// A running exec of `command` (its process `pid`) on the agent stream behind `handle`; a
-    /// background one keeps its stdin open for later input.
+    /// A running exec of `command` (its process `pid`) on the agent stream behind `handle`,
+    /// taking input while `stdin_open`.
     pub(crate) fn new(
         command: Vec<String>,
         background: bool,
+        stdin_open: bool,
         pid: u32,
         handle: StreamHandle,
     ) -> Arc<Self> {
@@ -172,7 +173,7 @@ impl FollowedExec {
                 retained_bytes: 0,
                 stdout_dropped: false,
                 stderr_dropped: false,
-                stdin_open: background,
+                stdin_open,
                 result: None,
             }),
             events,

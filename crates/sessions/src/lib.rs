@@ -36,8 +36,8 @@ pub use live::{
     Watch, WatchFlush,
 };
 pub use manager::{
-    BackgroundExec, BuildSandbox, Manager, Peer, Runtimes, StepCommand, StepExit, VolumeEntry,
-    VolumeFile, VolumeMeta,
+    BackgroundExec, BuildSandbox, LaterStdin, Manager, Peer, Runtimes, StepCommand, StepExit,
+    VolumeEntry, VolumeFile, VolumeMeta,
 };
 pub use metrics::Metrics;
 pub use quota::{Clock, NO_ACCESS_PLAN};

@@ -13,7 +13,7 @@ use koder_auth::Identity;
 use koder_runtime::Usage;
 use koder_runtime_memory::{MemoryRuntime, Scripted};
 use koder_sessions::config::PlanConfig;
-use koder_sessions::{Error, Manager, SessionConfig};
+use koder_sessions::{Error, LaterStdin, Manager, SessionConfig};
 use koder_store::{Store, Tenant};
 
 /// Generous bound for anything the manager does in the background.
@@ -678,9 +678,45 @@ async fn an_awaited_exec_asks_for_no_start_and_a_background_one_does() {
     let r = f.manager.exec(&acme, &s.id, cmd(&["true"])).await.unwrap();
     assert_eq!(r.exit_code, Some(0));
     f.manager
-        .exec_background(&acme, &s.id, cmd(&["true"]))
+        .exec_background(&acme, &s.id, cmd(&["true"]), LaterStdin::Open)
         .await
         .unwrap();
     // Followers are handed the exec once it started: that one must be announced.
     assert_eq!(*quiet.lock().unwrap(), [true, false]);
+}
+
+#[tokio::test]
+async fn a_background_exec_keeps_stdin_open_only_when_asked() {
+    let kept: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let seen = kept.clone();
+    let runtime = MemoryRuntime::new().with_script(Arc::new(move |req| {
+        seen.lock().unwrap().push(req.keep_stdin_open);
+        Scripted::builtin(&req.argv, &req.stdin)
+    }));
+    let (f, acme, s) = acme_session(runtime).await;
+    let m = &f.manager;
+    let open = m
+        .exec_background(&acme, &s.id, cmd(&["sleep", "30"]), LaterStdin::Open)
+        .await
+        .unwrap();
+    let closed = m
+        .exec_background(&acme, &s.id, cmd(&["sleep", "30"]), LaterStdin::Closed)
+        .await
+        .unwrap();
+    assert_eq!(*kept.lock().unwrap(), [true, false]);
+    let input = || bytes::Bytes::from_static(b"x\n");
+    m.exec_stdin(&acme, &s.id, &open.exec_id, input(), false)
+        .await
+        .expect("an open stdin takes input");
+    assert_eq!(
+        code_of(
+            m.exec_stdin(&acme, &s.id, &closed.exec_id, input(), false)
+                .await
+        ),
+        ErrorCode::Conflict,
+        "a closed stdin refuses input"
+    );
+    // An awaited exec's stdin is its request's bytes, never kept open.
+    m.exec(&acme, &s.id, cmd(&["true"])).await.unwrap();
+    assert_eq!(*kept.lock().unwrap(), [true, false, false]);
 }

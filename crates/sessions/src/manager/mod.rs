@@ -18,7 +18,7 @@ mod volume_files;
 mod volumes;
 
 pub use build::{BuildSandbox, StepCommand, StepExit};
-pub use exec::BackgroundExec;
+pub use exec::{BackgroundExec, LaterStdin};
 pub use nodes::Peer;
 pub use volume_files::{VolumeEntry, VolumeFile, VolumeMeta};
 

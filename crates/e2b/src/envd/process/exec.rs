@@ -4,11 +4,10 @@
 use std::time::Duration;
 
 use axum::response::Response;
-use bytes::Bytes;
 use koder_api_types::{codes, ExecRequest, ExecResult};
 use koder_auth::Identity;
 use koder_sessions::execs::{ExecEvent, Follow};
-use koder_sessions::BackgroundExec;
+use koder_sessions::{BackgroundExec, LaterStdin};
 use tokio::sync::broadcast;
 
 use super::events::{self, stream_lost};
@@ -43,16 +42,14 @@ pub(super) async fn start(
         user: Some(t.user.name().into()),
         ..Default::default()
     };
-    let BackgroundExec { exec_id, pid } = m.exec_background(&t.who, &t.id, exec).await?;
+    // envd gives a process without `stdin` an empty, closed one.
+    let later = match stdin {
+        true => LaterStdin::Open,
+        false => LaterStdin::Closed,
+    };
+    let BackgroundExec { exec_id, pid } = m.exec_background(&t.who, &t.id, exec, later).await?;
     // Subscribing before anything else is what guarantees no output is missed.
     let follow = m.follow_exec(&t.who, &t.id, &exec_id).await?;
-    if !stdin {
-        // envd gives a process without `stdin` an empty, closed one. Failing here only means
-        // the process already ended.
-        let _ = m
-            .exec_stdin(&t.who, &t.id, &exec_id, Bytes::new(), true)
-            .await;
-    }
     let owner = Owner::of(&t, &exec_id);
     t.ctx.procs.lock().insert(
         pid,

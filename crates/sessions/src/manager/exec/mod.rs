@@ -29,6 +29,42 @@ use crate::Error;
 const EXEC_GRACE: Duration = Duration::from_secs(10);
 pub(crate) const SIGKILL: i32 = 9;
 
+/// What a background exec's stdin takes after the bytes of its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaterStdin {
+    /// Input sent while it runs, until closed.
+    Open,
+    /// Nothing: it reads end-of-file at once, from no pipe that a second message must close
+    /// (E2B's process started without `stdin`).
+    Closed,
+}
+
+/// How an exec runs: awaited, streamed to its caller, or in the background.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Awaited,
+    Streamed,
+    Background(LaterStdin),
+}
+
+impl Shape {
+    fn mode(self) -> Mode {
+        match self {
+            Shape::Awaited => Mode::Awaited,
+            Shape::Streamed => Mode::Streamed,
+            Shape::Background(_) => Mode::Background,
+        }
+    }
+
+    fn background(self) -> bool {
+        matches!(self, Shape::Background(_))
+    }
+
+    fn keeps_stdin_open(self) -> bool {
+        self == Shape::Background(LaterStdin::Open)
+    }
+}
+
 /// A background exec that runs: its id and its process's pid (in the sandbox).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackgroundExec {
@@ -43,7 +79,7 @@ impl Manager {
         id: &str,
         req: ExecRequest,
     ) -> Result<ExecResult, Error> {
-        let mut trace = ExecTrace::start(Mode::Awaited, &who.tenant_id, id);
+        let mut trace = ExecTrace::start(Shape::Awaited.mode(), &who.tenant_id, id);
         let span = trace.span().clone();
         self.exec_awaited(who, id, req, &mut trace)
             .instrument(span)
@@ -59,7 +95,7 @@ impl Manager {
     ) -> Result<ExecResult, Error> {
         let live = self.awake(who, id).await?;
         trace.on(&live);
-        let mut agent_req = self.exec_request(&live, req, false)?;
+        let mut agent_req = self.exec_request(&live, req, Shape::Awaited)?;
         agent_req.trace = trace.agent_context();
         let meter = Meter::start(live.clone()).await;
         let deadline = exec_deadline(agent_req.timeout_ms);
@@ -101,13 +137,13 @@ impl Manager {
         })
     }
 
-    /// The agent request for an API exec; `background` keeps stdin open for later input and
-    /// leaves output bounding to the daemon's per-exec buffer.
-    pub(crate) fn exec_request(
+    /// The agent request for an API exec; a background one leaves output bounding to the
+    /// daemon's per-exec buffer, and may keep stdin open for later input.
+    fn exec_request(
         &self,
         live: &Live,
         req: ExecRequest,
-        background: bool,
+        shape: Shape,
     ) -> Result<proto::ExecRequest, Error> {
         let argv = match (req.cmd, req.shell, req.code) {
             (None, None, Some(code)) => {
@@ -153,9 +189,9 @@ impl Manager {
             env,
             cwd: req.cwd,
             stdin: req.stdin.map(String::into_bytes).unwrap_or_default(),
-            keep_stdin_open: background,
+            keep_stdin_open: shape.keeps_stdin_open(),
             timeout_ms: Some(timeout_ms),
-            output_limit_bytes: if background {
+            output_limit_bytes: if shape.background() {
                 u64::MAX
             } else {
                 self.cfg.output_limit_bytes
@@ -175,8 +211,11 @@ impl Manager {
         who: &Identity,
         id: &str,
         req: ExecRequest,
+        stdin: LaterStdin,
     ) -> Result<BackgroundExec, Error> {
-        let exec = self.start_followed(who, id, req, true).await?;
+        let exec = self
+            .start_followed(who, id, req, Shape::Background(stdin))
+            .await?;
         Ok(BackgroundExec {
             exec_id: exec.id().to_string(),
             pid: exec.pid(),
@@ -190,7 +229,7 @@ impl Manager {
         id: &str,
         req: ExecRequest,
     ) -> Result<Follow, Error> {
-        let exec = self.start_followed(who, id, req, false).await?;
+        let exec = self.start_followed(who, id, req, Shape::Streamed).await?;
         Ok(exec.follow(true))
     }
 
@@ -200,15 +239,11 @@ impl Manager {
         who: &Identity,
         id: &str,
         req: ExecRequest,
-        background: bool,
+        shape: Shape,
     ) -> Result<Arc<FollowedExec>, Error> {
-        let mode = match background {
-            true => Mode::Background,
-            false => Mode::Streamed,
-        };
-        let mut trace = ExecTrace::start(mode, &who.tenant_id, id);
+        let mut trace = ExecTrace::start(shape.mode(), &who.tenant_id, id);
         let span = trace.span().clone();
-        self.begin_followed(who, id, req, background, &mut trace)
+        self.begin_followed(who, id, req, shape, &mut trace)
             .instrument(span)
             .await
             .map(|(exec, run)| {
@@ -222,13 +257,13 @@ impl Manager {
         who: &Identity,
         id: &str,
         req: ExecRequest,
-        background: bool,
+        shape: Shape,
         trace: &mut ExecTrace,
     ) -> Result<(Arc<FollowedExec>, Running), Error> {
         let live = self.awake(who, id).await?;
         trace.on(&live);
         live.execs.admit()?;
-        let mut agent_req = self.exec_request(&live, req, background)?;
+        let mut agent_req = self.exec_request(&live, req, shape)?;
         agent_req.trace = trace.agent_context();
         let command = agent_req.argv.clone();
         let deadline = tokio::time::Instant::now() + exec_deadline(agent_req.timeout_ms);
@@ -253,7 +288,13 @@ impl Manager {
                 return Err(e);
             }
         };
-        let exec = FollowedExec::new(command, background, pid, stream.handle());
+        let exec = FollowedExec::new(
+            command,
+            shape.background(),
+            shape.keeps_stdin_open(),
+            pid,
+            stream.handle(),
+        );
         live.execs.insert(exec.clone());
         let limit = usize::try_from(self.cfg.output_limit_bytes).unwrap_or(usize::MAX);
         let report = Report {
