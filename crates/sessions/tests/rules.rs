@@ -666,14 +666,22 @@ async fn a_dead_agent_stops_the_session_and_later_calls_are_session_stopped() {
         .expect("the dead session still holds its slot");
 }
 
-#[tokio::test]
-async fn an_awaited_exec_asks_for_no_start_and_a_background_one_does() {
-    let quiet: Arc<Mutex<Vec<bool>>> = Arc::default();
-    let seen = quiet.clone();
+/// A runtime whose execs answer as builtins and record `field` of every agent request.
+fn recording<T: Send + 'static>(
+    field: fn(&koder_agent_protocol::ExecRequest) -> T,
+) -> (MemoryRuntime, Arc<Mutex<Vec<T>>>) {
+    let seen: Arc<Mutex<Vec<T>>> = Arc::default();
+    let log = seen.clone();
     let runtime = MemoryRuntime::new().with_script(Arc::new(move |req| {
-        seen.lock().unwrap().push(req.quiet);
+        log.lock().unwrap().push(field(req));
         Scripted::builtin(&req.argv, &req.stdin)
     }));
+    (runtime, seen)
+}
+
+#[tokio::test]
+async fn an_awaited_exec_asks_for_no_start_and_a_background_one_does() {
+    let (runtime, quiet) = recording(|req| req.quiet);
     let (f, acme, s) = acme_session(runtime).await;
     let r = f.manager.exec(&acme, &s.id, cmd(&["true"])).await.unwrap();
     assert_eq!(r.exit_code, Some(0));
@@ -687,12 +695,7 @@ async fn an_awaited_exec_asks_for_no_start_and_a_background_one_does() {
 
 #[tokio::test]
 async fn a_background_exec_keeps_stdin_open_only_when_asked() {
-    let kept: Arc<Mutex<Vec<bool>>> = Arc::default();
-    let seen = kept.clone();
-    let runtime = MemoryRuntime::new().with_script(Arc::new(move |req| {
-        seen.lock().unwrap().push(req.keep_stdin_open);
-        Scripted::builtin(&req.argv, &req.stdin)
-    }));
+    let (runtime, kept) = recording(|req| req.keep_stdin_open);
     let (f, acme, s) = acme_session(runtime).await;
     let m = &f.manager;
     let open = m

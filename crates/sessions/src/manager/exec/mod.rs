@@ -79,7 +79,7 @@ impl Manager {
         id: &str,
         req: ExecRequest,
     ) -> Result<ExecResult, Error> {
-        let mut trace = ExecTrace::start(Shape::Awaited.mode(), &who.tenant_id, id);
+        let mut trace = ExecTrace::start(Mode::Awaited, &who.tenant_id, id);
         let span = trace.span().clone();
         self.exec_awaited(who, id, req, &mut trace)
             .instrument(span)
