@@ -33,6 +33,8 @@ pub(crate) struct BuildLog {
 struct Inner {
     lines: Vec<String>,
     dropped: usize,
+    /// Lines pushed so far, dropped ones included.
+    written: u64,
     /// Output of the running step not yet ended by a newline.
     partial: String,
     done: Option<Box<Build>>,
@@ -44,6 +46,7 @@ impl BuildLog {
             inner: Mutex::new(Inner {
                 lines: Vec::new(),
                 dropped: 0,
+                written: 0,
                 partial: String::new(),
                 done: None,
             }),
@@ -78,6 +81,7 @@ impl BuildLog {
             inner.dropped += 1;
         }
         inner.lines.push(line.clone());
+        inner.written += 1;
         // No follower is no error.
         let _ = self.tx.send(LogEvent::Line(line));
     }
@@ -90,6 +94,11 @@ impl BuildLog {
         }
         inner.done = Some(Box::new(status.clone()));
         let _ = self.tx.send(LogEvent::Done(Box::new(status)));
+    }
+
+    /// Lines written so far: it changes whenever the log does.
+    pub(crate) fn written(&self) -> u64 {
+        self.inner.lock().written
     }
 
     pub(crate) fn tail(&self) -> String {
@@ -139,7 +148,9 @@ mod tests {
         log.output(b"a\nb");
         let mut f = log.follow();
         assert_eq!(f.replay, ["step 1/1", "a"]);
+        assert_eq!(log.written(), 2, "a partial line is not written yet");
         log.output(b"c\n");
+        assert_eq!(log.written(), 3);
         let live = f.live.as_mut().unwrap();
         assert!(matches!(live.try_recv(), Ok(LogEvent::Line(l)) if l == "bc"));
         assert_eq!(log.tail(), "step 1/1\na\nbc");

@@ -28,6 +28,9 @@ const LAYER_ENTRIES: u64 = 2_000_000;
 const HOST_CA: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Lines of a failed step's output in its error.
 const FAILED_OUTPUT_LINES: usize = 20;
+/// How often a running step's status (with the log's last lines) is recorded while its output
+/// grows, so a daemon that dies mid-step leaves what the step printed.
+const SAVE_EVERY: Duration = Duration::from_secs(1);
 
 /// Why a build failed: the step (if one was running) and the error.
 struct Failure {
@@ -208,7 +211,9 @@ impl Builds {
                 )
             })?;
         let layer = store.scratch("build-layer");
-        let ran = in_sandbox(job, &sandbox, step, run, index, &layer).await;
+        let ran = self
+            .saving(job, in_sandbox(job, &sandbox, step, run, index, &layer))
+            .await;
         sandbox.destroy().await;
         ran?;
         let manifest = Manifest {
@@ -247,6 +252,27 @@ impl Builds {
                 format!("step {}: storing its result: {e}", index + 1),
             )
         })
+    }
+
+    /// Awaits `work`, recording the job's status every [`SAVE_EVERY`] in which its log grew.
+    async fn saving<T>(&self, job: &Job, work: impl std::future::Future<Output = T>) -> T {
+        let mut work = std::pin::pin!(work);
+        let mut saved = job.log.written();
+        let start = tokio::time::Instant::now() + SAVE_EVERY;
+        let mut tick = tokio::time::interval_at(start, SAVE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                _ = tick.tick() => {
+                    let written = job.log.written();
+                    if written != saved {
+                        saved = written;
+                        self.save(job).await;
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -518,6 +518,32 @@ async fn builds_outlive_their_daemon_and_one_it_died_during_fails() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+    // A running step's output is recorded as it grows, not only when the step ends.
+    let records = koder_store::Store::open_sqlite(&d.data_dir().join("state.db"))
+        .await
+        .expect("open the daemon's store");
+    loop {
+        let recorded = records
+            .get_build(&slow_id)
+            .await
+            .unwrap()
+            .expect("recorded");
+        if recorded
+            .status
+            .log_tail
+            .lines()
+            .any(|l| l.trim() == "begun")
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the step's output was never recorded: {:?}",
+            recorded.status
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    drop(records);
     d.crash();
     d.launch().await;
 
@@ -549,13 +575,7 @@ async fn builds_outlive_their_daemon_and_one_it_died_during_fails() {
     );
     assert!(slow["finished_at"].is_string(), "{slow}");
     let (replayed, done) = logs_of(&d, &slow_id).await;
-    // Output since the step's start is lost with the daemon; its heading was recorded.
-    assert!(
-        replayed
-            .iter()
-            .any(|l| l.starts_with("step 1/1: run echo begun")),
-        "{replayed:?}"
-    );
+    assert!(replayed.iter().any(|l| l == "begun"), "{replayed:?}");
     assert!(
         replayed.last().unwrap().contains("daemon stopped"),
         "{replayed:?}"
