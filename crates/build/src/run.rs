@@ -131,8 +131,11 @@ impl Builds {
                 parent = cached;
                 continue;
             }
+            // Running before its heading is in the log: whoever reads the heading sees the step
+            // running, in memory and in the saved record alike.
+            job.set_step(i, "running");
             job.log.line(head);
-            self.mark(job, i, "running").await;
+            self.save(job).await;
             let on = Base {
                 image: base,
                 layers: &layers,
