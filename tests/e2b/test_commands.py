@@ -80,6 +80,8 @@ def test_stream_input(sandbox):
 def test_kill_then_kill_again(sandbox):
     h = sandbox.commands.run("sleep 30", background=True)
     assert sandbox.commands.kill(h.pid) is True
+    # Gone when the kill answers, not some time later.
+    assert h.pid not in {p.pid for p in sandbox.commands.list()}
     with pytest.raises(CommandExitException) as e:
         h.wait()
     assert e.value.exit_code == -1

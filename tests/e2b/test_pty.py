@@ -3,6 +3,8 @@
 import threading
 import time
 
+import pytest
+from e2b import CommandExitException
 from e2b.sandbox.commands.command_handle import PtySize
 
 
@@ -54,7 +56,18 @@ def test_pty_as_root_and_kill(sandbox):
     screen = Screen(h)
     sandbox.pty.send_stdin(h.pid, b"echo $(id -u):$(pwd):$MARK\n")
     screen.wait_for("0:/tmp:m1")
+    # A process whose exit takes a while (200 MiB to unmap): the kill answers once it is gone,
+    # so the next command cannot find it (E2B's own test_kill_pty checks with `kill -0`).
+    sandbox.pty.send_stdin(
+        h.pid,
+        b"exec /usr/bin/python3 -c \"import time; b = b'x' * (200 << 20); "
+        b"print('big' + 'ready', flush=True); time.sleep(100)\"\n",
+    )
+    screen.wait_for("bigready")
     assert sandbox.pty.kill(h.pid) is True
+    assert h.pid not in [p.pid for p in sandbox.commands.list()]
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run(f"kill -0 {h.pid}")
     screen.thread.join(10)
     assert getattr(screen.error, "exit_code", None) == -1
     assert sandbox.pty.kill(h.pid) is False

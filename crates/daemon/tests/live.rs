@@ -214,6 +214,52 @@ async fn background_execs_replay_follow_stdin_and_signals() {
     let events = read_sse(resp).await;
     assert_eq!(events.last().unwrap().data["signal"], 15);
 
+    // A SIGKILL answers once the process is gone, even one whose exit takes a while (200 MiB
+    // to unmap): the exec is over when the answer comes, and its pid names nothing.
+    let big = start_bg(
+        &d,
+        &id,
+        json!({"cmd": ["/usr/bin/python3", "-c",
+            "import time; b = b'x' * (200 << 20); print('ready', flush=True); time.sleep(100)"],
+            "background": true}),
+    )
+    .await;
+    let (_, status) = d
+        .json(Method::GET, &format!("{S}/{id}/execs/{big}"), Value::Null)
+        .await;
+    let pid = status["pid"].as_u64().unwrap();
+    let resp = d
+        .req(Method::GET, &format!("{S}/{id}/execs/{big}/stream"), KEY1)
+        .send()
+        .await
+        .unwrap();
+    let mut ready = resp.bytes_stream();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("ready") {
+        seen.extend_from_slice(&ready.next().await.unwrap().unwrap());
+    }
+    let (status, _) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/execs/{big}/signal"),
+            json!({"signal": "KILL"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, status) = d
+        .json(Method::GET, &format!("{S}/{id}/execs/{big}"), Value::Null)
+        .await;
+    assert_eq!(status["state"], "exited", "{status}");
+    assert_eq!(status["result"]["signal"], 9, "{status}");
+    let (_, v) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/exec"),
+            json!({"shell": format!("kill -0 {pid}")}),
+        )
+        .await;
+    assert_ne!(v["exit_code"], 0, "{v}");
+
     let (status, e) = d
         .json(Method::GET, &format!("{S}/{id}/execs/nope"), Value::Null)
         .await;

@@ -18,6 +18,7 @@ use koder_api_types::{ExecResult, ExecState, ExecStatus};
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
 
+use crate::manager::exec::SIGKILL;
 use crate::Error;
 
 /// Followed execs kept per session (running ones are always kept; the oldest finished go).
@@ -26,6 +27,9 @@ const MAX_KEPT: usize = 64;
 const MAX_RUNNING: usize = 64;
 /// Events a follower may lag before it is told it missed some.
 const CHANNEL_EVENTS: usize = 256;
+/// How long a SIGKILL's answer waits for the exec to end: the agent's group kill and its
+/// output drain take milliseconds, seconds only on a host under heavy load.
+pub const KILL_SETTLES: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub enum ExecEvent {
@@ -211,11 +215,30 @@ impl FollowedExec {
     }
 
     /// Sends signal `number` to a running exec.
+    ///
+    /// A SIGKILL answers once the exec has ended (at most [`KILL_SETTLES`] later), so that a
+    /// caller who killed a process never finds it still there: the agent reaps it, then reports.
     pub(crate) async fn signal(&self, number: i32) -> Result<(), Error> {
-        if self.state.lock().result.is_some() {
-            return Err(Error::Conflict("the exec has already exited".into()));
-        }
+        let mut live = {
+            let st = self.state.lock();
+            if st.result.is_some() {
+                return Err(Error::Conflict("the exec has already exited".into()));
+            }
+            self.events.subscribe()
+        };
         self.handle.send(ToAgent::Signal(number)).await?;
+        if number == SIGKILL {
+            let ended = async {
+                loop {
+                    match live.recv().await {
+                        Ok(ExecEvent::Exit(_)) | Err(broadcast::error::RecvError::Closed) => break,
+                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    }
+                }
+            };
+            // Past the bound the signal still went out; the answer just stops waiting.
+            let _ = tokio::time::timeout(KILL_SETTLES, ended).await;
+        }
         Ok(())
     }
 

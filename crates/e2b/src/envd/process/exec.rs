@@ -11,14 +11,12 @@ use koder_sessions::{BackgroundExec, LaterStdin};
 use tokio::sync::broadcast;
 
 use super::events::{self, stream_lost};
-use super::table::{Kind, Proc};
+use super::table::{Kind, Proc, SIGKILL};
 use crate::connect::{self, Code, RpcError, Sink};
 use crate::envd::auth::Target;
 use crate::proto::process::process_event::data_event::Output;
 use crate::proto::process::{ProcessConfig, StartResponse};
 use crate::E2b;
-
-const SIGKILL: i32 = 9;
 
 /// Starts `cfg` as a background exec of the manager and streams it.
 pub(super) async fn start(

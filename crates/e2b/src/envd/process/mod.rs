@@ -29,7 +29,7 @@ use crate::proto::process::{
     Signal, StartRequest, StreamInputRequest, StreamInputResponse, UpdateRequest, UpdateResponse,
 };
 use stream_input_request::Event;
-use table::{not_found, Kind};
+use table::{not_found, Kind, SIGKILL, SIGTERM};
 
 /// Keepalive period when the client names none (`Keepalive-Ping-Interval`, seconds).
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
@@ -239,7 +239,11 @@ async fn send_signal(t: Target, req: SendSignalRequest) -> Result<SendSignalResp
             .await
             .map_err(|e| exited_is_not_found(e, pid))?,
         Kind::Pty(p) => {
-            let number = if signal == "SIGKILL" { 9 } else { 15 };
+            let number = if signal == "SIGKILL" {
+                SIGKILL
+            } else {
+                SIGTERM
+            };
             p.signal(pid, number).await?;
         }
     }

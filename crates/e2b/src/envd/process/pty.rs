@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use tokio::sync::broadcast;
 
 use super::events::{self, stream_lost};
-use super::table::{Exit, Kind, Proc, PtyEvent, PtyProc};
+use super::table::{Exit, Kind, Proc, PtyEvent, PtyProc, SIGKILL};
 use crate::connect::{self, RpcError, Sink};
 use crate::envd::auth::Target;
 use crate::envd::sandbox::SandboxCtx;
@@ -19,7 +19,6 @@ use crate::proto::process::ProcessConfig;
 
 /// Terminal output events a slow follower may lag behind.
 const PTY_EVENTS: usize = 1024;
-const SIGKILL: i32 = 9;
 
 /// Streams the terminal to `sink` from now on (or just its end, if it ended).
 pub(super) fn follow(p: &PtyProc, sink: Sink, pid: u32, keepalive: Duration) {
