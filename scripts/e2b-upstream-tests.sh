@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# E2B's own test suite against koder-sandbox: the sync tests of E2B's Python SDK
-# (packages/python-sdk/tests/sync of e2b-dev/E2B at the pinned revision below, templates
-# excluded: their API is another issue's) run with the SDK's own pytest.ini, by the SDK of
-# scripts/lib/e2b-venv.sh, against a real daemon this script starts.
+# E2B's own test suite against koder-sandbox: the sync and async tests of E2B's Python SDK
+# (packages/python-sdk/tests/sync and tests/async of e2b-dev/E2B at the pinned revision below,
+# templates excluded: scripts/e2b-template-tests.sh runs E2B's template suite) run with the SDK's
+# own pytest.ini, by the SDK of scripts/lib/e2b-venv.sh, against a real daemon this script starts.
 #
 # E2B's code is never copied into this repository: E2B_GIT_DIR names a clone (or bare mirror)
 # of https://github.com/e2b-dev/E2B that holds the revision, e.g.
@@ -88,7 +88,8 @@ status=0
   E2B_API_URL="$DAEMON_URL" E2B_SANDBOX_URL="$DAEMON_URL" E2B_API_KEY="$DAEMON_KEY1" \
     SSL_CERT_FILE="$work/ca.pem" KODER_E2B_HOSTS="$DOMAIN=$address" \
     KODER_E2B_RESULTS="$work/results.json" PYTHONPATH="$repo/scripts/lib" \
-    "$E2B_PYTHON" -m pytest tests/sync --ignore=tests/sync/template_sync \
+    "$E2B_PYTHON" -m pytest tests/sync tests/async \
+    --ignore=tests/sync/template_sync --ignore=tests/async/template_async \
     -p e2b_upstream_plugin -p no:cacheprovider -q -rfEs \
     "${deselect[@]}" "$@"
 ) || status=$?
