@@ -1,5 +1,7 @@
 //! Errors of the plain-HTTP surfaces (control plane, `/files`, `/health`, interpreter): always
 //! `{"code": <http status>, "message"}`, the only shape the E2B SDK parses without crashing.
+//! The answers E2B's proxy gives for a sandbox (gone, or its port closed) also name it, as
+//! `sandboxId` (and `port`), in E2B's own words.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -11,6 +13,8 @@ pub struct HttpError {
     pub message: String,
     /// `Retry-After`, seconds (rate limits).
     pub retry_after: Option<u64>,
+    /// The sandbox (and port) a proxy answer is about.
+    pub about: Option<(String, Option<u16>)>,
 }
 
 impl HttpError {
@@ -19,6 +23,7 @@ impl HttpError {
             status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             message: message.into(),
             retry_after: None,
+            about: None,
         }
     }
 
@@ -43,7 +48,18 @@ impl HttpError {
     /// What E2B's proxy answers for a sandbox that does not exist (any more); the SDK keys
     /// "sandbox not running" on the words "was not found".
     pub fn sandbox_gone(id: &str) -> Self {
-        Self::new(502, format!("The sandbox {id} was not found"))
+        Self {
+            about: Some((id.to_owned(), None)),
+            ..Self::new(502, "The sandbox was not found")
+        }
+    }
+
+    /// What E2B's proxy answers for a running sandbox's port that nothing listens on.
+    pub fn port_closed(id: &str, port: u16) -> Self {
+        Self {
+            about: Some((id.to_owned(), Some(port))),
+            ..Self::new(502, "The sandbox is running but port is not open")
+        }
     }
 }
 
@@ -90,7 +106,14 @@ impl From<koder_auth::limits::Limited> for HttpError {
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        let body = json!({"code": self.status.as_u16(), "message": self.message});
+        let mut body = json!({"code": self.status.as_u16(), "message": self.message});
+        if let Some((id, port)) = self.about {
+            body["sandboxId"] = json!(id);
+            if let Some(port) = port {
+                // A string, as E2B's proxy sends it.
+                body["port"] = json!(port.to_string());
+            }
+        }
         let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
@@ -122,15 +145,31 @@ mod tests {
         assert_eq!(v, json!({"code": 409, "message": "already paused"}));
     }
 
+    #[tokio::test]
+    async fn proxy_answers_name_the_sandbox_and_port_as_e2b_does() {
+        let body = |e: HttpError| async move {
+            let resp = e.into_response();
+            assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+            let body = axum::body::to_bytes(resp.into_body(), 1024).await.unwrap();
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap()
+        };
+        assert_eq!(
+            body(HttpError::sandbox_gone("abc")).await,
+            json!({"code": 502, "message": "The sandbox was not found", "sandboxId": "abc"})
+        );
+        assert_eq!(
+            body(HttpError::port_closed("abc", 3000)).await,
+            json!({"code": 502, "message": "The sandbox is running but port is not open",
+                   "sandboxId": "abc", "port": "3000"})
+        );
+    }
+
     #[test]
     fn manager_errors_keep_their_status() {
         let e: HttpError = koder_sessions::Error::NotFound.into();
         assert_eq!(e.status, StatusCode::NOT_FOUND);
         let e: HttpError = koder_sessions::Error::FsQuotaExceeded("full".into()).into();
         assert_eq!(e.status.as_u16(), 507);
-        assert!(HttpError::sandbox_gone("abc")
-            .message
-            .contains("was not found"));
         assert_eq!(
             HttpError::new(1, "x").status,
             StatusCode::INTERNAL_SERVER_ERROR

@@ -56,10 +56,7 @@ async fn forward(e2b: &E2b, route: HostRoute, mut req: Request) -> Result<Respon
         Ok(conn) => conn,
         // E2B's words, which its SDK and users recognise.
         Err(koder_sessions::Error::PreviewNotListening(_)) => {
-            return Err(HttpError::new(
-                502,
-                format!("The sandbox is running but port {} is not open", route.port),
-            ))
+            return Err(HttpError::port_closed(id, route.port))
         }
         Err(e) => return Err(e.into()),
     };
