@@ -1,6 +1,6 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { CommandExitError } from 'e2b'
+import { CommandExitError, TimeoutError } from 'e2b'
 import { sandbox, eventually, PY } from './common.mjs'
 
 const sbx = await sandbox()
@@ -64,4 +64,17 @@ test('connect to a running command sees its later output', async () => {
   const r = await again.wait()
   assert.equal(r.exitCode, 0)
   assert.equal(out.join(''), 'late\n')
+})
+
+test('a command whose sandbox is killed under it says the sandbox is gone', async () => {
+  const doomed = await sandbox()
+  const h = await doomed.commands.run('sleep 60', { background: true })
+  await doomed.kill()
+  // The stream breaks off (as E2B's proxy cuts it), the SDK asks the sandbox's health and
+  // hears it is gone; a stream that ended with an error would skip that question.
+  await assert.rejects(h.wait(), (e) => {
+    assert.ok(e instanceof TimeoutError, `got ${e}`)
+    assert.match(e.message, /sandbox was killed or reached its end of life/)
+    return true
+  })
 })

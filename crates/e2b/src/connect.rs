@@ -6,8 +6,6 @@
 //! always answered 200; the last response envelope has flag 0x02 and holds `{}` or
 //! `{"error": {...}}`. Everything a client sends is bounded before it is buffered.
 
-use std::convert::Infallible;
-
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -437,17 +435,28 @@ pub fn timeout_ms(headers: &HeaderMap) -> Option<u64> {
 /// The writing half of a streaming response.
 #[derive(Clone)]
 pub struct Sink {
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
 }
 
 impl Sink {
     /// False once the client is gone.
     pub async fn send<T: Serialize>(&self, msg: &T) -> bool {
-        self.tx.send(message_frame(msg)).await.is_ok()
+        self.tx.send(Ok(message_frame(msg))).await.is_ok()
     }
 
     pub async fn end(self, err: Option<RpcError>) {
-        let _ = self.tx.send(end_frame(err.as_ref())).await;
+        let _ = self.tx.send(Ok(end_frame(err.as_ref()))).await;
+    }
+
+    /// Cuts the response short, with no end envelope, as E2B's proxy does when a sandbox goes
+    /// away under a request: both SDKs take a stream that breaks off (not one that ends with
+    /// an error) as the sign to ask the sandbox's health, and then report it gone.
+    pub async fn sever(self) {
+        let cut = std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "the sandbox went away",
+        );
+        let _ = self.tx.send(Err(cut)).await;
     }
 
     /// Resolves when the client went away.
@@ -459,10 +468,9 @@ impl Sink {
 /// A 200 `application/connect+json` response fed by the returned sink; every envelope is
 /// flushed as its own chunk.
 pub fn stream_response() -> (Sink, Response) {
-    let (tx, rx) = mpsc::channel::<Bytes>(32);
-    let body = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
-    });
+    let (tx, rx) = mpsc::channel(32);
+    let body =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
     let resp = Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, STREAM_CONTENT_TYPE)

@@ -1,6 +1,5 @@
 //! The messages of a Start or Connect stream.
 
-use crate::connect::{Code, RpcError};
 use crate::proto::process::process_event::{
     data_event::Output, DataEvent, EndEvent, Event, KeepAlive, StartEvent,
 };
@@ -61,13 +60,6 @@ fn signal_text(sig: i32) -> String {
         15 => "terminated".into(),
         n => format!("signal {n}"),
     }
-}
-
-pub(super) fn stream_lost() -> RpcError {
-    RpcError::new(
-        Code::Unavailable,
-        "the process' output ended without an exit status (the sandbox went away)",
-    )
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use koder_sessions::execs::{ExecEvent, Follow};
 use koder_sessions::{BackgroundExec, LaterStdin};
 use tokio::sync::broadcast;
 
-use super::events::{self, stream_lost};
+use super::events;
 use super::table::{Kind, Proc, SIGKILL};
 use crate::connect::{self, Code, RpcError, Sink};
 use crate::envd::auth::Target;
@@ -145,7 +145,7 @@ pub(super) async fn relay(
             Some(e) => e,
             None => {
                 let Some(rx) = live.as_mut() else {
-                    sink.end(Some(stream_lost())).await;
+                    sink.sever().await;
                     return;
                 };
                 tokio::select! {
@@ -156,7 +156,7 @@ pub(super) async fn relay(
                             continue;
                         }
                         Err(broadcast::error::RecvError::Closed) => {
-                            sink.end(Some(stream_lost())).await;
+                            sink.sever().await;
                             return;
                         }
                     },
@@ -175,7 +175,7 @@ pub(super) async fn relay(
             ExecEvent::Stderr(b) => sink.send(&events::data(Output::Stderr(b.to_vec()))).await,
             ExecEvent::Exit(r) => {
                 if r.signal == Some(SIGKILL) && owner.sandbox_gone().await {
-                    sink.end(Some(stream_lost())).await;
+                    sink.sever().await;
                     return;
                 }
                 let (end, err) = exec_end(&r);

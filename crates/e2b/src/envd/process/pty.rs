@@ -9,7 +9,7 @@ use koder_sessions::{Terminal, TerminalEvent, TerminalSpec};
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
 
-use super::events::{self, stream_lost};
+use super::events;
 use super::table::{Exit, Kind, Proc, PtyEvent, PtyProc, SIGKILL};
 use crate::connect::{self, RpcError, Sink};
 use crate::envd::auth::Target;
@@ -144,7 +144,7 @@ async fn relay(
                     tracing::warn!(pid, missed = n, "E2B terminal stream fell behind; output dropped");
                 }
                 Err(broadcast::error::RecvError::Closed) => {
-                    sink.end(Some(stream_lost())).await;
+                    sink.sever().await;
                     return;
                 }
             },
