@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# E2B's own JS test suite against koder-sandbox: the tests of E2B's JS SDK (packages/js-sdk/tests
+# of e2b-dev/E2B at the revision pinned in scripts/lib/e2b-upstream.sh) run by vitest against the
+# SDK's own sources of that revision, against a real daemon this script starts. Only E2B_DOMAIN
+# points the SDK at it, as a deployment's wildcard DNS record would: the control plane is
+# `https://api.<domain>` and each sandbox's envd `https://<port>-<id>.<domain>`, both served by
+# the daemon's HTTPS listener (the suite's mocked tests expect exactly those URLs). Left out: the template suite (scripts/e2b-template-tests.sh covers templates),
+# and the browser, Cloudflare, Deno and Bun runtimes (the SDK under other JS engines, not the
+# server). The Python twin is scripts/e2b-upstream-tests.sh.
+#
+# E2B's code is never copied into this repository: E2B_GIT_DIR names a clone of
+# https://github.com/e2b-dev/E2B that holds the revision (see scripts/e2b-upstream-tests.sh).
+# The SDK's dependencies and vitest are installed once into the test cache outside the clone,
+# at the versions E2B's own pnpm-lock.yaml pins for packages/js-sdk. The vitest config is ours:
+# E2B's loads the browser runner's Playwright, which the node tests do not need.
+#
+# scripts/lib/e2b_upstream_dns.cjs, preloaded into every node process, is the resolver: E2B's
+# host names go to the daemon, every other name is refused. scripts/e2b-upstream-js-expected.txt
+# lists the tests not expected to pass here, by `<file> > <full name>`, with reasons; `not-run`
+# ones would make a sandbox reach public addresses and never run (their describe blocks are
+# left out by name). The run fails when a test outside that list fails.
+# Closes with "e2b-upstream-js: N passed, M failed, K skipped".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+EXPECTED=scripts/e2b-upstream-js-expected.txt
+
+. scripts/lib/e2b-upstream.sh
+upstream_can_run e2b-upstream-js
+
+work=$(mktemp -d /tmp/koder-e2b-upstream-js-XXXXXX)
+. scripts/lib/daemon.sh
+cleanup() { stop_daemon; rm -rf "$work"; }
+trap 'rm -rf "$work"' EXIT
+git --git-dir="$E2B_GIT_DIR" archive "$E2B_REV" packages/js-sdk pnpm-lock.yaml | tar -x -C "$work"
+sdk="$work/packages/js-sdk"
+
+# The SDK's runtime dependencies and the test runner, at the versions of E2B's lock file.
+/usr/bin/python3 - "$sdk/package.json" "$work/pnpm-lock.yaml" >"$work/deps.json" <<'PY'
+import json
+import re
+import sys
+
+package, lock = json.load(open(sys.argv[1])), open(sys.argv[2]).read()
+importer = re.search(r"^  packages/js-sdk:\n(.*?)(?=^  \S|\Z)", lock, re.M | re.S).group(1)
+# error-stack-parser-es: a devDependency the sources import (the SDK's build bundles it).
+wanted = list(package["dependencies"]) + ["vitest", "msw", "dotenv", "error-stack-parser-es"]
+pinned = {}
+for name in wanted:
+    quoted = re.escape(f"'{name}'") if name.startswith("@") else re.escape(name)
+    m = re.search(rf"^      {quoted}:\n        specifier: .*\n        version: ([^(\s]+)", importer, re.M)
+    if not m:
+        sys.exit(f"{name} is not in the lock file's packages/js-sdk importer")
+    pinned[name] = m.group(1)
+print(json.dumps({"name": "koder-e2b-upstream-js", "private": True, "dependencies": pinned},
+                 indent=1, sort_keys=True))
+PY
+key=$(sha256sum "$work/deps.json" | cut -c1-16)
+modules="${KODER_TEST_CACHE:-/var/cache/koder-sandbox-test}/e2b-upstream-js-$key"
+# The stamp is written last, so a half-made install is redone rather than trusted.
+if [ ! -f "$modules/.installed" ]; then
+  rm -rf "$modules"
+  mkdir -p "$modules"
+  cp "$work/deps.json" "$modules/package.json"
+  npm install --prefix "$modules" --no-audit --no-fund --loglevel=error >/dev/null
+  touch "$modules/.installed"
+fi
+ln -s "$modules/node_modules" "$sdk/node_modules"
+
+# Describe blocks holding a not-run test are left out whole, by a name pattern vitest matches
+# against every test's full name (`<describe> <title>`).
+skip=$(upstream_not_run "$EXPECTED" | sed -E 's/^[^>]*> //; s/ > .*//' | sort -u |
+  sed -E 's/[][\\.^$*+?(){}|/]/\\&/g' | paste -sd'|')
+cat >"$sdk/koder.vitest.config.mts" <<'TS'
+import { defineConfig } from 'vitest/config'
+
+export default defineConfig({
+  test: {
+    include: ['tests/**/*.test.ts'],
+    exclude: ['tests/runtimes/**', 'tests/template/**', 'tests/connectionConfig.browser.test.ts'],
+    // As E2B's own config: suites patch global fetch and mock modules.
+    isolate: true,
+    globals: false,
+    testTimeout: 30_000,
+    environment: 'node',
+    setupFiles: ['tests/globalFetchFallback.setup.ts'],
+    deps: { interopDefault: true },
+  },
+})
+TS
+
+upstream_daemon e2b-upstream-js "$work"
+trap cleanup EXIT
+
+status=0
+(
+  cd "$sdk"
+  E2B_DOMAIN="$E2B_DOMAIN_NAME" E2B_API_KEY="$DAEMON_KEY1" \
+    NODE_EXTRA_CA_CERTS="$UPSTREAM_CA" KODER_E2B_HOSTS="$UPSTREAM_HOSTS" \
+    NODE_OPTIONS="--require $repo/scripts/lib/e2b_upstream_dns.cjs" \
+    node_modules/.bin/vitest run --config koder.vitest.config.mts \
+    --testNamePattern "^(?!($skip) )" \
+    --reporter=default --reporter=json --outputFile.json="$work/vitest.json" "$@"
+) || status=$?
+
+# vitest's JSON report as `{"<file> > <full name>": outcome}`.
+/usr/bin/python3 - "$work/vitest.json" "$sdk/" >"$work/results.json" <<'PY'
+import json
+import sys
+
+report, root = json.load(open(sys.argv[1])), sys.argv[2]
+outcomes = {}
+for suite in report["testResults"]:
+    file = suite["name"].removeprefix(root)
+    for t in suite["assertionResults"]:
+        status = {"passed": "passed", "failed": "failed"}.get(t["status"], "skipped")
+        if status == "skipped" and t["status"] not in ("skipped", "pending", "todo"):
+            continue
+        name = " > ".join([file, *t["ancestorTitles"], t["title"]])
+        # Tests of one name (a parameterised title) count one each: #2, #3...
+        n, unique = 1, name
+        while unique in outcomes:
+            n += 1
+            unique = f"{name} #{n}"
+        outcomes[unique] = status
+    # A file that failed to load has no tests to report, and is a failure of its own.
+    if suite["status"] == "failed" and not suite["assertionResults"]:
+        outcomes[f"{file} > (the file)"] = "failed"
+print(json.dumps(outcomes, indent=1, sort_keys=True))
+PY
+upstream_verdict e2b-upstream-js "$work/results.json" "$EXPECTED" "$status" || exit 1
+[ "$status" -le 1 ] || daemon_log_tail
