@@ -2,8 +2,10 @@
 # E2B template builds end to end: the real `e2b` SDK builds templates (steps run in jails by
 # koder-build) on a daemon whose `base` template runs on the Debian bash pack of the test cache
 # (packed with tests/e2b/pack_archive.py and imported as the image `e2b-base`, which is also
-# what `fromImage` names), then tests/e2b/test_templates.py. With E2B_SDK_TESTS=<a checkout's
-# packages/python-sdk/tests>, E2B's own template_sync suite runs against the same daemon.
+# what `fromImage` names), then tests/e2b/test_templates.py. With E2B_GIT_DIR set (a clone of
+# e2b-dev/E2B holding the revision scripts/lib/e2b-upstream.sh pins, as for
+# scripts/e2b-upstream-tests.sh), E2B's own template_sync suite of that revision runs against
+# the same daemon too, judged against scripts/e2b-upstream-template-expected.txt.
 # Needs root and the binaries in target/debug (scripts/test.sh builds them and the packs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,12 @@ bash_pack=$(readlink "$pack_cache/store/names/bash") || {
 . scripts/lib/e2b-venv.sh
 e2b_venv
 
+. scripts/lib/e2b-upstream.sh
+upstream=""
+if [ -n "${E2B_GIT_DIR:-}" ] && git --git-dir="$E2B_GIT_DIR" cat-file -e "$E2B_REV^{commit}" 2>/dev/null; then
+  upstream=yes
+fi
+
 . scripts/lib/daemon.sh
 DAEMON_EXTRA_CONFIG='[images]
 language_packs = { bash = "e2b-base" }'
@@ -28,15 +36,28 @@ start_daemon e2b-templates
 "$E2B_PYTHON" tests/e2b/pack_archive.py "$pack_cache/store/$bash_pack/rootfs" "$DAEMON_TMP/base.tar"
 target/debug/ksandbox image import "$DAEMON_TMP/base.tar" --name e2b-base \
   --images-dir "$DAEMON_TMP/data/images" >/dev/null
+if [ -n "$upstream" ]; then
+  # E2B's suite builds on `fromImage("ubuntu:22.04")`, which the daemon cannot pull (it
+  # reaches no registry): the same Debian pack stands in for it, under that name.
+  target/debug/ksandbox image import "$DAEMON_TMP/base.tar" --name ubuntu:22.04 \
+    --images-dir "$DAEMON_TMP/data/images" >/dev/null
+fi
 rm -f "$DAEMON_TMP/base.tar"
 
 export E2B_API_URL="$DAEMON_URL" E2B_SANDBOX_URL="$DAEMON_URL" E2B_API_KEY="$DAEMON_KEY1" \
   KODER_E2B_OTHER_KEY="$DAEMON_KEY2" KODER_E2B_TEMPLATES=1
 status=0
 "$E2B_PYTHON" -m pytest tests/e2b/test_templates.py -q -p no:cacheprovider "$@" || status=$?
-if [ -n "${E2B_SDK_TESTS:-}" ]; then
-  (cd "$E2B_SDK_TESTS" && "$E2B_PYTHON" -m pytest sync/template_sync -q -p no:cacheprovider \
-    -o asyncio_default_fixture_loop_scope=function) || status=$?
+if [ -n "$upstream" ]; then
+  git --git-dir="$E2B_GIT_DIR" archive "$E2B_REV" packages/python-sdk/tests packages/python-sdk/pytest.ini |
+    tar -x -C "$DAEMON_TMP"
+  pytest_status=0 lib="$PWD/scripts/lib"
+  (cd "$DAEMON_TMP/packages/python-sdk" && KODER_E2B_RESULTS="$DAEMON_TMP/upstream.json" \
+    PYTHONPATH="$lib" "$E2B_PYTHON" -m pytest tests/sync/template_sync -q \
+    -p e2b_upstream_plugin -p no:cacheprovider -o asyncio_default_fixture_loop_scope=function) ||
+    pytest_status=$?
+  upstream_verdict e2b-upstream-templates "$DAEMON_TMP/upstream.json" \
+    scripts/e2b-upstream-template-expected.txt "$pytest_status" || status=1
 fi
 [ "$status" -eq 0 ] || daemon_log_tail
 exit "$status"

@@ -5,6 +5,8 @@ KODER_E2B_HOSTS="<domain>=<address>": every name under <domain> (E2B's `<port>-<
 host names) resolves to <address>, the daemon's HTTPS listener on loopback. `localhost` and
 loopback address literals resolve as usual. Every other name or address is refused, so
 nothing the suite does from this process can reach a resolver or a host off this machine.
+Without it (scripts/e2b-template-tests.sh, whose SDK calls name the daemon's address), every
+name but `localhost` and loopback literals is refused.
 
 KODER_E2B_RESULTS=<file>: `{node id: "passed" | "failed" | "skipped"}` as JSON at the end.
 """
@@ -27,16 +29,17 @@ def _is_loopback(name):
 
 
 def pytest_configure(config):
-    domain, _, address = os.environ["KODER_E2B_HOSTS"].partition("=")
+    hosts = os.environ.get("KODER_E2B_HOSTS")
+    domain, _, address = (hosts or "").partition("=")
     domain = domain.rstrip(".").lower()
-    if not domain or not _is_loopback(address):
+    if hosts is not None and (not domain or not _is_loopback(address)):
         raise RuntimeError("KODER_E2B_HOSTS must be <domain>=<loopback address>")
 
     def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
         name = host.decode() if isinstance(host, bytes) else host
         if name is not None:
             lowered = name.rstrip(".").lower()
-            if lowered == domain or lowered.endswith("." + domain):
+            if domain and (lowered == domain or lowered.endswith("." + domain)):
                 return _real_getaddrinfo(address, port, family, type, proto, flags)
             if not _is_loopback(lowered):
                 raise socket.gaierror(
