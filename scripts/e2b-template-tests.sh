@@ -4,8 +4,8 @@
 # (packed with tests/e2b/pack_archive.py and imported as the image `e2b-base`, which is also
 # what `fromImage` names), then tests/e2b/test_templates.py. With E2B_GIT_DIR set (a clone of
 # e2b-dev/E2B holding the revision scripts/lib/e2b-upstream.sh pins, as for
-# scripts/e2b-upstream-tests.sh), E2B's own template_sync suite of that revision runs against
-# the same daemon too, judged against scripts/e2b-upstream-template-expected.txt.
+# scripts/e2b-upstream-tests.sh), E2B's own template_sync and template_async suites of that
+# revision run against the same daemon too, judged against scripts/e2b-upstream-template-expected.txt.
 # Needs root and the binaries in target/debug (scripts/test.sh builds them and the packs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +53,7 @@ if [ -n "$upstream" ]; then
     tar -x -C "$DAEMON_TMP"
   pytest_status=0 lib="$PWD/scripts/lib"
   (cd "$DAEMON_TMP/packages/python-sdk" && KODER_E2B_RESULTS="$DAEMON_TMP/upstream.json" \
-    PYTHONPATH="$lib" "$E2B_PYTHON" -m pytest tests/sync/template_sync -q \
+    PYTHONPATH="$lib" "$E2B_PYTHON" -m pytest tests/sync/template_sync tests/async/template_async -q \
     -p e2b_upstream_plugin -p no:cacheprovider -o asyncio_default_fixture_loop_scope=function) ||
     pytest_status=$?
   upstream_verdict e2b-upstream-templates "$DAEMON_TMP/upstream.json" \
