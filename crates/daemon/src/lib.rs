@@ -291,6 +291,7 @@ async fn spawn_https(
         .await
         .with_context(|| format!("HTTPS: listening on {}", tls.addr))?;
     let listener = tls::TlsListener::new(listener, config)?;
+    let app = app.layer(axum::Extension(koder_http::ArrivedOverTls));
     let addr = axum::serve::Listener::local_addr(&listener)?;
     tracing::info!(%addr, "koder-sandbox serving HTTPS");
     println!("koder-sandbox HTTPS listening on https://{addr}");

@@ -138,8 +138,9 @@ async fn by_name_at(
     )
 }
 
-/// GET / over HTTPS to the name, trusting only the test's certificate: the status line and body.
-async fn https_get(h: &Hosts, host: &str) -> (String, String) {
+/// GET `path` over HTTPS to the name (with the `extra` header lines), trusting only the test's
+/// certificate: the status line and body.
+async fn https_get(h: &Hosts, host: &str, path: &str, extra: &str) -> (String, String) {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(h.cert.clone()).unwrap();
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -154,7 +155,8 @@ async fn https_get(h: &Hosts, host: &str) -> (String, String) {
     let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
     let mut tls = connector.connect(name, tcp).await.unwrap();
     tls.write_all(
-        format!("GET /tls HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")
+            .as_bytes(),
     )
     .await
     .unwrap();
@@ -188,7 +190,7 @@ async fn a_sandbox_port_answers_by_name_over_http_and_https() {
     }
     assert!(v["headers"].get("x-api-key").is_none(), "{v}");
 
-    let (status, body) = https_get(&h, &name).await;
+    let (status, body) = https_get(&h, &name, "/tls", "").await;
     // The version is the sandbox server's own (Python's answers HTTP/1.0); the status is ours.
     assert!(
         status.starts_with("HTTP/1.") && status.ends_with(" 200 OK"),
@@ -236,6 +238,30 @@ async fn a_sandbox_port_answers_by_name_over_http_and_https() {
             .await
             .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
+
+    // A URL the daemon hands back for the SDK to call (a template's file upload) has the
+    // scheme the request came by: https over the daemon's own HTTPS listener.
+    let files = format!("/templates/t/files/{}", "ab".repeat(32));
+    let (status, body) = https_get(
+        &h,
+        &format!("api.{DOMAIN}"),
+        &files,
+        &format!("X-API-KEY: {KEY1}\r\n"),
+    )
+    .await;
+    assert!(status.ends_with(" 201 Created"), "{status}: {body}");
+    let url: Value = serde_json::from_str(&body).unwrap();
+    let url = url["url"].as_str().unwrap();
+    assert!(
+        url.starts_with(&format!("https://api.{DOMAIN}/templates/t/files/")),
+        "{url}"
+    );
+    let (_, v) = by_name_at(&h, &format!("api.{DOMAIN}"), &files, &[("x-api-key", KEY1)]).await;
+    let url = v["url"].as_str().unwrap();
+    assert!(
+        url.starts_with(&format!("http://api.{DOMAIN}/templates/t/files/")),
+        "{v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,6 +39,11 @@ pub use images::{image_api_error, receive as receive_upload};
 pub use preview::{forward as forward_to_sandbox, strip_hop_by_hop};
 pub use volumes::file_response as volume_file_response;
 
+/// Marks a request that reached the daemon over its own HTTPS listener (`[server]
+/// tls_listen`), so a URL the daemon hands back for the client to call says `https`.
+#[derive(Debug, Clone, Copy)]
+pub struct ArrivedOverTls;
+
 /// Largest JSON request body (uploads stream and are bounded separately).
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
 

@@ -81,6 +81,7 @@ pub(super) async fn upload_link(
     State(e2b): State<E2b>,
     ApiCaller(who): ApiCaller,
     UrlPath((template, hash)): UrlPath<(String, String)>,
+    tls: Option<axum::Extension<koder_http::ArrivedOverTls>>,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     split_name(&template)?;
@@ -95,11 +96,15 @@ pub(super) async fn upload_link(
         .and_then(|h| h.to_str().ok())
         .filter(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_graphic()))
         .ok_or_else(|| HttpError::bad_request("no Host header to build the upload URL from"))?;
-    let scheme = headers
+    // Over the daemon's own HTTPS listener, or through a proxy that says it took HTTPS.
+    let forwarded_https = headers
         .get("x-forwarded-proto")
         .and_then(|h| h.to_str().ok())
-        .filter(|p| *p == "https")
-        .unwrap_or("http");
+        .is_some_and(|p| p == "https");
+    let scheme = match tls.is_some() || forwarded_https {
+        true => "https",
+        false => "http",
+    };
     let url = format!(
         "{scheme}://{host}/templates/{template}/files/{hash}?namespace={namespace}&expires={expires}&signature={signature}"
     );
