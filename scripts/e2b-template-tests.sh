@@ -14,9 +14,9 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "e2b-template-tests: skipped (jail sandboxes need root)"
   exit 0
 fi
-pack_cache=${KODER_PACK_CACHE:-${KODER_TEST_CACHE:-/var/cache/koder-sandbox-test}/packs}
-bash_pack=$(readlink "$pack_cache/store/names/bash") || {
-  echo "e2b-template-tests: no bash pack in $pack_cache (scripts/test.sh builds it)"
+. scripts/lib/e2b-base.sh
+base_root=$(e2b_base_pack) || {
+  echo "e2b-template-tests: no bash pack in the test cache (scripts/test.sh builds it)"
   exit 1
 }
 
@@ -30,19 +30,11 @@ if [ -n "${E2B_GIT_DIR:-}" ] && git --git-dir="$E2B_GIT_DIR" cat-file -e "$E2B_R
 fi
 
 . scripts/lib/daemon.sh
-DAEMON_EXTRA_CONFIG='[images]
-language_packs = { bash = "e2b-base" }'
+DAEMON_EXTRA_CONFIG=$E2B_BASE_CONFIG
 start_daemon e2b-templates
-"$E2B_PYTHON" tests/e2b/pack_archive.py "$pack_cache/store/$bash_pack/rootfs" "$DAEMON_TMP/base.tar"
-target/debug/ksandbox image import "$DAEMON_TMP/base.tar" --name e2b-base \
-  --images-dir "$DAEMON_TMP/data/images" >/dev/null
-if [ -n "$upstream" ]; then
-  # E2B's suite builds on `fromImage("ubuntu:22.04")`, which the daemon cannot pull (it
-  # reaches no registry): the same Debian pack stands in for it, under that name.
-  target/debug/ksandbox image import "$DAEMON_TMP/base.tar" --name ubuntu:22.04 \
-    --images-dir "$DAEMON_TMP/data/images" >/dev/null
-fi
-rm -f "$DAEMON_TMP/base.tar"
+# E2B's suites build on `fromImage("ubuntu:22.04")`, which the daemon cannot pull (it reaches
+# no registry): the same Debian pack stands in for it, under that name.
+e2b_base_import "$base_root" e2b-base ${upstream:+ubuntu:22.04}
 
 export E2B_API_URL="$DAEMON_URL" E2B_SANDBOX_URL="$DAEMON_URL" E2B_API_KEY="$DAEMON_KEY1" \
   KODER_E2B_OTHER_KEY="$DAEMON_KEY2" KODER_E2B_TEMPLATES=1

@@ -4,9 +4,11 @@
 # SDK's own sources of that revision, against a real daemon this script starts. Only E2B_DOMAIN
 # points the SDK at it, as a deployment's wildcard DNS record would: the control plane is
 # `https://api.<domain>` and each sandbox's envd `https://<port>-<id>.<domain>`, both served by
-# the daemon's HTTPS listener (the suite's mocked tests expect exactly those URLs). Left out: the template suite (scripts/e2b-template-tests.sh covers templates),
-# and the browser, Cloudflare, Deno and Bun runtimes (the SDK under other JS engines, not the
-# server). The Python twin is scripts/e2b-upstream-tests.sh.
+# the daemon's HTTPS listener (the suite's mocked tests expect exactly those URLs). The
+# template suite runs on the Debian bash pack of the test cache (scripts/lib/e2b-base.sh: the
+# `base` template, and the stand-in for `ubuntu:22.04`), and is left out when the cache holds
+# none. Left out too: the browser, Cloudflare, Deno and Bun runtimes (the SDK under other JS
+# engines, not the server). The Python twin is scripts/e2b-upstream-tests.sh.
 #
 # E2B's code is never copied into this repository: E2B_GIT_DIR names a clone of
 # https://github.com/e2b-dev/E2B that holds the revision (see scripts/e2b-upstream-tests.sh).
@@ -71,46 +73,65 @@ ln -s "$modules/node_modules" "$sdk/node_modules"
 # against every test's full name (`<describe> <title>`).
 skip=$(upstream_not_run "$EXPECTED" | sed -E 's/^[^>]*> //; s/ > .*//' | sort -u |
   sed -E 's/[][\\.^$*+?(){}|/]/\\&/g' | paste -sd'|')
+. scripts/lib/e2b-base.sh
+base_root=$(e2b_base_pack) || echo "e2b-upstream-js: no bash pack in the test cache; the template suite is left out"
 cat >"$sdk/koder.vitest.config.mts" <<'TS'
 import { defineConfig } from 'vitest/config'
 
+// As E2B's own projects: suites patch global fetch and mock modules, template builds are slow.
+const common = {
+  isolate: true,
+  globals: false,
+  environment: 'node',
+  setupFiles: ['tests/globalFetchFallback.setup.ts'],
+  deps: { interopDefault: true },
+} as const
+
 export default defineConfig({
   test: {
-    include: ['tests/**/*.test.ts'],
-    exclude: ['tests/runtimes/**', 'tests/template/**', 'tests/connectionConfig.browser.test.ts'],
-    // As E2B's own config: suites patch global fetch and mock modules.
-    isolate: true,
-    globals: false,
-    testTimeout: 30_000,
-    environment: 'node',
-    setupFiles: ['tests/globalFetchFallback.setup.ts'],
-    deps: { interopDefault: true },
+    projects: [
+      { test: { ...common, name: 'unit', testTimeout: 30_000, include: ['tests/**/*.test.ts'],
+          exclude: ['tests/runtimes/**', 'tests/template/**', 'tests/connectionConfig.browser.test.ts'] } },
+      { test: { ...common, name: 'template', testTimeout: 180_000,
+          include: ['tests/template/**/*.test.ts'] } },
+    ],
   },
 })
 TS
 
-upstream_daemon e2b-upstream-js "$work"
-trap cleanup EXIT
-
+# One vitest project on one daemon: the suite's sandboxes run on the host image (git, Python,
+# Node), its template builds on the Debian pack, which serves as `base` only on a daemon of its
+# own. The worst runner status wins.
 status=0
-(
-  cd "$sdk"
-  E2B_DOMAIN="$E2B_DOMAIN_NAME" E2B_API_KEY="$DAEMON_KEY1" \
-    NODE_EXTRA_CA_CERTS="$UPSTREAM_CA" KODER_E2B_HOSTS="$UPSTREAM_HOSTS" \
-    NODE_OPTIONS="--require $repo/scripts/lib/e2b_upstream_dns.cjs" \
-    node_modules/.bin/vitest run --config koder.vitest.config.mts \
-    --testNamePattern "^(?!($skip) )" \
-    --reporter=default --reporter=json --outputFile.json="$work/vitest.json" "$@"
-) || status=$?
+run_project() {
+  local project=$1 extra=$2 ran=0
+  upstream_daemon "e2b-upstream-js-$project" "$work" "$extra"
+  trap cleanup EXIT
+  [ -z "$extra" ] || e2b_base_import "$base_root" e2b-base ubuntu:22.04
+  (
+    cd "$sdk"
+    E2B_DOMAIN="$E2B_DOMAIN_NAME" E2B_API_KEY="$DAEMON_KEY1" \
+      NODE_EXTRA_CA_CERTS="$UPSTREAM_CA" KODER_E2B_HOSTS="$UPSTREAM_HOSTS" \
+      NODE_OPTIONS="--require $repo/scripts/lib/e2b_upstream_dns.cjs" \
+      node_modules/.bin/vitest run --config koder.vitest.config.mts --project "$project" \
+      --testNamePattern "^(?!($skip) )" --reporter=default --reporter=json \
+      --outputFile.json="$work/vitest-$project.json" "${@:3}"
+  ) || ran=$?
+  [ "$ran" -le 1 ] || daemon_log_tail
+  [ "$ran" -le "$status" ] || status=$ran
+  stop_daemon
+}
+run_project unit "" "$@"
+[ -z "$base_root" ] || run_project template "$E2B_BASE_CONFIG" "$@"
 
 # vitest's JSON report as `{"<file> > <full name>": outcome}`.
-/usr/bin/python3 - "$work/vitest.json" "$sdk/" >"$work/results.json" <<'PY'
+/usr/bin/python3 - "$sdk/" "$work"/vitest-*.json >"$work/results.json" <<'PY'
 import json
 import sys
 
-report, root = json.load(open(sys.argv[1])), sys.argv[2]
+root, reports = sys.argv[1], [json.load(open(path)) for path in sys.argv[2:]]
 outcomes = {}
-for suite in report["testResults"]:
+for suite in (suite for report in reports for suite in report["testResults"]):
     file = suite["name"].removeprefix(root)
     for t in suite["assertionResults"]:
         status = {"passed": "passed", "failed": "failed"}.get(t["status"], "skipped")
@@ -129,4 +150,3 @@ for suite in report["testResults"]:
 print(json.dumps(outcomes, indent=1, sort_keys=True))
 PY
 upstream_verdict e2b-upstream-js "$work/results.json" "$EXPECTED" "$status" || exit 1
-[ "$status" -le 1 ] || daemon_log_tail

@@ -30,10 +30,11 @@ upstream_can_run() {
   fi
 }
 
-# Starts the daemon for suite NAME with certificates made in WORK; sets UPSTREAM_CA (the CA
-# file the test process trusts) and UPSTREAM_HOSTS (`<domain>=<address>` for the resolvers).
+# Starts the daemon for suite NAME with certificates made in WORK (and the TOML tables EXTRA
+# in its config); sets UPSTREAM_CA (the CA file the test process trusts) and UPSTREAM_HOSTS
+# (`<domain>=<address>` for the resolvers).
 upstream_daemon() {
-  local name=$1 work=$2
+  local name=$1 work=$2 extra=${3:-}
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
     -subj "/CN=koder-sandbox e2b-upstream test CA" -keyout "$work/ca.key" -out "$work/ca.pem" \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign" 2>/dev/null
@@ -54,7 +55,8 @@ domain = \"$E2B_DOMAIN_NAME\"
 [server]
 tls_listen = \"$address:443\"
 tls_cert = \"$work/host.pem\"
-tls_key = \"$work/host.key\""
+tls_key = \"$work/host.key\"
+$extra"
   start_daemon "$name"
   UPSTREAM_CA="$work/ca.pem"
   UPSTREAM_HOSTS="$E2B_DOMAIN_NAME=$address"
