@@ -312,12 +312,19 @@ async fn in_sandbox(
     (resp.status(), resp.text().await.unwrap())
 }
 
-/// A refusal carries E2B's error shape and nothing of the sandbox.
-fn refused(status: StatusCode, body: &str, expected: StatusCode, what: &str) {
+/// A refusal carries E2B's error shape and nothing of the sandbox: at most the id the request
+/// named itself (E2B's "not found" repeats it as `sandboxId`).
+fn refused(status: StatusCode, body: &str, expected: StatusCode, asked: &str, what: &str) {
     assert_eq!(status, expected, "{what}: {body}");
     let v: Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("{what}: {body}"));
     let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
-    assert_eq!(keys, ["code", "message"], "{what}: {body}");
+    match v.get("sandboxId") {
+        Some(id) => {
+            assert_eq!(keys, ["code", "message", "sandboxId"], "{what}: {body}");
+            assert_eq!(id, asked, "{what}: {body}");
+        }
+        None => assert_eq!(keys, ["code", "message"], "{what}: {body}"),
+    }
     assert_eq!(v["code"], expected.as_u16(), "{what}");
 }
 
@@ -363,6 +370,7 @@ async fn every_envd_and_interpreter_route_needs_the_sandboxes_credential() {
                 status,
                 &body,
                 expected,
+                &mine,
                 &format!("{what} with {credential:?}"),
             );
         }
