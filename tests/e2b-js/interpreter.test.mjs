@@ -29,7 +29,7 @@ test('contexts are separate', async () => {
   const ctx = await sbx.createCodeContext({ language: 'python' })
   await sbx.runCode('y = "in ctx"', { context: ctx })
   const inside = await sbx.runCode('y', { context: ctx })
-  assert.equal(inside.text, "'in ctx'")
+  assert.equal(inside.text, 'in ctx')
   const outside = await sbx.runCode('y')
   assert.equal(outside.error.name, 'NameError')
   const listed = await sbx.listCodeContexts()

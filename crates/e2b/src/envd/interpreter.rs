@@ -214,8 +214,9 @@ fn event_lines(event: RunEvent) -> String {
 
 fn result_line(r: &RichResult) -> Value {
     let mut v = json!({"type": "result", "is_main_result": r.is_main_result});
+    let text = r.text.as_deref().map(unquoted).map(str::to_owned);
     let fields = [
-        ("text", &r.text),
+        ("text", &text),
         ("html", &r.html),
         ("markdown", &r.markdown),
         ("png", &r.png),
@@ -235,6 +236,16 @@ fn result_line(r: &RichResult) -> Value {
         v["json"] = j;
     }
     v
+}
+
+/// A string result's text as E2B's interpreter gives it: Jupyter's repr (`'bar'`) without its
+/// enclosing quotes (`bar`), which E2B's SDKs and users expect.
+fn unquoted(text: &str) -> &str {
+    let quoted = |q: char| text.len() >= 2 && text.starts_with(q) && text.ends_with(q);
+    match quoted('\'') || quoted('"') {
+        true => &text[1..text.len() - 1],
+        false => text,
+    }
 }
 
 async fn create_context(t: Target, body: Body) -> Result<axum::Json<Value>, HttpError> {
@@ -274,6 +285,22 @@ async fn restart_context(t: Target, Path(cid): Path<String>) -> Result<StatusCod
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn string_results_lose_their_quotes_as_in_e2b() {
+        for (repr, text) in [
+            ("'bar'", "bar"),
+            ("\"it's\"", "it's"),
+            ("''", ""),
+            ("42", "42"),
+            ("'", "'"),
+            ("'a\"", "'a\""),
+            ("['a', 'b']", "['a', 'b']"),
+            ("'é'", "é"),
+        ] {
+            assert_eq!(unquoted(repr), text, "{repr}");
+        }
+    }
 
     #[tokio::test]
     async fn output_of_one_stream_is_batched() {
