@@ -3,6 +3,7 @@
 import time
 
 import pytest
+from e2b_code_interpreter import Sandbox as CodeSandbox
 
 
 def test_state_persists_and_results(code_sandbox):
@@ -27,7 +28,7 @@ def test_contexts_are_separate(code_sandbox):
     ctx = code_sandbox.create_code_context()
     assert ctx.language == "python" and ctx.id
     code_sandbox.run_code("only_here = 'ctx'", context=ctx)
-    assert code_sandbox.run_code("only_here", context=ctx).text == "'ctx'"
+    assert code_sandbox.run_code("only_here", context=ctx).text == "ctx"
     assert code_sandbox.run_code("only_here").error.name == "NameError"
     assert ctx.id in {c.id for c in code_sandbox.list_code_contexts()}
     code_sandbox.restart_code_context(ctx)
@@ -59,9 +60,27 @@ def test_interpreter_output_streams_while_running(code_sandbox):
     assert "".join(execution.logs.stdout) == "a\nb\n"
 
 
+def test_string_results_come_without_their_quotes(code_sandbox):
+    # As E2B's interpreter answers: the repr's quotes go, nothing else does.
+    assert code_sandbox.run_code("'bar'").text == "bar"
+    assert code_sandbox.run_code("['a', 'b']").text == "['a', 'b']"
+
+
+def test_the_sandboxs_variables_reach_its_interpreter():
+    sb = CodeSandbox.create(envs={"SANDBOX_WIDE": "everywhere"})
+    try:
+        assert sb.run_code("import os; os.getenv('SANDBOX_WIDE')").text == "everywhere"
+        ex = sb.run_code("import os; os.getenv('SANDBOX_WIDE')", envs={"SANDBOX_WIDE": "run"})
+        assert ex.text == "run"
+        ctx = sb.create_code_context(cwd="/tmp")
+        assert sb.run_code("import os; os.getenv('SANDBOX_WIDE')", context=ctx).text == "everywhere"
+    finally:
+        sb.kill()
+
+
 def test_run_code_with_envs_for_that_run_only(code_sandbox):
     ex = code_sandbox.run_code("import os; os.environ['ONLY_THIS_RUN']", envs={"ONLY_THIS_RUN": "1"})
-    assert ex.text == "'1'"
+    assert ex.text == "1"
     ex = code_sandbox.run_code("import os; os.environ.get('ONLY_THIS_RUN')")
     assert ex.text is None
 
@@ -70,4 +89,4 @@ def test_context_in_another_directory(code_sandbox):
     ctx = code_sandbox.create_code_context(cwd="/tmp")
     assert ctx.cwd == "/tmp"
     ex = code_sandbox.run_code("import os; os.getcwd()", context=ctx)
-    assert ex.text == "'/tmp'"
+    assert ex.text == "/tmp"

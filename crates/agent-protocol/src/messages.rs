@@ -138,6 +138,11 @@ pub enum ToAgent {
         /// The W3C trace context of the run's in-sandbox span, given to the code as
         /// `TRACEPARENT` for this run (unless `env` names one).
         trace: Option<TraceContext>,
+        /// Added to the sandbox's environment of the `default` context when this run makes
+        /// it: the session's variables, which a warm sandbox's agent learns only with its
+        /// session.
+        #[serde(default)]
+        default_env: Vec<(String, String)>,
     },
     ContextList,
     ContextDelete {

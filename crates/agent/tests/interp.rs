@@ -106,6 +106,7 @@ async fn try_run_with_env(
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             trace,
+            default_env: Vec::new(),
         })
         .await?;
     let mut ran = Ran::default();
@@ -592,6 +593,7 @@ fn a_cancelled_run_is_interrupted_and_the_state_kept() {
                 timeout_ms: Some(120_000),
                 env: Vec::new(),
                 trace: None,
+                default_env: Vec::new(),
             })
             .await
             .unwrap();

@@ -43,6 +43,7 @@ async fn run_in(agent: &AgentClient, context_id: &str, code: &str) -> (String, R
             timeout_ms: Some(20_000),
             env: Vec::new(),
             trace: None,
+            default_env: Vec::new(),
         })
         .await
         .expect("open run");

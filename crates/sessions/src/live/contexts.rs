@@ -195,7 +195,9 @@ impl Manager {
         opts: ContextOptions,
     ) -> Result<ContextInfo, Error> {
         let live = self.awake(who, id).await?;
-        let env = crate::manager::validate_env(&opts.env)?;
+        // The session's variables, as every process of it has them, then the context's own.
+        let env =
+            crate::manager::with_env(live.env.clone(), crate::manager::validate_env(&opts.env)?);
         if let Some(cwd) = opts.cwd.as_deref() {
             if !cwd.starts_with('/') || cwd.len() > proto::MAX_PATH_BYTES || cwd.contains('\0') {
                 return Err(Error::InvalidArgument(format!(
@@ -327,6 +329,10 @@ impl Manager {
             timeout_ms: Some(timeout_ms),
             env,
             trace: trace.agent_context(),
+            default_env: match cid == DEFAULT_CONTEXT {
+                true => live.env.clone(),
+                false => Vec::new(),
+            },
         };
         let mut stream = match live.sandbox.agent().open(msg).await {
             Ok(s) => s,
@@ -427,6 +433,9 @@ impl Manager {
         }
     }
 }
+
+/// The Python context a run without one goes to, made by its first run.
+const DEFAULT_CONTEXT: &str = "default";
 
 /// Context ids are the agent's (hex) or "default"; anything else cannot exist.
 fn validate_context_id(cid: &str) -> Result<(), Error> {

@@ -441,6 +441,18 @@ pub(crate) fn account(user: Option<&str>, mut env: Env) -> Result<(Option<u32>, 
     }
 }
 
+/// `base` with every variable of `over` set on top of it (`over`'s value wins).
+pub(crate) fn with_env(
+    mut base: Vec<(String, String)>,
+    over: Vec<(String, String)>,
+) -> Vec<(String, String)> {
+    for (k, v) in over {
+        base.retain(|(ek, _)| *ek != k);
+        base.push((k, v));
+    }
+    base
+}
+
 pub(crate) fn validate_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Error> {
     let mut size = 0;
     for (k, v) in env {

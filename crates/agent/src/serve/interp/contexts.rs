@@ -149,13 +149,18 @@ impl Contexts {
         }
     }
 
-    /// The context, or for [`DEFAULT_CONTEXT`] a new Python context on first use.
-    fn get(&self, id: &str) -> Result<Arc<Context>, AgentError> {
+    /// The context, or for [`DEFAULT_CONTEXT`] a new Python context on first use, with
+    /// `default_env` added to its environment.
+    fn get(
+        &self,
+        id: &str,
+        default_env: Vec<(String, String)>,
+    ) -> Result<Arc<Context>, AgentError> {
         if let Some(ctx) = self.map.lock().get(id) {
             return Ok(ctx.clone());
         }
         if id == DEFAULT_CONTEXT {
-            let setup = self.setup(None, Vec::new())?;
+            let setup = self.setup(None, default_env)?;
             return self.insert(id.into(), Lang::Python, setup);
         }
         Err(not_found(id))
@@ -177,7 +182,7 @@ impl Contexts {
     }
 
     pub(super) async fn restart(&self, id: &str) -> Result<ContextInfo, AgentError> {
-        let ctx = self.get(id)?;
+        let ctx = self.get(id, Vec::new())?;
         let generation = ctx.generation.load(Ordering::SeqCst);
         // Kill before queueing for the slot, so a run in progress ends instead of being waited
         // for; the run then restarts the interpreter itself.
@@ -228,6 +233,7 @@ impl Contexts {
             timeout_ms,
             env,
             trace,
+            default_env,
         } = run;
         let env = env.as_slice();
         if code.len() > MAX_CODE_BYTES {
@@ -240,7 +246,7 @@ impl Contexts {
         if !valid_env(env) {
             return Err(bad_env());
         }
-        let ctx = self.get(id)?;
+        let ctx = self.get(id, default_env)?;
         let mut slot = ctx.slot.lock().await;
         if ctx.deleted.load(Ordering::SeqCst) {
             return Err(not_found(id));
@@ -333,6 +339,8 @@ pub(super) struct Run {
     /// Set for this run only.
     pub env: Vec<(String, String)>,
     pub trace: Option<TraceContext>,
+    /// The `default` context's own variables, if this run makes it.
+    pub default_env: Vec<(String, String)>,
 }
 
 pub(super) struct Context {

@@ -58,12 +58,14 @@ pub async fn handle(
             timeout_ms,
             env,
             trace,
+            default_env,
         } => {
             let run = contexts::Run {
                 code,
                 timeout_ms,
                 env,
                 trace,
+                default_env,
             };
             contexts
                 .run(&context_id, run, &mut rx, &out)

@@ -17,7 +17,7 @@ use tracing::Instrument as _;
 pub(crate) use meter::{counters_of, Meter};
 pub(crate) use trace::{End, ExecTrace, Mode};
 
-use super::{account, first_answer, validate_env, within, Manager};
+use super::{account, first_answer, validate_env, with_env, within, Manager};
 use crate::events::Events;
 use crate::execs::{signal_number, ExecEvent, Follow, FollowedExec};
 use crate::languages;
@@ -174,11 +174,8 @@ impl Manager {
                 self.cfg.max_exec_timeout_ms
             )));
         }
-        let (uid, mut env) = account(req.user.as_deref(), live.env.clone())?;
-        for (k, v) in validate_env(&req.env)? {
-            env.retain(|(ek, _)| *ek != k);
-            env.push((k, v));
-        }
+        let (uid, env) = account(req.user.as_deref(), live.env.clone())?;
+        let env = with_env(env, validate_env(&req.env)?);
         if let Some(cwd) = &req.cwd {
             if cwd.is_empty() || cwd.contains('\0') || cwd.len() > proto::MAX_PATH_BYTES {
                 return Err(Error::InvalidArgument("cwd must be a path".into()));
