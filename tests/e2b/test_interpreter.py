@@ -1,8 +1,10 @@
 """e2b-code-interpreter: state across runs, errors, contexts (Python and JavaScript)."""
 
+import threading
 import time
 
 import pytest
+from e2b import TimeoutException
 from e2b_code_interpreter import Sandbox as CodeSandbox
 
 
@@ -90,3 +92,16 @@ def test_context_in_another_directory(code_sandbox):
     assert ctx.cwd == "/tmp"
     ex = code_sandbox.run_code("import os; os.getcwd()", context=ctx)
     assert ex.text == "/tmp"
+
+
+def test_a_run_whose_sandbox_is_killed_under_it_says_so():
+    # The answer breaks off (as E2B's proxy cuts it); the SDK asks the sandbox's health, hears
+    # it is gone and says the sandbox was killed, rather than returning an empty success.
+    sb = CodeSandbox.create()
+    timer = threading.Timer(1.0, sb.kill)
+    timer.start()
+    try:
+        with pytest.raises(TimeoutException, match="sandbox was killed"):
+            sb.run_code("import time; time.sleep(60)", timeout=60)
+    finally:
+        timer.cancel()

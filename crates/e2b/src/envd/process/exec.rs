@@ -175,6 +175,7 @@ pub(super) async fn relay(
             ExecEvent::Stderr(b) => sink.send(&events::data(Output::Stderr(b.to_vec()))).await,
             ExecEvent::Exit(r) => {
                 if r.signal == Some(SIGKILL) && owner.sandbox_gone().await {
+                    crate::envd::until_recorded_gone(owner.e2b.manager(), &owner.id).await;
                     sink.sever().await;
                     return;
                 }
