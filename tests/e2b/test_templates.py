@@ -7,6 +7,7 @@ scripts/e2b-template-tests.sh, whose daemon runs the `base` template on the Debi
 import io
 import os
 import tarfile
+import time
 import uuid
 
 import httpx
@@ -208,3 +209,18 @@ def test_malformed_requests_get_e2b_errors():
     assert r.status_code == 409, "a refused build is not started again"
     assert httpx.get(f"{API_URL}/templates/{template}/builds/{build_id}/status",
                      headers={"X-API-KEY": OTHER_KEY}).status_code == 404
+
+
+def test_builds_started_in_the_background_say_building_even_while_queued():
+    # Builds run one at a time here; the second waits in the queue, and still reads
+    # "building" from its start on, as in E2B ("waiting" is a build not started yet).
+    t = Template().from_base_image().skip_cache().run_cmd("sleep 2")
+    infos = [Template.build_in_background(t, name("bg")) for _ in range(2)]
+    for info in infos:
+        assert Template.get_build_status(info).status.value == "building"
+    for info in infos:
+        deadline = time.monotonic() + 120
+        while Template.get_build_status(info).status.value == "building":
+            assert time.monotonic() < deadline, "the build never ended"
+            time.sleep(0.2)
+        assert Template.get_build_status(info).status.value == "ready"

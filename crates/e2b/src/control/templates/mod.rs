@@ -492,7 +492,8 @@ async fn build_status(
                     ("error", lines, Some(reason))
                 }
                 BuildState::Succeeded if tagged => ("ready", lines, None),
-                BuildState::Queued => ("waiting", lines, None),
+                // Queued behind another build or running: once started, E2B says building
+                // (its SDK's background builds check for it right after the start).
                 _ => ("building", lines, None),
             }
         }
