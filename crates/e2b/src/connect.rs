@@ -452,17 +452,21 @@ impl Sink {
     /// away under a request: both SDKs take a stream that breaks off (not one that ends with
     /// an error) as the sign to ask the sandbox's health, and then report it gone.
     pub async fn sever(self) {
-        let cut = std::io::Error::new(
-            std::io::ErrorKind::ConnectionAborted,
-            "the sandbox went away",
-        );
-        let _ = self.tx.send(Err(cut)).await;
+        let _ = self.tx.send(Err(sandbox_went_away())).await;
     }
 
     /// Resolves when the client went away.
     pub async fn closed(&self) {
         self.tx.closed().await
     }
+}
+
+/// What breaks off a streamed answer whose sandbox went away under it (see [`Sink::sever`]).
+pub(crate) fn sandbox_went_away() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "the sandbox went away",
+    )
 }
 
 /// A 200 `application/connect+json` response fed by the returned sink; every envelope is

@@ -31,6 +31,22 @@ const CHANNEL_EVENTS: usize = 256;
 /// output drain take milliseconds, seconds only on a host under heavy load.
 pub const KILL_SETTLES: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Waits, at most [`KILL_SETTLES`], until `events` (subscribed before the kill was sent)
+/// carries an event `ends` says is the end, or closes. Past the bound the kill still went out;
+/// the answer just stops waiting.
+pub async fn until_ended<T: Clone>(mut events: broadcast::Receiver<T>, ends: impl Fn(&T) -> bool) {
+    let ended = async {
+        loop {
+            match events.recv().await {
+                Ok(e) if ends(&e) => break,
+                Err(broadcast::error::RecvError::Closed) => break,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+            }
+        }
+    };
+    let _ = tokio::time::timeout(KILL_SETTLES, ended).await;
+}
+
 #[derive(Debug, Clone)]
 pub enum ExecEvent {
     Stdout(Bytes),
@@ -219,7 +235,7 @@ impl FollowedExec {
     /// A SIGKILL answers once the exec has ended (at most [`KILL_SETTLES`] later), so that a
     /// caller who killed a process never finds it still there: the agent reaps it, then reports.
     pub(crate) async fn signal(&self, number: i32) -> Result<(), Error> {
-        let mut live = {
+        let live = {
             let st = self.state.lock();
             if st.result.is_some() {
                 return Err(Error::Conflict("the exec has already exited".into()));
@@ -228,16 +244,7 @@ impl FollowedExec {
         };
         self.handle.send(ToAgent::Signal(number)).await?;
         if number == SIGKILL {
-            let ended = async {
-                loop {
-                    match live.recv().await {
-                        Ok(ExecEvent::Exit(_)) | Err(broadcast::error::RecvError::Closed) => break,
-                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    }
-                }
-            };
-            // Past the bound the signal still went out; the answer just stops waiting.
-            let _ = tokio::time::timeout(KILL_SETTLES, ended).await;
+            until_ended(live, |e| matches!(e, ExecEvent::Exit(_))).await;
         }
         Ok(())
     }

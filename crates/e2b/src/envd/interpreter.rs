@@ -122,33 +122,26 @@ async fn execute(t: Target, body: Body) -> Result<Response, HttpError> {
         RunEvent::Done(Err(e)) => return Err(e.into()),
         other => other,
     };
-    let (who, id) = (t.who.clone(), t.id.clone());
-    let lines = futures::stream::unfold(Some((Some(first), rx)), move |state| {
-        let (m, who, id) = (m.clone(), who.clone(), id.clone());
-        async move {
-            let (pending, mut rx) = state?;
-            let cut = || {
-                std::io::Error::new(
-                    std::io::ErrorKind::ConnectionAborted,
-                    "the sandbox went away during the run",
-                )
-            };
-            // A run whose events stop before its end, or that was killed with its sandbox, is
-            // cut short, as E2B's proxy cuts it, so the SDK asks the sandbox's health and
-            // reports it killed (a clean end would read as an empty success).
-            let Some((event, pending)) = next_batch(pending, &mut rx).await else {
-                return Some((Err(cut()), None));
-            };
-            if let RunEvent::Done(Ok(run)) = &event {
-                let killed = run.verdict == Some(codes::EXEC_KILLED) && !run.restarted;
-                if killed && !m.holds_sandbox(&who, &id) {
-                    super::until_recorded_gone(&m, &id).await;
-                    return Some((Err(cut()), None));
-                }
+    let id = t.id.clone();
+    let lines = futures::stream::unfold(Some((Some(first), rx, m, id)), |state| async move {
+        let (pending, mut rx, m, id) = state?;
+        // A run whose events stop before its end, or that was killed with its sandbox, is cut
+        // short, as E2B's proxy cuts it, so the SDK asks the sandbox's health and reports it
+        // killed (a clean end would read as an empty success).
+        let cut = || Some((Err(crate::connect::sandbox_went_away()), None));
+        let Some((event, pending)) = next_batch(pending, &mut rx).await else {
+            return cut();
+        };
+        if let RunEvent::Done(Ok(run)) = &event {
+            let killed = run.verdict == Some(codes::EXEC_KILLED) && !run.restarted;
+            // The session leaves the running set before its sandbox is torn down.
+            if killed && m.owner_of_running(&id).is_none() {
+                super::until_recorded_gone(&m, &id).await;
+                return cut();
             }
-            let next = (!matches!(event, RunEvent::Done(_))).then_some((pending, rx));
-            Some((Ok(event_lines(event)), next))
         }
+        let next = (!matches!(event, RunEvent::Done(_))).then_some((pending, rx, m, id));
+        Some((Ok(event_lines(event)), next))
     });
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],

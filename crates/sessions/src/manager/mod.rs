@@ -369,13 +369,6 @@ impl Manager {
         Ok(live)
     }
 
-    /// Whether the tenant's session holds a sandbox here now, paused or not. A session leaves
-    /// this set before its sandbox is torn down, so whatever died with the sandbox finds it
-    /// gone.
-    pub fn holds_sandbox(&self, who: &Identity, id: &str) -> bool {
-        self.live_any(who, id).is_ok()
-    }
-
     /// The tenant's live session, paused or not. A session whose sandbox died is a 410 with
     /// the reason, so a caller can tell a crash from a session it never had.
     pub(crate) fn live_any(&self, who: &Identity, id: &str) -> Result<Arc<Live>, Error> {

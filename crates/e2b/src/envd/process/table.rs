@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use koder_sessions::execs::KILL_SETTLES;
+use koder_sessions::execs::until_ended;
 use koder_sessions::TerminalInput;
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
@@ -62,24 +62,16 @@ impl PtyProc {
     }
 
     /// Sends `signal` to the terminal's processes. A SIGKILL answers once the process has
-    /// exited (at most [`KILL_SETTLES`] later), as a killed exec does: whoever looks for it
-    /// next, `kill -0 <pid>` in E2B's own tests, must not find it.
+    /// exited (at most [`koder_sessions::execs::KILL_SETTLES`] later), as a killed exec does:
+    /// whoever looks for it next, `kill -0 <pid>` in E2B's own tests, must not find it.
     pub(super) async fn signal(&self, pid: u32, signal: i32) -> Result<(), RpcError> {
-        let mut events = self.events.subscribe();
+        let events = self.events.subscribe();
         if !self.running() {
             return Err(not_found(pid));
         }
         self.input.signal(signal).await.map_err(ended)?;
         if signal == SIGKILL {
-            let exited = async {
-                loop {
-                    match events.recv().await {
-                        Ok(PtyEvent::Exit(_)) | Err(broadcast::error::RecvError::Closed) => break,
-                        Ok(PtyEvent::Data(_)) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(KILL_SETTLES, exited).await;
+            until_ended(events, |e| matches!(e, PtyEvent::Exit(_))).await;
         }
         Ok(())
     }
