@@ -1,4 +1,4 @@
-"""e2b-code-interpreter: state across runs, errors, contexts (Python and JavaScript)."""
+"""e2b-code-interpreter: state across runs, errors, contexts (Python, JavaScript and bash)."""
 
 import threading
 import time
@@ -105,3 +105,58 @@ def test_a_run_whose_sandbox_is_killed_under_it_says_so():
             sb.run_code("import time; time.sleep(60)", timeout=60)
     finally:
         timer.cancel()
+
+
+def test_default_contexts_exist_from_the_start_in_the_users_home(code_sandbox):
+    # As E2B's: a Python and a JavaScript context before any run, both in /home/user, and the
+    # runs without a context go to them.
+    contexts = code_sandbox.list_code_contexts()
+    defaults = [(c.language, c.cwd) for c in contexts[:2]]
+    assert defaults == [("python", "/home/user"), ("javascript", "/home/user")], contexts
+    assert code_sandbox.run_code("import os; os.getcwd()").text == "/home/user"
+    assert code_sandbox.run_code("process.cwd()", language="js").text == "/home/user"
+    assert code_sandbox.create_code_context().cwd == "/home/user"
+    again = code_sandbox.list_code_contexts()
+    assert [c.id for c in again[: len(contexts)]] == [c.id for c in contexts], "defaults first"
+
+
+def test_a_run_the_client_gave_up_on_is_interrupted(code_sandbox):
+    # The SDK's timeout closes the connection; the run is interrupted (not left to block the
+    # context) and the context keeps its state.
+    code_sandbox.run_code("kept = 7")
+    with pytest.raises(TimeoutException):
+        code_sandbox.run_code("import time; time.sleep(300)", timeout=2)
+    ex = code_sandbox.run_code("kept * 6", timeout=20)
+    assert (ex.text, ex.error) == ("42", None)
+
+
+def test_cells_as_jupyter_takes_them(code_sandbox):
+    # Shell escapes and a cell indented as a whole (Python); ES imports and top-level await
+    # with a value (JavaScript).
+    assert "".join(code_sandbox.run_code("!pwd").logs.stdout) == "/home/user\n"
+    ex = code_sandbox.run_code("""
+        total = 0
+        for i in range(4):
+            total += i
+        total
+        """)
+    assert (ex.text, ex.error) == ("6", None)
+    ex = code_sandbox.run_code("import { join } from 'path'\nconsole.log(join('a', 'b'))", language="js")
+    assert (ex.logs.stdout, ex.error) == (["a/b\n"], None)
+    assert code_sandbox.run_code("await Promise.resolve('done')", language="js").text == "done"
+
+
+def test_bash_is_a_long_lived_shell():
+    sb = CodeSandbox.create(envs={"SANDBOX_WIDE": "everywhere"})
+    try:
+        ex = sb.run_code("cd /tmp; n=41; pwd; echo $SANDBOX_WIDE", language="bash")
+        assert (ex.logs.stdout, ex.error) == (["/tmp\neverywhere\n"], None)
+        ex = sb.run_code("echo $((n + 1)) $FOO", language="bash", envs={"FOO": "bar"})
+        assert ex.logs.stdout == ["42 bar\n"]
+        assert sb.run_code("echo ${FOO:-unset}", language="bash").logs.stdout == ["unset\n"]
+        ex = sb.run_code("false", language="bash")
+        assert (ex.error.name, ex.error.value) == ("ExitCode", "1")
+        ctx = sb.create_code_context(language="bash")
+        assert sb.run_code("pwd", context=ctx).logs.stdout == ["/home/user\n"]
+    finally:
+        sb.kill()

@@ -127,6 +127,11 @@ pub enum ToAgent {
         cwd: Option<String>,
         /// Added to the sandbox's environment for this context's interpreter.
         env: Vec<(String, String)>,
+        /// The id the context is to have. With one, the create is idempotent: a context of that
+        /// id and language that exists already is answered as it is (`cwd` and `env` apply
+        /// only to a new one). Without one, the agent names it.
+        #[serde(default)]
+        context_id: Option<String>,
     },
     /// Runs code in a context: `Stdout`/`Stderr` as printed, then `RunDone`.
     ContextRun {

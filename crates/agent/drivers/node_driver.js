@@ -192,19 +192,72 @@
     };
   }
 
+  // Node ships no JavaScript parser user code can reach, so the two rewrites below go by
+  // pattern, on the forms such code takes in practice, and are tried only on a cell that does
+  // not compile as it is.
+
+  // ES module `import` declarations (one per line start) become `var` bindings of require(),
+  // so a cell stays a classic script whose bindings persist. Line numbers are kept.
+  const IMPORT = /^([ \t]*)import[ \t]+(?:([\w$]+)[ \t]*,?[ \t]*)?(?:\*[ \t]*as[ \t]+([\w$]+)|\{([^}]*)\})?\s*(?:from[ \t]*)?(['"])([^'"\n]+)\5[ \t]*;?/gm;
+
+  function importsAsRequires(code) {
+    return code.replace(IMPORT, (all, indent, def, ns, named, _q, spec) => {
+      const mod = `require(${JSON.stringify(spec)})`;
+      const bound = [];
+      if (def) bound.push(`${def} = ((m) => (m && m.__esModule ? m.default : m))(${mod})`);
+      if (ns) bound.push(`${ns} = ${mod}`);
+      for (const item of (named || '').split(',')) {
+        const m = /^\s*([\w$]+)(?:\s+as\s+([\w$]+))?\s*$/.exec(item);
+        if (m) bound.push(`${m[2] || m[1]} = ${mod}[${JSON.stringify(m[1])}]`);
+      }
+      const lines = '\n'.repeat((all.match(/\n/g) || []).length);
+      return `${indent}${bound.length ? `var ${bound.join(', ')}` : mod};${lines}`;
+    });
+  }
+
+  // Top-level await: the cell runs as an async function. Its declarations at a line's start
+  // become assignments to globals, so they outlive the run as a script's would, and its last
+  // line, when it starts a statement of its own, is returned as the cell's value.
+  const DECLARATION = /^(?:const|let|var)[ \t]+(?=[A-Za-z_$][\w$]*[ \t]*=)/gm;
+
+  const STATEMENT = /^(?:const|let|var|if|for|while|do|try|return|throw|function|class|switch|import|export)\b/;
+
+  function asyncCell(code) {
+    const body = code.replace(DECLARATION, '');
+    const lines = body.replace(/\s+$/, '').split('\n');
+    const lastLine = lines.pop().replace(/;\s*$/, '');
+    const candidates = [];
+    // The whole last line, or what follows its last `;` (`await f(); x`).
+    const cut = lastLine.lastIndexOf(';');
+    for (const [head, last] of [['', lastLine], [lastLine.slice(0, cut + 1), lastLine.slice(cut + 1)]]) {
+      const before = `${lines.join('\n')}\n${head}`;
+      const statementStarts = before.trim() === '' || /[;}]$/.test(before.trim());
+      const expr = last.trim();
+      if (expr !== '' && statementStarts && !STATEMENT.test(expr)) {
+        candidates.push(`(async () => {\n${before}return (${expr}\n);\n})()`);
+      }
+      if (cut < 0) break;
+    }
+    candidates.push(`(async () => {\n${body}\n})()`);
+    return candidates;
+  }
+
   function compile(code, n) {
     const filename = `<cell ${n}>`;
     try {
       return new vm.Script(code, { filename });
     } catch (e) {
-      if (!(e instanceof SyntaxError) || !/\bawait\b/.test(code)) throw e;
-      // Top-level await: the cell runs as an async function, so its own declarations stay
-      // local to this run and its value is not shown.
-      try {
-        return new vm.Script(`(async () => {\n${code}\n})()`, { filename, lineOffset: -1 });
-      } catch (_) {
-        throw e;
+      if (!(e instanceof SyntaxError)) throw e;
+      const plain = importsAsRequires(code);
+      const tries = (plain === code ? [] : [plain]).concat(/\bawait\b/.test(plain) ? asyncCell(plain) : []);
+      for (const source of tries) {
+        try {
+          return new vm.Script(source, { filename, lineOffset: source === plain ? 0 : -1 });
+        } catch (_) {
+          // the next form, or the cell's own error
+        }
       }
+      throw e;
     }
   }
 

@@ -18,7 +18,10 @@ def _koder_driver():
     import json
     import linecache
     import os
+    import re
+    import shlex
     import signal
+    import subprocess
     import sys
     import threading
     import traceback
@@ -260,10 +263,59 @@ def _koder_driver():
             result = loop.run_until_complete(result)
         return result
 
+    # IPython's shell escapes, which E2B's Jupyter kernels take: a line `!cmd` runs `cmd` in a
+    # shell that prints as the cell does, and `%pip args` is `!python -m pip args` for this
+    # interpreter. Only a cell that is not Python as it is gets rewritten (a `!` line never
+    # is), line by line; IPython's `{expr}` expansion is not done.
+    shell_line = re.compile(r"^([ \t]*)(!|%pip\b)(.*)$")
+    pip = "%s -m pip" % shlex.quote(sys.executable or "python3")
+
+    def shell(command):
+        flush_std()
+        namespace["_exit_code"] = subprocess.call(["/bin/sh", "-c", command])
+
+    builtins._koder_shell = shell
+
+    def with_shell_escapes(code):
+        out = []
+        for line in code.splitlines(True):
+            body = line.rstrip("\r\n")
+            m = shell_line.match(body)
+            if m:
+                command = m.group(3) if m.group(2) == "!" else pip + m.group(3)
+                line = "%s_koder_shell(%r)%s" % (m.group(1), command, line[len(body):])
+            out.append(line)
+        return "".join(out)
+
+    def without_leading_indent(code):
+        # IPython's `leading_indent`: a cell whose first line is indented (code pasted from
+        # inside a block, or a triple-quoted string in the caller's source) loses that indent
+        # on every line that has it.
+        lines = code.splitlines(True)
+        first = next((l for l in lines if l.strip()), "")
+        indent = first[: len(first) - len(first.lstrip(" \t"))]
+        if not indent:
+            return code
+        return "".join(l[len(indent):] if l.startswith(indent) else l for l in lines)
+
+    def parse(code, filename):
+        flags = ast.PyCF_ONLY_AST | compile_flags
+        try:
+            return compile(code, filename, "exec", flags, dont_inherit=True)
+        except SyntaxError as e:
+            rewritten = with_shell_escapes(code)
+            if rewritten == code:
+                raise
+            try:
+                return compile(rewritten, filename, "exec", flags, dont_inherit=True)
+            except SyntaxError:
+                raise e from None
+
     def run_cell(code, n):
         filename = "<cell %d>" % n
+        code = without_leading_indent(code)
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST | compile_flags, dont_inherit=True)
+        tree = parse(code, filename)
         last = None
         # A trailing semicolon hides the value, as in IPython (`plt.plot(x);`).
         quiet = code.rstrip().endswith(";")

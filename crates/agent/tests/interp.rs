@@ -37,6 +37,7 @@ fn create_msg(language: &str) -> ToAgent {
         language: language.into(),
         cwd: None,
         env: Vec::new(),
+        context_id: None,
     }
 }
 
@@ -314,6 +315,7 @@ fn contexts_take_a_cwd_and_an_environment() {
             language: "python".into(),
             cwd: Some("/tmp".into()),
             env: vec![("CTX_VAR".into(), "x".into())],
+            context_id: None,
         };
         let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
             panic!("create failed");
@@ -345,6 +347,7 @@ fn contexts_take_a_cwd_and_an_environment() {
                 language: "python".into(),
                 cwd: cwd.map(String::from),
                 env,
+                context_id: None,
             };
             assert_eq!(
                 agent_code(one(&h.client, msg).await),
@@ -352,6 +355,194 @@ fn contexts_take_a_cwd_and_an_environment() {
                 "{cwd:?}"
             );
         }
+    });
+}
+
+/// Python cells are taken as IPython (E2B's kernels) takes them: `!cmd` lines (indented too)
+/// print into the cell's output in the interpreter's directory, and a cell indented as a whole
+/// (a triple-quoted string in the caller's code) loses that indent; other cells are left be.
+#[test]
+fn python_cells_are_taken_as_ipython_takes_them() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let r = run(
+            &h.client,
+            &id,
+            "import os\n!echo one\nif True:\n    !echo two >&2\nprint(os.getcwd())\n!pwd",
+        )
+        .await;
+        assert!(r.outcome.error.is_none(), "{r:?}");
+        let here = format!("{}\n", h._root.path().display());
+        assert_eq!(
+            (r.stdout.as_str(), r.stderr.as_str()),
+            (format!("one\n{here}{here}").as_str(), "two\n"),
+        );
+        let r = run(&h.client, &id, "!exit 3\n_exit_code").await.ok();
+        assert_eq!(r.text(), Some("3"));
+        let r = run(&h.client, &id, "s = '!echo no'\ns").await.ok();
+        assert_eq!((r.stdout.as_str(), r.text()), ("", Some("'!echo no'")));
+        let r = run(&h.client, &id, "!echo fine\nx = (").await;
+        assert_eq!(
+            r.outcome.error.as_ref().map(|e| e.name.as_str()),
+            Some("SyntaxError")
+        );
+        assert_eq!(r.stdout, "", "nothing of a cell that does not parse runs");
+        let indented = "\n    y = 1\n    if y:\n        print('in')\n    s = \"\"\"a\nb\"\"\"\n    y + len(s)\n    ";
+        let r = run(&h.client, &id, indented).await.ok();
+        assert_eq!((r.stdout.as_str(), r.text()), ("in\n", Some("4")));
+        let r = run(&h.client, &id, "y = 1\n  y").await;
+        assert_eq!(r.outcome.error.as_ref().map(|e| e.name.as_str()), Some("IndentationError"));
+    });
+}
+
+/// Cells may use ES module imports and top-level await, as E2B's JavaScript kernel takes
+/// them: imports bind for later runs, an awaited cell has its last expression as its value and
+/// keeps its declarations.
+#[test]
+fn node_cells_take_imports_and_top_level_await() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "javascript").await.context_id;
+        let cells = [
+            ("\n    import { readFileSync } from 'fs'\n    console.log(typeof readFileSync)\n    ", "function\n", None),
+            ("import path, { join as j, sep } from 'path';\nimport * as os from 'os'", "", None),
+            ("import {\n  basename,\n  dirname as dn,\n} from \"path\"\nconsole.log(j('a', 'b'), sep, typeof os.cpus, path.sep, basename('/x/y'), dn('/x/y'))", "a/b / function / y /x\n", None),
+            ("\n    await Promise.resolve('Hello World!')\n    ", "", Some("'Hello World!'")),
+            ("await new Promise(r => setTimeout(r, 10)); 'later'", "", Some("'later'")),
+            ("const v = await Promise.resolve(20)\nlet w = v + 1;\nv + w", "", Some("41")),
+            ("v * 2 + w", "", Some("61")),
+            ("for (const k of [1, 2]) {\n  await null\n}\nconsole.log('looped')", "looped\n", None),
+        ];
+        for (code, stdout, text) in cells {
+            let r = run(&h.client, &id, code).await;
+            assert!(r.outcome.error.is_none(), "{code}: {r:?}");
+            assert_eq!((r.stdout.as_str(), r.text()), (stdout, text), "{code}");
+        }
+        // A cell that is wrong stays wrong, with its own error.
+        let r = run(&h.client, &id, "import { x } from\nawait (").await;
+        assert_eq!(r.outcome.error.as_ref().map(|e| e.name.as_str()), Some("SyntaxError"));
+    });
+}
+
+/// A bash context is one long-lived shell: variables, functions and the directory persist; a
+/// failing last command is the run's error; a run's own variables are put back; a cancelled
+/// run ends without ending the shell; processes it leaves behind do not hold the shell's
+/// control channel.
+#[test]
+fn bash_contexts_keep_their_shell() {
+    let h = harness();
+    rt().block_on(async {
+        let c = create(&h.client, "bash").await;
+        assert_eq!(c.language, "bash");
+        let id = c.context_id.as_str();
+        let r = run(
+            &h.client,
+            id,
+            "x=41; f() { echo \"f:$1\"; }; cd /; echo hi; echo err >&2",
+        )
+        .await
+        .ok();
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("hi\n", "err\n"));
+        assert!(r.outcome.results.is_empty(), "{r:?}");
+        let r = run(&h.client, id, "f $((x + 1)); pwd").await.ok();
+        assert_eq!(r.stdout, "f:42\n/\n");
+        let r = run(&h.client, id, "ls /nonexistent-dir 2>/dev/null").await;
+        let e = r
+            .outcome
+            .error
+            .as_ref()
+            .expect("a failed last command is an error");
+        assert_eq!((e.name.as_str(), e.value.as_str()), ("ExitCode", "2"));
+        let env = [("RUN_VAR", "for this run"), ("x", "shadowed")];
+        let r = try_run_with_env(
+            &h.client,
+            id,
+            "echo \"$RUN_VAR/$x\"",
+            Some(30_000),
+            &env,
+            None,
+        )
+        .await
+        .unwrap()
+        .ok();
+        assert_eq!(r.stdout, "for this run/shadowed\n");
+        let r = run(&h.client, id, "echo \"${RUN_VAR:-unset}/$x\"")
+            .await
+            .ok();
+        assert_eq!(r.stdout, "unset/41\n");
+        // Quotes, newlines and non-ASCII reach the shell as they are.
+        let r = run(&h.client, id, "printf '%s|' \"a 'b'\" \"é\\\"\"\necho")
+            .await
+            .ok();
+        assert_eq!(r.stdout, "a 'b'|é\"|\n");
+        assert_eq!(
+            agent_code(try_run(&h.client, id, "echo a\0b", Some(30_000)).await),
+            ErrorCode::InvalidRequest
+        );
+        // Left running in the background, a process does not keep the run from ending.
+        run(&h.client, id, "sleep 60 &").await.ok();
+        let mut s = h
+            .client
+            .open(ToAgent::ContextRun {
+                context_id: id.into(),
+                code: "echo sleeping; sleep 60; echo never".into(),
+                timeout_ms: Some(120_000),
+                env: Vec::new(),
+                trace: None,
+                default_env: Vec::new(),
+            })
+            .await
+            .unwrap();
+        assert!(matches!(s.recv().await.unwrap(), FromAgent::Stdout(_)));
+        drop(s);
+        let r = run(&h.client, id, "echo $x").await.ok();
+        assert_eq!(r.stdout, "41\n");
+        assert!(!r.outcome.restarted, "{r:?}");
+        let r = run(&h.client, id, "exit 3").await;
+        assert!(
+            r.outcome.restarted,
+            "exit ends the shell, which starts afresh: {r:?}"
+        );
+        let r = run(&h.client, id, "echo \"${x:-gone}\"").await.ok();
+        assert_eq!(r.stdout, "gone\n");
+    });
+}
+
+/// A create that names its context is idempotent: the context of that id is answered as it
+/// is, state and all, and a different language for the id is refused.
+#[test]
+fn a_named_create_finds_the_context_it_made() {
+    let h = harness();
+    rt().block_on(async {
+        let named = |language: &str, cwd: &str| ToAgent::ContextCreate {
+            language: language.into(),
+            cwd: Some(cwd.into()),
+            env: Vec::new(),
+            context_id: Some("default".into()),
+        };
+        let Ok(FromAgent::Context(first)) = one(&h.client, named("python", "/tmp")).await else {
+            panic!("named create failed");
+        };
+        assert_eq!(
+            (first.context_id.as_str(), first.cwd.as_str()),
+            ("default", "/tmp")
+        );
+        run(&h.client, "default", "x = 41").await.ok();
+        let Ok(FromAgent::Context(again)) = one(&h.client, named("python", "/")).await else {
+            panic!("second named create failed");
+        };
+        assert_eq!((again.cwd.as_str(), again.execution_count), ("/tmp", 1));
+        let read = "import os; print(os.getcwd(), x + 1)";
+        assert_eq!(
+            run(&h.client, "default", read).await.ok().stdout,
+            "/tmp 42\n"
+        );
+        assert_eq!(
+            agent_code(one(&h.client, named("node", "/tmp")).await),
+            ErrorCode::InvalidRequest
+        );
+        assert_eq!(list(&h.client).await.len(), 1);
     });
 }
 

@@ -13,7 +13,8 @@ use utoipa::ToSchema;
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateContext {
-    /// "python" (default) or "node" (aliases: "py", "javascript", "js").
+    /// "python" (default), "node" (aliases: "py", "javascript", "js") or "bash" (a long-lived
+    /// shell: variables, functions and the directory persist; aliases "sh", "shell").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
     /// Working directory of the interpreter (an existing absolute path; default the session's).

@@ -473,6 +473,46 @@ async fn context_runs_stream_as_server_sent_events() {
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
 }
 
+/// A streamed run whose client goes away is cancelled, as a streamed exec is: the interpreter
+/// is interrupted, not restarted, so the context keeps its variables and takes the next run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_run_whose_client_goes_away_is_interrupted() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "python"})).await;
+    run(&d, &id, "default", json!({"code": "x = 41"})).await;
+    let mut resp = d
+        .req(
+            Method::POST,
+            &format!("{S}/{id}/contexts/default/run"),
+            KEY1,
+        )
+        .header("accept", "text/event-stream")
+        .json(&json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(120)"}))
+        .send()
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    while !seen.contains("started") {
+        let chunk = resp.chunk().await.unwrap().expect("the run's output");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    drop(resp);
+    let after = std::time::Instant::now();
+    let r = run(&d, &id, "default", json!({"code": "x + 1"})).await;
+    assert_eq!(
+        (r["results"][0]["text"].as_str(), &r["error"]),
+        (Some("42"), &Value::Null),
+        "{r}"
+    );
+    // Not queued behind the sleep (120 s) it would otherwise have waited for.
+    assert!(
+        after.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        after.elapsed()
+    );
+}
+
 /// A context can start in another directory with its own variables.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contexts_take_a_cwd_and_an_environment() {

@@ -641,6 +641,7 @@ impl Sandbox for SandboxService {
         let opts = ContextOptions {
             cwd: msg.cwd,
             env: msg.env,
+            ..ContextOptions::default()
         };
         let info = self
             .s

@@ -65,6 +65,7 @@ pub async fn create_context(
     let opts = ContextOptions {
         cwd: req.cwd,
         env: req.env,
+        ..ContextOptions::default()
     };
     let info = s.manager.create_context(&who, &id, language, opts).await?;
     Ok((StatusCode::CREATED, axum::Json(context(info))))

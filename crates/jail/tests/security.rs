@@ -27,6 +27,7 @@ async fn new_context(agent: &AgentClient, language: &str) -> String {
         language: language.into(),
         cwd: None,
         env: Vec::new(),
+        context_id: None,
     };
     match ask(agent, msg).await {
         FromAgent::Context(info) => info.context_id,

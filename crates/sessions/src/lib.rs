@@ -29,6 +29,7 @@ pub use error::Error;
 pub use events::{Event, EventSink};
 pub use live::contexts::{
     ContextInfo, ContextOptions, ContextRun, RichResult, RunError, RunEvent, RunOutput, RunRequest,
+    DEFAULT_CONTEXT,
 };
 pub use live::preview::{Upstream, UpstreamConn};
 pub use live::{

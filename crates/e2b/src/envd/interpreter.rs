@@ -1,7 +1,9 @@
 //! The code interpreter of `e2b-code-interpreter` (sandbox port 49999) over the manager's
-//! contexts: `POST /execute` answers NDJSON, `/contexts` manages contexts.
+//! contexts: `POST /execute` answers NDJSON as the run prints, `/contexts` manages contexts.
 //!
-//! A run's output is sent when the run ends: the manager's context runs are not streamed.
+//! As in E2B, a sandbox has a default context per language (Python, JavaScript) from the
+//! start, and contexts start in the default user's home. A client that goes away mid-run
+//! interrupts the run (the manager cancels a run nobody follows), keeping the context's state.
 
 use std::time::Duration;
 
@@ -12,13 +14,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
 use koder_api_types::codes;
-use koder_sessions::{ContextInfo, RichResult};
+use koder_sessions::{ContextInfo, RichResult, DEFAULT_CONTEXT};
 use koder_sessions::{ContextOptions, RunEvent, RunOutput, RunRequest};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::auth::Target;
+use super::user::User;
 use crate::error::HttpError;
 use crate::state::E2b;
 
@@ -62,15 +65,46 @@ async fn json_body<T: for<'de> Deserialize<'de> + Default>(body: Body) -> Result
     serde_json::from_slice(&bytes).map_err(|e| HttpError::bad_request(format!("invalid JSON: {e}")))
 }
 
-/// The manager's language for an E2B one: Python and JavaScript have interpreters.
+/// The manager's language for an E2B one: Python, JavaScript and bash have interpreters.
 fn language(name: Option<&str>) -> Result<&'static str, HttpError> {
     match name.unwrap_or("python") {
         "python" | "python3" | "py" => Ok("python"),
         "js" | "javascript" | "node" | "nodejs" => Ok("node"),
+        "bash" | "sh" | "shell" => Ok("bash"),
         other => Err(HttpError::bad_request(format!(
-            "language {other:?} is not available; python or javascript"
+            "language {other:?} is not available; python, javascript or bash"
         ))),
     }
+}
+
+/// The id of the sandbox's default context in `lang` (the manager's own default for Python).
+/// Python's and JavaScript's exist from the start, as E2B's; bash's is made by its first run.
+fn default_context_id(lang: &str) -> &'static str {
+    match lang {
+        "python" => DEFAULT_CONTEXT,
+        "node" => "default-javascript",
+        _ => "default-bash",
+    }
+}
+
+/// The default context of `lang`, made (idempotently, by its id) unless this daemon has
+/// made sure of it already.
+async fn default_context(t: &Target, lang: &'static str) -> Result<String, HttpError> {
+    let id = default_context_id(lang);
+    let mut made = t.ctx.default_contexts.lock().await;
+    if !made.contains(lang) {
+        let opts = ContextOptions {
+            cwd: Some(User::User.home().into()),
+            context_id: Some(id.into()),
+            ..ContextOptions::default()
+        };
+        t.e2b
+            .manager()
+            .create_context(&t.who, &t.id, lang, opts)
+            .await?;
+        made.insert(lang);
+    }
+    Ok(id.to_string())
 }
 
 fn e2b_language(lang: &str) -> &str {
@@ -90,23 +124,10 @@ fn context_json(c: &ContextInfo) -> Value {
 async fn execute(t: Target, body: Body) -> Result<Response, HttpError> {
     let req: ExecuteRequest = json_body(body).await?;
     let m = t.e2b.manager().clone();
-    let cid = match (req.context_id, language(req.language.as_deref())?) {
-        (Some(cid), _) => cid,
-        (None, "python") => "default".to_string(),
-        (None, lang) => {
-            // One default context per language and sandbox, made on first use.
-            let mut slot = t.ctx.js_context.lock().await;
-            match slot.as_ref() {
-                Some(cid) => cid.clone(),
-                None => {
-                    let info = m
-                        .create_context(&t.who, &t.id, lang, ContextOptions::default())
-                        .await?;
-                    *slot = Some(info.context_id.clone());
-                    info.context_id
-                }
-            }
-        }
+    let lang = language(req.language.as_deref())?;
+    let cid = match req.context_id {
+        Some(cid) => cid,
+        None => default_context(&t, lang).await?,
     };
     let run = RunRequest {
         code: req.code,
@@ -267,8 +288,8 @@ async fn create_context(t: Target, body: Body) -> Result<axum::Json<Value>, Http
     let req: CreateContextRequest = json_body(body).await?;
     let lang = language(req.language.as_deref())?;
     let opts = ContextOptions {
-        cwd: req.cwd,
-        ..Default::default()
+        cwd: Some(req.cwd.unwrap_or_else(|| User::User.home().into())),
+        ..ContextOptions::default()
     };
     let info = t
         .e2b
@@ -279,16 +300,26 @@ async fn create_context(t: Target, body: Body) -> Result<axum::Json<Value>, Http
 }
 
 async fn list_contexts(t: Target) -> Result<axum::Json<Vec<Value>>, HttpError> {
-    let all = t.e2b.manager().list_contexts(&t.who, &t.id).await?;
+    for lang in ["python", "node"] {
+        default_context(&t, lang).await?;
+    }
+    let mut all = t.e2b.manager().list_contexts(&t.who, &t.id).await?;
+    // The defaults first, as E2B's exist from the sandbox's start (they may be made later here).
+    all.sort_by_key(|c| {
+        !["python", "node"]
+            .map(default_context_id)
+            .contains(&c.context_id.as_str())
+    });
     Ok(axum::Json(all.iter().map(context_json).collect()))
 }
 
 async fn delete_context(t: Target, Path(cid): Path<String>) -> Result<StatusCode, HttpError> {
     t.e2b.manager().delete_context(&t.who, &t.id, &cid).await?;
-    let mut js = t.ctx.js_context.lock().await;
-    if js.as_deref() == Some(cid.as_str()) {
-        *js = None;
-    }
+    t.ctx
+        .default_contexts
+        .lock()
+        .await
+        .retain(|lang| default_context_id(lang) != cid);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -342,6 +373,7 @@ mod tests {
     fn languages_and_results() {
         assert_eq!(language(None).unwrap(), "python");
         assert_eq!(language(Some("js")).unwrap(), "node");
+        assert_eq!(language(Some("bash")).unwrap(), "bash");
         assert_eq!(language(Some("r")).unwrap_err().status.as_u16(), 400);
         let r = RichResult {
             is_main_result: true,

@@ -13,8 +13,9 @@ use super::process::table::Proc;
 pub struct SandboxCtx {
     pub procs: Mutex<HashMap<u32, Proc>>,
     pub watchers: Mutex<HashMap<String, Watcher>>,
-    /// The sandbox's default JavaScript context (the default Python one is the manager's).
-    pub js_context: tokio::sync::Mutex<Option<String>>,
+    /// The languages whose default context this daemon has made sure of (the agent keeps
+    /// them; a daemon restart asks again, which finds them).
+    pub default_contexts: tokio::sync::Mutex<std::collections::BTreeSet<&'static str>>,
     /// Whether its ports take requests without the traffic access token (E2B's
     /// `allowPublicTraffic`, true unless the create said false). Only a create through E2B
     /// sets it: a sandbox this adapter holds no record of (made natively, or before a daemon

@@ -16,6 +16,14 @@ use crate::manager::exec::{End, ExecTrace, Meter, Mode};
 use crate::session::Live;
 use crate::{Error, Manager};
 
+/// Resolves once the caller following a run's output has gone away; never without one.
+async fn caller_gone(follower: Option<&mpsc::Sender<RunEvent>>) {
+    match follower {
+        Some(tx) => tx.closed().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Largest cell accepted: a run request must fit in one agent protocol frame.
 pub const MAX_CODE_BYTES: usize = 512 * 1024;
 const MAX_CONTEXT_ID: usize = 64;
@@ -26,6 +34,9 @@ const MAX_CONTEXT_ID: usize = 64;
 pub struct ContextOptions {
     pub cwd: Option<String>,
     pub env: std::collections::BTreeMap<String, String>,
+    /// The id to give it; the create is then idempotent (a context of that id and language
+    /// that exists is answered as it is). `default` can only name the Python context.
+    pub context_id: Option<String>,
 }
 
 /// What to run in a context.
@@ -162,7 +173,7 @@ pub struct ContextRun {
 
 impl Manager {
     /// Starts a run whose output (as printed) and then result arrive on the returned channel.
-    /// The run goes on to its end if the receiver is dropped (it is not cancelled).
+    /// Dropping the receiver cancels the run, as dropping an exec's stream cancels the exec.
     pub fn run_in_context_streamed(
         self: &Arc<Self>,
         who: Identity,
@@ -205,18 +216,21 @@ impl Manager {
                 )));
             }
         }
-        let language = match languages::canonical(language)? {
-            l @ ("python" | "node") => l,
-            other => {
+        let language = languages::canonical(language)?;
+        if let Some(cid) = opts.context_id.as_deref() {
+            validate_context_id(cid)
+                .map_err(|_| Error::InvalidArgument(format!("context id {cid:?} is not valid")))?;
+            if cid == DEFAULT_CONTEXT && language != "python" {
                 return Err(Error::InvalidArgument(format!(
-                    "contexts run python or node, not {other}"
-                )))
+                    "context {DEFAULT_CONTEXT} runs python, not {language}"
+                )));
             }
-        };
+        }
         let msg = ToAgent::ContextCreate {
             language: language.into(),
             cwd: opts.cwd,
             env,
+            context_id: opts.context_id,
         };
         match self.ask(&live, id, msg).await? {
             FromAgent::Context(info) => Ok(info.into()),
@@ -263,7 +277,7 @@ impl Manager {
 
     /// Runs code in context `cid` ("default" is a Python context made on first use). With
     /// `live`, output is also sent there as it is printed (the result still carries all of it,
-    /// bounded); a receiver that went away does not stop the run.
+    /// bounded); a receiver that goes away cancels the run.
     pub async fn run_in_context(
         &self,
         who: &Identity,
@@ -346,10 +360,21 @@ impl Manager {
         let mut forward = live_output.map(|tx| (tx, Utf8Chunks::default(), Utf8Chunks::default()));
         let budget = crate::manager::exec::exec_deadline(Some(timeout_ms));
         let deadline = tokio::time::Instant::now() + budget;
+        let mut cancelled = false;
         let outcome = loop {
-            let next = tokio::time::timeout_at(deadline, stream.recv())
-                .await
-                .unwrap_or(Err(ClientError::Timeout(budget)));
+            let next = tokio::select! {
+                next = tokio::time::timeout_at(deadline, stream.recv()) => {
+                    next.unwrap_or(Err(ClientError::Timeout(budget)))
+                }
+                () = caller_gone(forward.as_ref().map(|f| &f.0)) => {
+                    // As a dropped exec stream cancels its exec: the agent interrupts the run
+                    // (SIGINT, so the context keeps its state) and ends it if that fails.
+                    forward = None;
+                    cancelled = true;
+                    let _ = stream.send(ToAgent::Cancel).await;
+                    continue;
+                }
+            };
             match next {
                 Ok(FromAgent::Stdout(d)) => {
                     if let Some((tx, out, _)) = &mut forward {
@@ -403,6 +428,8 @@ impl Manager {
         let oom = matches!((before, after), (Some(b), Some(a)) if a.oom_kills > b.oom_kills);
         run.verdict = if outcome.timed_out {
             Some(codes::EXEC_TIMEOUT)
+        } else if cancelled {
+            Some(codes::EXEC_KILLED)
         } else if outcome.restarted && oom {
             Some(codes::EXEC_KILLED_OOM)
         } else if outcome.restarted {
@@ -435,9 +462,10 @@ impl Manager {
 }
 
 /// The Python context a run without one goes to, made by its first run.
-const DEFAULT_CONTEXT: &str = "default";
+pub const DEFAULT_CONTEXT: &str = "default";
 
-/// Context ids are the agent's (hex) or "default"; anything else cannot exist.
+/// Context ids are the agent's (hex), "default" or ones the daemon chose (letters, digits, `-`,
+/// `_`); anything else cannot exist.
 fn validate_context_id(cid: &str) -> Result<(), Error> {
     let plausible = !cid.is_empty()
         && cid.len() <= MAX_CONTEXT_ID

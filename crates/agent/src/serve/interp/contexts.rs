@@ -74,18 +74,28 @@ impl Contexts {
         language: &str,
         cwd: Option<String>,
         env: Vec<(String, String)>,
+        id: Option<String>,
     ) -> Result<ContextInfo, AgentError> {
         let lang = Lang::parse(language).ok_or_else(|| {
             AgentError::new(
                 ErrorCode::InvalidRequest,
-                format!("contexts run python or node, not {language:?}"),
+                format!("contexts run python, node or bash, not {language:?}"),
             )
         })?;
         let setup = self.setup(cwd, env)?;
-        let ctx = self.insert(new_id(), lang, setup)?;
-        // Nobody else can have the slot yet: the context was just made.
-        let Ok(mut slot) = ctx.slot.try_lock() else {
-            return Err(AgentError::new(ErrorCode::Io, "new context is busy"));
+        let ctx = self.insert(id.unwrap_or_else(new_id), lang, setup)?;
+        if ctx.lang != lang {
+            return Err(AgentError::new(
+                ErrorCode::InvalidRequest,
+                format!("context {} exists and runs {}", ctx.id, ctx.lang.name()),
+            ));
+        }
+        // A named context that is there already (started, or being started by a run or
+        // another create) is answered as it is.
+        let fresh = ctx.generation.load(Ordering::SeqCst) == 0;
+        let mut slot = match ctx.slot.try_lock() {
+            Ok(slot) if fresh => slot,
+            _ => return Ok(ctx.info()),
         };
         if let Err(e) = self.start(&ctx, &mut slot).await {
             drop(slot);

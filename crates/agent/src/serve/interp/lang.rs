@@ -2,26 +2,40 @@
 
 use std::os::fd::RawFd;
 
+use koder_agent_protocol::{AgentError, ErrorCode};
+
+use super::control::Request;
+
 const PYTHON_DRIVER: &str = include_str!("../../../drivers/python_driver.py");
 const NODE_DRIVER: &str = include_str!("../../../drivers/node_driver.js");
+const BASH_DRIVER: &str = include_str!("../../../drivers/bash_driver.sh");
 
 /// Where an interpreter finds its driver's source: a sealed memfd, read once (at offset 0) and
 /// closed by a one-line bootstrap, so no source sits in any process's command line.
 pub(super) const DRIVER_FD: RawFd = 5;
 /// The bootstraps read at most this much (1 MiB, `1<<20` in them).
 const MAX_DRIVER: usize = 1 << 20;
-const _: () = assert!(PYTHON_DRIVER.len() < MAX_DRIVER && NODE_DRIVER.len() < MAX_DRIVER);
+const _: () = assert!(
+    PYTHON_DRIVER.len() < MAX_DRIVER
+        && NODE_DRIVER.len() < MAX_DRIVER
+        && BASH_DRIVER.len() < MAX_DRIVER
+);
 /// A fresh globals dict: the bootstrap's own names stay out of the driver's.
 const PYTHON_BOOT: &str =
     "import os;d=os.pread(5,1<<20,0);os.close(5);exec(compile(d,'koder-driver','exec'),{})";
 /// Indirect eval runs the driver in the global scope (with `require`), not the bootstrap's.
 const NODE_BOOT: &str = "(0,eval)((f=>{const b=Buffer.alloc(1<<20),n=f.readSync(5,b,0,b.length,0);\
                          f.closeSync(5);return b.toString('utf8',0,n)})(require('fs')))";
+/// Reopened through /proc: a fresh offset, whoever read the file before. The driver runs in the
+/// shell itself, so its functions and variables are the context's.
+const BASH_BOOT: &str =
+    "IFS= read -r -d '' __koder_driver </proc/self/fd/5; exec 5<&-; eval \"$__koder_driver\"";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Lang {
     Python,
     Node,
+    Bash,
 }
 
 impl Lang {
@@ -29,6 +43,7 @@ impl Lang {
         match name {
             "python" | "python3" | "py" => Some(Lang::Python),
             "node" | "nodejs" | "javascript" | "js" => Some(Lang::Node),
+            "bash" | "sh" | "shell" => Some(Lang::Bash),
             _ => None,
         }
     }
@@ -37,6 +52,7 @@ impl Lang {
         match self {
             Lang::Python => "python",
             Lang::Node => "node",
+            Lang::Bash => "bash",
         }
     }
 
@@ -44,6 +60,7 @@ impl Lang {
         match self {
             Lang::Python => "python3",
             Lang::Node => "node",
+            Lang::Bash => "bash",
         }
     }
 
@@ -52,6 +69,7 @@ impl Lang {
             // -u: user output reaches the pipe as it is printed, not when a buffer fills.
             Lang::Python => &["-u", "-c", PYTHON_BOOT],
             Lang::Node => &["-e", NODE_BOOT],
+            Lang::Bash => &["-c", BASH_BOOT],
         }
     }
 
@@ -59,6 +77,27 @@ impl Lang {
         match self {
             Lang::Python => PYTHON_DRIVER,
             Lang::Node => NODE_DRIVER,
+            Lang::Bash => BASH_DRIVER,
         }
+    }
+
+    /// One run's request as this language's driver reads it: a JSON line, or for bash (which
+    /// cannot parse JSON) NUL-separated fields, which its code then must not contain.
+    pub(super) fn request(self, req: &Request) -> Result<Vec<u8>, AgentError> {
+        let bad = |m: String| AgentError::new(ErrorCode::InvalidRequest, m);
+        if self != Lang::Bash {
+            let mut line = serde_json::to_vec(req).map_err(|e| bad(format!("code: {e}")))?;
+            line.push(b'\n');
+            return Ok(line);
+        }
+        if req.code.contains('\0') {
+            return Err(bad("bash code cannot hold NUL bytes".into()));
+        }
+        let mut out = format!("{}\0{}\0", req.n, req.code).into_bytes();
+        for (k, v) in &req.env {
+            out.extend_from_slice(format!("{k}={v}\0").as_bytes());
+        }
+        out.push(0);
+        Ok(out)
     }
 }

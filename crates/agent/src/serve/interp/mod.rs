@@ -41,8 +41,13 @@ pub async fn handle(
     out: Outbox,
 ) {
     let answer = match msg {
-        ToAgent::ContextCreate { language, cwd, env } => contexts
-            .create(&language, cwd, env)
+        ToAgent::ContextCreate {
+            language,
+            cwd,
+            env,
+            context_id,
+        } => contexts
+            .create(&language, cwd, env, context_id)
             .await
             .map(FromAgent::Context),
         ToAgent::ContextList => Ok(FromAgent::Contexts(contexts.list())),

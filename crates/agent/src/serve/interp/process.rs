@@ -22,6 +22,7 @@ const STARTUP_STDERR: usize = 4096;
 
 /// One running interpreter. Dropping it kills its process group.
 pub(super) struct Interp {
+    pub(super) lang: Lang,
     pub(super) pid: i32,
     /// pidfd: readable once the interpreter has exited.
     pub(super) exited: Option<AsyncFd<OwnedFd>>,
@@ -83,6 +84,7 @@ impl Interp {
         let guard = GroupGuard(forked.pid);
         let io = |e: std::io::Error| spawn_err(format!("interpreter pipes: {e}"));
         let mut interp = Interp {
+            lang,
             pid: forked.pid,
             // SAFETY: the OwnedFd keeps the pidfd open, unchanged, for the AsyncFd's lifetime.
             exited: forked.pidfd.and_then(|fd| unsafe {

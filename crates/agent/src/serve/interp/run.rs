@@ -4,7 +4,7 @@
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use koder_agent_protocol::{AgentError, ErrorCode, FromAgent, RunError, ToAgent, CHUNK_BYTES};
+use koder_agent_protocol::{AgentError, FromAgent, RunError, ToAgent, CHUNK_BYTES};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
@@ -51,9 +51,7 @@ impl Interp {
         out: &Outbox,
     ) -> Result<RunEnd, AgentError> {
         let env = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let mut request = serde_json::to_vec(&Request { code, n, env })
-            .map_err(|e| AgentError::new(ErrorCode::InvalidRequest, format!("code: {e}")))?;
-        request.push(b'\n');
+        let request = self.lang.request(&Request { code, n, env })?;
         // Whatever background work printed since the last run is not this run's output.
         let mut obuf = vec![0u8; CHUNK_BYTES];
         discard_pending(&self.stdout, &mut obuf);
