@@ -659,6 +659,12 @@ fn context_and_run_code_forms() {
         panic!("not context create")
     };
     assert_eq!(a.language, ContextLanguage::Python);
+    let cli = parse(&["context", "create", "s1", "-l", "sh"]).unwrap();
+    let Command::Client(ClientCommand::Context(ContextCommand::Create(a))) = cli.command else {
+        panic!("not context create")
+    };
+    assert_eq!(a.language.as_str(), "bash");
+    assert!(parse(&["context", "create", "s1", "-l", "r"]).is_err());
     assert!(parse(&["context", "rm", "s1"]).is_err(), "rm needs an id");
     assert!(parse(&["context", "restart", "s1", "c1"]).is_ok());
     assert!(parse(&["context", "ls", "s1", "--json"]).is_ok());

@@ -11,6 +11,9 @@ pub enum ContextLanguage {
     Python,
     #[value(aliases = ["js", "javascript"])]
     Node,
+    /// A long-lived shell: variables, functions and the directory persist between runs.
+    #[value(aliases = ["sh", "shell"])]
+    Bash,
 }
 
 impl ContextLanguage {
@@ -18,6 +21,7 @@ impl ContextLanguage {
         match self {
             ContextLanguage::Python => "python",
             ContextLanguage::Node => "node",
+            ContextLanguage::Bash => "bash",
         }
     }
 }
