@@ -160,3 +160,17 @@ def test_bash_is_a_long_lived_shell():
         assert sb.run_code("pwd", context=ctx).logs.stdout == ["/home/user\n"]
     finally:
         sb.kill()
+
+
+def test_rich_formats_as_e2b_names_them(code_sandbox):
+    # A DataFrame's columns come as `data` beside its html and text; LaTeX and JPEG
+    # representations as `latex` and `jpeg`.
+    ex = code_sandbox.run_code('import pandas as pd\npd.DataFrame({"a": [1, 2, 3]})')
+    frame = ex.results[0]
+    assert frame.data == {"a": [1, 2, 3]}
+    assert frame.html and "<table" in frame.html and frame.text
+    ex = code_sandbox.run_code(
+        "class F:\n    def _repr_latex_(self): return r'$x$'\n"
+        "    def _repr_jpeg_(self): return b'\\xff\\xd8'\nF()")
+    assert (ex.results[0].latex, ex.results[0].jpeg) == ("$x$", "/9g=")
+    assert set(ex.results[0].formats()) >= {"latex", "jpeg", "text"}

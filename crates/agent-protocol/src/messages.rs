@@ -524,6 +524,12 @@ pub struct RichResult {
     /// base64 PNG.
     pub png: Option<String>,
     pub svg: Option<String>,
+    /// base64 JPEG.
+    pub jpeg: Option<String>,
+    /// LaTeX source (`_repr_latex_`: sympy expressions, formulas).
+    pub latex: Option<String>,
+    /// Tabular data (a pandas DataFrame) as JSON text: each column's name → its values.
+    pub data: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

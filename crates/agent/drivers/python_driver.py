@@ -86,6 +86,37 @@ def _koder_driver():
         fig.savefig(buf, format="png", bbox_inches="tight")
         return base64.b64encode(buf.getvalue()).decode("ascii")
 
+    mime_keys = (("text/plain", "text"), ("text/html", "html"), ("text/markdown", "markdown"),
+                 ("image/svg+xml", "svg"), ("image/png", "png"), ("image/jpeg", "jpeg"),
+                 ("text/latex", "latex"), ("application/json", "json"))
+
+    def table_columns(obj):
+        """A pandas DataFrame's columns (name → values), as E2B's `data` format has them."""
+        pandas = sys.modules.get("pandas")
+        if pandas is None or not isinstance(obj, pandas.DataFrame):
+            return None
+        try:
+            columns = obj.to_dict(orient="list")
+        except Exception:
+            return None
+
+        def plain(v):
+            if isinstance(v, pandas.Timestamp):
+                return v.isoformat()
+            try:
+                missing = pandas.isna(v) is True  # NaN, None, NaT, pd.NA; not a list's array
+            except Exception:
+                missing = False
+            if missing or (isinstance(v, float) and v in (float("inf"), float("-inf"))):
+                return None
+            return v
+
+        try:
+            return json.dumps({str(k): [plain(v) for v in vs] for k, vs in columns.items()},
+                              default=str, allow_nan=False)
+        except Exception:
+            return None
+
     def formats(obj, main=False):
         """Every representation `obj` offers, as the agent's mime keys."""
         data = {}
@@ -94,16 +125,16 @@ def _koder_driver():
             if isinstance(bundle, tuple):
                 bundle = bundle[0]
             if isinstance(bundle, dict):
-                for mime, key in (("text/plain", "text"), ("text/html", "html"),
-                                  ("text/markdown", "markdown"), ("image/svg+xml", "svg"),
-                                  ("image/png", "png"), ("application/json", "json")):
+                for mime, key in mime_keys:
                     if mime in bundle:
                         put(data, key, bundle[mime])
             for attr, key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"),
                               ("_repr_svg_", "svg"), ("_repr_png_", "png"),
+                              ("_repr_jpeg_", "jpeg"), ("_repr_latex_", "latex"),
                               ("_repr_json_", "json")):
                 if key not in data:
                     put(data, key, call_repr(obj, attr))
+            put(data, "data", table_columns(obj))
             if "png" not in data and is_figure(obj) and not managed_by_pyplot(obj):
                 try:
                     data["png"] = figure_png(obj)
@@ -135,12 +166,12 @@ def _koder_driver():
         if value is None:
             return
         try:
-            if key == "png":
+            if key in ("png", "jpeg"):
                 if isinstance(value, (bytes, bytearray)):
                     value = base64.b64encode(bytes(value)).decode("ascii")
                 if isinstance(value, str):
                     data[key] = value
-            elif key == "json":
+            elif key in ("json", "data"):
                 data[key] = value if isinstance(value, str) else json.dumps(value, allow_nan=False)
             elif isinstance(value, str):
                 data[key] = clip(value, max_text) if key == "text" else value

@@ -942,21 +942,51 @@ fn matplotlib_figures_come_back_as_png() {
 }
 
 #[test]
-fn pandas_dataframes_come_back_as_html_and_text() {
+fn pandas_dataframes_come_back_as_html_text_and_columns() {
     let h = harness();
     rt().block_on(async {
         let id = create(&h.client, "python").await.context_id;
-        let r = run(
-            &h.client,
-            &id,
-            "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})",
-        )
-        .await
-        .ok();
+        let code = "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', None], \
+                    'c': [float('nan'), 0.5], 't': pd.to_datetime(['2026-01-02', None])})";
+        let r = run(&h.client, &id, code).await.ok();
         let m = r.main().expect("a value");
         assert!(m.html.as_deref().unwrap().contains("<table"), "{m:?}");
         let text = m.text.as_deref().unwrap();
         assert!(text.contains('a') && text.contains('x'), "{text}");
+        let data: serde_json::Value = serde_json::from_str(m.data.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            data,
+            serde_json::json!({"a": [1, 2], "b": ["x", null], "c": [null, 0.5],
+                               "t": ["2026-01-02T00:00:00", null]})
+        );
+        let r = run(&h.client, &id, "[1, 2]").await.ok();
+        assert_eq!(
+            r.main().and_then(|m| m.data.as_deref()),
+            None,
+            "only tables"
+        );
+    });
+}
+
+/// LaTeX and JPEG representations come back as such, from `_repr_*_` methods and from
+/// displayed MIME bundles alike.
+#[test]
+fn latex_and_jpeg_representations_come_back() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let code = "class Formula:\n    def _repr_latex_(self): return r'$x^2$'\n\
+                    class Photo:\n    def _repr_mimebundle_(self, **kw): \
+                    return {'image/jpeg': b'\\xff\\xd8', 'text/plain': 'photo'}\n\
+                    display(Photo())\nFormula()";
+        let r = run(&h.client, &id, code).await.ok();
+        let shown = &r.outcome.results;
+        assert_eq!(shown.len(), 2, "{r:?}");
+        assert_eq!(
+            (shown[0].jpeg.as_deref(), shown[0].text.as_deref()),
+            (Some("/9g="), Some("photo"))
+        );
+        assert_eq!(shown[1].latex.as_deref(), Some("$x^2$"));
     });
 }
 

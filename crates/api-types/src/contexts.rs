@@ -79,6 +79,16 @@ pub struct RichOutput {
     pub png: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub svg: Option<String>,
+    /// Base64 JPEG (`_repr_jpeg_`: PIL images).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jpeg: Option<String>,
+    /// LaTeX source (`_repr_latex_`: sympy expressions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latex: Option<String>,
+    /// Tabular data (a pandas DataFrame): each column's name → its values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub data: Option<serde_json::Value>,
 }
 
 /// The exception a run raised.

@@ -513,6 +513,24 @@ async fn a_streamed_run_whose_client_goes_away_is_interrupted() {
     );
 }
 
+/// A table's columns, LaTeX and JPEG reach REST as `data` (JSON), `latex` and `jpeg`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_latex_and_jpeg_reach_the_result() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "python"})).await;
+    let code = "import pandas as pd\nclass F:\n    def _repr_latex_(self): return '$x$'\n    \
+                def _repr_jpeg_(self): return b'\\xff\\xd8'\ndisplay(F())\npd.DataFrame({'a': [1, 2]})";
+    let r = run(&d, &id, "default", json!({ "code": code })).await;
+    let shown = &r["results"];
+    assert_eq!(
+        (&shown[0]["latex"], &shown[0]["jpeg"]),
+        (&json!("$x$"), &json!("/9g=")),
+        "{r}"
+    );
+    assert_eq!(shown[1]["data"], json!({"a": [1, 2]}), "{r}");
+}
+
 /// A context can start in another directory with its own variables.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contexts_take_a_cwd_and_an_environment() {

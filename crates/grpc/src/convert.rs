@@ -371,6 +371,9 @@ impl From<ContextRun> for pb::ContextRunResult {
                     json: r.json,
                     png: r.png,
                     svg: r.svg,
+                    jpeg: r.jpeg,
+                    latex: r.latex,
+                    data: r.data,
                 })
                 .collect(),
             error: run.error.map(|e| pb::RunError {

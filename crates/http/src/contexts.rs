@@ -48,6 +48,9 @@ fn rich(r: RichResult) -> RichOutput {
         json: r.json.and_then(|j| serde_json::from_str(&j).ok()),
         png: r.png,
         svg: r.svg,
+        jpeg: r.jpeg,
+        latex: r.latex,
+        data: r.data.and_then(|j| serde_json::from_str(&j).ok()),
     }
 }
 

@@ -207,16 +207,19 @@ fn report(result: &RunResult, save: Option<&Path>, json: bool) -> Result<i32> {
 /// `result-N.EXT` files for a result's representations other than plain text.
 pub(crate) fn result_files(r: &RichOutput, n: usize) -> Result<Vec<(String, Vec<u8>)>> {
     let mut files = Vec::new();
-    if let Some(png) = &r.png {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(png.trim())
-            .map_err(|e| CliError::msg(format!("result {n}: PNG is not base64: {e}")))?;
-        files.push((format!("result-{n}.png"), bytes));
+    for (ext, image) in [("png", &r.png), ("jpg", &r.jpeg)] {
+        if let Some(b64) = image {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|e| CliError::msg(format!("result {n}: {ext} is not base64: {e}")))?;
+            files.push((format!("result-{n}.{ext}"), bytes));
+        }
     }
     let texts = [
         ("svg", r.svg.as_ref()),
         ("html", r.html.as_ref()),
         ("md", r.markdown.as_ref()),
+        ("tex", r.latex.as_ref()),
     ];
     for (ext, text) in texts {
         if let Some(text) = text {

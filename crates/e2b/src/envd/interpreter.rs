@@ -257,19 +257,22 @@ fn result_line(r: &RichResult) -> Value {
         ("markdown", &r.markdown),
         ("png", &r.png),
         ("svg", &r.svg),
+        ("jpeg", &r.jpeg),
+        ("latex", &r.latex),
     ];
     for (k, val) in fields {
         if let Some(s) = val {
             v[k] = s.clone().into();
         }
     }
-    // The interpreter serialised it; text that does not parse is left out, not passed on.
-    if let Some(j) = r
-        .json
-        .as_deref()
-        .and_then(|j| serde_json::from_str::<Value>(j).ok())
-    {
-        v["json"] = j;
+    // The interpreter serialised them; text that does not parse is left out, not passed on.
+    for (k, val) in [("json", &r.json), ("data", &r.data)] {
+        if let Some(j) = val
+            .as_deref()
+            .and_then(|j| serde_json::from_str::<Value>(j).ok())
+        {
+            v[k] = j;
+        }
     }
     v
 }

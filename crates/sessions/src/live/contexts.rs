@@ -86,6 +86,12 @@ pub struct RichResult {
     /// base64 PNG.
     pub png: Option<String>,
     pub svg: Option<String>,
+    /// base64 JPEG.
+    pub jpeg: Option<String>,
+    /// LaTeX source.
+    pub latex: Option<String>,
+    /// Tabular data (a pandas DataFrame) as JSON text: each column's name → its values.
+    pub data: Option<String>,
 }
 
 /// The exception a run raised.
@@ -123,6 +129,9 @@ impl From<proto::RichResult> for RichResult {
             json,
             png,
             svg,
+            jpeg,
+            latex,
+            data,
         } = r;
         Self {
             is_main_result,
@@ -132,6 +141,9 @@ impl From<proto::RichResult> for RichResult {
             json,
             png,
             svg,
+            jpeg,
+            latex,
+            data,
         }
     }
 }

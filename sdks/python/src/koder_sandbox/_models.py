@@ -256,6 +256,9 @@ class RichOutput:
     json: Any = None
     png: str | None = None
     svg: str | None = None
+    jpeg: str | None = None
+    latex: str | None = None
+    data: Any = None
 
 
 @dataclass(frozen=True)

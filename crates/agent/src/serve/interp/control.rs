@@ -32,6 +32,9 @@ pub(super) struct Mime {
     pub(super) json: Option<String>,
     pub(super) png: Option<String>,
     pub(super) svg: Option<String>,
+    pub(super) jpeg: Option<String>,
+    pub(super) latex: Option<String>,
+    pub(super) data: Option<String>,
 }
 
 #[derive(Deserialize)]

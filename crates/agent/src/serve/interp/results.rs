@@ -50,10 +50,20 @@ impl Results {
 }
 
 fn rich_size(r: &RichResult) -> usize {
-    [&r.text, &r.html, &r.markdown, &r.json, &r.png, &r.svg]
-        .iter()
-        .map(|f| f.as_ref().map_or(0, String::len))
-        .sum()
+    [
+        &r.text,
+        &r.html,
+        &r.markdown,
+        &r.json,
+        &r.png,
+        &r.svg,
+        &r.jpeg,
+        &r.latex,
+        &r.data,
+    ]
+    .iter()
+    .map(|f| f.as_ref().map_or(0, String::len))
+    .sum()
 }
 
 pub(super) fn rich(m: Mime, main: bool) -> RichResult {
@@ -65,6 +75,9 @@ pub(super) fn rich(m: Mime, main: bool) -> RichResult {
         json: m.json,
         png: m.png,
         svg: m.svg,
+        jpeg: m.jpeg,
+        latex: m.latex,
+        data: m.data,
     }
 }
 
