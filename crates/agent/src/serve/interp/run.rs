@@ -11,6 +11,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
 use super::control::{Event, Line, Request, MAX_EVENT_LINE};
+use super::lang::Lang;
 use super::limits::OUTPUT_LIMIT;
 use super::process::Interp;
 use super::results::{rich, run_error, Results};
@@ -19,6 +20,10 @@ use crate::serve::exec::{kill_group, sleep_until};
 
 /// A cancelled run is interrupted (SIGINT) and killed if it has not finished within this.
 const CANCEL_GRACE: Duration = Duration::from_secs(1);
+/// How often a shell's interrupt is sent again within the grace: a SIGINT that reaches a
+/// command bash is just forking is taken by the child before it execs, and bash runs its trap
+/// only once that command ends; the next SIGINT reaches the command itself.
+const SHELL_INTERRUPT_AGAIN: Duration = Duration::from_millis(150);
 /// Reads of one non-blocking drain of an output pipe: a writer that outlived its run must not
 /// keep the agent draining forever.
 const DRAIN_READS: usize = 64;
@@ -64,12 +69,17 @@ impl Interp {
         let mut sinks = Sinks::new(out);
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let mut grace: Option<tokio::time::Instant> = None;
+        // The next repeated interrupt of a cancelled shell run.
+        let mut again: Option<tokio::time::Instant> = None;
         let mut control_open = true;
         let (mut out_open, mut err_open) = (true, true);
         let mut written = false;
         let write = self.requests.write_all(&request);
         tokio::pin!(write);
         let how = loop {
+            if grace.is_some() && again.is_none() && self.lang == Lang::Bash {
+                again = Some(tokio::time::Instant::now() + SHELL_INTERRUPT_AGAIN);
+            }
             tokio::select! {
                 biased;
                 r = &mut write, if !written => match r {
@@ -120,6 +130,10 @@ impl Interp {
                 () = exited(self.exited.as_ref()) => break How::Died,
                 () = sleep_until(deadline) => break How::TimedOut,
                 () = sleep_until(grace) => break How::Abandoned,
+                () = sleep_until(again), if again.is_some() => {
+                    kill_group(pid, libc::SIGINT);
+                    again = again.map(|at| at + SHELL_INTERRUPT_AGAIN);
+                }
                 msg = rx.recv(), if control_open => match msg {
                     Some(ToAgent::Signal(sig)) if (1..=64).contains(&sig) => kill_group(pid, sig),
                     Some(ToAgent::Cancel) | None => abandon(pid, &mut grace, &mut control_open),
