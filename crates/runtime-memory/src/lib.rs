@@ -146,6 +146,7 @@ impl Runtime for MemoryRuntime {
             resources: self.inner.resources,
             frozen: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
+            teardown_held: tokio::sync::watch::Sender::new(false),
         });
         sandboxes.insert(sandbox.spec.id.clone(), sandbox.clone());
         Ok(sandbox)
@@ -168,6 +169,8 @@ pub struct MemorySandbox {
     limits: Mutex<Limits>,
     frozen: AtomicBool,
     destroyed: AtomicBool,
+    /// While true, `destroy` waits: a test looks at its session mid-teardown.
+    teardown_held: tokio::sync::watch::Sender<bool>,
 }
 
 impl MemorySandbox {
@@ -188,6 +191,12 @@ impl MemorySandbox {
 
     pub fn is_frozen(&self) -> bool {
         self.frozen.load(Ordering::SeqCst)
+    }
+
+    /// Holds (`true`) or lets go (`false`) this sandbox's teardown: while held, `destroy`
+    /// waits with the sandbox still up.
+    pub fn hold_teardown(&self, held: bool) {
+        self.teardown_held.send_replace(held);
     }
 
     pub fn is_destroyed(&self) -> bool {
@@ -232,6 +241,7 @@ impl Sandbox for MemorySandbox {
     }
 
     async fn destroy(&self) -> Result<(), RuntimeError> {
+        let _ = self.teardown_held.subscribe().wait_for(|held| !held).await;
         self.destroyed.store(true, Ordering::SeqCst);
         self.kill_agent();
         Ok(())

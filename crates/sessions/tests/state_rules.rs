@@ -236,7 +236,22 @@ async fn the_owner_of_a_running_session_is_known_without_the_store() {
         assert_eq!(tenant(m.owner_of_running(&s.id)), Some("a".into()));
     }
 
-    m.destroy(&who("a"), &s.id).await.unwrap();
+    // Mid-teardown (the sandbox still up, its record not yet stopped) the session is ended
+    // to both, so a stream cut by the teardown is never probed as alive.
+    let sandbox = sandbox_of(&runtime);
+    sandbox.hold_teardown(true);
+    let destroy = tokio::spawn({
+        let (m, id) = (m.clone(), s.id.clone());
+        async move { m.destroy(&who("a"), &id).await }
+    });
+    while m.owner_of_running(&s.id).is_some() {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(tenant(m.owner_of_active(&s.id).await.unwrap()), None);
+    assert!(!sandbox.is_destroyed());
+    sandbox.hold_teardown(false);
+    destroy.await.unwrap().unwrap();
+    assert!(sandbox.is_destroyed());
     assert_eq!(tenant(m.owner_of_running(&s.id)), None);
     assert_eq!(tenant(m.owner_of_active(&s.id).await.unwrap()), None);
 }

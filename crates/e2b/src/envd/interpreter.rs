@@ -157,7 +157,6 @@ async fn execute(t: Target, body: Body) -> Result<Response, HttpError> {
             let killed = run.verdict == Some(codes::EXEC_KILLED) && !run.restarted;
             // The session leaves the running set before its sandbox is torn down.
             if killed && m.owner_of_running(&id).is_none() {
-                super::until_recorded_gone(&m, &id).await;
                 return cut();
             }
         }

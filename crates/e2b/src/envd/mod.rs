@@ -34,19 +34,3 @@ pub fn router() -> Router<E2b> {
 async fn health(_t: Target) -> impl IntoResponse {
     StatusCode::NO_CONTENT
 }
-
-/// Waits, at most [`RECORDED_GONE_WITHIN`], until sandbox `id` is recorded as ended. A request
-/// whose sandbox dies under it is cut short at once, and the SDKs then ask `/health`, which
-/// answers from that record: a sandbox being torn down is recorded ended a moment after its
-/// processes die, so the cut waits for the record to say so.
-pub(crate) async fn until_recorded_gone(m: &koder_sessions::Manager, id: &str) {
-    let deadline = tokio::time::Instant::now() + RECORDED_GONE_WITHIN;
-    while tokio::time::Instant::now() < deadline {
-        if matches!(m.owner_of_active(id).await, Ok(None)) {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
-const RECORDED_GONE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);

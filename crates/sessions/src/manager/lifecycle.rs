@@ -2,7 +2,7 @@
 //! timeouts, and every way a session ends (deleted, expired, out of minutes, its agent died, the
 //! daemon shut down), plus reconciling what a previous run left.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -714,6 +714,8 @@ impl Manager {
         reason: &str,
         teardown: Teardown,
     ) {
+        // Before the first await: the caller has just taken the session out of the live set.
+        let _ending = Ending::enter(&self.ending, id);
         let record = match record {
             Some(r) => Some(r),
             None => self.store.get_session(id).await.ok().flatten(),
@@ -884,6 +886,34 @@ impl Drop for DestroyOnDrop {
                 rt.spawn(async move {
                     let _ = sb.destroy().await;
                 });
+            }
+        }
+    }
+}
+
+/// Marks a session as being ended for as long as it lives.
+struct Ending<'a> {
+    all: &'a Mutex<HashMap<String, u32>>,
+    id: String,
+}
+
+impl<'a> Ending<'a> {
+    fn enter(all: &'a Mutex<HashMap<String, u32>>, id: &str) -> Self {
+        *all.lock().entry(id.to_string()).or_default() += 1;
+        Self {
+            all,
+            id: id.to_string(),
+        }
+    }
+}
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        let mut all = self.all.lock();
+        if let Some(n) = all.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                all.remove(&self.id);
             }
         }
     }

@@ -79,6 +79,10 @@ pub struct Manager {
     clock: Clock,
     /// (session, tenant) of sessions ended because their sandbox died, newest last.
     died: Mutex<VecDeque<(String, String)>>,
+    /// Sessions being ended here: out of the live set, their sandbox going down, the record
+    /// not yet stopped. They count as ended to [`Manager::owner_of_active`].
+    /// How many ends of each are under way (two may overlap; the last one out clears it).
+    ending: Mutex<HashMap<String, u32>>,
     /// Captured layers (snapshots, durable pauses, forks); `None` without a state dir.
     layers: Option<Arc<Layers>>,
     /// This host's volumes; `None` without a state dir.
@@ -198,6 +202,7 @@ impl Manager {
             admission: Arc::default(),
             clock,
             died: Mutex::default(),
+            ending: Mutex::default(),
             layers,
             volumes,
             volume_lock: tokio::sync::Mutex::default(),
@@ -238,9 +243,15 @@ impl Manager {
         Ok(())
     }
 
-    /// The tenant of session `id` if it has not stopped, for transports that authenticate with
-    /// a credential of the session itself (E2B's access token) rather than the tenant's key.
+    /// The tenant of session `id` if it has not stopped (nor is being stopped here), for
+    /// transports that authenticate with a credential of the session itself (E2B's access
+    /// token) rather than the tenant's key. A session leaves the running set and enters the
+    /// ending one in one step, so between [`Self::owner_of_running`] and this no moment says
+    /// a sandbox on its way down is alive.
     pub async fn owner_of_active(&self, id: &str) -> Result<Option<Identity>, Error> {
+        if self.ending.lock().contains_key(id) {
+            return Ok(None);
+        }
         Ok(self
             .store
             .get_session(id)

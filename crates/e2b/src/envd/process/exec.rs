@@ -82,8 +82,8 @@ impl Owner {
         }
     }
 
-    /// The session leaves the manager's live set before its sandbox is torn down, so an exec
-    /// that died with its sandbox finds it gone.
+    /// The session leaves the manager's live set before its sandbox is torn down (and counts
+    /// as ended from then on), so an exec that died with its sandbox finds it gone.
     async fn sandbox_gone(&self) -> bool {
         matches!(
             self.e2b
@@ -175,7 +175,6 @@ pub(super) async fn relay(
             ExecEvent::Stderr(b) => sink.send(&events::data(Output::Stderr(b.to_vec()))).await,
             ExecEvent::Exit(r) => {
                 if r.signal == Some(SIGKILL) && owner.sandbox_gone().await {
-                    crate::envd::until_recorded_gone(owner.e2b.manager(), &owner.id).await;
                     sink.sever().await;
                     return;
                 }
