@@ -307,7 +307,7 @@ async fn contexts_are_tenant_scoped_and_input_is_checked() {
 
     let bad_request = [
         (base.clone(), json!({"language": "cobol"})),
-        (base.clone(), json!({"language": "bash"})),
+        (base.clone(), json!({"language": "ruby"})),
         (base.clone(), json!({"language": "python", "extra": 1})),
         (format!("{base}/{cid}/run"), json!({})),
         (format!("{base}/{cid}/run"), json!({"code": 1})),
