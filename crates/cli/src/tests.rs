@@ -620,10 +620,13 @@ fn fixed_choices_are_shown() {
     );
     assert_eq!(values(&["create"], "language"), ["python", "node", "bash"]);
     assert_eq!(values(&["run"], "language"), ["python", "node", "bash"]);
-    assert_eq!(values(&["run-code"], "language"), ["python", "node"]);
+    assert_eq!(
+        values(&["run-code"], "language"),
+        ["python", "node", "bash"]
+    );
     assert_eq!(
         values(&["context", "create"], "language"),
-        ["python", "node"]
+        ["python", "node", "bash"]
     );
     assert!(values(&["signal"], "signal").contains(&"TERM".to_string()));
     assert_eq!(
