@@ -174,3 +174,13 @@ def test_rich_formats_as_e2b_names_them(code_sandbox):
         "    def _repr_jpeg_(self): return b'\\xff\\xd8'\nF()")
     assert (ex.results[0].latex, ex.results[0].jpeg) == ("$x$", "/9g=")
     assert set(ex.results[0].formats()) >= {"latex", "jpeg", "text"}
+
+
+def test_ipython_display_without_ipython(code_sandbox):
+    # E2B's own check (test_custom_repr_object): a raw MIME bundle shown through IPython's API.
+    ex = code_sandbox.run_code(
+        "from IPython.display import display, Markdown\n"
+        "display({'text/latex': r'\\text{CustomReprObject}'}, raw=True)\n"
+        "display(Markdown('**m**'))")
+    assert ex.results[0].formats() == ["latex"], ex
+    assert ex.results[1].markdown == "**m**", ex

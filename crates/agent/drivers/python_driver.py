@@ -178,10 +178,17 @@ def _koder_driver():
         except Exception:
             pass
 
-    def display(*objs):
-        """Shows objects as rich outputs of the current run (IPython's display, minimal)."""
+    def display(*objs, raw=False, **_options):
+        """Shows objects as rich outputs of the current run (IPython's display); with `raw`,
+        each object is a MIME bundle (`{"text/latex": ...}`) shown as it is."""
         for obj in objs:
-            if is_figure(obj) and managed_by_pyplot(obj):
+            if raw and isinstance(obj, dict):
+                data = {}
+                for mime, key in mime_keys:
+                    if mime in obj:
+                        put(data, key, obj[mime])
+                send_output(data)
+            elif is_figure(obj) and managed_by_pyplot(obj):
                 flush_figures(only=obj)
             else:
                 send_output(formats(obj))
@@ -278,6 +285,120 @@ def _koder_driver():
             exec(compile(backend_source, "<koder matplotlib backend>", "exec"), module.__dict__)
 
     sys.meta_path.insert(0, MatplotlibHook())
+
+    # IPython's display API (`from IPython.display import display, HTML, Image`), which code
+    # written for Jupyter and E2B's kernels uses. Without IPython in the image, a module of the
+    # same names is made here (the finder comes last, so an installed IPython wins; its own
+    # display() prints, as it does outside a kernel).
+    ipython_display_source = r'''
+import html as _html
+import os as _os
+
+
+class DisplayObject:
+    """Data given, or read from `filename` (or from `data` naming an existing file)."""
+
+    _binary = False
+
+    def __init__(self, data=None, url=None, filename=None, metadata=None):
+        if (filename is None and isinstance(data, str) and "\n" not in data
+                and len(data) < 4096 and _os.path.isfile(data)):
+            filename, data = data, None
+        if filename is not None:
+            with open(filename, "rb" if self._binary else "r") as f:
+                data = f.read()
+        self.data, self.url, self.filename, self.metadata = data, url, filename, metadata
+
+
+class HTML(DisplayObject):
+    def _repr_html_(self):
+        return self.data
+
+
+class Markdown(DisplayObject):
+    def _repr_markdown_(self):
+        return self.data
+
+
+class Latex(DisplayObject):
+    def _repr_latex_(self):
+        return self.data
+
+
+class Math(DisplayObject):
+    def _repr_latex_(self):
+        return "$\\displaystyle %s$" % str(self.data).strip("$")
+
+
+class SVG(DisplayObject):
+    def _repr_svg_(self):
+        return self.data
+
+
+class JSON(DisplayObject):
+    def _repr_json_(self):
+        return self.data
+
+
+class Pretty(DisplayObject):
+    def __repr__(self):
+        return str(self.data)
+
+
+class Image(DisplayObject):
+    """A PNG or JPEG image (by its bytes, a file, or a URL shown as an <img>)."""
+
+    _binary = True
+
+    def __init__(self, data=None, url=None, filename=None, format=None, embed=None, width=None,
+                 height=None, retina=False, unconfined=False, metadata=None, alt=None):
+        if isinstance(data, str) and data.startswith(("http://", "https://")):
+            url, data = data, None
+        super().__init__(data, url, filename, metadata)
+        fmt = (format or "").lower().replace("jpg", "jpeg")
+        if not fmt and isinstance(self.data, bytes):
+            fmt = {b"\x89P": "png", b"\xff\xd8": "jpeg"}.get(self.data[:2], "")
+        if not fmt and self.filename:
+            fmt = _os.path.splitext(self.filename)[1].lstrip(".").lower().replace("jpg", "jpeg")
+        self.format, self.width, self.height = fmt, width, height
+
+    def _repr_png_(self):
+        return self.data if self.format == "png" and self.data else None
+
+    def _repr_jpeg_(self):
+        return self.data if self.format == "jpeg" and self.data else None
+
+    def _repr_html_(self):
+        if self.data is None and self.url:
+            return '<img src="%s"/>' % _html.escape(self.url)
+        return None
+
+    def __repr__(self):
+        return "<IPython.core.display.Image object>"
+
+
+def clear_output(wait=False):
+    """Outputs already sent stay: a run's results are appended to, not redrawn."""
+'''
+
+    class IPythonFallback(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            if name in ("IPython", "IPython.display"):
+                return importlib.util.spec_from_loader(name, self, is_package=name == "IPython")
+            return None
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            if module.__name__ == "IPython":
+                module.__dict__["get_ipython"] = lambda: None
+                return
+            exec(compile(ipython_display_source, "<koder IPython.display>", "exec"),
+                 module.__dict__)
+            module.__dict__["display"] = display
+
+    sys.meta_path.append(IPythonFallback())
 
     # User code gets a fresh __main__ (pickle and multiprocessing look classes up there).
     main = types.ModuleType("__main__")

@@ -981,6 +981,57 @@ fn pandas_dataframes_come_back_as_html_text_and_columns() {
     });
 }
 
+/// IPython's display API works without IPython in the image: its display objects and raw MIME
+/// bundles come back as the representations they stand for.
+#[test]
+fn ipython_display_objects_come_back_without_ipython() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let code = r#"import IPython
+from IPython.display import display, HTML, Markdown, Image, Latex, JSON, clear_output
+display(HTML('<b>x</b>'), Markdown('**m**'))
+display({'text/latex': r'\text{A}'}, raw=True)
+display(JSON({'k': [1]}), Latex('$y$'))
+clear_output()
+assert IPython.get_ipython() is None
+Image(data=b'\x89PNG-bytes')"#;
+        let r = run(&h.client, &id, code).await.ok();
+        let got: Vec<_> = r
+            .outcome
+            .results
+            .iter()
+            .map(|m| {
+                let formats = [
+                    ("html", &m.html),
+                    ("markdown", &m.markdown),
+                    ("latex", &m.latex),
+                    ("json", &m.json),
+                    ("png", &m.png),
+                ];
+                formats
+                    .into_iter()
+                    .filter_map(|(k, v)| v.as_deref().map(|v| format!("{k}={v}")))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "html=<b>x</b>",
+                "markdown=**m**",
+                "latex=\\text{A}",
+                r#"json={"k": [1]}"#,
+                "latex=$y$",
+                "png=iVBORy1ieXRlcw==",
+            ],
+            "{r:?}"
+        );
+        assert!(r.outcome.results[5].is_main_result);
+    });
+}
+
 /// LaTeX and JPEG representations come back as such, from `_repr_*_` methods and from
 /// displayed MIME bundles alike.
 #[test]
