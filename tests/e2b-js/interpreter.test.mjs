@@ -41,3 +41,41 @@ test('javascript runs in its own context', async () => {
   const r = await sbx.runCode('const a = 20; a * 2 + 2', { language: 'javascript' })
   assert.equal(r.text, '42')
 })
+
+test('default contexts exist from the start, in the user home', async () => {
+  const fresh = await sandbox({}, Sandbox)
+  try {
+    const listed = await fresh.listCodeContexts()
+    assert.deepEqual(
+      listed.slice(0, 2).map((c) => [c.language, c.cwd]),
+      [['python', '/home/user'], ['javascript', '/home/user']],
+    )
+    const r = await fresh.runCode('process.cwd()', { language: 'js' })
+    assert.equal(r.text, '/home/user')
+  } finally {
+    await fresh.kill()
+  }
+})
+
+test('bash runs in a long-lived shell of its own', async () => {
+  await sbx.runCode('cd /tmp; n=41', { language: 'bash' })
+  const r = await sbx.runCode('echo $((n + 1)) $(pwd)', { language: 'bash' })
+  assert.deepEqual(r.logs.stdout, ['42 /tmp\n'])
+  const failed = await sbx.runCode('false', { language: 'bash' })
+  assert.deepEqual([failed.error.name, failed.error.value], ['ExitCode', '1'])
+})
+
+test('a run the client gave up on is interrupted, the context kept', async () => {
+  await sbx.runCode('kept = 6')
+  await assert.rejects(sbx.runCode('import time; time.sleep(300)', { timeoutMs: 2000 }))
+  const r = await sbx.runCode('kept * 7', { timeoutMs: 20000 })
+  assert.equal(r.text, '42')
+  assert.equal(r.error, undefined)
+})
+
+test('ES imports and top-level await in JavaScript cells', async () => {
+  const r = await sbx.runCode("import { join } from 'path'\nawait Promise.resolve(join('a', 'b'))", {
+    language: 'javascript',
+  })
+  assert.equal(r.text, 'a/b')
+})
