@@ -310,34 +310,21 @@ class DisplayObject:
         self.data, self.url, self.filename, self.metadata = data, url, filename, metadata
 
 
-class HTML(DisplayObject):
-    def _repr_html_(self):
-        return self.data
+def _shown_as(name, method):
+    """A display object whose data is its `method` representation as it is."""
+    return type(name, (DisplayObject,), {method: lambda self: self.data})
 
 
-class Markdown(DisplayObject):
-    def _repr_markdown_(self):
-        return self.data
-
-
-class Latex(DisplayObject):
-    def _repr_latex_(self):
-        return self.data
+HTML = _shown_as("HTML", "_repr_html_")
+Markdown = _shown_as("Markdown", "_repr_markdown_")
+Latex = _shown_as("Latex", "_repr_latex_")
+SVG = _shown_as("SVG", "_repr_svg_")
+JSON = _shown_as("JSON", "_repr_json_")
 
 
 class Math(DisplayObject):
     def _repr_latex_(self):
         return "$\\displaystyle %s$" % str(self.data).strip("$")
-
-
-class SVG(DisplayObject):
-    def _repr_svg_(self):
-        return self.data
-
-
-class JSON(DisplayObject):
-    def _repr_json_(self):
-        return self.data
 
 
 class Pretty(DisplayObject):

@@ -77,6 +77,10 @@ impl Ran {
         assert!(self.outcome.error.is_none(), "{self:?}");
         self
     }
+
+    fn error_name(&self) -> Option<&str> {
+        self.outcome.error.as_ref().map(|e| e.name.as_str())
+    }
 }
 
 async fn try_run(
@@ -234,15 +238,9 @@ fn an_exception_reports_name_value_traceback_and_the_context_lives_on() {
         assert!(!r.outcome.restarted);
 
         let r = run(&h.client, &id, "1 +").await;
-        assert_eq!(
-            r.outcome.error.as_ref().map(|e| e.name.as_str()),
-            Some("SyntaxError")
-        );
+        assert_eq!(r.error_name(), Some("SyntaxError"));
         let r = run(&h.client, &id, "exit(3)").await;
-        assert_eq!(
-            r.outcome.error.as_ref().map(|e| e.name.as_str()),
-            Some("SystemExit")
-        );
+        assert_eq!(r.error_name(), Some("SystemExit"));
         let r = run(&h.client, &id, "kept").await.ok();
         assert_eq!(r.text(), Some("'yes'"));
         assert_eq!(r.outcome.execution_count, 5);
@@ -268,10 +266,7 @@ fn a_timeout_kills_and_restarts_the_interpreter() {
         assert!(r.outcome.timed_out && r.outcome.restarted, "{r:?}");
         assert!(r.outcome.duration_ms >= 500);
         assert_eq!(r.stdout, "before\n", "output before the kill is kept");
-        assert_eq!(
-            r.outcome.error.as_ref().map(|e| e.name.as_str()),
-            Some("TimeoutError")
-        );
+        assert_eq!(r.error_name(), Some("TimeoutError"));
         assert_eq!(list(&h.client).await[0].execution_count, 0);
         let r = run(&h.client, &id, "'state' in globals()").await.ok();
         assert_eq!(r.text(), Some("False"), "a fresh interpreter has no state");
@@ -290,7 +285,7 @@ fn an_interpreter_that_dies_mid_run_is_restarted() {
         assert!(r.outcome.restarted && !r.outcome.timed_out, "{r:?}");
         assert_eq!(r.stdout, "bye\n");
         assert_eq!(
-            r.outcome.error.as_ref().map(|e| e.name.as_str()),
+            r.error_name(),
             Some("InterpreterDied")
         );
         let r = run(&h.client, &id, "'state' in globals()").await.ok();
@@ -384,7 +379,7 @@ fn python_cells_are_taken_as_ipython_takes_them() {
         assert_eq!((r.stdout.as_str(), r.text()), ("", Some("'!echo no'")));
         let r = run(&h.client, &id, "!echo fine\nx = (").await;
         assert_eq!(
-            r.outcome.error.as_ref().map(|e| e.name.as_str()),
+            r.error_name(),
             Some("SyntaxError")
         );
         assert_eq!(r.stdout, "", "nothing of a cell that does not parse runs");
@@ -392,7 +387,7 @@ fn python_cells_are_taken_as_ipython_takes_them() {
         let r = run(&h.client, &id, indented).await.ok();
         assert_eq!((r.stdout.as_str(), r.text()), ("in\n", Some("4")));
         let r = run(&h.client, &id, "y = 1\n  y").await;
-        assert_eq!(r.outcome.error.as_ref().map(|e| e.name.as_str()), Some("IndentationError"));
+        assert_eq!(r.error_name(), Some("IndentationError"));
     });
 }
 
@@ -421,7 +416,7 @@ fn node_cells_take_imports_and_top_level_await() {
         }
         // A cell that is wrong stays wrong, with its own error.
         let r = run(&h.client, &id, "import { x } from\nawait (").await;
-        assert_eq!(r.outcome.error.as_ref().map(|e| e.name.as_str()), Some("SyntaxError"));
+        assert_eq!(r.error_name(), Some("SyntaxError"));
     });
 }
 
