@@ -6,6 +6,7 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{mpsc, OnceLock};
+use std::time::Duration;
 
 use koder_agent_protocol::init::MAX_WORKLOAD_CGROUP_FDS;
 
@@ -280,17 +281,48 @@ struct ChildArgs {
 /// directory; cloned by the spawner thread ([`start_spawner`]) it is in the workload already.
 /// The caller gets control back once the program runs; a failure before that is the child's
 /// errno, and its zombie is left to the reaper.
-pub(crate) fn vfork_spawn(plan: Plan) -> std::io::Result<Spawned> {
+///
+/// A program file still open for writing somewhere cannot be executed (ETXTBSY). A file just
+/// written is, for a moment, whenever any other child is cloned meanwhile (it holds a copy of
+/// the writer's descriptor until its own exec), so that error is retried a few times.
+pub(crate) fn vfork_spawn(mut plan: Plan) -> std::io::Result<Spawned> {
+    for wait in TEXT_BUSY_WAITS {
+        match spawn_once(plan)? {
+            (again, Err(e)) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                plan = again;
+                std::thread::sleep(wait);
+            }
+            (_, spawned) => return spawned,
+        }
+    }
+    spawn_once(plan)?.1
+}
+
+/// The pauses before the retries of a spawn whose program file was busy (15 ms in all).
+const TEXT_BUSY_WAITS: [Duration; 4] = [
+    Duration::from_millis(1),
+    Duration::from_millis(2),
+    Duration::from_millis(4),
+    Duration::from_millis(8),
+];
+
+/// One spawn of `plan`, which comes back for another try.
+fn spawn_once(plan: Plan) -> std::io::Result<(Plan, std::io::Result<Spawned>)> {
     let Some(spawner) = SPAWNER.get() else {
-        return clone_child(&plan, true)?;
+        let cloned = clone_child(&plan, true)?;
+        return Ok((plan, cloned));
     };
-    match spawner.start(plan)? {
+    let (plan, cloned) = spawner.start(plan)?;
+    Ok(match cloned? {
         // The workload's pids limit is full. Cloned from the agent's group, whose limit has
         // headroom, the child joins the workload past its limit (a v1 move is never refused
         // for it), so an exec (a `pkill`) still starts in a saturated sandbox.
-        (plan, Err(e)) if e.raw_os_error() == Some(libc::EAGAIN) => clone_child(&plan, true)?,
-        (_, cloned) => cloned?,
-    }
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+            let cloned = clone_child(&plan, true)?;
+            (plan, cloned)
+        }
+        spawned => (plan, spawned),
+    })
 }
 
 /// What [`clone_child`] gives: `Err` when no child came to be (its pipes or the clone
@@ -754,6 +786,32 @@ pub(crate) mod tests {
         // Without one, the working directory is not searched.
         let err = run(&["local"], &env, tmp.path()).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+        reap_failed_children();
+    }
+
+    /// A program whose file is still open for writing for a moment (as a file just written
+    /// is while another child is being cloned) starts once it is closed; one held open for good
+    /// fails as before.
+    #[test]
+    fn a_program_file_busy_for_a_moment_still_starts() {
+        let _serial = SERIAL.lock();
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("busy");
+        script(&path, "#!/bin/sh\necho started\n");
+        let writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(3));
+            drop(writer);
+        });
+        let argv = [path.to_str().unwrap()];
+        assert_eq!(
+            run(&argv, &[], tmp.path()).unwrap(),
+            (0, "started\n".into())
+        );
+        release.join().unwrap();
+        let _held = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let err = run(&argv, &[], tmp.path()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ETXTBSY));
         reap_failed_children();
     }
 
