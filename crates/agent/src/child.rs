@@ -632,8 +632,10 @@ pub(crate) mod tests {
 
     use super::*;
 
-    /// These tests wait for their children themselves (no reaper runs in this test binary),
-    /// and a failed spawn's zombie can only be reaped by any-pid waits: one test at a time.
+    /// These tests spawn one at a time and wait for their children themselves (no reaper runs
+    /// in this test binary). A failed spawn's zombie stays: only an any-pid wait could reap it,
+    /// and that would take the children of tests running beside them (their waits then fail
+    /// with ECHILD, as `egress_rules`' once did).
     pub(crate) static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
     /// Runs `argv` through `vfork_spawn` and returns (exit code, stdout).
@@ -656,12 +658,6 @@ pub(crate) mod tests {
     fn script(path: &Path, body: &str) {
         std::fs::write(path, body).unwrap();
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-
-    /// Reaps the zombie a failed spawn leaves (the reaper would).
-    fn reap_failed_children() {
-        // SAFETY: waitpid with a null status pointer.
-        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
     }
 
     /// A plan without stdin gives the program /dev/null (end-of-file at once), one with it a
@@ -745,17 +741,14 @@ pub(crate) mod tests {
         let env = [("PATH", "/nonexistent:/usr/bin")];
         let err = run(&["no-such-program"], &env, tmp.path()).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
-        reap_failed_children();
         // A directory of that name is skipped, and EACCES reported only when nothing ran.
         std::fs::create_dir(tmp.path().join("sub")).unwrap();
         std::fs::write(tmp.path().join("sub/noexec"), "#!/bin/sh\n").unwrap();
         let path = format!("{}/sub", tmp.path().display());
         let err = run(&["noexec"], &[("PATH", path.as_str())], tmp.path()).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
-        reap_failed_children();
         let err = run(&["/bin/true"], &[], &tmp.path().join("gone")).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
-        reap_failed_children();
     }
 
     #[test]
@@ -786,7 +779,6 @@ pub(crate) mod tests {
         // Without one, the working directory is not searched.
         let err = run(&["local"], &env, tmp.path()).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
-        reap_failed_children();
     }
 
     /// A program whose file is still open for writing for a moment (as a file just written
@@ -812,7 +804,6 @@ pub(crate) mod tests {
         let _held = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         let err = run(&argv, &[], tmp.path()).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ETXTBSY));
-        reap_failed_children();
     }
 
     #[test]
