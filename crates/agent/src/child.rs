@@ -313,15 +313,16 @@ fn spawn_once(plan: Plan) -> std::io::Result<(Plan, std::io::Result<Spawned>)> {
         return Ok((plan, cloned));
     };
     let (plan, cloned) = spawner.start(plan)?;
-    Ok(match cloned? {
-        // The workload's pids limit is full. Cloned from the agent's group, whose limit has
-        // headroom, the child joins the workload past its limit (a v1 move is never refused
-        // for it), so an exec (a `pkill`) still starts in a saturated sandbox.
+    Ok(match cloned {
+        // The workload's pids limit is full: the spawner's clone failed. Cloned from the
+        // agent's group, whose limit has headroom, the child joins the workload past its limit
+        // (a v1 move is never refused for it), so an exec (a `pkill`) still starts in a
+        // saturated sandbox.
         Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
             let cloned = clone_child(&plan, true)?;
             (plan, cloned)
         }
-        spawned => (plan, spawned),
+        cloned => (plan, cloned?),
     })
 }
 
