@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# E2B's code-interpreter SDK suite against koder-sandbox: python/tests (sync, async and the two
+# top-level files) of e2b-dev/code-interpreter at CI_REV, run by the e2b-code-interpreter SDK of
+# scripts/lib/e2b-venv.sh against a real daemon this script starts, as
+# scripts/e2b-upstream-tests.sh runs E2B's own SDK suite (same host-name set-up, resolver and
+# verdict: scripts/lib/e2b-upstream.sh).
+#
+# E2B's code is never copied into this repository: E2B_CI_GIT_DIR names a clone (or bare mirror)
+# of https://github.com/e2b-dev/code-interpreter that holds CI_REV, e.g.
+#   git clone --bare https://github.com/e2b-dev/code-interpreter /srv/e2b-ci.git
+#   E2B_CI_GIT_DIR=/srv/e2b-ci.git scripts/e2b-code-interpreter-tests.sh
+# Without it the script says so and skips. scripts/e2b-code-interpreter-expected.txt lists the
+# tests not expected to pass here, with reasons; the run fails when another test fails.
+# Closes with "e2b-code-interpreter: N passed, M failed, K skipped".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+EXPECTED=scripts/e2b-code-interpreter-expected.txt
+# e2b-dev/code-interpreter main of 2026-08-21.
+CI_REV=7df1757bfd5baa037f909ce97c2dbe014da973c0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "e2b-code-interpreter: skipped (jail sandboxes and port 443 need root)"
+  echo "e2b-code-interpreter: 0 passed, 0 failed, 1 skipped"
+  exit 0
+fi
+if [ -z "${E2B_CI_GIT_DIR:-}" ] || ! git --git-dir="$E2B_CI_GIT_DIR" cat-file -e "$CI_REV^{commit}" 2>/dev/null; then
+  echo "e2b-code-interpreter: skipped (set E2B_CI_GIT_DIR to a clone of e2b-dev/code-interpreter holding $CI_REV)"
+  echo "e2b-code-interpreter: 0 passed, 0 failed, 1 skipped"
+  exit 0
+fi
+
+. scripts/lib/e2b-upstream.sh
+. scripts/lib/e2b-venv.sh
+e2b_venv
+
+work=$(mktemp -d /tmp/koder-e2b-ci-XXXXXX)
+. scripts/lib/daemon.sh
+# daemon.sh's EXIT trap stops the daemon; this one also removes the suite and certificates.
+cleanup() { stop_daemon; rm -rf "$work"; }
+
+trap 'rm -rf "$work"' EXIT
+git --git-dir="$E2B_CI_GIT_DIR" archive "$CI_REV" python/tests python/pytest.ini | tar -x -C "$work"
+upstream_daemon e2b-code-interpreter "$work"
+trap cleanup EXIT
+
+status=0
+(
+  cd "$work/python"
+  E2B_API_URL="$DAEMON_URL" E2B_SANDBOX_URL="$DAEMON_URL" E2B_API_KEY="$DAEMON_KEY1" \
+    SSL_CERT_FILE="$UPSTREAM_CA" KODER_E2B_HOSTS="$UPSTREAM_HOSTS" \
+    KODER_E2B_RESULTS="$work/results.json" PYTHONPATH="$repo/scripts/lib" \
+    "$E2B_PYTHON" -m pytest tests/sync tests/async tests/test_execute_timeout.py \
+    tests/test_sandbox_url.py -o addopts="--import-mode=importlib" \
+    -p e2b_upstream_plugin -p no:cacheprovider -q -rfEs "$@"
+) || status=$?
+
+upstream_verdict e2b-code-interpreter "$work/results.json" "$EXPECTED" "$status" || exit 1
+[ "$status" -le 1 ] || daemon_log_tail
