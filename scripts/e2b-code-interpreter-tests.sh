@@ -19,18 +19,9 @@ EXPECTED=scripts/e2b-code-interpreter-expected.txt
 # e2b-dev/code-interpreter main of 2026-08-21.
 CI_REV=7df1757bfd5baa037f909ce97c2dbe014da973c0
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "e2b-code-interpreter: skipped (jail sandboxes and port 443 need root)"
-  echo "e2b-code-interpreter: 0 passed, 0 failed, 1 skipped"
-  exit 0
-fi
-if [ -z "${E2B_CI_GIT_DIR:-}" ] || ! git --git-dir="$E2B_CI_GIT_DIR" cat-file -e "$CI_REV^{commit}" 2>/dev/null; then
-  echo "e2b-code-interpreter: skipped (set E2B_CI_GIT_DIR to a clone of e2b-dev/code-interpreter holding $CI_REV)"
-  echo "e2b-code-interpreter: 0 passed, 0 failed, 1 skipped"
-  exit 0
-fi
-
 . scripts/lib/e2b-upstream.sh
+upstream_can_run e2b-code-interpreter e2b-dev/code-interpreter "$CI_REV" E2B_CI_GIT_DIR
+
 . scripts/lib/e2b-venv.sh
 e2b_venv
 

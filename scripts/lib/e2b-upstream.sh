@@ -15,16 +15,19 @@
 E2B_REV=b8029973aa7da5f741f7bb1a9f833b38a0885438
 E2B_DOMAIN_NAME=sbx.koder.test
 
-# Says why and exits 0 when the suite cannot run here (not root, no E2B clone at E2B_REV).
+# Says why and exits 0 when suite NAME cannot run here: not root, or no clone of REPO holding
+# REV in the directory the variable GIT_DIR_VAR names (default: e2b-dev/E2B, E2B_REV,
+# E2B_GIT_DIR).
 upstream_can_run() {
-  local name=$1
+  local name=$1 repo=${2:-e2b-dev/E2B} rev=${3:-$E2B_REV} var=${4:-E2B_GIT_DIR}
+  local dir=${!var:-}
   if [ "$(id -u)" -ne 0 ]; then
     echo "$name: skipped (jail sandboxes and port 443 need root)"
     echo "$name: 0 passed, 0 failed, 1 skipped"
     exit 0
   fi
-  if [ -z "${E2B_GIT_DIR:-}" ] || ! git --git-dir="$E2B_GIT_DIR" cat-file -e "$E2B_REV^{commit}" 2>/dev/null; then
-    echo "$name: skipped (set E2B_GIT_DIR to a clone of e2b-dev/E2B holding $E2B_REV)"
+  if [ -z "$dir" ] || ! git --git-dir="$dir" cat-file -e "$rev^{commit}" 2>/dev/null; then
+    echo "$name: skipped (set $var to a clone of $repo holding $rev)"
     echo "$name: 0 passed, 0 failed, 1 skipped"
     exit 0
   fi
