@@ -90,10 +90,16 @@ def _koder_driver():
                  ("image/svg+xml", "svg"), ("image/png", "png"), ("image/jpeg", "jpeg"),
                  ("text/latex", "latex"), ("application/json", "json"))
 
+    # A larger table has no `data` form: converting it would cost every such result time, and
+    # its size would push the table's html and text over the run's result budget with it.
+    max_table_cells = 100_000
+
     def table_columns(obj):
         """A pandas DataFrame's columns (name → values), as E2B's `data` format has them."""
         pandas = sys.modules.get("pandas")
         if pandas is None or not isinstance(obj, pandas.DataFrame):
+            return None
+        if getattr(obj, "size", max_table_cells + 1) > max_table_cells:
             return None
         try:
             columns = obj.to_dict(orient="list")
@@ -112,10 +118,11 @@ def _koder_driver():
             return v
 
         try:
-            return json.dumps({str(k): [plain(v) for v in vs] for k, vs in columns.items()},
+            text = json.dumps({str(k): [plain(v) for v in vs] for k, vs in columns.items()},
                               default=str, allow_nan=False)
         except Exception:
             return None
+        return text if len(text) <= max_text else None
 
     def formats(obj, main=False):
         """Every representation `obj` offers, as the agent's mime keys."""
@@ -125,9 +132,7 @@ def _koder_driver():
             if isinstance(bundle, tuple):
                 bundle = bundle[0]
             if isinstance(bundle, dict):
-                for mime, key in mime_keys:
-                    if mime in bundle:
-                        put(data, key, bundle[mime])
+                put_bundle(data, bundle)
             for attr, key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"),
                               ("_repr_svg_", "svg"), ("_repr_png_", "png"),
                               ("_repr_jpeg_", "jpeg"), ("_repr_latex_", "latex"),
@@ -178,15 +183,19 @@ def _koder_driver():
         except Exception:
             pass
 
+    def put_bundle(data, bundle):
+        """The representations of a MIME bundle (`{"text/html": ...}`) that results carry."""
+        for mime, key in mime_keys:
+            if mime in bundle:
+                put(data, key, bundle[mime])
+
     def display(*objs, raw=False, **_options):
         """Shows objects as rich outputs of the current run (IPython's display); with `raw`,
         each object is a MIME bundle (`{"text/latex": ...}`) shown as it is."""
         for obj in objs:
             if raw and isinstance(obj, dict):
                 data = {}
-                for mime, key in mime_keys:
-                    if mime in obj:
-                        put(data, key, obj[mime])
+                put_bundle(data, obj)
                 send_output(data)
             elif is_figure(obj) and managed_by_pyplot(obj):
                 flush_figures(only=obj)

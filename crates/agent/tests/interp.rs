@@ -973,6 +973,16 @@ fn pandas_dataframes_come_back_as_html_text_and_columns() {
             None,
             "only tables"
         );
+        // A large table keeps its html and text; only the columns are left out.
+        let r = run(&h.client, &id, "pd.DataFrame({'a': range(200_000)})")
+            .await
+            .ok();
+        let m = r.main().expect("a value");
+        assert!(
+            m.html.as_deref().is_some_and(|h| h.contains("<table")),
+            "{m:?}"
+        );
+        assert!(m.text.is_some() && m.data.is_none(), "{m:?}");
     });
 }
 
