@@ -52,6 +52,7 @@ pub struct RunCode {
     pub code: String,
     /// Default and maximum as for exec; on expiry the interpreter is killed and restarted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub timeout_ms: Option<u64>,
     /// Environment variables set for this run only.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -248,13 +248,24 @@ pub struct CreateSession {
     /// `jail` (default) or `microvm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "object::optional"
+    )]
     pub limits: Option<Limits>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "object::optional"
+    )]
     pub network: Option<Network>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Seconds until the session ends (or pauses); at most the server's `max_timeout_s`, the
+    /// `maximum` of the document a daemon serves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub timeout_s: Option<u64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
@@ -262,10 +273,18 @@ pub struct CreateSession {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
     /// What the timeout does (kill, or pause to disk) and whether requests wake a paused session.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "object::optional"
+    )]
     pub lifecycle: Option<Lifecycle>,
     /// Volumes to mount (at most 16, distinct paths, none under another).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "object::list"
+    )]
     pub volumes: Vec<VolumeMountRequest>,
     /// Secrets (by name) the session may use: its environment holds a placeholder under each
     /// name, which egress replaces with the value in requests to the secret's hosts.
@@ -355,6 +374,9 @@ pub struct KilledProcesses {
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SetTimeout {
+    /// From now; at most the server's `max_timeout_s`, the `maximum` of the document a daemon
+    /// serves.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub timeout_s: u64,
 }
 
@@ -363,8 +385,9 @@ pub struct SetTimeout {
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
-    /// argv, run without a shell.
+    /// argv, run without a shell; the first names the program.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1))]
     pub cmd: Option<Vec<String>>,
     /// Run by `/bin/bash -c`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -380,7 +403,10 @@ pub struct ExecRequest {
     pub cwd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
+    /// At most the server's `max_exec_timeout_ms`, the `maximum` of the document a daemon
+    /// serves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub timeout_ms: Option<u64>,
     /// Start and return 202 at once; follow with `GET .../execs/{exec_id}[/stream]`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -439,9 +465,15 @@ pub struct SignalRequest {
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ReportError {
+    /// At most 256 bytes.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 256))]
     pub source: String,
+    /// At most 16 KiB.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 16384))]
     pub message: String,
+    /// At most 64 KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 65536))]
     pub stack: Option<String>,
 }
 
@@ -642,6 +674,11 @@ pub struct AuditPage {
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MakeDir {
+    /// At most 4096 bytes, no NUL; relative paths are below /workspace.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(min_length = 1, max_length = 4096, pattern = "^[^\\x00]*$")
+    )]
     pub path: String,
 }
 
@@ -650,13 +687,81 @@ pub struct MakeDir {
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MoveFile {
+    /// At most 4096 bytes, no NUL; relative paths are below /workspace.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(min_length = 1, max_length = 4096, pattern = "^[^\\x00]*$")
+    )]
     pub from: String,
+    #[cfg_attr(
+        feature = "openapi",
+        schema(min_length = 1, max_length = 4096, pattern = "^[^\\x00]*$")
+    )]
     pub to: String,
+}
+
+/// Derived `Deserialize` reads a struct from a JSON array too (its fields by position). The
+/// API documents these fields as objects, so an array there is refused like any other wrong
+/// type. (The body itself is held to an object by the daemon's JSON extractor.)
+mod object {
+    use serde::de::{DeserializeOwned, Error};
+    use serde::{Deserialize, Deserializer};
+    use serde_json::{Map, Value};
+
+    fn from_map<T: DeserializeOwned, E: Error>(map: Map<String, Value>) -> Result<T, E> {
+        T::deserialize(Value::Object(map)).map_err(E::custom)
+    }
+
+    pub fn optional<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: DeserializeOwned,
+    {
+        Option::<Map<String, Value>>::deserialize(d)?
+            .map(from_map)
+            .transpose()
+    }
+
+    pub fn list<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: DeserializeOwned,
+    {
+        Vec::<Map<String, Value>>::deserialize(d)?
+            .into_iter()
+            .map(from_map)
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nested_objects_are_not_read_from_arrays() {
+        for body in [
+            r#"{"limits":[null,null]}"#,
+            r#"{"limits":[100]}"#,
+            r#"{"network":["open"]}"#,
+            r#"{"lifecycle":["pause"]}"#,
+            r#"{"volumes":[["data","/data"]]}"#,
+        ] {
+            let err = serde_json::from_str::<CreateSession>(body).unwrap_err();
+            assert!(err.to_string().contains("expected a map"), "{body}: {err}");
+        }
+        let ok = r#"{"limits":{"memory_mib":64},"network":{"mode":"open"},"lifecycle":{"on_timeout":"pause"},"volumes":[{"name":"data","path":"/data"}]}"#;
+        let req: CreateSession = serde_json::from_str(ok).unwrap();
+        assert_eq!(req.limits.and_then(|l| l.memory_mib), Some(64));
+        assert_eq!(req.volumes[0].path, "/data");
+        assert!(req.lifecycle.is_some() && req.network.is_some());
+        let inner =
+            serde_json::from_str::<CreateSession>(r#"{"limits":{"memory":1}}"#).unwrap_err();
+        assert!(
+            inner.to_string().contains("unknown field `memory`"),
+            "{inner}"
+        );
+    }
 
     #[test]
     fn unknown_request_fields_are_rejected() {

@@ -12,12 +12,20 @@ use utoipa::ToSchema;
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSecret {
-    /// Also the environment variable a session binding it sees (`[A-Za-z_][A-Za-z0-9_]*`).
+    /// Also the environment variable a session binding it sees: 1–64 of `[A-Za-z0-9_]`, not
+    /// starting with a digit.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z_][A-Za-z0-9_]{0,63}$"))]
     pub name: String,
-    /// Write-only: never returned, stored encrypted.
+    /// Write-only: never returned, stored encrypted. At most 16 KiB, no control characters
+    /// (it is sent in HTTP headers).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(min_length = 1, max_length = 16384, pattern = "^[^\\x00-\\x1f\\x7f]*$")
+    )]
     pub value: String,
-    /// Where it may be sent: domains (`api.example.com`, `*.example.com`) or addresses, with
-    /// an optional port.
+    /// Where it may be sent (1–16 entries): domains (`api.example.com`, `*.example.com`) or
+    /// addresses, with an optional port.
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 16))]
     pub hosts: Vec<String>,
 }
 

@@ -41,6 +41,7 @@ pub struct SnapshotList {
 pub struct CreateSnapshot {
     /// 1–128 characters of `[A-Za-z0-9._-]`; unique per tenant only by choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._-]{1,128}$"))]
     pub name: Option<String>,
 }
 

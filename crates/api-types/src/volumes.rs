@@ -46,10 +46,14 @@ pub struct VolumeList {
 #[serde(deny_unknown_fields)]
 pub struct CreateVolume {
     /// 1–128 characters of `[A-Za-z0-9._-]`, unique per tenant; not shaped like a volume id.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._-]{1,128}$"))]
     pub name: String,
     /// Size quota (default: the server's `[sessions] volume_default_size_mib`; a copy has its
     /// source's).
+    /// At least 16, at most the server's `volume_max_size_mib`, the `maximum` of the document
+    /// a daemon serves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 16))]
     pub size_mib: Option<u64>,
     /// Make it a copy of this volume (id or name) as it is now: a btrfs snapshot sharing
     /// blocks, or a copy of an ext4 image (only while no session has that one mounted).

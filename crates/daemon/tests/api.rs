@@ -785,6 +785,113 @@ async fn health_metrics_and_openapi() {
     assert!(spec["components"]["schemas"]["CreateSession"].is_object());
 }
 
+/// A bound of the served document: `key` (`minimum`, `maxLength`, ...) of the schema at `at`.
+fn bound(spec: &Value, at: &str, key: &str) -> u64 {
+    spec.pointer(&format!("{at}/{key}"))
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("the document states no {key} at {at}"))
+}
+
+/// The schema of query parameter `name` of `GET path`, as a JSON pointer.
+fn query_param(spec: &Value, path: &str, name: &str) -> String {
+    let params = spec["paths"][path]["get"]["parameters"]
+        .as_array()
+        .unwrap_or_else(|| panic!("GET {path} has no parameters"));
+    let i = params
+        .iter()
+        .position(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("GET {path} has no parameter {name}"));
+    format!(
+        "/paths/{}/get/parameters/{i}/schema",
+        path.replace('/', "~1")
+    )
+}
+
+/// A client that trusts the served document gets no 400 at its bounds and a 400 just past
+/// them: the bounds stated (the configured maxima included) are the ones enforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_document_states_the_bounds_the_daemon_enforces() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(
+        "[sessions]\nreap_interval = 0.2\npool = {}\nmax_timeout_s = 600\nmax_exec_timeout_ms = 5000\n",
+    )
+    .await;
+    let (_, spec) = d.json(Method::GET, "/openapi.json", Value::Null).await;
+    let schemas = "/components/schemas";
+
+    let at = format!("{schemas}/CreateSession/properties/timeout_s");
+    let (low, high) = (bound(&spec, &at, "minimum"), bound(&spec, &at, "maximum"));
+    assert_eq!((low, high), (1, 600), "the configured maximum is served");
+    for (timeout, want) in [(low - 1, 400), (high + 1, 400), (high, 201)] {
+        let (status, v) = d.json(Method::POST, S, json!({"timeout_s": timeout})).await;
+        assert_eq!(status.as_u16(), want, "timeout_s {timeout}: {v}");
+    }
+    let id = d.create(json!({})).await;
+
+    let at = format!("{schemas}/SetTimeout/properties/timeout_s");
+    let high = bound(&spec, &at, "maximum");
+    for (timeout, want) in [(high + 1, 400), (high, 200)] {
+        let (status, v) = d
+            .json(
+                Method::POST,
+                &format!("{S}/{id}/timeout"),
+                json!({"timeout_s": timeout}),
+            )
+            .await;
+        assert_eq!(status.as_u16(), want, "set timeout_s {timeout}: {v}");
+    }
+
+    let at = format!("{schemas}/ExecRequest/properties/timeout_ms");
+    let high = bound(&spec, &at, "maximum");
+    assert_eq!(high, 5000);
+    for (timeout, want) in [(high + 1, 400), (high, 200)] {
+        let (status, v) = d
+            .json(
+                Method::POST,
+                &format!("{S}/{id}/exec"),
+                json!({"cmd": ["true"], "timeout_ms": timeout}),
+            )
+            .await;
+        assert_eq!(status.as_u16(), want, "exec timeout_ms {timeout}: {v}");
+    }
+
+    // A path at its longest is looked up (and not found); one byte more is refused.
+    let at = query_param(&spec, "/v1/sandbox/sessions/{id}/files/stat", "path");
+    let (shortest, longest) = (
+        bound(&spec, &at, "minLength"),
+        bound(&spec, &at, "maxLength"),
+    );
+    let d = &d;
+    let stat = |path: String| {
+        let url = format!("{S}/{id}/files/stat?path={path}");
+        async move { d.json(Method::GET, &url, Value::Null).await }
+    };
+    assert_eq!(shortest, 1);
+    assert_eq!(stat(String::new()).await.0, StatusCode::BAD_REQUEST);
+    // `/` and 99 `a`s, over and over: no name is over the kernel's NAME_MAX.
+    let long = |n: u64| {
+        (0..n)
+            .map(|i| if i % 100 == 0 { '/' } else { 'a' })
+            .collect::<String>()
+    };
+    let (status, v) = stat(long(longest)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    assert_eq!(stat(long(longest + 1)).await.0, StatusCode::BAD_REQUEST);
+
+    let at = query_param(&spec, "/v1/sandbox/sessions/{id}/files/list", "depth");
+    let deepest = bound(&spec, &at, "maximum");
+    for (depth, want) in [(deepest + 1, 400), (deepest, 200), (0, 400)] {
+        let (status, v) = d
+            .json(
+                Method::GET,
+                &format!("{S}/{id}/files/list?path=/tmp&depth={depth}"),
+                Value::Null,
+            )
+            .await;
+        assert_eq!(status.as_u16(), want, "depth {depth}: {v}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_pool_hands_out_and_refills() {
     let Some(()) = root_or_skip() else { return };

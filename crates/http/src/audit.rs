@@ -16,6 +16,7 @@ pub struct AuditQuery {
     /// Entries older than this id (from `next_before` of the previous page).
     before: Option<i64>,
     /// 1..=1000, default 100.
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
 }
 

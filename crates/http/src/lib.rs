@@ -138,7 +138,8 @@ fn add_error_response(responses: &mut utoipa::openapi::Responses, status: &str, 
 /// What the shared extractors (`extract.rs`) and the live-session lookup answer, documented
 /// once for every operation they serve rather than repeated (and forgotten) per handler: a
 /// parameter or body that does not parse is 400, a JSON body 413/415, and an operation on a
-/// session 404 (no such session of the tenant), 409 (it is paused) or 410 (it stopped).
+/// session 404 (no such session of the tenant), 409 (it is paused) or 410 (it stopped); a
+/// volume's file operations answer 409 from the path walk they share.
 fn input_responses(path: &str, op: &mut utoipa::openapi::path::Operation) {
     let has_input =
         op.parameters.as_ref().is_some_and(|p| !p.is_empty()) || op.request_body.is_some();
@@ -167,6 +168,13 @@ fn input_responses(path: &str, op: &mut utoipa::openapi::path::Operation) {
             responses,
             "502",
             "SANDBOX-NODE-UNREACHABLE: the node holding the session (in a cluster) could not be reached to forward the request to it",
+        );
+    }
+    if path.starts_with("/v1/sandbox/volumes/{volume}/files") {
+        add_error_response(
+            responses,
+            "409",
+            "SANDBOX-CONFLICT: a component of the path is not a directory, or the entry is not of the kind the operation takes (a directory to download, a file to list)",
         );
     }
     if path.starts_with("/v1/sandbox/sessions/{id}/") {
@@ -372,8 +380,44 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
-async fn openapi_json() -> impl IntoResponse {
-    axum::Json(openapi())
+async fn openapi_json(State(s): State<AppState>) -> impl IntoResponse {
+    axum::Json(openapi_for(s.manager.config()))
+}
+
+/// The document a daemon serves: the generated one with the maxima its configuration sets,
+/// which the annotations cannot know (they state the fixed bounds).
+pub fn openapi_for(cfg: &koder_sessions::SessionConfig) -> utoipa::openapi::OpenApi {
+    let mut doc = openapi();
+    let maxima = [
+        ("CreateSession", "timeout_s", cfg.max_timeout_s),
+        ("SetTimeout", "timeout_s", cfg.max_timeout_s),
+        ("ExecRequest", "timeout_ms", cfg.max_exec_timeout_ms),
+        ("RunCode", "timeout_ms", cfg.max_exec_timeout_ms),
+        ("CreateVolume", "size_mib", cfg.volume_max_size_mib),
+    ];
+    for (schema, field, max) in maxima {
+        if let Some(object) = property(&mut doc, schema, field) {
+            object.maximum = Some(utoipa::Number::UInt(max as usize));
+        }
+    }
+    doc
+}
+
+/// The schema of `field` of the component `schema`, when it is an inline object schema.
+fn property<'a>(
+    doc: &'a mut utoipa::openapi::OpenApi,
+    schema: &str,
+    field: &str,
+) -> Option<&'a mut utoipa::openapi::schema::Object> {
+    use utoipa::openapi::{schema::Schema, RefOr};
+    let components = doc.components.as_mut()?;
+    let RefOr::T(Schema::Object(object)) = components.schemas.get_mut(schema)? else {
+        return None;
+    };
+    match object.properties.get_mut(field)? {
+        RefOr::T(Schema::Object(field)) => Some(field),
+        _ => None,
+    }
 }
 
 async fn not_found() -> ApiError {
@@ -390,6 +434,36 @@ async fn method_not_allowed() -> ApiError {
 
 #[cfg(test)]
 mod tests {
+    /// Every configured maximum lands on a field of the document: a renamed schema or field
+    /// would otherwise drop its bound silently.
+    #[test]
+    fn the_served_document_carries_the_configured_maxima() {
+        let cfg = koder_sessions::SessionConfig {
+            max_timeout_s: 77,
+            max_exec_timeout_ms: 88,
+            volume_max_size_mib: 99,
+            ..Default::default()
+        };
+        let doc = serde_json::to_value(crate::openapi_for(&cfg)).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        for (schema, field, max) in [
+            ("CreateSession", "timeout_s", 77),
+            ("SetTimeout", "timeout_s", 77),
+            ("ExecRequest", "timeout_ms", 88),
+            ("RunCode", "timeout_ms", 88),
+            ("CreateVolume", "size_mib", 99),
+        ] {
+            let field = &schemas[schema]["properties"][field];
+            assert_eq!(field["maximum"], max, "{schema}: {field}");
+            assert!(field["minimum"].as_u64().is_some(), "{schema}: {field}");
+        }
+        let plain = serde_json::to_value(crate::openapi()).unwrap();
+        assert!(
+            plain["components"]["schemas"]["SetTimeout"]["properties"]["timeout_s"]["maximum"]
+                .is_null()
+        );
+    }
+
     #[test]
     fn openapi_lists_the_input_answers() {
         let doc = crate::openapi();
@@ -412,6 +486,9 @@ mod tests {
                 }
                 if path.starts_with("/v1/sandbox/sessions/{id}") {
                     assert!(has("502"), "{path} lacks the cluster's 502");
+                }
+                if path.starts_with("/v1/sandbox/volumes/{volume}/files") {
+                    assert!(has("409"), "{path} lacks 409");
                 }
             }
         }

@@ -34,6 +34,7 @@ pub struct UpstreamInfo {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PinPreview {
+    #[schema(minimum = 1, maximum = 65535)]
     pub port: u16,
 }
 

@@ -125,21 +125,26 @@ pub async fn exec(
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct PathQuery {
-    /// Path inside the sandbox; relative paths are below /workspace.
+    /// Path inside the sandbox, at most 4096 bytes; relative paths are below /workspace.
+    #[param(min_length = 1, max_length = 4096, pattern = "^[^\\x00]*$")]
     path: String,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
+    #[param(min_length = 1, max_length = 4096, pattern = "^[^\\x00]*$")]
     path: String,
+    /// Levels below `path` (default 1).
     #[serde(default = "one")]
+    #[param(minimum = 1, maximum = 32)]
     depth: u32,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct RemoveQuery {
+    #[param(min_length = 1, max_length = 4096, pattern = "^[^\\x00]*$")]
     path: String,
     #[serde(default)]
     recursive: bool,

@@ -33,16 +33,19 @@ pub fn routes() -> Router<AppState> {
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct VolumePath {
-    /// Path inside the volume, from its root: `/notes/a.txt`.
+    /// Path inside the volume, from its root: `/notes/a.txt` (no `..` component).
+    #[param(min_length = 1, max_length = 4096, pattern = "^/[^\\x00]*$")]
     path: String,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeListQuery {
+    #[param(min_length = 1, max_length = 4096, pattern = "^/[^\\x00]*$")]
     path: String,
     /// 1–32 levels (default 1).
     #[serde(default = "one")]
+    #[param(minimum = 1, maximum = 32)]
     depth: u32,
 }
 
@@ -53,14 +56,18 @@ fn one() -> u32 {
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct UploadQuery {
+    #[param(min_length = 1, max_length = 4096, pattern = "^/[^\\x00]*$")]
     path: String,
     /// Replace an existing file (default: refuse with 409).
     #[serde(default)]
     overwrite: bool,
-    /// Owner inside sandboxes (default 1000, the sandbox's `user`).
+    /// Owner inside sandboxes, 0..=65535 (default 1000, the sandbox's `user`).
+    #[param(maximum = 65535)]
     uid: Option<u32>,
+    #[param(maximum = 65535)]
     gid: Option<u32>,
-    /// Permission bits (default 0644).
+    /// Permission bits, at most 0o7777 (default 0644).
+    #[param(maximum = 4095)]
     mode: Option<u32>,
 }
 
@@ -68,12 +75,18 @@ pub struct UploadQuery {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeMakeDir {
+    #[schema(min_length = 1, max_length = 4096, pattern = "^/[^\\x00]*$")]
     path: String,
     /// Create missing parents; an existing directory is then fine.
     #[serde(default)]
     parents: bool,
+    /// Owner inside sandboxes, 0..=65535.
+    #[schema(maximum = 65535)]
     uid: Option<u32>,
+    #[schema(maximum = 65535)]
     gid: Option<u32>,
+    /// Permission bits, at most 0o7777 (default 0755).
+    #[schema(maximum = 4095)]
     mode: Option<u32>,
 }
 
@@ -81,9 +94,13 @@ pub struct VolumeMakeDir {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeMetadata {
+    /// Owner inside sandboxes, 0..=65535.
+    #[schema(maximum = 65535)]
     uid: Option<u32>,
+    #[schema(maximum = 65535)]
     gid: Option<u32>,
     /// Permission bits, at most 0o7777.
+    #[schema(maximum = 4095)]
     mode: Option<u32>,
 }
 

@@ -45,8 +45,7 @@ use koder_runtime::slots::Slots;
 pub use layers::MAX_LOWER_LAYERS;
 pub use spawn::IdMap;
 
-/// Ids inside a sandbox: 0..65536, like a normal Linux system.
-pub const SANDBOX_IDS: u32 = 65536;
+pub use koder_runtime::SANDBOX_IDS;
 /// The agent's host pid, in its sandbox directory, for reconciliation after a crash.
 const AGENT_PID_FILE: &str = "agent.pid";
 /// RLIMIT_NPROC of sandbox processes.

@@ -81,6 +81,10 @@ pub struct VolumeMount {
 
 pub const MAX_ID_LEN: usize = 64;
 
+/// Ids inside a sandbox: 0..65536, like a normal Linux system. The jail maps this many host ids
+/// to each sandbox, and volumes (shared between sandboxes) hold owners in this range.
+pub const SANDBOX_IDS: u32 = 65536;
+
 /// Resource limits; `None` means the runtime's default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {

@@ -19,6 +19,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use koder_runtime::SANDBOX_IDS;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat, CWD};
 use rustix::io::Errno;
 
@@ -127,6 +128,7 @@ pub fn make_dir(
     owner: Option<(u32, u32)>,
     mode: Option<u32>,
 ) -> Result<Entry, VolumeError> {
+    check_owner(owner.map(|o| o.0), owner.map(|o| o.1))?;
     let mode = check_mode(mode)?.unwrap_or(DIR_MODE);
     let path = VolPath::parse(path)?;
     let rootfd = open_root(root)?;
@@ -241,6 +243,7 @@ pub fn create_file(
     owner: Option<(u32, u32)>,
     mode: Option<u32>,
 ) -> Result<NewFile, VolumeError> {
+    check_owner(owner.map(|o| o.0), owner.map(|o| o.1))?;
     let mode = check_mode(mode)?.unwrap_or(FILE_MODE);
     let path = VolPath::parse(path)?;
     if path.comps.is_empty() {
@@ -350,6 +353,7 @@ pub fn set_metadata(
     gid: Option<u32>,
     mode: Option<u32>,
 ) -> Result<Entry, VolumeError> {
+    check_owner(uid, gid)?;
     let mode = check_mode(mode)?;
     let path = VolPath::parse(path)?;
     let rootfd = open_root(root)?;
@@ -515,6 +519,17 @@ fn time(secs: i64, nsecs: impl TryInto<u32>) -> SystemTime {
     } else {
         SystemTime::UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
             + Duration::from_nanos(u64::from(nsecs))
+    }
+}
+
+/// An owner a sandbox can see: a neutral id past the sandbox's id range would show as the
+/// overflow id (`nobody`) in every sandbox, and `u32::MAX` would mean "unchanged" to chown.
+fn check_owner(uid: Option<u32>, gid: Option<u32>) -> Result<(), VolumeError> {
+    match uid.into_iter().chain(gid).find(|&id| id >= SANDBOX_IDS) {
+        Some(id) => Err(VolumeError::InvalidArgument(format!(
+            "owner id {id} is outside a sandbox's ids 0..{SANDBOX_IDS}"
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -255,6 +255,36 @@ fn make_dir_follows_mkdir_p() {
     assert!(matches!(err, VolumeError::InvalidArgument(_)), "{err}");
 }
 
+/// Owners are ids a sandbox can see: past 0..65536 an id would show as `nobody` everywhere,
+/// and `u32::MAX` would tell chown to leave the owner as it is.
+#[test]
+fn owners_outside_a_sandboxs_ids_are_refused() {
+    let s = setup();
+    let last = koder_runtime::SANDBOX_IDS - 1;
+    let e = fs::make_dir(&s.root, "/ok", false, Some((last, last)), None).unwrap();
+    assert_eq!((e.uid, e.gid), (last, last));
+    for owner in [(last + 1, 0), (0, last + 1), (u32::MAX, 0)] {
+        let refused = [
+            fs::make_dir(&s.root, "/d", false, Some(owner), None).err(),
+            fs::create_file(&s.root, "/f", false, Some(owner), None).err(),
+            fs::set_metadata(&s.root, "/ok", Some(owner.0), Some(owner.1), None).err(),
+        ];
+        for err in refused {
+            assert!(
+                matches!(err, Some(VolumeError::InvalidArgument(_))),
+                "{owner:?}: {err:?}"
+            );
+        }
+    }
+    let e = fs::stat(&s.root, "/ok").unwrap();
+    assert_eq!(
+        (e.uid, e.gid),
+        (last, last),
+        "a refused change changes nothing"
+    );
+    assert!(!s.root.join("d").exists() && !s.root.join("f").exists());
+}
+
 #[test]
 fn list_goes_depth_first_to_the_depth_and_never_into_symlinks() {
     let s = setup();

@@ -233,6 +233,11 @@ impl Manager {
         &self.metrics
     }
 
+    /// The bounds requests are checked against (the served OpenAPI document states them).
+    pub fn config(&self) -> &SessionConfig {
+        &self.cfg
+    }
+
     pub(crate) fn metrics_handle(&self) -> Arc<Metrics> {
         self.metrics.clone()
     }
