@@ -162,6 +162,25 @@ def test_bash_is_a_long_lived_shell():
         sb.kill()
 
 
+def test_java_is_jshell_with_the_environment_as_properties():
+    sb = CodeSandbox.create(envs={"SANDBOX_WIDE": "everywhere"})
+    try:
+        ex = sb.run_code('System.getProperty("user.dir")', language="java")
+        assert (ex.text, ex.error) == ("/home/user", None)
+        ex = sb.run_code(
+            'int n = 41;\nSystem.out.println(System.getProperty("SANDBOX_WIDE"));', language="java"
+        )
+        assert (ex.logs.stdout, ex.error) == (["everywhere\n"], None)
+        ex = sb.run_code('n + 1 + System.getProperty("FOO")', language="java", envs={"FOO": "bar"})
+        assert ex.text == "42bar"
+        assert sb.run_code('System.getProperty("FOO", "unset")', language="java").text == "unset"
+        ex = sb.run_code('Object o = null; o.toString()', language="java")
+        assert ex.error.name == "java.lang.NullPointerException"
+        assert [c.language for c in sb.list_code_contexts()].count("java") == 1
+    finally:
+        sb.kill()
+
+
 def test_rich_formats_as_e2b_names_them(code_sandbox):
     # A DataFrame's columns come as `data` beside its html and text; LaTeX and JPEG
     # representations as `latex` and `jpeg`.

@@ -517,6 +517,74 @@ fn bash_contexts_keep_their_shell() {
     });
 }
 
+/// A Java context is one JShell: declarations persist; an expression's value is the run's
+/// result (a string as it is, not as a literal); compile errors and exceptions are the run's
+/// error; the environment is in the system properties, a run's own only for that run (as
+/// E2B's Java kernel); a cancelled run stops without ending the JVM.
+#[test]
+fn java_contexts_keep_their_jshell() {
+    let h = harness();
+    rt().block_on(async {
+        let c = create(&h.client, "java").await;
+        assert_eq!(c.language, "java");
+        let id = c.context_id.as_str();
+        let r = run(&h.client, id, "int x = 41;\nString greet(String who) { return \"hi \" + who; }\nSystem.out.println(\"out\"); System.err.println(\"err\");")
+            .await
+            .ok();
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("out\n", "err\n"));
+        assert!(r.outcome.results.is_empty(), "declarations and statements have no value: {r:?}");
+        let r = run(&h.client, id, "x + 1").await.ok();
+        assert_eq!(r.text(), Some("42"));
+        let r = run(&h.client, id, "greet(\"é\\\"\\n\") + x").await.ok();
+        assert_eq!(r.text(), Some("hi é\"\n41"));
+        let r = run(&h.client, id, "int[] a = new int[2];\na[5]").await;
+        assert_eq!(r.error_name(), Some("java.lang.ArrayIndexOutOfBoundsException"));
+        let e = r.outcome.error.as_ref().unwrap();
+        assert_eq!(e.value, "Index 5 out of bounds for length 2");
+        let r = run(&h.client, id, "x +\nnope").await;
+        assert_eq!(r.error_name(), Some("CompilationException"));
+        assert!(r.outcome.error.as_ref().unwrap().value.contains("cannot find symbol"), "{r:?}");
+        let env = [("RUN_PROP", "for this run")];
+        let r = try_run_with_env(&h.client, id, "System.getProperty(\"RUN_PROP\")", Some(60_000), &env, None)
+            .await
+            .unwrap()
+            .ok();
+        assert_eq!(r.text(), Some("for this run"));
+        let r = run(&h.client, id, "System.getProperty(\"RUN_PROP\", \"unset\") + System.getProperty(\"HOME\").isEmpty()")
+            .await
+            .ok();
+        assert_eq!(r.text(), Some("unsetfalse"), "the context's environment is there too");
+        assert_eq!(
+            agent_code(try_run(&h.client, id, "1\0", Some(30_000)).await),
+            ErrorCode::InvalidRequest
+        );
+        let mut s = h
+            .client
+            .open(ToAgent::ContextRun {
+                context_id: id.into(),
+                code: "long n = 0;\nwhile (true) { if (++n == 1000) System.out.println(\"ready\"); }"
+                    .into(),
+                timeout_ms: Some(120_000),
+                env: Vec::new(),
+                trace: None,
+                default_env: Vec::new(),
+            })
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        while !out.ends_with(b"ready\n") {
+            let Ok(FromAgent::Stdout(d)) = s.recv().await else {
+                panic!("no output")
+            };
+            out.extend_from_slice(&d);
+        }
+        drop(s);
+        let r = run(&h.client, id, "n >= 1000 && x == 41").await.ok();
+        assert_eq!(r.text(), Some("true"), "the loop stopped and the JVM lives on: {r:?}");
+        assert!(!r.outcome.restarted);
+    });
+}
+
 /// A create that names its context is idempotent: the context of that id is answered as it
 /// is, state and all, and a different language for the id is refused.
 #[test]

@@ -13,8 +13,9 @@ use utoipa::ToSchema;
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateContext {
-    /// "python" (default), "node" (aliases: "py", "javascript", "js") or "bash" (a long-lived
-    /// shell: variables, functions and the directory persist; aliases "sh", "shell").
+    /// "python" (default), "node" (aliases: "py", "javascript", "js"), "bash" (a long-lived
+    /// shell: variables, functions and the directory persist; aliases "sh", "shell") or "java"
+    /// (JShell: classes, methods and variables persist; the image needs a JDK).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
     /// Working directory of the interpreter (an existing absolute path; default the session's).

@@ -569,3 +569,31 @@ async fn contexts_take_a_cwd_and_an_environment() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {e}");
     }
 }
+
+/// A Java context runs in the sandbox's own JVM (the host image has the host's JDK, which
+/// scripts/setup.sh installs): JShell under the jail's seccomp filter, Landlock rules and
+/// limits, in its cwd, with the environment as system properties.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn java_contexts_run_jshell_in_the_sandbox() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let (status, c) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/contexts"),
+            json!({"language": "java", "cwd": "/tmp", "env": {"CTX_VAR": "x"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{c}");
+    assert_eq!(c["language"], "java");
+    let cid = c["context_id"].as_str().unwrap();
+    let code = "record Point(int x, int y) {}\nvar p = new Point(1, 2);\nSystem.out.println(p);";
+    let r = run(&d, &id, cid, json!({ "code": code })).await;
+    assert_eq!(r["stdout"], "Point[x=1, y=2]\n", "{r}");
+    let code = "System.getProperty(\"user.dir\") + \":\" + System.getProperty(\"CTX_VAR\") + \":\" + p.x()";
+    let r = run(&d, &id, cid, json!({ "code": code })).await;
+    assert_eq!(main_result(&r)["text"], "/tmp:x:1", "{r}");
+    let r = run(&d, &id, cid, json!({"code": "Integer.parseInt(\"nope\")"})).await;
+    assert_eq!(r["error"]["name"], "java.lang.NumberFormatException", "{r}");
+}

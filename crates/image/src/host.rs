@@ -1,7 +1,8 @@
 //! The `host` image: the host's /usr, read-only, under a generated minimal root.
 //!
 //! Only what programs need to run is generated or copied (accounts, name service switch, hosts,
-//! CA certificates, the dynamic linker cache, Debian's alternatives symlinks). Nothing else of
+//! CA certificates, the dynamic linker cache, Debian's alternatives symlinks, the OpenJDKs'
+//! configuration, which their /usr trees link to). Nothing else of
 //! the host's /etc — shadow, ssh keys, machine-id, private TLS keys — ever enters a sandbox.
 //! Commands users expect by a name the host's Debian lacks get a shim (`python` → `python3`)
 //! in a directory of the generated root that comes last in the image's PATH.
@@ -15,7 +16,7 @@ use koder_runtime::RuntimeError;
 use crate::{default_env, Image, DEFAULT_WORKDIR, HOST};
 
 /// Bumped whenever the generated content changes, so old trees are rebuilt.
-const HOST_IMAGE_VERSION: &str = "3";
+const HOST_IMAGE_VERSION: &str = "4";
 const MARKER: &str = ".koder-image";
 
 /// The generated root's directory of command shims, last in [`host_env`]'s PATH so that a
@@ -93,10 +94,28 @@ fn build_host_layer(images_dir: &Path, layer: &Path) -> Result<(), RuntimeError>
     ] {
         copy_public(&Path::new("/etc").join(public), &etc.join(public)).map_err(io(public))?;
     }
+    for jdk in jdk_configs(Path::new("/etc")).map_err(io("java"))? {
+        copy_public(&Path::new("/etc").join(&jdk), &etc.join(&jdk)).map_err(io("java"))?;
+    }
     write_shims(&staging, Path::new("/")).map_err(io("shims"))?;
     std::fs::write(staging.join(MARKER), HOST_IMAGE_VERSION).map_err(io("marker"))?;
     let _ = std::fs::remove_dir_all(layer);
     std::fs::rename(&staging, layer).map_err(io("install"))
+}
+
+/// Debian's OpenJDK packages keep their configuration (`java.security`, policies, logging) in
+/// `/etc/java-<version>-openjdk`, which their `conf/` under /usr links to: without it a JVM
+/// stops at start-up. Public files, as shipped by the package.
+fn jdk_configs(etc: &Path) -> std::io::Result<Vec<String>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(etc)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.starts_with("java-") && name.ends_with("-openjdk") {
+            found.push(name);
+        }
+    }
+    found.sort();
+    Ok(found)
 }
 
 /// Links each shim whose target `host_root` has (a host without python3 gets no `python`).
@@ -182,6 +201,24 @@ mod tests {
         let path = img.env.iter().find(|(k, _)| k == "PATH").unwrap();
         assert!(path.1.ends_with(&format!(":{SHIM_DIR}")), "{}", path.1);
         assert!(path.1.starts_with("/usr/local/sbin:"), "{}", path.1);
+    }
+
+    #[test]
+    fn the_openjdk_configurations_are_found() {
+        let etc = tempfile::tempdir().unwrap();
+        for dir in [
+            "java-17-openjdk",
+            "java-21-openjdk",
+            "java",
+            "ssl",
+            "javascript-openjdk2",
+        ] {
+            std::fs::create_dir(etc.path().join(dir)).unwrap();
+        }
+        assert_eq!(
+            jdk_configs(etc.path()).unwrap(),
+            ["java-17-openjdk", "java-21-openjdk"]
+        );
     }
 
     #[test]

@@ -4,6 +4,9 @@ use crate::Error;
 
 pub const LANGUAGES: &[&str] = &["bash", "python", "node"];
 pub const DEFAULT_LANGUAGE: &str = "bash";
+/// Languages an interpreter context runs: a session's, and Java (JShell), which no session
+/// language or image of its own stands for.
+pub const CONTEXT_LANGUAGES: &[&str] = &["python", "node", "bash", "java"];
 
 /// Canonical language name (accepting common aliases), or a 400.
 pub fn canonical(name: &str) -> Result<&'static str, Error> {
@@ -18,6 +21,19 @@ pub fn canonical(name: &str) -> Result<&'static str, Error> {
             )))
         }
     })
+}
+
+/// Canonical name of a context's language, or a 400.
+pub fn context_language(name: &str) -> Result<&'static str, Error> {
+    match name {
+        "java" => Ok("java"),
+        other => canonical(other).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "unknown context language {other:?}; one of {}",
+                CONTEXT_LANGUAGES.join(", ")
+            ))
+        }),
+    }
 }
 
 /// argv that runs `code` in `language`'s interpreter.
@@ -39,6 +55,12 @@ mod tests {
         assert_eq!(canonical("py").unwrap(), "python");
         assert_eq!(canonical("js").unwrap(), "node");
         assert!(matches!(canonical("cobol"), Err(Error::InvalidArgument(_))));
+        assert!(canonical("java").is_err(), "no session runs java");
+        assert_eq!(context_language("java").unwrap(), "java");
+        assert_eq!(context_language("sh").unwrap(), "bash");
+        assert!(
+            matches!(context_language("cobol"), Err(Error::InvalidArgument(m)) if m.contains("java"))
+        );
         assert_eq!(
             code_argv("python", "print(1)").unwrap(),
             ["python3", "-c", "print(1)"]

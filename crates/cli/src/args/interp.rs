@@ -14,6 +14,8 @@ pub enum ContextLanguage {
     /// A long-lived shell: variables, functions and the directory persist between runs.
     #[value(aliases = ["sh", "shell"])]
     Bash,
+    /// JShell: classes, methods and variables persist between runs (needs a JDK in the image).
+    Java,
 }
 
 impl ContextLanguage {
@@ -22,6 +24,7 @@ impl ContextLanguage {
             ContextLanguage::Python => "python",
             ContextLanguage::Node => "node",
             ContextLanguage::Bash => "bash",
+            ContextLanguage::Java => "java",
         }
     }
 }

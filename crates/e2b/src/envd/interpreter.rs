@@ -65,24 +65,28 @@ async fn json_body<T: for<'de> Deserialize<'de> + Default>(body: Body) -> Result
     serde_json::from_slice(&bytes).map_err(|e| HttpError::bad_request(format!("invalid JSON: {e}")))
 }
 
-/// The manager's language for an E2B one: Python, JavaScript and bash have interpreters.
+/// The manager's language for an E2B one: Python, JavaScript, bash and Java have
+/// interpreters.
 fn language(name: Option<&str>) -> Result<&'static str, HttpError> {
     match name.unwrap_or("python") {
         "python" | "python3" | "py" => Ok("python"),
         "js" | "javascript" | "node" | "nodejs" => Ok("node"),
         "bash" | "sh" | "shell" => Ok("bash"),
+        "java" => Ok("java"),
         other => Err(HttpError::bad_request(format!(
-            "language {other:?} is not available; python, javascript or bash"
+            "language {other:?} is not available; python, javascript, bash or java"
         ))),
     }
 }
 
 /// The id of the sandbox's default context in `lang` (the manager's own default for Python).
-/// Python's and JavaScript's exist from the start, as E2B's; bash's is made by its first run.
+/// Python's and JavaScript's exist from the start, as E2B's; bash's and Java's are made by
+/// their first run.
 fn default_context_id(lang: &str) -> &'static str {
     match lang {
         "python" => DEFAULT_CONTEXT,
         "node" => "default-javascript",
+        "java" => "default-java",
         _ => "default-bash",
     }
 }
@@ -376,6 +380,8 @@ mod tests {
         assert_eq!(language(None).unwrap(), "python");
         assert_eq!(language(Some("js")).unwrap(), "node");
         assert_eq!(language(Some("bash")).unwrap(), "bash");
+        assert_eq!(language(Some("java")).unwrap(), "java");
+        assert_eq!(default_context_id("java"), "default-java");
         assert_eq!(language(Some("r")).unwrap_err().status.as_u16(), 400);
         let r = RichResult {
             is_main_result: true,

@@ -228,7 +228,7 @@ impl Manager {
                 )));
             }
         }
-        let language = languages::canonical(language)?;
+        let language = languages::context_language(language)?;
         if let Some(cid) = opts.context_id.as_deref() {
             validate_context_id(cid)
                 .map_err(|_| Error::InvalidArgument(format!("context id {cid:?} is not valid")))?;

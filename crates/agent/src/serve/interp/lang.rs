@@ -9,6 +9,7 @@ use super::control::Request;
 const PYTHON_DRIVER: &str = include_str!("../../../drivers/python_driver.py");
 const NODE_DRIVER: &str = include_str!("../../../drivers/node_driver.js");
 const BASH_DRIVER: &str = include_str!("../../../drivers/bash_driver.sh");
+const JAVA_DRIVER: &str = include_str!("../../../drivers/java_driver.java");
 
 /// Where an interpreter finds its driver's source: a sealed memfd, read once (at offset 0) and
 /// closed by a one-line bootstrap, so no source sits in any process's command line.
@@ -30,12 +31,17 @@ const NODE_BOOT: &str = "(0,eval)((f=>{const b=Buffer.alloc(1<<20),n=f.readSync(
 /// shell itself, so its functions and variables are the context's.
 const BASH_BOOT: &str =
     "IFS= read -r -d '' __koder_driver </proc/self/fd/5; exec 5<&-; eval \"$__koder_driver\"";
+/// The JDK's source launcher compiles the driver in memory from the path (a fresh open of the
+/// memfd). The serial collector: one GC thread and the smallest heap overhead, for sandboxes
+/// of a few hundred MiB.
+const JAVA_ARGS: &[&str] = &["-XX:+UseSerialGC", "--source", "11", "/proc/self/fd/5"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Lang {
     Python,
     Node,
     Bash,
+    Java,
 }
 
 impl Lang {
@@ -44,6 +50,7 @@ impl Lang {
             "python" | "python3" | "py" => Some(Lang::Python),
             "node" | "nodejs" | "javascript" | "js" => Some(Lang::Node),
             "bash" | "sh" | "shell" => Some(Lang::Bash),
+            "java" => Some(Lang::Java),
             _ => None,
         }
     }
@@ -53,6 +60,7 @@ impl Lang {
             Lang::Python => "python",
             Lang::Node => "node",
             Lang::Bash => "bash",
+            Lang::Java => "java",
         }
     }
 
@@ -61,6 +69,7 @@ impl Lang {
             Lang::Python => "python3",
             Lang::Node => "node",
             Lang::Bash => "bash",
+            Lang::Java => "java",
         }
     }
 
@@ -70,6 +79,7 @@ impl Lang {
             Lang::Python => &["-u", "-c", PYTHON_BOOT],
             Lang::Node => &["-e", NODE_BOOT],
             Lang::Bash => &["-c", BASH_BOOT],
+            Lang::Java => JAVA_ARGS,
         }
     }
 
@@ -78,20 +88,22 @@ impl Lang {
             Lang::Python => PYTHON_DRIVER,
             Lang::Node => NODE_DRIVER,
             Lang::Bash => BASH_DRIVER,
+            Lang::Java => JAVA_DRIVER,
         }
     }
 
-    /// One run's request as this language's driver reads it: a JSON line, or for bash (which
-    /// cannot parse JSON) NUL-separated fields, which its code then must not contain.
+    /// One run's request as this language's driver reads it: a JSON line, or for bash and
+    /// Java (which cannot parse JSON) NUL-separated fields, which its code then must not
+    /// contain.
     pub(super) fn request(self, req: &Request) -> Result<Vec<u8>, AgentError> {
         let bad = |m: String| AgentError::new(ErrorCode::InvalidRequest, m);
-        if self != Lang::Bash {
+        if matches!(self, Lang::Python | Lang::Node) {
             let mut line = serde_json::to_vec(req).map_err(|e| bad(format!("code: {e}")))?;
             line.push(b'\n');
             return Ok(line);
         }
         if req.code.contains('\0') {
-            return Err(bad("bash code cannot hold NUL bytes".into()));
+            return Err(bad(format!("{} code cannot hold NUL bytes", self.name())));
         }
         let mut out = format!("{}\0{}\0", req.n, req.code).into_bytes();
         for (k, v) in &req.env {
