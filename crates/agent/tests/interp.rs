@@ -138,6 +138,29 @@ async fn run(client: &AgentClient, cid: &str, code: &str) -> Ran {
         .unwrap_or_else(|e| panic!("run {code:?}: {e}"))
 }
 
+/// Starts `code` in context `cid` and goes away once its output ends with "ready\n": the run
+/// is abandoned mid-way, as by a client that disconnects.
+async fn abandon_once_ready(client: &AgentClient, cid: &str, code: &str) {
+    let mut s = client
+        .open(ToAgent::ContextRun {
+            context_id: cid.into(),
+            code: code.into(),
+            timeout_ms: Some(120_000),
+            env: Vec::new(),
+            trace: None,
+            default_env: Vec::new(),
+        })
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while !out.ends_with(b"ready\n") {
+        let Ok(FromAgent::Stdout(d)) = s.recv().await else {
+            panic!("no output")
+        };
+        out.extend_from_slice(&d);
+    }
+}
+
 fn agent_code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> ErrorCode {
     match r {
         Err(ClientError::Agent(e)) => e.code,
@@ -484,26 +507,7 @@ fn bash_contexts_keep_their_shell() {
             signal.signal(signal.SIGINT, lambda *a: signal.signal(signal.SIGINT, signal.SIG_DFL))\n\
             print('ready', flush=True); time.sleep(60)\"";
         for code in ["echo ready; sleep 60; echo never", swallows_one] {
-            let mut s = h
-                .client
-                .open(ToAgent::ContextRun {
-                    context_id: id.into(),
-                    code: code.into(),
-                    timeout_ms: Some(120_000),
-                    env: Vec::new(),
-                    trace: None,
-                    default_env: Vec::new(),
-                })
-                .await
-                .unwrap();
-            let mut out = Vec::new();
-            while !out.ends_with(b"ready\n") {
-                let Ok(FromAgent::Stdout(d)) = s.recv().await else {
-                    panic!("no output")
-                };
-                out.extend_from_slice(&d);
-            }
-            drop(s);
+            abandon_once_ready(&h.client, id, code).await;
             let r = run(&h.client, id, "echo $x").await.ok();
             assert_eq!(r.stdout, "41\n", "{code}");
         }
@@ -558,27 +562,8 @@ fn java_contexts_keep_their_jshell() {
             agent_code(try_run(&h.client, id, "1\0", Some(30_000)).await),
             ErrorCode::InvalidRequest
         );
-        let mut s = h
-            .client
-            .open(ToAgent::ContextRun {
-                context_id: id.into(),
-                code: "long n = 0;\nwhile (true) { if (++n == 1000) System.out.println(\"ready\"); }"
-                    .into(),
-                timeout_ms: Some(120_000),
-                env: Vec::new(),
-                trace: None,
-                default_env: Vec::new(),
-            })
-            .await
-            .unwrap();
-        let mut out = Vec::new();
-        while !out.ends_with(b"ready\n") {
-            let Ok(FromAgent::Stdout(d)) = s.recv().await else {
-                panic!("no output")
-            };
-            out.extend_from_slice(&d);
-        }
-        drop(s);
+        let code = "long n = 0;\nwhile (true) { if (++n == 1000) System.out.println(\"ready\"); }";
+        abandon_once_ready(&h.client, id, code).await;
         let r = run(&h.client, id, "n >= 1000 && x == 41").await.ok();
         assert_eq!(r.text(), Some("true"), "the loop stopped and the JVM lives on: {r:?}");
         assert!(!r.outcome.restarted);
@@ -852,21 +837,9 @@ fn a_cancelled_run_is_interrupted_and_the_state_kept() {
     rt().block_on(async {
         let id = create(&h.client, "python").await.context_id;
         run(&h.client, &id, "kept = 7").await.ok();
-        let mut s = h
-            .client
-            .open(ToAgent::ContextRun {
-                context_id: id.clone(),
-                code: "import time\nprint('sleeping', flush=True)\ntime.sleep(60)".into(),
-                timeout_ms: Some(120_000),
-                env: Vec::new(),
-                trace: None,
-                default_env: Vec::new(),
-            })
-            .await
-            .unwrap();
-        // The first output says the sleep has begun.
-        assert!(matches!(s.recv().await.unwrap(), FromAgent::Stdout(_)));
-        drop(s);
+        // The output says the sleep has begun.
+        let code = "import time\nprint('ready', flush=True)\ntime.sleep(60)";
+        abandon_once_ready(&h.client, &id, code).await;
         let began = Instant::now();
         let r = run(&h.client, &id, "kept").await.ok();
         assert!(began.elapsed() < Duration::from_secs(5));
