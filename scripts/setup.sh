@@ -21,5 +21,9 @@ cd "$(dirname "$0")"
   binutils=/usr/bin/readelf `# checks the agent scripts/lib/static-agent.sh builds is static` \
   libc6-dev=/usr/include/stdio.h `# its libc.a: glibc linked statically into that agent` \
   python3-matplotlib=/usr/lib/python3/dist-packages/matplotlib/__init__.py `# interpreter rich output` \
-  python3-pandas=/usr/lib/python3/dist-packages/pandas/__init__.py \
-  openjdk-17-jdk-headless=/usr/bin/jshell `# Java interpreter contexts (JShell) in host-image sandboxes`
+  python3-pandas=/usr/lib/python3/dist-packages/pandas/__init__.py
+# Interpreters of Java and R contexts in host-image sandboxes (their recommends are compilers
+# and documentation no context needs).
+./install-missing.sh --no-recommends \
+  openjdk-17-jdk-headless=/usr/bin/jshell \
+  r-base-core=/usr/bin/Rscript

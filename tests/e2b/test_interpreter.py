@@ -48,7 +48,7 @@ def test_javascript(code_sandbox):
 
 def test_unsupported_language_is_an_error(code_sandbox):
     with pytest.raises(Exception) as e:
-        code_sandbox.run_code("print(1)", language="r")
+        code_sandbox.run_code("print(1)", language="cobol")
     assert "not available" in str(e.value)
 
 
@@ -177,6 +177,22 @@ def test_java_is_jshell_with_the_environment_as_properties():
         ex = sb.run_code('Object o = null; o.toString()', language="java")
         assert ex.error.name == "java.lang.NullPointerException"
         assert [c.language for c in sb.list_code_contexts()].count("java") == 1
+    finally:
+        sb.kill()
+
+
+def test_r_is_one_session_printing_as_its_prompt_does():
+    sb = CodeSandbox.create(envs={"SANDBOX_WIDE": "everywhere"})
+    try:
+        ex = sb.run_code("getwd()", language="r")
+        assert (ex.results[0].text, ex.error) == ('[1] "/home/user"', None)
+        ex = sb.run_code('x <- 41\nprint(Sys.getenv("SANDBOX_WIDE"))', language="r")
+        assert (ex.logs.stdout, ex.error) == (['[1] "everywhere"\n'], None)
+        ex = sb.run_code('paste(x + 1, Sys.getenv("FOO"))', language="r", envs={"FOO": "bar"})
+        assert ex.text == '[1] "42 bar"'
+        assert sb.run_code('Sys.getenv("FOO", "unset")', language="r").text == '[1] "unset"'
+        ex = sb.run_code("stop('boom')", language="r")
+        assert (ex.error.name, ex.error.value) == ("Error", "boom")
     finally:
         sb.kill()
 

@@ -570,6 +570,96 @@ fn java_contexts_keep_their_jshell() {
     });
 }
 
+/// An R context is one R session: objects and functions persist; each top-level value is
+/// printed as at R's prompt, the last one's printed form being the run's result; an error is
+/// the run's error as R says it; a run's own variables are put back; a cancelled run is
+/// interrupted without ending R.
+#[test]
+fn r_contexts_keep_their_session() {
+    let h = harness();
+    rt().block_on(async {
+        let c = create(&h.client, "r").await;
+        assert_eq!(c.language, "r");
+        let id = c.context_id.as_str();
+        let r = run(
+            &h.client,
+            id,
+            "x <- 1:3\nf <- function(v) v * 2\nf(x)\nprint(\"hi\")\nmessage(\"err\")",
+        )
+        .await
+        .ok();
+        assert_eq!(
+            (r.stdout.as_str(), r.stderr.as_str()),
+            ("[1] 2 4 6\n[1] \"hi\"\n", "err\n")
+        );
+        assert!(
+            r.outcome.results.is_empty(),
+            "print() returns invisibly: {r:?}"
+        );
+        let r = run(&h.client, id, "sum(f(x))").await.ok();
+        assert_eq!(r.text(), Some("[1] 12"));
+        let r = run(&h.client, id, "'é\"'").await.ok();
+        assert_eq!(r.text(), Some("[1] \"é\\\"\""));
+        let r = run(&h.client, id, "g <- function() stop('boom')\ng()").await;
+        let e = r.outcome.error.as_ref().expect("an error");
+        assert_eq!(
+            (e.name.as_str(), e.value.as_str(), e.traceback.as_str()),
+            ("Error", "boom", "Error in g() : boom")
+        );
+        let r = run(&h.client, id, "stop('top')").await;
+        assert_eq!(r.outcome.error.as_ref().unwrap().traceback, "Error: top");
+        assert_eq!(
+            run(&h.client, id, "f(").await.error_name(),
+            Some("SyntaxError")
+        );
+        // A print method is user code: its error is the run's, and R lives on.
+        let r = run(
+            &h.client,
+            id,
+            "print.bad <- function(x, ...) stop('no print')\nstructure(1, class = 'bad')",
+        )
+        .await;
+        assert_eq!(
+            r.outcome.error.as_ref().map(|e| e.value.as_str()),
+            Some("no print")
+        );
+        let env = [("RUN_VAR", "for this run"), ("HOME", "/elsewhere")];
+        let r = try_run_with_env(
+            &h.client,
+            id,
+            "paste(Sys.getenv('RUN_VAR'), Sys.getenv('HOME'))",
+            Some(30_000),
+            &env,
+            None,
+        )
+        .await
+        .unwrap()
+        .ok();
+        assert_eq!(r.text(), Some("[1] \"for this run /elsewhere\""));
+        let r = run(
+            &h.client,
+            id,
+            "c(Sys.getenv('RUN_VAR', 'unset'), Sys.getenv('HOME') != '/elsewhere')",
+        )
+        .await
+        .ok();
+        assert_eq!(r.text(), Some("[1] \"unset\" \"TRUE\" "));
+        abandon_once_ready(
+            &h.client,
+            id,
+            "n <- 0\nrepeat { n <- n + 1; if (n == 1000) cat('ready\\n') }",
+        )
+        .await;
+        let r = run(&h.client, id, "n >= 1000 && sum(x) == 6").await.ok();
+        assert_eq!(
+            r.text(),
+            Some("[1] TRUE"),
+            "the loop stopped and R lives on: {r:?}"
+        );
+        assert!(!r.outcome.restarted);
+    });
+}
+
 /// A create that names its context is idempotent: the context of that id is answered as it
 /// is, state and all, and a different language for the id is refused.
 #[test]

@@ -14,8 +14,9 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct CreateContext {
     /// "python" (default), "node" (aliases: "py", "javascript", "js"), "bash" (a long-lived
-    /// shell: variables, functions and the directory persist; aliases "sh", "shell") or "java"
-    /// (JShell: classes, methods and variables persist; the image needs a JDK).
+    /// shell: variables, functions and the directory persist; aliases "sh", "shell"), "java"
+    /// (JShell: classes, methods and variables persist; the image needs a JDK) or "r" (one R
+    /// session; the image needs R).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
     /// Working directory of the interpreter (an existing absolute path; default the session's).

@@ -622,11 +622,11 @@ fn fixed_choices_are_shown() {
     assert_eq!(values(&["run"], "language"), ["python", "node", "bash"]);
     assert_eq!(
         values(&["run-code"], "language"),
-        ["python", "node", "bash", "java"]
+        ["python", "node", "bash", "java", "r"]
     );
     assert_eq!(
         values(&["context", "create"], "language"),
-        ["python", "node", "bash", "java"]
+        ["python", "node", "bash", "java", "r"]
     );
     assert!(values(&["signal"], "signal").contains(&"TERM".to_string()));
     assert_eq!(
@@ -667,7 +667,12 @@ fn context_and_run_code_forms() {
         panic!("not context create")
     };
     assert_eq!(a.language.as_str(), "bash");
-    assert!(parse(&["context", "create", "s1", "-l", "r"]).is_err());
+    assert!(parse(&["context", "create", "s1", "-l", "ts"]).is_err());
+    let cli = parse(&["context", "create", "s1", "-l", "r"]).unwrap();
+    let Command::Client(ClientCommand::Context(ContextCommand::Create(a))) = cli.command else {
+        panic!("not context create")
+    };
+    assert_eq!(a.language.as_str(), "r");
     assert!(parse(&["context", "rm", "s1"]).is_err(), "rm needs an id");
     assert!(parse(&["context", "restart", "s1", "c1"]).is_ok());
     assert!(parse(&["context", "ls", "s1", "--json"]).is_ok());

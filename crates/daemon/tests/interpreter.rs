@@ -597,3 +597,34 @@ async fn java_contexts_run_jshell_in_the_sandbox() {
     let r = run(&d, &id, cid, json!({"code": "Integer.parseInt(\"nope\")"})).await;
     assert_eq!(r["error"]["name"], "java.lang.NumberFormatException", "{r}");
 }
+
+/// An R context runs in the sandbox's own R (the host image has the host's, which
+/// scripts/setup.sh installs, with its /etc/R): in its cwd, with the session's environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r_contexts_run_in_the_sandbox() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"env": {"SESSION_VAR": "s"}})).await;
+    let (status, c) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/contexts"),
+            json!({"language": "r", "cwd": "/tmp"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{c}");
+    let cid = c["context_id"].as_str().unwrap();
+    let r = run(
+        &d,
+        &id,
+        cid,
+        json!({"code": "x <- c(a = 1, b = 2)\nprint(x)"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "a b \n1 2 \n", "{r}");
+    let code = "paste(getwd(), Sys.getenv('SESSION_VAR'), sum(x), .libPaths()[1] != '')";
+    let r = run(&d, &id, cid, json!({ "code": code })).await;
+    assert_eq!(main_result(&r)["text"], "[1] \"/tmp s 3 TRUE\"", "{r}");
+    let r = run(&d, &id, cid, json!({"code": "log(-1, base = 'x')"})).await;
+    assert_eq!(r["error"]["name"], "Error", "{r}");
+}

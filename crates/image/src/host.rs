@@ -2,7 +2,7 @@
 //!
 //! Only what programs need to run is generated or copied (accounts, name service switch, hosts,
 //! CA certificates, the dynamic linker cache, Debian's alternatives symlinks, the OpenJDKs'
-//! configuration, which their /usr trees link to). Nothing else of
+//! and R's configuration, which their /usr trees link to). Nothing else of
 //! the host's /etc — shadow, ssh keys, machine-id, private TLS keys — ever enters a sandbox.
 //! Commands users expect by a name the host's Debian lacks get a shim (`python` → `python3`)
 //! in a directory of the generated root that comes last in the image's PATH.
@@ -16,7 +16,7 @@ use koder_runtime::RuntimeError;
 use crate::{default_env, Image, DEFAULT_WORKDIR, HOST};
 
 /// Bumped whenever the generated content changes, so old trees are rebuilt.
-const HOST_IMAGE_VERSION: &str = "4";
+const HOST_IMAGE_VERSION: &str = "5";
 const MARKER: &str = ".koder-image";
 
 /// The generated root's directory of command shims, last in [`host_env`]'s PATH so that a
@@ -91,6 +91,9 @@ fn build_host_layer(images_dir: &Path, layer: &Path) -> Result<(), RuntimeError>
         "ld.so.conf",
         "ld.so.conf.d",
         "matplotlibrc",
+        // R's configuration (Renviron with the site library path, Rprofile.site), which
+        // R_HOME/etc under /usr links to.
+        "R",
     ] {
         copy_public(&Path::new("/etc").join(public), &etc.join(public)).map_err(io(public))?;
     }

@@ -4,9 +4,9 @@ use crate::Error;
 
 pub const LANGUAGES: &[&str] = &["bash", "python", "node"];
 pub const DEFAULT_LANGUAGE: &str = "bash";
-/// Languages an interpreter context runs: a session's, and Java (JShell), which no session
-/// language or image of its own stands for.
-pub const CONTEXT_LANGUAGES: &[&str] = &["python", "node", "bash", "java"];
+/// Languages an interpreter context runs: a session's, and Java (JShell) and R, which no
+/// session language or image of its own stands for.
+pub const CONTEXT_LANGUAGES: &[&str] = &["python", "node", "bash", "java", "r"];
 
 /// Canonical language name (accepting common aliases), or a 400.
 pub fn canonical(name: &str) -> Result<&'static str, Error> {
@@ -27,6 +27,7 @@ pub fn canonical(name: &str) -> Result<&'static str, Error> {
 pub fn context_language(name: &str) -> Result<&'static str, Error> {
     match name {
         "java" => Ok("java"),
+        "r" => Ok("r"),
         other => canonical(other).map_err(|_| {
             Error::InvalidArgument(format!(
                 "unknown context language {other:?}; one of {}",
@@ -57,6 +58,7 @@ mod tests {
         assert!(matches!(canonical("cobol"), Err(Error::InvalidArgument(_))));
         assert!(canonical("java").is_err(), "no session runs java");
         assert_eq!(context_language("java").unwrap(), "java");
+        assert_eq!(context_language("r").unwrap(), "r");
         assert_eq!(context_language("sh").unwrap(), "bash");
         assert!(
             matches!(context_language("cobol"), Err(Error::InvalidArgument(m)) if m.contains("java"))

@@ -16,6 +16,8 @@ pub enum ContextLanguage {
     Bash,
     /// JShell: classes, methods and variables persist between runs (needs a JDK in the image).
     Java,
+    /// One R session: objects, functions and loaded packages persist (needs R in the image).
+    R,
 }
 
 impl ContextLanguage {
@@ -25,6 +27,7 @@ impl ContextLanguage {
             ContextLanguage::Node => "node",
             ContextLanguage::Bash => "bash",
             ContextLanguage::Java => "java",
+            ContextLanguage::R => "r",
         }
     }
 }

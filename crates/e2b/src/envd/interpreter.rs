@@ -65,7 +65,7 @@ async fn json_body<T: for<'de> Deserialize<'de> + Default>(body: Body) -> Result
     serde_json::from_slice(&bytes).map_err(|e| HttpError::bad_request(format!("invalid JSON: {e}")))
 }
 
-/// The manager's language for an E2B one: Python, JavaScript, bash and Java have
+/// The manager's language for an E2B one: Python, JavaScript, bash, Java and R have
 /// interpreters.
 fn language(name: Option<&str>) -> Result<&'static str, HttpError> {
     match name.unwrap_or("python") {
@@ -73,20 +73,22 @@ fn language(name: Option<&str>) -> Result<&'static str, HttpError> {
         "js" | "javascript" | "node" | "nodejs" => Ok("node"),
         "bash" | "sh" | "shell" => Ok("bash"),
         "java" => Ok("java"),
+        "r" => Ok("r"),
         other => Err(HttpError::bad_request(format!(
-            "language {other:?} is not available; python, javascript, bash or java"
+            "language {other:?} is not available; python, javascript, bash, java or r"
         ))),
     }
 }
 
 /// The id of the sandbox's default context in `lang` (the manager's own default for Python).
-/// Python's and JavaScript's exist from the start, as E2B's; bash's and Java's are made by
-/// their first run.
+/// Python's and JavaScript's exist from the start, as E2B's; the others' are made by their
+/// first run.
 fn default_context_id(lang: &str) -> &'static str {
     match lang {
         "python" => DEFAULT_CONTEXT,
         "node" => "default-javascript",
         "java" => "default-java",
+        "r" => "default-r",
         _ => "default-bash",
     }
 }
@@ -382,7 +384,8 @@ mod tests {
         assert_eq!(language(Some("bash")).unwrap(), "bash");
         assert_eq!(language(Some("java")).unwrap(), "java");
         assert_eq!(default_context_id("java"), "default-java");
-        assert_eq!(language(Some("r")).unwrap_err().status.as_u16(), 400);
+        assert_eq!(language(Some("r")).unwrap(), "r");
+        assert_eq!(language(Some("ts")).unwrap_err().status.as_u16(), 400);
         let r = RichResult {
             is_main_result: true,
             text: Some("2".into()),

@@ -307,8 +307,8 @@ class Contexts(Bound[F]):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> Call[ContextInfo]:
-        """Starts a context: ``language`` ``"python"`` (default), ``"node"``, ``"bash"`` or
-        ``"java"`` (JShell; the image needs a JDK), working directory ``cwd`` (an existing
+        """Starts a context: ``language`` ``"python"`` (default), ``"node"``, ``"bash"``,
+        ``"java"`` (JShell; the image needs a JDK) or ``"r"``, working directory ``cwd`` (an existing
         absolute path), extra ``env``."""
         payload = body(language=language, cwd=cwd, env=env)
         return Call(Request("POST", f"{self._base}/contexts", json=payload), as_model(ContextInfo))

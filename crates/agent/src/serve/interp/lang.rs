@@ -10,6 +10,7 @@ const PYTHON_DRIVER: &str = include_str!("../../../drivers/python_driver.py");
 const NODE_DRIVER: &str = include_str!("../../../drivers/node_driver.js");
 const BASH_DRIVER: &str = include_str!("../../../drivers/bash_driver.sh");
 const JAVA_DRIVER: &str = include_str!("../../../drivers/java_driver.java");
+const R_DRIVER: &str = include_str!("../../../drivers/r_driver.R");
 
 /// Where an interpreter finds its driver's source: a sealed memfd, read once (at offset 0) and
 /// closed by a one-line bootstrap, so no source sits in any process's command line.
@@ -35,6 +36,9 @@ const BASH_BOOT: &str =
 /// memfd). The serial collector: one GC thread and the smallest heap overhead, for sandboxes
 /// of a few hundred MiB.
 const JAVA_ARGS: &[&str] = &["-XX:+UseSerialGC", "--source", "11", "/proc/self/fd/5"];
+/// Rscript reads the driver from the path (a fresh open of the memfd); no workspace is saved
+/// or restored.
+const R_ARGS: &[&str] = &["--no-save", "--no-restore", "/proc/self/fd/5"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Lang {
@@ -42,6 +46,7 @@ pub(super) enum Lang {
     Node,
     Bash,
     Java,
+    R,
 }
 
 impl Lang {
@@ -51,6 +56,7 @@ impl Lang {
             "node" | "nodejs" | "javascript" | "js" => Some(Lang::Node),
             "bash" | "sh" | "shell" => Some(Lang::Bash),
             "java" => Some(Lang::Java),
+            "r" => Some(Lang::R),
             _ => None,
         }
     }
@@ -61,6 +67,7 @@ impl Lang {
             Lang::Node => "node",
             Lang::Bash => "bash",
             Lang::Java => "java",
+            Lang::R => "r",
         }
     }
 
@@ -70,6 +77,7 @@ impl Lang {
             Lang::Node => "node",
             Lang::Bash => "bash",
             Lang::Java => "java",
+            Lang::R => "Rscript",
         }
     }
 
@@ -80,6 +88,7 @@ impl Lang {
             Lang::Node => &["-e", NODE_BOOT],
             Lang::Bash => &["-c", BASH_BOOT],
             Lang::Java => JAVA_ARGS,
+            Lang::R => R_ARGS,
         }
     }
 
@@ -89,11 +98,12 @@ impl Lang {
             Lang::Node => NODE_DRIVER,
             Lang::Bash => BASH_DRIVER,
             Lang::Java => JAVA_DRIVER,
+            Lang::R => R_DRIVER,
         }
     }
 
-    /// One run's request as this language's driver reads it: a JSON line, or for bash and
-    /// Java (which cannot parse JSON) NUL-separated fields, which its code then must not
+    /// One run's request as this language's driver reads it: a JSON line, or for bash, Java
+    /// and R (which cannot parse JSON) NUL-separated fields, which its code then must not
     /// contain.
     pub(super) fn request(self, req: &Request) -> Result<Vec<u8>, AgentError> {
         let bad = |m: String| AgentError::new(ErrorCode::InvalidRequest, m);

@@ -1,0 +1,131 @@
+# koder-sandbox code-interpreter driver for R, run by the agent as `Rscript --no-save
+# --no-restore /proc/self/fd/5` (the site's Renviron and profile are read, as at R's prompt).
+#
+# A context is one R session: objects, functions, loaded packages and the working directory one
+# run leaves are there for the next, as in E2B's R kernel. R reads no JSON without a package, so
+# requests arrive NUL-separated on fd 3 as for bash: the run's number, its code, then
+# `NAME=value` fields up to an empty one. Events leave one JSON object per line on fd 4. Each
+# top-level expression is evaluated in turn and a visible value printed, as at R's prompt; the
+# last one's printed form is the run's result instead (`[1] "x"`), as E2B's kernel shows it.
+local({
+  ctl_in <- file("/proc/self/fd/3", open = "rb", raw = TRUE)
+  ctl_out <- file("/proc/self/fd/4", open = "wb", raw = TRUE)
+  max_text <- 256 * 1024
+  max_error_value <- 16 * 1024
+  max_traceback <- 64 * 1024
+
+  # A JSON string of ASCII only: events are ASCII lines whatever the code printed.
+  json_str <- function(s) {
+    cps <- utf8ToInt(enc2utf8(s))
+    if (length(cps) == 0 || anyNA(cps)) {
+      return('""')
+    }
+    out <- vapply(cps, function(cp) {
+      if (cp == 34L) "\\\"" else if (cp == 92L) "\\\\"
+      else if (cp >= 32L && cp < 127L) intToUtf8(cp)
+      else if (cp < 65536L) sprintf("\\u%04x", cp)
+      else {
+        v <- cp - 65536L
+        sprintf("\\u%04x\\u%04x", 55296L + v %/% 1024L, 56320L + v %% 1024L)
+      }
+    }, "")
+    paste0('"', paste(out, collapse = ""), '"')
+  }
+  clip <- function(s, limit) {
+    if (nchar(s) <= limit) s
+    else paste0(substr(s, 1, limit), "\n[... ", nchar(s) - limit, " characters cut]")
+  }
+  emit <- function(json) {
+    writeBin(charToRaw(paste0(json, "\n")), ctl_out)
+    flush(ctl_out)
+  }
+  # One NUL-terminated field, or NULL at the end of the input.
+  field <- function() {
+    bytes <- raw(0)
+    repeat {
+      b <- readBin(ctl_in, "raw", 1L)
+      if (length(b) == 0) return(NULL)
+      if (b == as.raw(0)) break
+      bytes <- c(bytes, b)
+    }
+    s <- rawToChar(bytes)
+    Encoding(s) <- "UTF-8"
+    s
+  }
+  shown <- function(value) paste(utils::capture.output(print(value)), collapse = "\n")
+  error_json <- function(name, value, traceback) {
+    sprintf('{"name":%s,"value":%s,"traceback":%s}', json_str(name),
+            json_str(clip(value, max_error_value)), json_str(clip(traceback, max_traceback)))
+  }
+  # Runs the code expression by expression in the global environment; the first error ends it.
+  run <- function(n, code) {
+    exprs <- tryCatch(parse(text = code, keep.source = FALSE), error = function(e) e)
+    if (inherits(exprs, "error")) {
+      return(list(error = error_json("SyntaxError", conditionMessage(exprs), conditionMessage(exprs))))
+    }
+    last <- NULL
+    for (i in seq_along(exprs)) {
+      # A value followed by more code is printed, as at R's prompt, before that code runs.
+      if (!is.null(last)) {
+        cat(last, "\n", sep = "")
+        last <- NULL
+      }
+      # The value is printed within the same handlers: a print method is user code too.
+      outcome <- tryCatch(
+        withCallingHandlers({
+          v <- withVisible(eval(exprs[[i]], envir = globalenv()))
+          if (v$visible) shown(v$value) else NULL
+        }, warning = function(w) {
+          message("Warning message:\n", conditionMessage(w))
+          invokeRestart("muffleWarning")
+        }),
+        error = function(e) e,
+        interrupt = function(e) e
+      )
+      if (inherits(outcome, "interrupt")) {
+        return(list(error = error_json("Interrupted", "the run was interrupted", "")))
+      }
+      if (inherits(outcome, "error")) {
+        # As R's prompt says it; an error raised at top level names no call (its call is
+        # this driver's eval).
+        call <- conditionCall(outcome)
+        msg <- conditionMessage(outcome)
+        top <- is.null(call) || identical(call[[1]], quote(eval))
+        said <- if (top) paste0("Error: ", msg)
+                else paste0("Error in ", paste(deparse(call), collapse = "\n"), " : ", msg)
+        return(list(error = error_json("Error", msg, said)))
+      }
+      last <- outcome
+    }
+    if (!is.null(last)) {
+      emit(sprintf('{"ev":"display","n":%s,"main":true,"data":{"text":%s}}', n, json_str(clip(last, max_text))))
+    }
+    list(error = "null")
+  }
+
+  emit(sprintf('{"ev":"ready","pid":%d,"version":%s}', Sys.getpid(),
+               json_str(paste(R.version$major, R.version$minor, sep = "."))))
+  repeat {
+    n <- field()
+    code <- field()
+    if (is.null(n) || is.null(code)) break
+    saved <- list()
+    repeat {
+      kv <- field()
+      if (is.null(kv) || kv == "") break
+      eq <- regexpr("=", kv, fixed = TRUE)
+      key <- if (eq < 0) kv else substr(kv, 1, eq - 1)
+      value <- if (eq < 0) "" else substr(kv, eq + 1, nchar(kv))
+      saved[[key]] <- Sys.getenv(key, unset = NA)
+      do.call(Sys.setenv, stats::setNames(list(value), key))
+    }
+    result <- run(n, code)
+    flush(stdout())
+    flush(stderr())
+    for (key in names(saved)) {
+      if (is.na(saved[[key]])) Sys.unsetenv(key)
+      else do.call(Sys.setenv, stats::setNames(list(saved[[key]]), key))
+    }
+    emit(sprintf('{"ev":"done","n":%s,"error":%s}', n, result$error))
+  }
+})
