@@ -146,55 +146,53 @@ def test_cells_as_jupyter_takes_them(code_sandbox):
     assert code_sandbox.run_code("await Promise.resolve('done')", language="js").text == "done"
 
 
-def test_bash_is_a_long_lived_shell():
-    sb = CodeSandbox.create(envs={"SANDBOX_WIDE": "everywhere"})
-    try:
-        ex = sb.run_code("cd /tmp; n=41; pwd; echo $SANDBOX_WIDE", language="bash")
-        assert (ex.logs.stdout, ex.error) == (["/tmp\neverywhere\n"], None)
-        ex = sb.run_code("echo $((n + 1)) $FOO", language="bash", envs={"FOO": "bar"})
-        assert ex.logs.stdout == ["42 bar\n"]
-        assert sb.run_code("echo ${FOO:-unset}", language="bash").logs.stdout == ["unset\n"]
-        ex = sb.run_code("false", language="bash")
-        assert (ex.error.name, ex.error.value) == ("ExitCode", "1")
-        ctx = sb.create_code_context(language="bash")
-        assert sb.run_code("pwd", context=ctx).logs.stdout == ["/home/user\n"]
-    finally:
-        sb.kill()
+@pytest.fixture
+def wide_sandbox():
+    """A code sandbox whose every context has SANDBOX_WIDE=everywhere in its environment."""
+    with CodeSandbox.create(envs={"SANDBOX_WIDE": "everywhere"}) as sb:
+        yield sb
 
 
-def test_java_is_jshell_with_the_environment_as_properties():
-    sb = CodeSandbox.create(envs={"SANDBOX_WIDE": "everywhere"})
-    try:
-        ex = sb.run_code('System.getProperty("user.dir")', language="java")
-        assert (ex.text, ex.error) == ("/home/user", None)
-        ex = sb.run_code(
-            'int n = 41;\nSystem.out.println(System.getProperty("SANDBOX_WIDE"));', language="java"
-        )
-        assert (ex.logs.stdout, ex.error) == (["everywhere\n"], None)
-        ex = sb.run_code('n + 1 + System.getProperty("FOO")', language="java", envs={"FOO": "bar"})
-        assert ex.text == "42bar"
-        assert sb.run_code('System.getProperty("FOO", "unset")', language="java").text == "unset"
-        ex = sb.run_code('Object o = null; o.toString()', language="java")
-        assert ex.error.name == "java.lang.NullPointerException"
-        assert [c.language for c in sb.list_code_contexts()].count("java") == 1
-    finally:
-        sb.kill()
+def test_bash_is_a_long_lived_shell(wide_sandbox):
+    sb = wide_sandbox
+    ex = sb.run_code("cd /tmp; n=41; pwd; echo $SANDBOX_WIDE", language="bash")
+    assert (ex.logs.stdout, ex.error) == (["/tmp\neverywhere\n"], None)
+    ex = sb.run_code("echo $((n + 1)) $FOO", language="bash", envs={"FOO": "bar"})
+    assert ex.logs.stdout == ["42 bar\n"]
+    assert sb.run_code("echo ${FOO:-unset}", language="bash").logs.stdout == ["unset\n"]
+    ex = sb.run_code("false", language="bash")
+    assert (ex.error.name, ex.error.value) == ("ExitCode", "1")
+    ctx = sb.create_code_context(language="bash")
+    assert sb.run_code("pwd", context=ctx).logs.stdout == ["/home/user\n"]
 
 
-def test_r_is_one_session_printing_as_its_prompt_does():
-    sb = CodeSandbox.create(envs={"SANDBOX_WIDE": "everywhere"})
-    try:
-        ex = sb.run_code("getwd()", language="r")
-        assert (ex.results[0].text, ex.error) == ('[1] "/home/user"', None)
-        ex = sb.run_code('x <- 41\nprint(Sys.getenv("SANDBOX_WIDE"))', language="r")
-        assert (ex.logs.stdout, ex.error) == (['[1] "everywhere"\n'], None)
-        ex = sb.run_code('paste(x + 1, Sys.getenv("FOO"))', language="r", envs={"FOO": "bar"})
-        assert ex.text == '[1] "42 bar"'
-        assert sb.run_code('Sys.getenv("FOO", "unset")', language="r").text == '[1] "unset"'
-        ex = sb.run_code("stop('boom')", language="r")
-        assert (ex.error.name, ex.error.value) == ("Error", "boom")
-    finally:
-        sb.kill()
+def test_java_is_jshell_with_the_environment_as_properties(wide_sandbox):
+    sb = wide_sandbox
+    ex = sb.run_code('System.getProperty("user.dir")', language="java")
+    assert (ex.text, ex.error) == ("/home/user", None)
+    ex = sb.run_code(
+        'int n = 41;\nSystem.out.println(System.getProperty("SANDBOX_WIDE"));', language="java"
+    )
+    assert (ex.logs.stdout, ex.error) == (["everywhere\n"], None)
+    ex = sb.run_code('n + 1 + System.getProperty("FOO")', language="java", envs={"FOO": "bar"})
+    assert ex.text == "42bar"
+    assert sb.run_code('System.getProperty("FOO", "unset")', language="java").text == "unset"
+    ex = sb.run_code('Object o = null; o.toString()', language="java")
+    assert ex.error.name == "java.lang.NullPointerException"
+    assert [c.language for c in sb.list_code_contexts()].count("java") == 1
+
+
+def test_r_is_one_session_printing_as_its_prompt_does(wide_sandbox):
+    sb = wide_sandbox
+    ex = sb.run_code("getwd()", language="r")
+    assert (ex.results[0].text, ex.error) == ('[1] "/home/user"', None)
+    ex = sb.run_code('x <- 41\nprint(Sys.getenv("SANDBOX_WIDE"))', language="r")
+    assert (ex.logs.stdout, ex.error) == (['[1] "everywhere"\n'], None)
+    ex = sb.run_code('paste(x + 1, Sys.getenv("FOO"))', language="r", envs={"FOO": "bar"})
+    assert ex.text == '[1] "42 bar"'
+    assert sb.run_code('Sys.getenv("FOO", "unset")', language="r").text == '[1] "unset"'
+    ex = sb.run_code("stop('boom')", language="r")
+    assert (ex.error.name, ex.error.value) == ("Error", "boom")
 
 
 def test_rich_formats_as_e2b_names_them(code_sandbox):

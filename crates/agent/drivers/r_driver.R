@@ -3,8 +3,9 @@
 #
 # A context is one R session: objects, functions, loaded packages and the working directory one
 # run leaves are there for the next, as in E2B's R kernel. R reads no JSON without a package, so
-# requests arrive NUL-separated on fd 3 as for bash: the run's number, its code, then
-# `NAME=value` fields up to an empty one. Events leave one JSON object per line on fd 4. Each
+# requests arrive NUL-separated on fd 3 as for bash: the run's number, the size of its code in
+# bytes, the code itself (read in one piece: byte by byte R would take seconds for a large
+# cell), then `NAME=value` fields up to an empty one. Events leave one JSON object per line on fd 4. Each
 # top-level expression is evaluated in turn and a visible value printed, as at R's prompt; the
 # last one's printed form is the run's result instead (`[1] "x"`), as E2B's kernel shows it.
 local({
@@ -41,14 +42,18 @@ local({
   }
   # One NUL-terminated field, or NULL at the end of the input.
   field <- function() {
-    bytes <- raw(0)
+    # Grown by doubling: appending byte by byte would copy the field once per byte.
+    bytes <- raw(256)
+    len <- 0L
     repeat {
       b <- readBin(ctl_in, "raw", 1L)
       if (length(b) == 0) return(NULL)
       if (b == as.raw(0)) break
-      bytes <- c(bytes, b)
+      if (len == length(bytes)) bytes <- c(bytes, raw(len))
+      len <- len + 1L
+      bytes[len] <- b
     }
-    s <- rawToChar(bytes)
+    s <- rawToChar(bytes[seq_len(len)])
     Encoding(s) <- "UTF-8"
     s
   }
@@ -107,8 +112,10 @@ local({
                json_str(paste(R.version$major, R.version$minor, sep = "."))))
   repeat {
     n <- field()
-    code <- field()
-    if (is.null(n) || is.null(code)) break
+    size <- field()
+    if (is.null(n) || is.null(size)) break
+    code <- rawToChar(readBin(ctl_in, "raw", as.integer(size)))
+    Encoding(code) <- "UTF-8"
     saved <- list()
     repeat {
       kv <- field()

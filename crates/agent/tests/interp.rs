@@ -48,6 +48,13 @@ async fn create(client: &AgentClient, language: &str) -> ContextInfo {
     }
 }
 
+/// A new context of `language` (named as the agent names it), by its id.
+async fn context_of(client: &AgentClient, language: &str) -> String {
+    let c = create(client, language).await;
+    assert_eq!(c.language, language);
+    c.context_id
+}
+
 async fn list(client: &AgentClient) -> Vec<ContextInfo> {
     match one(client, ToAgent::ContextList).await {
         Ok(FromAgent::Contexts(all)) => all,
@@ -451,9 +458,7 @@ fn node_cells_take_imports_and_top_level_await() {
 fn bash_contexts_keep_their_shell() {
     let h = harness();
     rt().block_on(async {
-        let c = create(&h.client, "bash").await;
-        assert_eq!(c.language, "bash");
-        let id = c.context_id.as_str();
+        let id = &context_of(&h.client, "bash").await;
         let r = run(
             &h.client,
             id,
@@ -529,9 +534,7 @@ fn bash_contexts_keep_their_shell() {
 fn java_contexts_keep_their_jshell() {
     let h = harness();
     rt().block_on(async {
-        let c = create(&h.client, "java").await;
-        assert_eq!(c.language, "java");
-        let id = c.context_id.as_str();
+        let id = &context_of(&h.client, "java").await;
         let r = run(&h.client, id, "int x = 41;\nString greet(String who) { return \"hi \" + who; }\nSystem.out.println(\"out\"); System.err.println(\"err\");")
             .await
             .ok();
@@ -578,9 +581,7 @@ fn java_contexts_keep_their_jshell() {
 fn r_contexts_keep_their_session() {
     let h = harness();
     rt().block_on(async {
-        let c = create(&h.client, "r").await;
-        assert_eq!(c.language, "r");
-        let id = c.context_id.as_str();
+        let id = &context_of(&h.client, "r").await;
         let r = run(
             &h.client,
             id,
@@ -611,6 +612,13 @@ fn r_contexts_keep_their_session() {
         assert_eq!(
             run(&h.client, id, "f(").await.error_name(),
             Some("SyntaxError")
+        );
+        // A large cell arrives whole and at once (its size first; byte by byte, appended,
+        // it took minutes).
+        let big = format!("big <- \"{}\"\nnchar(big)", "é".repeat(200_000));
+        assert_eq!(
+            run(&h.client, id, &big).await.ok().text(),
+            Some("[1] 200000")
         );
         // A print method is user code: its error is the run's, and R lives on.
         let r = run(

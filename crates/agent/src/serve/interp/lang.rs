@@ -104,7 +104,8 @@ impl Lang {
 
     /// One run's request as this language's driver reads it: a JSON line, or for bash, Java
     /// and R (which cannot parse JSON) NUL-separated fields, which its code then must not
-    /// contain.
+    /// contain. R reads a byte at a time only what it must: its code comes after its size,
+    /// in one read.
     pub(super) fn request(self, req: &Request) -> Result<Vec<u8>, AgentError> {
         let bad = |m: String| AgentError::new(ErrorCode::InvalidRequest, m);
         if matches!(self, Lang::Python | Lang::Node) {
@@ -115,7 +116,11 @@ impl Lang {
         if req.code.contains('\0') {
             return Err(bad(format!("{} code cannot hold NUL bytes", self.name())));
         }
-        let mut out = format!("{}\0{}\0", req.n, req.code).into_bytes();
+        let mut out = match self {
+            Lang::R => format!("{}\0{}\0{}", req.n, req.code.len(), req.code),
+            _ => format!("{}\0{}\0", req.n, req.code),
+        }
+        .into_bytes();
         for (k, v) in &req.env {
             out.extend_from_slice(format!("{k}={v}\0").as_bytes());
         }
