@@ -79,3 +79,21 @@ test('ES imports and top-level await in JavaScript cells', async () => {
   })
   assert.equal(r.text, 'a/b')
 })
+
+test('java keeps its declarations, its values are the results', async () => {
+  await sbx.runCode('int n = 41;', { language: 'java' })
+  const r = await sbx.runCode('n + 1 + System.getProperty("FOO")', {
+    language: 'java',
+    envs: { FOO: 'bar' },
+  })
+  assert.equal(r.text, '42bar')
+  const bad = await sbx.runCode('Integer.parseInt("x")', { language: 'java' })
+  assert.equal(bad.error.name, 'java.lang.NumberFormatException')
+})
+
+test('r prints as its prompt does, the last value being the result', async () => {
+  const r = await sbx.runCode('x <- 1:3\nx * 2\nsum(x)', { language: 'r' })
+  assert.deepEqual([r.logs.stdout, r.text], [['[1] 2 4 6\n'], '[1] 6'])
+  const bad = await sbx.runCode("stop('boom')", { language: 'r' })
+  assert.deepEqual([bad.error.name, bad.error.value], ['Error', 'boom'])
+})
