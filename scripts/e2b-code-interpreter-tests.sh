@@ -14,7 +14,6 @@
 # Closes with "e2b-code-interpreter: N passed, M failed, K skipped".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$PWD
 EXPECTED=scripts/e2b-code-interpreter-expected.txt
 # e2b-dev/code-interpreter main of 2026-08-21.
 CI_REV=7df1757bfd5baa037f909ce97c2dbe014da973c0
@@ -25,26 +24,13 @@ upstream_can_run e2b-code-interpreter e2b-dev/code-interpreter "$CI_REV" E2B_CI_
 . scripts/lib/e2b-venv.sh
 e2b_venv
 
-work=$(mktemp -d /tmp/koder-e2b-ci-XXXXXX)
 . scripts/lib/daemon.sh
-# daemon.sh's EXIT trap stops the daemon; this one also removes the suite and certificates.
-cleanup() { stop_daemon; rm -rf "$work"; }
-
-trap 'rm -rf "$work"' EXIT
-git --git-dir="$E2B_CI_GIT_DIR" archive "$CI_REV" python/tests python/pytest.ini | tar -x -C "$work"
-upstream_daemon e2b-code-interpreter "$work"
-trap cleanup EXIT
+upstream_extract "$E2B_CI_GIT_DIR" "$CI_REV" python/tests python/pytest.ini
+upstream_daemon e2b-code-interpreter
 
 status=0
-(
-  cd "$work/python"
-  E2B_API_URL="$DAEMON_URL" E2B_SANDBOX_URL="$DAEMON_URL" E2B_API_KEY="$DAEMON_KEY1" \
-    SSL_CERT_FILE="$UPSTREAM_CA" KODER_E2B_HOSTS="$UPSTREAM_HOSTS" \
-    KODER_E2B_RESULTS="$work/results.json" PYTHONPATH="$repo/scripts/lib" \
-    "$E2B_PYTHON" -m pytest tests/sync tests/async tests/test_execute_timeout.py \
-    tests/test_sandbox_url.py -o addopts="--import-mode=importlib" \
-    -p e2b_upstream_plugin -p no:cacheprovider -q -rfEs "$@"
-) || status=$?
+upstream_pytest "$UPSTREAM_WORK/python" tests/sync tests/async tests/test_execute_timeout.py \
+  tests/test_sandbox_url.py -o addopts="--import-mode=importlib" "$@" || status=$?
 
-upstream_verdict e2b-code-interpreter "$work/results.json" "$EXPECTED" "$status" || exit 1
+upstream_verdict e2b-code-interpreter "$UPSTREAM_WORK/results.json" "$EXPECTED" "$status" || exit 1
 [ "$status" -le 1 ] || daemon_log_tail

@@ -30,11 +30,9 @@ EXPECTED=scripts/e2b-upstream-js-expected.txt
 . scripts/lib/e2b-upstream.sh
 upstream_can_run e2b-upstream-js
 
-work=$(mktemp -d /tmp/koder-e2b-upstream-js-XXXXXX)
 . scripts/lib/daemon.sh
-cleanup() { stop_daemon; rm -rf "$work"; }
-trap 'rm -rf "$work"' EXIT
-git --git-dir="$E2B_GIT_DIR" archive "$E2B_REV" packages/js-sdk pnpm-lock.yaml | tar -x -C "$work"
+upstream_extract "$E2B_GIT_DIR" "$E2B_REV" packages/js-sdk pnpm-lock.yaml
+work=$UPSTREAM_WORK
 sdk="$work/packages/js-sdk"
 
 # The SDK's runtime dependencies and the test runner, at the versions of E2B's lock file.
@@ -105,8 +103,7 @@ TS
 status=0
 run_project() {
   local project=$1 extra=$2 ran=0
-  upstream_daemon "e2b-upstream-js-$project" "$work" "$extra"
-  trap cleanup EXIT
+  upstream_daemon "e2b-upstream-js-$project" "$extra"
   [ -z "$extra" ] || e2b_base_import "$base_root" e2b-base ubuntu:22.04
   (
     cd "$sdk"

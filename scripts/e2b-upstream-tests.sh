@@ -18,7 +18,6 @@
 # Closes with "e2b-upstream: N passed, M failed, K skipped".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$PWD
 EXPECTED=scripts/e2b-upstream-expected.txt
 
 . scripts/lib/e2b-upstream.sh
@@ -27,16 +26,9 @@ upstream_can_run e2b-upstream
 . scripts/lib/e2b-venv.sh
 e2b_venv
 
-work=$(mktemp -d /tmp/koder-e2b-upstream-XXXXXX)
 . scripts/lib/daemon.sh
-# daemon.sh's EXIT trap stops the daemon; this one also removes the suite and certificates.
-cleanup() { stop_daemon; rm -rf "$work"; }
-
-trap 'rm -rf "$work"' EXIT
-git --git-dir="$E2B_GIT_DIR" archive "$E2B_REV" packages/python-sdk/tests packages/python-sdk/pytest.ini |
-  tar -x -C "$work"
-upstream_daemon e2b-upstream "$work"
-trap cleanup EXIT
+upstream_extract "$E2B_GIT_DIR" "$E2B_REV" packages/python-sdk/tests packages/python-sdk/pytest.ini
+upstream_daemon e2b-upstream
 
 deselect=()
 while read -r id; do
@@ -44,16 +36,9 @@ while read -r id; do
 done < <(upstream_not_run "$EXPECTED")
 
 status=0
-(
-  cd "$work/packages/python-sdk"
-  E2B_API_URL="$DAEMON_URL" E2B_SANDBOX_URL="$DAEMON_URL" E2B_API_KEY="$DAEMON_KEY1" \
-    SSL_CERT_FILE="$UPSTREAM_CA" KODER_E2B_HOSTS="$UPSTREAM_HOSTS" \
-    KODER_E2B_RESULTS="$work/results.json" PYTHONPATH="$repo/scripts/lib" \
-    "$E2B_PYTHON" -m pytest tests/sync tests/async \
-    --ignore=tests/sync/template_sync --ignore=tests/async/template_async \
-    -p e2b_upstream_plugin -p no:cacheprovider -q -rfEs \
-    "${deselect[@]}" "$@"
-) || status=$?
+upstream_pytest "$UPSTREAM_WORK/packages/python-sdk" tests/sync tests/async \
+  --ignore=tests/sync/template_sync --ignore=tests/async/template_async \
+  "${deselect[@]}" "$@" || status=$?
 
-upstream_verdict e2b-upstream "$work/results.json" "$EXPECTED" "$status" || exit 1
+upstream_verdict e2b-upstream "$UPSTREAM_WORK/results.json" "$EXPECTED" "$status" || exit 1
 [ "$status" -le 1 ] || daemon_log_tail

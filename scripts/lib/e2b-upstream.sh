@@ -33,11 +33,22 @@ upstream_can_run() {
   fi
 }
 
-# Starts the daemon for suite NAME with certificates made in WORK (and the TOML tables EXTRA
-# in its config); sets UPSTREAM_CA (the CA file the test process trusts) and UPSTREAM_HOSTS
-# (`<domain>=<address>` for the resolvers).
+# Extracts PATH... of revision REV from the clone GIT_DIR into a new work directory,
+# UPSTREAM_WORK, which the EXIT trap removes.
+upstream_extract() {
+  local git_dir=$1 rev=$2
+  shift 2
+  UPSTREAM_WORK=$(mktemp -d /tmp/koder-e2b-upstream-XXXXXX)
+  trap 'rm -rf "$UPSTREAM_WORK"' EXIT
+  git --git-dir="$git_dir" archive "$rev" "$@" | tar -x -C "$UPSTREAM_WORK"
+}
+
+# Starts the daemon for suite NAME with certificates made in UPSTREAM_WORK (and the TOML tables
+# EXTRA in its config); sets UPSTREAM_CA (the CA file the test process trusts) and
+# UPSTREAM_HOSTS (`<domain>=<address>` for the resolvers). The EXIT trap then also stops the
+# daemon (daemon.sh's own trap, which this replaces, would leave the work directory).
 upstream_daemon() {
-  local name=$1 work=$2 extra=${3:-}
+  local name=$1 extra=${2:-} work=$UPSTREAM_WORK
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
     -subj "/CN=koder-sandbox e2b-upstream test CA" -keyout "$work/ca.key" -out "$work/ca.pem" \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign" 2>/dev/null
@@ -61,8 +72,24 @@ tls_cert = \"$work/host.pem\"
 tls_key = \"$work/host.key\"
 $extra"
   start_daemon "$name"
+  trap 'stop_daemon; rm -rf "$UPSTREAM_WORK"' EXIT
   UPSTREAM_CA="$work/ca.pem"
   UPSTREAM_HOSTS="$E2B_DOMAIN_NAME=$address"
+}
+
+# Runs pytest of the SDK venv (scripts/lib/e2b-venv.sh) in DIR with ARGS... against the daemon:
+# the SDK pointed at it, the resolver plugin loaded, outcomes recorded in
+# UPSTREAM_WORK/results.json. Returns pytest's status.
+upstream_pytest() {
+  local dir=$1 lib=$PWD/scripts/lib
+  shift
+  (
+    cd "$dir"
+    E2B_API_URL="$DAEMON_URL" E2B_SANDBOX_URL="$DAEMON_URL" E2B_API_KEY="$DAEMON_KEY1" \
+      SSL_CERT_FILE="$UPSTREAM_CA" KODER_E2B_HOSTS="$UPSTREAM_HOSTS" \
+      KODER_E2B_RESULTS="$UPSTREAM_WORK/results.json" PYTHONPATH="$lib" \
+      "$E2B_PYTHON" -m pytest -p e2b_upstream_plugin -p no:cacheprovider -q -rfEs "$@"
+  )
 }
 
 # The `not-run` test ids of EXPECTED, one per line.

@@ -140,7 +140,12 @@ async fn try_run_with_env(
 }
 
 async fn run(client: &AgentClient, cid: &str, code: &str) -> Ran {
-    try_run(client, cid, code, Some(30_000))
+    run_with_env(client, cid, code, &[]).await
+}
+
+/// A run with variables of its own.
+async fn run_with_env(client: &AgentClient, cid: &str, code: &str, env: &[(&str, &str)]) -> Ran {
+    try_run_with_env(client, cid, code, Some(30_000), env, None)
         .await
         .unwrap_or_else(|e| panic!("run {code:?}: {e}"))
 }
@@ -478,17 +483,9 @@ fn bash_contexts_keep_their_shell() {
             .expect("a failed last command is an error");
         assert_eq!((e.name.as_str(), e.value.as_str()), ("ExitCode", "2"));
         let env = [("RUN_VAR", "for this run"), ("x", "shadowed")];
-        let r = try_run_with_env(
-            &h.client,
-            id,
-            "echo \"$RUN_VAR/$x\"",
-            Some(30_000),
-            &env,
-            None,
-        )
-        .await
-        .unwrap()
-        .ok();
+        let r = run_with_env(&h.client, id, "echo \"$RUN_VAR/$x\"", &env)
+            .await
+            .ok();
         assert_eq!(r.stdout, "for this run/shadowed\n");
         let r = run(&h.client, id, "echo \"${RUN_VAR:-unset}/$x\"")
             .await
@@ -535,32 +532,49 @@ fn java_contexts_keep_their_jshell() {
     let h = harness();
     rt().block_on(async {
         let id = &context_of(&h.client, "java").await;
-        let r = run(&h.client, id, "int x = 41;\nString greet(String who) { return \"hi \" + who; }\nSystem.out.println(\"out\"); System.err.println(\"err\");")
-            .await
-            .ok();
+        let code = "int x = 41;\n\
+                    String greet(String who) { return \"hi \" + who; }\n\
+                    System.out.println(\"out\"); System.err.println(\"err\");";
+        let r = run(&h.client, id, code).await.ok();
         assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("out\n", "err\n"));
-        assert!(r.outcome.results.is_empty(), "declarations and statements have no value: {r:?}");
+        assert!(
+            r.outcome.results.is_empty(),
+            "declarations and statements have no value: {r:?}"
+        );
         let r = run(&h.client, id, "x + 1").await.ok();
         assert_eq!(r.text(), Some("42"));
         let r = run(&h.client, id, "greet(\"é\\\"\\n\") + x").await.ok();
         assert_eq!(r.text(), Some("hi é\"\n41"));
         let r = run(&h.client, id, "int[] a = new int[2];\na[5]").await;
-        assert_eq!(r.error_name(), Some("java.lang.ArrayIndexOutOfBoundsException"));
+        assert_eq!(
+            r.error_name(),
+            Some("java.lang.ArrayIndexOutOfBoundsException")
+        );
         let e = r.outcome.error.as_ref().unwrap();
         assert_eq!(e.value, "Index 5 out of bounds for length 2");
         let r = run(&h.client, id, "x +\nnope").await;
         assert_eq!(r.error_name(), Some("CompilationException"));
-        assert!(r.outcome.error.as_ref().unwrap().value.contains("cannot find symbol"), "{r:?}");
+        assert!(
+            r.outcome
+                .error
+                .as_ref()
+                .unwrap()
+                .value
+                .contains("cannot find symbol"),
+            "{r:?}"
+        );
         let env = [("RUN_PROP", "for this run")];
-        let r = try_run_with_env(&h.client, id, "System.getProperty(\"RUN_PROP\")", Some(60_000), &env, None)
-            .await
-            .unwrap()
-            .ok();
+        let read = "System.getProperty(\"RUN_PROP\")";
+        let r = run_with_env(&h.client, id, read, &env).await.ok();
         assert_eq!(r.text(), Some("for this run"));
-        let r = run(&h.client, id, "System.getProperty(\"RUN_PROP\", \"unset\") + System.getProperty(\"HOME\").isEmpty()")
-            .await
-            .ok();
-        assert_eq!(r.text(), Some("unsetfalse"), "the context's environment is there too");
+        let read =
+            "System.getProperty(\"RUN_PROP\", \"unset\") + System.getProperty(\"HOME\").isEmpty()";
+        let r = run(&h.client, id, read).await.ok();
+        assert_eq!(
+            r.text(),
+            Some("unsetfalse"),
+            "the context's environment is there too"
+        );
         assert_eq!(
             agent_code(try_run(&h.client, id, "1\0", Some(30_000)).await),
             ErrorCode::InvalidRequest
@@ -568,7 +582,11 @@ fn java_contexts_keep_their_jshell() {
         let code = "long n = 0;\nwhile (true) { if (++n == 1000) System.out.println(\"ready\"); }";
         abandon_once_ready(&h.client, id, code).await;
         let r = run(&h.client, id, "n >= 1000 && x == 41").await.ok();
-        assert_eq!(r.text(), Some("true"), "the loop stopped and the JVM lives on: {r:?}");
+        assert_eq!(
+            r.text(),
+            Some("true"),
+            "the loop stopped and the JVM lives on: {r:?}"
+        );
         assert!(!r.outcome.restarted);
     });
 }
@@ -632,16 +650,13 @@ fn r_contexts_keep_their_session() {
             Some("no print")
         );
         let env = [("RUN_VAR", "for this run"), ("HOME", "/elsewhere")];
-        let r = try_run_with_env(
+        let r = run_with_env(
             &h.client,
             id,
             "paste(Sys.getenv('RUN_VAR'), Sys.getenv('HOME'))",
-            Some(30_000),
             &env,
-            None,
         )
         .await
-        .unwrap()
         .ok();
         assert_eq!(r.text(), Some("[1] \"for this run /elsewhere\""));
         let r = run(
@@ -725,10 +740,7 @@ fn per_run_environment_is_set_and_restored() {
             let id = create(&h.client, language).await.context_id;
             run(&h.client, &id, set_before).await.ok();
             let env = [("ONLY_RUN", "1"), ("KEPT", "during")];
-            let r = try_run_with_env(&h.client, &id, read, Some(30_000), &env, None)
-                .await
-                .unwrap()
-                .ok();
+            let r = run_with_env(&h.client, &id, read, &env).await.ok();
             let null = if language == "python" {
                 "None"
             } else {

@@ -11,16 +11,18 @@ use serde_json::{json, Value};
 const S: &str = "/v1/sandbox/sessions";
 
 async fn new_context(d: &Daemon, id: &str, language: &str) -> String {
+    let c = create_context(d, id, json!({ "language": language })).await;
+    c["context_id"].as_str().expect("context id").to_string()
+}
+
+/// A new context from the create request `body`, as the daemon answers it.
+async fn create_context(d: &Daemon, id: &str, body: Value) -> Value {
     let (status, c) = d
-        .json(
-            Method::POST,
-            &format!("{S}/{id}/contexts"),
-            json!({ "language": language }),
-        )
+        .json(Method::POST, &format!("{S}/{id}/contexts"), body)
         .await;
     assert_eq!(status, StatusCode::CREATED, "{c}");
     assert_eq!(c["execution_count"], 0);
-    c["context_id"].as_str().expect("context id").to_string()
+    c
 }
 
 async fn run(d: &Daemon, id: &str, cid: &str, body: Value) -> Value {
@@ -537,18 +539,9 @@ async fn contexts_take_a_cwd_and_an_environment() {
     let Some(()) = root_or_skip() else { return };
     let d = Daemon::start(BASE_CONFIG).await;
     let id = d.create(json!({"language": "python"})).await;
-    let (status, c) = d
-        .json(
-            Method::POST,
-            &format!("{S}/{id}/contexts"),
-            json!({"language": "python", "cwd": "/tmp", "env": {"CTX_VAR": "x"}}),
-        )
-        .await;
-    assert_eq!(
-        (status, c["cwd"].as_str()),
-        (StatusCode::CREATED, Some("/tmp")),
-        "{c}"
-    );
+    let body = json!({"language": "python", "cwd": "/tmp", "env": {"CTX_VAR": "x"}});
+    let c = create_context(&d, &id, body).await;
+    assert_eq!(c["cwd"], "/tmp", "{c}");
     let cid = c["context_id"].as_str().unwrap();
     let r = run(
         &d,
@@ -578,14 +571,8 @@ async fn java_contexts_run_jshell_in_the_sandbox() {
     let Some(()) = root_or_skip() else { return };
     let d = Daemon::start(BASE_CONFIG).await;
     let id = d.create(json!({})).await;
-    let (status, c) = d
-        .json(
-            Method::POST,
-            &format!("{S}/{id}/contexts"),
-            json!({"language": "java", "cwd": "/tmp", "env": {"CTX_VAR": "x"}}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{c}");
+    let body = json!({"language": "java", "cwd": "/tmp", "env": {"CTX_VAR": "x"}});
+    let c = create_context(&d, &id, body).await;
     assert_eq!(c["language"], "java");
     let cid = c["context_id"].as_str().unwrap();
     let code = "record Point(int x, int y) {}\nvar p = new Point(1, 2);\nSystem.out.println(p);";
@@ -605,14 +592,7 @@ async fn r_contexts_run_in_the_sandbox() {
     let Some(()) = root_or_skip() else { return };
     let d = Daemon::start(BASE_CONFIG).await;
     let id = d.create(json!({"env": {"SESSION_VAR": "s"}})).await;
-    let (status, c) = d
-        .json(
-            Method::POST,
-            &format!("{S}/{id}/contexts"),
-            json!({"language": "r", "cwd": "/tmp"}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{c}");
+    let c = create_context(&d, &id, json!({"language": "r", "cwd": "/tmp"})).await;
     let cid = c["context_id"].as_str().unwrap();
     let r = run(
         &d,
