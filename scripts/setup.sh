@@ -22,8 +22,9 @@ cd "$(dirname "$0")"
   libc6-dev=/usr/include/stdio.h `# its libc.a: glibc linked statically into that agent` \
   python3-matplotlib=/usr/lib/python3/dist-packages/matplotlib/__init__.py `# interpreter rich output` \
   python3-pandas=/usr/lib/python3/dist-packages/pandas/__init__.py
-# Interpreters of Java and R contexts in host-image sandboxes (their recommends are compilers
-# and documentation no context needs).
+# Interpreters of Java and R contexts and the compiler TypeScript contexts strip types with, in
+# host-image sandboxes (their recommends are compilers and documentation no context needs).
 ./install-missing.sh --no-recommends \
   openjdk-17-jdk-headless=/usr/bin/jshell \
-  r-base-core=/usr/bin/Rscript
+  r-base-core=/usr/bin/Rscript \
+  node-typescript=/usr/share/nodejs/typescript/package.json

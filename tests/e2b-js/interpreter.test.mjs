@@ -80,6 +80,13 @@ test('ES imports and top-level await in JavaScript cells', async () => {
   assert.equal(r.text, 'a/b')
 })
 
+test('typescript cells lose their types and run', async () => {
+  const r = await sbx.runCode('const n: number = 41\nn + 1', { language: 'typescript' })
+  assert.deepEqual([r.text, r.error], ['42', undefined])
+  const bad = await sbx.runCode('const x: = 1', { language: 'ts' })
+  assert.equal(bad.error.name, 'SyntaxError')
+})
+
 test('java keeps its declarations, its values are the results', async () => {
   await sbx.runCode('int n = 41;', { language: 'java' })
   const r = await sbx.runCode('n + 1 + System.getProperty("FOO")', {

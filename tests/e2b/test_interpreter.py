@@ -166,6 +166,23 @@ def test_bash_is_a_long_lived_shell(wide_sandbox):
     assert sb.run_code("pwd", context=ctx).logs.stdout == ["/home/user\n"]
 
 
+def test_typescript_runs_in_its_own_context_with_types_stripped(wide_sandbox):
+    # As E2B's kernel: a JavaScript interpreter whose cells lose their types (unchecked).
+    sb = wide_sandbox
+    ex = sb.run_code("const message: string = 'Hello, World!'; console.log(message)", language="ts")
+    assert (ex.logs.stdout, ex.error) == (["Hello, World!\n"], None)
+    assert sb.run_code("process.cwd()", language="typescript").text == "/home/user"
+    ex = sb.run_code(
+        "interface Box<T> { v: T }\nconst b: Box<number> = { v: 41 }\nb.v + 1", language="ts")
+    assert ex.text == "42"
+    assert sb.run_code("process.env.SANDBOX_WIDE as string", language="ts").text == "everywhere"
+    ex = sb.run_code("let broken: = 1", language="ts")
+    assert ex.error.name == "SyntaxError"
+    languages = [c.language for c in sb.list_code_contexts()]
+    assert (languages.count("typescript"), languages.count("javascript")) == (1, 1)
+    assert sb.run_code("typeof b", language="js").text == "undefined", "a context of its own"
+
+
 def test_java_is_jshell_with_the_environment_as_properties(wide_sandbox):
     sb = wide_sandbox
     ex = sb.run_code('System.getProperty("user.dir")', language="java")

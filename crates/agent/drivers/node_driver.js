@@ -33,6 +33,10 @@
     }
   }
   const ctlIn = reopen(3, fs.constants.O_RDONLY);
+
+  // A TypeScript context: the agent passes this argument, which user code must not see.
+  const typescript = process.argv[1] === 'typescript';
+  if (typescript) process.argv.splice(1, 1);
   const ctlOut = reopen(4, fs.constants.O_WRONLY);
 
   function emit(event) {
@@ -261,6 +265,88 @@
     }
   }
 
+  // TypeScript: each cell's types are stripped by the TypeScript compiler found in the
+  // sandbox (as E2B's kernel strips them with Babel): no type checking, the rest of the cell
+  // runs as JavaScript. Node 20 cannot strip types itself and no maintained stripper ships
+  // with it, so the image must carry the `typescript` package: Debian's node-typescript, a
+  // global npm install, or one in the working directory.
+  const TS_HOMES = ['/usr/local/lib/node_modules', '/usr/lib/node_modules', '/usr/share/nodejs', '/usr/lib/nodejs'];
+
+  function loadTypeScript() {
+    const homes = [`${process.cwd()}/node_modules`, ...(process.env.NODE_PATH || '').split(':').filter(Boolean), ...TS_HOMES];
+    for (const home of homes) {
+      try {
+        return require(`${home}/typescript`);
+      } catch (_) {
+        // the next place
+      }
+    }
+    const e = new Error(`TypeScript contexts need the typescript package in the sandbox (apt install node-typescript, or npm install -g typescript); none in ${homes.join(', ')}`);
+    e.name = 'TypeScriptUnavailable';
+    throw e;
+  }
+
+  let ts = null;
+  function transpiler() {
+    if (ts === null) ts = loadTypeScript();
+    return ts;
+  }
+
+  // Imports the cell does not use itself stay: a later cell may use what they bind.
+  function keepImports(compiler) {
+    return Number(compiler.versionMajorMinor.split('.')[0]) >= 5 ? { verbatimModuleSyntax: true } : { preserveValueImports: true };
+  }
+
+  function syntaxError(compiler, code, filename, d) {
+    const message = compiler.flattenDiagnosticMessageText(d.messageText, '\n');
+    const { line, character } = d.file.getLineAndCharacterOfPosition(d.start || 0);
+    const text = code.split('\n')[line] || '';
+    const e = new SyntaxError(message);
+    e.stack = `${filename}:${line + 1}\n${text}\n${' '.repeat(character)}^\n\nSyntaxError: ${message}`;
+    return e;
+  }
+
+  // The cell as JavaScript, and each line of that JavaScript's line in the cell (the compiler
+  // does not keep lines: removed types and interfaces shift everything after them).
+  function transpile(code, n) {
+    const compiler = transpiler();
+    const filename = `<cell ${n}>`;
+    const out = compiler.transpileModule(code, {
+      compilerOptions: {
+        target: compiler.ScriptTarget.ESNext,
+        module: compiler.ModuleKind.ESNext,
+        experimentalDecorators: true,
+        sourceMap: true,
+        ...keepImports(compiler),
+      },
+      fileName: filename,
+      reportDiagnostics: true,
+    });
+    const bad = (out.diagnostics || []).find((d) => d.file && d.category === compiler.DiagnosticCategory.Error);
+    if (bad) throw syntaxError(compiler, code, filename, bad);
+    const lines = [];
+    try {
+      const it = compiler.decodeMappings(JSON.parse(out.sourceMapText).mappings);
+      for (let m = it.next(); !m.done; m = it.next()) {
+        if (lines[m.value.generatedLine] === undefined) lines[m.value.generatedLine] = m.value.sourceLine;
+      }
+    } catch (_) {
+      // a compiler without decodeMappings: positions stay those of the JavaScript
+    }
+    // A module whose only imports were types gets `export {};`, which a script cannot hold.
+    const js = out.outputText.replace(/^export \{\};\n?/m, '').replace(/\n\/\/# sourceMappingURL=.*\n?$/, '\n');
+    return { js, lines };
+  }
+
+  // Positions of the cell's JavaScript in an error's stack, turned into the cell's own.
+  function mapStack(stack, n, lines) {
+    const at = new RegExp(`<cell ${n}>:(\\d+)`, 'g');
+    return stack.replace(at, (all, line) => {
+      const source = lines[Number(line) - 1];
+      return source === undefined ? all : `<cell ${n}>:${source + 1}`;
+    });
+  }
+
   function isThenable(v) {
     return v !== null && (typeof v === 'object' || typeof v === 'function') && typeof v.then === 'function';
   }
@@ -274,8 +360,11 @@
     const env = req.env && typeof req.env === 'object' ? req.env : {};
     const saved = Object.keys(env).map((k) => [k, Object.prototype.hasOwnProperty.call(process.env, k) ? process.env[k] : undefined]);
     for (const [k, v] of Object.entries(env)) process.env[k] = String(v);
+    let lines = null;
     try {
-      let value = compile(String(req.code ?? ''), n).runInThisContext();
+      let code = String(req.code ?? '');
+      if (typescript) ({ js: code, lines } = transpile(code, n));
+      let value = compile(code, n).runInThisContext();
       if (isThenable(value)) {
         const interrupted = new Promise((_, reject) => {
           run.interrupt = reject;
@@ -285,6 +374,7 @@
       if (value !== undefined) sendOutput(formats(value, true), true);
     } catch (e) {
       error = describe(e);
+      if (lines) error.traceback = mapStack(error.traceback, n, lines);
     } finally {
       for (const [k, v] of saved) {
         if (v === undefined) delete process.env[k];

@@ -455,6 +455,41 @@ fn node_cells_take_imports_and_top_level_await() {
     });
 }
 
+/// A TypeScript context is a JavaScript one whose cells lose their types first (no checking, as
+/// E2B's kernel): imports a cell does not use stay for later cells, type-only ones go, errors
+/// point at the cell's own lines, and the flag that makes the driver strip types is not in
+/// user code's argv.
+#[test]
+fn typescript_cells_lose_their_types_and_keep_their_lines() {
+    let h = harness();
+    rt().block_on(async {
+        let id = &context_of(&h.client, "typescript").await;
+        let cells = [
+            ("interface P { x: number }\nconst p: P = { x: 40 }\nimport { join } from 'path'\nimport type { Stats } from 'fs'\nenum Color { Red, Green }\nconst message: string = 'Hello, World!'; console.log(message)", "Hello, World!\n", None),
+            ("p.x + Color.Green + (join('a', 'b') === 'a/b' ? 1 : 0)", "", Some("42")),
+            ("const v: number = await Promise.resolve<number>(20)\nv + 1", "", Some("21")),
+            ("function id<T>(x: T): T { return x }\nid<string>('unchecked') as unknown as number", "", Some("'unchecked'")),
+            ("class A { constructor(private x: number) {} get(): number { return this.x } }\nnew A(7).get()", "", Some("7")),
+            ("process.argv.includes('typescript')", "", Some("false")),
+        ];
+        for (code, stdout, text) in cells {
+            let r = run(&h.client, id, code).await;
+            assert!(r.outcome.error.is_none(), "{code}: {r:?}");
+            assert_eq!((r.stdout.as_str(), r.text()), (stdout, text), "{code}");
+        }
+        let code = "interface Q {\n  y: string\n}\ntype R = number\nfunction boom(): R {\n  throw new Error('boom')\n}\nboom()";
+        let r = run(&h.client, id, code).await;
+        let e = r.outcome.error.as_ref().expect("an error");
+        assert_eq!((e.name.as_str(), e.value.as_str()), ("Error", "boom"));
+        assert!(e.traceback.contains(">:6:"), "the cell's line 6, not the JavaScript's 2: {e:?}");
+        let r = run(&h.client, id, "let a: number = ;").await;
+        let e = r.outcome.error.as_ref().expect("an error");
+        assert_eq!(e.name, "SyntaxError", "{e:?}");
+        assert!(e.traceback.contains(">:1\nlet a: number = ;\n"), "{e:?}");
+        assert_eq!(run(&h.client, id, "p.x").await.ok().text(), Some("40"));
+    });
+}
+
 /// A bash context is one long-lived shell: variables, functions and the directory persist; a
 /// failing last command is the run's error; a run's own variables are put back; a cancelled
 /// run ends without ending the shell; processes it leaves behind do not hold the shell's

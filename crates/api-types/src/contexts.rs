@@ -13,7 +13,9 @@ use utoipa::ToSchema;
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateContext {
-    /// "python" (default), "node" (aliases: "py", "javascript", "js"), "bash" (a long-lived
+    /// "python" (default), "node" (aliases: "py", "javascript", "js"), "typescript" ("ts":
+    /// Node with each cell's types stripped, not checked; the image needs the typescript
+    /// package), "bash" (a long-lived
     /// shell: variables, functions and the directory persist; aliases "sh", "shell"), "java"
     /// (JShell: classes, methods and variables persist; the image needs a JDK) or "r" (one R
     /// session; the image needs R).

@@ -622,11 +622,11 @@ fn fixed_choices_are_shown() {
     assert_eq!(values(&["run"], "language"), ["python", "node", "bash"]);
     assert_eq!(
         values(&["run-code"], "language"),
-        ["python", "node", "bash", "java", "r"]
+        ["python", "node", "typescript", "bash", "java", "r"]
     );
     assert_eq!(
         values(&["context", "create"], "language"),
-        ["python", "node", "bash", "java", "r"]
+        ["python", "node", "typescript", "bash", "java", "r"]
     );
     assert!(values(&["signal"], "signal").contains(&"TERM".to_string()));
     assert_eq!(

@@ -585,6 +585,29 @@ async fn java_contexts_run_jshell_in_the_sandbox() {
     assert_eq!(r["error"]["name"], "java.lang.NumberFormatException", "{r}");
 }
 
+/// A TypeScript context strips types with the compiler the sandbox has (the host image: the
+/// host's Debian node-typescript, which scripts/setup.sh installs), in the jail, in its cwd,
+/// with the session's environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typescript_contexts_run_in_the_sandbox() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"env": {"SESSION_VAR": "s"}})).await;
+    let body = json!({"language": "ts", "cwd": "/tmp"});
+    let c = create_context(&d, &id, body).await;
+    assert_eq!(c["language"], "typescript");
+    let cid = c["context_id"].as_str().unwrap();
+    let code =
+        "const n: number = 2\ntype Pair = [string, number]\nconst p: Pair = [process.cwd(), n]";
+    let r = run(&d, &id, cid, json!({ "code": code })).await;
+    assert!(r["error"].is_null(), "{r}");
+    let code = "`${p[0]} ${process.env.SESSION_VAR} ${p[1] as number}`";
+    let r = run(&d, &id, cid, json!({ "code": code })).await;
+    assert_eq!(main_result(&r)["text"], "'/tmp s 2'", "{r}");
+    let r = run(&d, &id, cid, json!({"code": "let x: = 1"})).await;
+    assert_eq!(r["error"]["name"], "SyntaxError", "{r}");
+}
+
 /// An R context runs in the sandbox's own R (the host image has the host's, which
 /// scripts/setup.sh installs, with its /etc/R): in its cwd, with the session's environment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

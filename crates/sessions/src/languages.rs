@@ -4,9 +4,10 @@ use crate::Error;
 
 pub const LANGUAGES: &[&str] = &["bash", "python", "node"];
 pub const DEFAULT_LANGUAGE: &str = "bash";
-/// Languages an interpreter context runs: a session's, and Java (JShell) and R, which no
-/// session language or image of its own stands for.
-pub const CONTEXT_LANGUAGES: &[&str] = &["python", "node", "bash", "java", "r"];
+/// Languages an interpreter context runs: a session's, and TypeScript (Node with each cell's
+/// types stripped), Java (JShell) and R, which no session language or image of its own stands
+/// for.
+pub const CONTEXT_LANGUAGES: &[&str] = &["python", "node", "typescript", "bash", "java", "r"];
 
 /// Canonical language name (accepting common aliases), or a 400.
 pub fn canonical(name: &str) -> Result<&'static str, Error> {
@@ -26,6 +27,7 @@ pub fn canonical(name: &str) -> Result<&'static str, Error> {
 /// Canonical name of a context's language, or a 400.
 pub fn context_language(name: &str) -> Result<&'static str, Error> {
     match name {
+        "typescript" | "ts" => Ok("typescript"),
         "java" => Ok("java"),
         "r" => Ok("r"),
         other => canonical(other).map_err(|_| {
@@ -59,6 +61,8 @@ mod tests {
         assert!(canonical("java").is_err(), "no session runs java");
         assert_eq!(context_language("java").unwrap(), "java");
         assert_eq!(context_language("r").unwrap(), "r");
+        assert_eq!(context_language("ts").unwrap(), "typescript");
+        assert!(canonical("ts").is_err(), "no session runs typescript");
         assert_eq!(context_language("sh").unwrap(), "bash");
         assert!(
             matches!(context_language("cobol"), Err(Error::InvalidArgument(m)) if m.contains("java"))

@@ -11,6 +11,10 @@ pub enum ContextLanguage {
     Python,
     #[value(aliases = ["js", "javascript"])]
     Node,
+    /// Node with each cell's types stripped, unchecked (needs the typescript package in the
+    /// image).
+    #[value(name = "typescript", alias = "ts")]
+    TypeScript,
     /// A long-lived shell: variables, functions and the directory persist between runs.
     #[value(aliases = ["sh", "shell"])]
     Bash,
@@ -25,6 +29,7 @@ impl ContextLanguage {
         match self {
             ContextLanguage::Python => "python",
             ContextLanguage::Node => "node",
+            ContextLanguage::TypeScript => "typescript",
             ContextLanguage::Bash => "bash",
             ContextLanguage::Java => "java",
             ContextLanguage::R => "r",

@@ -65,17 +65,18 @@ async fn json_body<T: for<'de> Deserialize<'de> + Default>(body: Body) -> Result
     serde_json::from_slice(&bytes).map_err(|e| HttpError::bad_request(format!("invalid JSON: {e}")))
 }
 
-/// The manager's language for an E2B one: Python, JavaScript, bash, Java and R have
-/// interpreters.
+/// The manager's language for an E2B one: Python, JavaScript, TypeScript, bash, Java and R
+/// have interpreters.
 fn language(name: Option<&str>) -> Result<&'static str, HttpError> {
     match name.unwrap_or("python") {
         "python" | "python3" | "py" => Ok("python"),
         "js" | "javascript" | "node" | "nodejs" => Ok("node"),
+        "ts" | "typescript" => Ok("typescript"),
         "bash" | "sh" | "shell" => Ok("bash"),
         "java" => Ok("java"),
         "r" => Ok("r"),
         other => Err(HttpError::bad_request(format!(
-            "language {other:?} is not available; python, javascript, bash, java or r"
+            "language {other:?} is not available; python, javascript, typescript, bash, java or r"
         ))),
     }
 }
@@ -87,6 +88,7 @@ fn default_context_id(lang: &str) -> &'static str {
     match lang {
         "python" => DEFAULT_CONTEXT,
         "node" => "default-javascript",
+        "typescript" => "default-typescript",
         "java" => "default-java",
         "r" => "default-r",
         _ => "default-bash",
@@ -385,7 +387,9 @@ mod tests {
         assert_eq!(language(Some("java")).unwrap(), "java");
         assert_eq!(default_context_id("java"), "default-java");
         assert_eq!(language(Some("r")).unwrap(), "r");
-        assert_eq!(language(Some("ts")).unwrap_err().status.as_u16(), 400);
+        assert_eq!(language(Some("ts")).unwrap(), "typescript");
+        assert_eq!(default_context_id("typescript"), "default-typescript");
+        assert_eq!(language(Some("cobol")).unwrap_err().status.as_u16(), 400);
         let r = RichResult {
             is_main_result: true,
             text: Some("2".into()),

@@ -27,7 +27,8 @@ const EXCLUDED: &[&str] = &[
 pub enum Pack {
     /// Python 3.11 with pip and venv (Debian bookworm).
     Python,
-    /// Node.js 20 with npm (Debian trixie: bookworm ships Node 18).
+    /// Node.js 20 with npm and TypeScript's compiler, for TypeScript contexts (Debian trixie:
+    /// bookworm ships Node 18).
     Node,
     /// Bash and GNU coreutils (Debian bookworm).
     Bash,
@@ -80,7 +81,8 @@ impl Pack {
     fn packages(self) -> Vec<&'static str> {
         let mut packages = match self {
             Pack::Python => vec!["python3", "python3-pip", "python3-venv"],
-            Pack::Node => vec!["nodejs", "npm"],
+            // TypeScript contexts strip types with the typescript package.
+            Pack::Node => vec!["nodejs", "npm", "node-typescript"],
             Pack::Bash => vec!["bash", "coreutils"],
         };
         packages.push("ca-certificates");

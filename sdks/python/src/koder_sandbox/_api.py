@@ -307,7 +307,8 @@ class Contexts(Bound[F]):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> Call[ContextInfo]:
-        """Starts a context: ``language`` ``"python"`` (default), ``"node"``, ``"bash"``,
+        """Starts a context: ``language`` ``"python"`` (default), ``"node"``, ``"typescript"``
+        (types stripped, not checked; the image needs the typescript package), ``"bash"``,
         ``"java"`` (JShell; the image needs a JDK) or ``"r"``, working directory ``cwd`` (an existing
         absolute path), extra ``env``."""
         payload = body(language=language, cwd=cwd, env=env)

@@ -79,7 +79,7 @@ impl Contexts {
         let lang = Lang::parse(language).ok_or_else(|| {
             AgentError::new(
                 ErrorCode::InvalidRequest,
-                format!("contexts run python, node or bash, not {language:?}"),
+                format!("contexts run python, node, typescript, bash, java or r, not {language:?}"),
             )
         })?;
         let setup = self.setup(cwd, env)?;

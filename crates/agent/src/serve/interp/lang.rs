@@ -39,11 +39,15 @@ const JAVA_ARGS: &[&str] = &["-XX:+UseSerialGC", "--source", "11", "/proc/self/f
 /// Rscript reads the driver from the path (a fresh open of the memfd); no workspace is saved
 /// or restored.
 const R_ARGS: &[&str] = &["--no-save", "--no-restore", "/proc/self/fd/5"];
+/// TypeScript runs in the JavaScript driver, which this argument tells to strip each cell's
+/// types first (and which it takes out of `process.argv` before user code sees it).
+const TYPESCRIPT_ARGS: &[&str] = &["-e", NODE_BOOT, "typescript"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Lang {
     Python,
     Node,
+    TypeScript,
     Bash,
     Java,
     R,
@@ -54,6 +58,7 @@ impl Lang {
         match name {
             "python" | "python3" | "py" => Some(Lang::Python),
             "node" | "nodejs" | "javascript" | "js" => Some(Lang::Node),
+            "typescript" | "ts" => Some(Lang::TypeScript),
             "bash" | "sh" | "shell" => Some(Lang::Bash),
             "java" => Some(Lang::Java),
             "r" => Some(Lang::R),
@@ -65,6 +70,7 @@ impl Lang {
         match self {
             Lang::Python => "python",
             Lang::Node => "node",
+            Lang::TypeScript => "typescript",
             Lang::Bash => "bash",
             Lang::Java => "java",
             Lang::R => "r",
@@ -74,7 +80,7 @@ impl Lang {
     pub(super) fn program(self) -> &'static str {
         match self {
             Lang::Python => "python3",
-            Lang::Node => "node",
+            Lang::Node | Lang::TypeScript => "node",
             Lang::Bash => "bash",
             Lang::Java => "java",
             Lang::R => "Rscript",
@@ -86,6 +92,7 @@ impl Lang {
             // -u: user output reaches the pipe as it is printed, not when a buffer fills.
             Lang::Python => &["-u", "-c", PYTHON_BOOT],
             Lang::Node => &["-e", NODE_BOOT],
+            Lang::TypeScript => TYPESCRIPT_ARGS,
             Lang::Bash => &["-c", BASH_BOOT],
             Lang::Java => JAVA_ARGS,
             Lang::R => R_ARGS,
@@ -95,7 +102,7 @@ impl Lang {
     pub(super) fn driver(self) -> &'static str {
         match self {
             Lang::Python => PYTHON_DRIVER,
-            Lang::Node => NODE_DRIVER,
+            Lang::Node | Lang::TypeScript => NODE_DRIVER,
             Lang::Bash => BASH_DRIVER,
             Lang::Java => JAVA_DRIVER,
             Lang::R => R_DRIVER,
@@ -108,7 +115,7 @@ impl Lang {
     /// in one read.
     pub(super) fn request(self, req: &Request) -> Result<Vec<u8>, AgentError> {
         let bad = |m: String| AgentError::new(ErrorCode::InvalidRequest, m);
-        if matches!(self, Lang::Python | Lang::Node) {
+        if matches!(self, Lang::Python | Lang::Node | Lang::TypeScript) {
             let mut line = serde_json::to_vec(req).map_err(|e| bad(format!("code: {e}")))?;
             line.push(b'\n');
             return Ok(line);
