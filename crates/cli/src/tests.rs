@@ -645,34 +645,33 @@ fn fixed_choices_are_shown() {
     assert!(parse(&["create", "--runtime", "vm"]).is_err());
 }
 
-#[test]
-fn context_and_run_code_forms() {
-    use crate::args::{ContextCommand, ContextLanguage};
-    let cli = parse(&["context", "create", "s1", "-l", "node", "-e", "A=1"]).unwrap();
-    let Command::Client(ClientCommand::Context(ContextCommand::Create(a))) = cli.command else {
+/// `ksandbox context create ARGS...` as parsed.
+fn context_create(args: &[&str]) -> crate::args::ContextCreateArgs {
+    let all: Vec<&str> = ["context", "create"].iter().chain(args).copied().collect();
+    let cli = parse(&all).unwrap();
+    let Command::Client(ClientCommand::Context(crate::args::ContextCommand::Create(a))) =
+        cli.command
+    else {
         panic!("not context create")
     };
+    a
+}
+
+#[test]
+fn context_and_run_code_forms() {
+    use crate::args::ContextLanguage;
+    let a = context_create(&["s1", "-l", "node", "-e", "A=1"]);
     assert_eq!(
         (a.session.as_str(), a.language),
         ("s1", ContextLanguage::Node)
     );
     assert_eq!(a.env, [("A".to_string(), "1".to_string())]);
-    let cli = parse(&["context", "create", "s1"]).unwrap();
-    let Command::Client(ClientCommand::Context(ContextCommand::Create(a))) = cli.command else {
-        panic!("not context create")
-    };
-    assert_eq!(a.language, ContextLanguage::Python);
-    let cli = parse(&["context", "create", "s1", "-l", "sh"]).unwrap();
-    let Command::Client(ClientCommand::Context(ContextCommand::Create(a))) = cli.command else {
-        panic!("not context create")
-    };
-    assert_eq!(a.language.as_str(), "bash");
-    assert!(parse(&["context", "create", "s1", "-l", "ts"]).is_err());
-    let cli = parse(&["context", "create", "s1", "-l", "r"]).unwrap();
-    let Command::Client(ClientCommand::Context(ContextCommand::Create(a))) = cli.command else {
-        panic!("not context create")
-    };
-    assert_eq!(a.language.as_str(), "r");
+    assert_eq!(context_create(&["s1"]).language, ContextLanguage::Python);
+    for (alias, language) in [("sh", "bash"), ("ts", "typescript"), ("r", "r")] {
+        let a = context_create(&["s1", "-l", alias]);
+        assert_eq!(a.language.as_str(), language);
+    }
+    assert!(parse(&["context", "create", "s1", "-l", "cobol"]).is_err());
     assert!(parse(&["context", "rm", "s1"]).is_err(), "rm needs an id");
     assert!(parse(&["context", "restart", "s1", "c1"]).is_ok());
     assert!(parse(&["context", "ls", "s1", "--json"]).is_ok());

@@ -20,9 +20,9 @@ pub use egress::{NetworkArgs, SecretCommand, WebhookCommand};
 pub use exec::{ExecArgs, ExecOpts, RunArgs};
 pub use files::{CpArgs, FilesArgs, MkdirArgs, MvArgs, RmArgs, StatArgs};
 pub use image::{BuildStatusArgs, ImageBuildArgs, ImageCommand, ImageImportArgs};
-#[cfg(test)]
-pub(crate) use interp::ContextLanguage;
 pub use interp::{ContextCommand, RunCodeArgs};
+#[cfg(test)]
+pub(crate) use interp::{ContextCreateArgs, ContextLanguage};
 pub use live::{
     AttachArgs, AuditArgs, CompletionsArgs, ErrorsArgs, LogsArgs, PreviewArgs, SignalArgs,
     StdinArgs, WatchArgs,
