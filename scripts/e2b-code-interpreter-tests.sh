@@ -29,7 +29,7 @@ upstream_extract "$E2B_CI_GIT_DIR" "$CI_REV" python/tests python/pytest.ini
 upstream_daemon e2b-code-interpreter
 
 status=0
-upstream_pytest "$UPSTREAM_WORK/python" tests/sync tests/async tests/test_execute_timeout.py \
+upstream_pytest "$UPSTREAM_WORK/python" tests/sync tests/async tests/charts tests/images tests/test_execute_timeout.py \
   tests/test_sandbox_url.py -o addopts="--import-mode=importlib" "$@" || status=$?
 
 upstream_verdict e2b-code-interpreter "$UPSTREAM_WORK/results.json" "$EXPECTED" "$status" || exit 1

@@ -212,6 +212,36 @@ def test_r_is_one_session_printing_as_its_prompt_does(wide_sandbox):
     assert (ex.error.name, ex.error.value) == ("Error", "boom")
 
 
+def test_figures_come_with_the_chart_they_draw(code_sandbox):
+    from e2b_code_interpreter.charts import BarChart, LineChart, SuperChart
+
+    ex = code_sandbox.run_code(
+        "import matplotlib.pyplot as plt\nplt.bar(['A', 'B'], [1, 2], label='n')\n"
+        "plt.xlabel('Who'); plt.ylabel('Count (books)'); plt.title('T')\nplt.show()")
+    chart = ex.results[0].chart
+    assert isinstance(chart, BarChart), ex.results[0]
+    assert (chart.title, chart.x_label, chart.y_unit) == ("T", "Who", "books")
+    assert [(b.label, b.value, b.group) for b in chart.elements] == [("A", 1, "n"), ("B", 2, "n")]
+    assert {"png", "chart"} <= set(ex.results[0].formats())
+    ex = code_sandbox.run_code(
+        "fig, axs = plt.subplots(1, 2); fig.suptitle('S')\n"
+        "axs[0].plot([1, 2], label='up'); axs[1].plot([2, 1]); plt.show()")
+    chart = ex.results[0].chart
+    assert isinstance(chart, SuperChart) and chart.title == "S"
+    assert all(isinstance(c, LineChart) for c in chart.elements)
+    assert chart.elements[0].elements[0].points == [(0.0, 1.0), (1.0, 2.0)]
+
+
+def test_pil_images_shown_or_saved_are_results(code_sandbox):
+    # As in E2B's kernels: a sandbox has no image viewer, so show() displays the image, and
+    # so does saving it to a file.
+    ex = code_sandbox.run_code(
+        "from PIL import Image\nim = Image.new('RGB', (4, 4))\nim.show()\n"
+        "im.save('/tmp/shown.png')\nprint('done')")
+    assert (ex.error, ex.logs.stdout) == (None, ["done\n"])
+    assert len([r for r in ex.results if r.png]) == 2, ex.results
+
+
 def test_rich_formats_as_e2b_names_them(code_sandbox):
     # A DataFrame's columns come as `data` beside its html and text; LaTeX and JPEG
     # representations as `latex` and `jpeg`.

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 /// (`ExitInfo::timing`). 5: the same for a context run (`ContextRun::trace`,
 /// `RunOutcome::timing`); execs that outlive their connection (`ExecRequest::detached`).
 /// 6: execs awaited to their end announce no start (`ExecRequest::quiet`, `ExitInfo::pid`).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 7: a result's chart (`RichResult::chart`).
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Largest data chunk of a byte stream (stdout, stdin, relayed bytes) carried in one frame.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -530,6 +531,8 @@ pub struct RichResult {
     pub latex: Option<String>,
     /// Tabular data (a pandas DataFrame) as JSON text: each column's name → its values.
     pub data: Option<String>,
+    /// The chart a matplotlib figure draws, as JSON text in E2B's `chart` format.
+    pub chart: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

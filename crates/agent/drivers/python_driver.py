@@ -86,6 +86,19 @@ def _koder_driver():
         fig.savefig(buf, format="png", bbox_inches="tight")
         return base64.b64encode(buf.getvalue()).decode("ascii")
 
+    def figure_shown(fig):
+        """A figure's PNG and, unless it is too large to be worth its room in the run's
+        results, the data of the chart it draws (E2B's `chart`; read after the PNG's drawing
+        filled in its tick labels)."""
+        shown = {"png": figure_png(fig)}
+        try:
+            chart = json.dumps(_koder_chart(fig), allow_nan=False)
+        except Exception:
+            return shown
+        if chart != "null" and len(chart) <= max_text:
+            shown["chart"] = chart
+        return shown
+
     mime_keys = (("text/plain", "text"), ("text/html", "html"), ("text/markdown", "markdown"),
                  ("image/svg+xml", "svg"), ("image/png", "png"), ("image/jpeg", "jpeg"),
                  ("text/latex", "latex"), ("application/json", "json"))
@@ -142,7 +155,7 @@ def _koder_driver():
             put(data, "data", table_columns(obj))
             if "png" not in data and is_figure(obj) and not managed_by_pyplot(obj):
                 try:
-                    data["png"] = figure_png(obj)
+                    data.update(figure_shown(obj))
                 except Exception:
                     pass
         if "text" not in data:
@@ -237,7 +250,7 @@ def _koder_driver():
                 fig = plt.figure(num)
                 if only is not None and fig is not only:
                     continue
-                send_output({"text": repr(fig), "png": figure_png(fig)})
+                send_output(dict(figure_shown(fig), text=repr(fig)))
             except Exception as e:
                 sys.stderr.write("figure %s could not be rendered: %s\n" % (num, e))
             finally:
@@ -259,11 +272,52 @@ def _koder_driver():
                 os.environ["MATPLOTLIBRC"] = path
                 return
 
-    class MatplotlibHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def configure_matplotlib(spec, real_exec, module):
+        find_matplotlibrc(spec.origin)
+        real_exec(module)
+        if "MPLBACKEND" not in os.environ:
+            try:
+                module.rcParams["backend"] = "module://" + backend_name
+            except Exception:
+                pass
+
+    def keep_box_stats(spec, real_exec, module):
+        real_exec(module)
+        try:
+            _koder_keep_box_stats(module.Axes)
+        except Exception:
+            pass
+
+    def show_pil_images(spec, real_exec, module):
+        """A PIL image shown, or saved to a file, appears among the run's results, as in E2B's
+        kernels (a sandbox has no viewer for show() to start)."""
+        real_exec(module)
+        try:
+            image = module.Image
+            saved = image.save
+        except AttributeError:
+            return
+
+        def show(self, title=None, **_options):
+            display(self)
+
+        def save(self, fp, format=None, **params):
+            if isinstance(fp, (str, os.PathLike)) and state.run is not None:
+                display(self)
+            return saved(self, fp, format, **params)
+
+        image.show, image.save = show, save
+
+    # What the hook does around the import of each module it watches.
+    watched = {"matplotlib": configure_matplotlib, "matplotlib.axes": keep_box_stats,
+               "PIL.Image": show_pil_images}
+
+    class WatchedImports(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def find_spec(self, name, path=None, target=None):
             if name == backend_name:
                 return importlib.util.spec_from_loader(name, self)
-            if name != "matplotlib":
+            around = watched.get(name)
+            if around is None:
                 return None
             sys.meta_path.remove(self)
             try:
@@ -273,17 +327,7 @@ def _koder_driver():
             if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
                 return spec
             real_exec = spec.loader.exec_module
-
-            def exec_module(module):
-                find_matplotlibrc(spec.origin)
-                real_exec(module)
-                if "MPLBACKEND" not in os.environ:
-                    try:
-                        module.rcParams["backend"] = "module://" + backend_name
-                    except Exception:
-                        pass
-
-            spec.loader.exec_module = exec_module
+            spec.loader.exec_module = lambda module: around(spec, real_exec, module)
             return spec
 
         def create_module(self, spec):
@@ -293,7 +337,7 @@ def _koder_driver():
             module.__dict__["_koder_flush"] = flush_figures
             exec(compile(backend_source, "<koder matplotlib backend>", "exec"), module.__dict__)
 
-    sys.meta_path.insert(0, MatplotlibHook())
+    sys.meta_path.insert(0, WatchedImports())
 
     # IPython's display API (`from IPython.display import display, HTML, Image`), which code
     # written for Jupyter and E2B's kernels uses. Without IPython in the image, a module of the

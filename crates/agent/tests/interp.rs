@@ -1135,6 +1135,85 @@ fn matplotlib_figures_come_back_as_png() {
     });
 }
 
+/// The chart of the result a figure is shown as, parsed.
+fn chart_of(r: &Ran, i: usize) -> serde_json::Value {
+    let chart = r.outcome.results[i].chart.as_deref();
+    serde_json::from_str(chart.unwrap_or_else(|| panic!("result {i} has no chart: {r:?}"))).unwrap()
+}
+
+/// A shown figure carries, beside its PNG, the chart it draws in E2B's `chart` format: the
+/// kind (from the artists on its axes), title, labels with their units, scales (dates and
+/// categories included), ticks, and each kind's data; a figure of several axes is a
+/// superchart; a box plot's statistics are the ones it was drawn from.
+#[test]
+fn matplotlib_figures_carry_the_chart_they_draw() {
+    let h = harness();
+    rt().block_on(async {
+        let id = context_of(&h.client, "python").await;
+        let code = "import matplotlib.pyplot as plt, datetime\n\
+                    days = [datetime.date(2024, 1, d) for d in (1, 2, 3)]\n\
+                    plt.plot(days, [1, 2, float('nan')], label='temp')\n\
+                    plt.xlabel('Day'); plt.ylabel('Heat (°C)'); plt.title('Week')\n\
+                    plt.show()\n\
+                    plt.bar(['a', 'b'], [3, 4], label='sold'); plt.show()\n\
+                    plt.pie([90, 10], labels=['no', 'yes']); plt.show()\n\
+                    plt.boxplot([[85, 90, 78, 92, 88], [95, 89, 76, 91, 84, 87]]); plt.show()\n\
+                    fig, (l, r) = plt.subplots(1, 2); fig.suptitle('Both')\n\
+                    l.plot([0, 1], [1, 0]); r.scatter([1, 2], [3, 4], label='dots'); r.set_yscale('log')\n\
+                    plt.show()";
+        let r = run(&h.client, &id, code).await.ok();
+        assert_eq!(r.outcome.results.len(), 5, "{r:?}");
+        let line = chart_of(&r, 0);
+        let want = serde_json::json!({"type": "line", "title": "Week", "x_label": "Day",
+            "y_label": "Heat (°C)", "x_unit": null, "y_unit": "°C", "x_scale": "datetime",
+            "y_scale": "linear"});
+        for (k, v) in want.as_object().unwrap() {
+            assert_eq!(&line[k], v, "{k}: {line}");
+        }
+        assert_eq!(line["elements"][0]["label"], "temp");
+        assert_eq!(
+            line["elements"][0]["points"],
+            serde_json::json!([["2024-01-01T00:00:00+00:00", 1.0],
+                ["2024-01-02T00:00:00+00:00", 2.0], ["2024-01-03T00:00:00+00:00", null]])
+        );
+        let ticks = line["x_ticks"].as_array().unwrap();
+        assert!(ticks.iter().all(|t| t.as_str().is_some_and(|t| t.starts_with("2024-01-"))), "{line}");
+        assert_eq!(line["x_tick_labels"].as_array().unwrap().len(), ticks.len());
+        assert!(line["x_tick_labels"].as_array().unwrap().iter().any(|t| t != ""), "drawn labels");
+        assert_eq!(
+            chart_of(&r, 1)["elements"],
+            serde_json::json!([{"label": "a", "group": "sold", "value": 3.0},
+                {"label": "b", "group": "sold", "value": 4.0}])
+        );
+        let pie = chart_of(&r, 2);
+        assert_eq!(pie["type"], "pie");
+        assert_eq!(
+            pie["elements"],
+            serde_json::json!([{"label": "no", "angle": 324.0, "radius": 1.0},
+                {"label": "yes", "angle": 36.0, "radius": 1.0}])
+        );
+        let boxes = chart_of(&r, 3);
+        assert_eq!(boxes["type"], "box_and_whisker");
+        assert_eq!(
+            boxes["elements"][1],
+            serde_json::json!({"label": "2", "min": 84.0, "first_quartile": 84.75,
+                "median": 88.0, "third_quartile": 90.5, "max": 95.0, "outliers": [76.0]})
+        );
+        let both = chart_of(&r, 4);
+        assert_eq!((&both["type"], &both["title"]), (&"superchart".into(), &"Both".into()));
+        let kinds: Vec<_> = both["elements"].as_array().unwrap().iter().map(|c| (c["type"].clone(), c["y_scale"].clone())).collect();
+        assert_eq!(kinds, [("line".into(), "linear".into()), ("scatter".into(), "log".into())]);
+        assert_eq!(both["elements"][1]["elements"][0]["points"], serde_json::json!([[1.0, 3.0], [2.0, 4.0]]));
+        // A plot cleared of its boxes is a chart of what is left; a figure too large to be
+        // worth its room keeps its PNG alone.
+        let code = "ax = plt.gca(); ax.boxplot([[1, 2, 3]]); ax.clear(); ax.plot([1, 2]); plt.show()\n\
+                    plt.plot(range(200_000)); plt.show()";
+        let r = run(&h.client, &id, code).await.ok();
+        assert_eq!(chart_of(&r, 0)["type"], "line");
+        assert!(r.outcome.results[1].png.is_some() && r.outcome.results[1].chart.is_none());
+    });
+}
+
 #[test]
 fn pandas_dataframes_come_back_as_html_text_and_columns() {
     let h = harness();

@@ -94,6 +94,13 @@ pub struct RichOutput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub data: Option<serde_json::Value>,
+    /// The chart a matplotlib figure draws, for clients that redraw it (E2B's `chart`
+    /// format): `type` (`line`, `scatter`, `bar`, `pie`, `box_and_whisker`, `superchart`,
+    /// `unknown`), `title`, `elements`, and for the planar kinds axis labels, units, ticks and
+    /// scales. docs/API.md has the fields of each kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub chart: Option<serde_json::Value>,
 }
 
 /// The exception a run raised.

@@ -515,14 +515,17 @@ async fn a_streamed_run_whose_client_goes_away_is_interrupted() {
     );
 }
 
-/// A table's columns, LaTeX and JPEG reach REST as `data` (JSON), `latex` and `jpeg`.
+/// A table's columns, LaTeX, JPEG and a figure's chart reach REST as `data` (JSON), `latex`,
+/// `jpeg` and `chart` (JSON).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tables_latex_and_jpeg_reach_the_result() {
+async fn tables_latex_jpeg_and_charts_reach_the_result() {
     let Some(()) = root_or_skip() else { return };
     let d = Daemon::start(BASE_CONFIG).await;
     let id = d.create(json!({"language": "python"})).await;
     let code = "import pandas as pd\nclass F:\n    def _repr_latex_(self): return '$x$'\n    \
-                def _repr_jpeg_(self): return b'\\xff\\xd8'\ndisplay(F())\npd.DataFrame({'a': [1, 2]})";
+                def _repr_jpeg_(self): return b'\\xff\\xd8'\ndisplay(F())\n\
+                import matplotlib.pyplot as plt\nplt.pie([3, 1], labels=['x', 'y'])\nplt.show()\n\
+                pd.DataFrame({'a': [1, 2]})";
     let r = run(&d, &id, "default", json!({ "code": code })).await;
     let shown = &r["results"];
     assert_eq!(
@@ -530,7 +533,10 @@ async fn tables_latex_and_jpeg_reach_the_result() {
         (&json!("$x$"), &json!("/9g=")),
         "{r}"
     );
-    assert_eq!(shown[1]["data"], json!({"a": [1, 2]}), "{r}");
+    let slices = json!([{"label": "x", "angle": 270.0, "radius": 1.0},
+                        {"label": "y", "angle": 90.0, "radius": 1.0}]);
+    assert_eq!(shown[1]["chart"]["elements"], slices, "{r}");
+    assert_eq!(shown[2]["data"], json!({"a": [1, 2]}), "{r}");
 }
 
 /// A context can start in another directory with its own variables.

@@ -374,6 +374,7 @@ impl From<ContextRun> for pb::ContextRunResult {
                     jpeg: r.jpeg,
                     latex: r.latex,
                     data: r.data,
+                    chart: r.chart,
                 })
                 .collect(),
             error: run.error.map(|e| pb::RunError {

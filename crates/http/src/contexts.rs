@@ -51,6 +51,7 @@ fn rich(r: RichResult) -> RichOutput {
         jpeg: r.jpeg,
         latex: r.latex,
         data: r.data.and_then(|j| serde_json::from_str(&j).ok()),
+        chart: r.chart.and_then(|j| serde_json::from_str(&j).ok()),
     }
 }
 

@@ -226,8 +226,11 @@ pub(crate) fn result_files(r: &RichOutput, n: usize) -> Result<Vec<(String, Vec<
             files.push((format!("result-{n}.{ext}"), text.clone().into_bytes()));
         }
     }
-    if let Some(json) = &r.json {
-        files.push((format!("result-{n}.json"), serde_json::to_vec_pretty(json)?));
+    for (name, json) in [("", &r.json), ("-chart", &r.chart)] {
+        if let Some(json) = json {
+            let pretty = serde_json::to_vec_pretty(json)?;
+            files.push((format!("result-{n}{name}.json"), pretty));
+        }
     }
     Ok(files)
 }

@@ -273,7 +273,7 @@ fn result_line(r: &RichResult) -> Value {
         }
     }
     // The interpreter serialised them; text that does not parse is left out, not passed on.
-    for (k, val) in [("json", &r.json), ("data", &r.data)] {
+    for (k, val) in [("json", &r.json), ("data", &r.data), ("chart", &r.chart)] {
         if let Some(j) = val
             .as_deref()
             .and_then(|j| serde_json::from_str::<Value>(j).ok())

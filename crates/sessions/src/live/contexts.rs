@@ -92,6 +92,8 @@ pub struct RichResult {
     pub latex: Option<String>,
     /// Tabular data (a pandas DataFrame) as JSON text: each column's name → its values.
     pub data: Option<String>,
+    /// The chart a matplotlib figure draws, as JSON text (E2B's `chart` format).
+    pub chart: Option<String>,
 }
 
 /// The exception a run raised.
@@ -132,6 +134,7 @@ impl From<proto::RichResult> for RichResult {
             jpeg,
             latex,
             data,
+            chart,
         } = r;
         Self {
             is_main_result,
@@ -144,6 +147,7 @@ impl From<proto::RichResult> for RichResult {
             jpeg,
             latex,
             data,
+            chart,
         }
     }
 }

@@ -259,6 +259,7 @@ class RichOutput:
     jpeg: str | None = None
     latex: str | None = None
     data: Any = None
+    chart: Any = None
 
 
 @dataclass(frozen=True)

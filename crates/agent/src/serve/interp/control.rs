@@ -35,6 +35,7 @@ pub(super) struct Mime {
     pub(super) jpeg: Option<String>,
     pub(super) latex: Option<String>,
     pub(super) data: Option<String>,
+    pub(super) chart: Option<String>,
 }
 
 #[derive(Deserialize)]

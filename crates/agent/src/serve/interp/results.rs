@@ -60,6 +60,7 @@ fn rich_size(r: &RichResult) -> usize {
         &r.jpeg,
         &r.latex,
         &r.data,
+        &r.chart,
     ]
     .iter()
     .map(|f| f.as_ref().map_or(0, String::len))
@@ -78,6 +79,7 @@ pub(super) fn rich(m: Mime, main: bool) -> RichResult {
         jpeg: m.jpeg,
         latex: m.latex,
         data: m.data,
+        chart: m.chart,
     }
 }
 
