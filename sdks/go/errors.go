@@ -27,6 +27,12 @@ const (
 	CodeNotImplemented     = "SANDBOX-NOT-IMPLEMENTED"
 	CodeRuntimeUnavailable = "SANDBOX-RUNTIME-UNAVAILABLE-001"
 	CodeInternal           = "SANDBOX-INTERNAL"
+	// CodeQuotaSnapshotStorage: the tenant's snapshot storage is full (HTTP 507).
+	CodeQuotaSnapshotStorage = "SANDBOX-QUOTA-SNAPSHOT-STORAGE"
+	// CodeQuotaVolumeStorage: the tenant's volume storage is full (HTTP 507).
+	CodeQuotaVolumeStorage = "SANDBOX-QUOTA-VOLUME-STORAGE"
+	// CodeVolumeBusy: a session has the volume mounted (HTTP 409).
+	CodeVolumeBusy = "SANDBOX-VOLUME-BUSY"
 )
 
 const (

@@ -62,3 +62,25 @@ func ExampleSandboxError() {
 		fmt.Println("no such session (HTTP", se.Status, ")")
 	}
 }
+
+func ExampleClient_RunCode() {
+	ctx := context.Background()
+	c, _ := sandbox.NewClient("http://127.0.0.1:7070", os.Getenv("KODER_KEY"))
+	r, err := c.RunCode(ctx, "session-id", sandbox.DefaultContext, sandbox.RunCodeRequest{
+		Code: "import matplotlib.pyplot as plt\nplt.plot([1, 4, 9])\nplt.show()\nsum([1, 2, 3])",
+	})
+	if err != nil {
+		panic(err)
+	}
+	if r.Error != nil {
+		fmt.Println(r.Error.Name, r.Error.Value)
+	}
+	for _, out := range r.Results {
+		if len(out.Chart) > 0 {
+			fmt.Println("chart:", string(out.Chart))
+		}
+	}
+	if m := r.Main(); m != nil {
+		fmt.Println("value:", m.Text)
+	}
+}

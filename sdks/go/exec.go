@@ -22,10 +22,6 @@ const (
 	EventExit      = "exit"
 )
 
-// ErrStreamTruncated is returned (wrapped) by a stream that ended before its exit event: the
-// connection broke or the server went away mid-exec.
-var ErrStreamTruncated = errors.New("koder-sandbox: exec stream ended before its exit event")
-
 // ExecEvent is one event of an exec stream.
 type ExecEvent struct {
 	Type string
@@ -63,11 +59,32 @@ func (c *Client) StreamExec(ctx context.Context, id string, req ExecRequest) (*E
 	if err != nil {
 		return nil, err
 	}
-	raw, err := json.Marshal(req)
+	var result ExecResult
+	body, err := c.postStream(ctx, p, req, &result)
+	if err != nil {
+		return nil, err
+	}
+	st := &ExecStream{core: eventStream[ExecEvent]{
+		decode: decodeEvent,
+		last:   func(ev ExecEvent) bool { return ev.Type == EventExit },
+	}}
+	if body == nil {
+		st.core.queue = eventsOf(&result)
+	} else {
+		st.core.body, st.core.sse = body, newSSEReader(body, c.maxEvent)
+	}
+	return st, nil
+}
+
+// postStream POSTs in as JSON asking for Server-Sent Events and returns the event stream's
+// body. An answer that is not a stream (an intermediary that drops the Accept header, an
+// older daemon) is decoded into out as the synchronous result it is, and the body is nil.
+func (c *Client) postStream(ctx context.Context, path string, in, out interface{}) (io.ReadCloser, error) {
+	raw, err := json.Marshal(in)
 	if err != nil {
 		return nil, fmt.Errorf("koder-sandbox: encoding request: %w", err)
 	}
-	hr, err := c.newRequest(ctx, http.MethodPost, p, nil, bytes.NewReader(raw))
+	hr, err := c.newRequest(ctx, http.MethodPost, path, nil, bytes.NewReader(raw))
 	if err != nil {
 		return nil, err
 	}
@@ -78,14 +95,10 @@ func (c *Client) StreamExec(ctx context.Context, id string, req ExecRequest) (*E
 		return nil, err
 	}
 	if isEventStream(resp.Header.Get("Content-Type")) {
-		return &ExecStream{body: resp.Body, sse: newSSEReader(resp.Body, c.maxEvent)}, nil
+		return resp.Body, nil
 	}
 	defer resp.Body.Close()
-	var result ExecResult
-	if err := c.decodeBody(resp.Body, &result); err != nil {
-		return nil, err
-	}
-	return &ExecStream{queue: eventsOf(&result)}, nil
+	return nil, c.decodeBody(resp.Body, out)
 }
 
 func isEventStream(contentType string) bool {
@@ -113,92 +126,29 @@ func eventsOf(r *ExecResult) []ExecEvent {
 //	}
 //	if err := st.Err(); err != nil { ... }
 type ExecStream struct {
-	body   io.ReadCloser // nil once closed, and for a replayed result
-	sse    *sseReader
-	queue  []ExecEvent
-	cur    ExecEvent
-	result *ExecResult
-	err    error
-	done   bool
+	core eventStream[ExecEvent]
 }
 
 // Next advances to the next event; false once the exit event was delivered, or on an error
 // (see Err).
-func (s *ExecStream) Next() bool {
-	if s.done {
-		return false
-	}
-	ev, err := s.read()
-	if err != nil {
-		s.fail(err)
-		return false
-	}
-	s.cur = ev
-	if ev.Type == EventExit {
-		s.result = ev.Result
-		s.done = true
-		s.closeBody()
-	}
-	return true
-}
-
-func (s *ExecStream) read() (ExecEvent, error) {
-	if s.sse == nil {
-		if len(s.queue) == 0 {
-			return ExecEvent{}, ErrStreamTruncated
-		}
-		ev := s.queue[0]
-		s.queue = s.queue[1:]
-		return ev, nil
-	}
-	for {
-		raw, err := s.sse.next()
-		if err == io.EOF {
-			return ExecEvent{}, ErrStreamTruncated
-		}
-		if err != nil {
-			return ExecEvent{}, err
-		}
-		ev, known, err := decodeEvent(raw)
-		if err != nil {
-			return ExecEvent{}, err
-		}
-		// Event types added by later servers are skipped.
-		if known {
-			return ev, nil
-		}
-	}
-}
-
-func (s *ExecStream) fail(err error) {
-	s.err = err
-	s.done = true
-	s.closeBody()
-}
+func (s *ExecStream) Next() bool { return s.core.next() }
 
 // Event is the event Next advanced to.
-func (s *ExecStream) Event() ExecEvent { return s.cur }
+func (s *ExecStream) Event() ExecEvent { return s.core.cur }
 
 // Err is the error that ended the stream early, or nil after a complete stream.
-func (s *ExecStream) Err() error { return s.err }
+func (s *ExecStream) Err() error { return s.core.err }
 
 // Result is the exec's result once its exit event was delivered, else nil.
-func (s *ExecStream) Result() *ExecResult { return s.result }
-
-// Close releases the connection; a stream closed before its exit event cancels the exec.
-func (s *ExecStream) Close() error {
-	s.done = true
-	return s.closeBody()
-}
-
-func (s *ExecStream) closeBody() error {
-	if s.body == nil {
+func (s *ExecStream) Result() *ExecResult {
+	if !s.core.ended {
 		return nil
 	}
-	err := s.body.Close()
-	s.body = nil
-	return err
+	return s.core.cur.Result
 }
+
+// Close releases the connection; a stream closed before its exit event cancels the exec.
+func (s *ExecStream) Close() error { return s.core.close() }
 
 // decodeEvent turns one SSE event into an ExecEvent; known is false for event types this
 // client does not know.
