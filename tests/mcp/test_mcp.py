@@ -21,7 +21,7 @@ pytestmark = pytest.mark.anyio
 TOOLS = {
     "create_session", "list_sessions", "kill_session", "run_code", "run_command",
     "start_process", "read_process_output", "stop_process", "write_file", "read_file",
-    "list_files", "get_preview_url",
+    "list_files", "get_preview_url", "run_cell",
 }
 
 
@@ -109,6 +109,36 @@ async def test_verdicts_come_from_the_daemon(transport, connect):
         big = await call(mcp, "run_code", session_id=sid, code="x = bytearray(1024 * 1024 * 1024)\nprint('survived')")
         assert big["verdict"] == "SANDBOX-EXEC-KILLED-OOM", big
         assert "survived" not in big["stdout"]
+
+
+async def test_cells_keep_their_state_and_show_their_figures(mcp):
+    async with session(mcp) as sid:
+        first = await call(mcp, "run_cell", session_id=sid, code="import math\nx = 41")
+        assert first["language"] == "python" and first["error"] is None
+        out = await call(mcp, "run_cell", session_id=sid, code="print('hi')\nx + 1")
+        assert out["context_id"] == first["context_id"], "one context per language"
+        assert (out["stdout"], out["results"][0]["text"]) == ("hi\n", "42")
+        code = "import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [1, 2])\nplt.show()"
+        result = await mcp.call_tool("run_cell", {"session_id": sid, "code": code})
+        assert not result.is_error, text(result)
+        figure = result.structured_content["results"][0]
+        assert (figure["image"], figure["chart"]["type"]) == ("image/png", "bar")
+        images = [c for c in result.content if c.type == "image"]
+        assert len(images) == 1 and images[0].mime_type == "image/png"
+        assert base64.b64decode(images[0].data)[:4] == b"\x89PNG"
+        failed = await call(mcp, "run_cell", session_id=sid, code="1 / 0")
+        assert failed["error"]["name"] == "ZeroDivisionError"
+        ts = await call(mcp, "run_cell", session_id=sid, language="typescript",
+                        code="const n: number = 2\nn * 21")
+        assert ts["context_id"] != first["context_id"] and ts["results"][0]["text"] == "42"
+        again = await call(mcp, "run_cell", session_id=sid, context_id=ts["context_id"], code="n")
+        assert (again["language"], again["results"][0]["text"]) == ("typescript", "2")
+        code, message = await fails(mcp, "run_cell", session_id=sid, code="1",
+                                    context_id="nope")
+        assert code == "SANDBOX-NOT-FOUND", message
+        code, _ = await fails(mcp, "run_cell", session_id=sid, code="1", language="r",
+                              context_id=first["context_id"])
+        assert code == "SANDBOX-INVALID-ARGUMENT"
 
 
 async def test_files(mcp):

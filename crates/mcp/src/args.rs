@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
+use koder_sdk::types::contexts::RunCode;
 use koder_sdk::types::{CreateSession, ExecRequest, Limits, Network, NetworkMode};
 use rmcp::schemars::{self, JsonSchema};
 use serde::Deserialize;
@@ -235,6 +236,90 @@ impl RunCodeArgs {
             ..Default::default()
         };
         Ok((self.session_id, self.options.apply(req)?))
+    }
+}
+
+/// The interpreters `run_cell` keeps a context of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CellLanguage {
+    Python,
+    Node,
+    /// Node with the cell's types stripped (not checked).
+    Typescript,
+    /// One long-lived shell: variables, functions and the directory persist.
+    Bash,
+    /// JShell.
+    Java,
+    R,
+}
+
+impl CellLanguage {
+    /// The name the daemon gives a context of this language.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CellLanguage::Python => "python",
+            CellLanguage::Node => "node",
+            CellLanguage::Typescript => "typescript",
+            CellLanguage::Bash => "bash",
+            CellLanguage::Java => "java",
+            CellLanguage::R => "r",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct RunCellArgs {
+    /// Id of the session to run in.
+    pub session_id: String,
+    /// The cell's code. Its last expression's value is returned, as in a notebook.
+    pub code: String,
+    /// Interpreter: `python` (default), `node`, `typescript`, `bash`, `java` or `r`. A session
+    /// keeps one context per language, made by its first cell.
+    #[serde(default)]
+    pub language: Option<CellLanguage>,
+    /// Run in this context (a `context_id` of an earlier answer) instead of the language's;
+    /// give `language` or `context_id`, not both.
+    #[serde(default)]
+    pub context_id: Option<String>,
+    /// Kill the interpreter after this many milliseconds (its variables are then lost).
+    /// Default: the server's.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Extra environment variables for this cell only.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// Where a checked cell runs: a named context, or the session's context of a language.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CellTarget {
+    Context(String),
+    Language(CellLanguage),
+}
+
+impl RunCellArgs {
+    pub fn checked(self) -> Result<(String, CellTarget, RunCode), ToolError> {
+        check_id("session_id", &self.session_id)?;
+        check_nonempty_len("code", &self.code, MAX_CODE_BYTES)?;
+        check_env(&self.env)?;
+        if let Some(t) = self.timeout_ms {
+            check_range("timeout_ms", t, 1, MAX_TIMEOUT_MS)?;
+        }
+        let target = match (self.context_id, self.language) {
+            (Some(_), Some(_)) => return Err(invalid("give language or context_id, not both")),
+            (Some(id), None) => {
+                check_id("context_id", &id)?;
+                CellTarget::Context(id)
+            }
+            (None, language) => CellTarget::Language(language.unwrap_or(CellLanguage::Python)),
+        };
+        let run = RunCode {
+            code: self.code,
+            timeout_ms: self.timeout_ms,
+            env: self.env,
+        };
+        Ok((self.session_id, target, run))
     }
 }
 

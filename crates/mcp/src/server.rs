@@ -6,18 +6,23 @@ use std::time::Duration;
 use base64::Engine as _;
 use futures::StreamExt as _;
 use koder_sdk::live::ExecEvent;
+use koder_sdk::types::contexts::CreateContext;
 use koder_sdk::types::{self, ExecResult, ExecState};
 use koder_sdk::Client;
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{tool, tool_handler, tool_router, ServerHandler};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{
-    CreateSessionArgs, ListFilesArgs, PreviewArgs, ReadFileArgs, ReadOutputArgs, RunCodeArgs,
-    RunCommandArgs, SessionArgs, StopProcessArgs, WriteFileArgs,
+    CellLanguage, CellTarget, CreateSessionArgs, ListFilesArgs, PreviewArgs, ReadFileArgs,
+    ReadOutputArgs, RunCellArgs, RunCodeArgs, RunCommandArgs, SessionArgs, StopProcessArgs,
+    WriteFileArgs,
 };
+use cell::CellView;
+
+mod cell;
 use crate::reply::{answer, input_schema, tail, Args, ToolError, CANCELLED};
 
 /// Output of one stream kept in a tool result (the tail: that is where errors are). The daemon
@@ -26,7 +31,8 @@ pub const MAX_STREAM_BYTES: usize = 64 * 1024;
 
 const INSTRUCTIONS: &str = "Run untrusted code safely in koder-sandbox sessions (isolated \
 Linux sandboxes). Create a session with create_session, then run_code (python, node, bash) or \
-run_command in it, move files with write_file / read_file / list_files, start servers or long \
+run_command in it, or run_cell for notebook-style work whose variables persist (figures come \
+back as images), move files with write_file / read_file / list_files, start servers or long \
 jobs with start_process and read_process_output, and get_preview_url for a web server it \
 listens on. Results carry stdout, stderr, exit_code and a verdict (SANDBOX-EXEC-TIMEOUT, \
 SANDBOX-EXEC-KILLED-OOM, ...) when the sandbox stopped the program. Sessions expire on their \
@@ -82,6 +88,20 @@ impl SandboxMcp {
         ct: CancellationToken,
     ) -> CallToolResult {
         answer(unless_cancelled(ct, self.exec(args.and_then(RunCodeArgs::request))).await)
+    }
+
+    /// Run a notebook cell in a session's long-lived interpreter: variables, imports and
+    /// definitions persist from one cell to the next (one context per language: python, node,
+    /// typescript, bash, java, r). Returns stdout, stderr, the results (the last expression's
+    /// value, displayed objects and tables, matplotlib figures with their chart data; figures
+    /// also follow as images), the exception the code raised as `error`, and the `context_id`.
+    #[tool(input_schema = input_schema::<RunCellArgs>())]
+    async fn run_cell(
+        &self,
+        Args(args): Args<RunCellArgs>,
+        ct: CancellationToken,
+    ) -> CallToolResult {
+        answer_with_images(unless_cancelled(ct, self.do_run_cell(args)).await)
     }
 
     /// Run a command in a session (a shell line in `command`, or a program with arguments in
@@ -189,6 +209,47 @@ impl SandboxMcp {
         Ok(ExecView::from(result))
     }
 
+    async fn do_run_cell(
+        &self,
+        args: Result<RunCellArgs, ToolError>,
+    ) -> Result<(CellView, Vec<ContentBlock>), ToolError> {
+        let (id, target, run) = args?.checked()?;
+        let (context_id, language) = match target {
+            CellTarget::Context(context_id) => (context_id, None),
+            CellTarget::Language(language) => {
+                (self.context_of(&id, language).await?, Some(language))
+            }
+        };
+        let result = self.client.run_in_context(&id, &context_id, &run).await?;
+        let language = match language {
+            Some(l) => l.as_str().to_string(),
+            None => self.language_of(&id, &context_id).await?,
+        };
+        Ok(CellView::new(context_id, language, result))
+    }
+
+    /// The session's context of `language`: the first one there is, else a new one.
+    async fn context_of(&self, id: &str, language: CellLanguage) -> Result<String, ToolError> {
+        let contexts = self.client.list_contexts(id).await?;
+        if let Some(c) = contexts
+            .into_iter()
+            .find(|c| c.language == language.as_str())
+        {
+            return Ok(c.context_id);
+        }
+        let req = CreateContext {
+            language: Some(language.as_str().to_string()),
+            ..Default::default()
+        };
+        Ok(self.client.create_context(id, &req).await?.context_id)
+    }
+
+    async fn language_of(&self, id: &str, context_id: &str) -> Result<String, ToolError> {
+        let contexts = self.client.list_contexts(id).await?;
+        let context = contexts.into_iter().find(|c| c.context_id == context_id);
+        Ok(context.map(|c| c.language).unwrap_or_default())
+    }
+
     async fn do_start(
         &self,
         args: Result<RunCommandArgs, ToolError>,
@@ -280,6 +341,21 @@ impl SandboxMcp {
             url_inside_sandbox: upstream.url,
             auth: "Authorization: Bearer <the API key>",
         })
+    }
+}
+
+/// A cell's answer: its view as structured content (and its JSON text), then its figures as
+/// images.
+fn answer_with_images(outcome: Result<(CellView, Vec<ContentBlock>), ToolError>) -> CallToolResult {
+    match outcome {
+        Ok((view, images)) => {
+            let mut result = answer(Ok(view));
+            if result.is_error != Some(true) {
+                result.content.extend(images);
+            }
+            result
+        }
+        Err(e) => e.into_result(),
     }
 }
 

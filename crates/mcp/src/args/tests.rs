@@ -334,3 +334,44 @@ fn a_preview_port_is_optional_and_bounded() {
         "{schema}"
     );
 }
+
+#[test]
+fn run_cell_goes_to_a_context_or_a_languages_context() {
+    let a: RunCellArgs = args(json!({
+        "session_id": "s1", "code": "x = 1", "timeout_ms": 900, "env": {"A": "b"}
+    }))
+    .unwrap();
+    let (id, target, run) = a.checked().unwrap();
+    assert_eq!(
+        (id.as_str(), target),
+        ("s1", CellTarget::Language(CellLanguage::Python))
+    );
+    assert_eq!((run.code.as_str(), run.timeout_ms), ("x = 1", Some(900)));
+    assert_eq!(run.env.get("A").map(String::as_str), Some("b"));
+    let a: RunCellArgs =
+        args(json!({"session_id": "s1", "code": "1", "language": "typescript"})).unwrap();
+    assert_eq!(
+        a.checked().unwrap().1,
+        CellTarget::Language(CellLanguage::Typescript)
+    );
+    let a: RunCellArgs =
+        args(json!({"session_id": "s1", "code": "1", "context_id": "c-1"})).unwrap();
+    assert_eq!(a.checked().unwrap().1, CellTarget::Context("c-1".into()));
+    let both = json!({"session_id": "s1", "code": "1", "context_id": "c", "language": "r"});
+    refused(
+        args::<RunCellArgs>(both).and_then(RunCellArgs::checked),
+        "not both",
+    );
+    let hostile = json!({"session_id": "s1", "code": "1", "context_id": "../x"});
+    refused(
+        args::<RunCellArgs>(hostile).and_then(RunCellArgs::checked),
+        "context_id",
+    );
+    let blank = json!({"session_id": "s1", "code": "  "});
+    refused(
+        args::<RunCellArgs>(blank).and_then(RunCellArgs::checked),
+        "code must not be empty",
+    );
+    let cobol = json!({"session_id": "s1", "code": "1", "language": "cobol"});
+    refused(args::<RunCellArgs>(cobol), "unknown variant `cobol`");
+}

@@ -22,6 +22,7 @@ fn every_tool_is_listed_with_a_description_and_an_object_schema() {
         "list_sessions",
         "kill_session",
         "run_code",
+        "run_cell",
         "run_command",
         "start_process",
         "read_process_output",
