@@ -21,7 +21,8 @@ pytestmark = pytest.mark.anyio
 TOOLS = {
     "create_session", "list_sessions", "kill_session", "run_code", "run_command",
     "start_process", "read_process_output", "stop_process", "write_file", "read_file",
-    "list_files", "get_preview_url", "run_cell",
+    "list_files", "get_preview_url", "run_cell", "snapshot_session", "restore_session",
+    "fork_session",
 }
 
 
@@ -138,6 +139,39 @@ async def test_cells_keep_their_state_and_show_their_figures(mcp):
         assert code == "SANDBOX-NOT-FOUND", message
         code, _ = await fails(mcp, "run_cell", session_id=sid, code="1", language="r",
                               context_id=first["context_id"])
+        assert code == "SANDBOX-INVALID-ARGUMENT"
+
+
+async def test_snapshots_restores_and_forks(mcp):
+    async with session(mcp) as sid:
+        async def read(session_id):
+            out = await call(mcp, "read_file", session_id=session_id, path="notes.txt")
+            return out["content"]
+
+        await call(mcp, "write_file", session_id=sid, path="notes.txt", content="first")
+        snap = await call(mcp, "snapshot_session", session_id=sid, name="before-change")
+        assert snap["name"] == "before-change" and snap["snapshot_id"]
+        await call(mcp, "write_file", session_id=sid, path="notes.txt", content="second")
+        restored = await call(mcp, "restore_session", session_id=sid,
+                              snapshot_id=snap["snapshot_id"])
+        assert restored["session_id"] == sid and await read(sid) == "first"
+        async with session(mcp, from_snapshot=snap["snapshot_id"]) as started:
+            assert await read(started) == "first"
+        forked = await call(mcp, "fork_session", session_id=sid, count=2)
+        forks = [s["session_id"] for s in forked["sessions"]]
+        try:
+            assert len(forks) == 2 and sid not in forks
+            await call(mcp, "write_file", session_id=forks[0], path="notes.txt", content="mine")
+            assert [await read(f) for f in forks] == ["mine", "first"]
+            assert await read(sid) == "first", "a fork's writes stay in the fork"
+        finally:
+            for f in forks:
+                await mcp.call_tool("kill_session", {"session_id": f})
+        code, _ = await fails(mcp, "fork_session", session_id=sid, count=0)
+        assert code == "SANDBOX-INVALID-ARGUMENT"
+        code, _ = await fails(mcp, "restore_session", session_id=sid, snapshot_id="nope")
+        assert code == "SANDBOX-NOT-FOUND"
+        code, _ = await fails(mcp, "snapshot_session", session_id=sid, name="../x")
         assert code == "SANDBOX-INVALID-ARGUMENT"
 
 

@@ -97,10 +97,16 @@ pub struct CreateSessionArgs {
     /// Environment variables for every command run in the session.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Start on a snapshot's files (a `snapshot_id` from `snapshot_session`).
+    #[serde(default)]
+    pub from_snapshot: Option<String>,
 }
 
 impl CreateSessionArgs {
     pub fn request(self) -> Result<CreateSession, ToolError> {
+        if let Some(id) = &self.from_snapshot {
+            check_id("from_snapshot", id)?;
+        }
         if let Some(t) = self.timeout_s {
             check_range("timeout_s", t, 1, MAX_SESSION_TIMEOUT_S)?;
         }
@@ -142,6 +148,7 @@ impl CreateSessionArgs {
             network,
             env: self.env,
             timeout_s: self.timeout_s,
+            from_snapshot: self.from_snapshot,
             ..Default::default()
         })
     }
@@ -157,6 +164,62 @@ impl SessionArgs {
     pub fn checked(self) -> Result<String, ToolError> {
         check_id("session_id", &self.session_id)?;
         Ok(self.session_id)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct SnapshotArgs {
+    /// Id of the session whose files to save.
+    pub session_id: String,
+    /// A name to recognise the snapshot by (1-128 letters, digits, '-', '_' or '.').
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+impl SnapshotArgs {
+    pub fn checked(self) -> Result<(String, Option<String>), ToolError> {
+        check_id("session_id", &self.session_id)?;
+        if let Some(name) = &self.name {
+            check_id("name", name)?;
+        }
+        Ok((self.session_id, self.name))
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct RestoreArgs {
+    /// Id of the session to put back.
+    pub session_id: String,
+    /// Id of the snapshot (from `snapshot_session`) whose files the session gets back.
+    pub snapshot_id: String,
+}
+
+impl RestoreArgs {
+    pub fn checked(self) -> Result<(String, String), ToolError> {
+        check_id("session_id", &self.session_id)?;
+        check_id("snapshot_id", &self.snapshot_id)?;
+        Ok((self.session_id, self.snapshot_id))
+    }
+}
+
+/// Copies one `fork_session` call may make (the daemon's own limit).
+const MAX_FORKS: u32 = 100;
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct ForkArgs {
+    /// Id of the session to copy.
+    pub session_id: String,
+    /// How many copies (1-100, default 1).
+    #[serde(default)]
+    pub count: Option<u32>,
+}
+
+impl ForkArgs {
+    pub fn checked(self) -> Result<(String, u32), ToolError> {
+        check_id("session_id", &self.session_id)?;
+        let count = self.count.unwrap_or(1);
+        check_range("count", u64::from(count), 1, u64::from(MAX_FORKS))?;
+        Ok((self.session_id, count))
     }
 }
 

@@ -16,9 +16,9 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{
-    CellLanguage, CellTarget, CreateSessionArgs, ListFilesArgs, PreviewArgs, ReadFileArgs,
-    ReadOutputArgs, RunCellArgs, RunCodeArgs, RunCommandArgs, SessionArgs, StopProcessArgs,
-    WriteFileArgs,
+    CellLanguage, CellTarget, CreateSessionArgs, ForkArgs, ListFilesArgs, PreviewArgs,
+    ReadFileArgs, ReadOutputArgs, RestoreArgs, RunCellArgs, RunCodeArgs, RunCommandArgs,
+    SessionArgs, SnapshotArgs, StopProcessArgs, WriteFileArgs,
 };
 use cell::CellView;
 
@@ -32,8 +32,9 @@ pub const MAX_STREAM_BYTES: usize = 64 * 1024;
 const INSTRUCTIONS: &str = "Run untrusted code safely in koder-sandbox sessions (isolated \
 Linux sandboxes). Create a session with create_session, then run_code (python, node, bash) or \
 run_command in it, or run_cell for notebook-style work whose variables persist (figures come \
-back as images), move files with write_file / read_file / list_files, start servers or long \
-jobs with start_process and read_process_output, and get_preview_url for a web server it \
+back as images), move files with write_file / read_file / list_files, save and restore a \
+session's files with snapshot_session / restore_session and copy a session with fork_session, \
+start servers or long jobs with start_process and read_process_output, and get_preview_url for a web server it \
 listens on. Results carry stdout, stderr, exit_code and a verdict (SANDBOX-EXEC-TIMEOUT, \
 SANDBOX-EXEC-KILLED-OOM, ...) when the sandbox stopped the program. Sessions expire on their \
 own; kill_session ends one at once. Failures are tool errors 'SANDBOX-CODE: message'.";
@@ -88,6 +89,29 @@ impl SandboxMcp {
         ct: CancellationToken,
     ) -> CallToolResult {
         answer(unless_cancelled(ct, self.exec(args.and_then(RunCodeArgs::request))).await)
+    }
+
+    /// Save a session's files as a snapshot and return its snapshot_id: a point to come back
+    /// to with restore_session, or to start new sessions from (create_session from_snapshot).
+    /// Running processes are not saved.
+    #[tool(input_schema = input_schema::<SnapshotArgs>())]
+    async fn snapshot_session(&self, Args(args): Args<SnapshotArgs>) -> CallToolResult {
+        answer(self.do_snapshot(args).await)
+    }
+
+    /// Put a session's files back as a snapshot saved them (undo everything since). Its
+    /// processes end, background ones and interpreter variables included.
+    #[tool(input_schema = input_schema::<RestoreArgs>(), annotations(destructive_hint = true))]
+    async fn restore_session(&self, Args(args): Args<RestoreArgs>) -> CallToolResult {
+        answer(self.do_restore(args).await)
+    }
+
+    /// Copy a session: `count` new sessions, each with the files it has now, to try different
+    /// approaches side by side. Returns the new sessions; each ends on its own timeout or with
+    /// kill_session.
+    #[tool(input_schema = input_schema::<ForkArgs>())]
+    async fn fork_session(&self, Args(args): Args<ForkArgs>) -> CallToolResult {
+        answer(self.do_fork(args).await)
     }
 
     /// Run a notebook cell in a session's long-lived interpreter: variables, imports and
@@ -207,6 +231,32 @@ impl SandboxMcp {
         let (id, req) = req?;
         let result = self.client.exec(&id, &req).await?;
         Ok(ExecView::from(result))
+    }
+
+    async fn do_snapshot(
+        &self,
+        args: Result<SnapshotArgs, ToolError>,
+    ) -> Result<types::Snapshot, ToolError> {
+        let (id, name) = args?.checked()?;
+        Ok(self.client.snapshot_session(&id, name.as_deref()).await?)
+    }
+
+    async fn do_restore(
+        &self,
+        args: Result<RestoreArgs, ToolError>,
+    ) -> Result<SessionView, ToolError> {
+        let (id, snapshot) = args?.checked()?;
+        Ok(SessionView::from(
+            self.client.restore_session(&id, &snapshot).await?,
+        ))
+    }
+
+    async fn do_fork(&self, args: Result<ForkArgs, ToolError>) -> Result<SessionList, ToolError> {
+        let (id, count) = args?.checked()?;
+        let forks = self.client.fork_session(&id, count).await?;
+        Ok(SessionList {
+            sessions: forks.into_iter().map(SessionView::from).collect(),
+        })
     }
 
     async fn do_run_cell(

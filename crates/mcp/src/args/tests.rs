@@ -375,3 +375,45 @@ fn run_cell_goes_to_a_context_or_a_languages_context() {
     let cobol = json!({"session_id": "s1", "code": "1", "language": "cobol"});
     refused(args::<RunCellArgs>(cobol), "unknown variant `cobol`");
 }
+
+#[test]
+fn snapshot_restore_and_fork_arguments_are_checked() {
+    let a: SnapshotArgs = args(json!({"session_id": "s1", "name": "before-change"})).unwrap();
+    assert_eq!(
+        a.checked().unwrap(),
+        ("s1".into(), Some("before-change".into()))
+    );
+    let a: SnapshotArgs = args(json!({"session_id": "s1"})).unwrap();
+    assert_eq!(a.checked().unwrap().1, None);
+    let bad = json!({"session_id": "s1", "name": "a/b"});
+    refused(
+        args::<SnapshotArgs>(bad).and_then(SnapshotArgs::checked),
+        "name",
+    );
+    let a: RestoreArgs = args(json!({"session_id": "s1", "snapshot_id": "snap-1"})).unwrap();
+    assert_eq!(a.checked().unwrap(), ("s1".into(), "snap-1".into()));
+    let bad = json!({"session_id": "s1", "snapshot_id": ".."});
+    refused(
+        args::<RestoreArgs>(bad).and_then(RestoreArgs::checked),
+        "snapshot_id",
+    );
+    let a: ForkArgs = args(json!({"session_id": "s1"})).unwrap();
+    assert_eq!(a.checked().unwrap(), ("s1".into(), 1));
+    for count in [0, 101] {
+        let bad = json!({"session_id": "s1", "count": count});
+        refused(
+            args::<ForkArgs>(bad).and_then(ForkArgs::checked),
+            "count must be between 1 and 100",
+        );
+    }
+    let a: CreateSessionArgs = args(json!({"from_snapshot": "snap-1"})).unwrap();
+    assert_eq!(
+        a.request().unwrap().from_snapshot.as_deref(),
+        Some("snap-1")
+    );
+    let bad = json!({"from_snapshot": "a b"});
+    refused(
+        args::<CreateSessionArgs>(bad).and_then(CreateSessionArgs::request),
+        "from_snapshot",
+    );
+}
