@@ -80,6 +80,16 @@ test('ES imports and top-level await in JavaScript cells', async () => {
   assert.equal(r.text, 'a/b')
 })
 
+test('a figure comes with the chart it draws', async () => {
+  const r = await sbx.runCode(
+    "import matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4], label='up')\nplt.title('T')\nplt.show()",
+  )
+  const [figure] = r.results
+  assert.ok(figure.png, 'the figure as PNG')
+  assert.deepEqual([figure.chart.type, figure.chart.title], ['line', 'T'])
+  assert.deepEqual(figure.chart.elements[0].points, [[1, 3], [2, 4]])
+})
+
 test('typescript cells lose their types and run', async () => {
   const r = await sbx.runCode('const n: number = 41\nn + 1', { language: 'typescript' })
   assert.deepEqual([r.text, r.error], ['42', undefined])
