@@ -822,15 +822,24 @@ fn rich_results_become_files() {
         png: Some("iVBORw0KGgo=".into()),
         html: Some("<b>x</b>".into()),
         json: Some(serde_json::json!({"a": 1})),
+        chart: Some(serde_json::json!({"type": "pie"})),
         ..Default::default()
     };
     let files = result_files(&rich, 2).unwrap();
     let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["result-2.png", "result-2.html", "result-2.json"]);
+    assert_eq!(
+        names,
+        [
+            "result-2.png",
+            "result-2.html",
+            "result-2.json",
+            "result-2-chart.json"
+        ]
+    );
     assert_eq!(files[0].1, b"\x89PNG\r\n\x1a\n");
     assert_eq!(
         summary(2, &files),
-        "result 2: png (8 B), html (8 B), json (12 B)"
+        "result 2: png (8 B), html (8 B), json (12 B), chart.json (19 B)"
     );
     let broken = koder_sdk::interp::RichOutput {
         png: Some("not base64!".into()),

@@ -235,13 +235,15 @@ pub(crate) fn result_files(r: &RichOutput, n: usize) -> Result<Vec<(String, Vec<
     Ok(files)
 }
 
-/// `result 2: png (3.1 KiB), html (120 B)`.
+/// `result 2: png (3.1 KiB), html (120 B), chart.json (2 KiB)`.
 pub(crate) fn summary(n: usize, files: &[(String, Vec<u8>)]) -> String {
+    let prefix = format!("result-{n}");
     let kinds: Vec<String> = files
         .iter()
         .map(|(name, bytes)| {
-            let ext = name.rsplit('.').next().unwrap_or("?");
-            format!("{ext} ({})", output::format_size(bytes.len() as u64))
+            let kind = name.strip_prefix(&prefix).unwrap_or(name);
+            let kind = kind.trim_start_matches(['.', '-']);
+            format!("{kind} ({})", output::format_size(bytes.len() as u64))
         })
         .collect();
     format!("result {n}: {}", kinds.join(", "))
