@@ -13,7 +13,8 @@
 # E2B's code is never copied into this repository: E2B_GIT_DIR names a clone of
 # https://github.com/e2b-dev/E2B that holds the revision (see scripts/e2b-upstream-tests.sh).
 # The SDK's dependencies and vitest are installed once into the test cache outside the clone,
-# at the versions E2B's own pnpm-lock.yaml pins for packages/js-sdk. The vitest config is ours:
+# at the versions E2B's own pnpm-lock.yaml pins for packages/js-sdk
+# (scripts/lib/e2b-upstream-js.sh). The vitest config is ours:
 # E2B's loads the browser runner's Playwright, which the node tests do not need.
 #
 # scripts/lib/e2b_upstream_dns.cjs, preloaded into every node process, is the resolver: E2B's
@@ -28,6 +29,7 @@ repo=$PWD
 EXPECTED=scripts/e2b-upstream-js-expected.txt
 
 . scripts/lib/e2b-upstream.sh
+. scripts/lib/e2b-upstream-js.sh
 upstream_can_run e2b-upstream-js
 
 . scripts/lib/daemon.sh
@@ -35,37 +37,10 @@ upstream_extract "$E2B_GIT_DIR" "$E2B_REV" packages/js-sdk pnpm-lock.yaml
 work=$UPSTREAM_WORK
 sdk="$work/packages/js-sdk"
 
-# The SDK's runtime dependencies and the test runner, at the versions of E2B's lock file.
-/usr/bin/python3 - "$sdk/package.json" "$work/pnpm-lock.yaml" >"$work/deps.json" <<'PY'
-import json
-import re
-import sys
-
-package, lock = json.load(open(sys.argv[1])), open(sys.argv[2]).read()
-importer = re.search(r"^  packages/js-sdk:\n(.*?)(?=^  \S|\Z)", lock, re.M | re.S).group(1)
-# error-stack-parser-es: a devDependency the sources import (the SDK's build bundles it).
-wanted = list(package["dependencies"]) + ["vitest", "msw", "dotenv", "error-stack-parser-es"]
-pinned = {}
-for name in wanted:
-    quoted = re.escape(f"'{name}'") if name.startswith("@") else re.escape(name)
-    m = re.search(rf"^      {quoted}:\n        specifier: .*\n        version: ([^(\s]+)", importer, re.M)
-    if not m:
-        sys.exit(f"{name} is not in the lock file's packages/js-sdk importer")
-    pinned[name] = m.group(1)
-print(json.dumps({"name": "koder-e2b-upstream-js", "private": True, "dependencies": pinned},
-                 indent=1, sort_keys=True))
-PY
-key=$(sha256sum "$work/deps.json" | cut -c1-16)
-modules="${KODER_TEST_CACHE:-/var/cache/koder-sandbox-test}/e2b-upstream-js-$key"
-# The stamp is written last, so a half-made install is redone rather than trusted.
-if [ ! -f "$modules/.installed" ]; then
-  rm -rf "$modules"
-  mkdir -p "$modules"
-  cp "$work/deps.json" "$modules/package.json"
-  npm install --prefix "$modules" --no-audit --no-fund --loglevel=error >/dev/null
-  touch "$modules/.installed"
-fi
-ln -s "$modules/node_modules" "$sdk/node_modules"
+# The SDK's runtime dependencies and the test runner, at the versions of E2B's lock file
+# (error-stack-parser-es: a devDependency the sources import; the SDK's build bundles it).
+upstream_js_modules "$sdk" "$sdk/package.json" "$work/pnpm-lock.yaml" packages/js-sdk \
+  vitest msw dotenv error-stack-parser-es
 
 # Describe blocks holding a not-run test are left out whole, by a name pattern vitest matches
 # against every test's full name (`<describe> <title>`).
@@ -121,29 +96,5 @@ run_project() {
 run_project unit "" "$@"
 [ -z "$base_root" ] || run_project template "$E2B_BASE_CONFIG" "$@"
 
-# vitest's JSON report as `{"<file> > <full name>": outcome}`.
-/usr/bin/python3 - "$sdk/" "$work"/vitest-*.json >"$work/results.json" <<'PY'
-import json
-import sys
-
-root, reports = sys.argv[1], [json.load(open(path)) for path in sys.argv[2:]]
-outcomes = {}
-for suite in (suite for report in reports for suite in report["testResults"]):
-    file = suite["name"].removeprefix(root)
-    for t in suite["assertionResults"]:
-        status = {"passed": "passed", "failed": "failed"}.get(t["status"], "skipped")
-        if status == "skipped" and t["status"] not in ("skipped", "pending", "todo"):
-            continue
-        name = " > ".join([file, *t["ancestorTitles"], t["title"]])
-        # Tests of one name (a parameterised title) count one each: #2, #3...
-        n, unique = 1, name
-        while unique in outcomes:
-            n += 1
-            unique = f"{name} #{n}"
-        outcomes[unique] = status
-    # A file that failed to load has no tests to report, and is a failure of its own.
-    if suite["status"] == "failed" and not suite["assertionResults"]:
-        outcomes[f"{file} > (the file)"] = "failed"
-print(json.dumps(outcomes, indent=1, sort_keys=True))
-PY
+upstream_vitest_results "$sdk/" "$work"/vitest-*.json >"$work/results.json"
 upstream_verdict e2b-upstream-js "$work/results.json" "$EXPECTED" "$status" || exit 1

@@ -80,6 +80,15 @@ test('ES imports and top-level await in JavaScript cells', async () => {
   assert.equal(r.text, 'a/b')
 })
 
+test('a silent run its client gives up on ends at the timeout, and the next one runs', async () => {
+  // The SDK times a run from its answer's headers: they must come before the run prints.
+  const started = Date.now()
+  await assert.rejects(sbx.runCode('import time; time.sleep(60)', { timeoutMs: 1_500 }))
+  assert.ok(Date.now() - started < 20_000, `gave up after ${Date.now() - started} ms`)
+  const r = await sbx.runCode('1 + 1', { timeoutMs: 15_000 })
+  assert.equal(r.text, '2')
+})
+
 test('a figure comes with the chart it draws', async () => {
   const r = await sbx.runCode(
     "import matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4], label='up')\nplt.title('T')\nplt.show()",

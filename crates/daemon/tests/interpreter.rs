@@ -475,6 +475,47 @@ async fn context_runs_stream_as_server_sent_events() {
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
 }
 
+/// A streamed run that prints nothing for a while still answers at once (after a short grace
+/// for refusals): clients that time a run from its headers (E2B's JS SDK) must get them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_streamed_run_answers_before_it_prints() {
+    let Some(()) = root_or_skip() else { return };
+    let d = Daemon::start(BASE_CONFIG).await;
+    let id = d.create(json!({"language": "python"})).await;
+    let code =
+        "import os, time\nwhile not os.path.exists('/tmp/go'):\n    time.sleep(0.05)\n'done'";
+    let request = d
+        .req(
+            Method::POST,
+            &format!("{S}/{id}/contexts/default/run"),
+            KEY1,
+        )
+        .header("accept", "text/event-stream")
+        .json(&json!({ "code": code }))
+        .send();
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(20), request)
+        .await
+        .expect("headers while the run waits")
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let (status, out) = d
+        .json(
+            Method::POST,
+            &format!("{S}/{id}/exec"),
+            json!({"cmd": ["touch", "/tmp/go"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let events = read_sse(resp).await;
+    let result = events.last().unwrap();
+    assert_eq!(result.name, "result", "{events:?}");
+    assert_eq!(
+        result.data["results"][0]["text"], "'done'",
+        "{}",
+        result.data
+    );
+}
+
 /// A streamed run whose client goes away is cancelled, as a streamed exec is: the interpreter
 /// is interrupted, not restarted, so the context keeps its variables and takes the next run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

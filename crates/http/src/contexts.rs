@@ -138,19 +138,9 @@ pub async fn run_code(
     };
     if crate::live::wants_sse(&headers) {
         let mut rx = s.manager.run_in_context_streamed(who, id, cid, req);
-        // Anything that fails before the run started is the HTTP answer itself.
-        let first = rx.recv().await.ok_or_else(|| {
-            ApiError::new(
-                500,
-                koder_api_types::codes::INTERNAL,
-                "the run ended without a result",
-            )
-        })?;
-        let first = match first {
-            RunEvent::Done(Err(e)) => return Err(e.into()),
-            other => other,
-        };
-        let events = futures::stream::unfold((Some(first), rx), |(pending, mut rx)| async move {
+        // A refusal is the HTTP answer itself; a later failure the stream's `error` event.
+        let first = koder_sessions::refusal_or_first(&mut rx).await?;
+        let events = futures::stream::unfold((first, rx), |(pending, mut rx)| async move {
             let event = match pending {
                 Some(e) => e,
                 None => rx.recv().await?,

@@ -28,8 +28,8 @@ pub use config::SessionConfig;
 pub use error::Error;
 pub use events::{Event, EventSink};
 pub use live::contexts::{
-    ContextInfo, ContextOptions, ContextRun, RichResult, RunError, RunEvent, RunOutput, RunRequest,
-    DEFAULT_CONTEXT,
+    refusal_or_first, ContextInfo, ContextOptions, ContextRun, RichResult, RunError, RunEvent,
+    RunOutput, RunRequest, DEFAULT_CONTEXT, FIRST_EVENT_GRACE,
 };
 pub use live::preview::{Upstream, UpstreamConn};
 pub use live::{

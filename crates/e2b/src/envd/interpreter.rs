@@ -143,16 +143,9 @@ async fn execute(t: Target, body: Body) -> Result<Response, HttpError> {
         env: req.env_vars.unwrap_or_default(),
     };
     let mut rx = m.run_in_context_streamed(t.who.clone(), t.id.clone(), cid, run);
-    let first = rx
-        .recv()
-        .await
-        .ok_or_else(|| HttpError::new(500, "the run ended without a result"))?;
-    let first = match first {
-        RunEvent::Done(Err(e)) => return Err(e.into()),
-        other => other,
-    };
+    let first = koder_sessions::refusal_or_first(&mut rx).await?;
     let id = t.id.clone();
-    let lines = futures::stream::unfold(Some((Some(first), rx, m, id)), |state| async move {
+    let lines = futures::stream::unfold(Some((first, rx, m, id)), |state| async move {
         let (pending, mut rx, m, id) = state?;
         // A run whose events stop before its end, or that was killed with its sandbox, is cut
         // short, as E2B's proxy cuts it, so the SDK asks the sandbox's health and reports it

@@ -62,6 +62,25 @@ pub enum RunEvent {
     Done(Result<ContextRun, Error>),
 }
 
+/// How long a streamed run's answer waits for the run's first event before its headers go
+/// out: long enough for a refusal (an unknown context, a stopped session) to be the answer's
+/// own status, short enough that a client waiting for the headers of a run that prints nothing
+/// (E2B's JS SDK starts its run timeout only then) gets them at once.
+pub const FIRST_EVENT_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The first event of a streamed run if it comes within [`FIRST_EVENT_GRACE`], or none yet; a
+/// failure that soon is the run's refusal. A failure after it is the stream's last event.
+pub async fn refusal_or_first(
+    rx: &mut mpsc::Receiver<RunEvent>,
+) -> Result<Option<RunEvent>, Error> {
+    match tokio::time::timeout(FIRST_EVENT_GRACE, rx.recv()).await {
+        Ok(Some(RunEvent::Done(Err(e)))) => Err(e),
+        Ok(Some(event)) => Ok(Some(event)),
+        Ok(None) => Err(Error::Internal("the run ended without a result".into())),
+        Err(_) => Ok(None),
+    }
+}
+
 /// A context: one long-lived interpreter in the session's sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContextInfo {
