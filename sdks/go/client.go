@@ -136,6 +136,15 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 
 // doJSON sends in as a JSON body (none when nil) and decodes the answer into out (ignored
 // when nil).
+// call sends in (none when nil) to path and decodes the answer as a T.
+func call[T any](ctx context.Context, c *Client, method, path string, in interface{}) (*T, error) {
+	var out T
+	if err := c.doJSON(ctx, method, path, nil, in, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 func (c *Client) doJSON(ctx context.Context, method, path string, query url.Values, in, out interface{}) error {
 	var body io.Reader
 	if in != nil {

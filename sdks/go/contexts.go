@@ -120,11 +120,7 @@ func (c *Client) CreateContext(ctx context.Context, id string, req CreateContext
 	if err != nil {
 		return nil, err
 	}
-	var out CodeContext
-	if err := c.doJSON(ctx, http.MethodPost, p, nil, req, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[CodeContext](ctx, c, http.MethodPost, p, req)
 }
 
 // ListContexts lists a session's contexts in creation order.
@@ -148,11 +144,7 @@ func (c *Client) RestartContext(ctx context.Context, id, contextID string) (*Cod
 	if err != nil {
 		return nil, err
 	}
-	var out CodeContext
-	if err := c.doJSON(ctx, http.MethodPost, p, nil, nil, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[CodeContext](ctx, c, http.MethodPost, p, nil)
 }
 
 // DeleteContext stops a context's interpreter.
@@ -170,11 +162,7 @@ func (c *Client) RunCode(ctx context.Context, id, contextID string, req RunCodeR
 	if err != nil {
 		return nil, err
 	}
-	var out RunResult
-	if err := c.doJSON(ctx, http.MethodPost, p, nil, req, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[RunResult](ctx, c, http.MethodPost, p, req)
 }
 
 // StreamRunCode runs code in a context and streams its output as it is printed. Iterate with

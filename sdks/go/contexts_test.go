@@ -103,12 +103,7 @@ func TestContextIDsThatWouldChangeThePathAreRefused(t *testing.T) {
 
 func drainRun(t *testing.T, st *RunStream) ([]RunEvent, error) {
 	t.Helper()
-	defer st.Close()
-	var events []RunEvent
-	for st.Next() {
-		events = append(events, st.Event())
-	}
-	return events, st.Err()
+	return drainAll[RunEvent](t, st)
 }
 
 func streamRun(t *testing.T, c *Client) *RunStream {

@@ -41,11 +41,7 @@ func (c *Client) Exec(ctx context.Context, id string, req ExecRequest) (*ExecRes
 	if err != nil {
 		return nil, err
 	}
-	var out ExecResult
-	if err := c.doJSON(ctx, http.MethodPost, p, nil, req, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[ExecResult](ctx, c, http.MethodPost, p, req)
 }
 
 // StreamExec runs a command and streams its output as it is produced (Server-Sent Events).

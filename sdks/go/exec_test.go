@@ -19,15 +19,28 @@ func sseServer(t *testing.T, body string, opts ...Option) *Client {
 	}, opts...)
 }
 
-// drain collects a stream's events and its final error.
-func drain(t *testing.T, st *ExecStream) ([]ExecEvent, error) {
+// drainable is what ExecStream and RunStream have in common.
+type drainable[E any] interface {
+	Next() bool
+	Event() E
+	Err() error
+	Close() error
+}
+
+// drainAll collects a stream's events and its final error.
+func drainAll[E any](t *testing.T, st drainable[E]) ([]E, error) {
 	t.Helper()
 	defer st.Close()
-	var events []ExecEvent
+	var events []E
 	for st.Next() {
 		events = append(events, st.Event())
 	}
 	return events, st.Err()
+}
+
+func drain(t *testing.T, st *ExecStream) ([]ExecEvent, error) {
+	t.Helper()
+	return drainAll[ExecEvent](t, st)
 }
 
 func stream(t *testing.T, c *Client) *ExecStream {

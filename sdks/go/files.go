@@ -123,9 +123,5 @@ func (c *Client) fileCall(ctx context.Context, id, suffix string, in interface{}
 	if err != nil {
 		return nil, err
 	}
-	var out FileEntry
-	if err := c.doJSON(ctx, http.MethodPost, p, nil, in, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[FileEntry](ctx, c, http.MethodPost, p, in)
 }

@@ -68,11 +68,7 @@ func (c *Client) Metrics(ctx context.Context, id string) (*SessionMetrics, error
 	if err != nil {
 		return nil, err
 	}
-	var out SessionMetrics
-	if err := c.doJSON(ctx, http.MethodGet, p, nil, nil, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[SessionMetrics](ctx, c, http.MethodGet, p, nil)
 }
 
 // KillProcesses SIGKILLs every process in the session (a fork bomb, runaway children), keeps

@@ -68,14 +68,9 @@ func (c *Client) TakeSnapshot(ctx context.Context, id, name string) (*Snapshot, 
 	if err != nil {
 		return nil, err
 	}
-	var out Snapshot
-	in := struct {
+	return call[Snapshot](ctx, c, http.MethodPost, p, struct {
 		Name string `json:"name,omitempty"`
-	}{name}
-	if err := c.doJSON(ctx, http.MethodPost, p, nil, in, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	}{name})
 }
 
 // ListSnapshots lists this tenant's snapshots.
@@ -95,11 +90,7 @@ func (c *Client) GetSnapshot(ctx context.Context, snapshotID string) (*Snapshot,
 	if err != nil {
 		return nil, err
 	}
-	var out Snapshot
-	if err := c.doJSON(ctx, http.MethodGet, p, nil, nil, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Snapshot](ctx, c, http.MethodGet, p, nil)
 }
 
 // DeleteSnapshot deletes a snapshot (sessions started from it are not affected).
@@ -142,11 +133,7 @@ func (c *Client) Fork(ctx context.Context, id string, count int) ([]Session, err
 
 // CreateVolume creates a volume.
 func (c *Client) CreateVolume(ctx context.Context, req CreateVolumeRequest) (*Volume, error) {
-	var out Volume
-	if err := c.doJSON(ctx, http.MethodPost, volumesPath, nil, req, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Volume](ctx, c, http.MethodPost, volumesPath, req)
 }
 
 // ListVolumes lists this tenant's volumes.
@@ -166,11 +153,7 @@ func (c *Client) GetVolume(ctx context.Context, volume string) (*Volume, error) 
 	if err != nil {
 		return nil, err
 	}
-	var out Volume
-	if err := c.doJSON(ctx, http.MethodGet, p, nil, nil, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Volume](ctx, c, http.MethodGet, p, nil)
 }
 
 // DeleteVolume deletes a volume and its files; while a session has it mounted it fails with
