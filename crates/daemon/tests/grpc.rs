@@ -381,6 +381,31 @@ async fn files_watch_contexts_and_snapshots() {
     assert_eq!(r.stdout, "hi\n");
     assert_eq!(r.results[0].text.as_deref(), Some("42"));
     assert_eq!(r.error, None);
+    // A figure comes as PNG with its chart (JSON text, as `json` and `data` are).
+    let code = "import matplotlib.pyplot as plt\nplt.pie([3, 1], labels=['a', 'b'])\nplt.show()";
+    let r = ok(c.run_in_context(authed(KEY1, run(code))).await);
+    let figure = &r.results[0];
+    assert!(figure.png.is_some(), "{r:?}");
+    let chart: serde_json::Value = serde_json::from_str(figure.chart.as_deref().unwrap()).unwrap();
+    assert_eq!(chart["elements"][0]["angle"], 270.0, "{chart}");
+    // TypeScript contexts as on REST.
+    let ts = ok(c
+        .create_context(authed(
+            KEY1,
+            pb::CreateContextRequest {
+                session_id: id.clone(),
+                language: Some("ts".into()),
+                ..Default::default()
+            },
+        ))
+        .await);
+    assert_eq!(ts.language, "typescript");
+    let typed = pb::RunInContextRequest {
+        context_id: ts.context_id.clone(),
+        ..run("const n: number = 20\nn * 2 + 2")
+    };
+    let r = ok(c.run_in_context(authed(KEY1, typed)).await);
+    assert_eq!(r.results[0].text.as_deref(), Some("42"), "{r:?}");
 
     // Snapshot, then a session made from it has the file.
     exec(&mut c, KEY1, &id, "echo kept > /workspace/kept.txt").await;
