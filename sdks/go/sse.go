@@ -102,7 +102,7 @@ func (s *sseReader) readLine() ([]byte, error) {
 				// short is a stream that ended early like any other.
 				return nil, io.EOF
 			}
-			return nil, fmt.Errorf("koder-sandbox: reading exec stream: %w", err)
+			return nil, fmt.Errorf("koder-sandbox: reading event stream: %w", err)
 		}
 		line := chunk
 		if long != nil {
