@@ -196,27 +196,90 @@
     };
   }
 
+  // `import()` in a cell loads through Node's own module loader (relative to the working
+  // directory), as it would in a file; without the option a script's import() throws. Node
+  // warns once that the option is experimental: the first import of the context is made here,
+  // with that warning dropped, rather than land in the stderr of the cell that imports.
+  const MAIN_LOADER = vm.constants && vm.constants.USE_MAIN_CONTEXT_DEFAULT_LOADER;
+  function script(source, options) {
+    return new vm.Script(source, MAIN_LOADER ? { ...options, importModuleDynamically: MAIN_LOADER } : options);
+  }
+  let loader = null;
+  function importModule(spec) {
+    if (loader !== null) return loader(spec);
+    if (!MAIN_LOADER) {
+      loader = (s) => import(s);
+      return loader(spec);
+    }
+    loader = script('(s) => import(s)', { filename: '<koder import>' }).runInThisContext();
+    const emitWarning = process.emitWarning;
+    process.emitWarning = () => {};
+    try {
+      return loader(spec);
+    } finally {
+      process.emitWarning = emitWarning;
+    }
+  }
+  const DYNAMIC_IMPORT = /\bimport\s*\(/;
+
   // Node ships no JavaScript parser user code can reach, so the two rewrites below go by
   // pattern, on the forms such code takes in practice, and are tried only on a cell that does
   // not compile as it is.
 
-  // ES module `import` declarations (one per line start) become `var` bindings of require(),
-  // so a cell stays a classic script whose bindings persist. Line numbers are kept.
+  // ES module `import` declarations (one per line start) become `var` bindings of modules the
+  // driver loads before the cell runs (an ES module's imports are evaluated before its body
+  // too), so a cell stays a classic script whose bindings persist. Line numbers are kept.
   const IMPORT = /^([ \t]*)import[ \t]+(?:([\w$]+)[ \t]*,?[ \t]*)?(?:\*[ \t]*as[ \t]+([\w$]+)|\{([^}]*)\})?\s*(?:from[ \t]*)?(['"])([^'"\n]+)\5[ \t]*;?/gm;
+  // Where the rewritten cells find what was loaded for them: a symbol, so no global name of
+  // the user's is taken; keyed by run, dropped when the run ends.
+  const LOADED = Symbol.for('koder.imports');
+  globalThis[LOADED] = new Map();
 
-  function importsAsRequires(code) {
-    return code.replace(IMPORT, (all, indent, def, ns, named, _q, spec) => {
-      const mod = `require(${JSON.stringify(spec)})`;
+  function importsAsLoads(code, n) {
+    const specs = [];
+    const source = code.replace(IMPORT, (all, indent, def, ns, named, _q, spec) => {
+      const mod = `globalThis[Symbol.for("koder.imports")].get(${n})[${specs.length}]`;
+      specs.push(spec);
       const bound = [];
-      if (def) bound.push(`${def} = ((m) => (m && m.__esModule ? m.default : m))(${mod})`);
-      if (ns) bound.push(`${ns} = ${mod}`);
+      if (def) bound.push(`${def} = ${mod}.default`);
+      if (ns) bound.push(`${ns} = ${mod}.ns`);
       for (const item of (named || '').split(',')) {
         const m = /^\s*([\w$]+)(?:\s+as\s+([\w$]+))?\s*$/.exec(item);
-        if (m) bound.push(`${m[2] || m[1]} = ${mod}[${JSON.stringify(m[1])}]`);
+        if (m) bound.push(`${m[2] || m[1]} = ${mod}.ns[${JSON.stringify(m[1])}]`);
       }
       const lines = '\n'.repeat((all.match(/\n/g) || []).length);
-      return `${indent}${bound.length ? `var ${bound.join(', ')}` : mod};${lines}`;
+      return `${indent}${bound.length ? `var ${bound.join(', ')}` : 'void 0'};${lines}`;
     });
+    return { source, specs };
+  }
+
+  // require() first: it finds what template npm steps installed (NODE_PATH, which Node's ES
+  // module loader ignores) and gives CommonJS modules their usual default. What require()
+  // cannot load — ES modules it refuses, packages exporting only to `import` — or cannot
+  // find from where the context started is loaded by Node's ES module loader.
+  const ESM_ONLY = new Set(['ERR_REQUIRE_ESM', 'ERR_REQUIRE_ASYNC_MODULE', 'ERR_PACKAGE_PATH_NOT_EXPORTED']);
+
+  async function loadModule(spec) {
+    let required;
+    try {
+      required = require(spec);
+    } catch (e) {
+      if (!ESM_ONLY.has(e.code) && e.code !== 'MODULE_NOT_FOUND') throw e;
+      try {
+        const ns = await importModule(spec);
+        return { default: ns.default, ns };
+      } catch (again) {
+        throw e.code === 'MODULE_NOT_FOUND' && again.code === 'ERR_MODULE_NOT_FOUND' ? e : again;
+      }
+    }
+    if (Object.prototype.toString.call(required) === '[object Module]') return { default: required.default, ns: required };
+    return { default: required && required.__esModule ? required.default : required, ns: required };
+  }
+
+  async function loadImports(specs, n) {
+    const loaded = [];
+    for (const spec of specs) loaded.push(await loadModule(spec));
+    globalThis[LOADED].set(n, loaded);
   }
 
   // Top-level await: the cell runs as an async function. Its declarations at a line's start
@@ -246,23 +309,33 @@
     return candidates;
   }
 
-  function compile(code, n) {
+  // The cell as a script: as written, or with its imports loaded first and bound, or (it
+  // awaits) as an async function. A cell that compiles in none of these forms gets its own error.
+  async function compile(code, n) {
     const filename = `<cell ${n}>`;
+    if (loader === null && DYNAMIC_IMPORT.test(code)) await importModule('node:fs');
     try {
-      return new vm.Script(code, { filename });
+      return script(code, { filename });
     } catch (e) {
       if (!(e instanceof SyntaxError)) throw e;
-      const plain = importsAsRequires(code);
+      const { source: plain, specs } = importsAsLoads(code, n);
       const tries = (plain === code ? [] : [plain]).concat(/\bawait\b/.test(plain) ? asyncCell(plain) : []);
-      for (const source of tries) {
-        try {
-          return new vm.Script(source, { filename, lineOffset: source === plain ? 0 : -1 });
-        } catch (_) {
-          // the next form, or the cell's own error
-        }
-      }
-      throw e;
+      const compiled = compileFirst(tries, filename, plain);
+      if (compiled === null) throw e;
+      await loadImports(specs, n);
+      return compiled;
     }
+  }
+
+  function compileFirst(sources, filename, plain) {
+    for (const source of sources) {
+      try {
+        return script(source, { filename, lineOffset: source === plain ? 0 : -1 });
+      } catch (_) {
+        // the next form
+      }
+    }
+    return null;
   }
 
   // TypeScript: each cell's types are stripped by the TypeScript compiler found in the
@@ -364,7 +437,7 @@
     try {
       let code = String(req.code ?? '');
       if (typescript) ({ js: code, lines } = transpile(code, n));
-      let value = compile(code, n).runInThisContext();
+      let value = (await compile(code, n)).runInThisContext();
       if (isThenable(value)) {
         const interrupted = new Promise((_, reject) => {
           run.interrupt = reject;
@@ -380,6 +453,7 @@
         if (v === undefined) delete process.env[k];
         else process.env[k] = v;
       }
+      globalThis[LOADED].delete(n);
       run.interrupt = null;
       current = null;
       emit({ ev: 'done', n, error });

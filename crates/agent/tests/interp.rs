@@ -464,6 +464,94 @@ fn node_cells_take_imports_and_top_level_await() {
     });
 }
 
+/// Writes an npm package `name` into `dir/node_modules` from (file, text) pairs.
+fn npm_package(dir: &std::path::Path, name: &str, files: &[(&str, &str)]) {
+    let home = dir.join("node_modules").join(name);
+    std::fs::create_dir_all(&home).unwrap();
+    for (file, text) in files {
+        std::fs::write(home.join(file), text).unwrap();
+    }
+}
+
+/// ES modules load as in a file: packages that export only to `import` (which require()
+/// refuses), `import()` in a cell (relative to the working directory, as it is now), CommonJS
+/// with the defaults it had; a module that is missing is the cell's error; nothing in stderr.
+#[test]
+fn node_cells_import_es_modules() {
+    let h = harness();
+    let dir = tempfile::tempdir().unwrap();
+    npm_package(
+        dir.path(),
+        "esm-only",
+        &[
+            (
+                "package.json",
+                r#"{"name":"esm-only","type":"module","exports":{"import":"./i.js"}}"#,
+            ),
+            (
+                "i.js",
+                "export default function hi() { return 'hi'; }\nexport const x = 42;\n",
+            ),
+        ],
+    );
+    npm_package(
+        dir.path(),
+        "cjs-babel",
+        &[
+            ("package.json", r#"{"name":"cjs-babel","main":"i.js"}"#),
+            ("i.js", "Object.defineProperty(exports, '__esModule', { value: true });\nexports.default = 'dflt';\nexports.named = 'nm';\n"),
+        ],
+    );
+    let later = dir.path().join("later");
+    npm_package(
+        &later,
+        "esm-later",
+        &[
+            (
+                "package.json",
+                r#"{"name":"esm-later","type":"module","exports":{"import":"./i.js"}}"#,
+            ),
+            ("i.js", "export const where = 'later';\n"),
+        ],
+    );
+    std::fs::write(dir.path().join("local.mjs"), "export default 'local';\n").unwrap();
+    let cwd = dir.path().to_string_lossy().into_owned();
+    rt().block_on(async {
+        let msg = ToAgent::ContextCreate {
+            language: "javascript".into(),
+            cwd: Some(cwd.clone()),
+            env: Vec::new(),
+            context_id: None,
+        };
+        let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
+            panic!("create failed");
+        };
+        let id = info.context_id;
+        let cells = [
+            ("(await import('esm-only')).x + 1", "", Some("43")),
+            ("import hi, { x } from 'esm-only'\nimport * as only from 'esm-only'\nconsole.log(hi(), x, only.x)", "hi 42 42\n", None),
+            ("import d, { named } from 'cjs-babel'\nimport fs from 'fs'\nconsole.log(d, named, typeof fs.readFileSync)", "dflt nm function\n", None),
+            ("console.log('body')\nimport './local.mjs'\nhi() + x", "body\n", Some("'hi42'")),
+            ("const m = await import('./local.mjs'); m.default", "", Some("'local'")),
+            ("process.chdir('later')\nconst { where } = await import('esm-later'); where", "", Some("'later'")),
+            ("import { where as w } from 'esm-later'\nw", "", Some("'later'")),
+        ];
+        for (code, stdout, text) in cells {
+            let r = run(&h.client, &id, code).await;
+            assert!(r.outcome.error.is_none(), "{code}: {r:?}");
+            assert_eq!((r.stdout.as_str(), r.text(), r.stderr.as_str()), (stdout, text, ""), "{code}");
+        }
+        // A module that is nowhere: the cell's error, and nothing of the cell has run.
+        let r = run(&h.client, &id, "console.log('ran')\nimport nothing from 'no-such-package'").await;
+        assert_eq!(r.error_name(), Some("Error"), "{r:?}");
+        let e = r.outcome.error.as_ref().unwrap();
+        assert!(e.value.contains("no-such-package"), "{e:?}");
+        assert_eq!(r.stdout, "");
+        let r = run(&h.client, &id, "await import('no-such-package')").await;
+        assert!(r.outcome.error.as_ref().is_some_and(|e| e.value.contains("no-such-package")), "{r:?}");
+    });
+}
+
 /// A TypeScript context is a JavaScript one whose cells lose their types first (no checking, as
 /// E2B's kernel): imports a cell does not use stay for later cells, type-only ones go, errors
 /// point at the cell's own lines, and the flag that makes the driver strip types is not in
