@@ -121,12 +121,89 @@ async fn sessions_run_on_language_packs_and_images_in_use_stay() {
         &d,
         &id,
         "cat /etc/debian_version; stat -c %a /usr/bin/su; ls /usr/lib/python3.11/EXTERNALLY-MANAGED 2>&1 | grep -c 'No such'; \
-         id -nu 1000; echo hi > /workspace/a && cat /workspace/a; echo t > /tmp/t && cat /tmp/t; touch /usr/x 2>&1 | grep -c 'Read-only\\|Permission'",
+         id -nu 1000; echo hi > /workspace/a && cat /workspace/a; echo t > /tmp/t && cat /tmp/t",
     )
     .await;
     let out: Vec<&str> = stdout(&v).lines().collect();
     assert!(out[0].starts_with("12."), "{v}");
-    assert_eq!(&out[1..], ["755", "1", "user", "hi", "t", "1"], "{v}");
+    assert_eq!(&out[1..], ["755", "1", "user", "hi", "t"], "{v}");
+    // Its root is its own, as a container's: root writes anywhere in it (a new top-level
+    // directory, a system-wide Python module), the user only where its owners let it.
+    let v = sh(
+        &d,
+        &id,
+        "mkdir /app && echo a > /app/a && cat /app/a; \
+         echo 'X = 5' > /usr/lib/python3/dist-packages/koder_probe.py && python3 -c 'import koder_probe; print(koder_probe.X)'",
+    )
+    .await;
+    assert_eq!(stdout(&v), "a\n5\n", "{v}");
+    let v = d
+        .exec(&id, json!({"shell": "touch /usr/y /opt/y 2>&1 | grep -c 'Permission denied'; mkdir /u 2>&1 | grep -c 'Permission denied'", "user": "user"}))
+        .await;
+    assert_eq!(stdout(&v), "2\n1\n", "{v}");
+    let resp = d
+        .req(
+            Method::PUT,
+            &format!("/v1/sandbox/sessions/{id}/files"),
+            KEY1,
+        )
+        .query(&[("path", "/new/f.txt")])
+        .body("via the files API")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    assert_eq!(
+        stdout(&sh(&d, &id, "cat /new/f.txt").await),
+        "via the files API"
+    );
+    // Another session on the same image has none of it.
+    let other = d.create(json!({"image": "python"})).await;
+    let v = sh(
+        &d,
+        &other,
+        "ls /app /usr/lib/python3/dist-packages/koder_probe.py /new 2>&1 | grep -c 'No such'",
+    )
+    .await;
+    assert_eq!(stdout(&v), "3\n", "{v}");
+    d.json(
+        Method::DELETE,
+        &format!("/v1/sandbox/sessions/{other}"),
+        Value::Null,
+    )
+    .await;
+    // A snapshot holds those changes, a deleted image file too, and a session made from it
+    // starts with them.
+    sh(&d, &id, "rm /usr/bin/xargs").await;
+    let (s, snap) = d
+        .json(
+            Method::POST,
+            &format!("/v1/sandbox/sessions/{id}/snapshot"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{snap}");
+    let sid = snap["snapshot_id"].as_str().unwrap();
+    let restored = d.create(json!({"from_snapshot": sid})).await;
+    let v = sh(
+        &d,
+        &restored,
+        "cat /app/a /new/f.txt; python3 -c 'import koder_probe; print(koder_probe.X)'; ls /usr/bin/xargs 2>&1 | grep -c 'No such'",
+    )
+    .await;
+    assert_eq!(stdout(&v), "a\nvia the files API5\n1\n", "{v}");
+    d.json(
+        Method::DELETE,
+        &format!("/v1/sandbox/sessions/{restored}"),
+        Value::Null,
+    )
+    .await;
+    d.json(
+        Method::DELETE,
+        &format!("/v1/sandbox/snapshots/{sid}"),
+        Value::Null,
+    )
+    .await;
 
     // Bash pack: bash and coreutils, and nothing of the host's (no python at all).
     let b = d.create(json!({"image": "bash"})).await;

@@ -89,13 +89,21 @@ pub const WRITABLE_DIRS: &[&str] = &[
     "/proc",
 ];
 
-/// The directories a session on an image whose working directory is `workdir` may write
-/// below: [`WRITABLE_DIRS`] and the working directory (unless it is the root).
-pub fn writable_dirs(workdir: &str) -> impl Iterator<Item = String> + '_ {
+/// The directories a session on the image `name` (working directory `workdir`) may write
+/// below. A store image's root is the sandbox's own — its files are the sandbox's users' and
+/// every change lands in the session's upper layer —, so all of it, as in a container (`mkdir
+/// /app`, a system-wide `pip install`). The host image's lower layers are the host's own
+/// directories, bound read-only with owners the sandbox cannot map: [`WRITABLE_DIRS`] and the
+/// working directory (unless it is the root), Landlock standing behind those walls.
+pub fn writable_dirs(name: &str, workdir: &str) -> Vec<String> {
+    if !is_host(name) {
+        return vec!["/".into()];
+    }
     WRITABLE_DIRS
         .iter()
         .map(|d| d.to_string())
         .chain(Some(workdir.to_string()).filter(|w| w != "/"))
+        .collect()
 }
 
 /// The image a sandbox spec names: `host` (or empty) is `host`, anything else is looked up in
@@ -148,4 +156,30 @@ pub fn default_env() -> Vec<(String, String)> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_images_write_their_whole_root_the_host_image_its_usual_dirs() {
+        assert_eq!(writable_dirs("python", "/workspace"), ["/"]);
+        assert_eq!(writable_dirs("sha256:ab", "/app"), ["/"]);
+        for host in ["host", ""] {
+            assert_eq!(
+                writable_dirs(host, "/workspace"),
+                WRITABLE_DIRS
+                    .iter()
+                    .chain(&["/workspace"])
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(
+                writable_dirs(host, "/app").last().map(String::as_str),
+                Some("/app")
+            );
+            assert!(!writable_dirs(host, "/").iter().any(|d| d == "/"));
+        }
+    }
 }

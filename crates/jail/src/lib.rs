@@ -449,7 +449,8 @@ impl Inner {
             env,
             // Landlock would otherwise leave a writable volume, or an image's working
             // directory outside the usual ones (E2B's `/app`), read-only.
-            writable_dirs: writable_dirs(spec, image)
+            writable_dirs: koder_image::writable_dirs(&spec.image, &image.workdir)
+                .into_iter()
                 .chain(
                     mounts
                         .volumes
@@ -1515,15 +1516,4 @@ fn run_dir(cfg: &JailConfig) -> PathBuf {
 
 fn trash_dir(cfg: &JailConfig) -> PathBuf {
     cfg.state_dir.join("trash")
-}
-
-/// The directories a sandbox's processes may write below (volumes aside): everything for an
-/// image build's, else the usual ones and the image's working directory.
-fn writable_dirs(spec: &SandboxSpec, image: &Image) -> impl Iterator<Item = String> {
-    let dirs: Vec<String> = if spec.writable_root {
-        vec!["/".into()]
-    } else {
-        koder_image::writable_dirs(&image.workdir).collect()
-    };
-    dirs.into_iter()
 }

@@ -647,7 +647,8 @@ impl MicroVmRuntime {
             env,
             // Landlock would otherwise leave a writable volume, or an image's working
             // directory elsewhere, read-only.
-            writable_dirs: koder_image::writable_dirs(&root.workdir)
+            writable_dirs: koder_image::writable_dirs(&spec.image, &root.workdir)
+                .into_iter()
                 .chain(
                     spec.volumes
                         .iter()

@@ -38,10 +38,6 @@ pub struct SandboxSpec {
     /// see `koder_agent_protocol::init::check_mount_targets`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
-    /// Every directory writable to the sandbox's processes, not only the usual ones (image
-    /// builds: a step may make `/app`). Its root is its own overlay either way.
-    #[serde(default)]
-    pub writable_root: bool,
     /// A clone of another sandbox's writable disk to start from (a fork's copy), made by
     /// [`Sandbox::clone_disk`] of the same runtime on this host: it becomes this sandbox's
     /// own disk, and [`SandboxSpec::layers`] are then only what sits below it

@@ -389,7 +389,6 @@ impl Pool {
                 egress: key.egress,
                 layers: Vec::new(),
                 volumes: Vec::new(),
-                writable_root: false,
                 ..Default::default()
             };
             let mut created = pool.runtime.create(spec).await;

@@ -175,7 +175,6 @@ impl Manager {
             egress: true,
             layers,
             volumes: Vec::new(),
-            writable_root: true,
             ..Default::default()
         };
         let sandbox = self.runtime.create(spec).await?;

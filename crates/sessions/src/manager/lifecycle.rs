@@ -467,7 +467,6 @@ impl Manager {
             egress,
             layers,
             volumes,
-            writable_root: false,
             disk,
         };
         let source = match (&spec.disk, spec.layers.is_empty()) {
