@@ -437,13 +437,14 @@
     try {
       let code = String(req.code ?? '');
       if (typescript) ({ js: code, lines } = transpile(code, n));
-      let value = (await compile(code, n)).runInThisContext();
-      if (isThenable(value)) {
-        const interrupted = new Promise((_, reject) => {
-          run.interrupt = reject;
-        });
-        value = await Promise.race([value, interrupted]);
-      }
+      // Loading the cell's imports (an ES module may await at its top) and the cell's promise
+      // both give way to an interrupt.
+      const interrupted = new Promise((_, reject) => {
+        run.interrupt = reject;
+      });
+      interrupted.catch(() => {});
+      let value = (await Promise.race([compile(code, n), interrupted])).runInThisContext();
+      if (isThenable(value)) value = await Promise.race([value, interrupted]);
       if (value !== undefined) sendOutput(formats(value, true), true);
     } catch (e) {
       error = describe(e);

@@ -514,6 +514,20 @@ fn node_cells_import_es_modules() {
             ("i.js", "export const where = 'later';\n"),
         ],
     );
+    npm_package(
+        dir.path(),
+        "esm-waits",
+        &[
+            (
+                "package.json",
+                r#"{"name":"esm-waits","type":"module","exports":{"import":"./i.js"}}"#,
+            ),
+            (
+                "i.js",
+                "console.log('ready');\nawait new Promise(() => {});\n",
+            ),
+        ],
+    );
     std::fs::write(dir.path().join("local.mjs"), "export default 'local';\n").unwrap();
     let cwd = dir.path().to_string_lossy().into_owned();
     rt().block_on(async {
@@ -541,6 +555,9 @@ fn node_cells_import_es_modules() {
             assert!(r.outcome.error.is_none(), "{code}: {r:?}");
             assert_eq!((r.stdout.as_str(), r.text(), r.stderr.as_str()), (stdout, text, ""), "{code}");
         }
+        // A module that never finishes loading gives way to an interrupt, the state kept.
+        let r = abandon_then_run(&h.client, &id, "import w from 'esm-waits'", "hi() + x").await;
+        assert_eq!(r.text(), Some("'hi42'"), "{r:?}");
         // A module that is nowhere: the cell's error, and nothing of the cell has run.
         let r = run(&h.client, &id, "console.log('ran')\nimport nothing from 'no-such-package'").await;
         assert_eq!(r.error_name(), Some("Error"), "{r:?}");
