@@ -61,8 +61,8 @@ type RunCodeRequest struct {
 }
 
 // RichOutput is one displayable value (a figure, a displayed object, the last expression's
-// value) in every representation it offered. PNG and JPEG are base64; JSON, Data and Chart are
-// JSON as the interpreter made them.
+// value) in every representation it offered. PNG, JPEG and PDF are base64; JSON, Data, Chart and
+// Extra are JSON as the interpreter made them.
 type RichOutput struct {
 	IsMainResult bool   `json:"is_main_result"`
 	Text         string `json:"text,omitempty"`
@@ -78,6 +78,11 @@ type RichOutput struct {
 	Data json.RawMessage `json:"data,omitempty"`
 	// Chart is the chart a matplotlib figure draws, in E2B's chart format (docs/API.md).
 	Chart json.RawMessage `json:"chart,omitempty"`
+	// PDF is base64, JavaScript its source.
+	PDF        string `json:"pdf,omitempty"`
+	JavaScript string `json:"javascript,omitempty"`
+	// Extra holds the other MIME types a displayed bundle offered: each type → its value.
+	Extra json.RawMessage `json:"extra,omitempty"`
 }
 
 // RunError is the exception a run raised: Name is its class ("ValueError"), "TimeoutError" or

@@ -12,6 +12,7 @@ import (
 
 const runResultJSON = `{"stdout":"","stderr":"","stdout_truncated":false,"stderr_truncated":false,` +
 	`"results":[{"is_main_result":false,"text":"<Figure>","png":"iVBO","chart":{"type":"bar","elements":[]}},` +
+	`{"is_main_result":false,"pdf":"JVBE","javascript":"alert(1)","extra":{"application/x-t":{"a":1}}},` +
 	`{"is_main_result":true,"text":"42","json":42}],"error":null,"execution_count":2,"duration_ms":7,` +
 	`"verdict":null,"restarted":false}`
 
@@ -41,6 +42,9 @@ func TestRunCodeSendsTheRunAndDecodesItsResults(t *testing.T) {
 	var chart struct{ Type string }
 	if err := json.Unmarshal(r.Results[0].Chart, &chart); err != nil || chart.Type != "bar" {
 		t.Errorf("chart %s: %v", r.Results[0].Chart, err)
+	}
+	if o := r.Results[1]; o.PDF != "JVBE" || o.JavaScript != "alert(1)" || string(o.Extra) != `{"application/x-t":{"a":1}}` {
+		t.Errorf("pdf, javascript, extra: %+v", o)
 	}
 	if (&RunResult{}).Main() != nil {
 		t.Error("a run without a value has no main result")

@@ -256,6 +256,22 @@ def test_rich_formats_as_e2b_names_them(code_sandbox):
     assert set(ex.results[0].formats()) >= {"latex", "jpeg", "text"}
 
 
+def test_pdf_javascript_and_extra_formats(code_sandbox):
+    # `pdf` and `javascript` as E2B names them, a bundle's other MIME types (Plotly's) as
+    # `extra`, each among the result's formats.
+    ex = code_sandbox.run_code(
+        "from IPython.display import Javascript\n"
+        "class Doc:\n    def _repr_pdf_(self): return b'%PDF-1.4'\n"
+        "class Plot:\n    def _repr_mimebundle_(self, **kw):\n"
+        "        return {'application/vnd.plotly.v1+json': {'data': []}, 'text/plain': 'plot'}\n"
+        "display(Doc(), Javascript('console.log(1)'))\nPlot()")
+    doc, script, plot = ex.results
+    assert (doc.pdf, script.javascript) == ("JVBERi0xLjQ=", "console.log(1)")
+    assert plot.extra == {"application/vnd.plotly.v1+json": {"data": []}}
+    assert "pdf" in doc.formats() and "javascript" in script.formats()
+    assert "application/vnd.plotly.v1+json" in plot.formats() and plot.text == "plot"
+
+
 def test_ipython_display_without_ipython(code_sandbox):
     # E2B's own check (test_custom_repr_object): a raw MIME bundle shown through IPython's API.
     ex = code_sandbox.run_code(

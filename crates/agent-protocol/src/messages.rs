@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 /// (`ExitInfo::timing`). 5: the same for a context run (`ContextRun::trace`,
 /// `RunOutcome::timing`); execs that outlive their connection (`ExecRequest::detached`).
 /// 6: execs awaited to their end announce no start (`ExecRequest::quiet`, `ExitInfo::pid`).
-/// 7: a result's chart (`RichResult::chart`).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// 7: a result's chart (`RichResult::chart`). 8: a result's PDF, JavaScript and other MIME
+/// types (`RichResult::pdf`, `javascript`, `extra`).
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Largest data chunk of a byte stream (stdout, stdin, relayed bytes) carried in one frame.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -533,6 +534,13 @@ pub struct RichResult {
     pub data: Option<String>,
     /// The chart a matplotlib figure draws, as JSON text in E2B's `chart` format.
     pub chart: Option<String>,
+    /// base64 PDF (`_repr_pdf_`).
+    pub pdf: Option<String>,
+    /// JavaScript source (`application/javascript`: `IPython.display.Javascript`, Bokeh).
+    pub javascript: Option<String>,
+    /// The other MIME types a bundle offered (`application/vnd.plotly.v1+json`, ...), as JSON
+    /// text of an object from each type to its value (E2B's `extra`).
+    pub extra: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -74,7 +74,11 @@
     'image/svg+xml': 'svg',
     'image/png': 'png',
     'application/json': 'json',
+    'application/pdf': 'pdf',
+    'application/javascript': 'javascript',
   };
+  // A MIME type's name, which tells a bundle's keys from a plain object's.
+  const MIME_TYPE = /^[a-z]+\/[\w.+-]+$/i;
   // Deno's and tslab's convention for objects that render themselves.
   const DISPLAY = Symbol.for('Jupyter.display');
 
@@ -100,7 +104,7 @@
   function isBundle(v) {
     if (v === null || typeof v !== 'object' || Array.isArray(v)) return false;
     const keys = Object.keys(v);
-    return keys.length > 0 && keys.every((k) => k in MIME);
+    return keys.length > 0 && keys.every((k) => MIME_TYPE.test(k));
   }
 
   function putBundle(data, bundle) {
@@ -109,11 +113,20 @@
       let v = bundle[mime];
       try {
         if (key === 'json' && typeof v !== 'string') v = JSON.stringify(v);
-        if (key === 'png' && v instanceof Uint8Array) v = Buffer.from(v).toString('base64');
+        if ((key === 'png' || key === 'pdf') && v instanceof Uint8Array) v = Buffer.from(v).toString('base64');
       } catch (_) {
         continue;
       }
       if (typeof v === 'string') data[key] = key === 'text' ? clip(v, MAX_TEXT) : v;
+    }
+    // The other types (Plotly's, widgets') go together as `extra`.
+    const extra = Object.fromEntries(Object.entries(bundle).filter(([mime]) => !(mime in MIME) && MIME_TYPE.test(mime)));
+    if (Object.keys(extra).length === 0) return;
+    try {
+      const text = JSON.stringify(extra);
+      if (typeof text === 'string' && text.length <= MAX_TEXT) data.extra = text;
+    } catch (_) {
+      // cycles, BigInt: no extra
     }
   }
 

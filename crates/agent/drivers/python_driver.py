@@ -101,7 +101,8 @@ def _koder_driver():
 
     mime_keys = (("text/plain", "text"), ("text/html", "html"), ("text/markdown", "markdown"),
                  ("image/svg+xml", "svg"), ("image/png", "png"), ("image/jpeg", "jpeg"),
-                 ("text/latex", "latex"), ("application/json", "json"))
+                 ("text/latex", "latex"), ("application/json", "json"),
+                 ("application/pdf", "pdf"), ("application/javascript", "javascript"))
 
     # A larger table has no `data` form: converting it would cost every such result time, and
     # its size would push the table's html and text over the run's result budget with it.
@@ -149,7 +150,8 @@ def _koder_driver():
             for attr, key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"),
                               ("_repr_svg_", "svg"), ("_repr_png_", "png"),
                               ("_repr_jpeg_", "jpeg"), ("_repr_latex_", "latex"),
-                              ("_repr_json_", "json")):
+                              ("_repr_json_", "json"), ("_repr_pdf_", "pdf"),
+                              ("_repr_javascript_", "javascript")):
                 if key not in data:
                     put(data, key, call_repr(obj, attr))
             put(data, "data", table_columns(obj))
@@ -184,7 +186,7 @@ def _koder_driver():
         if value is None:
             return
         try:
-            if key in ("png", "jpeg"):
+            if key in ("png", "jpeg", "pdf"):
                 if isinstance(value, (bytes, bytearray)):
                     value = base64.b64encode(bytes(value)).decode("ascii")
                 if isinstance(value, str):
@@ -196,11 +198,22 @@ def _koder_driver():
         except Exception:
             pass
 
+    known_mimes = {mime for mime, _ in mime_keys}
+
     def put_bundle(data, bundle):
-        """The representations of a MIME bundle (`{"text/html": ...}`) that results carry."""
+        """The representations of a MIME bundle (`{"text/html": ...}`) that results carry: each
+        known type as its key, the others (Plotly's, widgets') together as `extra`."""
         for mime, key in mime_keys:
             if mime in bundle:
                 put(data, key, bundle[mime])
+        extra = {k: v for k, v in bundle.items() if isinstance(k, str) and k not in known_mimes}
+        if extra:
+            try:
+                text = json.dumps(extra, allow_nan=False)
+            except Exception:
+                return
+            if len(text) <= max_text:
+                data["extra"] = text
 
     def display(*objs, raw=False, **_options):
         """Shows objects as rich outputs of the current run (IPython's display); with `raw`,
@@ -373,6 +386,7 @@ Markdown = _shown_as("Markdown", "_repr_markdown_")
 Latex = _shown_as("Latex", "_repr_latex_")
 SVG = _shown_as("SVG", "_repr_svg_")
 JSON = _shown_as("JSON", "_repr_json_")
+Javascript = _shown_as("Javascript", "_repr_javascript_")
 
 
 class Math(DisplayObject):

@@ -1420,6 +1420,40 @@ fn latex_and_jpeg_representations_come_back() {
     });
 }
 
+/// PDF and JavaScript representations come back as their own fields, and the other MIME
+/// types of a bundle (Plotly's) together as `extra`, in both Python and JavaScript contexts.
+#[test]
+fn pdf_javascript_and_other_mime_types_come_back() {
+    let h = harness();
+    rt().block_on(async {
+        let py = create(&h.client, "python").await.context_id;
+        let code = "from IPython.display import Javascript\n\
+                    class Doc:\n    def _repr_pdf_(self): return b'%PDF-1.4'\n\
+                    class Plot:\n    def _repr_mimebundle_(self, **kw): \
+                    return {'application/vnd.plotly.v1+json': {'data': [{'y': [1, 2]}]}, 'text/html': '<div/>'}\n\
+                    display(Doc(), Javascript('console.log(1)'))\nPlot()";
+        let r = run(&h.client, &py, code).await.ok();
+        let shown = &r.outcome.results;
+        assert_eq!(shown.len(), 3, "{r:?}");
+        assert_eq!(shown[0].pdf.as_deref(), Some("JVBERi0xLjQ="));
+        assert_eq!(shown[1].javascript.as_deref(), Some("console.log(1)"));
+        assert_eq!(shown[2].html.as_deref(), Some("<div/>"));
+        let extra: serde_json::Value = serde_json::from_str(shown[2].extra.as_deref().unwrap()).unwrap();
+        assert_eq!(extra, serde_json::json!({"application/vnd.plotly.v1+json": {"data": [{"y": [1, 2]}]}}));
+        assert!(shown[..2].iter().all(|r| r.extra.is_none()), "{r:?}");
+
+        let js = create(&h.client, "javascript").await.context_id;
+        let code = "display({'application/javascript': 'alert(1)', 'application/x-custom': {a: 1}, 'text/plain': 'both'})\n\
+                    display({ plain: 'object' })";
+        let r = run(&h.client, &js, code).await.ok();
+        let shown = &r.outcome.results;
+        assert_eq!(shown.len(), 2, "{r:?}");
+        assert_eq!((shown[0].javascript.as_deref(), shown[0].text.as_deref()), (Some("alert(1)"), Some("both")));
+        assert_eq!(shown[0].extra.as_deref(), Some(r#"{"application/x-custom":{"a":1}}"#));
+        assert_eq!((shown[1].extra.as_deref(), shown[1].text.as_deref()), (None, Some("{ plain: 'object' }")));
+    });
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]

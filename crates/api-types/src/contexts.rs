@@ -101,6 +101,17 @@ pub struct RichOutput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub chart: Option<serde_json::Value>,
+    /// Base64 PDF (`_repr_pdf_`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pdf: Option<String>,
+    /// JavaScript source (`application/javascript`: `IPython.display.Javascript`, Bokeh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub javascript: Option<String>,
+    /// The other MIME types a displayed bundle offered, each type → its value
+    /// (`{"application/vnd.plotly.v1+json": {...}}`; E2B's `extra`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub extra: Option<serde_json::Value>,
 }
 
 /// The exception a run raised.

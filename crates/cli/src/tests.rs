@@ -823,6 +823,9 @@ fn rich_results_become_files() {
         html: Some("<b>x</b>".into()),
         json: Some(serde_json::json!({"a": 1})),
         chart: Some(serde_json::json!({"type": "pie"})),
+        pdf: Some("JVBERi0xLjQ=".into()),
+        javascript: Some("alert(1)".into()),
+        extra: Some(serde_json::json!({"application/x-t": 1})),
         ..Default::default()
     };
     let files = result_files(&rich, 2).unwrap();
@@ -831,15 +834,19 @@ fn rich_results_become_files() {
         names,
         [
             "result-2.png",
+            "result-2.pdf",
             "result-2.html",
+            "result-2.js",
             "result-2.json",
-            "result-2-chart.json"
+            "result-2-chart.json",
+            "result-2-extra.json"
         ]
     );
     assert_eq!(files[0].1, b"\x89PNG\r\n\x1a\n");
+    assert_eq!(files[1].1, b"%PDF-1.4");
     assert_eq!(
         summary(2, &files),
-        "result 2: png (8 B), html (8 B), json (12 B), chart.json (19 B)"
+        "result 2: png (8 B), pdf (8 B), html (8 B), js (8 B), json (12 B), chart.json (19 B), extra.json (26 B)"
     );
     let broken = koder_sdk::interp::RichOutput {
         png: Some("not base64!".into()),

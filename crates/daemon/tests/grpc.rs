@@ -388,6 +388,22 @@ async fn files_watch_contexts_and_snapshots() {
     assert!(figure.png.is_some(), "{r:?}");
     let chart: serde_json::Value = serde_json::from_str(figure.chart.as_deref().unwrap()).unwrap();
     assert_eq!(chart["elements"][0]["angle"], 270.0, "{chart}");
+    // PDF, JavaScript and a bundle's other MIME types (`extra`, JSON text).
+    let code = concat!(
+        "from IPython.display import Javascript\n",
+        "class D:\n",
+        "    def _repr_pdf_(self): return b'%PDF'\n",
+        "    def _repr_mimebundle_(self, **kw): return {'application/x-t': [1]}\n",
+        "display(Javascript('f()'))\nD()",
+    );
+    let r = ok(c.run_in_context(authed(KEY1, run(code))).await);
+    let (script, doc) = (&r.results[0], &r.results[1]);
+    assert_eq!(script.javascript.as_deref(), Some("f()"), "{r:?}");
+    assert_eq!(
+        (doc.pdf.as_deref(), doc.extra.as_deref()),
+        (Some("JVBERg=="), Some(r#"{"application/x-t": [1]}"#)),
+        "{r:?}"
+    );
     // TypeScript contexts as on REST.
     let ts = ok(c
         .create_context(authed(

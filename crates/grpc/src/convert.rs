@@ -375,6 +375,9 @@ impl From<ContextRun> for pb::ContextRunResult {
                     latex: r.latex,
                     data: r.data,
                     chart: r.chart,
+                    pdf: r.pdf,
+                    javascript: r.javascript,
+                    extra: r.extra,
                 })
                 .collect(),
             error: run.error.map(|e| pb::RunError {

@@ -52,6 +52,9 @@ fn rich(r: RichResult) -> RichOutput {
         latex: r.latex,
         data: r.data.and_then(|j| serde_json::from_str(&j).ok()),
         chart: r.chart.and_then(|j| serde_json::from_str(&j).ok()),
+        pdf: r.pdf,
+        javascript: r.javascript,
+        extra: r.extra.and_then(|j| serde_json::from_str(&j).ok()),
     }
 }
 

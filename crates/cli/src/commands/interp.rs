@@ -207,7 +207,7 @@ fn report(result: &RunResult, save: Option<&Path>, json: bool) -> Result<i32> {
 /// `result-N.EXT` files for a result's representations other than plain text.
 pub(crate) fn result_files(r: &RichOutput, n: usize) -> Result<Vec<(String, Vec<u8>)>> {
     let mut files = Vec::new();
-    for (ext, image) in [("png", &r.png), ("jpg", &r.jpeg)] {
+    for (ext, image) in [("png", &r.png), ("jpg", &r.jpeg), ("pdf", &r.pdf)] {
         if let Some(b64) = image {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(b64.trim())
@@ -220,13 +220,14 @@ pub(crate) fn result_files(r: &RichOutput, n: usize) -> Result<Vec<(String, Vec<
         ("html", r.html.as_ref()),
         ("md", r.markdown.as_ref()),
         ("tex", r.latex.as_ref()),
+        ("js", r.javascript.as_ref()),
     ];
     for (ext, text) in texts {
         if let Some(text) = text {
             files.push((format!("result-{n}.{ext}"), text.clone().into_bytes()));
         }
     }
-    for (name, json) in [("", &r.json), ("-chart", &r.chart)] {
+    for (name, json) in [("", &r.json), ("-chart", &r.chart), ("-extra", &r.extra)] {
         if let Some(json) = json {
             let pretty = serde_json::to_vec_pretty(json)?;
             files.push((format!("result-{n}{name}.json"), pretty));

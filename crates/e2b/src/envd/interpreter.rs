@@ -259,6 +259,8 @@ fn result_line(r: &RichResult) -> Value {
         ("svg", &r.svg),
         ("jpeg", &r.jpeg),
         ("latex", &r.latex),
+        ("pdf", &r.pdf),
+        ("javascript", &r.javascript),
     ];
     for (k, val) in fields {
         if let Some(s) = val {
@@ -266,7 +268,13 @@ fn result_line(r: &RichResult) -> Value {
         }
     }
     // The interpreter serialised them; text that does not parse is left out, not passed on.
-    for (k, val) in [("json", &r.json), ("data", &r.data), ("chart", &r.chart)] {
+    let parsed = [
+        ("json", &r.json),
+        ("data", &r.data),
+        ("chart", &r.chart),
+        ("extra", &r.extra),
+    ];
+    for (k, val) in parsed {
         if let Some(j) = val
             .as_deref()
             .and_then(|j| serde_json::from_str::<Value>(j).ok())

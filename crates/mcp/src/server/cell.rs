@@ -55,6 +55,11 @@ struct ResultView {
     /// A figure's chart data (its kind, title, axes, the values it plots).
     #[serde(skip_serializing_if = "Option::is_none")]
     chart: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    javascript: Option<String>,
+    /// Other MIME types a displayed bundle offered (type → value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    extra: Option<Value>,
     /// `image/png` or `image/jpeg` when the result is also an image of this answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     image: Option<&'static str>,
@@ -110,6 +115,8 @@ impl ResultView {
             json: r.json,
             data: r.data,
             chart: r.chart,
+            javascript: short(r.javascript),
+            extra: r.extra,
             image: mime,
         }
     }

@@ -113,6 +113,12 @@ pub struct RichResult {
     pub data: Option<String>,
     /// The chart a matplotlib figure draws, as JSON text (E2B's `chart` format).
     pub chart: Option<String>,
+    /// base64 PDF.
+    pub pdf: Option<String>,
+    /// JavaScript source.
+    pub javascript: Option<String>,
+    /// The other MIME types offered, as JSON text of an object (type → value).
+    pub extra: Option<String>,
 }
 
 /// The exception a run raised.
@@ -154,6 +160,9 @@ impl From<proto::RichResult> for RichResult {
             latex,
             data,
             chart,
+            pdf,
+            javascript,
+            extra,
         } = r;
         Self {
             is_main_result,
@@ -167,6 +176,9 @@ impl From<proto::RichResult> for RichResult {
             latex,
             data,
             chart,
+            pdf,
+            javascript,
+            extra,
         }
     }
 }

@@ -260,6 +260,9 @@ class RichOutput:
     latex: str | None = None
     data: Any = None
     chart: Any = None
+    pdf: str | None = None
+    javascript: str | None = None
+    extra: Any = None
 
 
 @dataclass(frozen=True)

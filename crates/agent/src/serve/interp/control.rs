@@ -36,6 +36,9 @@ pub(super) struct Mime {
     pub(super) latex: Option<String>,
     pub(super) data: Option<String>,
     pub(super) chart: Option<String>,
+    pub(super) pdf: Option<String>,
+    pub(super) javascript: Option<String>,
+    pub(super) extra: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -61,6 +61,9 @@ fn rich_size(r: &RichResult) -> usize {
         &r.latex,
         &r.data,
         &r.chart,
+        &r.pdf,
+        &r.javascript,
+        &r.extra,
     ]
     .iter()
     .map(|f| f.as_ref().map_or(0, String::len))
@@ -80,6 +83,9 @@ pub(super) fn rich(m: Mime, main: bool) -> RichResult {
         latex: m.latex,
         data: m.data,
         chart: m.chart,
+        pdf: m.pdf,
+        javascript: m.javascript,
+        extra: m.extra,
     }
 }
 
