@@ -21,7 +21,8 @@ cd "$(dirname "$0")"
   binutils=/usr/bin/readelf `# checks the agent scripts/lib/static-agent.sh builds is static` \
   libc6-dev=/usr/include/stdio.h `# its libc.a: glibc linked statically into that agent` \
   python3-matplotlib=/usr/lib/python3/dist-packages/matplotlib/__init__.py `# interpreter rich output` \
-  python3-pandas=/usr/lib/python3/dist-packages/pandas/__init__.py
+  python3-pandas=/usr/lib/python3/dist-packages/pandas/__init__.py \
+  python3-plotly=/usr/lib/python3/dist-packages/plotly/__init__.py
 # Interpreters of Java and R contexts and the compiler TypeScript contexts strip types with, in
 # host-image sandboxes (their recommends are compilers and documentation no context needs).
 ./install-missing.sh --no-recommends \

@@ -272,6 +272,16 @@ def test_pdf_javascript_and_extra_formats(code_sandbox):
     assert "application/vnd.plotly.v1+json" in plot.formats() and plot.text == "plot"
 
 
+def test_plotly_figures_are_results(code_sandbox):
+    # As in E2B's kernels, not a browser window: Plotly's JSON and HTML drawing it.
+    ex = code_sandbox.run_code(
+        "import plotly.graph_objects as go\n"
+        "go.Figure(go.Scatter(x=[1, 2], y=[3, 4])).show()")
+    (shown,) = ex.results
+    assert shown.extra["application/vnd.plotly.v1+json"]["data"][0]["y"] == [3, 4]
+    assert "Plotly.newPlot" in shown.html and "html" in shown.formats()
+
+
 def test_ipython_display_without_ipython(code_sandbox):
     # E2B's own check (test_custom_repr_object): a raw MIME bundle shown through IPython's API.
     ex = code_sandbox.run_code(

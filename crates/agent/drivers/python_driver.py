@@ -321,9 +321,44 @@ def _koder_driver():
 
         image.show, image.save = show, save
 
+    def render_plotly(spec, real_exec, module):
+        """Plotly figures shown (`fig.show()`) or left as a cell's value are results, as in
+        E2B's kernels: the figure as Plotly's JSON (its MIME type, under `extra`) and as HTML
+        that draws it with plotly.js from Plotly's CDN. Plotly would otherwise open a browser,
+        which a sandbox does not have."""
+        real_exec(module)
+        try:
+            base, real_show = module.MimetypeRenderer, module.show
+        except AttributeError:
+            return
+
+        class KoderRenderer(base):
+            def to_mimebundle(self, fig_dict):
+                from plotly.io._html import to_html
+                from plotly.io._json import to_json
+
+                as_json = json.loads(to_json(fig_dict, validate=False, remove_uids=False))
+                html = to_html(fig_dict, include_plotlyjs="cdn", full_html=False, validate=False)
+                return {"application/vnd.plotly.v1+json": as_json, "text/html": html}
+
+        def show(fig, renderer=None, validate=True, **kwargs):
+            if (renderer or module.renderers.default) != "koder":
+                return real_show(fig, renderer, validate, **kwargs)
+            from plotly.io._utils import validate_coerce_fig_to_dict
+
+            display(KoderRenderer().to_mimebundle(validate_coerce_fig_to_dict(fig, validate)),
+                    raw=True)
+
+        try:
+            module.renderers["koder"] = KoderRenderer()
+            module.renderers.default = "koder"
+            module.show = show
+        except Exception:
+            pass
+
     # What the hook does around the import of each module it watches.
     watched = {"matplotlib": configure_matplotlib, "matplotlib.axes": keep_box_stats,
-               "PIL.Image": show_pil_images}
+               "PIL.Image": show_pil_images, "plotly.io._renderers": render_plotly}
 
     class WatchedImports(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def find_spec(self, name, path=None, target=None):

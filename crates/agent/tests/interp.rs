@@ -1454,6 +1454,53 @@ fn pdf_javascript_and_other_mime_types_come_back() {
     });
 }
 
+/// Plotly figures shown or left as a cell's value are results (Plotly's JSON under `extra`,
+/// HTML drawing it with plotly.js from the CDN), as in E2B's kernels; a renderer the code
+/// names itself is still Plotly's.
+#[test]
+fn plotly_figures_are_results() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let code = "import plotly.graph_objects as go\n\
+                    fig = go.Figure(go.Bar(x=['a', 'b'], y=[1, 2]))\nfig.show()\nfig";
+        let r = run(&h.client, &id, code).await.ok();
+        let shown = &r.outcome.results;
+        assert_eq!(shown.len(), 2, "{r:?}");
+        for result in shown {
+            let extra: serde_json::Value =
+                serde_json::from_str(result.extra.as_deref().unwrap()).unwrap();
+            let figure = &extra["application/vnd.plotly.v1+json"];
+            assert_eq!(
+                (&figure["data"][0]["type"], &figure["data"][0]["y"]),
+                (&serde_json::json!("bar"), &serde_json::json!([1, 2])),
+                "{extra}"
+            );
+            let html = result.html.as_deref().unwrap();
+            assert!(
+                html.contains("https://cdn.plot.ly/") && html.contains("Plotly.newPlot"),
+                "{html}"
+            );
+        }
+        assert!(!shown[0].is_main_result && shown[1].is_main_result);
+        assert!(
+            shown[1].text.as_deref().unwrap().starts_with("Figure("),
+            "{r:?}"
+        );
+        assert_eq!(r.stdout, "");
+        // Named by the code, Plotly's own renderer: its JSON MIME type alone.
+        let r = run(&h.client, &id, "fig.show(renderer='plotly_mimetype')")
+            .await
+            .ok();
+        let shown = &r.outcome.results;
+        assert_eq!((shown.len(), shown[0].html.is_none()), (1, true), "{r:?}");
+        assert!(
+            shown[0].extra.as_deref().unwrap().contains("\"bar\""),
+            "{r:?}"
+        );
+    });
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
