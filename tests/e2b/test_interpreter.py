@@ -210,6 +210,10 @@ def test_r_is_one_session_printing_as_its_prompt_does(wide_sandbox):
     assert sb.run_code('Sys.getenv("FOO", "unset")', language="r").text == '[1] "unset"'
     ex = sb.run_code("stop('boom')", language="r")
     assert (ex.error.name, ex.error.value) == ("Error", "boom")
+    # A plot is a PNG result, as IRkernel shows it, before the value; nothing on stderr.
+    ex = sb.run_code("plot(1:3, main = 'three')\nx", language="r")
+    assert (len(ex.results), ex.error, ex.logs.stderr) == (2, None, []), ex
+    assert ex.results[0].png and ex.results[1].text == "[1] 41"
 
 
 def test_figures_come_with_the_chart_they_draw(code_sandbox):

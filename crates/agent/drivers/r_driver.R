@@ -58,6 +58,39 @@ local({
     s
   }
   shown <- function(value) paste(utils::capture.output(print(value)), collapse = "\n")
+
+  # Plots are drawn into PNG files (a sandbox has no screen, and Rscript's default device is a
+  # PDF file nobody sees) and become results of the run that drew them, as in E2B's R kernel
+  # (IRkernel's size: 7 inches square at 120 dpi). The device opens with the first plot of a
+  # run; a run that draws nothing pays nothing.
+  plot_dir <- file.path(tempdir(), "koder-plots")
+  dir.create(plot_dir, showWarnings = FALSE)
+  options(device = function(...) {
+    grDevices::png(file.path(plot_dir, "plot-%03d.png"), width = 7, height = 7, units = "in", res = 120)
+  })
+  # Base R has no base64 encoder; this one works on whole vectors (a plot's bytes at once).
+  b64_chars <- c(LETTERS, letters, 0:9, "+", "/")
+  b64 <- function(bytes) {
+    pad <- (3L - length(bytes) %% 3L) %% 3L
+    m <- matrix(as.integer(c(bytes, raw(pad))), nrow = 3L)
+    idx <- rbind(m[1, ] %/% 4L, (m[1, ] %% 4L) * 16L + m[2, ] %/% 16L,
+                 (m[2, ] %% 16L) * 4L + m[3, ] %/% 64L, m[3, ] %% 64L)
+    out <- b64_chars[as.vector(idx) + 1L]
+    if (pad > 0L) out[(length(out) - pad + 1L):length(out)] <- "="
+    paste(out, collapse = "")
+  }
+  # The run's pages, in order: the devices are closed (which writes the last page) and each
+  # page's PNG becomes a result.
+  emit_plots <- function(n) {
+    if (grDevices::dev.cur() > 1L) grDevices::graphics.off()
+    for (f in sort(list.files(plot_dir, full.names = TRUE))) {
+      bytes <- readBin(f, "raw", file.info(f)$size)
+      unlink(f)
+      if (length(bytes) > 0L) {
+        emit(sprintf('{"ev":"display","n":%s,"main":false,"data":{"png":"%s","text":"plot without title"}}', n, b64(bytes)))
+      }
+    }
+  }
   error_json <- function(name, value, traceback) {
     sprintf('{"name":%s,"value":%s,"traceback":%s}', json_str(name),
             json_str(clip(value, max_error_value)), json_str(clip(traceback, max_traceback)))
@@ -72,7 +105,7 @@ local({
     for (i in seq_along(exprs)) {
       # A value followed by more code is printed, as at R's prompt, before that code runs.
       if (!is.null(last)) {
-        cat(last, "\n", sep = "")
+        if (nzchar(last)) cat(last, "\n", sep = "")
         last <- NULL
       }
       # The value is printed within the same handlers: a print method is user code too.
@@ -102,7 +135,10 @@ local({
       }
       last <- outcome
     }
-    if (!is.null(last)) {
+    # A plot comes before the value, as it was drawn before; a value that prints nothing (a
+    # ggplot, whose print draws it) is no result.
+    emit_plots(n)
+    if (!is.null(last) && nzchar(last)) {
       emit(sprintf('{"ev":"display","n":%s,"main":true,"data":{"text":%s}}', n, json_str(clip(last, max_text))))
     }
     list(error = "null")
@@ -127,6 +163,8 @@ local({
       do.call(Sys.setenv, stats::setNames(list(value), key))
     }
     result <- run(n, code)
+    # What a run that failed had drawn (a finished run sent its plots already).
+    emit_plots(n)
     flush(stdout())
     flush(stderr())
     for (key in names(saved)) {

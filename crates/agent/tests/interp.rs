@@ -1501,6 +1501,41 @@ fn plotly_figures_are_results() {
     });
 }
 
+/// R plots become PNG results of the run that drew them, one per page and before the run's
+/// value, as in E2B's R kernel; a run that draws nothing has none, and a run that fails keeps
+/// what it drew.
+#[test]
+fn r_plots_are_results() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "r").await.context_id;
+        let r = run(&h.client, &id, "plot(1:10)\nhist(c(1, 2, 2, 3))\n1 + 1")
+            .await
+            .ok();
+        let shown = &r.outcome.results;
+        assert_eq!(shown.len(), 3, "{r:?}");
+        for page in &shown[..2] {
+            assert!(!page.is_main_result);
+            let png = b64decode(page.png.as_deref().unwrap());
+            assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+            // 7 inches square at 120 dpi: width and height in the IHDR chunk.
+            assert_eq!(
+                (&png[16..20], &png[20..24]),
+                (&840u32.to_be_bytes()[..], &840u32.to_be_bytes()[..])
+            );
+        }
+        assert_eq!(shown[2].text.as_deref(), Some("[1] 2"));
+        let r = run(&h.client, &id, "x <- 3\nx").await.ok();
+        assert_eq!(r.outcome.results.len(), 1, "{r:?}");
+        let r = run(&h.client, &id, "barplot(c(a = 1, b = 2))\nstop('late')").await;
+        assert_eq!(r.error_name(), Some("Error"));
+        assert!(r.outcome.results[0].png.is_some(), "{r:?}");
+        // Nothing went to Rscript's own default device, a PDF file in the working directory.
+        let r = run(&h.client, &id, "file.exists('Rplots.pdf')").await.ok();
+        assert_eq!(r.text(), Some("[1] FALSE"));
+    });
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]

@@ -16,7 +16,7 @@ use koder_runtime::RuntimeError;
 use crate::{default_env, Image, DEFAULT_WORKDIR, HOST};
 
 /// Bumped whenever the generated content changes, so old trees are rebuilt.
-const HOST_IMAGE_VERSION: &str = "5";
+const HOST_IMAGE_VERSION: &str = "6";
 const MARKER: &str = ".koder-image";
 
 /// The generated root's directory of command shims, last in [`host_env`]'s PATH so that a
@@ -91,6 +91,9 @@ fn build_host_layer(images_dir: &Path, layer: &Path) -> Result<(), RuntimeError>
         "ld.so.conf",
         "ld.so.conf.d",
         "matplotlibrc",
+        // fontconfig's configuration: without it every program drawing text (R's PNG device,
+        // cairo, Pillow's fonts) complains on stderr and finds no font.
+        "fonts",
         // R's configuration (Renviron with the site library path, Rprofile.site), which
         // R_HOME/etc under /usr links to.
         "R",
