@@ -286,6 +286,21 @@ def test_plotly_figures_are_results(code_sandbox):
     assert "Plotly.newPlot" in shown.html and "html" in shown.formats()
 
 
+def test_ipython_magics_without_ipython(code_sandbox):
+    # Notebook code as E2B's IPython kernels take it.
+    ex = code_sandbox.run_code("%matplotlib inline\n%cd /tmp\nfiles = !ls /\n'tmp' in files")
+    assert (ex.error, ex.logs.stdout, ex.text) == (None, ["/tmp\n"], "True"), ex
+    ex = code_sandbox.run_code("%%writefile notes.txt\nhello\n")
+    assert ex.logs.stdout == ["Writing notes.txt\n"], ex
+    ex = code_sandbox.run_code("%%bash\ncat /tmp/notes.txt")
+    assert ex.logs.stdout == ["hello\n"], ex
+    ex = code_sandbox.run_code("%load_ext nothing")
+    assert ex.error.name == "UsageError", ex
+    # Back where it was, quietly, for the tests after this one.
+    ex = code_sandbox.run_code("%cd -q -\nimport os\nos.getcwd() != '/tmp'")
+    assert (ex.logs.stdout, ex.text) == ([], "True"), ex
+
+
 def test_ipython_display_without_ipython(code_sandbox):
     # E2B's own check (test_custom_repr_object): a raw MIME bundle shown through IPython's API.
     ex = code_sandbox.run_code(

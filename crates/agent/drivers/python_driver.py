@@ -19,7 +19,6 @@ def _koder_driver():
     import linecache
     import os
     import re
-    import shlex
     import signal
     import subprocess
     import sys
@@ -504,29 +503,65 @@ def clear_output(wait=False):
             result = loop.run_until_complete(result)
         return result
 
-    # IPython's shell escapes, which E2B's Jupyter kernels take: a line `!cmd` runs `cmd` in a
-    # shell that prints as the cell does, and `%pip args` is `!python -m pip args` for this
-    # interpreter. Only a cell that is not Python as it is gets rewritten (a `!` line never
-    # is), line by line; IPython's `{expr}` expansion is not done.
-    shell_line = re.compile(r"^([ \t]*)(!|%pip\b)(.*)$")
-    pip = "%s -m pip" % shlex.quote(sys.executable or "python3")
+    # IPython's syntax, which E2B's Jupyter kernels take: a line `!cmd` runs `cmd` in a shell
+    # that prints as the cell does (`x = !cmd` takes its output lines instead), `%name args`
+    # is a line magic (`x = %name` takes its value), and a cell starting with `%%name` a cell
+    # magic (python_magics.py). Only a cell that is not Python as it is gets rewritten (such
+    # a line never is); IPython's `{expr}` expansion is not done.
+    escaped_line = re.compile(
+        r"^([ \t]*)((?:[A-Za-z_][\w.]*[ \t]*,[ \t]*)*[A-Za-z_][\w.]*[ \t]*=[ \t]*)?(!|%(?=\w))(.*)$")
+    magic_call = re.compile(r"^(\w+)[ \t]*(.*)$")
+    cell_magic_line = re.compile(r"^%%(\w+)[ \t]*(.*)$")
 
     def shell(command):
         flush_std()
         namespace["_exit_code"] = subprocess.call(["/bin/sh", "-c", command])
 
-    builtins._koder_shell = shell
+    def inline_backend():
+        """`%matplotlib inline`: figures are results again, whatever backend was chosen."""
+        if "matplotlib" not in sys.modules:
+            return  # the import hook chooses ours
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        try:
+            if pyplot is not None:
+                pyplot.switch_backend("module://" + backend_name)
+            else:
+                sys.modules["matplotlib"].rcParams["backend"] = "module://" + backend_name
+        except Exception:
+            pass
 
-    def with_shell_escapes(code):
-        out = []
-        for line in code.splitlines(True):
-            body = line.rstrip("\r\n")
-            m = shell_line.match(body)
-            if m:
-                command = m.group(3) if m.group(2) == "!" else pip + m.group(3)
-                line = "%s_koder_shell(%r)%s" % (m.group(1), command, line[len(body):])
-            out.append(line)
-        return "".join(out)
+    line_magic, cell_magic, shell_capture = _koder_magics(
+        namespace, lambda source, filename: evaluate(source, filename), shell, display,
+        inline_backend)
+    builtins._koder_shell = shell
+    builtins._koder_magic = line_magic
+    builtins._koder_sh_capture = shell_capture
+    builtins._koder_cell_magic = lambda name, args, body, first: cell_magic(
+        name, args, body, "<cell %d>" % (state.run.n if state.run else 0), first)
+
+    def escaped(line):
+        """`line` with its shell escape or line magic as a call, or as it is."""
+        body = line.rstrip("\r\n")
+        m = escaped_line.match(body)
+        if m is None:
+            return line
+        indent, target, kind, rest = m.groups()
+        if kind == "!":
+            call = "_koder_sh_capture(%r)" % rest if target else "_koder_shell(%r)" % rest
+        else:
+            name, args = magic_call.match(rest).groups()
+            call = "_koder_magic(%r, %r)" % (name, args)
+        return indent + (target or "") + call + line[len(body):]
+
+    def with_ipython_syntax(code):
+        lines = code.splitlines(True)
+        first = next((i for i, l in enumerate(lines) if l.strip()), None)
+        m = cell_magic_line.match(lines[first].strip()) if first is not None else None
+        if m is not None:
+            body = "".join(lines[first + 1:])
+            return "\n" * first + "_koder_cell_magic(%r, %r, %r, %d)\n" % (
+                m.group(1), m.group(2), body, first + 1)
+        return "".join(escaped(line) for line in lines)
 
     def without_leading_indent(code):
         # IPython's `leading_indent`: a cell whose first line is indented (code pasted from
@@ -544,7 +579,7 @@ def clear_output(wait=False):
         try:
             return compile(code, filename, "exec", flags, dont_inherit=True)
         except SyntaxError as e:
-            rewritten = with_shell_escapes(code)
+            rewritten = with_ipython_syntax(code)
             if rewritten == code:
                 raise
             try:
@@ -552,10 +587,8 @@ def clear_output(wait=False):
             except SyntaxError:
                 raise e from None
 
-    def run_cell(code, n):
-        filename = "<cell %d>" % n
-        code = without_leading_indent(code)
-        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    def evaluate(code, filename):
+        """Runs `code` as a cell and returns its last expression's value (None without one)."""
         tree = parse(code, filename)
         last = None
         # A trailing semicolon hides the value, as in IPython (`plt.plot(x);`).
@@ -564,11 +597,18 @@ def clear_output(wait=False):
             last = ast.Expression(tree.body.pop().value)
         if tree.body:
             execute(compile(tree, filename, "exec", compile_flags, dont_inherit=True))
-        if last is not None:
-            value = execute(compile(last, filename, "eval", compile_flags, dont_inherit=True))
-            if value is not None:
-                builtins._ = value
-                send_output(formats(value, main=True), main=True)
+        if last is None:
+            return None
+        return execute(compile(last, filename, "eval", compile_flags, dont_inherit=True))
+
+    def run_cell(code, n):
+        filename = "<cell %d>" % n
+        code = without_leading_indent(code)
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        value = evaluate(code, filename)
+        if value is not None:
+            builtins._ = value
+            send_output(formats(value, main=True), main=True)
 
     def describe(exc):
         tb = exc.__traceback__

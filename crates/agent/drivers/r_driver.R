@@ -81,15 +81,22 @@ local({
   }
   # The run's pages, in order: the devices are closed (which writes the last page) and each
   # page's PNG becomes a result.
+  # At most `max_plots` of them: more would not fit in the run's results anyway, and encoding
+  # each costs milliseconds.
+  max_plots <- 32L
   emit_plots <- function(n) {
     if (grDevices::dev.cur() > 1L) grDevices::graphics.off()
-    for (f in sort(list.files(plot_dir, full.names = TRUE))) {
+    pages <- sort(list.files(plot_dir, full.names = TRUE))
+    for (f in utils::head(pages, max_plots)) {
       bytes <- readBin(f, "raw", file.info(f)$size)
-      unlink(f)
       if (length(bytes) > 0L) {
         emit(sprintf('{"ev":"display","n":%s,"main":false,"data":{"png":"%s","text":"plot without title"}}', n, b64(bytes)))
       }
     }
+    if (length(pages) > max_plots) {
+      emit(sprintf('{"ev":"display","n":%s,"main":false,"data":{"text":"[%d more plots not shown]"}}', n, length(pages) - max_plots))
+    }
+    unlink(pages)
   }
   error_json <- function(name, value, traceback) {
     sprintf('{"name":%s,"value":%s,"traceback":%s}', json_str(name),

@@ -1530,9 +1530,77 @@ fn r_plots_are_results() {
         let r = run(&h.client, &id, "barplot(c(a = 1, b = 2))\nstop('late')").await;
         assert_eq!(r.error_name(), Some("Error"));
         assert!(r.outcome.results[0].png.is_some(), "{r:?}");
+        // A run drawing many pages gives the first 32 and says how many more there were.
+        let r = run(&h.client, &id, "for (i in 1:40) plot(i)").await.ok();
+        let shown = &r.outcome.results;
+        assert_eq!(shown.len(), 33, "{r:?}");
+        assert_eq!(shown[32].text.as_deref(), Some("[8 more plots not shown]"));
         // Nothing went to Rscript's own default device, a PDF file in the working directory.
         let r = run(&h.client, &id, "file.exists('Rplots.pdf')").await.ok();
         assert_eq!(r.text(), Some("[1] FALSE"));
+    });
+}
+
+/// IPython's magics that notebook code uses work without IPython, as in E2B's kernels:
+/// `%matplotlib inline`, `%%writefile` and `%run`, `%cd`/`%pwd`, `x = !cmd`, `%env`, `%time`,
+/// `%%time`, `%timeit`, `%%bash`, `%%html`; an unknown one is IPython's `UsageError`.
+#[test]
+fn python_cells_take_ipython_magics() {
+    let h = harness();
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().to_string_lossy().into_owned();
+    rt().block_on(async {
+        let msg = ToAgent::ContextCreate {
+            language: "python".into(),
+            cwd: Some(cwd.clone()),
+            env: Vec::new(),
+            context_id: None,
+        };
+        let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
+            panic!("create failed");
+        };
+        let id = info.context_id;
+        let r = run(&h.client, &id, "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()").await.ok();
+        assert!(r.outcome.results[0].png.is_some(), "{r:?}");
+        let write = "%%writefile script.py\nimport sys\nanswer = 40 + len(sys.argv)\nprint('ran', sys.argv[1:])\n";
+        assert_eq!(run(&h.client, &id, write).await.ok().stdout, "Writing script.py\n");
+        assert_eq!(run(&h.client, &id, write).await.ok().stdout, "Overwriting script.py\n");
+        let cells = [
+            ("%run script.py a\nanswer", "ran ['a']\n".to_string(), Some("42".to_string())),
+            ("import os\nos.mkdir('sub')\n%cd sub\nfiles = !ls ..\nprint(files.n)\n%pwd", format!("{cwd}/sub\nscript.py\nsub\n"), Some(format!("'{cwd}/sub'"))),
+            ("%env KODER_MAGIC=1\n%env KODER_MAGIC", "env: KODER_MAGIC=1\n".into(), Some("'1'".into())),
+            ("%%bash\necho $((6 * 7))", "42\n".into(), None),
+            ("(7\n%4)", String::new(), Some("3".into())),
+        ];
+        for (code, stdout, text) in cells {
+            let r = run(&h.client, &id, code).await.ok();
+            assert_eq!((r.stdout.as_str(), r.text()), (stdout.as_str(), text.as_deref()), "{code}");
+        }
+        let r = run(&h.client, &id, "%time x = sum(range(10))\nx").await.ok();
+        assert!(r.stdout.starts_with("CPU times: user ") && r.stdout.contains("\nWall time: "), "{r:?}");
+        assert_eq!(r.text(), Some("45"));
+        let r = run(&h.client, &id, "%%time\ny = 2\ny * 21").await.ok();
+        assert!(r.stdout.contains("Wall time: "), "{r:?}");
+        assert_eq!(r.text(), Some("42"));
+        let r = run(&h.client, &id, "%timeit -n 3 -r 2 sum(range(10))").await.ok();
+        assert!(r.stdout.ends_with(" per loop (mean \u{b1} std. dev. of 2 runs, 3 loops each)\n"), "{r:?}");
+        let r = run(&h.client, &id, "%pip --version").await.ok();
+        assert!(r.stdout.starts_with("pip "), "{r:?}");
+        let r = run(&h.client, &id, "%%html\n<b>x</b>").await.ok();
+        assert_eq!(r.outcome.results[0].html.as_deref(), Some("<b>x</b>"));
+        // The body of a cell magic keeps the cell's line numbers.
+        let r = run(&h.client, &id, "%%time\n\n1 / 0").await;
+        let e = r.outcome.error.as_ref().unwrap();
+        assert_eq!(e.name, "ZeroDivisionError");
+        assert!(e.traceback.contains(", line 3"), "{e:?}");
+        for (code, value) in [
+            ("%nosuch 1", "Line magic function `%nosuch` not found."),
+            ("%%nosuch\nx", "Cell magic `%%nosuch` not found."),
+        ] {
+            let r = run(&h.client, &id, code).await;
+            let e = r.outcome.error.as_ref().unwrap();
+            assert_eq!((e.name.as_str(), e.value.as_str()), ("UsageError", value), "{code}");
+        }
     });
 }
 

@@ -62,6 +62,11 @@ async fn sh(d: &Daemon, id: &str, cmd: &str) -> Value {
     d.exec(id, json!({"shell": cmd})).await
 }
 
+/// Deletes what `path` names, whatever the answer (clean-up of what a test made).
+async fn delete(d: &Daemon, path: &str) {
+    d.json(Method::DELETE, path, Value::Null).await;
+}
+
 fn stdout(v: &Value) -> &str {
     v["stdout"].as_str().unwrap_or("")
 }
@@ -166,12 +171,7 @@ async fn sessions_run_on_language_packs_and_images_in_use_stay() {
     )
     .await;
     assert_eq!(stdout(&v), "3\n", "{v}");
-    d.json(
-        Method::DELETE,
-        &format!("/v1/sandbox/sessions/{other}"),
-        Value::Null,
-    )
-    .await;
+    delete(&d, &format!("/v1/sandbox/sessions/{other}")).await;
     // A snapshot holds those changes, a deleted image file too, and a session made from it
     // starts with them.
     sh(&d, &id, "rm /usr/bin/xargs").await;
@@ -192,18 +192,8 @@ async fn sessions_run_on_language_packs_and_images_in_use_stay() {
     )
     .await;
     assert_eq!(stdout(&v), "a\nvia the files API5\n1\n", "{v}");
-    d.json(
-        Method::DELETE,
-        &format!("/v1/sandbox/sessions/{restored}"),
-        Value::Null,
-    )
-    .await;
-    d.json(
-        Method::DELETE,
-        &format!("/v1/sandbox/snapshots/{sid}"),
-        Value::Null,
-    )
-    .await;
+    delete(&d, &format!("/v1/sandbox/sessions/{restored}")).await;
+    delete(&d, &format!("/v1/sandbox/snapshots/{sid}")).await;
 
     // Bash pack: bash and coreutils, and nothing of the host's (no python at all).
     let b = d.create(json!({"image": "bash"})).await;

@@ -6,9 +6,11 @@ use koder_agent_protocol::{AgentError, ErrorCode};
 
 use super::control::Request;
 
-/// The chart reader's functions come first, at the top level the driver's own code sees.
+/// The chart reader's and the magics' functions come first, at the top level the driver's own
+/// code sees.
 const PYTHON_DRIVER: &str = concat!(
     include_str!("../../../drivers/python_charts.py"),
+    include_str!("../../../drivers/python_magics.py"),
     include_str!("../../../drivers/python_driver.py")
 );
 const NODE_DRIVER: &str = include_str!("../../../drivers/node_driver.js");
