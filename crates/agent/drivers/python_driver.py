@@ -20,9 +20,9 @@ def _koder_driver():
     import os
     import re
     import signal
-    import subprocess
     import sys
     import threading
+    import tokenize
     import traceback
     import types
 
@@ -55,7 +55,9 @@ def _koder_driver():
             self.used = 0
             self.count = 0
 
-    state = types.SimpleNamespace(run=None, interruptible=False)
+    # `sink`: where results go instead of the run while a `%%capture` cell keeps them.
+    state = types.SimpleNamespace(run=None, interruptible=False, sink=None,
+                                  figure_formats=("png",))
 
     def clip(s, limit):
         if len(s) <= limit:
@@ -63,6 +65,9 @@ def _koder_driver():
         return s[:limit] + "\n[... %d characters cut]" % (len(s) - limit)
 
     def send_output(data, main=False):
+        if state.sink is not None:
+            state.sink.append(data)
+            return
         run = state.run
         if run is None or not data or run.count >= max_results:
             return
@@ -78,18 +83,40 @@ def _koder_driver():
         t = type(obj)
         return t.__module__.startswith("matplotlib.figure") and hasattr(obj, "savefig")
 
-    def figure_png(fig):
+    # The formats `%config InlineBackend.figure_formats` names (matplotlib-inline's), as
+    # (result key, savefig format, resolution factor).
+    figure_format_names = {"png": ("png", "png", 1), "retina": ("png", "png", 2),
+                           "png2x": ("png", "png", 2), "jpg": ("jpeg", "jpeg", 1),
+                           "jpeg": ("jpeg", "jpeg", 1), "svg": ("svg", "svg", 1),
+                           "pdf": ("pdf", "pdf", 1)}
+
+    def choose_figure_formats(names):
+        unknown = sorted(set(names) - set(figure_format_names))
+        if unknown or not names:
+            raise ValueError("figure formats are %s, not %s" % (
+                ", ".join(sorted(figure_format_names)), ", ".join(unknown) or "none"))
+        state.figure_formats = tuple(names)
+
+    def figure_images(fig):
         import io
 
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", bbox_inches="tight")
-        return base64.b64encode(buf.getvalue()).decode("ascii")
+        shown = {}
+        for name in state.figure_formats:
+            key, fmt, scale = figure_format_names[name]
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, bbox_inches="tight", dpi=fig.dpi * scale)
+            value = buf.getvalue()
+            if key == "svg":
+                shown[key] = value.decode("utf-8")
+            else:
+                shown[key] = base64.b64encode(value).decode("ascii")
+        return shown
 
     def figure_shown(fig):
-        """A figure's PNG and, unless it is too large to be worth its room in the run's
-        results, the data of the chart it draws (E2B's `chart`; read after the PNG's drawing
+        """A figure's images and, unless it is too large to be worth its room in the run's
+        results, the data of the chart it draws (E2B's `chart`; read after the drawing
         filled in its tick labels)."""
-        shown = {"png": figure_png(fig)}
+        shown = figure_images(fig)
         try:
             chart = json.dumps(_koder_chart(fig), allow_nan=False)
         except Exception:
@@ -154,7 +181,8 @@ def _koder_driver():
                 if key not in data:
                     put(data, key, call_repr(obj, attr))
             put(data, "data", table_columns(obj))
-            if "png" not in data and is_figure(obj) and not managed_by_pyplot(obj):
+            drawn = data.keys() & {"png", "svg", "jpeg"}
+            if not drawn and is_figure(obj) and not managed_by_pyplot(obj):
                 try:
                     data.update(figure_shown(obj))
                 except Exception:
@@ -507,15 +535,14 @@ def clear_output(wait=False):
     # that prints as the cell does (`x = !cmd` takes its output lines instead), `%name args`
     # is a line magic (`x = %name` takes its value), and a cell starting with `%%name` a cell
     # magic (python_magics.py). Only a cell that is not Python as it is gets rewritten (such
-    # a line never is); IPython's `{expr}` expansion is not done.
+    # a line never is); a line that starts with a line magic's name and is not Python is
+    # that magic (IPython's automagic: `pip install x`). Lines inside a string are left as
+    # they are. IPython's `{expr}` expansion is not done.
     escaped_line = re.compile(
         r"^([ \t]*)((?:[A-Za-z_][\w.]*[ \t]*,[ \t]*)*[A-Za-z_][\w.]*[ \t]*=[ \t]*)?(!|%(?=\w))(.*)$")
     magic_call = re.compile(r"^(\w+)[ \t]*(.*)$")
     cell_magic_line = re.compile(r"^%%(\w+)[ \t]*(.*)$")
-
-    def shell(command):
-        flush_std()
-        namespace["_exit_code"] = subprocess.call(["/bin/sh", "-c", command])
+    automagic_line = re.compile(r"^([ \t]*)([A-Za-z_]\w*)(?:[ \t]+(.*))?$")
 
     def inline_backend():
         """`%matplotlib inline`: figures are results again, whatever backend was chosen."""
@@ -530,9 +557,23 @@ def clear_output(wait=False):
         except Exception:
             pass
 
-    line_magic, cell_magic, shell_capture = _koder_magics(
-        namespace, lambda source, filename: evaluate(source, filename), shell, display,
-        inline_backend)
+    def flush_std():
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+
+    def divert(sink):
+        replaced, state.sink = state.sink, sink
+        return replaced
+
+    line_magic, cell_magic, shell, shell_capture, is_automagic, reloader = _koder_magics(
+        namespace, types.SimpleNamespace(
+            evaluate=lambda source, filename: evaluate(source, filename), display=display,
+            show=send_output, divert=divert, flush_figures=flush_figures, flush_std=flush_std,
+            inline_backend=inline_backend, figure_formats=choose_figure_formats,
+            mime_keys=mime_keys))
     builtins._koder_shell = shell
     builtins._koder_magic = line_magic
     builtins._koder_sh_capture = shell_capture
@@ -544,7 +585,7 @@ def clear_output(wait=False):
         body = line.rstrip("\r\n")
         m = escaped_line.match(body)
         if m is None:
-            return line
+            return automagic(line, body)
         indent, target, kind, rest = m.groups()
         if kind == "!":
             call = "_koder_sh_capture(%r)" % rest if target else "_koder_shell(%r)" % rest
@@ -552,6 +593,31 @@ def clear_output(wait=False):
             name, args = magic_call.match(rest).groups()
             call = "_koder_magic(%r, %r)" % (name, args)
         return indent + (target or "") + call + line[len(body):]
+
+    def automagic(line, body):
+        m = automagic_line.match(body)
+        if m is None or not is_automagic(m.group(2)) or is_python(body.strip()):
+            return line
+        indent, name, args = m.groups()
+        return indent + "_koder_magic(%r, %r)" % (name, args or "") + line[len(body):]
+
+    def is_python(source):
+        try:
+            compile(source, "<line>", "exec", ast.PyCF_ONLY_AST | compile_flags, dont_inherit=True)
+            return True
+        except (SyntaxError, ValueError):
+            return False
+
+    def in_strings(lines):
+        """The indexes of `lines` that begin inside a multi-line string: text, not code."""
+        inside = set()
+        try:
+            for token in tokenize.generate_tokens(iter(lines).__next__):
+                if token.type in (tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", None)):
+                    inside.update(range(token.start[0], token.end[0]))
+        except (tokenize.TokenError, SyntaxError, IndentationError):
+            pass  # what came before the error is known; a cell with it fails to parse anyway
+        return inside
 
     def with_ipython_syntax(code):
         lines = code.splitlines(True)
@@ -561,7 +627,8 @@ def clear_output(wait=False):
             body = "".join(lines[first + 1:])
             return "\n" * first + "_koder_cell_magic(%r, %r, %r, %d)\n" % (
                 m.group(1), m.group(2), body, first + 1)
-        return "".join(escaped(line) for line in lines)
+        inside = in_strings(lines)
+        return "".join(line if i in inside else escaped(line) for i, line in enumerate(lines))
 
     def without_leading_indent(code):
         # IPython's `leading_indent`: a cell whose first line is indented (code pasted from
@@ -605,7 +672,11 @@ def clear_output(wait=False):
         filename = "<cell %d>" % n
         code = without_leading_indent(code)
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        value = evaluate(code, filename)
+        reloader.check()
+        try:
+            value = evaluate(code, filename)
+        finally:
+            reloader.note_imports()
         if value is not None:
             builtins._ = value
             send_output(formats(value, main=True), main=True)
@@ -628,13 +699,6 @@ def clear_output(wait=False):
             "value": clip(value, max_error_value),
             "traceback": clip("".join(lines), max_traceback),
         }
-
-    def flush_std():
-        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-            try:
-                stream.flush()
-            except Exception:
-                pass
 
     def serve(request):
         n = int(request.get("n", 0))

@@ -1604,6 +1604,143 @@ fn python_cells_take_ipython_magics() {
     });
 }
 
+/// The rest of what notebooks lean on: `%%capture` keeps a cell's output, its commands' and
+/// its results (IPython's CapturedIO) instead of showing them; `%%script` and its kin feed the
+/// cell to a program and fail with it; `%config` chooses the figure formats; `%who`,
+/// `%reset -f`, shell aliases; and a line starting with a magic's name that is not Python is
+/// that magic (`pip show pip`), unless the cell defined that name or the line is in a string.
+#[test]
+fn python_cells_capture_script_config_and_automagic() {
+    let h = harness();
+    let dir = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let msg = ToAgent::ContextCreate {
+            language: "python".into(),
+            cwd: Some(dir.path().to_string_lossy().into_owned()),
+            env: Vec::new(),
+            context_id: None,
+        };
+        let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
+            panic!("create failed");
+        };
+        let id = info.context_id;
+        let quiet = "%%capture out\nprint('hi')\n!echo from-shell\nimport sys\nprint('e', file=sys.stderr)\ndisplay('shown')\n6 * 7";
+        let r = run(&h.client, &id, quiet).await.ok();
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str(), r.outcome.results.len()), ("", "", 0), "{r:?}");
+        let r = run(&h.client, &id, "print(repr(out.stdout), repr(out.stderr), out.outputs[1].data)").await.ok();
+        assert_eq!(r.stdout, "'hi\\nfrom-shell\\n' 'e\\n' {'text/plain': '42'}\n");
+        let r = run(&h.client, &id, "out.show()").await.ok();
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("hi\nfrom-shell\n", "e\n"));
+        let shown: Vec<_> = r.outcome.results.iter().map(|x| x.text.as_deref()).collect();
+        assert_eq!(shown, [Some("'shown'"), Some("42")]);
+        let r = run(&h.client, &id, "%%capture --no-stderr\nimport sys\nprint('e', file=sys.stderr)\nprint('o')").await.ok();
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("", "e\n"));
+        // A failure inside still fails the cell, with the cell's line numbers.
+        let r = run(&h.client, &id, "%%capture\nprint('x')\n1 / 0").await;
+        let e = r.outcome.error.as_ref().unwrap();
+        assert!(e.name == "ZeroDivisionError" && e.traceback.contains(", line 3"), "{e:?}");
+
+        let cells = [
+            ("%%script python3 -u\nprint(6 * 7)", "42\n", None),
+            ("%%bash --out o --err e\necho hidden\necho oops >&2", "", None),
+            ("o, e", "", Some("('hidden\\n', 'oops\\n')")),
+            ("%%bash --no-raise-error\nexit 3", "", None),
+            ("%reset -f\na = 1\nb = 'x'\n%who", "a\tb\n", None),
+            ("%who str", "b\n", None),
+            ("%mkdir -p d1/d2\n%ls d1", "d2/\n", None),
+            ("pip show pip | head -1", "Name: pip\n", None),
+            ("text = '''\n%s stays\ncd stays\n'''\n!echo ok\ntext", "ok\n", Some("'\\n%s stays\\ncd stays\\n'")),
+        ];
+        for (code, stdout, text) in cells {
+            let r = run(&h.client, &id, code).await.ok();
+            assert_eq!((r.stdout.as_str(), r.text()), (stdout, text), "{code}");
+        }
+        let r = run(&h.client, &id, "%whos").await.ok();
+        assert!(r.stdout.starts_with("Variable   Type   Data/Info\n") && r.stdout.contains("\nb          str    x\n"), "{r:?}");
+        run(&h.client, &id, "pip = 1").await.ok();
+        for (code, name, value) in [
+            ("%%bash\nexit 3", "CalledProcessError", "Command 'exit 3' returned non-zero exit status 3."),
+            ("%%script no-such-program\nx", "UsageError", "Couldn't find program: 'no-such-program'"),
+            ("%reset", "UsageError", "%reset: add -f (there is no one to confirm the deletion)"),
+            ("%config InlineBackend.figure_format = 'gif'", "UsageError", "%config: figure formats are jpeg, jpg, pdf, png, png2x, retina, svg, not gif"),
+            ("%config Other.x = 1", "UsageError", "%config: only InlineBackend.figure_format(s) can be set here"),
+            // A variable of the magic's name makes the line Python again, as in IPython.
+            ("pip show pip", "SyntaxError", "invalid syntax (<cell "),
+        ] {
+            let r = run(&h.client, &id, code).await;
+            let e = r.outcome.error.as_ref().unwrap_or_else(|| panic!("{code}: {r:?}"));
+            assert!(e.name == name && e.value.starts_with(value), "{code}: {e:?}");
+        }
+
+        let plot = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()";
+        let r = run(&h.client, &id, &format!("%config InlineBackend.figure_format = 'svg'\n{plot}")).await.ok();
+        let fig = &r.outcome.results[0];
+        assert!(fig.png.is_none() && fig.svg.as_deref().is_some_and(|s| s.contains("<svg")), "{r:?}");
+        let mut widths = Vec::new();
+        for format in ["png", "retina"] {
+            let r = run(&h.client, &id, &format!("%config InlineBackend.figure_formats = ['{format}']\n{plot}")).await.ok();
+            let png = b64decode(r.outcome.results[0].png.as_deref().unwrap());
+            widths.push(u32::from_be_bytes(png[16..20].try_into().unwrap()));
+        }
+        assert!(widths[1] > widths[0] * 19 / 10, "retina is twice the resolution: {widths:?}");
+    });
+}
+
+/// `%load_ext autoreload` and `%autoreload 2`, the header of many notebooks: a module edited
+/// after its import is loaded again before the next cell, and what was imported from it (a
+/// function, a class and its instances) runs the new code, even when the edit kept the file's
+/// size within the second its bytecode was cached; a module that no longer loads is said on
+/// stderr and its old code stays.
+#[test]
+fn python_autoreload_takes_edited_modules() {
+    let h = harness();
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("mymod.py");
+    let source = |n: u32, s: &str| {
+        format!("def f():\n    return {n}\nclass C:\n    def m(self):\n        return '{s}'\n")
+    };
+    rt().block_on(async {
+        let msg = ToAgent::ContextCreate {
+            language: "python".into(),
+            cwd: Some(dir.path().to_string_lossy().into_owned()),
+            env: Vec::new(),
+            context_id: None,
+        };
+        let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
+            panic!("create failed");
+        };
+        let id = info.context_id;
+        run(&h.client, &id, "%load_ext autoreload\n%autoreload 2")
+            .await
+            .ok();
+        std::fs::write(&module, source(1, "a")).unwrap();
+        let r = run(
+            &h.client,
+            &id,
+            "import mymod\nfrom mymod import f, C\nc = C()\nf(), c.m()",
+        )
+        .await
+        .ok();
+        assert_eq!(r.text(), Some("(1, 'a')"));
+        std::fs::write(&module, source(2, "b")).unwrap();
+        let r = run(&h.client, &id, "f(), c.m(), mymod.f()").await.ok();
+        assert_eq!(r.text(), Some("(2, 'b', 2)"));
+        std::fs::write(&module, "def f(:\n").unwrap();
+        let r = run(&h.client, &id, "f()").await.ok();
+        assert_eq!(r.text(), Some("2"));
+        assert!(
+            r.stderr.starts_with("[autoreload of mymod failed: ")
+                && r.stderr.contains("SyntaxError"),
+            "{r:?}"
+        );
+        run(&h.client, &id, "%autoreload 0").await.ok();
+        std::fs::write(&module, source(3, "c")).unwrap();
+        assert_eq!(run(&h.client, &id, "f()").await.ok().text(), Some("2"));
+        let r = run(&h.client, &id, "%load_ext no_such_extension").await;
+        assert_eq!(r.error_name(), Some("ModuleNotFoundError"));
+    });
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
