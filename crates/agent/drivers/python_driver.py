@@ -508,7 +508,7 @@ def clear_output(wait=False):
 
         def exec_module(self, module):
             if module.__name__ == "IPython":
-                module.__dict__["get_ipython"] = lambda: None
+                module.__dict__["get_ipython"] = get_ipython
                 return
             exec(compile(ipython_display_source, "<koder IPython.display>", "exec"),
                  module.__dict__)
@@ -537,7 +537,8 @@ def clear_output(wait=False):
     # magic (python_magics.py). Only a cell that is not Python as it is gets rewritten (such
     # a line never is); a line that starts with a line magic's name and is not Python is
     # that magic (IPython's automagic: `pip install x`). Lines inside a string are left as
-    # they are. IPython's `{expr}` expansion is not done.
+    # they are. Shell lines and magics' arguments take IPython's `{expr}` and `$name`
+    # (python_magics.py).
     escaped_line = re.compile(
         r"^([ \t]*)((?:[A-Za-z_][\w.]*[ \t]*,[ \t]*)*[A-Za-z_][\w.]*[ \t]*=[ \t]*)?(!|%(?=\w))(.*)$")
     magic_call = re.compile(r"^(\w+)[ \t]*(.*)$")
@@ -568,17 +569,31 @@ def clear_output(wait=False):
         replaced, state.sink = state.sink, sink
         return replaced
 
-    line_magic, cell_magic, shell, shell_capture, is_automagic, reloader = _koder_magics(
+    def cell_filename():
+        return "<cell %d>" % (state.run.n if state.run else 0)
+
+    magics = _koder_magics(
         namespace, types.SimpleNamespace(
             evaluate=lambda source, filename: evaluate(source, filename), display=display,
             show=send_output, divert=divert, flush_figures=flush_figures, flush_std=flush_std,
             inline_backend=inline_backend, figure_formats=choose_figure_formats,
-            mime_keys=mime_keys))
-    builtins._koder_shell = shell
-    builtins._koder_magic = line_magic
-    builtins._koder_sh_capture = shell_capture
-    builtins._koder_cell_magic = lambda name, args, body, first: cell_magic(
-        name, args, body, "<cell %d>" % (state.run.n if state.run else 0), first)
+            mime_keys=mime_keys, cell_filename=cell_filename))
+    builtins._koder_shell = magics.shell
+    builtins._koder_magic = magics.line
+    builtins._koder_sh_capture = magics.capture
+    builtins._koder_cell_magic = lambda name, args, body, first: magics.cell(
+        name, args, body, cell_filename(), first)
+
+    def get_ipython():
+        """The shell for cells (notebooks exported as scripts call it); None for libraries,
+        which would take it for IPython and reach for what only IPython has (its config, its
+        events, its kernel), as they get None outside IPython."""
+        caller = sys._getframe(1).f_code.co_filename
+        return magics.ipython if caller.startswith("<cell ") else None
+
+    # As in a kernel, cells call it without importing it.
+    if not hasattr(builtins, "get_ipython"):
+        builtins.get_ipython = get_ipython
 
     def escaped(line):
         """`line` with its shell escape or line magic as a call, or as it is."""
@@ -587,7 +602,9 @@ def clear_output(wait=False):
         if m is None:
             return automagic(line, body)
         indent, target, kind, rest = m.groups()
-        if kind == "!":
+        if kind == "!" and rest.startswith("!") and not target:
+            call = "_koder_sh_capture(%r)" % rest[1:]  # `!!cmd`: the output lines as a value
+        elif kind == "!":
             call = "_koder_sh_capture(%r)" % rest if target else "_koder_shell(%r)" % rest
         else:
             name, args = magic_call.match(rest).groups()
@@ -596,7 +613,7 @@ def clear_output(wait=False):
 
     def automagic(line, body):
         m = automagic_line.match(body)
-        if m is None or not is_automagic(m.group(2)) or is_python(body.strip()):
+        if m is None or not magics.is_automagic(m.group(2)) or is_python(body.strip()):
             return line
         indent, name, args = m.groups()
         return indent + "_koder_magic(%r, %r)" % (name, args or "") + line[len(body):]
@@ -672,11 +689,11 @@ def clear_output(wait=False):
         filename = "<cell %d>" % n
         code = without_leading_indent(code)
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        reloader.check()
+        magics.reloader.check()
         try:
             value = evaluate(code, filename)
         finally:
-            reloader.note_imports()
+            magics.reloader.note_imports()
         if value is not None:
             builtins._ = value
             send_output(formats(value, main=True), main=True)

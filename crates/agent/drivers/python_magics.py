@@ -38,7 +38,8 @@ def _koder_magics(namespace, host):
     instead (None: to the run) and returns the sink it replaces, `flush_figures()` shows the
     figures still open, `flush_std()` flushes Python's streams, `inline_backend()` makes
     matplotlib draw into results again, `figure_formats(names)` chooses the formats figures
-    are shown in, `mime_keys` pairs MIME types with the keys of results."""
+    are shown in, `mime_keys` pairs MIME types with the keys of results, `cell_filename()`
+    names the running cell's code."""
     import ast
     import codecs
     import importlib
@@ -50,6 +51,7 @@ def _koder_magics(namespace, host):
     import runpy
     import shlex
     import shutil
+    import string
     import subprocess
     import sys
     import threading
@@ -261,6 +263,42 @@ def _koder_magics(namespace, host):
             pipe.close()
         except OSError:
             pass  # the program did not read all of it
+
+    class Expander(string.Formatter):
+        """IPython's expansion of a shell line or a magic's arguments: `{expr}` is the value of
+        the expression in the cell's namespace, `$name` (or `$name.attr`) of the name outside
+        single quotes, `$$` a `$`, `{{` a `{`. If any of them fails, the text stays as it was,
+        so a shell's own `${VAR}`, awk's `{print $1}` or find's `{}` pass through."""
+
+        dollar = re.compile(r"\$(\$?[A-Za-z_][\w.]*)")
+
+        def parse(self, text):
+            for literal, field, spec, conversion in super().parse(text):
+                if field == "":
+                    raise ValueError("{} names nothing")  # not a positional argument
+                done = 0
+                kept = ""
+                for m in self.dollar.finditer(literal):
+                    if literal[m.end():].count("'") % 2:
+                        continue  # inside single quotes: the shell's
+                    if m.group(1).startswith("$"):
+                        kept += literal[done:m.start()] + m.group(1)
+                    else:
+                        yield kept + literal[done:m.start()], m.group(1), "", None
+                        kept = ""
+                    done = m.end()
+                yield kept + literal[done:], field, spec, conversion
+
+        def get_field(self, field_name, args, kwargs):
+            return eval(field_name, namespace), field_name
+
+    expander = Expander()
+
+    def expand(text):
+        try:
+            return expander.vformat(text, (), {})
+        except Exception:
+            return text
 
     def shell(command):
         """`!command`: its output is the cell's."""
@@ -526,6 +564,8 @@ def _koder_magics(namespace, host):
         "who": who,
         "whos": whos,
         "who_ls": lambda args: user_names(args.split()),
+        "sx": lambda args: capture(args),
+        "system": lambda args: capture(args),
         "reset": reset,
         "reset_selective": reset_selective,
         "load_ext": load_ext,
@@ -544,11 +584,14 @@ def _koder_magics(namespace, host):
         "rmdir": alias("rmdir"),
     }
 
+    # Whose arguments are code, not expanded (IPython's `no_var_expand`).
+    verbatim = {"time", "timeit"}
+
     def line(name, args):
         magic = line_magics.get(name)
         if magic is None:
             raise UsageError("Line magic function `%%%s` not found." % name)
-        return magic(args)
+        return magic(args if name in verbatim else expand(args))
 
     def write_file(args, body, filename):
         words = shlex.split(args)
@@ -729,11 +772,52 @@ def _koder_magics(namespace, host):
             raise UsageError("Cell magic `%%%%%s` not found." % name)
         if name in ("time", "capture"):
             body = "\n" * first_line + body
-        return magic(args, body, filename)
+        return magic(args if name in verbatim else expand(args), body, filename)
 
     def is_automagic(name):
         """A line starting with `name` and not Python is that line magic, as with IPython's
         automagic (`pip install x`, `cd dir`), unless the cell has a variable so named."""
         return name in line_magics and name not in namespace
 
-    return line, cell, shell, capture, is_automagic, reloader
+    class Shell:
+        """The part of IPython's InteractiveShell that notebooks exported as scripts call
+        (`get_ipython().run_line_magic('matplotlib', 'inline')`, `.system('ls')`,
+        `.getoutput('ls')`, `.run_cell_magic('bash', '', body)`), and a few helpers."""
+
+        user_ns = namespace
+
+        def __repr__(self):
+            return "<koder-sandbox's IPython shell for cells>"
+
+        def run_line_magic(self, magic_name, line_text, _stack_depth=1):
+            return line(magic_name, line_text)
+
+        def run_cell_magic(self, magic_name, line_text, body):
+            return cell(magic_name, line_text, body, host.cell_filename(), 0)
+
+        def magic(self, arg_s):
+            name, _, rest = arg_s.lstrip("%").partition(" ")
+            return line(name, rest)
+
+        def system(self, command):
+            shell(expand(command))
+
+        def getoutput(self, command, split=True):
+            lines = capture(expand(command))
+            return lines if split else lines.n
+
+        def push(self, variables):
+            if not isinstance(variables, dict):
+                raise TypeError("push takes a dict of names and values here")
+            namespace.update(variables)
+
+        def ev(self, expr):
+            return eval(expr, namespace)
+
+        def ex(self, source):
+            exec(source, namespace)
+
+    return types.SimpleNamespace(
+        line=line, cell=cell, ipython=Shell(), shell=lambda command: shell(expand(command)),
+        capture=lambda command: capture(expand(command)), is_automagic=is_automagic,
+        reloader=reloader)

@@ -1360,7 +1360,7 @@ display(HTML('<b>x</b>'), Markdown('**m**'))
 display({'text/latex': r'\text{A}'}, raw=True)
 display(JSON({'k': [1]}), Latex('$y$'))
 clear_output()
-assert IPython.get_ipython() is None
+assert IPython.get_ipython().user_ns is globals()
 Image(data=b'\x89PNG-bytes')"#;
         let r = run(&h.client, &id, code).await.ok();
         let got: Vec<_> = r
@@ -1738,6 +1738,64 @@ fn python_autoreload_takes_edited_modules() {
         assert_eq!(run(&h.client, &id, "f()").await.ok().text(), Some("2"));
         let r = run(&h.client, &id, "%load_ext no_such_extension").await;
         assert_eq!(r.error_name(), Some("ModuleNotFoundError"));
+    });
+}
+
+/// IPython expands a shell line's and a magic's `{expr}` and `$name` in the cell's namespace
+/// (`!pip install {pkg}`); text that does not expand (awk's `{print $2}`, a name not defined)
+/// is passed on as written; `!!cmd` is the output's lines as the cell's value.
+#[test]
+fn python_shell_lines_expand_python_values() {
+    let h = harness();
+    let dir = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let msg = ToAgent::ContextCreate {
+            language: "python".into(),
+            cwd: Some(dir.path().to_string_lossy().into_owned()),
+            env: Vec::new(),
+            context_id: None,
+        };
+        let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
+            panic!("create failed");
+        };
+        let id = info.context_id;
+        let cells = [
+            (
+                "pkg = 'pip'\nn = 3\n!echo {pkg} $pkg {n + 1} {{x}} '$pkg'",
+                "pip pip 4 {x} $pkg\n",
+                None,
+            ),
+            ("!echo a b | awk '{print $2}'", "b\n", None),
+            ("!echo {no_such_name} {pkg}", "{no_such_name} {pkg}\n", None),
+            ("x = !echo {n * 2}\nx", "", Some("['6']")),
+            ("!!echo one; echo two", "", Some("['one', 'two']")),
+            ("%%writefile {pkg}.txt\n{n}\n", "Writing pip.txt\n", None),
+            ("open('pip.txt').read()", "", Some("'{n}\\n'")),
+        ];
+        for (code, stdout, text) in cells {
+            let r = run(&h.client, &id, code).await.ok();
+            assert_eq!((r.stdout.as_str(), r.text()), (stdout, text), "{code}");
+        }
+    });
+}
+
+/// Notebooks exported as scripts (nbconvert) call `get_ipython()` for their magics and shell
+/// lines; cells get a shell that runs them, libraries still get None as outside IPython.
+#[test]
+fn python_exported_notebooks_call_get_ipython() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let exported = "get_ipython().run_line_magic('matplotlib', 'inline')\nget_ipython().system('echo sys')\nx = get_ipython().getoutput('echo a; echo b')\nget_ipython().run_cell_magic('bash', '', 'echo cell\\n')\nx";
+        let cells = [
+            (exported, "sys\ncell\n", "['a', 'b']"),
+            ("from IPython import get_ipython as g\ng().push({'pushed': 5})\npushed", "", "5"),
+            ("exec(compile('def lib(): return get_ipython()', '/lib.py', 'exec'))\nlib() is None", "", "True"),
+        ];
+        for (code, stdout, text) in cells {
+            let r = run(&h.client, &id, code).await.ok();
+            assert_eq!((r.stdout.as_str(), r.text()), (stdout, Some(text)), "{code}");
+        }
     });
 }
 
