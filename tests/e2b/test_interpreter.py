@@ -309,6 +309,15 @@ def test_capture_hides_an_install_and_pip_needs_no_percent(code_sandbox):
     assert ex.text == "(['noisy', 'Name: pip'], {'text/plain': '7'})", ex
 
 
+def test_ijavascript_api(code_sandbox):
+    # E2B's JavaScript kernel is IJavascript: `$$` sends the run's result in a MIME type.
+    ex = code_sandbox.run_code("$$.html('<b>x</b>')", language="js")
+    assert (ex.error, len(ex.results), ex.results[0].html) == (None, 1, "<b>x</b>"), ex
+    ex = code_sandbox.run_code(
+        "$$.async()\nsetTimeout(() => $$.sendResult({ready: true}), 20)", language="js")
+    assert ex.results[0].json == {"ready": True}, ex
+
+
 def test_ipython_display_without_ipython(code_sandbox):
     # E2B's own check (test_custom_repr_object): a raw MIME bundle shown through IPython's API.
     ex = code_sandbox.run_code(

@@ -79,8 +79,42 @@
   };
   // A MIME type's name, which tells a bundle's keys from a plain object's.
   const MIME_TYPE = /^[a-z]+\/[\w.+-]+$/i;
-  // Deno's and tslab's convention for objects that render themselves.
+  // How objects render themselves: Deno's and tslab's `[Symbol.for('Jupyter.display')]()`,
+  // IJavascript's (E2B's JavaScript kernel) `_toMime()` and `_toHtml()`, `_toSvg()`,
+  // `_toPng()`, `_toJpeg()`.
   const DISPLAY = Symbol.for('Jupyter.display');
+  const RENDERERS = [
+    ['_toHtml', 'text/html'],
+    ['_toSvg', 'image/svg+xml'],
+    ['_toPng', 'image/png'],
+    ['_toJpeg', 'image/jpeg'],
+  ];
+
+  function ownBundle(value) {
+    const bundle = {};
+    const call = (name) => {
+      try {
+        const f = value[name];
+        return typeof f === 'function' ? f.call(value) : undefined;
+      } catch (_) {
+        return undefined; // a broken renderer leaves the plain representations
+      }
+    };
+    for (const given of [call(DISPLAY), call('_toMime')]) {
+      if (given === null || typeof given !== 'object') continue;
+      try {
+        for (const [mime, v] of Object.entries(given)) if (!(mime in bundle)) bundle[mime] = v;
+      } catch (_) {
+        // an exotic object: what was read so far
+      }
+    }
+    for (const [name, mime] of RENDERERS) {
+      if (mime in bundle) continue;
+      const v = call(name);
+      if (v !== undefined) bundle[mime] = v;
+    }
+    return bundle;
+  }
 
   function inspect(v) {
     try {
@@ -113,7 +147,7 @@
       let v = bundle[mime];
       try {
         if (key === 'json' && typeof v !== 'string') v = JSON.stringify(v);
-        if ((key === 'png' || key === 'pdf') && v instanceof Uint8Array) v = Buffer.from(v).toString('base64');
+        if ((key === 'png' || key === 'jpeg' || key === 'pdf') && v instanceof Uint8Array) v = Buffer.from(v).toString('base64');
       } catch (_) {
         continue;
       }
@@ -132,16 +166,7 @@
 
   function formats(value, main) {
     const data = {};
-    if (value !== null && (typeof value === 'object' || typeof value === 'function')) {
-      try {
-        if (typeof value[DISPLAY] === 'function') {
-          const bundle = value[DISPLAY]();
-          if (bundle && typeof bundle === 'object') putBundle(data, bundle);
-        }
-      } catch (_) {
-        // a broken renderer leaves the plain representations
-      }
-    }
+    if (value !== null && (typeof value === 'object' || typeof value === 'function')) putBundle(data, ownBundle(value));
     if (!('text' in data)) data.text = clip(inspect(value), MAX_TEXT);
     if (main && !('json' in data) && isPlainData(value)) {
       try {
@@ -171,6 +196,76 @@
   display.png = (b) => sendOutput({ png: b instanceof Uint8Array ? Buffer.from(b).toString('base64') : String(b) }, false);
   display.json = (v) => sendOutput({ json: JSON.stringify(v), text: inspect(v) }, false);
   if (!('display' in globalThis)) globalThis.display = display;
+
+  // IJavascript's `$$`, one for each run, for code written for E2B's JavaScript kernel:
+  // `$$.html(s)`, `.svg`, `.png(base64)`, `.jpeg`, `.text`, `.json`, `.mime(bundle)` and
+  // `.sendResult(value)` send the run's result and end the run (its last value is then not
+  // sent) unless their second argument keeps it alive; `$$.async()` makes the run last until
+  // `$$.done()`, a result or `$$.sendError(e)` ends it; `$$.display()` sends outputs that are
+  // not the result. A promise given is awaited first. What a run sends after it ended is
+  // dropped, as IJavascript drops it. Results are appended, never replaced, so `$$.clear()`
+  // and display ids change nothing already sent; a run has no one to answer `$$.input()`.
+  const OURS = Symbol('koder.$$');
+  const SENDERS = [
+    ['text', 'text/plain'],
+    ['html', 'text/html'],
+    ['svg', 'image/svg+xml'],
+    ['png', 'image/png'],
+    ['jpeg', 'image/jpeg'],
+    ['json', 'application/json'],
+  ];
+
+  function ijavascript(run) {
+    const live = () => current === run && !run.ended;
+    const end = () => {
+      run.ended = true;
+      if (run.release) run.release();
+    };
+    const settle = (keepAlive) => (keepAlive ? (run.async = true) : end());
+    const fail = (e, keepAlive) => {
+      if (!live()) return;
+      run.error = describe(e);
+      settle(keepAlive);
+    };
+    const send = (data, keepAlive) => {
+      if (!live()) return;
+      sendOutput(data, true);
+      settle(keepAlive);
+    };
+    const awaiting = (handler) => (value, keepAlive) => {
+      if (!isThenable(value)) return handler(value, keepAlive);
+      run.async = true;
+      Promise.resolve(value).then((v) => handler(v, keepAlive), (e) => fail(e, false));
+    };
+    const bundled = (bundle) => {
+      const data = {};
+      if (bundle !== null && typeof bundle === 'object') putBundle(data, bundle);
+      return data;
+    };
+    const $$ = { [OURS]: true, config: { awaitExecution: false } };
+    $$.mime = awaiting((bundle, keepAlive) => send(bundled(bundle), keepAlive));
+    for (const [name, mime] of SENDERS) {
+      $$[name] = awaiting((v, keepAlive) => send(bundled({ [mime]: v }), keepAlive));
+    }
+    $$.sendResult = awaiting((v, keepAlive) => send(formats(v, true), keepAlive));
+    $$.sendError = awaiting((e, keepAlive) => fail(e, keepAlive));
+    $$.done = (v) => (v === undefined ? live() && end() : $$.sendResult(v));
+    $$.async = (...on) => (run.async = on.length === 0 ? true : !!on[0]);
+    $$.clear = () => {};
+    $$.input = () => {
+      throw new Error('$$.input: a run has no one to answer input requests');
+    };
+    $$.display = () => {
+      const shown = (data) => current === run && sendOutput(data, false);
+      const d = { close: () => {} };
+      d.mime = (bundle) => shown(bundled(bundle));
+      for (const [name, mime] of SENDERS) {
+        d[name] = (v) => shown(bundled({ [mime]: v }));
+      }
+      return d;
+    };
+    return $$;
+  }
 
   function cleanStack(stack) {
     // Frames below the innermost cell frame belong to the driver and Node's vm machinery.
@@ -439,8 +534,10 @@
 
   async function serve(req) {
     const n = Number(req.n) || 0;
-    const run = { n, used: 0, count: 0, interrupt: null };
+    const run = { n, used: 0, count: 0, interrupt: null, async: false, ended: false, release: null, error: null };
     current = run;
+    // A global of the user's own name is theirs.
+    if (!('$$' in globalThis) || (globalThis.$$ && globalThis.$$[OURS])) globalThis.$$ = ijavascript(run);
     let error = null;
     // Variables of this run only: set for it, put back as they were once it ends.
     const env = req.env && typeof req.env === 'object' ? req.env : {};
@@ -458,7 +555,12 @@
       interrupted.catch(() => {});
       let value = (await Promise.race([compile(code, n), interrupted])).runInThisContext();
       if (isThenable(value)) value = await Promise.race([value, interrupted]);
-      if (value !== undefined) sendOutput(formats(value, true), true);
+      if (run.async && !run.ended) {
+        await Promise.race([new Promise((resolve) => (run.release = resolve)), interrupted]);
+      } else if (!run.ended && !run.async && value !== undefined) {
+        sendOutput(formats(value, true), true);
+      }
+      if (run.error) error = run.error;
     } catch (e) {
       error = describe(e);
       if (lines) error.traceback = mapStack(error.traceback, n, lines);

@@ -1799,6 +1799,52 @@ fn python_exported_notebooks_call_get_ipython() {
     });
 }
 
+/// IJavascript's `$$`, for code written for E2B's JavaScript kernel: `$$.html()` and its kin
+/// are the run's result and end it (its last value is not sent), `$$.async()` keeps the run
+/// going until a result, `$$.done()` or `$$.sendError()`, promises are awaited,
+/// `$$.display()` sends outputs that are not the result, objects render themselves with
+/// `_toHtml()`/`_toMime()`; a run that never ends is ended by its timeout.
+#[test]
+fn node_cells_take_ijavascript_api() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "javascript").await.context_id;
+        let r = run(&h.client, &id, "$$.html('<b>x</b>'); 42").await.ok();
+        let shown = &r.outcome.results;
+        assert_eq!(shown.len(), 1, "{r:?}");
+        assert!(shown[0].is_main_result && shown[0].text.is_none());
+        assert_eq!(shown[0].html.as_deref(), Some("<b>x</b>"));
+        let r = run(&h.client, &id, "$$.async(); setTimeout(() => $$.sendResult({a: 1}), 50); 7").await.ok();
+        assert_eq!((r.outcome.results.len(), r.main().and_then(|m| m.json.as_deref())), (1, Some("{\"a\":1}")), "{r:?}");
+        let r = run(&h.client, &id, "$$.png(Promise.resolve('iVBORw0KGgo='))").await.ok();
+        assert_eq!(r.main().and_then(|m| m.png.as_deref()), Some("iVBORw0KGgo="));
+        let code = "const d = $$.display(); d.html('<i>1</i>'); $$.text('kept', true); $$.json({k: [1]}); 'dropped'";
+        let r = run(&h.client, &id, code).await.ok();
+        let got: Vec<_> = r
+            .outcome
+            .results
+            .iter()
+            .map(|x| (x.is_main_result, x.html.as_deref().or(x.text.as_deref()).or(x.json.as_deref())))
+            .collect();
+        assert_eq!(got, [(false, Some("<i>1</i>")), (true, Some("kept")), (true, Some("{\"k\":[1]}"))]);
+        let code = "class P { _toHtml() { return '<p>P</p>'; } _toMime() { return {'text/markdown': '**P**'}; } }; new P()";
+        let r = run(&h.client, &id, code).await.ok();
+        let m = r.main().unwrap();
+        assert_eq!((m.html.as_deref(), m.markdown.as_deref(), m.text.as_deref()), (Some("<p>P</p>"), Some("**P**"), Some("P {}")));
+        for (code, name, value) in [
+            ("$$.async(); setTimeout(() => $$.sendError(new TypeError('bad')), 30);", "TypeError", "bad"),
+            ("$$.input()", "Error", "$$.input: a run has no one to answer input requests"),
+        ] {
+            let r = run(&h.client, &id, code).await;
+            let e = r.outcome.error.as_ref().unwrap();
+            assert_eq!((e.name.as_str(), e.value.as_str()), (name, value), "{code}");
+        }
+        let r = try_run(&h.client, &id, "$$.async()", Some(500)).await.unwrap();
+        assert!(r.outcome.timed_out, "{r:?}");
+        assert_eq!(run(&h.client, &id, "1 + 1").await.ok().text(), Some("2"));
+    });
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
