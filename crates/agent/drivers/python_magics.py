@@ -398,6 +398,67 @@ def _koder_magics(namespace, host):
             duration(mean), duration(spread), repeat, "" if repeat == 1 else "s",
             "{:,}".format(number), "" if number == 1 else "s"))
 
+    def profile_options(args, magic):
+        """%prun's options: `-s KEY` (again for ties), `-l LIMIT`, `-q`, `-r`, `-T FILE` for
+        the report, `-D FILE` for pstats' dump; the rest is the statement."""
+        words = shlex.split(args, posix=False)
+        options = {"sort": [], "limits": [], "quiet": False, "ret": False, "text": None,
+                   "dump": None}
+        while words and words[0] in ("-s", "-l", "-q", "-r", "-T", "-D"):
+            flag = words.pop(0)
+            if flag in ("-q", "-r"):
+                options["quiet" if flag == "-q" else "ret"] = True
+                continue
+            if not words:
+                raise UsageError("%%%s: %s takes a value" % (magic, flag))
+            value = words.pop(0)
+            if flag == "-s":
+                options["sort"].append(value)
+            elif flag == "-l":
+                try:
+                    options["limits"].append(float(value) if "." in value else int(value))
+                except ValueError:
+                    options["limits"].append(value)  # pstats takes a regular expression too
+            else:
+                options["text" if flag == "-T" else "dump"] = value
+        return options, " ".join(words)
+
+    def profiled(options, source, filename):
+        """Runs `source` under cProfile and prints pstats' report, as IPython's %prun."""
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile()
+        code = compile(source, filename, "exec")
+        try:
+            profile.runctx(code, namespace, namespace)
+        finally:
+            report = io.StringIO()
+            stats = pstats.Stats(profile, stream=report)
+            stats.strip_dirs().sort_stats(*(options["sort"] or ["time"]))
+            stats.print_stats(*options["limits"])
+            if not options["quiet"]:
+                print(report.getvalue().rstrip("\n"))
+            if options["text"]:
+                with open(options["text"], "w") as f:
+                    f.write(report.getvalue())
+                print("\n*** Profile printout saved to text file %r." % options["text"])
+            if options["dump"]:
+                stats.dump_stats(options["dump"])
+                print("\n*** Profile stats marshalled to file %r." % options["dump"])
+        return stats if options["ret"] else None
+
+    def prun_line(args):
+        options, stmt = profile_options(args, "prun")
+        if not stmt.strip():
+            raise UsageError("%prun: a statement to profile")
+        return profiled(options, stmt, "<magic-prun>")
+
+    def prun_cell(args, body, filename):
+        options, rest = profile_options(args, "prun")
+        # IPython runs a statement left on the magic's line before the body.
+        return profiled(options, rest + body, filename)
+
     def timeit_line(args):
         number, repeat, stmt = timeit_options(args)
         time_it(stmt, "pass", number, repeat)
@@ -557,6 +618,7 @@ def _koder_magics(namespace, host):
         "pwd": lambda args: os.getcwd(),
         "time": lambda args: timed(args, "<magic-time>"),
         "timeit": timeit_line,
+        "prun": prun_line,
         "run": run_script,
         "pip": pip,
         "matplotlib": matplotlib,
@@ -585,7 +647,7 @@ def _koder_magics(namespace, host):
     }
 
     # Whose arguments are code, not expanded (IPython's `no_var_expand`).
-    verbatim = {"time", "timeit"}
+    verbatim = {"time", "timeit", "prun"}
 
     def line(name, args):
         magic = line_magics.get(name)
@@ -753,6 +815,7 @@ def _koder_magics(namespace, host):
         "script": script_cell,
         "time": time_cell,
         "timeit": timeit_cell,
+        "prun": prun_cell,
         "html": shown_as("text/html"),
         "markdown": shown_as("text/markdown"),
         "latex": shown_as("text/latex"),
@@ -770,7 +833,7 @@ def _koder_magics(namespace, host):
         magic = cell_magics.get(name)
         if magic is None:
             raise UsageError("Cell magic `%%%%%s` not found." % name)
-        if name in ("time", "capture"):
+        if name in ("time", "capture", "prun"):
             body = "\n" * first_line + body
         return magic(args if name in verbatim else expand(args), body, filename)
 

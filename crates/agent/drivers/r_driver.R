@@ -98,6 +98,79 @@ local({
     }
     unlink(pages)
   }
+  # A data frame or matrix as the cell's value is also an HTML and a Markdown table, as
+  # IRkernel (through the repr package) shows one: a caption with the class and dimensions, a
+  # row of column types for a data frame, at most 60 rows (the first and last 30) and 20
+  # columns (the first and last 10), elided rows and columns marked with an ellipsis.
+  max_table_rows <- 60L
+  max_table_cols <- 20L
+  type_abbrev <- function(col) {
+    if (is.factor(col)) "fct"
+    else if (inherits(col, "POSIXt")) "dttm"
+    else if (inherits(col, "Date")) "date"
+    else switch(typeof(col), integer = "int", double = "dbl", character = "chr",
+                logical = "lgl", complex = "cpl", list = "list", typeof(col))
+  }
+  html_escape <- function(s) {
+    s <- gsub("&", "&amp;", s, fixed = TRUE)
+    s <- gsub("<", "&lt;", s, fixed = TRUE)
+    gsub(">", "&gt;", s, fixed = TRUE)
+  }
+  # The indexes shown of `n`, with NA where the elided ones are.
+  kept <- function(n, limit) {
+    if (n <= limit) seq_len(n)
+    else c(seq_len(limit %/% 2L), NA, (n - limit %/% 2L + 1L):n)
+  }
+  table_forms <- function(x) {
+    frame <- is.data.frame(x)
+    if (!frame && !(is.matrix(x) && is.atomic(x))) return(NULL)
+    if (ncol(x) == 0L) return(NULL)  # R's printed form says it all
+    rows <- kept(nrow(x), max_table_rows)
+    cols <- kept(ncol(x), max_table_cols)
+    cell <- function(j) {
+      if (is.na(j)) return(rep("\u22ef", length(rows)))
+      col <- if (frame) x[[j]] else x[, j]
+      text <- vapply(rows, function(i) {
+        if (is.na(i)) return("\u22ee")
+        v <- if (is.list(col)) col[[i]] else col[i]
+        paste(format(v, trim = TRUE), collapse = ", ")
+      }, "")
+      html_escape(text)
+    }
+    body <- do.call(cbind, lapply(cols, cell))
+    col_names <- colnames(x)
+    header <- if (is.null(col_names)) NULL
+              else vapply(cols, function(j) if (is.na(j)) "\u22ef" else html_escape(col_names[j]), "")
+    types <- if (frame) {
+      vapply(cols, function(j) if (is.na(j)) "" else paste0("&lt;", type_abbrev(x[[j]]), "&gt;"), "")
+    }
+    row_names <- if (frame || !is.null(rownames(x))) {
+      all <- if (frame) row.names(x) else rownames(x)
+      vapply(rows, function(i) if (is.na(i)) "\u22ee" else html_escape(all[i]), "")
+    }
+    caption <- sprintf("A %s: %d \u00d7 %d%s", class(x)[1], nrow(x), ncol(x),
+                       if (frame) "" else paste0(" of type ", type_abbrev(as.vector(x[0]))))
+    th <- function(v, scope) paste0("<th", if (nzchar(scope)) paste0(" scope=", scope), ">", v, "</th>", collapse = "")
+    lead <- if (is.null(row_names)) "" else "<th></th>"
+    html <- c('<table class="dataframe">', paste0("<caption>", caption, "</caption>"))
+    if (!is.null(header)) {
+      html <- c(html, "<thead>", paste0("\t<tr>", lead, th(header, "col"), "</tr>"))
+      if (!is.null(types)) html <- c(html, paste0("\t<tr>", lead, th(types, "col"), "</tr>"))
+      html <- c(html, "</thead>")
+    }
+    html <- c(html, "<tbody>", vapply(seq_along(rows), function(r) {
+      paste0("\t<tr>", if (is.null(row_names)) "" else th(row_names[r], "row"),
+             paste0("<td>", body[r, ], "</td>", collapse = ""), "</tr>")
+    }, ""), "</tbody>", "</table>")
+    md_head <- if (is.null(header)) rep("", length(cols))
+               else if (is.null(types)) header else trimws(paste(header, types))
+    md_cells <- function(v) paste0("| ", paste(gsub("|", "\\|", v, fixed = TRUE), collapse = " | "), " |")
+    lead_md <- if (is.null(row_names)) NULL else "<!--/-->"
+    md <- c(caption, "", md_cells(c(lead_md, md_head)),
+            paste0("|", paste(rep("---", length(cols) + !is.null(row_names)), collapse = "|"), "|"),
+            vapply(seq_along(rows), function(r) md_cells(c(row_names[r], body[r, ])), ""))
+    list(html = paste(html, collapse = "\n"), markdown = paste(md, collapse = "\n"))
+  }
   error_json <- function(name, value, traceback) {
     sprintf('{"name":%s,"value":%s,"traceback":%s}', json_str(name),
             json_str(clip(value, max_error_value)), json_str(clip(traceback, max_traceback)))
@@ -109,6 +182,7 @@ local({
       return(list(error = error_json("SyntaxError", conditionMessage(exprs), conditionMessage(exprs))))
     }
     last <- NULL
+    last_value <- NULL
     for (i in seq_along(exprs)) {
       # A value followed by more code is printed, as at R's prompt, before that code runs.
       if (!is.null(last)) {
@@ -116,9 +190,11 @@ local({
         last <- NULL
       }
       # The value is printed within the same handlers: a print method is user code too.
+      last_value <- NULL
       outcome <- tryCatch(
         withCallingHandlers({
           v <- withVisible(eval(exprs[[i]], envir = globalenv()))
+          if (v$visible) last_value <- v$value
           if (v$visible) shown(v$value) else NULL
         }, warning = function(w) {
           message("Warning message:\n", conditionMessage(w))
@@ -146,7 +222,12 @@ local({
     # ggplot, whose print draws it) is no result.
     emit_plots(n)
     if (!is.null(last) && nzchar(last)) {
-      emit(sprintf('{"ev":"display","n":%s,"main":true,"data":{"text":%s}}', n, json_str(clip(last, max_text))))
+      data <- paste0('"text":', json_str(clip(last, max_text)))
+      forms <- tryCatch(table_forms(last_value), error = function(e) NULL)
+      for (key in names(forms)) {
+        if (nchar(forms[[key]]) <= max_text) data <- paste0(data, ',"', key, '":', json_str(forms[[key]]))
+      }
+      emit(sprintf('{"ev":"display","n":%s,"main":true,"data":{%s}}', n, data))
     }
     list(error = "null")
   }

@@ -48,6 +48,20 @@ async fn create(client: &AgentClient, language: &str) -> ContextInfo {
     }
 }
 
+/// A new context of `language` working in `cwd`, by its id.
+async fn context_in(client: &AgentClient, language: &str, cwd: &str) -> String {
+    let msg = ToAgent::ContextCreate {
+        language: language.into(),
+        cwd: Some(cwd.into()),
+        env: Vec::new(),
+        context_id: None,
+    };
+    match one(client, msg).await {
+        Ok(FromAgent::Context(info)) => info.context_id,
+        other => panic!("create {language} in {cwd}: {other:?}"),
+    }
+}
+
 /// A new context of `language` (named as the agent names it), by its id.
 async fn context_of(client: &AgentClient, language: &str) -> String {
     let c = create(client, language).await;
@@ -531,16 +545,7 @@ fn node_cells_import_es_modules() {
     std::fs::write(dir.path().join("local.mjs"), "export default 'local';\n").unwrap();
     let cwd = dir.path().to_string_lossy().into_owned();
     rt().block_on(async {
-        let msg = ToAgent::ContextCreate {
-            language: "javascript".into(),
-            cwd: Some(cwd.clone()),
-            env: Vec::new(),
-            context_id: None,
-        };
-        let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
-            panic!("create failed");
-        };
-        let id = info.context_id;
+        let id = context_in(&h.client, "javascript", &cwd).await;
         let cells = [
             ("(await import('esm-only')).x + 1", "", Some("43")),
             ("import hi, { x } from 'esm-only'\nimport * as only from 'esm-only'\nconsole.log(hi(), x, only.x)", "hi 42 42\n", None),
@@ -1550,16 +1555,7 @@ fn python_cells_take_ipython_magics() {
     let dir = tempfile::tempdir().unwrap();
     let cwd = dir.path().to_string_lossy().into_owned();
     rt().block_on(async {
-        let msg = ToAgent::ContextCreate {
-            language: "python".into(),
-            cwd: Some(cwd.clone()),
-            env: Vec::new(),
-            context_id: None,
-        };
-        let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
-            panic!("create failed");
-        };
-        let id = info.context_id;
+        let id = context_in(&h.client, "python", &cwd).await;
         let r = run(&h.client, &id, "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()").await.ok();
         assert!(r.outcome.results[0].png.is_some(), "{r:?}");
         let write = "%%writefile script.py\nimport sys\nanswer = 40 + len(sys.argv)\nprint('ran', sys.argv[1:])\n";
@@ -1614,16 +1610,7 @@ fn python_cells_capture_script_config_and_automagic() {
     let h = harness();
     let dir = tempfile::tempdir().unwrap();
     rt().block_on(async {
-        let msg = ToAgent::ContextCreate {
-            language: "python".into(),
-            cwd: Some(dir.path().to_string_lossy().into_owned()),
-            env: Vec::new(),
-            context_id: None,
-        };
-        let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
-            panic!("create failed");
-        };
-        let id = info.context_id;
+        let id = context_in(&h.client, "python", &dir.path().to_string_lossy()).await;
         let quiet = "%%capture out\nprint('hi')\n!echo from-shell\nimport sys\nprint('e', file=sys.stderr)\ndisplay('shown')\n6 * 7";
         let r = run(&h.client, &id, quiet).await.ok();
         assert_eq!((r.stdout.as_str(), r.stderr.as_str(), r.outcome.results.len()), ("", "", 0), "{r:?}");
@@ -1700,16 +1687,7 @@ fn python_autoreload_takes_edited_modules() {
         format!("def f():\n    return {n}\nclass C:\n    def m(self):\n        return '{s}'\n")
     };
     rt().block_on(async {
-        let msg = ToAgent::ContextCreate {
-            language: "python".into(),
-            cwd: Some(dir.path().to_string_lossy().into_owned()),
-            env: Vec::new(),
-            context_id: None,
-        };
-        let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
-            panic!("create failed");
-        };
-        let id = info.context_id;
+        let id = context_in(&h.client, "python", &dir.path().to_string_lossy()).await;
         run(&h.client, &id, "%load_ext autoreload\n%autoreload 2")
             .await
             .ok();
@@ -1749,16 +1727,7 @@ fn python_shell_lines_expand_python_values() {
     let h = harness();
     let dir = tempfile::tempdir().unwrap();
     rt().block_on(async {
-        let msg = ToAgent::ContextCreate {
-            language: "python".into(),
-            cwd: Some(dir.path().to_string_lossy().into_owned()),
-            env: Vec::new(),
-            context_id: None,
-        };
-        let Ok(FromAgent::Context(info)) = one(&h.client, msg).await else {
-            panic!("create failed");
-        };
-        let id = info.context_id;
+        let id = context_in(&h.client, "python", &dir.path().to_string_lossy()).await;
         let cells = [
             (
                 "pkg = 'pip'\nn = 3\n!echo {pkg} $pkg {n + 1} {{x}} '$pkg'",
@@ -1842,6 +1811,72 @@ fn node_cells_take_ijavascript_api() {
         let r = try_run(&h.client, &id, "$$.async()", Some(500)).await.unwrap();
         assert!(r.outcome.timed_out, "{r:?}");
         assert_eq!(run(&h.client, &id, "1 + 1").await.ok().text(), Some("2"));
+    });
+}
+
+/// A data frame (or matrix) as an R cell's value is also an HTML and a Markdown table, as
+/// IRkernel shows one: a caption, the column types, a long table elided in the middle.
+#[test]
+fn r_tables_are_html_and_markdown() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "r").await.context_id;
+        let r = run(&h.client, &id, "data.frame(a = 1:2, b = c('p', '<q>'))").await.ok();
+        let m = r.main().unwrap();
+        let md = "A data.frame: 2 \u{d7} 2\n\n| <!--/--> | a &lt;int&gt; | b &lt;chr&gt; |\n|---|---|---|\n| 1 | 1 | p |\n| 2 | 2 | &lt;q&gt; |";
+        assert_eq!(m.markdown.as_deref(), Some(md));
+        let html = m.html.as_deref().unwrap();
+        assert!(html.contains("<tr><th scope=row>2</th><td>2</td><td>&lt;q&gt;</td></tr>"), "{html}");
+        let r = run(&h.client, &id, "as.data.frame(matrix(1:3000, 100))").await.ok();
+        let md = r.main().unwrap().markdown.clone().unwrap();
+        // Caption, blank, header, rule, the first 30 rows, the elision, the last 30.
+        assert_eq!(md.lines().count(), 65, "{md}");
+        assert!(md.contains("\n| \u{22ee} | \u{22ee} |") && md.contains("| V10 &lt;int&gt; | \u{22ef} | V21 &lt;int&gt; |"), "{md}");
+        let r = run(&h.client, &id, "1:3").await.ok();
+        assert!(r.main().unwrap().html.is_none());
+    });
+}
+
+/// `%prun` and `%%prun` profile a statement or a cell with cProfile and print pstats' report,
+/// as IPython's do (there in a pager, here on stdout); `-r` gives the stats as the value.
+#[test]
+fn python_prun_profiles_a_statement() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        run(
+            &h.client,
+            &id,
+            "def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2)",
+        )
+        .await
+        .ok();
+        let r = run(&h.client, &id, "%prun -l 3 fib(15)").await.ok();
+        assert!(
+            r.stdout.contains(" function calls (")
+                && r.stdout.contains("Ordered by: internal time")
+                && r.stdout.contains("(fib)"),
+            "{r:?}"
+        );
+        let r = run(&h.client, &id, "%%prun -s cumulative -q -r\nfib(10)")
+            .await
+            .ok();
+        assert!(
+            r.stdout.is_empty()
+                && r.text()
+                    .is_some_and(|t| t.starts_with("<pstats.Stats object")),
+            "{r:?}"
+        );
+        let r = run(&h.client, &id, "%%prun\n\n1 / 0").await;
+        let e = r.outcome.error.as_ref().unwrap();
+        assert!(
+            e.name == "ZeroDivisionError" && e.traceback.contains(", line 3"),
+            "{e:?}"
+        );
+        assert!(
+            r.stdout.contains("function calls in"),
+            "the report comes even so: {r:?}"
+        );
     });
 }
 
