@@ -242,18 +242,73 @@ def _koder_driver():
             if len(text) <= max_text:
                 data["extra"] = text
 
-    def display(*objs, raw=False, **_options):
+    key_of_mime = dict(mime_keys)
+
+    def only(data, include, exclude):
+        """The representations `include` names (all without it), less those `exclude` names."""
+        if include is not None:
+            wanted = {key_of_mime.get(m) for m in include}
+            data = {k: v for k, v in data.items() if k in wanted}
+        if exclude:
+            unwanted = {key_of_mime.get(m) for m in exclude}
+            data = {k: v for k, v in data.items() if k not in unwanted}
+        return data
+
+    class DisplayHandle:
+        """IPython's handle on a shown output. Results are appended, never replaced: an update
+        shows the new object after the old one."""
+
+        def __init__(self, display_id=None):
+            import uuid
+
+            self.display_id = uuid.uuid4().hex if display_id in (None, True) else display_id
+
+        def display(self, obj, **kwargs):
+            display(obj, **kwargs)
+
+        def update(self, obj, **kwargs):
+            display(obj, **kwargs)
+
+        def __repr__(self):
+            return "<DisplayHandle display_id=%s>" % self.display_id
+
+    def display(*objs, raw=False, include=None, exclude=None, display_id=None, **_options):
         """Shows objects as rich outputs of the current run (IPython's display); with `raw`,
-        each object is a MIME bundle (`{"text/latex": ...}`) shown as it is."""
+        each object is a MIME bundle (`{"text/latex": ...}`) shown as it is. With a
+        `display_id`, gives IPython's handle on it."""
         for obj in objs:
             if raw and isinstance(obj, dict):
                 data = {}
                 put_bundle(data, obj)
-                send_output(data)
+                send_output(only(data, include, exclude))
             elif is_figure(obj) and managed_by_pyplot(obj):
                 flush_figures(only=obj)
             else:
-                send_output(formats(obj))
+                send_output(only(formats(obj), include, exclude))
+        return DisplayHandle(display_id) if display_id else None
+
+    def update_display(obj, *, display_id, **kwargs):
+        display(obj, **kwargs)
+
+    def display_only(mime):
+        """IPython's display_html() and its kin: the objects' `mime` representation only (with
+        `raw`, the objects are that representation)."""
+
+        def show(*objs, raw=False, metadata=None):
+            if raw:
+                objs = [{mime: obj} for obj in objs]
+            display(*objs, raw=raw, include=[mime])
+
+        return show
+
+    display_functions = {
+        "display_" + name: display_only(mime)
+        for name, mime in (("pretty", "text/plain"), ("html", "text/html"),
+                           ("markdown", "text/markdown"), ("svg", "image/svg+xml"),
+                           ("png", "image/png"), ("jpeg", "image/jpeg"),
+                           ("latex", "text/latex"), ("json", "application/json"),
+                           ("javascript", "application/javascript"), ("pdf", "application/pdf"))
+    }
 
     if not hasattr(builtins, "display"):
         builtins.display = display
@@ -495,6 +550,212 @@ class Image(DisplayObject):
 
 def clear_output(wait=False):
     """Outputs already sent stay: a run's results are appended to, not redrawn."""
+
+
+class IFrame:
+    """A page embedded by its address."""
+
+    def __init__(self, src, width, height, extras=None, **kwargs):
+        self.src, self.width, self.height = src, width, height
+        self.extras, self.params = list(extras or []), kwargs
+
+    def _repr_html_(self):
+        from urllib.parse import urlencode
+
+        query = "?" + urlencode(self.params) if self.params else ""
+        return '<iframe width="%s" height="%s" src="%s" frameborder="0" allowfullscreen %s></iframe>' % (
+            _html.escape(str(self.width)), _html.escape(str(self.height)),
+            _html.escape(self.src + query), " ".join(self.extras))
+
+
+class FileLink:
+    """A link to a file of the sandbox; its text is the file's absolute path."""
+
+    def __init__(self, path, url_prefix="", result_html_prefix="", result_html_suffix="<br>"):
+        if _os.path.isdir(path):
+            raise ValueError("Cannot display a directory using FileLink. Use FileLinks to "
+                             "display '%s'." % path)
+        self.path, self.url_prefix = _os.fsdecode(path), url_prefix
+        self.prefix, self.suffix = result_html_prefix, result_html_suffix
+
+    def _repr_html_(self):
+        if not _os.path.exists(self.path):
+            return ("Path (<tt>%s</tt>) doesn't exist. It may still be in the process of being "
+                    "generated, or you may have the incorrect path." % _html.escape(self.path))
+        return "%s<a href='%s' target='_blank'>%s</a>%s" % (
+            self.prefix, _html.escape(self.url_prefix + self.path), _html.escape(self.path),
+            self.suffix)
+
+    def __repr__(self):
+        return _os.path.abspath(self.path)
+
+
+class FileLinks:
+    """Links to the files below a directory, one line each."""
+
+    def __init__(self, path, url_prefix="", included_suffixes=None, recursive=True):
+        if not _os.path.isdir(path):
+            raise ValueError("Cannot display a file using FileLinks. Use FileLink to display "
+                             "'%s'." % path)
+        self.path, self.url_prefix = _os.fsdecode(path), url_prefix
+        self.suffixes, self.recursive = included_suffixes, recursive
+
+    def _files(self):
+        for root, dirs, files in _os.walk(self.path):
+            dirs.sort()
+            if not self.recursive:
+                dirs.clear()
+            yield root, sorted(f for f in files if not self.suffixes
+                               or _os.path.splitext(f)[1] in self.suffixes)
+
+    def _repr_html_(self):
+        lines = []
+        for root, files in self._files():
+            lines.append(_html.escape(root) + "/<br>")
+            lines.extend(FileLink(_os.path.join(root, f), self.url_prefix, "&nbsp;&nbsp;")._repr_html_()
+                         for f in files)
+        return "\n".join(lines)
+
+    def __repr__(self):
+        lines = []
+        for root, files in self._files():
+            lines.append(root + "/")
+            lines.extend("  " + f for f in files)
+        return "\n".join(lines)
+
+
+class Code(DisplayObject):
+    """Source code: highlighted by Pygments when the image has it, else preformatted."""
+
+    def __init__(self, data=None, url=None, filename=None, language=None):
+        self.language = language
+        super().__init__(data, url, filename)
+
+    def _repr_html_(self):
+        try:
+            from pygments import highlight
+            from pygments.formatters import HtmlFormatter
+            from pygments.lexers import get_lexer_by_name, guess_lexer
+
+            lexer = get_lexer_by_name(self.language) if self.language else guess_lexer(self.data)
+            formatter = HtmlFormatter()
+            return "<style>%s</style>%s" % (formatter.get_style_defs(".output_html"),
+                                            highlight(self.data, lexer, formatter))
+        except Exception:
+            return "<pre>%s</pre>" % _html.escape(str(self.data))
+
+    def __repr__(self):
+        return str(self.data)
+
+
+def _wav(data, rate, normalize):
+    """Samples (a list, or a numpy array of one row per channel) as a 16-bit WAV file."""
+    import io
+    import struct
+    import wave
+
+    try:
+        import numpy
+
+        samples = numpy.asarray(data, dtype=float)
+        channels = 1 if samples.ndim == 1 else samples.shape[0]
+        samples = samples.T.ravel() if samples.ndim == 2 else samples
+        peak = float(numpy.max(numpy.abs(samples))) if samples.size else 0.0
+        values = samples
+    except ImportError:
+        values = [float(v) for v in data]
+        channels = 1
+        peak = max((abs(v) for v in values), default=0.0)
+    if normalize:
+        scale = 32767 / peak if peak else 0
+    elif peak > 1:
+        raise ValueError("Audio data must be between -1 and 1 when normalize=False.")
+    else:
+        scale = 32767
+    frames = struct.pack("<%dh" % len(values), *(int(v * scale) for v in values))
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(int(rate))
+        w.writeframes(frames)
+    return out.getvalue()
+
+
+class Audio(DisplayObject):
+    """Sound in an <audio> element: samples (with `rate`) made into a WAV, a file's bytes
+    embedded, or an address linked."""
+
+    _binary = True
+
+    def __init__(self, data=None, filename=None, url=None, embed=None, rate=None,
+                 autoplay=False, normalize=True, *, element_id=None):
+        if isinstance(data, str) and data.startswith(("http://", "https://")):
+            url, data = data, None
+        made = False
+        if data is not None and not isinstance(data, (bytes, bytearray, str)):
+            if rate is None:
+                raise ValueError("rate must be specified when data is a numpy array or list "
+                                 "of audio samples.")
+            data, made = _wav(data, rate, normalize), True
+        super().__init__(data, url, filename)
+        self.embed = self.data is not None if embed is None else embed
+        self.autoplay, self.element_id = autoplay, element_id
+        kinds = {".mp3": "audio/mpeg", ".ogg": "audio/ogg", ".oga": "audio/ogg",
+                 ".flac": "audio/flac", ".m4a": "audio/mp4"}
+        name = self.filename or self.url or ""
+        self.mimetype = "audio/wav" if made else kinds.get(_os.path.splitext(name)[1].lower(),
+                                                           "audio/wav")
+
+    def _repr_html_(self):
+        import base64
+
+        if self.embed and self.data is not None:
+            src = "data:%s;base64,%s" % (self.mimetype, base64.b64encode(self.data).decode("ascii"))
+        else:
+            src = self.url or self.filename or ""
+        return ('<audio %scontrols="controls"%s>\n<source src="%s" type="%s" />\n'
+                "Your browser does not support the audio element.\n</audio>") % (
+            'id="%s" ' % _html.escape(self.element_id) if self.element_id else "",
+            ' autoplay="autoplay"' if self.autoplay else "", _html.escape(src), self.mimetype)
+
+
+class Video(DisplayObject):
+    """A video in a <video> element: embedded (`embed=True`) or by its address or path."""
+
+    _binary = True
+
+    def __init__(self, data=None, url=None, filename=None, embed=False, mimetype=None,
+                 width=None, height=None, html_attributes="controls"):
+        if isinstance(data, str) and data.startswith(("http://", "https://")):
+            url, data = data, None
+        elif isinstance(data, str) and not embed and _os.path.isfile(data):
+            url, data = data, None  # linked by its path, as IPython does without embed
+        elif isinstance(data, (bytes, bytearray)) and not embed:
+            raise ValueError("To embed videos, you must pass embed=True (this may make your "
+                             "notebook files huge)")
+        if filename is not None and not embed:
+            url, filename = filename, None
+        super().__init__(data, url, filename)
+        name = self.filename or self.url or ""
+        ext = _os.path.splitext(name)[1].lower().lstrip(".") or "mp4"
+        self.mimetype = mimetype or {"mov": "video/quicktime", "ogv": "video/ogg"}.get(ext, "video/" + ext)
+        self.embed, self.width, self.height = embed, width, height
+        self.html_attributes = html_attributes
+
+    def _repr_html_(self):
+        import base64
+
+        size = "".join(' %s="%s"' % (k, v) for k, v in (("width", self.width),
+                                                         ("height", self.height)) if v)
+        if self.embed and self.data is not None:
+            data = self.data if isinstance(self.data, bytes) else base64.b64decode(self.data)
+            return ('<video %s%s>\n <source src="data:%s;base64,%s" type="%s">\n '
+                    "Your browser does not support the video tag.\n </video>") % (
+                self.html_attributes, size, self.mimetype,
+                base64.b64encode(data).decode("ascii"), self.mimetype)
+        return ('<video src="%s" %s%s>\n Your browser does not support the <code>video</code> '
+                "element.\n </video>") % (_html.escape(self.url or ""), self.html_attributes, size)
 '''
 
     class IPythonFallback(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -512,7 +773,8 @@ def clear_output(wait=False):
                 return
             exec(compile(ipython_display_source, "<koder IPython.display>", "exec"),
                  module.__dict__)
-            module.__dict__["display"] = display
+            module.__dict__.update(display_functions, display=display, DisplayHandle=DisplayHandle,
+                                   update_display=update_display)
 
     sys.meta_path.append(IPythonFallback())
 

@@ -1880,6 +1880,39 @@ fn python_prun_profiles_a_statement() {
     });
 }
 
+/// The rest of `IPython.display` that notebook code reaches for, without IPython: IFrame,
+/// FileLink, Code, Audio (samples made into an embedded WAV), Video, display handles (an
+/// update is shown after what it updates: results are appended) and display_html() and kin.
+#[test]
+fn ipython_display_media_and_handles_without_ipython() {
+    let h = harness();
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().to_string_lossy().into_owned();
+    rt().block_on(async {
+        let id = context_in(&h.client, "python", &cwd).await;
+        run(&h.client, &id, "from IPython.display import *").await.ok();
+        let html_of = |r: &Ran| r.main().and_then(|m| m.html.clone()).unwrap_or_default();
+        let r = run(&h.client, &id, "IFrame('https://example.org/a?b=1', 400, 300)").await.ok();
+        assert!(html_of(&r).starts_with(r#"<iframe width="400" height="300" src="https://example.org/a?b=1""#), "{r:?}");
+        let r = run(&h.client, &id, "open('f.txt', 'w').write('x')\nFileLink('f.txt')").await.ok();
+        assert_eq!(html_of(&r), "<a href='f.txt' target='_blank'>f.txt</a><br>");
+        assert_eq!(r.text(), Some(format!("{cwd}/f.txt").as_str()));
+        let r = run(&h.client, &id, "Audio([0.0, 0.5, -1.0], rate=8000)").await.ok();
+        assert!(html_of(&r).contains(r#"<source src="data:audio/wav;base64,UklGR"#), "{r:?}");
+        let r = run(&h.client, &id, "Code('print(1)', language='python')").await.ok();
+        assert!(r.text() == Some("print(1)") && html_of(&r).contains("print"), "{r:?}");
+        let r = run(&h.client, &id, "Video(b'abc')").await;
+        assert_eq!(r.error_name(), Some("ValueError"));
+        let r = run(&h.client, &id, "h = display('first', display_id=True)\nh.update('second')\nupdate_display('third', display_id=h.display_id)").await.ok();
+        let texts: Vec<_> = r.outcome.results.iter().map(|x| x.text.as_deref()).collect();
+        assert_eq!(texts, [Some("'first'"), Some("'second'"), Some("'third'")]);
+        let code = "class H:\n    def _repr_html_(self): return '<i>h</i>'\n    def __repr__(self): return 'H()'\ndisplay_html(H())\ndisplay(H(), exclude=['text/html'])";
+        let r = run(&h.client, &id, code).await.ok();
+        let shown: Vec<_> = r.outcome.results.iter().map(|x| (x.html.as_deref(), x.text.as_deref())).collect();
+        assert_eq!(shown, [(Some("<i>h</i>"), None), (None, Some("H()"))]);
+    });
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
