@@ -965,7 +965,7 @@ class Video(DisplayObject):
         # The driver's own frames (run_cell, execute) are noise to the user.
         while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell "):
             tb = tb.tb_next
-        if isinstance(exc, SyntaxError):
+        if isinstance(exc, SyntaxError) or getattr(type(exc), "without_traceback", False):
             lines = traceback.format_exception_only(type(exc), exc)
         else:
             lines = traceback.format_exception(type(exc), exc, tb)

@@ -62,7 +62,12 @@ def _koder_magics(namespace, host):
     import weakref
 
     class UsageError(Exception):
-        """IPython's name for a magic used wrongly or not known."""
+        """IPython's name for a magic used wrongly or not known; shown as IPython shows it,
+        its message without a traceback (which would be the driver's)."""
+
+        without_traceback = True
+
+    UsageError.__qualname__ = "UsageError"
 
     class Reloader:
         """IPython's autoreload: before a cell runs, each module whose source file changed
@@ -646,8 +651,9 @@ def _koder_magics(namespace, host):
         "rmdir": alias("rmdir"),
     }
 
-    # Whose arguments are code, not expanded (IPython's `no_var_expand`).
-    verbatim = {"time", "timeit", "prun"}
+    # Whose arguments are code, Python literals or regular expressions, not expanded
+    # (IPython's `no_var_expand`): `%config X.y = {'svg'}`, `%reset_selective -f x{2}`.
+    verbatim = {"time", "timeit", "prun", "config", "reset_selective"}
 
     def line(name, args):
         magic = line_magics.get(name)

@@ -1596,6 +1596,7 @@ fn python_cells_take_ipython_magics() {
             let r = run(&h.client, &id, code).await;
             let e = r.outcome.error.as_ref().unwrap();
             assert_eq!((e.name.as_str(), e.value.as_str()), ("UsageError", value), "{code}");
+            assert_eq!(e.traceback, format!("UsageError: {value}\n"), "as IPython shows it");
         }
     });
 }
@@ -1634,6 +1635,8 @@ fn python_cells_capture_script_config_and_automagic() {
             ("%%bash --no-raise-error\nexit 3", "", None),
             ("%reset -f\na = 1\nb = 'x'\n%who", "a\tb\n", None),
             ("%who str", "b\n", None),
+            // A regular expression's braces are its own, not an expansion.
+            ("yy = 1\n%reset_selective -f ^y{1,2}$\n'yy' in globals()", "", Some("False")),
             ("%mkdir -p d1/d2\n%ls d1", "d2/\n", None),
             ("pip show pip | head -1", "Name: pip\n", None),
             ("text = '''\n%s stays\ncd stays\n'''\n!echo ok\ntext", "ok\n", Some("'\\n%s stays\\ncd stays\\n'")),
@@ -1660,7 +1663,7 @@ fn python_cells_capture_script_config_and_automagic() {
         }
 
         let plot = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()";
-        let r = run(&h.client, &id, &format!("%config InlineBackend.figure_format = 'svg'\n{plot}")).await.ok();
+        let r = run(&h.client, &id, &format!("%config InlineBackend.figure_formats = {{'svg'}}\n{plot}")).await.ok();
         let fig = &r.outcome.results[0];
         assert!(fig.png.is_none() && fig.svg.as_deref().is_some_and(|s| s.contains("<svg")), "{r:?}");
         let mut widths = Vec::new();
