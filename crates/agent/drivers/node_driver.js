@@ -557,7 +557,7 @@
       if (isThenable(value)) value = await Promise.race([value, interrupted]);
       if (run.async && !run.ended) {
         await Promise.race([new Promise((resolve) => (run.release = resolve)), interrupted]);
-      } else if (!run.ended && !run.async && value !== undefined) {
+      } else if (!run.ended && value !== undefined) {
         sendOutput(formats(value, true), true);
       }
       if (run.error) error = run.error;

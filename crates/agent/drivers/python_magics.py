@@ -45,6 +45,7 @@ def _koder_magics(namespace, host):
     import importlib
     import importlib.util
     import io
+    import json
     import math
     import os
     import re
@@ -769,24 +770,14 @@ def _koder_magics(namespace, host):
             self._shown = shown
             self.metadata = {}
             self.data = {mime: shown[key] for mime, key in host.mime_keys if key in shown}
-            try:
-                self.data.update(json_object(shown.get("extra")))
-            except ValueError:
-                pass
+            # The driver made `extra` itself, from a bundle's other types.
+            self.data.update(json.loads(shown.get("extra") or "{}"))
 
         def display(self):
             host.show(self._shown)
 
         def _repr_mimebundle_(self, include=None, exclude=None):
             return self.data
-
-    def json_object(text):
-        import json
-
-        value = json.loads(text) if text else {}
-        if not isinstance(value, dict):
-            raise ValueError("not an object")
-        return value
 
     class CapturedIO:
         """IPython's: `stdout` and `stderr` as text, `outputs` the results; `show()` (or a

@@ -85,8 +85,14 @@ pub(super) fn rich(m: Mime, main: bool) -> RichResult {
         chart: m.chart,
         pdf: m.pdf,
         javascript: m.javascript,
-        extra: m.extra,
+        // E2B's `extra` maps MIME types to values: whatever else a driver sends is dropped
+        // here, so no transport passes it on as something its schema does not say.
+        extra: m.extra.filter(|text| is_json_object(text)),
     }
+}
+
+fn is_json_object(text: &str) -> bool {
+    matches!(serde_json::from_str(text), Ok(serde_json::Value::Object(_)))
 }
 
 pub(super) fn run_error(e: DriverError) -> RunError {
@@ -106,4 +112,22 @@ fn clip(mut s: String, max: usize) -> String {
         s.truncate(cut);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extra_is_kept_only_as_a_json_object() {
+        for (text, kept) in [
+            (r#"{"application/vnd.plotly.v1+json": {"data": []}}"#, true),
+            ("[1]", false),
+            ("\"s\"", false),
+            ("{broken", false),
+        ] {
+            let m: Mime = serde_json::from_value(serde_json::json!({ "extra": text })).unwrap();
+            assert_eq!(rich(m, false).extra.is_some(), kept, "{text}");
+        }
+    }
 }
