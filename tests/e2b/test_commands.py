@@ -20,6 +20,17 @@ def test_python_is_python3(sandbox):
     assert r.stdout == "3\n"
 
 
+def test_user_has_passwordless_sudo(sandbox):
+    # E2B's templates give `user` passwordless sudo; here the agent's sudo service does.
+    r = sandbox.commands.run("sudo id -un; sudo -u user id -un; sudo whoami", envs={"FOO": "bar"})
+    assert r.stdout == "root\nuser\nroot\n"
+    # E2B's own test: a command's variables are not there for a later sudo.
+    r = sandbox.commands.run('sudo echo "$FOO"')
+    assert (r.exit_code, r.stdout) == (0, "\n")
+    r = sandbox.commands.run("sudo apt-get --version >/dev/null && sudo touch /root/x && sudo ls /root")
+    assert r.stdout == "x\n"
+
+
 def test_root_cwd_and_envs(sandbox):
     r = sandbox.commands.run('id -u; pwd; echo "$GREETING"', user="root", cwd="/tmp",
                              envs={"GREETING": "hello there"})

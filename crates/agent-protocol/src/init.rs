@@ -197,6 +197,13 @@ pub struct VmLayers {
     pub max_bytes: u64,
 }
 
+/// Where the agent puts its `sudo` command in a sandbox's root: over each of these that is an
+/// empty regular file once the root is built, bound read-only. The root's overlay always has
+/// the first (an empty file in a bottom layer of the agent's own, so any image's file of that
+/// name wins and is left alone); the `host` image, whose /usr is the host's, has the second in
+/// its shim directory. Both are in the PATH Debian's /etc/profile and the images set.
+pub const SUDO_PATHS: [&str; 2] = ["/usr/local/bin/sudo", "/opt/koder-sandbox/bin/sudo"];
+
 /// What the guest agent prints on its console once it serves its channel (vsock or serial);
 /// the runtime waits for it before the first connection.
 pub const VM_READY_LINE: &str = "koder-agent: ready on";

@@ -12,6 +12,10 @@
 //! workload cgroup ([`child`]), the boot error, what the walls put in force ([`confinement`]),
 //! the guest cgroup, the per-stream outbox and a lock helper; [`serial`] is the microVM guest's
 //! agent channel on a virtio-serial port.
+//!
+//! [`sudo`] is the binary's other use: the `sudo` command inside sandboxes, which asks the
+//! agent's sudo service (`serve::sudo`) to run a command as another sandbox account; its
+//! [`sudo::wire`] is all the service and the command share.
 
 pub mod boot;
 pub mod child;
@@ -21,3 +25,4 @@ mod outbox;
 pub mod serial;
 pub mod serve;
 mod setup_error;
+pub mod sudo;

@@ -11,12 +11,17 @@ use koder_agent::confinement::Confinement;
 use koder_agent::serve::exec::{ExecDefaults, Reaper};
 use koder_agent::serve::fs::Fs;
 use koder_agent::serve::server::{serve_connection, serve_listener, Agent};
+use koder_agent::serve::sudo;
 use koder_agent::{child, serial};
 use koder_agent_protocol::init::{
     self, InitConfig, CONFIG_FD, LISTEN_FD, MAX_WORKLOAD_CGROUP_FDS, WORKLOAD_CGROUP_FD,
 };
 
 fn main() -> ExitCode {
+    if invoked_as_sudo() {
+        let code = koder_agent::sudo::main(std::env::args_os().skip(1).collect());
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     if guest::is_guest_init() {
         // PID 1 of a VM has nobody to report to but the console; returning panics the kernel,
         // which ends the VM, which is what the runtime then sees.
@@ -37,6 +42,12 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Sandboxes run this binary as their `sudo` (bound over a placeholder at setup).
+fn invoked_as_sudo() -> bool {
+    let zeroth = std::env::args_os().next().unwrap_or_default();
+    std::path::Path::new(&zeroth).file_name() == Some(std::ffi::OsStr::new("sudo"))
 }
 
 enum Never {}
@@ -70,6 +81,7 @@ fn init() -> Result<Never, Box<dyn std::error::Error>> {
     let egress = cfg.egress;
     runtime.block_on(async move {
         let reaper = Reaper::start()?;
+        sudo::start(reaper.clone())?;
         // SAFETY: the runtime placed a bound, listening unix socket on LISTEN_FD for us alone.
         let std_listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(LISTEN_FD) };
         std_listener.set_nonblocking(true)?;
@@ -176,6 +188,7 @@ fn guest_init() -> Result<Never, Box<dyn std::error::Error>> {
     )?;
     runtime.block_on(async move {
         let reaper = Reaper::start()?;
+        sudo::start(reaper.clone())?;
         let mut agent = Agent::new(reaper, fs, defaults, confinement);
         agent.guest = Some(Arc::new(cgroup));
         agent.upper = Some(Arc::new(upper));

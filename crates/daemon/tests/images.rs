@@ -205,6 +205,14 @@ async fn sessions_run_on_language_packs_and_images_in_use_stay() {
     .await;
     assert!(stdout(&v).starts_with("GNU bash, version 5.2"), "{v}");
     assert!(stdout(&v).ends_with("1\n"), "{v}");
+    // Its `user` has sudo too: the agent's, at the place Debian's PATH looks first.
+    let v = d
+        .exec(
+            &b,
+            json!({"shell": "sudo id -u; command -v sudo; sudo -u nobody id -un", "user": "user"}),
+        )
+        .await;
+    assert_eq!(stdout(&v), "0\n/usr/local/bin/sudo\nnobody\n", "{v}");
     // Paused to disk and resumed, it boots on its own image again (not the language's
     // default), with its files.
     sh(&d, &b, "echo kept > /workspace/k").await;

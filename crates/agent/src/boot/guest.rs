@@ -32,6 +32,8 @@ const NEW_ROOT: &str = "/newroot";
 const IMAGE_MNT: &str = "/mnt/image";
 const SCRATCH_MNT: &str = "/mnt/scratch";
 const CGROUP_MNT: &str = "/mnt/cgroup";
+/// The root overlay's bottom layer (see [`setup::sudo_placeholder_layer`]), in the initramfs.
+const SUDO_LAYER: &str = "/mnt/sudo";
 const SANDBOX_CGROUP: &str = "sandbox";
 /// Virtio devices appear while their driver's module loads, but their block nodes a moment
 /// later; a boot that has not found its disks by then is broken.
@@ -86,7 +88,9 @@ pub fn boot() -> Result<Booted, SetupError> {
     // Attached after every other mount and the root switch, so each target resolves inside
     // the sandbox's root, as in a jail.
     let volumes = super::volumes::open_shares(&cfg.volumes)?;
+    let sudo = setup::sudo_binaries()?;
     switch_root()?;
+    setup::install_sudo(sudo)?;
     super::volumes::mount_all(volumes)?;
     rustix::system::sethostname(cfg.hostname.as_bytes())
         .map_err(std::io::Error::from)
@@ -216,8 +220,9 @@ fn mount_root(
     // `userxattr`, as in a jail: overlayfs then marks opaque directories `user.overlay.opaque`,
     // the attribute layers carry; with `trusted.*` a capture would lose them and a restore
     // would write one this overlay ignores.
+    setup::sudo_placeholder_layer(Path::new(SUDO_LAYER)).step("stage sudo layer")?;
     let opts = format!(
-        "lowerdir={IMAGE_MNT},upperdir={},workdir={},userxattr",
+        "lowerdir={IMAGE_MNT}:{SUDO_LAYER},upperdir={},workdir={},userxattr",
         upper.display(),
         work.display()
     );

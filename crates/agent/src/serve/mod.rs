@@ -10,4 +10,5 @@ mod layer;
 mod net;
 mod pty;
 pub mod server;
+pub mod sudo;
 mod watch;
