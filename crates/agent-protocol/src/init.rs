@@ -197,11 +197,11 @@ pub struct VmLayers {
     pub max_bytes: u64,
 }
 
-/// Where the agent puts its `sudo` command in a sandbox's root: over each of these that is an
-/// empty regular file once the root is built, bound read-only. The root's overlay always has
-/// the first (an empty file in a bottom layer of the agent's own, so any image's file of that
-/// name wins and is left alone); the `host` image, whose /usr is the host's, has the second in
-/// its shim directory. Both are in the PATH Debian's /etc/profile and the images set.
+/// Where a sandbox finds its `sudo` (the agent's binary, see `koder_agent::sudo`): in a bottom
+/// layer of the root overlay, so an image's own file of that name wins. A jail's runtime makes
+/// that layer of hard links to the agent it starts; a microVM guest's agent binds itself over
+/// an empty file at the first. The first is early in Debian's PATH (its /etc/profile's too),
+/// the second in the `host` image's, whose /usr (the host's) hides the first.
 pub const SUDO_PATHS: [&str; 2] = ["/usr/local/bin/sudo", "/opt/koder-sandbox/bin/sudo"];
 
 /// What the guest agent prints on its console once it serves its channel (vsock or serial);

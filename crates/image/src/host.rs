@@ -10,13 +10,13 @@
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
 
-use koder_agent_protocol::init::{Bind, SUDO_PATHS};
+use koder_agent_protocol::init::Bind;
 use koder_runtime::RuntimeError;
 
 use crate::{default_env, Image, DEFAULT_WORKDIR, HOST};
 
 /// Bumped whenever the generated content changes, so old trees are rebuilt.
-const HOST_IMAGE_VERSION: &str = "7";
+const HOST_IMAGE_VERSION: &str = "6";
 const MARKER: &str = ".koder-image";
 
 /// The generated root's directory of command shims, last in [`host_env`]'s PATH so that a
@@ -104,7 +104,6 @@ fn build_host_layer(images_dir: &Path, layer: &Path) -> Result<(), RuntimeError>
         copy_public(&Path::new("/etc").join(&jdk), &etc.join(&jdk)).map_err(io("java"))?;
     }
     write_shims(&staging, Path::new("/")).map_err(io("shims"))?;
-    write_sudo_mount_point(&staging).map_err(io("sudo"))?;
     std::fs::write(staging.join(MARKER), HOST_IMAGE_VERSION).map_err(io("marker"))?;
     let _ = std::fs::remove_dir_all(layer);
     std::fs::rename(&staging, layer).map_err(io("install"))
@@ -135,14 +134,6 @@ fn write_shims(root: &Path, host_root: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The empty file the agent binds its `sudo` over: this image's /usr is the host's, where the
-/// agent's other mount point (in its own bottom layer of the root) is hidden.
-fn write_sudo_mount_point(root: &Path) -> std::io::Result<()> {
-    let file = root.join(SUDO_PATHS[1].trim_start_matches('/'));
-    std::fs::write(&file, "")?;
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755))
 }
 
 /// Copies a public host file or tree (regular files and symlinks only; anything else, such as
@@ -216,16 +207,6 @@ mod tests {
         let path = img.env.iter().find(|(k, _)| k == "PATH").unwrap();
         assert!(path.1.ends_with(&format!(":{SHIM_DIR}")), "{}", path.1);
         assert!(path.1.starts_with("/usr/local/sbin:"), "{}", path.1);
-    }
-
-    #[test]
-    fn sudo_has_an_empty_mount_point_in_the_shim_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        let img = host_image(dir.path()).unwrap();
-        let point = img.layer.join(SUDO_PATHS[1].trim_start_matches('/'));
-        let meta = std::fs::metadata(&point).unwrap();
-        assert!(meta.is_file() && meta.len() == 0, "{point:?}");
-        assert_eq!(Path::new(SUDO_PATHS[1]).parent(), Some(Path::new(SHIM_DIR)));
     }
 
     #[test]

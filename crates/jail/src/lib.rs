@@ -17,6 +17,7 @@ mod netns;
 mod ready_cgroups;
 mod spawn;
 mod stock;
+mod sudo_layer;
 mod upper;
 mod volumes;
 
@@ -137,6 +138,8 @@ struct Inner {
     /// btrfs or XFS), so a fork copies no file content.
     clones: bool,
     enforcement: Enforcement,
+    /// The bottom layer of every sandbox's root: the agent as `sudo` ([`sudo_layer`]).
+    sudo_layer: String,
 }
 
 impl JailRuntime {
@@ -167,6 +170,7 @@ impl JailRuntime {
         let bin_dir = cfg.state_dir.join("bin");
         cfg.agent_bin = install_executable(&cfg.agent_bin, &bin_dir, "koder-agent")?;
         set_mode(&bin_dir, 0o711)?;
+        let sudo_layer = sudo_layer::install(&cfg.agent_bin, &cfg.state_dir)?;
         let image = image::host_image(&cfg.state_dir.join("images"))?;
         let mut enforcement = Enforcement {
             enforced: vec![
@@ -284,6 +288,7 @@ impl JailRuntime {
             cgroups,
             image,
             enforcement,
+            sudo_layer: sudo_layer.to_string_lossy().into_owned(),
         };
         Ok(Self {
             inner: Arc::new(inner),
@@ -440,7 +445,11 @@ impl Inner {
         InitConfig {
             hostname: "sandbox".into(),
             root_target: s(dir.join("root")),
-            image_layers: mounts.image_layers,
+            image_layers: mounts
+                .image_layers
+                .into_iter()
+                .chain([self.sudo_layer.clone()])
+                .collect(),
             upper_dir: s(parts.upper.clone()),
             work_dir: s(parts.work.clone()),
             ro_binds: image.ro_binds.clone(),

@@ -89,7 +89,8 @@ async fn sudo_passes_stdio_exit_statuses_and_signals_through() {
 }
 
 /// A root command started by sudo is under the walls of every sandbox process: the same
-/// bounding set and no_new_privs as root's own execs.
+/// bounding set and no_new_privs as root's own execs; and sudo itself shows the sandbox
+/// nothing of the host.
 #[tokio::test]
 async fn sudo_commands_keep_the_sandbox_walls() {
     let Some(()) = root_or_skip() else { return };
@@ -100,6 +101,10 @@ async fn sudo_commands_keep_the_sandbox_walls() {
     let via_sudo = as_user(&sb, &format!("sudo {probe}")).await;
     assert!(text(&as_root.stdout).contains("NoNewPrivs:\t1"));
     assert_eq!(text(&via_sudo.stdout), text(&as_root.stdout));
+    // sudo is a file of the root's bottom layer: no mount of its own, no host path shown.
+    let mounts = text(&run(&sb, "cat /proc/self/mountinfo").await.stdout);
+    assert!(!mounts.contains("sudo"), "{mounts}");
+    assert!(!mounts.contains(&*env.dir.path().to_string_lossy()), "{mounts}");
     sb.destroy().await.unwrap();
 }
 

@@ -9,7 +9,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use koder_agent_protocol::init::{InitConfig, SUDO_PATHS};
+use koder_agent_protocol::init::InitConfig;
 
 use crate::setup_error::{SetupError, Step};
 
@@ -42,9 +42,7 @@ pub fn build_root(cfg: &InitConfig) -> Result<OwnedFd, SetupError> {
     mount_tmp(&root, cfg.tmp_size_mib)?;
     own_boot_id(&root).step("give the sandbox its boot id")?;
     std::fs::create_dir_all(inside(&root, &cfg.workdir)).step("create workdir")?;
-    let sudo = sudo_binaries()?;
     pivot_into(&root)?;
-    install_sudo(sudo)?;
     // Last, so no other mount covers a volume or is made inside one.
     super::volumes::mount_all(volumes)?;
     // We started in our cgroup, so a new cgroup namespace makes it the sandbox's cgroup root
@@ -108,8 +106,6 @@ fn mount_overlay(cfg: &InitConfig, layers: Vec<OwnedFd>) -> Result<PathBuf, Setu
         symlink(layer, staging.join(&name)).step("stage image layer")?;
         lower.push(name);
     }
-    sudo_placeholder_layer(&staging.join("k")).step("stage sudo layer")?;
-    lower.push("k".into());
     symlink(&cfg.upper_dir, staging.join("u")).step("stage upper layer")?;
     symlink(&cfg.work_dir, staging.join("w")).step("stage work dir")?;
     std::fs::create_dir(staging.join("r")).step("create root mount point")?;
@@ -130,67 +126,6 @@ fn mount_overlay(cfg: &InitConfig, layers: Vec<OwnedFd>) -> Result<PathBuf, Setu
     Ok(staging.join("r"))
 }
 
-/// Fills `dir`, the bottom layer of a root overlay, with the empty file the agent binds its
-/// `sudo` over ([`install_sudo`]): the first of [`SUDO_PATHS`]. Bottom, so an image's own file
-/// of that name wins (and, not empty, is left alone).
-pub(crate) fn sudo_placeholder_layer(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = dir.join(SUDO_PATHS[0].trim_start_matches('/'));
-    if let Some(parent) = file.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o755)
-        .open(&file)?;
-    Ok(())
-}
-
-/// Detached copies of the agent's own binary, one per [`SUDO_PATHS`] entry, for
-/// [`install_sudo`]: taken while the binary's host mount is still in this namespace (after
-/// the pivot it is not, and nothing can be bound from it).
-pub(crate) fn sudo_binaries() -> Result<Vec<OwnedFd>, SetupError> {
-    use rustix::mount::OpenTreeFlags;
-    SUDO_PATHS
-        .iter()
-        .map(|_| {
-            rustix::mount::open_tree(
-                rustix::fs::CWD,
-                "/proc/self/exe",
-                OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-            )
-            .map_err(std::io::Error::from)
-            .step("clone the agent binary for sudo")
-        })
-        .collect()
-}
-
-/// Attaches the agent's binary ([`sudo_binaries`]), read-only, over each of [`SUDO_PATHS`]
-/// that is an empty regular file: the sandbox's `sudo` (see `koder_agent::sudo`). Called once
-/// the sandbox's root is `/`, so a symlink on the way resolves inside it, never to a host path.
-pub(crate) fn install_sudo(binaries: Vec<OwnedFd>) -> Result<(), SetupError> {
-    for (path, binary) in SUDO_PATHS.iter().zip(binaries) {
-        let placeholder =
-            std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0);
-        if !placeholder {
-            continue;
-        }
-        let what = format!("install sudo at {path}");
-        rustix::mount::move_mount(
-            std::os::fd::AsFd::as_fd(&binary),
-            "",
-            rustix::fs::CWD,
-            *path,
-            rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-        .map_err(std::io::Error::from)
-        .step(&what)?;
-        remount_read_only(Path::new(path)).step(what)?;
-    }
-    Ok(())
-}
-
 fn bind_read_only(source: &Path, target: &Path) -> Result<(), SetupError> {
     let what = format!("bind {}", target.display());
     std::fs::create_dir_all(target).step(&what)?;
@@ -207,7 +142,7 @@ fn bind_read_only(source: &Path, target: &Path) -> Result<(), SetupError> {
 
 /// Remounting a bind mount inside a user namespace must keep the flags the host mount is locked
 /// with (atime, noexec, ...), so they are read back and only restrictions are added.
-fn remount_read_only(target: &Path) -> std::io::Result<()> {
+pub(crate) fn remount_read_only(target: &Path) -> std::io::Result<()> {
     let st = rustix::fs::statvfs(target)?;
     let f = st.f_flag;
     use rustix::fs::StatVfsMountFlags as S;
