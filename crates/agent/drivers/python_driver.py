@@ -952,12 +952,13 @@ class Video(DisplayObject):
         code = without_leading_indent(code)
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         magics.reloader.check()
+        magics.history.before(n, code)
         try:
             value = evaluate(code, filename)
         finally:
             magics.reloader.note_imports()
         if value is not None:
-            builtins._ = value
+            magics.history.after(n, value)
             send_output(formats(value, main=True), main=True)
 
     def describe(exc):

@@ -42,6 +42,7 @@ def _koder_magics(namespace, host):
     names the running cell's code."""
     import ast
     import codecs
+    import fnmatch
     import importlib
     import importlib.util
     import io
@@ -512,11 +513,134 @@ def _koder_magics(namespace, host):
         except ValueError as e:
             raise UsageError("%config: " + str(e)) from None
 
+    class History:
+        """IPython's input and output history: `In` (`_ih`) holds each cell's code at its
+        execution count, `_i`/`_ii`/`_iii` the three before the running one and `_i<n>` cell
+        n's; a cell's shown value goes to `Out` (`_oh`), `_<n>`, and `_` (`__`, `___` the
+        two before) unless the cell assigned one of those itself. At most `kept` values are
+        held, the oldest dropped first."""
+
+        kept = 1000
+
+        def __init__(self):
+            self.inputs = [""]
+            self.outputs = {}
+            self.recent = [""] * 3  # _i, _ii, _iii
+            self.unders = [None] * 3  # _, __, ___
+            self.bind()
+
+        def bind(self):
+            namespace.update(In=self.inputs, _ih=self.inputs, Out=self.outputs,
+                             _oh=self.outputs)
+
+        def hidden(self, value):
+            return value is self.inputs or value is self.outputs
+
+        def before(self, n, code):
+            if n <= 0:
+                return
+            self.inputs.extend([""] * (n + 1 - len(self.inputs)))
+            previous = self.inputs[n - 1] if n > 1 else ""
+            self.recent = [previous] + self.recent[:2]
+            self.inputs[n] = code
+            namespace.update(_i=self.recent[0], _ii=self.recent[1], _iii=self.recent[2])
+            namespace["_i%d" % n] = code
+
+        def after(self, n, value):
+            if value is self.outputs:
+                return
+            names = ("_", "__", "___")
+            mine = all(namespace.get(k, v) is v for k, v in zip(names, self.unders))
+            self.unders = [value] + self.unders[:2]
+            if mine:
+                namespace.update(zip(names, self.unders))
+            if n <= 0:
+                return
+            self.outputs[n] = value
+            namespace["_%d" % n] = value
+            while len(self.outputs) > self.kept:
+                oldest = min(self.outputs)
+                del self.outputs[oldest]
+                if namespace.get("_%d" % oldest, self) is not self:
+                    namespace.pop("_%d" % oldest, None)
+
+        def reset(self):
+            """After `%reset`: inputs stay (as in IPython), outputs go."""
+            self.outputs.clear()
+            self.unders = [None] * 3
+            self.bind()
+
+        def magic(self, args):
+            """%history [-n] [-o] [-p] [-g PATTERN] [-l N] [-f FILE] [N | N-M ...]"""
+            try:
+                words = shlex.split(args)
+            except ValueError as e:
+                raise UsageError("%history: " + str(e)) from None
+            numbered = output = prompts = False
+            pattern = last = target = None
+            ranges = []
+            i = 0
+            while i < len(words):
+                w = words[i]
+                i += 1
+                if w in ("-n", "-o", "-p"):
+                    numbered |= w == "-n"
+                    output |= w == "-o"
+                    prompts |= w == "-p"
+                elif w in ("-g", "-l", "-f"):
+                    value = words[i] if i < len(words) and not words[i].startswith("-") else None
+                    i += value is not None
+                    if w == "-g":
+                        pattern = value or ""
+                        numbered = True
+                    elif w == "-l":
+                        last = int(value) if value and value.isdigit() else 10
+                    elif value is None:
+                        raise UsageError("%history: -f needs a file name")
+                    else:
+                        target = value
+                else:
+                    m = re.fullmatch(r"(\d+)(?:[-:](\d+))?", w)
+                    if not m:
+                        raise UsageError("%%history: not a cell number or range: %s" % w)
+                    first = int(m.group(1))
+                    ranges.extend(range(first, int(m.group(2) or first) + 1))
+            cells = [n for n in range(1, len(self.inputs)) if self.inputs[n]]
+            if ranges:
+                cells = [n for n in ranges if 0 < n < len(self.inputs)]
+            if pattern is not None:
+                # A glob matched anywhere in a cell, as IPython's -g takes it.
+                cells = [n for n in cells
+                         if fnmatch.fnmatchcase(self.inputs[n], "*" + pattern + "*")]
+            if last is not None:
+                cells = cells[-last:] if last else []
+            lines = []
+            for n in cells:
+                code = self.inputs[n].rstrip("\n")
+                if prompts:
+                    code = "\n".join((">>> " if k == 0 else "... ") + line
+                                      for k, line in enumerate(code.split("\n")))
+                if numbered:
+                    code = "%4d: %s" % (n, code.replace("\n", "\n      "))
+                lines.append(code)
+                if output and n in self.outputs:
+                    lines.append(repr(self.outputs[n]))
+            text = "\n".join(lines)
+            if target is None:
+                if text:
+                    print(text)
+                return
+            with open(os.path.expanduser(target), "w") as f:
+                f.write(text + "\n" if text else "")
+
+    history = History()
+
     def user_names(types=()):
-        """The names a cell defined (IPython's interactive namespace), optionally only those
-        whose value's type is named in `types`."""
+        """The names a cell defined (IPython's interactive namespace, without `In`/`Out`),
+        optionally only those whose value's type is named in `types`."""
         return sorted(k for k, v in list(namespace.items())
-                      if not k.startswith("_") and (not types or type(v).__name__ in types))
+                      if not k.startswith("_") and not history.hidden(v)
+                      and (not types or type(v).__name__ in types))
 
     def who(args):
         names = user_names(args.split())
@@ -556,6 +680,7 @@ def _koder_magics(namespace, host):
             raise UsageError("%reset: only -f is taken here")
         for name in [k for k in namespace if not (k.startswith("__") and k.endswith("__"))]:
             del namespace[name]
+        history.reset()
 
     def reset_selective(args):
         words = forced(args, "reset_selective")
@@ -638,6 +763,8 @@ def _koder_magics(namespace, host):
         "reset_selective": reset_selective,
         "load_ext": load_ext,
         "reload_ext": load_ext,
+        "history": history.magic,
+        "hist": history.magic,
         "lsmagic": lambda args: print(
             "Available line magics:\n%s\n\nAvailable cell magics:\n%s" % (
                 "  ".join("%" + k for k in sorted(line_magics)),
@@ -880,4 +1007,4 @@ def _koder_magics(namespace, host):
     return types.SimpleNamespace(
         line=line, cell=cell, ipython=Shell(), shell=lambda command: shell(expand(command)),
         capture=lambda command: capture(expand(command)), is_automagic=is_automagic,
-        reloader=reloader)
+        reloader=reloader, history=history)

@@ -1955,3 +1955,41 @@ fn warm_run_latency() {
         median(cold)
     );
 }
+
+/// IPython's history in cells: `In`, `Out`, `_`/`__`, `_<n>`, `_i`/`_i<n>` by execution
+/// count; `_` the user assigned stays theirs; `%history` lists inputs; `%who` hides In/Out;
+/// `%reset -f` keeps the inputs and drops the outputs.
+#[test]
+fn python_cells_keep_ipythons_history() {
+    let h = harness();
+    rt().block_on(async {
+        let id = create(&h.client, "python").await.context_id;
+        let mut out = Vec::new();
+        for cell in [
+            "x = 5",
+            "x * 2",
+            "_ + 1",
+            "print(_, __, _2, Out[2], In[1], _i, _i4, len(In))",
+            "%who",
+            "_ = 'mine'",
+            "40 + 2;",
+            "40 + 2",
+            "print(_, Out.get(7), _8)",
+            "%history -n 1-3",
+            "%hist -o -p 2",
+            "%reset -f",
+            "print(len(In), Out, '_8' in globals())",
+        ] {
+            out.push(run(&h.client, &id, cell).await.ok().stdout);
+        }
+        assert_eq!(
+            out[3],
+            "11 10 10 10 x = 5 _ + 1 print(_, __, _2, Out[2], In[1], _i, _i4, len(In)) 5\n"
+        );
+        assert_eq!(out[4], "x\n", "In and Out are not the user's names");
+        assert_eq!(out[8], "mine None 42\n", "a hidden value is not kept");
+        assert_eq!(out[9], "   1: x = 5\n   2: x * 2\n   3: _ + 1\n");
+        assert_eq!(out[10], ">>> x * 2\n10\n");
+        assert_eq!(out[12], "14 {} False\n");
+    });
+}

@@ -104,7 +104,10 @@ async fn sudo_commands_keep_the_sandbox_walls() {
     // sudo is a file of the root's bottom layer: no mount of its own, no host path shown.
     let mounts = text(&run(&sb, "cat /proc/self/mountinfo").await.stdout);
     assert!(!mounts.contains("sudo"), "{mounts}");
-    assert!(!mounts.contains(&*env.dir.path().to_string_lossy()), "{mounts}");
+    assert!(
+        !mounts.contains(&*env.dir.path().to_string_lossy()),
+        "{mounts}"
+    );
     sb.destroy().await.unwrap();
 }
 
