@@ -185,3 +185,30 @@ for r in results:
 fn hex_le(v: i32) -> String {
     v.to_le_bytes().iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// At a terminal, the command gets a terminal of its own that it controls (sudo's use_pty):
+/// an interactive shell there has job control, and the caller's terminal has its settings back
+/// afterwards; without a terminal, the command has none either.
+#[tokio::test]
+async fn at_a_terminal_the_command_controls_a_terminal_of_its_own() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("sudo-tty");
+    let sb = sandbox(&env).await;
+    // `script` runs the lines at a terminal, as a PTY session would.
+    let out = as_user(
+        &sb,
+        "cat > /tmp/at-a-terminal <<'EOF'\n\
+         sudo bash -ic 'case $- in *m*) echo job-control;; esac; tty'\n\
+         stty -a | grep -q -- ' icanon' && echo settings-restored\n\
+         EOF\n\
+         script -qec 'bash /tmp/at-a-terminal' /dev/null | tr -d '\\r'; sudo tty",
+    )
+    .await;
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{stdout:?} {}", text(&out.stderr));
+    assert_eq!(lines[0], "job-control");
+    assert!(lines[1].starts_with("/dev/pts/"), "{stdout:?}");
+    assert_eq!(lines[2..], ["settings-restored", "not a tty"]);
+    sb.destroy().await.unwrap();
+}

@@ -195,7 +195,8 @@ async fn recv_with_fds(
 }
 
 /// Starts the command on the client's stdio, in a session of its own (its group is what
-/// signals and the final kill reach), under the requested account.
+/// signals and the final kill reach; its stdin its controlling terminal when the request says
+/// it is one), under the requested account.
 fn spawn(
     reaper: &Reaper,
     req: &Request,
@@ -213,10 +214,15 @@ fn spawn(
         .stdout(next())
         .stderr(next());
     super::exec::run_as(&mut cmd, Some(req.uid), Some(req.gid));
-    // SAFETY: setsid is async-signal-safe.
+    let terminal = req.terminal;
+    // SAFETY: setsid and ioctl are async-signal-safe. TIOCSCTTY with 0 never takes a terminal
+    // that is another session's already.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             libc::setsid();
+            if terminal && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }

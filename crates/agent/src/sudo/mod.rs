@@ -179,6 +179,7 @@ fn request(opts: &Options, caller: &Caller) -> Result<Request, String> {
         cwd,
         uid: account.uid,
         gid,
+        terminal: false,
     })
 }
 

@@ -41,6 +41,11 @@ pub struct Request {
     pub cwd: String,
     pub uid: u32,
     pub gid: u32,
+    /// Whether the command's stdin is a terminal of its own that it is to control (the
+    /// client made it, as sudo's `use_pty` does): the command's session takes it as its
+    /// controlling terminal, so job control and ^C work as at a prompt.
+    #[serde(default)]
+    pub terminal: bool,
 }
 
 impl Request {
@@ -130,6 +135,7 @@ mod tests {
             cwd: "/".into(),
             uid: 0,
             gid: 0,
+            terminal: false,
         }
     }
 
