@@ -50,6 +50,27 @@ def test_pty_input_resize_and_exit(sandbox):
     assert screen.error is not None and getattr(screen.error, "exit_code", None) == 5
 
 
+def test_sudo_in_a_pty_is_a_root_shell_with_job_control(sandbox):
+    h = sandbox.pty.create(PtySize(rows=24, cols=80))
+    screen = Screen(h)
+    sandbox.pty.send_stdin(h.pid, b"sudo -i\n")
+    sandbox.pty.send_stdin(h.pid, b"echo root=$(id -u) jobs=${-//[^m]/}; stty size\n")
+    screen.wait_for("root=0 jobs=m")
+    screen.wait_for("24 80")
+    # The window follows the session's, and ^C reaches the root shell's foreground command.
+    sandbox.pty.resize(h.pid, PtySize(rows=33, cols=90))
+    sandbox.pty.send_stdin(h.pid, b"sleep 30\n")
+    time.sleep(0.5)
+    sandbox.pty.send_stdin(h.pid, b"\x03")
+    sandbox.pty.send_stdin(h.pid, b"echo after=$?; stty size; exit\n")
+    screen.wait_for("after=130")
+    screen.wait_for("33 90")
+    sandbox.pty.send_stdin(h.pid, b"stty -a | grep -o ' icanon' | tr i I; exit 3\n")
+    screen.wait_for(" Icanon")
+    screen.thread.join(10)
+    assert getattr(screen.error, "exit_code", None) == 3, screen.error
+
+
 def test_pty_as_root_and_kill(sandbox):
     h = sandbox.pty.create(PtySize(rows=10, cols=40), user="root", cwd="/tmp",
                            envs={"MARK": "m1"})
