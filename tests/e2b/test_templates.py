@@ -124,6 +124,21 @@ def test_template_on_a_template_and_on_an_image():
         sb.kill()
 
 
+def test_steps_as_user_use_sudo_as_e2b_templates_do():
+    # E2B templates run steps as `user` and install with `sudo apt-get ...`; here sudo is the
+    # sandbox agent's, in the build's sandboxes and in the template's.
+    t = name("sudo")
+    build(Template().from_base_image()
+          .run_cmd("sudo mkdir /srv/tool && sudo chown user /srv/tool && whoami > /srv/tool/by")
+          .run_cmd("sudo sh -c 'echo root-made > /etc/made-by-sudo'"), t)
+    sb = Sandbox.create(t)
+    try:
+        r = sb.commands.run("cat /srv/tool/by /etc/made-by-sudo; stat -c %U /etc/made-by-sudo; sudo id -un")
+        assert r.stdout == "user\nroot-made\nroot\nroot\n"
+    finally:
+        sb.kill()
+
+
 def test_failing_steps_say_which_and_leave_no_template():
     n = name("fails")
     t = Template().from_base_image().run_cmd("echo ok").run_cmd("echo broken >&2; exit 3")

@@ -110,10 +110,12 @@ async fn microvm_memory_pause_survives_restarts_and_kills() {
     let id = d
         .create(json!({"runtime": "microvm", "language": "python", "limits": {"memory_mib": 128}}))
         .await;
+    // The counter is renamed into place: a read never finds it truncated and not yet written
+    // (a VM saved between the two showed an empty file after its resume).
     let pid = sh(
         &d,
         &id,
-        "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.2; done' \
+        "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c.n; mv /tmp/c.n /tmp/c; sleep 0.2; done' \
          >/dev/null 2>&1 & echo $!; echo kept > /tmp/note",
     )
     .await;
