@@ -48,17 +48,21 @@ async fn start() -> Hosts {
     let (cert, key) = (pem.path().join("cert.pem"), pem.path().join("key.pem"));
     std::fs::write(&cert, made.cert.pem()).unwrap();
     std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
-    let https = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let config = format!(
-        "{BASE_CONFIG}\n[e2b]\ndomain = \"{DOMAIN}\"\n[server]\ntls_listen = \"{https}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n",
+        "{BASE_CONFIG}\n[e2b]\ndomain = \"{DOMAIN}\"\n[server]\ntls_listen = \"127.0.0.1:0\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n",
         cert.display(),
         key.display()
     );
+    // Port 0: the daemon's pick, read from what it prints, so nothing can take it meanwhile.
+    let d = Daemon::start(&config).await;
+    let https = d
+        .printed_address("HTTPS")
+        .await
+        .trim_start_matches("https://")
+        .parse()
+        .expect("the daemon's HTTPS address");
     Hosts {
-        d: Daemon::start(&config).await,
+        d,
         https,
         cert: made.cert.der().clone(),
         _pem: pem,

@@ -45,7 +45,12 @@ pub struct Daemon {
     /// Where stderr goes instead of the test's own ([`Daemon::start_logging`]), with the
     /// environment that start adds.
     log_file: Option<(std::path::PathBuf, Vec<(String, String)>)>,
+    /// The lines the daemon printed after its first (its other listeners' addresses).
+    printed: Printed,
 }
+
+/// Lines of a daemon's stdout after the first, as they come.
+type Printed = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
 /// The `[microvm]` table pointing at the image `ksandbox image build` made
 /// (`KODER_MICROVM_IMAGES`, default the test cache's `microvm-images`; scripts/test.sh builds
@@ -181,6 +186,7 @@ impl Daemon {
             netns,
             data_fs: None,
             log_file: None,
+            printed: Printed::default(),
         }
     }
 
@@ -218,7 +224,8 @@ impl Daemon {
         let mut child = cmd.spawn().expect("spawn daemon");
         let stdout = child.stdout.take().expect("daemon stdout");
         self.child = Some(child);
-        self.base = listening_address(stdout).await;
+        self.printed = Printed::default();
+        self.base = listening_address(stdout, self.printed.clone()).await;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(r) = self.http.get(format!("{}/healthz", self.base)).send().await {
@@ -314,6 +321,28 @@ impl Daemon {
     }
 
     /// SIGTERM and wait: the daemon destroys its sandboxes.
+    /// The address the daemon printed for its `what` listener (`gRPC`, `HTTPS`): tests ask for
+    /// port 0 and read the port the daemon got, so no other process can take it meanwhile.
+    pub async fn printed_address(&self, what: &str) -> String {
+        let prefix = format!("koder-sandbox {what} listening on ");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let found = self.printed.lock().ok().and_then(|lines| {
+                lines
+                    .iter()
+                    .find_map(|l| l.strip_prefix(&prefix).map(String::from))
+            });
+            if let Some(address) = found {
+                return address;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon printed no {what} address"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             // SAFETY: plain syscall on a pid this test started; no memory is shared.
@@ -396,8 +425,9 @@ fn enter_netns(cmd: &mut Command, netns: &std::path::Path) {
     }
 }
 
-/// The base URL the daemon prints once it listens (`koder-sandbox listening on http://...`).
-async fn listening_address(stdout: std::process::ChildStdout) -> String {
+/// The base URL the daemon prints once it listens (`koder-sandbox listening on http://...`);
+/// the lines after it go to `printed`.
+async fn listening_address(stdout: std::process::ChildStdout, printed: Printed) -> String {
     let (tx, rx) = tokio::sync::oneshot::channel();
     // The reader keeps draining afterwards, so the daemon never writes into a closed pipe.
     std::thread::spawn(move || {
@@ -405,7 +435,11 @@ async fn listening_address(stdout: std::process::ChildStdout) -> String {
         let mut line = String::new();
         let _ = std::io::BufRead::read_line(&mut reader, &mut line);
         let _ = tx.send(line);
-        let _ = std::io::copy(&mut reader, &mut std::io::sink());
+        for line in std::io::BufRead::lines(reader).map_while(Result::ok) {
+            if let Ok(mut lines) = printed.lock() {
+                lines.push(line);
+            }
+        }
     });
     let line = tokio::time::timeout(Duration::from_secs(30), rx)
         .await
@@ -559,7 +593,8 @@ impl Daemon {
         let mut child = cmd.spawn().expect("spawn daemon");
         let stdout = child.stdout.take().expect("daemon stdout");
         self.child = Some(child);
-        self.base = listening_address(stdout).await;
+        self.printed = Printed::default();
+        self.base = listening_address(stdout, self.printed.clone()).await;
     }
 
     /// Waits (bounded) for the daemon process to end on its own, e.g. at a crash point.

@@ -11,19 +11,14 @@ use crate::common::Daemon;
 
 pub type Client = SandboxClient<Channel>;
 
-/// Starts a daemon with `config` (TOML, as `Daemon::start`) and gRPC on a free loopback port.
+/// Starts a daemon with `config` (TOML, as `Daemon::start`) and gRPC on a free loopback port
+/// (the daemon's pick, read from what it prints).
 pub async fn start(config: &str) -> (Daemon, Client, String) {
-    // The port is picked here and handed over: the daemon's first stdout line (which the
-    // shared harness reads) is the HTTP address.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
     let d = Daemon::start(&format!(
-        "{config}\n[server]\ngrpc_addr = \"127.0.0.1:{port}\"\n"
+        "{config}\n[server]\ngrpc_addr = \"127.0.0.1:0\"\n"
     ))
     .await;
-    let url = format!("http://127.0.0.1:{port}");
+    let url = d.printed_address("gRPC").await;
     let client = SandboxClient::connect(url.clone())
         .await
         .expect("gRPC connect");
