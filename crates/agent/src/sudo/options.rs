@@ -62,8 +62,53 @@ usage: sudo -l [-knS] [-g group] [-U user] [-u user] [command [arg ...]]
 usage: sudo [-EHknS] [--preserve-env=list] [-D directory] [-g group] [-u user] [-i | -s]
             [VAR=value] [command [arg ...]]";
 
-/// Options that take a value, short and long; the value is checked or ignored, never run.
-const SHORT_WITH_VALUE: &str = "CDgpRrTtUu";
+/// sudo's short options by the long option each stands for.
+const SHORT: &[(char, &str)] = &[
+    ('A', "askpass"),
+    ('B', "bell"),
+    ('b', "background"),
+    ('C', "close-from"),
+    ('D', "chdir"),
+    ('E', "preserve-env"),
+    ('e', "edit"),
+    ('g', "group"),
+    ('H', "set-home"),
+    ('h', "help"),
+    ('i', "login"),
+    ('K', "remove-timestamp"),
+    ('k', "reset-timestamp"),
+    ('l', "list"),
+    ('N', "no-update"),
+    ('n', "non-interactive"),
+    ('P', "preserve-groups"),
+    ('p', "prompt"),
+    ('R', "chroot"),
+    ('r', "role"),
+    ('S', "stdin"),
+    ('s', "shell"),
+    ('T', "command-timeout"),
+    ('t', "type"),
+    ('U', "other-user"),
+    ('u', "user"),
+    ('V', "version"),
+    ('v', "validate"),
+];
+
+/// The options that take a value (the rest of a short option's cluster, or the next word;
+/// `=` or the next word for a long one). `--preserve-env` takes one only after `=`.
+const WITH_VALUE: &[&str] = &[
+    "chdir",
+    "chroot",
+    "close-from",
+    "command-timeout",
+    "group",
+    "host",
+    "other-user",
+    "prompt",
+    "role",
+    "type",
+    "user",
+];
 
 pub fn parse(args: &[String]) -> Result<Options, UsageError> {
     let mut o = Options {
@@ -79,124 +124,70 @@ pub fn parse(args: &[String]) -> Result<Options, UsageError> {
         command: Vec::new(),
     };
     let mut credentials_only = false;
-    let mut i = 0;
-    while i < args.len() {
-        let arg = &args[i];
-        i += 1;
+    let mut words = args.iter();
+    let mut rest: Vec<String> = Vec::new();
+    while let Some(arg) = words.next() {
         if arg == "--" {
             break;
         }
+        let mut next = |shown: &str| {
+            words.next().cloned().ok_or_else(|| {
+                UsageError(format!(
+                    "sudo: option '{shown}' requires an argument\n{USAGE}"
+                ))
+            })
+        };
         if let Some(long) = arg.strip_prefix("--") {
             let (name, inline) = match long.split_once('=') {
                 Some((n, v)) => (n, Some(v.to_string())),
                 None => (long, None),
             };
-            let mut value = |what: &str| -> Result<String, UsageError> {
-                if let Some(v) = inline.clone() {
-                    return Ok(v);
-                }
-                let v = args.get(i).cloned().ok_or_else(|| {
-                    UsageError(format!("sudo: option '--{what}' requires an argument"))
-                })?;
-                i += 1;
-                Ok(v)
-            };
-            match name {
-                "user" => o.user = Some(value("user")?),
-                "group" => o.group = Some(value("group")?),
-                "chdir" => o.chdir = Some(value("chdir")?),
-                "preserve-env" => {
-                    o.preserve = match inline {
-                        Some(list) => merge_names(o.preserve, &list),
-                        None => Preserve::All,
-                    }
-                }
-                "login" => o.login = true,
-                "shell" => o.shell = true,
-                "set-home" => o.set_home = true,
-                "list" => o.mode = Mode::List,
-                "help" => o.mode = Mode::Help,
-                "version" => o.mode = Mode::Version,
-                "validate" | "reset-timestamp" | "remove-timestamp" => credentials_only = true,
-                "non-interactive" | "stdin" | "askpass" | "bell" | "preserve-groups" => {}
-                "prompt" | "close-from" | "role" | "type" | "command-timeout" | "other-user"
-                | "host" => {
-                    value(name)?;
-                }
-                "background" | "edit" | "chroot" => {
-                    return Err(UsageError(format!("sudo: --{name} is not supported here")))
-                }
-                _ => {
+            let shown = format!("--{name}");
+            let value = match (WITH_VALUE.contains(&name), inline) {
+                (true, Some(v)) => Some(v),
+                (true, None) => Some(next(&shown)?),
+                (false, Some(v)) if name == "preserve-env" => Some(v),
+                (false, Some(_)) => {
                     return Err(UsageError(format!(
-                        "sudo: unrecognized option '--{name}'\n{USAGE}"
+                        "sudo: option '{shown}' doesn't allow an argument\n{USAGE}"
                     )))
                 }
-            }
+                (false, None) => None,
+            };
+            apply(&mut o, &mut credentials_only, name, value, &shown)?;
             continue;
         }
         let Some(cluster) = arg.strip_prefix('-').filter(|c| !c.is_empty()) else {
-            i -= 1;
+            rest.push(arg.clone());
             break;
         };
-        let chars: Vec<char> = cluster.chars().collect();
-        let mut k = 0;
-        while k < chars.len() {
-            let c = chars[k];
-            k += 1;
-            if SHORT_WITH_VALUE.contains(c) {
-                let rest: String = chars[k..].iter().collect();
-                let value = if !rest.is_empty() {
-                    rest
-                } else {
-                    let v = args.get(i).cloned().ok_or_else(|| {
-                        UsageError(format!(
-                            "sudo: option requires an argument -- '{c}'\n{USAGE}"
-                        ))
-                    })?;
-                    i += 1;
-                    v
-                };
-                match c {
-                    'u' => o.user = Some(value),
-                    'g' => o.group = Some(value),
-                    'D' => o.chdir = Some(value),
-                    'R' => return Err(UsageError("sudo: -R is not supported here".into())),
-                    _ => {}
-                }
-                break;
+        for (k, c) in cluster.char_indices() {
+            let Some(&(_, name)) = SHORT.iter().find(|(short, _)| *short == c) else {
+                return Err(UsageError(format!(
+                    "sudo: invalid option -- '{c}'\n{USAGE}"
+                )));
+            };
+            let shown = format!("-{c}");
+            if !WITH_VALUE.contains(&name) {
+                apply(&mut o, &mut credentials_only, name, None, &shown)?;
+                continue;
             }
-            match c {
-                'E' => o.preserve = Preserve::All,
-                'H' => o.set_home = true,
-                'i' => o.login = true,
-                's' => o.shell = true,
-                'l' => o.mode = Mode::List,
-                'h' => o.mode = Mode::Help,
-                'V' => o.mode = Mode::Version,
-                'v' | 'k' | 'K' => credentials_only = true,
-                'n' | 'S' | 'A' | 'B' | 'P' | 'N' => {}
-                'b' | 'e' => return Err(UsageError(format!("sudo: -{c} is not supported here"))),
-                _ => {
-                    return Err(UsageError(format!(
-                        "sudo: invalid option -- '{c}'\n{USAGE}"
-                    )))
-                }
-            }
+            let attached = &cluster[k + c.len_utf8()..];
+            let value = match attached.is_empty() {
+                true => next(&shown)?,
+                false => attached.to_string(),
+            };
+            apply(&mut o, &mut credentials_only, name, Some(value), &shown)?;
+            break;
         }
     }
-    let mut rest = args[i.min(args.len())..].iter();
-    let mut rest_words: Vec<String> = Vec::new();
-    for word in rest.by_ref() {
-        match assignment(word) {
-            Some(kv) if rest_words.is_empty() => o.assignments.push(kv),
-            _ => {
-                rest_words.push(word.clone());
-                break;
-            }
-        }
+    rest.extend(words.cloned());
+    let mut rest = rest.into_iter().peekable();
+    while let Some(kv) = rest.peek().and_then(|w| assignment(w)) {
+        o.assignments.push(kv);
+        rest.next();
     }
-    rest_words.extend(rest.cloned());
-    o.command = rest_words;
+    o.command = rest.collect();
     if o.login && o.shell {
         return Err(UsageError(format!(
             "sudo: you may not specify both the -i and -s options\n{USAGE}"
@@ -210,6 +201,47 @@ pub fn parse(args: &[String]) -> Result<Options, UsageError> {
         }
     }
     Ok(o)
+}
+
+/// Option `name` (as the long option; `shown` as the command line wrote it) with its value.
+fn apply(
+    o: &mut Options,
+    credentials_only: &mut bool,
+    name: &str,
+    value: Option<String>,
+    shown: &str,
+) -> Result<(), UsageError> {
+    match name {
+        "user" => o.user = value,
+        "group" => o.group = value,
+        "chdir" => o.chdir = value,
+        "preserve-env" => {
+            o.preserve = match value {
+                Some(list) => merge_names(std::mem::take(&mut o.preserve), &list),
+                None => Preserve::All,
+            }
+        }
+        "login" => o.login = true,
+        "shell" => o.shell = true,
+        "set-home" => o.set_home = true,
+        "list" => o.mode = Mode::List,
+        "help" => o.mode = Mode::Help,
+        "version" => o.mode = Mode::Version,
+        "validate" | "reset-timestamp" | "remove-timestamp" => *credentials_only = true,
+        // No password is ever asked, nothing cached: these change nothing here.
+        "non-interactive" | "stdin" | "askpass" | "bell" | "preserve-groups" | "no-update"
+        | "prompt" | "close-from" | "role" | "type" | "command-timeout" | "other-user" | "host" => {
+        }
+        "background" | "edit" | "chroot" => {
+            return Err(UsageError(format!("sudo: {shown} is not supported here")))
+        }
+        _ => {
+            return Err(UsageError(format!(
+                "sudo: unrecognized option '{shown}'\n{USAGE}"
+            )))
+        }
+    }
+    Ok(())
 }
 
 fn merge_names(current: Preserve, list: &str) -> Preserve {
@@ -331,6 +363,16 @@ mod tests {
         ] {
             assert!(p(bad).is_err(), "{bad:?}");
         }
+        let e = p(&["--login=yes"]).unwrap_err();
+        assert!(e.0.contains("doesn't allow an argument"), "{e}");
+        assert_eq!(
+            p(&["-e", "f"]).unwrap_err().0,
+            "sudo: -e is not supported here"
+        );
+        assert_eq!(
+            p(&["--chroot=/x", "id"]).unwrap_err().0,
+            "sudo: --chroot is not supported here"
+        );
         let e = p(&["-x"]).unwrap_err();
         assert!(e.0.starts_with("sudo: invalid option -- 'x'"), "{e}");
     }
