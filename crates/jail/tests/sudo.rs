@@ -67,6 +67,7 @@ async fn sudo_passes_stdio_exit_statuses_and_signals_through() {
         "echo piped | sudo cat; sudo sh -c 'echo to-stderr >&2; exit 7'; echo status=$?; \
          sudo sh -c 'kill -TERM $$'; echo status=$?; \
          sudo no-such-command; echo status=$?; sudo -x; echo status=$?; \
+         sudo -D /no-such-dir pwd; echo status=$?; \
          sudo sh -c 'trap \"echo got-int; exit 3\" INT; echo ready; sleep 10 & wait' & \
          sleep 1; kill -INT $!; wait $!; echo status=$?; \
          sudo touch /root/made && sudo stat -c %U /root/made; touch /root/nope 2>/dev/null || echo denied",
@@ -74,7 +75,7 @@ async fn sudo_passes_stdio_exit_statuses_and_signals_through() {
     .await;
     assert_eq!(
         text(&out.stdout),
-        "piped\nstatus=7\nstatus=143\nstatus=1\nstatus=1\nready\ngot-int\nstatus=3\nroot\ndenied\n",
+        "piped\nstatus=7\nstatus=143\nstatus=1\nstatus=1\nstatus=1\nready\ngot-int\nstatus=3\nroot\ndenied\n",
         "stderr: {}",
         text(&out.stderr)
     );
@@ -85,6 +86,10 @@ async fn sudo_passes_stdio_exit_statuses_and_signals_through() {
         "{stderr}"
     );
     assert!(stderr.contains("sudo: invalid option -- 'x'"), "{stderr}");
+    assert!(
+        stderr.contains("sudo: unable to change directory to /no-such-dir: No such file"),
+        "{stderr}"
+    );
     sb.destroy().await.unwrap();
 }
 

@@ -72,15 +72,18 @@ async fn serve_one(mut conn: UnixStream, reaper: &Reaper) {
     else {
         return; // malformed, too slow or too big: closed unanswered
     };
-    let (pid, exit) = match req.problem() {
-        Some(_) => return answer(&mut conn, Verdict::NotStarted(libc::EINVAL)).await,
-        None => match spawn(reaper, &req, stdio) {
-            Ok(started) => started,
-            Err(e) => {
-                let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                return answer(&mut conn, Verdict::NotStarted(errno)).await;
-            }
-        },
+    if req.problem().is_some() {
+        return answer(&mut conn, Verdict::NotStarted(libc::EINVAL)).await;
+    }
+    if let Some(why) = no_directory(&req.cwd) {
+        return answer(&mut conn, why).await;
+    }
+    let (pid, exit) = match spawn(reaper, &req, stdio) {
+        Ok(started) => started,
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
+            return answer(&mut conn, Verdict::NotStarted(errno)).await;
+        }
     };
     let status = relay(&mut conn, pid, exit).await;
     let verdict = match status {
@@ -92,6 +95,18 @@ async fn serve_one(mut conn: UnixStream, reaper: &Reaper) {
 
 async fn answer(conn: &mut UnixStream, verdict: Verdict) {
     let _ = conn.write_all(&verdict.encode()).await;
+}
+
+/// Why the command could not start in `cwd`, checked as the agent (the sandbox's root) before
+/// the spawn, so that a missing program and a missing directory are told apart.
+fn no_directory(cwd: &str) -> Option<Verdict> {
+    match std::fs::metadata(cwd) {
+        Ok(m) if m.is_dir() => None,
+        Ok(_) => Some(Verdict::NoDirectory(libc::ENOTDIR)),
+        Err(e) => Some(Verdict::NoDirectory(
+            e.raw_os_error().unwrap_or(libc::ENOENT),
+        )),
+    }
 }
 
 /// Relays the client's signals to the command's process group until the command ends; kills

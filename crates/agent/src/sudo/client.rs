@@ -36,7 +36,7 @@ static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
 const DRAIN_MS: i64 = 100;
 
 pub fn run(mut req: Request) -> i32 {
-    let program = req.program.clone();
+    let (program, cwd) = (req.program.clone(), req.cwd.clone());
     let mut terminal = Terminal::open();
     req.terminal = terminal.is_some();
     let verdict = relay(&req, terminal.as_mut());
@@ -45,6 +45,11 @@ pub fn run(mut req: Request) -> i32 {
     match verdict {
         Ok(Verdict::Exited(code)) => code,
         Ok(Verdict::Signaled(sig)) => die_by(sig),
+        Ok(Verdict::NoDirectory(errno)) => {
+            let why = std::io::Error::from_raw_os_error(errno);
+            eprintln!("sudo: unable to change directory to {cwd}: {why}");
+            1
+        }
         Ok(Verdict::NotStarted(errno)) if errno == libc::ENOENT => {
             eprintln!("sudo: {program}: command not found");
             1

@@ -78,6 +78,8 @@ impl Request {
 pub enum Verdict {
     /// The spawn failed with this errno (`EINVAL` for a request refused as malformed).
     NotStarted(i32),
+    /// The working directory could not be entered (this errno).
+    NoDirectory(i32),
     Exited(i32),
     Signaled(i32),
 }
@@ -88,6 +90,7 @@ impl Verdict {
             Verdict::NotStarted(e) => (0u32, e),
             Verdict::Exited(c) => (1, c),
             Verdict::Signaled(s) => (2, s),
+            Verdict::NoDirectory(e) => (3, e),
         };
         let mut out = [0u8; 8];
         out[..4].copy_from_slice(&tag.to_le_bytes());
@@ -102,6 +105,7 @@ impl Verdict {
             0 => Some(Verdict::NotStarted(value)),
             1 => Some(Verdict::Exited(value)),
             2 => Some(Verdict::Signaled(value)),
+            3 => Some(Verdict::NoDirectory(value)),
             _ => None,
         }
     }
@@ -182,6 +186,7 @@ mod tests {
             Verdict::Exited(0),
             Verdict::Exited(255),
             Verdict::Signaled(libc::SIGTERM),
+            Verdict::NoDirectory(libc::ENOTDIR),
         ] {
             assert_eq!(Verdict::decode(v.encode()), Some(v));
         }
