@@ -68,8 +68,8 @@ async fn sudo_passes_stdio_exit_statuses_and_signals_through() {
          sudo sh -c 'kill -TERM $$'; echo status=$?; \
          sudo no-such-command; echo status=$?; sudo -x; echo status=$?; \
          sudo -D /no-such-dir pwd; echo status=$?; \
-         sudo sh -c 'trap \"echo got-int; exit 3\" INT; echo ready; sleep 10 & wait' & \
-         sleep 1; kill -INT $!; wait $!; echo status=$?; \
+         sudo sh -c 'trap \"echo got-int; exit 3\" INT; echo ready; touch /tmp/ready; sleep 10 & wait' & \
+         until [ -e /tmp/ready ]; do sleep 0.05; done; kill -INT $!; wait $!; echo status=$?; \
          sudo touch /root/made && sudo stat -c %U /root/made; touch /root/nope 2>/dev/null || echo denied",
     )
     .await;
@@ -126,11 +126,13 @@ async fn a_killed_exec_takes_its_sudo_command_along() {
     let out = as_user_with(
         &sb,
         "sudo sh -c 'echo $$ > /tmp/pid; exec sleep 300'",
-        1_500,
+        3_000,
     )
     .await;
     assert!(out.exit.timed_out, "{out:?}");
-    let check = "for i in $(seq 100); do kill -0 $(cat /tmp/pid) 2>/dev/null || { echo gone; exit; }; sleep 0.1; done; echo alive";
+    // No pid file would make the check below pass without checking anything.
+    let check = "test -s /tmp/pid || { echo no-pid; exit; }; \
+                 for i in $(seq 100); do kill -0 $(cat /tmp/pid) 2>/dev/null || { echo gone; exit; }; sleep 0.1; done; echo alive";
     assert_eq!(text(&run(&sb, check).await.stdout), "gone\n");
     sb.destroy().await.unwrap();
 }
