@@ -197,12 +197,30 @@ pub struct VmLayers {
     pub max_bytes: u64,
 }
 
-/// Where a sandbox finds its `sudo` (the agent's binary, see `koder_agent::sudo`): in a bottom
-/// layer of the root overlay, so an image's own file of that name wins. A jail's runtime makes
-/// that layer of hard links to the agent it starts; a microVM guest's agent binds itself over
-/// an empty file at the first. The first is early in Debian's PATH (its /etc/profile's too),
-/// the second in the `host` image's, whose /usr (the host's) hides the first.
+/// Where a sandbox finds its `sudo` (the agent's binary, see `koder_agent::sudo`): in the
+/// bottom layer of the root overlay ([`link_sudo_layer`]), so an image's own file of that name
+/// wins. The first is early in Debian's PATH (its /etc/profile's too), the second in the
+/// `host` image's, whose /usr (the host's) hides the first.
 pub const SUDO_PATHS: [&str; 2] = ["/usr/local/bin/sudo", "/opt/koder-sandbox/bin/sudo"];
+
+/// Fills `layer` (absent or empty) with hard links to `agent` at each of [`SUDO_PATHS`], in
+/// directories any sandbox account may enter whatever the umask: the bottom layer of a root
+/// overlay. A jail's runtime makes it beside the agent it installs, a microVM guest's agent in
+/// its initramfs beside itself; a layer rather than a bind mount, so no mount of the sandbox
+/// shows where the binary lives.
+pub fn link_sudo_layer(agent: &std::path::Path, layer: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for path in SUDO_PATHS {
+        let file = layer.join(path.trim_start_matches('/'));
+        let Some(dir) = file.parent() else { continue };
+        std::fs::create_dir_all(dir)?;
+        for d in dir.ancestors().take_while(|d| d.starts_with(layer)) {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?;
+        }
+        std::fs::hard_link(agent, &file)?;
+    }
+    Ok(())
+}
 
 /// What the guest agent prints on its console once it serves its channel (vsock or serial);
 /// the runtime waits for it before the first connection.

@@ -12,12 +12,11 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use koder_agent_protocol::init::{
-    VmConfig, VmLayers, SUDO_PATHS, VM_CONFIG_PATH, VM_EGRESS_MODULES_LIST, VM_MODULES_LIST,
+    link_sudo_layer, VmConfig, VmLayers, VM_CONFIG_PATH, VM_EGRESS_MODULES_LIST, VM_MODULES_LIST,
     VM_VOLUME_MODULES_LIST,
 };
 use koder_agent_protocol::GuestLimits;
@@ -33,9 +32,8 @@ const NEW_ROOT: &str = "/newroot";
 const IMAGE_MNT: &str = "/mnt/image";
 const SCRATCH_MNT: &str = "/mnt/scratch";
 const CGROUP_MNT: &str = "/mnt/cgroup";
-/// The root overlay's bottom layer, in the initramfs: the empty file [`install_sudo`] binds
-/// the agent over (a jail's runtime gives its sandboxes the agent as `sudo` in a layer of
-/// hard links instead; the guest's image disk cannot link to the initramfs).
+/// The root overlay's bottom layer, in the initramfs: the agent (/init) as `sudo`, linked
+/// there as a jail's runtime links it for its sandboxes (`init::link_sudo_layer`).
 const SUDO_LAYER: &str = "/mnt/sudo";
 const SANDBOX_CGROUP: &str = "sandbox";
 /// Virtio devices appear while their driver's module loads, but their block nodes a moment
@@ -91,9 +89,7 @@ pub fn boot() -> Result<Booted, SetupError> {
     // Attached after every other mount and the root switch, so each target resolves inside
     // the sandbox's root, as in a jail.
     let volumes = super::volumes::open_shares(&cfg.volumes)?;
-    let sudo = sudo_binary()?;
     switch_root()?;
-    install_sudo(sudo)?;
     super::volumes::mount_all(volumes)?;
     rustix::system::sethostname(cfg.hostname.as_bytes())
         .map_err(std::io::Error::from)
@@ -223,7 +219,9 @@ fn mount_root(
     // `userxattr`, as in a jail: overlayfs then marks opaque directories `user.overlay.opaque`,
     // the attribute layers carry; with `trusted.*` a capture would lose them and a restore
     // would write one this overlay ignores.
-    sudo_placeholder_layer().step("stage sudo layer")?;
+    // The initramfs is one filesystem: /init links into the layer beside it.
+    let agent = std::fs::read_link("/proc/self/exe").step("find the agent binary")?;
+    link_sudo_layer(&agent, Path::new(SUDO_LAYER)).step("stage sudo layer")?;
     let opts = format!(
         "lowerdir={IMAGE_MNT}:{SUDO_LAYER},upperdir={},workdir={},userxattr",
         upper.display(),
@@ -238,52 +236,6 @@ fn mount_root(
     )
     .step("mount root overlay")?;
     Ok(upper_fd)
-}
-
-/// The empty `sudo` in [`SUDO_LAYER`], at the first of [`SUDO_PATHS`]: bottom, so an image's
-/// own file of that name wins (and, not empty, is left alone by [`install_sudo`]).
-fn sudo_placeholder_layer() -> std::io::Result<()> {
-    let file = Path::new(SUDO_LAYER).join(SUDO_PATHS[0].trim_start_matches('/'));
-    if let Some(parent) = file.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(&file, "")?;
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755))
-}
-
-/// A detached copy of the agent's own binary (/init), taken while the initramfs is still the
-/// root ([`install_sudo`] attaches it after the switch).
-fn sudo_binary() -> Result<OwnedFd, SetupError> {
-    use rustix::mount::OpenTreeFlags;
-    rustix::mount::open_tree(
-        rustix::fs::CWD,
-        "/proc/self/exe",
-        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-    )
-    .map_err(std::io::Error::from)
-    .step("clone the agent binary for sudo")
-}
-
-/// Attaches the agent's binary, read-only, over the sandbox's `sudo` placeholder when it is
-/// still the empty file of [`SUDO_LAYER`] (see `koder_agent::sudo`). Called in the switched
-/// root, so a symlink on the way resolves inside it.
-fn install_sudo(binary: OwnedFd) -> Result<(), SetupError> {
-    let path = SUDO_PATHS[0];
-    let placeholder = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0);
-    if !placeholder {
-        return Ok(());
-    }
-    let what = format!("install sudo at {path}");
-    rustix::mount::move_mount(
-        binary.as_fd(),
-        "",
-        rustix::fs::CWD,
-        path,
-        rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )
-    .map_err(std::io::Error::from)
-    .step(&what)?;
-    setup::remount_read_only(Path::new(path)).step(what)
 }
 
 /// Applies the captured layers, bottom first, onto the still empty upper directory. The

@@ -142,7 +142,7 @@ fn bind_read_only(source: &Path, target: &Path) -> Result<(), SetupError> {
 
 /// Remounting a bind mount inside a user namespace must keep the flags the host mount is locked
 /// with (atime, noexec, ...), so they are read back and only restrictions are added.
-pub(crate) fn remount_read_only(target: &Path) -> std::io::Result<()> {
+fn remount_read_only(target: &Path) -> std::io::Result<()> {
     let st = rustix::fs::statvfs(target)?;
     let f = st.f_flag;
     use rustix::fs::StatVfsMountFlags as S;

@@ -449,6 +449,23 @@ pub(super) fn run_as(cmd: &mut Command, uid: Option<u32>, gid: Option<u32>) {
     }
 }
 
+/// Starts `cmd` in a session of its own (a PTY's shell, a sudo command); with `terminal`, its
+/// stdin (a terminal) becomes the session's controlling terminal, as a login shell expects (job
+/// control, ^C to the foreground group).
+pub(super) fn in_own_session(cmd: &mut Command, terminal: bool) {
+    // SAFETY: setsid and ioctl are async-signal-safe. TIOCSCTTY with 0 never takes a terminal
+    // that is another session's already.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            if terminal && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

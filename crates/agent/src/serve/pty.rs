@@ -3,7 +3,6 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -162,17 +161,7 @@ fn start(
         .stdout(io(&slave)?)
         .stderr(io(&slave)?);
     super::exec::run_as(&mut cmd, req.uid, req.gid);
-    // SAFETY: setsid and ioctl are async-signal-safe; the terminal becomes the controlling tty
-    // of the new session, as a login shell expects (job control, ^C to the foreground group).
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    super::exec::in_own_session(&mut cmd, true);
     let (child, exit_rx) = reaper.spawn(&mut cmd).map_err(|e| {
         AgentError::new(
             ErrorCode::SpawnFailed,

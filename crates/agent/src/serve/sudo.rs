@@ -229,18 +229,7 @@ fn spawn(
         .stdout(next())
         .stderr(next());
     super::exec::run_as(&mut cmd, Some(req.uid), Some(req.gid));
-    let terminal = req.terminal;
-    // SAFETY: setsid and ioctl are async-signal-safe. TIOCSCTTY with 0 never takes a terminal
-    // that is another session's already.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::setsid();
-            if terminal && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    super::exec::in_own_session(&mut cmd, req.terminal);
     let (child, exit) = reaper.spawn(&mut cmd)?;
     let pid = child.id() as i32;
     drop(child);
