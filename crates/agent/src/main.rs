@@ -44,7 +44,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// Sandboxes run this binary as their `sudo` (bound over a placeholder at setup).
+/// Sandboxes run this binary as their `sudo` (`init::link_sudo_layer`).
 fn invoked_as_sudo() -> bool {
     let zeroth = std::env::args_os().next().unwrap_or_default();
     std::path::Path::new(&zeroth).file_name() == Some(std::ffi::OsStr::new("sudo"))

@@ -1,5 +1,6 @@
-//! The `sudo` command of every sandbox: the agent's own binary, bound read-only over the
-//! placeholders of [`koder_agent_protocol::init::SUDO_PATHS`] and run under that name.
+//! The `sudo` command of every sandbox: the agent's own binary, hard-linked at
+//! [`koder_agent_protocol::init::SUDO_PATHS`] in the root's bottom layer and run under that
+//! name.
 //!
 //! Sandboxes cannot elevate through a setuid binary (no_new_privs; the image store strips
 //! setuid bits), so this `sudo` asks the agent's sudo service (`serve::sudo`) to run the
