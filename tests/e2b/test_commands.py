@@ -29,6 +29,9 @@ def test_user_has_passwordless_sudo(sandbox):
     assert (r.exit_code, r.stdout) == (0, "\n")
     r = sandbox.commands.run("sudo apt-get --version >/dev/null && sudo touch /root/x && sudo ls /root")
     assert r.stdout == "x\n"
+    # Scripts written for E2B's Debian templates become other accounts by `sudo su`.
+    r = sandbox.commands.run("sudo su - user -c 'id -un; pwd'; sudo su -c 'id -un'")
+    assert r.stdout == "user\n/home/user\nroot\n"
 
 
 def test_root_cwd_and_envs(sandbox):

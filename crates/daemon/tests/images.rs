@@ -205,14 +205,23 @@ async fn sessions_run_on_language_packs_and_images_in_use_stay() {
     .await;
     assert!(stdout(&v).starts_with("GNU bash, version 5.2"), "{v}");
     assert!(stdout(&v).ends_with("1\n"), "{v}");
-    // Its `user` has sudo too: the agent's, at the place Debian's PATH looks first.
+    // Its `user` has sudo too: the agent's, at the place Debian's PATH looks first; and
+    // Debian's own `su` lets root become anyone (the pack's shadow file names every account).
     let v = d
         .exec(
             &b,
-            json!({"shell": "sudo id -u; command -v sudo; sudo -u nobody id -un", "user": "user"}),
+            json!({
+                "shell": "sudo id -u; command -v sudo; sudo -u nobody id -un; \
+                          sudo su - user -c 'id -un; pwd'",
+                "user": "user",
+            }),
         )
         .await;
-    assert_eq!(stdout(&v), "0\n/usr/local/bin/sudo\nnobody\n", "{v}");
+    assert_eq!(
+        stdout(&v),
+        "0\n/usr/local/bin/sudo\nnobody\nuser\n/home/user\n",
+        "{v}"
+    );
     // Paused to disk and resumed, it boots on its own image again (not the language's
     // default), with its files.
     sh(&d, &b, "echo kept > /workspace/k").await;

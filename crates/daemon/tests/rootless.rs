@@ -88,7 +88,7 @@ async fn unprivileged_daemon_runs_sandboxes_and_says_what_it_cannot_enforce() {
     let r: Value = http
         .post(format!("{base}/v1/sandbox/sessions/{id}/exec"))
         .bearer_auth("key-one-1234")
-        .json(&json!({"shell": "cat /proc/self/uid_map; python3 -c 'print(6*7)'; touch /usr/x 2>&1; cat /etc/shadow 2>&1"}))
+        .json(&json!({"shell": "cat /proc/self/uid_map; python3 -c 'print(6*7)'; touch /usr/x 2>&1; cat /etc/gshadow 2>&1"}))
         .send()
         .await
         .unwrap()

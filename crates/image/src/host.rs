@@ -1,9 +1,10 @@
 //! The `host` image: the host's /usr, read-only, under a generated minimal root.
 //!
-//! Only what programs need to run is generated or copied (accounts, name service switch, hosts,
-//! CA certificates, the dynamic linker cache, Debian's alternatives symlinks, the OpenJDKs'
+//! Only what programs need to run is generated or copied (accounts with a shadow file that
+//! holds no password, PAM's stack for `su`, name service switch, hosts, CA certificates, the dynamic linker cache, Debian's alternatives symlinks, the OpenJDKs'
 //! and R's configuration, which their /usr trees link to). Nothing else of
-//! the host's /etc — shadow, ssh keys, machine-id, private TLS keys — ever enters a sandbox.
+//! the host's /etc — its shadow file, ssh keys, machine-id, private TLS keys — ever enters a
+//! sandbox.
 //! Commands users expect by a name the host's Debian lacks get a shim (`python` → `python3`)
 //! in a directory of the generated root that comes last in the image's PATH.
 
@@ -16,7 +17,7 @@ use koder_runtime::RuntimeError;
 use crate::{default_env, Image, DEFAULT_WORKDIR, HOST};
 
 /// Bumped whenever the generated content changes, so old trees are rebuilt.
-const HOST_IMAGE_VERSION: &str = "6";
+const HOST_IMAGE_VERSION: &str = "7";
 const MARKER: &str = ".koder-image";
 
 /// The generated root's directory of command shims, last in [`host_env`]'s PATH so that a
@@ -25,6 +26,29 @@ pub const SHIM_DIR: &str = "/opt/koder-sandbox/bin";
 /// Shims as (name, target): Debian ships `python3` and no `python` unless `python-is-python3`
 /// is installed, while E2B's templates and most scripts call `python`.
 const SHIMS: &[(&str, &str)] = &[("python", "/usr/bin/python3")];
+
+/// PAM's stack for util-linux's `su` and `runuser` (from the host's /usr): root becomes anyone
+/// without a password (`pam_rootok`); any other account must give one, and none has any. The
+/// host's own /etc/pam.d is not copied: its stacks may name the host's services (sssd,
+/// systemd-logind, a password policy) that mean nothing in a sandbox.
+const SU_PAM: &str = "# koder-sandbox: root becomes anyone; other accounts have no password\n\
+auth     sufficient pam_rootok.so\n\
+auth     required   pam_unix.so\n\
+account  required   pam_unix.so\n\
+session  required   pam_unix.so\n";
+/// What PAM does for any service without a file of its own: nothing is allowed.
+const OTHER_PAM: &str = "# koder-sandbox: services without a file of their own are refused\n\
+auth     required   pam_deny.so\n\
+account  required   pam_deny.so\n\
+password required   pam_deny.so\n\
+session  required   pam_deny.so\n";
+const PAM: &[(&str, &str)] = &[
+    ("su", SU_PAM),
+    ("su-l", SU_PAM),
+    ("runuser", SU_PAM),
+    ("runuser-l", SU_PAM),
+    ("other", OTHER_PAM),
+];
 
 /// The environment of the `host` image: the default one with [`SHIM_DIR`] at the end of PATH.
 pub fn host_env() -> Vec<(String, String)> {
@@ -80,6 +104,11 @@ fn build_host_layer(images_dir: &Path, layer: &Path) -> Result<(), RuntimeError>
     }
     let etc = staging.join("etc");
     crate::rootfs::write_etc(&etc).map_err(io("etc"))?;
+    // Owned by the host's root, whom the sandbox cannot map: its root could not read a 0640
+    // shadow file, and can write none of these, so no hash ever lands in this one.
+    std::fs::set_permissions(etc.join("shadow"), std::fs::Permissions::from_mode(0o644))
+        .map_err(io("shadow"))?;
+    write_pam(&etc).map_err(io("pam.d"))?;
     symlink("/usr/share/zoneinfo/Etc/UTC", etc.join("localtime")).map_err(io("localtime"))?;
     symlink("../usr/lib/os-release", etc.join("os-release")).map_err(io("os-release"))?;
     for public in [
@@ -122,6 +151,15 @@ fn jdk_configs(etc: &Path) -> std::io::Result<Vec<String>> {
     }
     found.sort();
     Ok(found)
+}
+
+fn write_pam(etc: &Path) -> std::io::Result<()> {
+    let dir = etc.join("pam.d");
+    std::fs::create_dir_all(&dir)?;
+    for (service, stack) in PAM {
+        std::fs::write(dir.join(service), stack)?;
+    }
+    Ok(())
 }
 
 /// Links each shim whose target `host_root` has (a host without python3 gets no `python`).
@@ -175,14 +213,12 @@ mod tests {
         let img = host_image(dir.path()).unwrap();
         let etc = img.layer.join("etc");
         assert!(etc.join("passwd").is_file());
-        for secret in [
-            "shadow",
-            "gshadow",
-            "ssh",
-            "machine-id",
-            "ssl/private",
-            "sudoers",
-        ] {
+        assert_eq!(
+            std::fs::read_to_string(etc.join("shadow")).unwrap(),
+            crate::rootfs::SHADOW,
+            "the host's password hashes leaked into the image"
+        );
+        for secret in ["gshadow", "ssh", "machine-id", "ssl/private", "sudoers"] {
             assert!(!etc.join(secret).exists(), "{secret} leaked into the image");
         }
         let passwd = std::fs::read_to_string(etc.join("passwd")).unwrap();

@@ -12,6 +12,17 @@ pub(crate) const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\n\
 user:x:1000:1000:user:/home/user:/bin/bash\n\
 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
 pub(crate) const GROUP: &str = "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n";
+/// The accounts of [`PASSWD`] with no password (`*` matches none) and no password aging (an
+/// empty date of last change: a 0 there would mean "must change it now"). PAM's `pam_unix`
+/// refuses an account it finds in no shadow file, so without this even root's `su user` fails
+/// with "Authentication failure"; root needs no password to become anyone, and `user` becomes
+/// root by `sudo`.
+pub(crate) const SHADOW: &str = "root:*::0:99999:7:::\n\
+user:*::0:99999:7:::\n\
+nobody:*::0:99999:7:::\n";
+/// Owner-only reading, as Debian's (whose group `shadow` the generated accounts lack): once a
+/// sandbox's root sets a password, the hash is no other account's to read.
+pub(crate) const SHADOW_MODE: u32 = 0o640;
 const HOSTS: &str = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n";
 const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n";
 const RESOLV: &str = "# koder-sandbox: name resolution follows the session's network policy\n";
@@ -85,13 +96,14 @@ pub(crate) fn make_dirs(root: &Path) -> io::Result<()> {
 /// The generated accounts (root, `user` = 1000, nobody) and resolver files, replacing whatever
 /// `etc` held (a symlink there is replaced, never followed).
 pub(crate) fn write_etc(etc: &Path) -> io::Result<()> {
-    for (name, content) in [
-        ("passwd", PASSWD),
-        ("group", GROUP),
-        ("hosts", HOSTS),
-        ("nsswitch.conf", NSSWITCH),
-        ("resolv.conf", RESOLV),
-        ("hostname", "sandbox\n"),
+    for (name, content, mode) in [
+        ("passwd", PASSWD, 0o644),
+        ("group", GROUP, 0o644),
+        ("shadow", SHADOW, SHADOW_MODE),
+        ("hosts", HOSTS, 0o644),
+        ("nsswitch.conf", NSSWITCH, 0o644),
+        ("resolv.conf", RESOLV, 0o644),
+        ("hostname", "sandbox\n", 0o644),
     ] {
         let path = etc.join(name);
         match std::fs::remove_file(&path) {
@@ -99,7 +111,7 @@ pub(crate) fn write_etc(etc: &Path) -> io::Result<()> {
             _ => {}
         }
         std::fs::write(&path, content)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
     }
     Ok(())
 }
@@ -192,6 +204,7 @@ mod tests {
         )
         .unwrap();
         std::fs::write(root.join("etc/shadow"), b"root:$6$hash").unwrap();
+        std::fs::write(root.join("etc/shadow-"), b"root:$6$hash").unwrap();
         std::fs::write(root.join("etc/ssh/ssh_host_ed25519_key"), b"k").unwrap();
         std::fs::write(root.join("dev/null"), b"").unwrap();
         // A symlink out of the tree is kept as a link, never followed.
@@ -208,7 +221,14 @@ mod tests {
         assert!(size > 0);
         let mode = std::fs::metadata(root.join("usr/bin/su")).unwrap().mode();
         assert_eq!(mode & 0o7777, 0o755, "setuid bit kept");
-        for gone in ["etc/shadow", "etc/ssh", "dev/null", "usr/fifo"] {
+        assert_eq!(
+            std::fs::read_to_string(root.join("etc/shadow")).unwrap(),
+            SHADOW,
+            "the tree's password hash kept"
+        );
+        let shadow = std::fs::metadata(root.join("etc/shadow")).unwrap().mode();
+        assert_eq!(shadow & 0o777, SHADOW_MODE);
+        for gone in ["etc/shadow-", "etc/ssh", "dev/null", "usr/fifo"] {
             assert!(
                 std::fs::symlink_metadata(root.join(gone)).is_err(),
                 "{gone} kept"
@@ -225,5 +245,24 @@ mod tests {
         assert!(root.join("home/user").is_dir() && root.join("workspace").is_dir());
         let tmp = std::fs::metadata(root.join("tmp")).unwrap().mode();
         assert_eq!(tmp & 0o7777, 0o1777);
+    }
+
+    #[test]
+    fn every_account_has_a_shadow_entry_without_a_password() {
+        let names = |file: &str| -> Vec<String> {
+            file.lines()
+                .map(|l| l.split(':').next().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(names(PASSWD), names(SHADOW));
+        for line in SHADOW.lines() {
+            let fields: Vec<&str> = line.split(':').collect();
+            assert_eq!(fields.len(), 9, "{line}");
+            assert_eq!(fields[1], "*", "{line}: an account with a password");
+            assert_eq!(
+                fields[2], "",
+                "{line}: a date of last change (0 = change it now)"
+            );
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! `sudo` in real jails: a sandbox account runs commands as root (or anyone) through the
 //! agent's sudo service, with sudo's environment, exit statuses and signals, under the same
 //! walls as any sandbox process; the command dies with the exec that ran it; hostile clients
-//! of the service change nothing.
+//! of the service change nothing. `su` works for root as on Debian.
 
 mod common;
 
@@ -89,6 +89,29 @@ async fn sudo_passes_stdio_exit_statuses_and_signals_through() {
     assert!(
         stderr.contains("sudo: unable to change directory to /no-such-dir: No such file"),
         "{stderr}"
+    );
+    sb.destroy().await.unwrap();
+}
+
+/// `su` and `runuser` (util-linux's, through PAM) let root become any account without a
+/// password, as on Debian, so `sudo su user -c ...` works; an account without a password
+/// cannot become another by `su`.
+#[tokio::test]
+async fn root_becomes_any_account_by_su_and_others_cannot() {
+    let Some(()) = root_or_skip() else { return };
+    let env = runtime("sudo-su");
+    let sb = sandbox(&env).await;
+    let out = as_user(
+        &sb,
+        "sudo su user -c 'id -un'; sudo su - user -c pwd; sudo su -c 'id -un'; \
+         sudo runuser -u nobody -- id -un; su -c true root </dev/null; echo status=$?",
+    )
+    .await;
+    assert_eq!(
+        text(&out.stdout),
+        "user\n/home/user\nroot\nnobody\nstatus=1\n",
+        "stderr: {}",
+        text(&out.stderr)
     );
     sb.destroy().await.unwrap();
 }

@@ -30,7 +30,7 @@ use crate::store::{
 };
 
 /// Bumped when what an import does to a tree changes, so images are imported anew.
-pub const IMPORT_VERSION: u32 = 1;
+pub const IMPORT_VERSION: u32 = 2;
 /// The largest JSON document (index, manifest, config) an archive may hold.
 const MAX_JSON: u64 = 4 << 20;
 /// The most files the outer archive may list.
