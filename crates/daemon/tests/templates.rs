@@ -602,3 +602,48 @@ async fn builds_outlive_their_daemon_and_one_it_died_during_fails() {
         (StatusCode::NOT_FOUND, "SANDBOX-IMAGE-BUILD-NOT-FOUND")
     );
 }
+
+/// A step is sandbox code, and so is the layer it leaves: one that replaces `/etc` by a
+/// symlink to a host directory gets a tree whose link the daemon, finishing the step's image
+/// as host root, must never follow (it writes the image's accounts there). The host's
+/// directory stays as it was.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_step_linking_etc_out_of_its_tree_changes_nothing_on_the_host() {
+    let Some(()) = root_or_skip() else { return };
+    let d = template_daemon().await;
+    let host = tempfile::tempdir().expect("tempdir");
+    let files = ["passwd", "group", "shadow", "hosts", "kept"];
+    for f in files {
+        std::fs::write(host.path().join(f), "the host's own\n").unwrap();
+    }
+    let spec = format!(
+        "base = \"python\"\nrun = [\"rm -rf /etc && ln -s {} /etc && echo linked\"]\n",
+        host.path().display()
+    );
+    let (status, built, log) = build(&d, "linked", ADMIN, &spec).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{built}");
+    assert_eq!(built["state"], "succeeded", "{built}\n{}", log.join("\n"));
+    assert!(
+        log.iter().any(|l| l.trim() == "linked"),
+        "{}",
+        log.join("\n")
+    );
+    for f in files {
+        let path = host.path().join(f);
+        assert_eq!(
+            std::fs::read_to_string(&path).ok().as_deref(),
+            Some("the host's own\n"),
+            "{} was changed by the build",
+            path.display()
+        );
+    }
+    // Its sessions get an /etc of their own again.
+    let id = d.create(json!({"image": "linked"})).await;
+    let v = d
+        .exec(
+            &id,
+            json!({"shell": "test -d /etc && ! test -L /etc && cat /etc/hostname"}),
+        )
+        .await;
+    assert_eq!(v["stdout"], "sandbox\n", "{v}");
+}

@@ -123,6 +123,10 @@ pub(crate) fn write_etc(etc: &Path) -> io::Result<()> {
 /// a tree that never has them cannot hand them to another runtime), the generated accounts and
 /// root directories in place. Returns the tree's size in bytes.
 pub(crate) fn sanitize(root: &Path) -> io::Result<u64> {
+    // Every path below is joined under `root` and resolved by the host as the daemon's root:
+    // a tree a template step changed may have `etc -> /etc` (its layer replaced the directory
+    // by a symlink), and writing the accounts there would write the host's.
+    unlink_symlinked_dirs(root)?;
     for rel in REMOVED {
         remove_any(&root.join(rel))?;
     }
@@ -245,6 +249,49 @@ mod tests {
         assert!(root.join("home/user").is_dir() && root.join("workspace").is_dir());
         let tmp = std::fs::metadata(root.join("tmp")).unwrap().mode();
         assert_eq!(tmp & 0o7777, 0o1777);
+    }
+
+    /// A tree whose `etc`, `dev` or `var/lib` a hostile step or archive made symlinks to host
+    /// directories: sanitizing replaces the links by directories and leaves the host's alone.
+    #[test]
+    fn sanitize_never_follows_a_symlinked_directory_out_of_the_tree() {
+        let host = tempfile::tempdir().unwrap();
+        let canary = |dir: &str| {
+            let d = host.path().join(dir);
+            std::fs::create_dir_all(&d).unwrap();
+            for f in ["passwd", "shadow", "machine-id", "keep"] {
+                std::fs::write(d.join(f), "host's own\n").unwrap();
+            }
+            d
+        };
+        let tree = tempfile::tempdir().unwrap();
+        let root = tree.path();
+        symlink(canary("etc"), root.join("etc")).unwrap();
+        symlink(canary("dev"), root.join("dev")).unwrap();
+        std::fs::create_dir(root.join("var")).unwrap();
+        symlink(canary("lib"), root.join("var/lib")).unwrap();
+        symlink(host.path().join("lib"), root.join("sys")).unwrap();
+        sanitize(root).unwrap();
+        for dir in ["etc", "dev", "lib"] {
+            for f in ["passwd", "shadow", "machine-id", "keep"] {
+                let path = host.path().join(dir).join(f);
+                assert_eq!(
+                    std::fs::read_to_string(&path).unwrap(),
+                    "host's own\n",
+                    "{} changed",
+                    path.display()
+                );
+            }
+        }
+        for dir in ["etc", "dev", "var/lib", "sys"] {
+            let link = std::fs::symlink_metadata(root.join(dir)).is_ok_and(|m| m.is_symlink());
+            assert!(!link, "{dir} is still a symlink");
+        }
+        assert!(root.join("etc").is_dir() && root.join("dev").is_dir());
+        assert_eq!(
+            std::fs::read_to_string(root.join("etc/passwd")).unwrap(),
+            PASSWD
+        );
     }
 
     #[test]
