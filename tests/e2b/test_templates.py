@@ -45,8 +45,7 @@ def context(tmp_path):
 
 
 def test_a_template_builds_caches_and_runs_sessions(context):
-    # Owners and modes are checked by the build's own steps: a session sees its image's files
-    # as the host's (ARCHITECTURE.md, known limits), a build step the steps' before it as made.
+    # Owners and modes hold in the build's later steps and in the template's sessions alike.
     t = (
         Template(file_context_path=str(context))
         .from_base_image()
@@ -71,6 +70,11 @@ def test_a_template_builds_caches_and_runs_sessions(context):
         assert run("readlink /opt/app/link.sh") == "main.sh\n"
         assert run("cat /opt/single/single.txt") == "single\n"
         assert run("cat /opt/work/built.txt") == "hello from user in /opt/work\n"
+        assert run("stat -c %U /opt/app/main.sh /opt/work/built.txt") == "user\nuser\n"
+        assert run("stat -c %a:%U /opt/single/single.txt") == "644:root\n"
+        # What `user` made in a step is `user`'s to change in the session.
+        r = sb.commands.run("echo more >> /opt/work/built.txt && tail -1 /opt/work/built.txt")
+        assert r.stdout == "more\n"
         assert run("echo $GREETING-$MODE") == "hello-dev\n"
         assert run("cat /tmp/started") == "up\n", "the start command ran before the hand-out"
     finally:
@@ -135,6 +139,24 @@ def test_steps_as_user_use_sudo_as_e2b_templates_do():
     try:
         r = sb.commands.run("cat /srv/tool/by /etc/made-by-sudo; stat -c %U /etc/made-by-sudo; sudo id -un")
         assert r.stdout == "user\nroot-made\nroot\nroot\n"
+    finally:
+        sb.kill()
+
+
+def test_accounts_a_step_adds_and_their_files_are_there_in_sessions():
+    # A Dockerfile's `RUN useradd` and `USER app`, as E2B templates run them.
+    t = name("accounts")
+    build(Template().from_base_image()
+          .run_cmd("useradd -m -s /bin/bash app", user="root")
+          .run_cmd("cd /home/app && echo secret > notes && chmod 600 notes && whoami > by",
+                   user="app"), t)
+    sb = Sandbox.create(t)
+    try:
+        r = sb.commands.run("id -un app; stat -c %U:%a /home/app/notes; sudo -u app cat /home/app/notes "
+                            "/home/app/by; cat /home/app/notes 2>&1 | grep -c 'Permission denied'")
+        assert r.stdout == "app\napp:600\nsecret\napp\n1\n"
+        r = sb.commands.run("sudo su - app -c 'echo changed > notes && cat notes'")
+        assert r.stdout == "changed\n"
     finally:
         sb.kill()
 

@@ -1,8 +1,7 @@
 //! Image builds from template specs (`koder_image::template`): each step runs as root inside
 //! a jail made by the session manager (the same isolation as sessions, never on the host) on
 //! the base image with the earlier steps' layers stacked on it, id-mapped as a restored
-//! snapshot's so the step owns what they made (image files belong to host root and could not
-//! be changed), with network `open` plus the build-only exemptions of `[images]
+//! snapshot's so the step owns what they made, with network `open` plus the build-only exemptions of `[images]
 //! build_internal`. What a step changed (its sandbox's writable layer, captured by the agent)
 //! is kept as the step's layer and applied onto a hard-linked copy of the parent's tree,
 //! stored as an unlisted image under the step's key, so a later build reruns only the steps

@@ -408,7 +408,8 @@ fn apply_layer(root: &std::path::Path, layer: &Scratch) -> Result<(), ImageError
             max_bytes: LAYER_BYTES,
             max_entries: LAYER_ENTRIES,
         },
-        // Host root's in the end (`finish_tree`); setuid bits are cleared there too.
+        // The sandbox's own ids, as the step left them: the finished tree keeps them (its
+        // sessions mount it id-mapped); `finish_tree` clears setuid bits.
         owners: koder_layer::Owners::AsIs,
     };
     koder_layer::apply(

@@ -63,6 +63,11 @@ async fn an_imported_oci_image_runs_sessions_and_hostile_archives_leave_nothing(
         E::Dir("opt"),
         E::Dir("opt/app"),
         E::File("opt/app/hello.txt", b"hello from the layer\n", 0o644),
+        E::Owned(
+            &E::File("opt/app/mine.txt", b"user's own\n", 0o600),
+            1000,
+            1000,
+        ),
         E::File("usr/bin/.wh.yes", b"", 0o644),
     ]);
     let archive = oci_archive(&[base.clone(), top], false);
@@ -88,6 +93,23 @@ async fn an_imported_oci_image_runs_sessions_and_hostile_archives_leave_nothing(
     assert_eq!(
         v["stdout"].as_str().unwrap_or(""),
         "hello from the layer\nhello /opt/app\nwhited-out\n/usr/bin/ls\nok\n",
+        "{v}"
+    );
+    // The layer's owners are the session's: `user`'s private file is `user`'s alone, and the
+    // tree's root directory, host root's alone on the host, is not what the session's `/` is.
+    let v = d
+        .exec(
+            &id,
+            json!({"shell": "stat -c %U:%a /opt/app/mine.txt; cat /opt/app/mine.txt && \
+                             echo more >> /opt/app/mine.txt && echo appended; \
+                             stat -c %a / && ls / > /dev/null && echo lists-root; \
+                             /usr/local/bin/sudo -u nobody cat /opt/app/mine.txt 2>&1 | grep -c 'Permission denied'",
+                   "user": "user"}),
+        )
+        .await;
+    assert_eq!(
+        v["stdout"].as_str().unwrap_or(""),
+        "user:600\nuser's own\nappended\n755\nlists-root\n1\n",
         "{v}"
     );
 

@@ -215,7 +215,7 @@ mod tests {
         assert!(etc.join("passwd").is_file());
         assert_eq!(
             std::fs::read_to_string(etc.join("shadow")).unwrap(),
-            crate::rootfs::SHADOW,
+            crate::rootfs::shadow_of(crate::rootfs::PASSWD),
             "the host's password hashes leaked into the image"
         );
         for secret in ["gshadow", "ssh", "machine-id", "ssl/private", "sudoers"] {

@@ -256,8 +256,7 @@ impl Spec {
     }
 
     /// The environment of the finished image (and of every step): `base`'s, where pip and npm
-    /// install to (image files belong to host root, so the image's own /usr is read-only in
-    /// a build sandbox: packages go below /opt, which is writable), then the spec's own.
+    /// install to (below /opt, whatever the base), then the spec's own.
     pub fn image_env(&self, base: &[(String, String)]) -> Vec<(String, String)> {
         let mut env: BTreeMap<String, String> = base.iter().cloned().collect();
         let mut path = Vec::new();

@@ -140,7 +140,8 @@ fn refused(root: &Path, path: &Path, why: &str) -> ImageError {
 /// Writes the filesystem holding `root`'s tree to `out` (created; sparse where empty).
 fn mkfs(root: &Path, out: &Path, size: &TreeSize) -> Result<(), ImageError> {
     let out = Command::new("mkfs.ext4")
-        // Read-only for every guest: no journal, no reserved blocks; files stay host root's.
+        // Read-only for every guest: no journal, no reserved blocks; files keep the tree's
+        // owners (the sandbox's ids, as a jail maps them).
         .args([
             "-q",
             "-F",

@@ -30,7 +30,7 @@ use crate::store::{
 };
 
 /// Bumped when what an import does to a tree changes, so images are imported anew.
-pub const IMPORT_VERSION: u32 = 2;
+pub const IMPORT_VERSION: u32 = 3;
 /// The largest JSON document (index, manifest, config) an archive may hold.
 const MAX_JSON: u64 = 4 << 20;
 /// The most files the outer archive may list.
@@ -59,7 +59,7 @@ pub struct Imported {
 }
 
 /// Imports the image archive at `archive` into `store` under `name`. Blocking (it unpacks
-/// the whole image); needs to own what it creates (root, for the tree to be host root's).
+/// the whole image); needs root (the tree's files get the owners its layers name).
 pub fn import(store: &ImageStore, archive: &Path, name: &str, limits: Limits) -> Result<Imported> {
     check_name(name)?;
     let outer = Outer::open(archive)?;

@@ -17,6 +17,8 @@ pub enum E<'a> {
     Char(&'a str),
     /// A regular file whose header names any bytes (paths `tar::Builder` refuses).
     RawFile(&'a [u8]),
+    /// An entry owned by (uid, gid).
+    Owned(&'a E<'a>, u64, u64),
 }
 
 /// A layer tar holding `entries`, in order.
@@ -25,6 +27,14 @@ pub fn layer(entries: &[E<'_>]) -> Vec<u8> {
     for e in entries {
         let mut h = tar::Header::new_gnu();
         h.set_mtime(0);
+        let e = match e {
+            E::Owned(inner, uid, gid) => {
+                h.set_uid(*uid);
+                h.set_gid(*gid);
+                *inner
+            }
+            e => e,
+        };
         let (path, data): (&[u8], &[u8]) = match e {
             E::Dir(p) => {
                 h.set_entry_type(tar::EntryType::Directory);
@@ -56,6 +66,7 @@ pub fn layer(entries: &[E<'_>]) -> Vec<u8> {
                 h.set_mode(0o644);
                 (*p, b"x")
             }
+            E::Owned(..) => panic!("an owned entry inside an owned entry"),
         };
         h.as_old_mut().name = [0; 100];
         h.as_old_mut().name[..path.len()].copy_from_slice(path);

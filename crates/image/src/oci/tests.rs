@@ -1,4 +1,4 @@
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use serde_json::json;
 
@@ -98,6 +98,45 @@ fn oci_layout_layers_apply_in_order_with_whiteouts() {
     assert!(!again.unpacked);
     assert_eq!(again.image.names, ["app", "app2"]);
     assert_eq!(tmp_entries(&store), 0);
+}
+
+/// An image's own accounts and owners are what its sessions see: `app` made by the image's
+/// build keeps its home and its private file; an owner no sandbox has becomes root.
+#[test]
+fn the_images_accounts_and_owners_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(&dir.path().join("images")).unwrap();
+    let passwd = b"root:x:0:0:root:/root:/bin/ash\napp:x:1001:1001::/home/app:/bin/sh\n";
+    let layer = layer(&[
+        E::Dir("etc"),
+        E::File("etc/passwd", passwd, 0o644),
+        E::File("etc/group", b"root:x:0:\napp:x:1001:\n", 0o644),
+        E::Dir("home"),
+        E::Owned(&E::Dir("home/app"), 1001, 1001),
+        E::Owned(&E::File("home/app/secret", b"app's", 0o600), 1001, 1001),
+        E::Owned(&E::Symlink("home/app/link", "secret"), 1001, 1001),
+        E::Owned(&E::File("home/app/far", b"x", 0o644), 70_000, 1001),
+    ]);
+    let archive = write_archive(dir.path(), &oci_archive(&[layer], true));
+    let imported = import(&store, &archive, "owned", Limits::default()).unwrap();
+    let root = &imported.image.root;
+    let owner = |p: &str| {
+        let m = std::fs::symlink_metadata(root.join(p)).unwrap();
+        (m.uid(), m.gid(), m.mode() & 0o7777)
+    };
+    assert_eq!(owner("home/app"), (1001, 1001, 0o755));
+    assert_eq!(owner("home/app/secret"), (1001, 1001, 0o600));
+    assert_eq!(owner("home/app/link").0, 1001);
+    assert_eq!(owner("home/app/far"), (0, 1001, 0o644));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    assert_eq!(
+        read("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/ash\napp:x:1001:1001::/home/app:/bin/sh\n\
+         user:x:1000:1000:user:/home/user:/bin/ash\n\
+         nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    );
+    assert!(read("etc/group").starts_with("root:x:0:\napp:x:1001:\ntty:x:5:\n"));
+    assert!(read("etc/shadow").contains("app:*::0:99999:7:::\n"));
 }
 
 #[test]

@@ -19,7 +19,8 @@ use std::ffi::CStr;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+use koder_runtime::SANDBOX_IDS;
+use rustix::fs::{AtFlags, Dir, FileType, Gid, Mode, OFlags, Uid};
 use rustix::io::Errno;
 use sha2::{Digest as _, Sha256};
 use tar::EntryType;
@@ -211,6 +212,7 @@ fn write_entry<R: Read>(
     }
     let kind = entry.header().entry_type();
     let mode = entry.header().mode().map_err(corrupt)? & 0o1777;
+    let owner = owner_of(entry.header());
     let dir = match open_dir(root, parent, true, &raw)? {
         Some(dir) => dir,
         None => return Err(forbidden(&raw, "parent missing")),
@@ -218,7 +220,7 @@ fn write_entry<R: Read>(
     let dir = dir.as_fd();
     stats.entries += 1;
     match kind {
-        EntryType::Directory => make_dir(dir, name, mode, &raw),
+        EntryType::Directory => make_dir(dir, name, mode, owner, &raw),
         kind if is_file(kind) => {
             remove(dir, name)?;
             let fd = rustix::fs::openat(
@@ -232,8 +234,7 @@ fn write_entry<R: Read>(
             let size = entry.size();
             stats.bytes += io::copy(&mut (&mut entry).take(size), &mut file)
                 .map_err(|e| io_at("write", &raw, e))?;
-            rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))
-                .map_err(|e| io_at("chmod", &raw, e))
+            own(&file, mode, owner, &raw)
         }
         EntryType::Symlink => {
             let target = entry.link_name_bytes().unwrap_or_default();
@@ -241,7 +242,10 @@ fn write_entry<R: Read>(
                 return Err(forbidden(&raw, "symlink to no target"));
             }
             remove(dir, name)?;
-            rustix::fs::symlinkat(&*target, dir, *name).map_err(|e| io_at("symlink", &raw, e))
+            rustix::fs::symlinkat(&*target, dir, *name).map_err(|e| io_at("symlink", &raw, e))?;
+            let (uid, gid) = owner;
+            rustix::fs::chownat(dir, *name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|e| io_at("chown", &raw, e))
         }
         EntryType::Link => {
             let target = entry.link_name_bytes().unwrap_or_default().into_owned();
@@ -263,7 +267,35 @@ pub(super) fn is_file(kind: EntryType) -> bool {
     )
 }
 
-fn make_dir(dir: BorrowedFd<'_>, name: &[u8], mode: u32, raw: &[u8]) -> Result<()> {
+/// The owner an entry's header names, as the sandbox sees it: an id no sandbox has (65536 or
+/// more) is root's, and so is one the header leaves blank (some tools write none). The store
+/// mounts the tree id-mapped, so these are each sandbox's own ids.
+fn owner_of(header: &tar::Header) -> (Uid, Gid) {
+    let id = |raw: io::Result<u64>| -> u32 {
+        raw.ok()
+            .and_then(|id| u32::try_from(id).ok())
+            .filter(|&id| id < SANDBOX_IDS)
+            .unwrap_or(0)
+    };
+    (
+        Uid::from_raw(id(header.uid())),
+        Gid::from_raw(id(header.gid())),
+    )
+}
+
+/// Gives a file or directory its owner, then its mode (a chown would clear set-id bits).
+fn own(fd: impl AsFd, mode: u32, (uid, gid): (Uid, Gid), raw: &[u8]) -> Result<()> {
+    rustix::fs::fchown(&fd, Some(uid), Some(gid)).map_err(|e| io_at("chown", raw, e))?;
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| io_at("chmod", raw, e))
+}
+
+fn make_dir(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    mode: u32,
+    owner: (Uid, Gid),
+    raw: &[u8],
+) -> Result<()> {
     match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {}
         Ok(_) => {
@@ -274,7 +306,7 @@ fn make_dir(dir: BorrowedFd<'_>, name: &[u8], mode: u32, raw: &[u8]) -> Result<(
         Err(e) => return Err(io_at("stat", raw, e)),
     }
     let fd = open_child_dir(dir, name, raw)?;
-    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| io_at("chmod", raw, e))
+    own(&fd, mode, owner, raw)
 }
 
 fn mkdir(dir: BorrowedFd<'_>, name: &[u8], raw: &[u8]) -> Result<()> {

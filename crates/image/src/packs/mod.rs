@@ -12,7 +12,7 @@ use crate::store::{digest_of, Language};
 
 /// Bumped whenever what a build does to a tree changes (clean-up, generated files), so packs of
 /// an older recipe are rebuilt under a new digest.
-pub const RECIPE_VERSION: u32 = 2;
+pub const RECIPE_VERSION: u32 = 3;
 
 /// Paths dpkg leaves out of every pack: documentation nobody in a sandbox reads.
 const EXCLUDED: &[&str] = &[

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! store/<digest>/manifest.json   an image: its manifest...
-//! store/<digest>/rootfs/         ...and its read-only root tree (host root's, no setuid)
+//! store/<digest>/rootfs/         ...and its read-only root tree (sandbox owners, no setuid;
+//!                                the directory itself host root's alone)
 //! store/<digest>/build.log
 //! store/<digest>/derived/        files made from the tree for a runtime (a microVM's root disk):
 //!                                each complete once visible, never changed, gone with the image
@@ -22,7 +23,7 @@ mod manifest;
 pub mod name;
 
 use std::io;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -498,7 +499,7 @@ impl Staging {
     }
 
     /// Makes the root tree (a linked copy with a build step's layer applied on it) fit to be
-    /// shared: overlay whiteouts and other special files gone, owners host root's, no setuid,
+    /// shared: overlay whiteouts and other special files gone, owners the sandbox's, no setuid,
     /// the generated accounts in place. Returns its size in bytes.
     pub fn finish_tree(&self) -> Result<u64> {
         crate::rootfs::sanitize(&self.rootfs()).map_err(ImageError::io("finish the image tree"))
@@ -578,14 +579,16 @@ fn read_dir(dir: &Path) -> Result<Vec<std::fs::DirEntry>> {
 fn link_or_copy(from: &Path, to: &Path) -> io::Result<()> {
     match std::fs::hard_link(from, to) {
         Err(e) if e.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error()) => {
-            std::fs::copy(from, to).map(drop)
+            std::fs::copy(from, to)?;
+            let meta = std::fs::symlink_metadata(from)?;
+            lchown(to, Some(meta.uid()), Some(meta.gid()))
         }
         other => other,
     }
 }
 
-/// Recreates the tree `from` at `to`: directories with their modes, symlinks as they are,
-/// regular files as hard links. Owners are kept (both trees are host root's).
+/// Recreates the tree `from` at `to`: directories with their owners and modes, symlinks as
+/// they are, regular files as hard links (their inodes, owners included, shared).
 fn link_tree(from: &Path, to: &Path) -> io::Result<()> {
     let meta = std::fs::symlink_metadata(from)?;
     let ft = meta.file_type();
@@ -595,9 +598,11 @@ fn link_tree(from: &Path, to: &Path) -> io::Result<()> {
             let entry = entry?;
             link_tree(&entry.path(), &to.join(entry.file_name()))?;
         }
+        lchown(to, Some(meta.uid()), Some(meta.gid()))?;
         std::fs::set_permissions(to, meta.permissions())
     } else if ft.is_symlink() {
-        symlink(std::fs::read_link(from)?, to)
+        symlink(std::fs::read_link(from)?, to)?;
+        lchown(to, Some(meta.uid()), Some(meta.gid()))
     } else {
         link_or_copy(from, to)
     }

@@ -1,10 +1,16 @@
-//! What every image root tree gets: its directories, generated accounts and resolver files, and
-//! (for trees made from packages) the clean-up that makes it safe to share read-only among
-//! sandboxes.
+//! What every image root tree gets: its directories, accounts and resolver files, and (for
+//! trees made from packages, archives or template steps) the clean-up that makes it safe to
+//! share read-only among sandboxes.
+
+mod accounts;
+
+pub(crate) use accounts::shadow_of;
 
 use std::io;
 use std::os::unix::fs::{lchown, MetadataExt, PermissionsExt};
 use std::path::Path;
+
+use koder_runtime::SANDBOX_IDS;
 
 use crate::ROOT_DIRS;
 
@@ -12,14 +18,6 @@ pub(crate) const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\n\
 user:x:1000:1000:user:/home/user:/bin/bash\n\
 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
 pub(crate) const GROUP: &str = "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n";
-/// The accounts of [`PASSWD`] with no password (`*` matches none) and no password aging (an
-/// empty date of last change: a 0 there would mean "must change it now"). PAM's `pam_unix`
-/// refuses an account it finds in no shadow file, so without this even root's `su user` fails
-/// with "Authentication failure"; root needs no password to become anyone, and `user` becomes
-/// root by `sudo`.
-pub(crate) const SHADOW: &str = "root:*::0:99999:7:::\n\
-user:*::0:99999:7:::\n\
-nobody:*::0:99999:7:::\n";
 /// Owner-only reading, as Debian's (whose group `shadow` the generated accounts lack): once a
 /// sandbox's root sets a password, the hash is no other account's to read.
 pub(crate) const SHADOW_MODE: u32 = 0o640;
@@ -27,10 +25,17 @@ const HOSTS: &str = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost 
 const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n";
 const RESOLV: &str = "# koder-sandbox: name resolution follows the session's network policy\n";
 
-/// Files of a package-built /etc no sandbox gets: password hashes (of accounts that are replaced
-/// anyway), the build host's identity, and the package manager's state.
+/// The resolver files every root gets, whatever its tree held.
+const RESOLVER: &[(&str, &str, u32)] = &[
+    ("hosts", HOSTS, 0o644),
+    ("nsswitch.conf", NSSWITCH, 0o644),
+    ("resolv.conf", RESOLV, 0o644),
+    ("hostname", "sandbox\n", 0o644),
+];
+
+/// Files of a package-built /etc no sandbox gets: backups of the account files and group
+/// passwords, the build host's identity, and the package manager's state.
 const REMOVED: &[&str] = &[
-    "etc/shadow",
     "etc/shadow-",
     "etc/gshadow",
     "etc/gshadow-",
@@ -96,32 +101,41 @@ pub(crate) fn make_dirs(root: &Path) -> io::Result<()> {
 /// The generated accounts (root, `user` = 1000, nobody) and resolver files, replacing whatever
 /// `etc` held (a symlink there is replaced, never followed).
 pub(crate) fn write_etc(etc: &Path) -> io::Result<()> {
-    for (name, content, mode) in [
+    let shadow = shadow_of(PASSWD);
+    let accounts = [
         ("passwd", PASSWD, 0o644),
         ("group", GROUP, 0o644),
-        ("shadow", SHADOW, SHADOW_MODE),
-        ("hosts", HOSTS, 0o644),
-        ("nsswitch.conf", NSSWITCH, 0o644),
-        ("resolv.conf", RESOLV, 0o644),
-        ("hostname", "sandbox\n", 0o644),
-    ] {
-        let path = etc.join(name);
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        std::fs::write(&path, content)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+        ("shadow", shadow.as_str(), SHADOW_MODE),
+    ];
+    for (name, content, mode) in accounts.iter().chain(RESOLVER) {
+        replace_file(&etc.join(name), content, *mode)?;
     }
     Ok(())
 }
 
-/// Makes a tree built from packages fit to be every sandbox's read-only lower layer: secrets
-/// and package-manager state out, only directories, regular files and symlinks left (device
-/// nodes, fifos and sockets are dropped: the agent builds /dev itself), every entry owned by
-/// host root with its setuid and setgid bits cleared (a sandbox runs under no_new_privs anyway;
-/// a tree that never has them cannot hand them to another runtime), the generated accounts and
-/// root directories in place. Returns the tree's size in bytes.
+/// Writes `content` as a new file at `path`, removing what was there first (a symlink is
+/// removed, never written through).
+fn replace_file(path: &Path, content: &str, mode: u32) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::write(path, content)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Makes a tree built from packages, an archive or a template step fit to be every sandbox's
+/// read-only lower layer: secrets and package-manager state out, only directories, regular
+/// files and symlinks left (device nodes, fifos and sockets are dropped: the agent builds /dev
+/// itself), setuid and setgid bits cleared (a sandbox runs under no_new_privs anyway; a tree
+/// that never has them cannot hand them to another runtime), the tree's accounts checked and
+/// the generated ones added, the root directories and resolver files in place. Owners are
+/// kept as the sandbox sees them (runtimes mount the tree id-mapped onto each sandbox's ids),
+/// so a file an image or a step gave to `user` or `app` is theirs in every session; an owner
+/// no sandbox has (an id of 65536 or more) becomes root. The tree's own root directory is
+/// left to host root alone: its files belong to ids a host user may have, and no sandbox sees
+/// that directory's mode (its root is an overlay whose upper layer gives `/` its own).
+/// Returns the tree's size in bytes.
 pub(crate) fn sanitize(root: &Path) -> io::Result<u64> {
     // Every path below is joined under `root` and resolved by the host as the daemon's root:
     // a tree a template step changed may have `etc -> /etc` (its layer replaced the directory
@@ -135,10 +149,27 @@ pub(crate) fn sanitize(root: &Path) -> io::Result<u64> {
     }
     make_dirs(root)?;
     std::fs::create_dir_all(root.join("var/log"))?;
-    write_etc(&root.join("etc"))?;
+    let etc = root.join("etc");
+    accounts::merge(&etc)?;
+    for (name, content, mode) in RESOLVER {
+        replace_file(&etc.join(name), content, *mode)?;
+    }
     let mut size = 0;
     walk(root, &mut size)?;
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(TREE_ROOT_MODE))?;
     Ok(size)
+}
+
+/// The mode of a stored tree's root directory: see [`sanitize`].
+pub(crate) const TREE_ROOT_MODE: u32 = 0o700;
+
+/// An owner a sandbox has, or root.
+fn sandbox_id(id: u32) -> u32 {
+    if id < SANDBOX_IDS {
+        id
+    } else {
+        0
+    }
 }
 
 fn walk(path: &Path, size: &mut u64) -> io::Result<()> {
@@ -147,8 +178,9 @@ fn walk(path: &Path, size: &mut u64) -> io::Result<()> {
     if !(ft.is_dir() || ft.is_file() || ft.is_symlink()) {
         return std::fs::remove_file(path);
     }
-    if meta.uid() != 0 || meta.gid() != 0 {
-        lchown(path, Some(0), Some(0))?;
+    let (uid, gid) = (sandbox_id(meta.uid()), sandbox_id(meta.gid()));
+    if (uid, gid) != (meta.uid(), meta.gid()) {
+        lchown(path, Some(uid), Some(gid))?;
     }
     if !ft.is_symlink() {
         let mode = meta.mode() & 0o7777;
@@ -207,8 +239,18 @@ mod tests {
             std::fs::Permissions::from_mode(0o4755),
         )
         .unwrap();
-        std::fs::write(root.join("etc/shadow"), b"root:$6$hash").unwrap();
+        std::fs::write(
+            root.join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/bash\napp:x:1001:1001::/home/app:/bin/sh\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("etc/shadow"), "root:!:19000:0:99999:7:::\n").unwrap();
         std::fs::write(root.join("etc/shadow-"), b"root:$6$hash").unwrap();
+        std::fs::write(root.join("etc/gshadow"), b"root:*::").unwrap();
+        std::fs::write(root.join("usr/app"), b"app's").unwrap();
+        std::fs::write(root.join("usr/far"), b"no sandbox's").unwrap();
+        lchown(root.join("usr/app"), Some(1001), Some(1001)).unwrap();
+        lchown(root.join("usr/far"), Some(70_000), Some(1001)).unwrap();
         std::fs::write(root.join("etc/ssh/ssh_host_ed25519_key"), b"k").unwrap();
         std::fs::write(root.join("dev/null"), b"").unwrap();
         // A symlink out of the tree is kept as a link, never followed.
@@ -225,23 +267,41 @@ mod tests {
         assert!(size > 0);
         let mode = std::fs::metadata(root.join("usr/bin/su")).unwrap().mode();
         assert_eq!(mode & 0o7777, 0o755, "setuid bit kept");
+        // The tree's accounts kept, the generated ones added, each with a shadow line.
+        assert_eq!(
+            std::fs::read_to_string(root.join("etc/passwd")).unwrap(),
+            "root:x:0:0:root:/root:/bin/bash\napp:x:1001:1001::/home/app:/bin/sh\n\
+             user:x:1000:1000:user:/home/user:/bin/bash\n\
+             nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        );
         assert_eq!(
             std::fs::read_to_string(root.join("etc/shadow")).unwrap(),
-            SHADOW,
-            "the tree's password hash kept"
+            "root:!:19000:0:99999:7:::\napp:*::0:99999:7:::\nuser:*::0:99999:7:::\n\
+             nobody:*::0:99999:7:::\n"
         );
         let shadow = std::fs::metadata(root.join("etc/shadow")).unwrap().mode();
         assert_eq!(shadow & 0o777, SHADOW_MODE);
-        for gone in ["etc/shadow-", "etc/ssh", "dev/null", "usr/fifo"] {
+        // Owners as the sandbox sees them, or root for an id no sandbox has.
+        let owner = |p: &str| {
+            let m = std::fs::symlink_metadata(root.join(p)).unwrap();
+            (m.uid(), m.gid())
+        };
+        assert_eq!(owner("usr/app"), (1001, 1001));
+        assert_eq!(owner("usr/far"), (0, 1001));
+        let top = std::fs::metadata(root).unwrap().mode();
+        assert_eq!(top & 0o7777, TREE_ROOT_MODE, "host users reach the tree");
+        for gone in [
+            "etc/shadow-",
+            "etc/gshadow",
+            "etc/ssh",
+            "dev/null",
+            "usr/fifo",
+        ] {
             assert!(
                 std::fs::symlink_metadata(root.join(gone)).is_err(),
                 "{gone} kept"
             );
         }
-        assert_eq!(
-            std::fs::read_to_string(root.join("etc/passwd")).unwrap(),
-            PASSWD
-        );
         assert_eq!(
             std::fs::read_to_string(root.join("etc/hostname")).unwrap(),
             "sandbox\n"
@@ -288,21 +348,20 @@ mod tests {
             assert!(!link, "{dir} is still a symlink");
         }
         assert!(root.join("etc").is_dir() && root.join("dev").is_dir());
-        assert_eq!(
-            std::fs::read_to_string(root.join("etc/passwd")).unwrap(),
-            PASSWD
-        );
+        let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
+        assert!(passwd.starts_with("root:x:0:0:"), "{passwd}");
     }
 
     #[test]
-    fn every_account_has_a_shadow_entry_without_a_password() {
+    fn every_generated_account_has_a_shadow_line_without_a_password() {
+        let shadow = shadow_of(PASSWD);
         let names = |file: &str| -> Vec<String> {
             file.lines()
                 .map(|l| l.split(':').next().unwrap().to_string())
                 .collect()
         };
-        assert_eq!(names(PASSWD), names(SHADOW));
-        for line in SHADOW.lines() {
+        assert_eq!(names(PASSWD), names(&shadow));
+        for line in shadow.lines() {
             let fields: Vec<&str> = line.split(':').collect();
             assert_eq!(fields.len(), 9, "{line}");
             assert_eq!(fields[1], "*", "{line}: an account with a password");
