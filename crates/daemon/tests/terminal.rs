@@ -27,10 +27,10 @@ async fn shell_sees_resizes_and_reports_its_exit() {
     ws.send(Message::Binary(b"stty size; tty\n".to_vec().into()))
         .await
         .unwrap();
-    let out = read_until(&mut ws, "41 123").await;
-    assert!(
-        read_until(&mut ws, "/dev/pts/").await.contains("/dev/pts/") || out.contains("/dev/pts/")
-    );
+    // `tty` answers after `stty`: one read up to its answer holds both (they may come in one
+    // message, so waiting for each in turn could wait for output already read).
+    let out = read_until(&mut ws, "/dev/pts/").await;
+    assert!(out.contains("41 123"), "{out}");
     ws.send(Message::Text("{\"type\": \"bogus\"}".into()))
         .await
         .unwrap();
