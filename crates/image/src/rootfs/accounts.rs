@@ -5,8 +5,9 @@
 //! SDKs run as) and `nobody`, with their groups and a shadow line for every account.
 //!
 //! Every line is hostile (an archive or a sandboxed step wrote it): one that is no account,
-//! names an id outside a sandbox's (0..65536), a `root` that is not uid 0, or a name already
-//! seen is dropped; so is a line that is not UTF-8 or holds a control character.
+//! names an id outside a sandbox's (0..65536), a `root` that is not uid 0 or a `user` that is
+//! not 1000 (the API runs `user`'s commands as 1000), or a name already seen is dropped; so is
+//! a line that is not UTF-8 or holds a control character.
 
 use std::collections::HashSet;
 use std::io::{self, Read};
@@ -60,7 +61,7 @@ fn read(path: &Path) -> io::Result<String> {
 /// The tree's valid passwd lines, then [`PASSWD`]'s accounts it lacks (their shell root's).
 fn merge_passwd(tree: &str) -> String {
     let kept = keep(tree, 7, |f| {
-        id(f[2]).is_some() && id(f[3]).is_some() && (f[0] != "root" || f[2] == "0")
+        id(f[2]).is_some() && id(f[3]).is_some() && fixed_id_kept(f[0], f[2])
     });
     let root_shell = kept
         .iter()
@@ -78,16 +79,14 @@ fn merge_passwd(tree: &str) -> String {
 /// The tree's valid group lines (members that are no valid name dropped), then [`GROUP`]'s
 /// groups it lacks.
 fn merge_group(tree: &str) -> String {
-    let kept = keep(tree, 4, |f| {
-        id(f[2]).is_some() && (f[0] != "root" || f[2] == "0")
-    })
-    .into_iter()
-    .map(|line| {
-        let (head, members) = line.rsplit_once(':').unwrap_or((line.as_str(), ""));
-        let members: Vec<&str> = members.split(',').filter(|m| valid_name(m)).collect();
-        format!("{head}:{}", members.join(","))
-    })
-    .collect();
+    let kept = keep(tree, 4, |f| id(f[2]).is_some() && fixed_id_kept(f[0], f[2]))
+        .into_iter()
+        .map(|line| {
+            let (head, members) = line.rsplit_once(':').unwrap_or((line.as_str(), ""));
+            let members: Vec<&str> = members.split(',').filter(|m| valid_name(m)).collect();
+            format!("{head}:{}", members.join(","))
+        })
+        .collect();
     with_missing(kept, GROUP.lines().map(String::from))
 }
 
@@ -129,6 +128,16 @@ fn with_missing(kept: Vec<String>, generated: impl Iterator<Item = String>) -> S
     let names: HashSet<String> = kept.iter().map(|l| name_of(l).to_string()).collect();
     let added: Vec<String> = generated.filter(|l| !names.contains(name_of(l))).collect();
     kept.into_iter().chain(added).map(|l| l + "\n").collect()
+}
+
+/// Whether an account or group of the tree may keep its id: `root` must be 0 and `user` 1000,
+/// the ids everything outside the sandbox means by those names.
+fn fixed_id_kept(name: &str, id: &str) -> bool {
+    match name {
+        "root" => id == "0",
+        "user" => id == "1000",
+        _ => true,
+    }
 }
 
 fn name_of(line: &str) -> &str {
@@ -206,19 +215,25 @@ mod tests {
         let passwd = merge_passwd(tree);
         let names: Vec<&str> = passwd.lines().map(name_of).collect();
         assert_eq!(names, ["root", "toor", "app", "machine$", "user", "nobody"]);
-        // A `root` that is not uid 0 is not kept; the generated one takes its place.
-        let passwd = merge_passwd("root:x:1000:1000::/root:/bin/sh\n");
+        // A `root` that is not uid 0 or a `user` that is not 1000 is not kept; the generated
+        // one takes its place.
+        let passwd = merge_passwd("root:x:1000:1000::/root:/bin/sh\nuser:x:0:0::/:/bin/sh\n");
         assert!(
             passwd.starts_with("root:x:0:0:root:/root:/bin/sh\n"),
             "{passwd}"
         );
-        assert!(!passwd.contains("root:x:1000"), "{passwd}");
+        assert!(passwd.contains("\nuser:x:1000:1000:"), "{passwd}");
+        assert!(
+            !passwd.contains("root:x:1000") && !passwd.contains("user:x:0"),
+            "{passwd}"
+        );
     }
 
     #[test]
     fn groups_keep_their_valid_members_and_get_the_generated_ones() {
-        let group =
-            merge_group("root:x:0:\nsudo:x:27:app,../x,,-o\ntty:x:5:\nroot:x:9:\nbad:x:70000:\n");
+        let group = merge_group(
+            "root:x:0:\nsudo:x:27:app,../x,,-o\ntty:x:5:\nroot:x:9:\nbad:x:70000:\nuser:x:0:\n",
+        );
         assert_eq!(
             group,
             "root:x:0:\nsudo:x:27:app\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n"
