@@ -98,11 +98,15 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
     assert!(out.contains("cloud-amd64"), "not the guest kernel: {r}");
     let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert!(!out.contains(host_release.trim()), "{r}");
-    // The guest's `user` has sudo, served by the same agent as in a jail.
+    // The guest's `user` has sudo, served by the same agent as in a jail; root becomes any
+    // account by `su`, as in a jail.
     let r = d
-        .exec(&id, json!({"shell": "id -u; sudo id -u", "user": "user"}))
+        .exec(
+            &id,
+            json!({"shell": "id -u; sudo id -u; sudo su - user -c 'id -un'", "user": "user"}),
+        )
         .await;
-    assert_eq!(r["stdout"], "1000\n0\n", "{r}");
+    assert_eq!(r["stdout"], "1000\n0\nuser\n", "{r}");
 
     let r = d
         .exec(

@@ -16,8 +16,9 @@ use koder_runtime::RuntimeError;
 
 use crate::{default_env, Image, DEFAULT_WORKDIR, HOST};
 
-/// Bumped whenever the generated content changes, so old trees are rebuilt.
-const HOST_IMAGE_VERSION: &str = "7";
+/// Bumped whenever the generated content changes, so old trees are rebuilt (and the microVM
+/// root disks made from them).
+pub const HOST_IMAGE_VERSION: &str = "7";
 const MARKER: &str = ".koder-image";
 
 /// The generated root's directory of command shims, last in [`host_env`]'s PATH so that a

@@ -57,6 +57,10 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ImageError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Manifest {
     version: u32,
+    /// The `host` image's version the root disk was made from: a newer one (its generated
+    /// /etc changed) makes the image stale. Absent in manifests from before it was recorded.
+    #[serde(default)]
+    host_image: String,
     kernel_version: String,
     /// Module names in load order; the files are `modules/<name>.ko`.
     modules: Vec<String>,
@@ -94,7 +98,7 @@ pub fn load(images_dir: &Path) -> Result<VmImage, ImageError> {
     let not_built = || ImageError::NotBuilt(shown.clone());
     let raw = std::fs::read(dir.join(MANIFEST)).map_err(|_| not_built())?;
     let manifest: Manifest = serde_json::from_slice(&raw).map_err(|_| not_built())?;
-    if manifest.version != IMAGE_VERSION {
+    if manifest.version != IMAGE_VERSION || manifest.host_image != koder_image::HOST_IMAGE_VERSION {
         return Err(not_built());
     }
     let files = |names: &[String]| -> Vec<(String, PathBuf)> {
@@ -191,6 +195,7 @@ fn build_into(opts: &BuildOptions, dir: &Path, work: &Path) -> Result<(), ImageE
     build_rootfs(&opts.images_dir, &dir.join("rootfs.ext4"))?;
     let manifest = Manifest {
         version: IMAGE_VERSION,
+        host_image: koder_image::HOST_IMAGE_VERSION.into(),
         kernel_version,
         modules: modules.into_iter().map(|(n, _)| n).collect(),
         egress_modules: egress_modules.into_iter().map(|(n, _)| n).collect(),
@@ -371,13 +376,15 @@ mod tests {
 
     #[test]
     fn missing_or_stale_images_are_not_built() {
+        const HOST: &str = koder_image::HOST_IMAGE_VERSION;
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(load(dir.path()), Err(ImageError::NotBuilt(_))));
         let img = image_dir(dir.path());
         std::fs::create_dir_all(img.join("modules")).unwrap();
-        let manifest = |version| {
+        let manifest = |version, host: &str| {
             serde_json::to_vec(&Manifest {
                 version,
+                host_image: host.into(),
                 kernel_version: "6.1.0-test".into(),
                 modules: vec!["virtio".into()],
                 egress_modules: vec![],
@@ -385,12 +392,17 @@ mod tests {
             })
             .unwrap()
         };
-        std::fs::write(img.join(MANIFEST), manifest(IMAGE_VERSION + 1)).unwrap();
+        std::fs::write(img.join(MANIFEST), manifest(IMAGE_VERSION + 1, HOST)).unwrap();
         std::fs::write(img.join("vmlinux"), b"x").unwrap();
         std::fs::write(img.join("rootfs.ext4"), b"x").unwrap();
         std::fs::write(img.join("modules/virtio.ko"), b"x").unwrap();
         assert!(matches!(load(dir.path()), Err(ImageError::NotBuilt(_))));
-        std::fs::write(img.join(MANIFEST), manifest(IMAGE_VERSION)).unwrap();
+        // Made from an older `host` image, or before its version was recorded.
+        for old in [b"{\"version\":4}".to_vec(), manifest(IMAGE_VERSION, "0")] {
+            std::fs::write(img.join(MANIFEST), old).unwrap();
+            assert!(matches!(load(dir.path()), Err(ImageError::NotBuilt(_))));
+        }
+        std::fs::write(img.join(MANIFEST), manifest(IMAGE_VERSION, HOST)).unwrap();
         let image = load(dir.path()).unwrap();
         assert_eq!(image.kernel_version, "6.1.0-test");
         assert_eq!(image.modules[0].1, img.join("modules/virtio.ko"));
