@@ -224,14 +224,17 @@ async fn at_a_terminal_the_command_controls_a_terminal_of_its_own() {
     let Some(()) = root_or_skip() else { return };
     let env = runtime("sudo-tty");
     let sb = sandbox(&env).await;
-    // `script` runs the lines at a terminal, as a PTY session would.
+    // `script` runs the lines at a terminal, as a PTY session would. At the end of its input
+    // (/dev/null) it types an end-of-file character into the terminal, a NUL here, which the
+    // terminal echoes as `^@` when it lands during the run: not the command's output.
     let out = as_user(
         &sb,
         "cat > /tmp/at-a-terminal <<'EOF'\n\
          sudo bash -ic 'case $- in *m*) echo job-control;; esac; tty'\n\
          stty -a | grep -q -- ' icanon' && echo settings-restored\n\
          EOF\n\
-         script -qec 'bash /tmp/at-a-terminal' /dev/null | tr -d '\\r'; sudo tty",
+         script -qec 'bash /tmp/at-a-terminal' /dev/null \
+         | tr -d '\\r' | sed 's/\\^@//g'; sudo tty",
     )
     .await;
     let stdout = text(&out.stdout);
