@@ -20,7 +20,8 @@ use super::{replace_file, GROUP, PASSWD, SHADOW_MODE};
 
 /// The most bytes of one account file read (a system's accounts take a few KiB).
 const MAX_FILE: u64 = 4 << 20;
-/// What sandboxes need of every account but root, whose shell the tree's own root tells.
+/// The generated accounts' shell when the tree has no `root` to take it from (an image with
+/// any shell has this one).
 const DEFAULT_SHELL: &str = "/bin/sh";
 
 /// Rewrites `etc`'s `passwd`, `group` and `shadow` as the tree's checked accounts plus the
