@@ -1,10 +1,10 @@
 //! The `host` image: the host's /usr, read-only, under a generated minimal root.
 //!
 //! Only what programs need to run is generated or copied (accounts with a shadow file that
-//! holds no password, PAM's stack for `su`, name service switch, hosts, CA certificates, the dynamic linker cache, Debian's alternatives symlinks, the OpenJDKs'
-//! and R's configuration, which their /usr trees link to). Nothing else of
-//! the host's /etc — its shadow file, ssh keys, machine-id, private TLS keys — ever enters a
-//! sandbox.
+//! holds no password, PAM's stack for `su`, name service switch, hosts, CA certificates, the
+//! dynamic linker cache, Debian's alternatives symlinks, the OpenJDKs' and R's configuration,
+//! which their /usr trees link to). Nothing else of the host's /etc — its shadow file, ssh
+//! keys, machine-id, private TLS keys — ever enters a sandbox.
 //! Commands users expect by a name the host's Debian lacks get a shim (`python` → `python3`)
 //! in a directory of the generated root that comes last in the image's PATH.
 
@@ -105,10 +105,6 @@ fn build_host_layer(images_dir: &Path, layer: &Path) -> Result<(), RuntimeError>
     }
     let etc = staging.join("etc");
     crate::rootfs::write_etc(&etc).map_err(io("etc"))?;
-    // Owned by the host's root, whom the sandbox cannot map: its root could not read a 0640
-    // shadow file, and can write none of these, so no hash ever lands in this one.
-    std::fs::set_permissions(etc.join("shadow"), std::fs::Permissions::from_mode(0o644))
-        .map_err(io("shadow"))?;
     write_pam(&etc).map_err(io("pam.d"))?;
     symlink("/usr/share/zoneinfo/Etc/UTC", etc.join("localtime")).map_err(io("localtime"))?;
     symlink("../usr/lib/os-release", etc.join("os-release")).map_err(io("os-release"))?;

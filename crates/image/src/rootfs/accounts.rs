@@ -16,7 +16,11 @@ use std::path::Path;
 use koder_runtime::SANDBOX_IDS;
 use rustix::fs::{Mode, OFlags};
 
-use super::{replace_file, GROUP, PASSWD, SHADOW_MODE};
+use super::{replace_file, GROUP, PASSWD};
+
+/// Owner-only reading, as Debian's (whose group `shadow` the generated accounts lack): once a
+/// sandbox's root sets a password, the hash is no other account's to read.
+pub(super) const SHADOW_MODE: u32 = 0o640;
 
 /// The most bytes of one account file read (a system's accounts take a few KiB).
 const MAX_FILE: u64 = 4 << 20;

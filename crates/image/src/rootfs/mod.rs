@@ -18,19 +18,16 @@ pub(crate) const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\n\
 user:x:1000:1000:user:/home/user:/bin/bash\n\
 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
 pub(crate) const GROUP: &str = "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n";
-/// Owner-only reading, as Debian's (whose group `shadow` the generated accounts lack): once a
-/// sandbox's root sets a password, the hash is no other account's to read.
-pub(crate) const SHADOW_MODE: u32 = 0o640;
 const HOSTS: &str = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n";
 const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n";
 const RESOLV: &str = "# koder-sandbox: name resolution follows the session's network policy\n";
 
-/// The resolver files every root gets, whatever its tree held.
-const RESOLVER: &[(&str, &str, u32)] = &[
-    ("hosts", HOSTS, 0o644),
-    ("nsswitch.conf", NSSWITCH, 0o644),
-    ("resolv.conf", RESOLV, 0o644),
-    ("hostname", "sandbox\n", 0o644),
+/// The resolver files every root gets (mode 0644), whatever its tree held.
+const RESOLVER: &[(&str, &str)] = &[
+    ("hosts", HOSTS),
+    ("nsswitch.conf", NSSWITCH),
+    ("resolv.conf", RESOLV),
+    ("hostname", "sandbox\n"),
 ];
 
 /// Files of a package-built /etc no sandbox gets: backups of the account files and group
@@ -98,17 +95,16 @@ pub(crate) fn make_dirs(root: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// The generated accounts (root, `user` = 1000, nobody) and resolver files, replacing whatever
-/// `etc` held (a symlink there is replaced, never followed).
+/// The `host` image's /etc: the generated accounts (root, `user` = 1000, nobody, none with a
+/// password) and the resolver files, replacing whatever `etc` held (a symlink there is
+/// replaced, never followed). Every file is 0644, the shadow file too: the sandbox cannot map
+/// the host's root who owns them, so its root could not read a 0640 one, and can write none of
+/// them, so no hash ever lands there.
 pub(crate) fn write_etc(etc: &Path) -> io::Result<()> {
     let shadow = shadow_of(PASSWD);
-    let accounts = [
-        ("passwd", PASSWD, 0o644),
-        ("group", GROUP, 0o644),
-        ("shadow", shadow.as_str(), SHADOW_MODE),
-    ];
-    for (name, content, mode) in accounts.iter().chain(RESOLVER) {
-        replace_file(&etc.join(name), content, *mode)?;
+    let accounts = [("passwd", PASSWD), ("group", GROUP), ("shadow", &shadow)];
+    for (name, content) in accounts.iter().chain(RESOLVER) {
+        replace_file(&etc.join(name), content, 0o644)?;
     }
     Ok(())
 }
@@ -151,8 +147,8 @@ pub(crate) fn sanitize(root: &Path) -> io::Result<u64> {
     std::fs::create_dir_all(root.join("var/log"))?;
     let etc = root.join("etc");
     accounts::merge(&etc)?;
-    for (name, content, mode) in RESOLVER {
-        replace_file(&etc.join(name), content, *mode)?;
+    for (name, content) in RESOLVER {
+        replace_file(&etc.join(name), content, 0o644)?;
     }
     let mut size = 0;
     walk(root, &mut size)?;
@@ -280,7 +276,7 @@ mod tests {
              nobody:*::0:99999:7:::\n"
         );
         let shadow = std::fs::metadata(root.join("etc/shadow")).unwrap().mode();
-        assert_eq!(shadow & 0o777, SHADOW_MODE);
+        assert_eq!(shadow & 0o777, accounts::SHADOW_MODE);
         // Owners as the sandbox sees them, or root for an id no sandbox has.
         let owner = |p: &str| {
             let m = std::fs::symlink_metadata(root.join(p)).unwrap();
