@@ -62,8 +62,7 @@ def test_a_template_builds_caches_and_runs_sessions(context):
     logs = build(t, n)
     assert any("step 3/" in line for line in logs), logs
 
-    sb = Sandbox.create(n)
-    try:
+    with Sandbox.create(n) as sb:
         assert sb.get_info().template_id == n
         run = lambda cmd: sb.commands.run(cmd, user="root").stdout  # noqa: E731
         assert run("cat /opt/app/main.sh /opt/app/sub/data.txt") == "echo from main\ndata\n"
@@ -77,8 +76,6 @@ def test_a_template_builds_caches_and_runs_sessions(context):
         assert r.stdout == "more\n"
         assert run("echo $GREETING-$MODE") == "hello-dev\n"
         assert run("cat /tmp/started") == "up\n", "the start command ran before the hand-out"
-    finally:
-        sb.kill()
 
     again = build(t, n)
     assert sum(line.endswith(": cached") for line in again) == 6, again
@@ -121,11 +118,8 @@ def test_template_on_a_template_and_on_an_image():
     build(Template().from_image("e2b-base").run_cmd("echo first > /home/user/first.txt"), first)
     second = name("second")
     build(Template().from_template(first).run_cmd("cat first.txt > second.txt"), second)
-    sb = Sandbox.create(second)
-    try:
+    with Sandbox.create(second) as sb:
         assert sb.commands.run("cat /home/user/second.txt").stdout == "first\n"
-    finally:
-        sb.kill()
 
 
 def test_steps_as_user_use_sudo_as_e2b_templates_do():
@@ -135,12 +129,9 @@ def test_steps_as_user_use_sudo_as_e2b_templates_do():
     build(Template().from_base_image()
           .run_cmd("sudo mkdir /srv/tool && sudo chown user /srv/tool && whoami > /srv/tool/by")
           .run_cmd("sudo sh -c 'echo root-made > /etc/made-by-sudo'"), t)
-    sb = Sandbox.create(t)
-    try:
+    with Sandbox.create(t) as sb:
         r = sb.commands.run("cat /srv/tool/by /etc/made-by-sudo; stat -c %U /etc/made-by-sudo; sudo id -un")
         assert r.stdout == "user\nroot-made\nroot\nroot\n"
-    finally:
-        sb.kill()
 
 
 def test_accounts_a_step_adds_and_their_files_are_there_in_sessions():
@@ -150,15 +141,12 @@ def test_accounts_a_step_adds_and_their_files_are_there_in_sessions():
           .run_cmd("useradd -m -s /bin/bash app", user="root")
           .run_cmd("cd /home/app && echo secret > notes && chmod 600 notes && whoami > by",
                    user="app"), t)
-    sb = Sandbox.create(t)
-    try:
+    with Sandbox.create(t) as sb:
         r = sb.commands.run("id -un app; stat -c %U:%a /home/app/notes; sudo -u app cat /home/app/notes "
                             "/home/app/by; cat /home/app/notes 2>&1 | grep -c 'Permission denied'")
         assert r.stdout == "app\napp:600\nsecret\napp\n1\n"
         r = sb.commands.run("sudo su - app -c 'echo changed > notes && cat notes'")
         assert r.stdout == "changed\n"
-    finally:
-        sb.kill()
 
 
 def test_failing_steps_say_which_and_leave_no_template():
