@@ -193,7 +193,7 @@ fn languages_in(root: &Path) -> Vec<Language> {
         ("node", "/usr/bin/node"),
     ]
     .into_iter()
-    .filter(|(_, at)| std::fs::symlink_metadata(root.join(at.trim_start_matches('/'))).is_ok())
+    .filter(|(_, at)| crate::rootfs::has_file(root, at))
     .map(|(name, interpreter)| Language {
         name: name.into(),
         interpreter: interpreter.into(),

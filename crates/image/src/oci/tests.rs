@@ -273,3 +273,32 @@ fn root_directories_that_are_links_are_replaced_not_followed() {
         .build_log
         .contains("/etc was no directory"));
 }
+
+#[test]
+fn interpreters_are_looked_for_inside_the_tree_never_through_the_host() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("bash"), b"the host's").unwrap();
+    let target = outside.path().to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(&dir.path().join("images")).unwrap();
+    let tree = layer(&[
+        E::Symlink("bin", target),
+        E::Dir("usr"),
+        E::Dir("usr/bin"),
+        E::Dir("opt"),
+        E::File("opt/python3", b"elf", 0o755),
+        E::Symlink("usr/bin/python3", "/opt/python3"),
+        E::Symlink("usr/bin/node", "/opt/no-node"),
+    ]);
+    let archive = write_archive(dir.path(), &oci_archive(&[tree], true));
+    let imported = import(&store, &archive, "probe", Limits::default()).unwrap();
+    let names: Vec<_> = imported
+        .image
+        .manifest
+        .languages
+        .iter()
+        .map(|l| l.name.as_str())
+        .collect();
+    // /bin/bash is the host's file through an absolute link; /usr/bin/node dangles.
+    assert_eq!(names, ["python"]);
+}

@@ -80,8 +80,7 @@ fn build_new(
     let _ = std::fs::remove_file(root.join("usr/lib/python3.11/EXTERNALLY-MANAGED"));
     let size_bytes = crate::rootfs::sanitize(&root).map_err(ImageError::io("clean the tree"))?;
     for lang in &recipe.languages {
-        let at = root.join(lang.interpreter.trim_start_matches('/'));
-        if std::fs::symlink_metadata(&at).is_err() {
+        if !crate::rootfs::has_file(&root, &lang.interpreter) {
             return Err(ImageError::Build(format!(
                 "the {} interpreter {} is not in the built tree",
                 lang.name, lang.interpreter

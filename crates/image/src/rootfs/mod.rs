@@ -84,6 +84,27 @@ pub(crate) fn unlink_symlinked_dirs(root: &Path) -> io::Result<Vec<String>> {
     Ok(removed)
 }
 
+/// Whether the absolute `path` names a regular file in the tree at `root` as a sandbox on it
+/// would resolve it: every symlink, absolute ones too, stays inside the tree. A plain join
+/// would follow a hostile tree's links through the host (and tell whoever built the tree
+/// whether a host file exists) and count a dangling link as a file.
+pub(crate) fn has_file(root: &Path, path: &str) -> bool {
+    use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+    let flags = OFlags::PATH | OFlags::CLOEXEC;
+    let Ok(dir) = rustix::fs::open(root, flags | OFlags::DIRECTORY, Mode::empty()) else {
+        return false;
+    };
+    rustix::fs::openat2(
+        &dir,
+        path.trim_start_matches('/'),
+        flags,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+    )
+    .and_then(|fd| rustix::fs::fstat(&fd))
+    .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+}
+
 /// The directories every root has, the temporary ones sticky and world-writable.
 pub(crate) fn make_dirs(root: &Path) -> io::Result<()> {
     for dir in ROOT_DIRS {
