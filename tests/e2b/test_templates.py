@@ -12,7 +12,7 @@ import uuid
 
 import httpx
 import pytest
-from e2b import BuildException, Sandbox, Template, wait_for_file
+from e2b import BuildException, PtySize, Sandbox, Template, wait_for_file
 
 from conftest import API_KEY, API_URL, OTHER_KEY
 
@@ -147,6 +147,56 @@ def test_accounts_a_step_adds_and_their_files_are_there_in_sessions():
         assert r.stdout == "app\napp:600\nsecret\napp\n1\n"
         r = sb.commands.run("sudo su - app -c 'echo changed > notes && cat notes'")
         assert r.stdout == "changed\n"
+        # The SDK's `user` names any account of the sandbox, as envd resolves it.
+        r = sb.commands.run("id -un; echo $HOME $USER; cat notes", user="app", cwd="~")
+        assert r.stdout == "app\n/home/app app\nchanged\n"
+        sb.files.write("mine.txt", "app's", user="app")
+        r = sb.commands.run("stat -c %U:%G /home/app/mine.txt")
+        assert r.stdout == "app:app\n"
+        sb.commands.run("sudo useradd -m later")
+        assert sb.commands.run("whoami", user="later").stdout == "later\n"
+        for ghost in ["ghost", "no such"]:
+            with pytest.raises(Exception) as e:
+                sb.commands.run("whoami", user=ghost)
+            assert f"invalid username: '{ghost}'" in str(e.value), str(e.value)
+            with pytest.raises(Exception) as e:
+                sb.files.write("x.txt", "x", user=ghost)
+            assert f"invalid username: '{ghost}'" in str(e.value), str(e.value)
+
+
+def test_the_templates_last_user_and_workdir_are_its_sandboxes_defaults():
+    # E2B persists a template's last USER and WORKDIR to its sandboxes: commands, files and
+    # the start command act as that user there unless they name another.
+    # USER makes an account the image lacks, as E2B's does.
+    t = name("defaults")
+    build(Template().from_base_image()
+          .set_user("app")
+          .run_cmd("whoami > ~/made-by; echo $HOME >> ~/made-by")
+          .set_workdir("/srv/work")
+          .set_start_cmd("whoami > /tmp/started-by; pwd >> /tmp/started-by",
+                         wait_for_file("/tmp/started-by")), t)
+    with Sandbox.create(t) as sb:
+        assert sb.commands.run("whoami; pwd; echo $HOME").stdout == "app\n/srv/work\n/home/app\n"
+        assert sb.files.read("/tmp/started-by") == "app\n/srv/work\n"
+        assert sb.files.read("/home/app/made-by") == "app\n/home/app\n"
+        sb.files.write("rel.txt", "relative to the user's home")
+        assert sb.commands.run("stat -c %U /home/app/rel.txt").stdout == "app\n"
+        r = sb.commands.run("whoami; pwd", user="user")
+        assert r.stdout == "user\n/srv/work\n"
+        assert sb.commands.run("whoami", user="root").stdout == "root\n"
+        term = sb.pty.create(size=PtySize(rows=24, cols=80))
+        out = []
+        sb.pty.send_stdin(term.pid, b"whoami; pwd; exit\n")
+        term.wait(on_pty=lambda d: out.append(d))
+        text = b"".join(out).decode()
+        assert "app\r\n/srv/work\r\n" in text, text
+    # A template on it inherits them; a plain one keeps E2B's `user` in /home/user.
+    child = name("child")
+    build(Template().from_template(t).run_cmd("whoami > by"), child)
+    with Sandbox.create(child) as sb:
+        assert sb.commands.run("cat by; whoami").stdout == "app\napp\n"
+    with Sandbox.create() as sb:
+        assert sb.commands.run("whoami; pwd").stdout == "user\n/home/user\n"
 
 
 def test_failing_steps_say_which_and_leave_no_template():

@@ -411,7 +411,9 @@ pub struct ExecRequest {
     /// Start and return 202 at once; follow with `GET .../execs/{exec_id}[/stream]`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub background: bool,
-    /// `root` (default) or `user` (uid 1000, home /home/user).
+    /// `root` (default), `user` (uid 1000, home /home/user), or any other account of the
+    /// sandbox's /etc/passwd by name or uid (a uid no account has runs with that gid and `/`
+    /// as its home); one the sandbox lacks is a 400.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
 }

@@ -304,22 +304,6 @@ async fn in_sandbox(
             .await
             .map_err(|e| fail(&e))?;
     }
-    let (uid, gid) = match &run.user {
-        Some(user) => account(sandbox, user)
-            .await
-            .map_err(|e| fail(&e))?
-            .ok_or_else(|| Failure {
-                step: Some(index),
-                code: codes::IMAGE_BUILD_STEP_FAILED,
-                message: format!(
-                    "step {}: failed to run command '{}': command failed: unauthenticated: invalid username: '{user}'",
-                    index + 1,
-                    run.shown
-                ),
-            })?,
-        None => (0, 0),
-    };
-
     let mut output = Vec::new();
     let exit = sandbox
         .exec_logged(
@@ -328,8 +312,7 @@ async fn in_sandbox(
                 env: run.env.clone(),
                 stdin: run.stdin.clone(),
                 cwd: run.cwd.clone(),
-                uid: Some(uid),
-                gid: Some(gid),
+                user: run.user.clone(),
                 timeout: STEP_TIMEOUT,
                 output_limit: STEP_OUTPUT,
             },
@@ -341,7 +324,18 @@ async fn in_sandbox(
             },
         )
         .await
-        .map_err(|e| fail(&e))?;
+        .map_err(|e| match e {
+            koder_sessions::Error::UnknownAccount(user) => Failure {
+                step: Some(index),
+                code: codes::IMAGE_BUILD_STEP_FAILED,
+                message: format!(
+                    "step {}: failed to run command '{}': command failed: unauthenticated: invalid username: '{user}'",
+                    index + 1,
+                    run.shown
+                ),
+            },
+            e => fail(&e),
+        })?;
     if exit.exit_code != Some(0) {
         let text = String::from_utf8_lossy(&output);
         let lines: Vec<&str> = text.lines().collect();
@@ -362,40 +356,6 @@ async fn in_sandbox(
         .capture(layer.path(), LAYER_BYTES, LAYER_ENTRIES)
         .await
         .map_err(|e| fail(&e))
-}
-
-/// The sandbox uid and gid of the account `user` (a name or a number) in the step's tree,
-/// looked up by the sandbox itself (`id`): none when it has no such account.
-async fn account(
-    sandbox: &BuildSandbox,
-    user: &str,
-) -> Result<Option<(u32, u32)>, koder_sessions::Error> {
-    let mut out = Vec::new();
-    let exit = sandbox
-        .exec_logged(
-            StepCommand {
-                argv: [
-                    "/bin/sh",
-                    "-c",
-                    "id -u -- \"$1\" && id -g -- \"$1\"",
-                    "sh",
-                    user,
-                ]
-                .map(String::from)
-                .to_vec(),
-                timeout: Duration::from_secs(30),
-                output_limit: 4096,
-                ..StepCommand::default()
-            },
-            |d| out.extend_from_slice(d),
-        )
-        .await?;
-    let text = String::from_utf8_lossy(&out);
-    let ids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
-    Ok(match (exit.exit_code, ids.as_slice()) {
-        (Some(0), [uid, gid]) => Some((*uid, *gid)),
-        _ => None,
-    })
 }
 
 /// Applies a captured layer onto a tree (a staging copy, the daemon's alone): an entry

@@ -1030,6 +1030,32 @@ async fn pause_resume_and_the_user_account() {
         )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+    // Any account of the sandbox's /etc/passwd, with its group and home; a number as Docker's.
+    let r = d
+        .exec(
+            &id,
+            json!({"shell": "id -un; id -g; echo $HOME $USER", "user": "nobody"}),
+        )
+        .await;
+    assert_eq!(r["stdout"], "nobody\n65534\n/nonexistent nobody\n", "{r}");
+    let r = d
+        .exec(&id, json!({"shell": "id -u; id -g", "user": "4321"}))
+        .await;
+    assert_eq!(r["stdout"], "4321\n4321\n", "{r}");
+    for bad in ["ghost", "70000", "", "a:b", "nobody\n"] {
+        let (status, e) = d
+            .json(
+                Method::POST,
+                &format!("{S}/{id}/exec"),
+                json!({"shell": "id", "user": bad}),
+            )
+            .await;
+        assert_eq!(
+            (status, error_code(&e)),
+            (StatusCode::BAD_REQUEST, "SANDBOX-INVALID-ARGUMENT"),
+            "{bad:?}: {e}"
+        );
+    }
 
     d.json(Method::POST, &format!("{S}/{id}/pause"), Value::Null)
         .await;

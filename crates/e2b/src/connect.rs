@@ -109,6 +109,7 @@ impl From<koder_sessions::Error> for RpcError {
         use koder_sessions::Error as E;
         let code = match &e {
             E::InvalidArgument(_) | E::NetworkRule(_) => Code::InvalidArgument,
+            E::UnknownAccount(_) => Code::Unauthenticated,
             E::SecretNotFound(_)
             | E::NotFound
             | E::FileNotFound(_)

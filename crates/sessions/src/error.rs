@@ -13,6 +13,9 @@ pub const AGENT_EXITED: &str = "agent exited";
 pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
+    /// The user named is no account of the sandbox.
+    #[error("no account {0:?} in the sandbox")]
+    UnknownAccount(String),
     /// Unknown id and another tenant's id look exactly alike.
     #[error("session not found")]
     NotFound,
@@ -79,7 +82,7 @@ impl Error {
     /// The stable API code; transports derive their wire status from it.
     pub fn code(&self) -> ErrorCode {
         match self {
-            Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Error::InvalidArgument(_) | Error::UnknownAccount(_) => ErrorCode::InvalidArgument,
             Error::NotFound | Error::FileNotFound(_) | Error::TenantNotFound(_) => {
                 ErrorCode::NotFound
             }

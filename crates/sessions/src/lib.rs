@@ -37,8 +37,8 @@ pub use live::{
     Watch, WatchFlush,
 };
 pub use manager::{
-    BackgroundExec, BuildSandbox, LaterStdin, Manager, Peer, Runtimes, StepCommand, StepExit,
-    VolumeEntry, VolumeFile, VolumeMeta,
+    Account, BackgroundExec, BuildSandbox, LaterStdin, Manager, Peer, Runtimes, StepCommand,
+    StepExit, VolumeEntry, VolumeFile, VolumeMeta,
 };
 pub use metrics::Metrics;
 pub use quota::{Clock, NO_ACCESS_PLAN};

@@ -11,6 +11,7 @@ use koder_image::store::Startup;
 use koder_image::StoredImage;
 use koder_runtime::Sandbox;
 
+use crate::manager::account::{lookup, run_as, Account};
 use crate::Error;
 
 /// How long the start command's launch may take, and the pause between ready attempts (an
@@ -26,7 +27,7 @@ const OUTPUT: u64 = 4096;
 pub(crate) struct Prepare {
     startup: Startup,
     cwd: String,
-    uid: u32,
+    user: String,
 }
 
 impl Prepare {
@@ -37,19 +38,21 @@ impl Prepare {
             Arc::new(Prepare {
                 startup,
                 cwd: m.workdir.clone(),
-                uid: koder_image::template::user_id(&m.user).unwrap_or(0),
+                user: m.user.clone(),
             })
         })
     }
 
-    fn shell(&self, command: &str, timeout: Duration) -> ExecRequest {
+    fn shell(&self, account: &Account, command: &str, timeout: Duration) -> ExecRequest {
+        let (uid, gid, env) = run_as(account, Vec::new());
         ExecRequest {
             argv: vec!["/bin/sh".into(), "-c".into(), command.into()],
+            env,
             cwd: Some(self.cwd.clone()),
             timeout_ms: Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
             output_limit_bytes: OUTPUT,
-            uid: Some(self.uid),
-            gid: Some(self.uid),
+            uid,
+            gid,
             ..ExecRequest::default()
         }
     }
@@ -58,12 +61,18 @@ impl Prepare {
     /// must not be handed out (the caller destroys it).
     pub(crate) async fn run(&self, sandbox: &dyn Sandbox) -> Result<(), Error> {
         let agent = sandbox.agent().clone();
+        let account = lookup(&agent, &self.user).await?.ok_or_else(|| {
+            Error::ImageNotReady(format!(
+                "the image's user {:?} is no account of its sandboxes",
+                self.user
+            ))
+        })?;
         // No timeout: it lives as long as the sandbox, whichever connection the agent is on
         // (a microVM saved with its memory comes back on a new one).
         let mut start = ExecRequest {
             timeout_ms: None,
             detached: true,
-            ..self.shell(&self.startup.start, ATTEMPT)
+            ..self.shell(&account, &self.startup.start, ATTEMPT)
         };
         start.output_limit_bytes = 1024;
         let mut stream = agent.exec(start).await?;
@@ -92,7 +101,9 @@ impl Prepare {
         let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let out = agent.exec_collect(self.shell(ready, left)).await?;
+            let out = agent
+                .exec_collect(self.shell(&account, ready, left))
+                .await?;
             if out.exit.exit_code == Some(0) {
                 return Ok(());
             }

@@ -15,10 +15,11 @@ use koder_auth::{Identity, Scope};
 use koder_http::credentials;
 use subtle::ConstantTimeEq;
 
-use super::sandbox::SandboxCtx;
+use super::sandbox::{Defaults, SandboxCtx};
 use super::signature::SignedFileUrl;
 use super::user::User;
 use crate::control::keys;
+use crate::control::templates::steps::RECIPE_KIND;
 use crate::error::HttpError;
 use crate::state::E2b;
 
@@ -192,6 +193,8 @@ pub struct Target {
     pub who: Identity,
     pub id: String,
     pub user: User,
+    /// Where its processes start when they name no directory (`None`: the user's home).
+    pub workdir: Option<String>,
     pub ctx: Arc<SandboxCtx>,
     pub e2b: E2b,
 }
@@ -204,19 +207,63 @@ impl FromRequestParts<E2b> for Target {
             // Routers are only reachable through `by_surface`, which authenticates first.
             return Err(HttpError::new(500, "request reached envd unauthenticated"));
         };
+        let named = user_of(parts)?;
+        let ctx = e2b.ctx(&auth.id);
+        let defaults = ctx
+            .defaults
+            .get_or_try_init(|| defaults_of(e2b, &auth.who, &auth.id))
+            .await?
+            .clone();
+        let user = match named {
+            Some(name) => User::resolve_in(e2b.manager(), &auth.who, &auth.id, &name).await?,
+            None => defaults.user,
+        };
         Ok(Target {
             who: auth.who,
-            user: user_of(parts)?,
-            ctx: e2b.ctx(&auth.id),
+            user,
+            workdir: defaults.workdir,
+            ctx,
             id: auth.id,
             e2b: e2b.clone(),
         })
     }
 }
 
-/// `Authorization: Basic base64("<user>:")` on RPCs, `?username=` on `/files`; `user` when
-/// neither is given (the default user of envd ≥ 0.4).
-fn user_of(parts: &Parts) -> Result<User, HttpError> {
+impl Target {
+    /// Where a process asking for `cwd` starts: that path as the user means it (relative to
+    /// their home), or, when it names none, the sandbox's working directory (the user's home
+    /// where the sandbox has none), as envd does.
+    pub fn process_cwd(&self, cwd: Option<&str>) -> String {
+        match (cwd.filter(|c| !c.is_empty()), &self.workdir) {
+            (Some(cwd), _) => self.user.resolve(cwd),
+            (None, Some(workdir)) => workdir.clone(),
+            (None, None) => self.user.home().to_string(),
+        }
+    }
+}
+
+/// The sandbox's default user and working directory (see [`Defaults`]).
+async fn defaults_of(e2b: &E2b, who: &Identity, id: &str) -> Result<Defaults, HttpError> {
+    let m = e2b.manager();
+    let template = m
+        .session_image(who, id)
+        .await?
+        .filter(|i| i.manifest.recipe["kind"] == RECIPE_KIND);
+    Ok(match template {
+        Some(image) => Defaults {
+            user: User::resolve_in(m, who, id, &image.manifest.user).await?,
+            workdir: Some(image.manifest.workdir),
+        },
+        None => Defaults {
+            user: User::unprivileged(),
+            workdir: None,
+        },
+    })
+}
+
+/// The user a request names: `Authorization: Basic base64("<user>:")` on RPCs, `?username=`
+/// on `/files`; `None` when it names none (envd ≥ 0.4 then acts as the sandbox's default user).
+fn user_of(parts: &Parts) -> Result<Option<String>, HttpError> {
     if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
         let basic = auth
             .to_str()
@@ -229,12 +276,9 @@ fn user_of(parts: &Parts) -> Result<User, HttpError> {
             .and_then(|b| String::from_utf8(b).ok())
             .ok_or_else(|| HttpError::unauthorized("malformed Basic credentials"))?;
         let name = decoded.split(':').next().unwrap_or("");
-        return User::parse(name);
+        return Ok(Some(name.to_string()));
     }
     let query: Query<HashMap<String, String>> =
         Query::try_from_uri(&parts.uri).map_err(|e| HttpError::bad_request(e.body_text()))?;
-    match query.get("username").map(String::as_str) {
-        None | Some("") => Ok(User::User),
-        Some(name) => User::parse(name),
-    }
+    Ok(query.get("username").filter(|n| !n.is_empty()).cloned())
 }

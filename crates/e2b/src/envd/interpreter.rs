@@ -102,7 +102,7 @@ async fn default_context(t: &Target, lang: &'static str) -> Result<String, HttpE
     let mut made = t.ctx.default_contexts.lock().await;
     if !made.contains(lang) {
         let opts = ContextOptions {
-            cwd: Some(User::User.home().into()),
+            cwd: Some(User::unprivileged().home().into()),
             context_id: Some(id.into()),
             ..ContextOptions::default()
         };
@@ -299,7 +299,10 @@ async fn create_context(t: Target, body: Body) -> Result<axum::Json<Value>, Http
     let req: CreateContextRequest = json_body(body).await?;
     let lang = language(req.language.as_deref())?;
     let opts = ContextOptions {
-        cwd: Some(req.cwd.unwrap_or_else(|| User::User.home().into())),
+        cwd: Some(
+            req.cwd
+                .unwrap_or_else(|| User::unprivileged().home().into()),
+        ),
         ..ContextOptions::default()
     };
     let info = t

@@ -7,6 +7,7 @@ use parking_lot::Mutex;
 
 use super::filesystem::watcher::Watcher;
 use super::process::table::Proc;
+use super::user::User;
 
 /// E2B state of one sandbox that the session manager does not keep.
 #[derive(Default)]
@@ -24,4 +25,16 @@ pub struct SandboxCtx {
     /// E2B's `maskRequestHost`: the `Host` its ports' requests arrive with (`${PORT}` replaced
     /// by the port) instead of the name the client asked for.
     pub mask_request_host: Mutex<Option<String>>,
+    /// Whom its requests act as when they name no user, and where its processes start when
+    /// they name no directory: found once, from the image it was created on.
+    pub defaults: tokio::sync::OnceCell<Defaults>,
+}
+
+/// A sandbox's default user and working directory: on a template built through E2B, the
+/// template's last `USER` and `WORKDIR` (E2B persists them to its sandboxes); elsewhere `user`
+/// in its home.
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    pub user: User,
+    pub workdir: Option<String>,
 }

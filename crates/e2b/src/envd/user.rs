@@ -2,41 +2,69 @@
 
 use crate::error::HttpError;
 
-/// Users of an E2B sandbox: `user` (uid 1000, the default) and `root`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum User {
-    Root,
-    User,
+/// The account an envd request acts as: `user` (uid 1000, E2B's default), `root`, or any
+/// other account of the sandbox (resolved by the session manager in its /etc/passwd).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    name: String,
+    home: String,
 }
 
 impl User {
-    pub fn parse(name: &str) -> Result<Self, HttpError> {
+    pub fn root() -> Self {
+        Self::new("root", "/root")
+    }
+
+    /// E2B's `user` (uid 1000), its default.
+    pub fn unprivileged() -> Self {
+        Self::new("user", "/home/user")
+    }
+
+    fn new(name: &str, home: &str) -> Self {
+        Self {
+            name: name.into(),
+            home: home.into(),
+        }
+    }
+
+    /// The account `name`, without asking the sandbox for `root` and `user`.
+    pub async fn resolve_in(
+        manager: &koder_sessions::Manager,
+        who: &koder_auth::Identity,
+        id: &str,
+        name: &str,
+    ) -> Result<Self, HttpError> {
         match name {
-            "user" => Ok(User::User),
-            "root" => Ok(User::Root),
-            other => Err(HttpError::unauthorized(format!(
-                "invalid user {other:?}: this sandbox has the users \"user\" and \"root\""
-            ))),
+            "root" => Ok(Self::root()),
+            "user" => Ok(Self::unprivileged()),
+            _ => match manager.account(who, id, name).await {
+                Ok(a) => Ok(Self {
+                    name: a.name,
+                    home: a.home,
+                }),
+                // envd's words, which the SDKs show.
+                Err(
+                    koder_sessions::Error::UnknownAccount(_)
+                    | koder_sessions::Error::InvalidArgument(_),
+                ) => Err(HttpError::unauthorized(format!(
+                    "invalid username: '{name}'"
+                ))),
+                Err(e) => Err(e.into()),
+            },
         }
     }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            User::Root => "root",
-            User::User => "user",
-        }
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
-    pub fn home(self) -> &'static str {
-        match self {
-            User::Root => "/root",
-            User::User => "/home/user",
-        }
+    pub fn home(&self) -> &str {
+        &self.home
     }
 
     /// Absolute, lexically normalised path of `path` as this user means it: relative paths
     /// and `~` are below the user's home.
-    pub fn resolve(self, path: &str) -> String {
+    pub fn resolve(&self, path: &str) -> String {
         let joined = if path.is_empty() || path == "~" {
             self.home().to_string()
         } else if let Some(rest) = path.strip_prefix("~/") {
@@ -80,21 +108,17 @@ mod tests {
 
     #[test]
     fn paths_resolve_against_the_users_home() {
-        assert_eq!(User::User.resolve("a/b.txt"), "/home/user/a/b.txt");
-        assert_eq!(User::Root.resolve("a"), "/root/a");
-        assert_eq!(User::User.resolve(""), "/home/user");
-        assert_eq!(User::User.resolve("~/x"), "/home/user/x");
-        assert_eq!(User::User.resolve("/tmp/../etc//./x"), "/etc/x");
-        assert_eq!(User::User.resolve("../../../.."), "/");
+        assert_eq!(
+            User::unprivileged().resolve("a/b.txt"),
+            "/home/user/a/b.txt"
+        );
+        assert_eq!(User::root().resolve("a"), "/root/a");
+        assert_eq!(User::unprivileged().resolve(""), "/home/user");
+        assert_eq!(User::unprivileged().resolve("~/x"), "/home/user/x");
+        assert_eq!(User::unprivileged().resolve("/tmp/../etc//./x"), "/etc/x");
+        assert_eq!(User::unprivileged().resolve("../../../.."), "/");
         assert_eq!(split_parent("/a/b"), Some(("/a", "b")));
         assert_eq!(split_parent("/a"), Some(("/", "a")));
         assert_eq!(split_parent("/"), None);
-    }
-
-    #[test]
-    fn users() {
-        assert_eq!(User::parse("user").unwrap(), User::User);
-        assert_eq!(User::parse("root").unwrap().home(), "/root");
-        assert_eq!(User::parse("admin").unwrap_err().status.as_u16(), 401);
     }
 }

@@ -63,6 +63,56 @@ fn read(path: &Path) -> io::Result<String> {
         }))
 }
 
+/// An account of a sandbox's /etc/passwd: whom a process runs as and where its home is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: String,
+}
+
+/// The account `name` in `passwd` (a running sandbox's: hostile, so a line counts only if it
+/// passes the checks an image's lines pass, and a home that is no absolute path is `/`). A
+/// number names the first account of that uid, or, where none has it, a nameless one (as
+/// `docker run -u 1234`) with that gid and `/` as its home.
+pub fn find_account(passwd: &str, name: &str) -> Option<Account> {
+    let lines = keep(passwd, 7, |f| {
+        id(f[2]).is_some() && id(f[3]).is_some() && fixed_id_kept(f[0], f[2])
+    });
+    let accounts = lines.iter().filter_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        Some(Account {
+            name: f[0].to_string(),
+            uid: id(f[2])?,
+            gid: id(f[3])?,
+            home: Some(f[5])
+                .filter(|h| h.starts_with('/'))
+                .unwrap_or("/")
+                .to_string(),
+        })
+    });
+    let by_uid = name
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| id(name))
+        .flatten();
+    match by_uid {
+        None => accounts.into_iter().find(|a| a.name == name),
+        Some(uid) => Some(
+            accounts
+                .into_iter()
+                .find(|a| a.uid == uid)
+                .unwrap_or_else(|| Account {
+                    name: name.to_string(),
+                    uid,
+                    gid: uid,
+                    home: "/".into(),
+                }),
+        ),
+    }
+}
+
 /// The tree's valid passwd lines, then [`PASSWD`]'s accounts it lacks (their shell root's).
 fn merge_passwd(tree: &str) -> String {
     let kept = keep(tree, 7, |f| {
@@ -169,6 +219,43 @@ fn valid_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accounts_are_found_by_name_or_number_and_hostile_lines_never() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\n\
+             app:x:1001:1002:App:/srv/app:/bin/sh\n\
+             rel:x:1003:1003::home/rel:/bin/sh\n\
+             big:x:70000:0::/big:/bin/sh\n\
+             user:x:0:0::/home/user:/bin/sh\n\
+             -rf:x:1004:1004::/x:/bin/sh\n\
+             short:x:1005\n\
+             app:x:1006:1006::/dup:/bin/sh\n";
+        let app = find_account(passwd, "app").unwrap();
+        assert_eq!(
+            (app.uid, app.gid, app.home.as_str()),
+            (1001, 1002, "/srv/app")
+        );
+        assert_eq!(find_account(passwd, "1001"), Some(app));
+        assert_eq!(
+            find_account(passwd, "rel").unwrap().home,
+            "/",
+            "relative home"
+        );
+        for refused in ["big", "user", "-rf", "short", "nobody", "", "app\n"] {
+            assert_eq!(find_account(passwd, refused), None, "{refused:?}");
+        }
+        let nameless = find_account(passwd, "1234").unwrap();
+        assert_eq!(
+            (nameless.uid, nameless.gid, nameless.home.as_str()),
+            (1234, 1234, "/")
+        );
+        assert_eq!(
+            find_account(passwd, "70000"),
+            None,
+            "outside a sandbox's ids"
+        );
+        assert_eq!(find_account(passwd, "0").unwrap().name, "root");
+    }
 
     #[test]
     fn a_debian_trees_accounts_are_kept_and_user_added_with_roots_shell() {

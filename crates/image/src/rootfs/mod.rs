@@ -5,6 +5,7 @@
 mod accounts;
 
 pub(crate) use accounts::shadow_of;
+pub use accounts::{find_account, Account};
 
 use std::io;
 use std::os::unix::fs::{lchown, MetadataExt, PermissionsExt};

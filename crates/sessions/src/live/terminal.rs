@@ -4,7 +4,7 @@ use bytes::Bytes;
 use koder_agent_protocol::{self as proto, AgentStream, FromAgent, StreamHandle, ToAgent};
 use koder_auth::Identity;
 
-use crate::manager::account;
+use crate::manager::account::run_as;
 use crate::manager::{first_answer, validate_env};
 use crate::{Error, Manager};
 
@@ -16,7 +16,7 @@ pub struct TerminalSpec {
     /// Beyond the session's environment (and the account's HOME/USER).
     pub env: std::collections::BTreeMap<String, String>,
     pub cwd: Option<String>,
-    /// `root` (default) or `user`, as for an exec.
+    /// `root` (default), `user` or any other account of the sandbox, as for an exec.
     pub user: Option<String>,
     pub cols: u16,
     pub rows: u16,
@@ -109,8 +109,10 @@ impl Manager {
         spec: TerminalSpec,
     ) -> Result<Terminal, Error> {
         let live = self.awake(who, id).await?;
-        let (uid, mut env) = account(spec.user.as_deref(), live.env.clone())?;
-        for (k, v) in validate_env(&spec.env)? {
+        let extra_env = validate_env(&spec.env)?;
+        let account = self.account_in(id, &live, spec.user.as_deref()).await?;
+        let (uid, gid, mut env) = run_as(&account, live.env.clone());
+        for (k, v) in extra_env {
             env.retain(|(ek, _)| *ek != k);
             env.push((k, v));
         }
@@ -121,7 +123,7 @@ impl Manager {
             cols: spec.cols,
             rows: spec.rows,
             uid,
-            gid: uid,
+            gid,
         };
         let mut stream = match live.sandbox.agent().open(ToAgent::PtyStart(req)).await {
             Ok(s) => s,

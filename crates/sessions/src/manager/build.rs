@@ -18,6 +18,7 @@ use koder_netpolicy::{Mode, Policy};
 use koder_runtime::{Sandbox, SandboxSpec};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 
+use super::account::{lookup, run_as};
 use super::Manager;
 use crate::{limits, Error};
 
@@ -29,9 +30,10 @@ pub struct StepCommand {
     /// Written to its stdin, which is then closed.
     pub stdin: Vec<u8>,
     pub cwd: Option<String>,
-    /// Sandbox uid and gid to run as (default root).
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
+    /// The account it runs as (default root): a name or a number, looked up in the step's own
+    /// /etc/passwd; its `HOME` and `USER` are set. An account the tree lacks is
+    /// [`Error::UnknownAccount`] and nothing runs.
+    pub user: Option<String>,
     /// Killed (its whole process group) after this long.
     pub timeout: Duration,
     /// Output bytes forwarded per stream; the rest is dropped.
@@ -95,18 +97,22 @@ impl BuildSandbox {
         cmd: StepCommand,
         mut output: impl FnMut(&[u8]) + Send,
     ) -> Result<StepExit, Error> {
-        let mut stream = self
-            .sandbox
-            .agent()
+        let agent = self.sandbox.agent();
+        let name = cmd.user.as_deref().unwrap_or("root");
+        let account = lookup(agent, name)
+            .await?
+            .ok_or_else(|| Error::UnknownAccount(name.to_string()))?;
+        let (uid, gid, env) = run_as(&account, cmd.env);
+        let mut stream = agent
             .exec(ExecRequest {
                 argv: cmd.argv,
-                env: cmd.env,
+                env,
                 cwd: cmd.cwd,
                 stdin: cmd.stdin,
                 timeout_ms: Some(u64::try_from(cmd.timeout.as_millis()).unwrap_or(u64::MAX)),
                 output_limit_bytes: cmd.output_limit,
-                uid: cmd.uid,
-                gid: cmd.gid,
+                uid,
+                gid,
                 ..ExecRequest::default()
             })
             .await?;

@@ -8,7 +8,8 @@ use koder_agent_protocol::{self as proto, Entry, EntryKind, FileReader};
 use koder_api_types::{EntryType, FileEntry, FileList};
 use koder_auth::Identity;
 
-use super::{account, Manager};
+use super::account::owner;
+use super::Manager;
 use crate::Error;
 
 impl Manager {
@@ -59,7 +60,7 @@ impl Manager {
             )));
         }
         validate_path(path)?;
-        let owner = owner_of(user)?;
+        let owner = owner(&self.account_in(id, &live, user).await?);
         let agent = live.sandbox.agent();
         let mut writer = match agent
             .write_file(proto::WriteFileRequest {
@@ -164,7 +165,7 @@ impl Manager {
     ) -> Result<FileEntry, Error> {
         let live = self.awake(who, id).await?;
         validate_path(path)?;
-        let owner = owner_of(user)?;
+        let owner = owner(&self.account_in(id, &live, user).await?);
         match live.sandbox.agent().make_dir(path, owner).await {
             Ok(e) => Ok(file_entry(e)),
             Err(e) => Err(self.agent_failed(id, e).await),
@@ -186,12 +187,6 @@ impl Manager {
             Err(e) => Err(self.agent_failed(id, e).await),
         }
     }
-}
-
-/// The sandbox (uid, gid) what `user` creates belongs to; `None` for root.
-fn owner_of(user: Option<&str>) -> Result<Option<(u32, u32)>, Error> {
-    let (uid, _) = account(user, Vec::new())?;
-    Ok(uid.map(|u| (u, u)))
 }
 
 /// Cheap checks before a round trip; the agent resolves (and re-validates) every path in-root.
@@ -236,21 +231,6 @@ fn file_entry(e: Entry) -> FileEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manager::SANDBOX_USER_ID;
-
-    #[test]
-    fn owner_of_maps_accounts_to_uid_and_gid() {
-        assert_eq!(owner_of(None).unwrap(), None);
-        assert_eq!(owner_of(Some("root")).unwrap(), None);
-        assert_eq!(
-            owner_of(Some("user")).unwrap(),
-            Some((SANDBOX_USER_ID, SANDBOX_USER_ID))
-        );
-        assert!(matches!(
-            owner_of(Some("nobody")),
-            Err(Error::InvalidArgument(_))
-        ));
-    }
 
     #[test]
     fn validate_path_refuses_empty_nul_and_overlong() {

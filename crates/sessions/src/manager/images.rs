@@ -2,6 +2,7 @@
 //! running or paused session, a create in flight or a warm pool uses is not deleted).
 
 use koder_api_types::{Image, ImageList};
+use koder_auth::Identity;
 use koder_image::HOST;
 
 use super::Manager;
@@ -17,6 +18,20 @@ impl Manager {
     /// The image a language's sessions run on when they name none (`host`, or its pack).
     pub fn language_image(&self, language: &str) -> String {
         self.images.default_for(language).to_string()
+    }
+
+    /// The stored image the session was created on (by the name it was created with), `None`
+    /// for the host image or one no longer there.
+    pub async fn session_image(
+        &self,
+        who: &Identity,
+        id: &str,
+    ) -> Result<Option<koder_image::StoredImage>, Error> {
+        let record = self.record(who, id).await?;
+        Ok(match record.image.as_str() {
+            HOST => None,
+            name => self.images.lookup(name).ok(),
+        })
     }
 
     /// `host` first, then every image of the store.

@@ -4,6 +4,7 @@
 //! every phase shares; the phases live beside it: [`lifecycle`], [`exec`], [`files`] and
 //! [`observe`].
 
+pub(crate) mod account;
 mod build;
 pub(crate) mod exec;
 mod files;
@@ -17,6 +18,7 @@ mod state;
 mod volume_files;
 mod volumes;
 
+pub use account::{Account, SANDBOX_USER_ID};
 pub use build::{BuildSandbox, StepCommand, StepExit};
 pub use exec::{BackgroundExec, LaterStdin};
 pub use nodes::Peer;
@@ -433,29 +435,8 @@ pub(crate) async fn within<T>(
         .unwrap_or(Err(ClientError::Timeout(deadline)))
 }
 
-/// Uid/gid of the sandbox's unprivileged `user` account.
-pub const SANDBOX_USER_ID: u32 = 1000;
-
 /// An environment in the agent's order (later entries win).
 pub(crate) type Env = Vec<(String, String)>;
-
-/// The sandbox uid a process runs as (`None`: the sandbox's root) and `env` with that
-/// account's HOME and USER in it.
-pub(crate) fn account(user: Option<&str>, mut env: Env) -> Result<(Option<u32>, Env), Error> {
-    match user {
-        None | Some("root") => Ok((None, env)),
-        Some("user") => {
-            for (k, v) in [("HOME", "/home/user"), ("USER", "user")] {
-                env.retain(|(ek, _)| ek != k);
-                env.push((k.to_string(), v.to_string()));
-            }
-            Ok((Some(SANDBOX_USER_ID), env))
-        }
-        Some(other) => Err(Error::InvalidArgument(format!(
-            "unknown user {other:?}; root or user"
-        ))),
-    }
-}
 
 /// `base` with every variable of `over` set on top of it (`over`'s value wins).
 pub(crate) fn with_env(

@@ -70,9 +70,11 @@ exec /bin/sh -c \"$1\"";
 /// Creates the working directory `$1` (owned by `$2`) unless it is one already.
 const WORKDIR_SCRIPT: &str =
     "set -e\nif [ ! -d \"$1\" ]; then mkdir -p -- \"$1\"; chown -- \"$2\" \"$1\"; fi";
-/// Checks that the account `$1` exists.
-const USER_SCRIPT: &str =
-    "id -- \"$1\" >/dev/null 2>&1 || { echo \"invalid user: '$1'\" >&2; exit 1; }";
+/// Makes the account `$1` unless it exists, as E2B does (`useradd -m`, or busybox `adduser -D`
+/// on an image without it: a home in /home, no password).
+const USER_SCRIPT: &str = "id -- \"$1\" >/dev/null 2>&1 && exit 0\n\
+if command -v useradd >/dev/null 2>&1; then exec useradd -m -- \"$1\"; fi\n\
+exec adduser -D -g '' -- \"$1\"";
 /// Copies what `$2` matches in the archive `$1` to `$3` (relative to the working directory),
 /// owned by `$4`, with mode `$5` (when given). As Docker's COPY: a directory's contents, a
 /// file to the path (or into it, when it ends with `/` or is a directory), several matches
@@ -229,13 +231,8 @@ fn step_of(
                 .filter(|u| !u.is_empty())
                 .unwrap_or(&ctx.user)
                 .clone();
-            let mut env = step_env(ctx);
-            let home = if user == "root" {
-                "/root".to_string()
-            } else {
-                format!("/home/{user}")
-            };
-            env.extend([("HOME".into(), home), ("USER".into(), user.clone())]);
+            // HOME and USER are the account's, from the step's /etc/passwd.
+            let env = step_env(ctx);
             Ok((
                 format!("RUN {command}"),
                 Some(StepRun {

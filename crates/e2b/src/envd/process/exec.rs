@@ -34,7 +34,7 @@ pub(super) async fn start(
     let exec = ExecRequest {
         cmd: Some(argv),
         env: cfg.envs.clone(),
-        cwd: Some(t.user.resolve(cfg.cwd.as_deref().unwrap_or(""))),
+        cwd: Some(t.process_cwd(cfg.cwd.as_deref())),
         timeout_ms: Some(limit_ms),
         background: true,
         user: Some(t.user.name().into()),

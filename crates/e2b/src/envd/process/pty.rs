@@ -40,7 +40,7 @@ pub(super) async fn start(
             .chain(cfg.args.iter().cloned())
             .collect(),
         env: cfg.envs.clone(),
-        cwd: Some(t.user.resolve(cfg.cwd.as_deref().unwrap_or(""))),
+        cwd: Some(t.process_cwd(cfg.cwd.as_deref())),
         user: Some(t.user.name().into()),
         cols,
         rows,

@@ -17,7 +17,8 @@ use tracing::Instrument as _;
 pub(crate) use meter::{counters_of, Meter};
 pub(crate) use trace::{End, ExecTrace, Mode};
 
-use super::{account, first_answer, validate_env, with_env, within, Manager};
+use super::account::run_as;
+use super::{first_answer, validate_env, with_env, within, Manager};
 use crate::events::Events;
 use crate::execs::{signal_number, ExecEvent, Follow, FollowedExec};
 use crate::languages;
@@ -95,7 +96,7 @@ impl Manager {
     ) -> Result<ExecResult, Error> {
         let live = self.awake(who, id).await?;
         trace.on(&live);
-        let mut agent_req = self.exec_request(&live, req, Shape::Awaited)?;
+        let mut agent_req = self.exec_request(id, &live, req, Shape::Awaited).await?;
         agent_req.trace = trace.agent_context();
         let meter = Meter::start(live.clone()).await;
         let deadline = exec_deadline(agent_req.timeout_ms);
@@ -139,8 +140,9 @@ impl Manager {
 
     /// The agent request for an API exec; a background one leaves output bounding to the
     /// daemon's per-exec buffer, and may keep stdin open for later input.
-    fn exec_request(
+    async fn exec_request(
         &self,
+        id: &str,
         live: &Live,
         req: ExecRequest,
         shape: Shape,
@@ -174,13 +176,15 @@ impl Manager {
                 self.cfg.max_exec_timeout_ms
             )));
         }
-        let (uid, env) = account(req.user.as_deref(), live.env.clone())?;
-        let env = with_env(env, validate_env(&req.env)?);
+        let extra_env = validate_env(&req.env)?;
         if let Some(cwd) = &req.cwd {
             if cwd.is_empty() || cwd.contains('\0') || cwd.len() > proto::MAX_PATH_BYTES {
                 return Err(Error::InvalidArgument("cwd must be a path".into()));
             }
         }
+        let account = self.account_in(id, live, req.user.as_deref()).await?;
+        let (uid, gid, env) = run_as(&account, live.env.clone());
+        let env = with_env(env, extra_env);
         Ok(proto::ExecRequest {
             argv,
             env,
@@ -194,7 +198,7 @@ impl Manager {
                 self.cfg.output_limit_bytes
             },
             uid,
-            gid: uid,
+            gid,
             trace: None,
             detached: false,
             quiet: false,
@@ -260,7 +264,7 @@ impl Manager {
         let live = self.awake(who, id).await?;
         trace.on(&live);
         live.execs.admit()?;
-        let mut agent_req = self.exec_request(&live, req, shape)?;
+        let mut agent_req = self.exec_request(id, &live, req, shape).await?;
         agent_req.trace = trace.agent_context();
         let command = agent_req.argv.clone();
         let deadline = tokio::time::Instant::now() + exec_deadline(agent_req.timeout_ms);
