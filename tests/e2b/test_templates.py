@@ -190,6 +190,12 @@ def test_the_templates_last_user_and_workdir_are_its_sandboxes_defaults():
         term.wait(on_pty=lambda d: out.append(d))
         text = b"".join(out).decode()
         assert "app\r\n/srv/work\r\n" in text, text
+    # Without a WORKDIR, steps and sandboxes work in the user's home (E2B's docs' example).
+    guest = name("guest")
+    logs = build(Template().from_base_image().set_user("guest").run_cmd("whoami; pwd"), guest)
+    assert "/home/guest" in "\n".join(logs), logs
+    with Sandbox.create(guest) as sb:
+        assert sb.commands.run("whoami; pwd").stdout == "guest\n/home/guest\n"
     # A template on it inherits them; a plain one keeps E2B's `user` in /home/user.
     child = name("child")
     build(Template().from_template(t).run_cmd("whoami > by"), child)

@@ -22,6 +22,9 @@ pub const RECIPE_KIND: &str = "e2b-template";
 /// E2B's defaults for a template on a plain image.
 const DEFAULT_USER: &str = "user";
 const DEFAULT_WORKDIR: &str = "/home/user";
+/// The recipe key saying whether the template chose its working directory (a template built
+/// on it keeps following its user's home otherwise).
+const WORKDIR_SET: &str = "workdir_set";
 /// How long a template's ready command may hold a session's hand-out.
 const READY_TIMEOUT_S: u64 = 120;
 const MAX_STEPS: usize = 512;
@@ -60,6 +63,9 @@ pub struct E2bStep {
 struct Context {
     env: BTreeMap<String, String>,
     workdir: String,
+    /// Whether a `WORKDIR` chose `workdir`; until one does, it is the current user's home
+    /// (E2B's working directory is unset then, and envd starts in the user's home).
+    workdir_set: bool,
     user: String,
 }
 
@@ -125,6 +131,8 @@ pub fn plan(
         } else {
             DEFAULT_WORKDIR.into()
         },
+        // Images built before this was recorded had it set.
+        workdir_set: inherits && base.manifest.recipe[WORKDIR_SET].as_bool().unwrap_or(true),
         user: if inherits {
             base.manifest.user.clone()
         } else {
@@ -136,7 +144,7 @@ pub fn plan(
     let mut steps = Vec::with_capacity(req.steps.len());
     for (i, step) in req.steps.iter().enumerate() {
         let number = i + 1;
-        let (describe, run) = step_of(step, number, &mut ctx, &files)?;
+        let (describe, run) = step_of(step, number, &mut ctx, &base, &files)?;
         forced |= step.force;
         let key = digest_of(&json!({
             "parent": parent,
@@ -172,6 +180,7 @@ pub fn plan(
             "base": base.manifest.digest,
             "steps": req.steps,
             "keys": steps.iter().map(|s| &s.key).collect::<Vec<_>>(),
+            WORKDIR_SET: ctx.workdir_set,
         }),
         digest,
         env,
@@ -188,6 +197,7 @@ fn step_of(
     step: &E2bStep,
     number: usize,
     ctx: &mut Context,
+    base: &StoredImage,
     files: &impl Fn(&str) -> Option<PathBuf>,
 ) -> Result<(String, Option<StepRun>), HttpError> {
     let bad = |why: String| HttpError::bad_request(format!("step {number} ({}): {why}", step.kind));
@@ -213,6 +223,7 @@ fn step_of(
         }
         ("WORKDIR", [dir]) if !dir.is_empty() => {
             ctx.workdir = absolute(dir, &ctx.workdir);
+            ctx.workdir_set = true;
             let run = root_run(
                 ctx,
                 format!("WORKDIR {dir}"),
@@ -223,6 +234,9 @@ fn step_of(
         ("USER", [user]) if !user.is_empty() => {
             let run = root_run(ctx, format!("USER {user}"), script(USER_SCRIPT, &[user.as_str()]));
             ctx.user = user.clone();
+            if !ctx.workdir_set {
+                ctx.workdir = home_of(base, user);
+            }
             Ok((format!("USER {user}"), Some(run)))
         }
         ("RUN", [command, rest @ ..]) if rest.len() <= 1 => {
@@ -283,6 +297,22 @@ fn step_of(
         (other, _) => Err(bad(format!(
             "unsupported step type {other:?} (koder-sandbox builds RUN, COPY, ENV, WORKDIR and USER)"
         ))),
+    }
+}
+
+/// `user`'s home as far as a plan can tell before any step runs: the base tree's account (its
+/// /etc/passwd was checked when the tree was stored), else where `useradd -m` and the `USER`
+/// step put one.
+fn home_of(base: &StoredImage, user: &str) -> String {
+    let mut passwd = Vec::new();
+    if let Ok(file) = std::fs::File::open(base.root.join("etc/passwd")) {
+        // A missing or unreadable file finds no account.
+        let _ = std::io::Read::read_to_end(&mut std::io::Read::take(file, 1 << 20), &mut passwd);
+    }
+    match koder_image::find_account(&String::from_utf8_lossy(&passwd), user) {
+        Some(account) => account.home,
+        None if user == "root" => "/root".into(),
+        None => format!("/home/{user}"),
     }
 }
 
@@ -378,6 +408,45 @@ mod tests {
 
     fn no_files(_: &str) -> Option<PathBuf> {
         None
+    }
+
+    #[test]
+    fn without_a_workdir_steps_work_in_the_users_home() {
+        let req = StartBuild {
+            steps: vec![
+                step("USER", &["guest"]),
+                step("RUN", &["pwd"]),
+                step("WORKDIR", &["app"]),
+                step("USER", &["root"]),
+                step("RUN", &["pwd"]),
+            ],
+            ..StartBuild::default()
+        };
+        let plan = plan(base(), &req, no_files).unwrap();
+        let dir = |i: usize| {
+            let run = plan.steps[i].run.as_ref().unwrap();
+            run.env
+                .iter()
+                .find(|(k, _)| k == "KODER_WORKDIR")
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(dir(1).as_deref(), Some("/home/guest"));
+        assert_eq!(
+            dir(4).as_deref(),
+            Some("/home/guest/app"),
+            "a WORKDIR holds"
+        );
+        assert_eq!(plan.workdir, "/home/guest/app");
+        assert_eq!(plan.recipe["workdir_set"], true);
+        let unset = StartBuild {
+            steps: vec![step("USER", &["root"])],
+            ..StartBuild::default()
+        };
+        let plan = super::plan(base(), &unset, no_files).unwrap();
+        assert_eq!(
+            (plan.workdir.as_str(), &plan.recipe["workdir_set"]),
+            ("/root", &json!(false))
+        );
     }
 
     #[test]
