@@ -107,6 +107,14 @@ async fn microvm_session_runs_code_moves_files_and_leaves_nothing() {
         )
         .await;
     assert_eq!(r["stdout"], "1000\n0\nuser\n", "{r}");
+    // Any other account of the guest's /etc/passwd, found through the same agent.
+    let r = d
+        .exec(
+            &id,
+            json!({"shell": "id -un; echo $HOME", "user": "nobody"}),
+        )
+        .await;
+    assert_eq!(r["stdout"], "nobody\n/nonexistent\n", "{r}");
 
     let r = d
         .exec(
