@@ -153,6 +153,16 @@ impl Builds {
                 }
             }
         }
+        if koder_image::account_in_tree(&parent.root, &plan.user).is_none() {
+            return Err(Failure {
+                step: None,
+                code: codes::IMAGE_BUILD_FAILED,
+                message: format!(
+                    "the image's user {:?} is no account of it: add it in a step (`useradd -m {0}`)",
+                    plan.user
+                ),
+            });
+        }
         let image = match store.by_digest(&plan.digest).map_err(|e| failed(None, e))? {
             Some(found) => found,
             None => {

@@ -474,6 +474,47 @@ async fn a_warm_pool_on_a_template_starts_and_readies_before_hand_out() {
     assert_eq!(v["stdout"], "hello from the file\n", "{v}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn an_images_user_may_be_an_account_a_step_adds() {
+    let Some(()) = root_or_skip() else { return };
+    let d = template_daemon().await;
+    let spec = "base = \"python\"\nrun = [\"useradd -m -d /srv/app app\"]\nuser = \"app\"\n\
+                start = \"whoami > /tmp/started-by; echo $HOME >> /tmp/started-by\"\n";
+    let (_, built, log) = build(&d, "acct", ADMIN, spec).await;
+    assert_eq!(built["state"], "succeeded", "{built}\n{}", log.join("\n"));
+    let id = d.create(json!({"image": "acct"})).await;
+    let r = d.exec(&id, json!({"shell": "cat /tmp/started-by"})).await;
+    assert_eq!(
+        r["stdout"], "app\n/srv/app\n",
+        "the start command runs as the image's user: {r}"
+    );
+    let r = d
+        .exec(&id, json!({"shell": "id -un; pwd", "user": "app"}))
+        .await;
+    assert_eq!(
+        r["stdout"].as_str().unwrap().lines().next(),
+        Some("app"),
+        "{r}"
+    );
+
+    let ghost = "base = \"python\"\nrun = [\"true\"]\nuser = \"ghost\"\n";
+    let (_, failed, _) = build(&d, "ghost", ADMIN, ghost).await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(
+        failed["error"]["code"], "SANDBOX-IMAGE-BUILD-FAILED",
+        "{failed}"
+    );
+    assert!(
+        failed["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"ghost\" is no account"),
+        "{failed}"
+    );
+    let (status, refused, _) = build(&d, "bad", ADMIN, "base = \"python\"\nuser = \"-rf\"\n").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+}
+
 /// The log of build `id` as its SSE stream gives it: the lines and the `done` status.
 async fn logs_of(d: &Daemon, id: &str) -> (Vec<String>, Value) {
     let resp = d

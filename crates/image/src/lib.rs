@@ -21,7 +21,7 @@ use koder_agent_protocol::init::Bind;
 use koder_runtime::RuntimeError;
 
 pub use host::{host_env, host_image, HOST_IMAGE_VERSION, SHIM_DIR};
-pub use rootfs::{find_account, Account};
+pub use rootfs::{account_in_tree, find_account, valid_name as valid_account_name, Account};
 pub use store::{ImageError, ImageStore, Manifest, StoredImage};
 
 /// The image every host has: its own /usr under a generated root.

@@ -128,9 +128,9 @@ impl Spec {
             )));
         }
         if let Some(user) = &self.user {
-            if user_id(user).is_none() {
+            if user_id(user).is_none() && !crate::valid_account_name(user) {
                 return Err(invalid(format!(
-                    "user {user:?}: `root`, `user` or a numeric uid"
+                    "user {user:?}: `root`, `user`, a numeric uid or an account name (one a run step adds, e.g. `useradd -m app`)"
                 )));
             }
         }
@@ -481,7 +481,9 @@ content = "hello\n"
             "base = \"bash\"\nready = \"true\"",
             "base = \"bash\"\nstart = \"x\"\nready = \"true\"\nready_timeout_s = 100000",
             "base = \"bash\"\nunknown = 1",
-            "base = \"bash\"\nuser = \"nobody\"",
+            "base = \"bash\"\nuser = \"-rf\"",
+            "base = \"bash\"\nuser = \"a b\"",
+            "base = \"bash\"\nuser = \"70000\"",
             "pip = []",
         ] {
             assert!(Spec::parse(bad).is_err(), "{bad}");

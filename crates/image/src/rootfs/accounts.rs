@@ -113,6 +113,12 @@ pub fn find_account(passwd: &str, name: &str) -> Option<Account> {
     }
 }
 
+/// The account `name` of the tree at `root` (its /etc/passwd read as [`merge`] reads it: no
+/// link followed, bounded); `None` when it has none.
+pub fn account_in_tree(root: &Path, name: &str) -> Option<Account> {
+    find_account(&read(&root.join("etc/passwd")).ok()?, name)
+}
+
 /// The tree's valid passwd lines, then [`PASSWD`]'s accounts it lacks (their shell root's).
 fn merge_passwd(tree: &str) -> String {
     let kept = keep(tree, 7, |f| {
@@ -206,7 +212,7 @@ fn id(field: &str) -> Option<u32> {
 
 /// A name as shadow's `useradd` takes one (Debian's, also Samba's trailing `$`), at most 32
 /// bytes: nothing a later parser could read as a field, an option or a path.
-fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     let body = name.strip_suffix('$').unwrap_or(name);
     let mut chars = body.chars();
     name.len() <= 32

@@ -5,7 +5,7 @@
 mod accounts;
 
 pub(crate) use accounts::shadow_of;
-pub use accounts::{find_account, Account};
+pub use accounts::{account_in_tree, find_account, valid_name, Account};
 
 use std::io;
 use std::os::unix::fs::{lchown, MetadataExt, PermissionsExt};

@@ -304,12 +304,7 @@ fn step_of(
 /// /etc/passwd was checked when the tree was stored), else where `useradd -m` and the `USER`
 /// step put one.
 fn home_of(base: &StoredImage, user: &str) -> String {
-    let mut passwd = Vec::new();
-    if let Ok(file) = std::fs::File::open(base.root.join("etc/passwd")) {
-        // A missing or unreadable file finds no account.
-        let _ = std::io::Read::read_to_end(&mut std::io::Read::take(file, 1 << 20), &mut passwd);
-    }
-    match koder_image::find_account(&String::from_utf8_lossy(&passwd), user) {
+    match koder_image::account_in_tree(&base.root, user) {
         Some(account) => account.home,
         None if user == "root" => "/root".into(),
         None => format!("/home/{user}"),
