@@ -1042,7 +1042,8 @@ async fn pause_resume_and_the_user_account() {
         .exec(&id, json!({"shell": "id -u; id -g", "user": "4321"}))
         .await;
     assert_eq!(r["stdout"], "4321\n4321\n", "{r}");
-    for bad in ["ghost", "70000", "", "a:b", "nobody\n"] {
+    let long = format!("a{}", "é".repeat(10_000));
+    for bad in ["ghost", "70000", "", "a:b", "nobody\n", &long] {
         let (status, e) = d
             .json(
                 Method::POST,
@@ -1054,6 +1055,10 @@ async fn pause_resume_and_the_user_account() {
             (status, error_code(&e)),
             (StatusCode::BAD_REQUEST, "SANDBOX-INVALID-ARGUMENT"),
             "{bad:?}: {e}"
+        );
+        assert!(
+            e.to_string().len() < 1000,
+            "the refusal echoes a bounded name: {e}"
         );
     }
 

@@ -55,7 +55,7 @@ impl Manager {
         if let Some(name) = name.filter(|n| n.is_empty() || n.len() > MAX_NAME) {
             return Err(Error::InvalidArgument(format!(
                 "user {:?} must be an account name of 1..={MAX_NAME} bytes",
-                name.get(..MAX_NAME).unwrap_or(name)
+                name.chars().take(MAX_NAME).collect::<String>()
             )));
         }
         let name = name.unwrap_or("root");
