@@ -1,5 +1,7 @@
 //! The acting account of an envd request and how its paths resolve.
 
+use koder_sessions::Account;
+
 use crate::error::HttpError;
 
 /// The account an envd request acts as: `user` (uid 1000, E2B's default), `root`, or any
@@ -11,20 +13,9 @@ pub struct User {
 }
 
 impl User {
-    pub fn root() -> Self {
-        Self::new("root", "/root")
-    }
-
     /// E2B's `user` (uid 1000), its default.
     pub fn unprivileged() -> Self {
-        Self::new("user", "/home/user")
-    }
-
-    fn new(name: &str, home: &str) -> Self {
-        Self {
-            name: name.into(),
-            home: home.into(),
-        }
+        Account::user().into()
     }
 
     /// The account `name`, without asking the sandbox for `root` and `user`.
@@ -34,23 +25,19 @@ impl User {
         id: &str,
         name: &str,
     ) -> Result<Self, HttpError> {
-        match name {
-            "root" => Ok(Self::root()),
-            "user" => Ok(Self::unprivileged()),
-            _ => match manager.account(who, id, name).await {
-                Ok(a) => Ok(Self {
-                    name: a.name,
-                    home: a.home,
-                }),
-                // envd's words, which the SDKs show.
-                Err(
-                    koder_sessions::Error::UnknownAccount(_)
-                    | koder_sessions::Error::InvalidArgument(_),
-                ) => Err(HttpError::unauthorized(format!(
-                    "invalid username: '{name}'"
-                ))),
-                Err(e) => Err(e.into()),
-            },
+        if let Some(account) = Account::builtin(name) {
+            return Ok(account.into());
+        }
+        match manager.account(who, id, name).await {
+            Ok(a) => Ok(a.into()),
+            // envd's words, which the SDKs show.
+            Err(
+                koder_sessions::Error::UnknownAccount(_)
+                | koder_sessions::Error::InvalidArgument(_),
+            ) => Err(HttpError::unauthorized(format!(
+                "invalid username: '{name}'"
+            ))),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -75,6 +62,15 @@ impl User {
             format!("{}/{path}", self.home())
         };
         normalize(&joined)
+    }
+}
+
+impl From<Account> for User {
+    fn from(a: Account) -> Self {
+        Self {
+            name: a.name,
+            home: a.home,
+        }
     }
 }
 
@@ -112,7 +108,7 @@ mod tests {
             User::unprivileged().resolve("a/b.txt"),
             "/home/user/a/b.txt"
         );
-        assert_eq!(User::root().resolve("a"), "/root/a");
+        assert_eq!(User::from(Account::root()).resolve("a"), "/root/a");
         assert_eq!(User::unprivileged().resolve(""), "/home/user");
         assert_eq!(User::unprivileged().resolve("~/x"), "/home/user/x");
         assert_eq!(User::unprivileged().resolve("/tmp/../etc//./x"), "/etc/x");

@@ -72,6 +72,35 @@ pub struct Account {
     pub home: String,
 }
 
+impl Account {
+    /// `root` and `user` (uid 1000) every image has with these ids and homes (an image's own
+    /// lines for them are kept only with these ids): known without reading any file.
+    pub fn builtin(name: &str) -> Option<Account> {
+        match name {
+            "root" => Some(Self::root()),
+            "user" => Some(Self::user()),
+            _ => None,
+        }
+    }
+
+    pub fn root() -> Account {
+        Self::fixed("root", 0, "/root")
+    }
+
+    pub fn user() -> Account {
+        Self::fixed("user", 1000, "/home/user")
+    }
+
+    fn fixed(name: &str, id: u32, home: &str) -> Account {
+        Account {
+            name: name.into(),
+            uid: id,
+            gid: id,
+            home: home.into(),
+        }
+    }
+}
+
 /// The account `name` in `passwd` (a running sandbox's: hostile, so a line counts only if it
 /// passes the checks an image's lines pass, and a home that is no absolute path is `/`). A
 /// number names the first account of that uid, or, where none has it, a nameless one (as

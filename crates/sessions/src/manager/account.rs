@@ -20,24 +20,6 @@ const MAX_PASSWD: u64 = 1 << 20;
 /// The longest account name taken (useradd's limit is 32 bytes; a number is shorter).
 const MAX_NAME: usize = 64;
 
-fn root() -> Account {
-    Account {
-        name: "root".into(),
-        uid: 0,
-        gid: 0,
-        home: "/root".into(),
-    }
-}
-
-fn user() -> Account {
-    Account {
-        name: "user".into(),
-        uid: SANDBOX_USER_ID,
-        gid: SANDBOX_USER_ID,
-        home: "/home/user".into(),
-    }
-}
-
 impl Manager {
     /// The account `name` of the session's sandbox.
     pub async fn account(&self, who: &Identity, id: &str, name: &str) -> Result<Account, Error> {
@@ -73,15 +55,14 @@ pub(crate) async fn lookup(
     agent: &AgentClient,
     name: &str,
 ) -> Result<Option<Account>, ClientError> {
-    let passwd = match name {
-        "root" => return Ok(Some(root())),
-        "user" => return Ok(Some(user())),
-        _ => match agent.read_file("/etc/passwd", MAX_PASSWD).await {
-            Ok(bytes) => bytes,
-            // Missing, too large, no regular file: no account is found in it.
-            Err(ClientError::Agent(_)) => Vec::new(),
-            Err(e) => return Err(e),
-        },
+    if let Some(account) = Account::builtin(name) {
+        return Ok(Some(account));
+    }
+    let passwd = match agent.read_file("/etc/passwd", MAX_PASSWD).await {
+        Ok(bytes) => bytes,
+        // Missing, too large, no regular file: no account is found in it.
+        Err(ClientError::Agent(_)) => Vec::new(),
+        Err(e) => return Err(e),
     };
     Ok(koder_image::find_account(
         &String::from_utf8_lossy(&passwd),
@@ -114,7 +95,10 @@ mod tests {
     #[test]
     fn root_runs_as_the_agent_and_others_get_their_home_and_name() {
         let env = vec![("HOME".to_string(), "/root".to_string())];
-        assert_eq!(run_as(&root(), env.clone()), (None, None, env.clone()));
+        assert_eq!(
+            run_as(&Account::root(), env.clone()),
+            (None, None, env.clone())
+        );
         let app = Account {
             name: "app".into(),
             uid: 1001,
@@ -128,7 +112,7 @@ mod tests {
             [("HOME", "/srv/app"), ("USER", "app")].map(|(k, v)| (k.to_string(), v.to_string()))
         );
         assert_eq!(owner(&app), Some((1001, 1002)));
-        assert_eq!(owner(&root()), None);
-        assert_eq!(owner(&user()), Some((1000, 1000)));
+        assert_eq!(owner(&Account::root()), None);
+        assert_eq!(owner(&Account::user()), Some((1000, 1000)));
     }
 }
