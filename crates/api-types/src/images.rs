@@ -37,7 +37,8 @@ pub struct Image {
     /// The end of the build's output (`GET /images/{name}` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_log: Option<String>,
-    /// Sessions (running or paused) on it, and whether a warm pool holds it.
+    /// Whether sessions (running or paused) run on it, live snapshots were taken on it, or a
+    /// warm pool holds it: what keeps it from being deleted.
     #[serde(default)]
     pub in_use: bool,
 }

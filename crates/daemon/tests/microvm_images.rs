@@ -4,7 +4,8 @@
 //! create, every VM on the pack shares that one disk and runs the pack's own python with the
 //! manifest's environment and workdir; a template's start command serves HTTP and its ready
 //! command gates the VM's hand-out; a VM on the template pauses with its memory and resumes on
-//! the same disk; an image a VM runs on is not deleted, and its disk goes with it once it is.
+//! the same disk, also after a restart during which its image lost its name; an image a VM runs
+//! on is not deleted, and its disk goes with it once it is.
 //! Three boots in all (guests are slow under TCG).
 
 mod common;
@@ -260,6 +261,13 @@ async fn microvms_boot_packs_and_templates_from_one_shared_disk_each() {
         .json_as(ADMIN, Method::DELETE, "/v1/sandbox/images/web", Value::Null)
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{e}");
+    // Its name gone meanwhile (moved to a rebuild, say), the build it runs on outlives a
+    // restart while the paused session records it, and the VM resumes on it.
+    d.stop();
+    let store = koder_image::ImageStore::open(&d.data_dir().join("images")).unwrap();
+    assert!(store.unname("web").unwrap());
+    d.launch().await;
+    assert!(web_disk.is_file(), "the paused VM's disk was collected");
     let (status, v) = d
         .json(Method::POST, &format!("{S}/{web_id}/resume"), Value::Null)
         .await;
@@ -273,6 +281,9 @@ async fn microvms_boot_packs_and_templates_from_one_shared_disk_each() {
     // answers.
     assert_eq!(sh(&d, &web_id, "cat /opt/app/built.txt").await, "built\n");
     assert_eq!(sh(&d, &web_id, FETCH).await, "hello from the file\n");
+    store
+        .set_name("web", web["digest"].as_str().unwrap())
+        .unwrap();
 
     // Once no session runs on it, the template goes, its disk with it.
     let (status, _) = d

@@ -710,3 +710,237 @@ async fn a_step_linking_etc_out_of_its_tree_changes_nothing_on_the_host() {
         .await;
     assert_eq!(v["stdout"], "sandbox\n", "{v}");
 }
+
+/// `sh` in session `id`, which must exit 0; its stdout.
+async fn sh(d: &Daemon, id: &str, script: &str) -> String {
+    let r = d.exec(id, json!({ "shell": script })).await;
+    assert_eq!(r["exit_code"], 0, "{script}: {r}");
+    r["stdout"].as_str().unwrap_or_default().to_string()
+}
+
+/// A session's call that must answer `want`.
+async fn call(d: &Daemon, method: Method, path: &str, body: Value, want: StatusCode) -> Value {
+    let (status, v) = d.json(method, path, body).await;
+    assert_eq!(status, want, "{path}: {v}");
+    v
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_and_snapshots_keep_the_build_they_were_made_on_when_the_name_moves() {
+    let Some(()) = root_or_skip() else { return };
+    let mut d = template_daemon().await;
+    let spec = |n: &str| format!("base = \"python\"\nrun = [\"echo {n} > /etc/app-build\"]\n");
+    let (_, built, log) = build(&d, "app", ADMIN, &spec("one")).await;
+    assert_eq!(built["state"], "succeeded", "{built}\n{}", log.join("\n"));
+    let first = built["digest"].as_str().unwrap().to_string();
+    let a = d.create(json!({"image": "app"})).await;
+    sh(&d, &a, "echo mine > /home/user/note").await;
+    let snap = call(
+        &d,
+        Method::POST,
+        &format!("/v1/sandbox/sessions/{a}/snapshot"),
+        json!({}),
+        StatusCode::CREATED,
+    )
+    .await["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let sessions = "/v1/sandbox/sessions";
+    let pause = json!({"memory": false});
+    call(
+        &d,
+        Method::POST,
+        &format!("{sessions}/{a}/pause"),
+        pause.clone(),
+        StatusCode::OK,
+    )
+    .await;
+
+    // The name moves to a new build: new sessions get it...
+    let (_, built, _) = build(&d, "app", ADMIN, &spec("two")).await;
+    assert_eq!(built["state"], "succeeded", "{built}");
+    assert_ne!(built["digest"], first.as_str());
+    let b = d.create(json!({"image": "app"})).await;
+    assert_eq!(sh(&d, &b, "cat /etc/app-build").await, "two\n");
+    // ...what was made on the first keeps it: resumed, from the snapshot, forked, restored.
+    call(
+        &d,
+        Method::POST,
+        &format!("{sessions}/{a}/resume"),
+        Value::Null,
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(
+        sh(&d, &a, "cat /etc/app-build /home/user/note").await,
+        "one\nmine\n"
+    );
+    let c = d.create(json!({"from_snapshot": snap})).await;
+    assert_eq!(
+        sh(&d, &c, "cat /etc/app-build /home/user/note").await,
+        "one\nmine\n"
+    );
+    let forks = call(
+        &d,
+        Method::POST,
+        &format!("{sessions}/{a}/fork"),
+        json!({"count": 1}),
+        StatusCode::CREATED,
+    )
+    .await;
+    let f = forks["sessions"][0]["id"].as_str().unwrap();
+    assert_eq!(
+        sh(&d, f, "cat /etc/app-build /home/user/note").await,
+        "one\nmine\n"
+    );
+    call(
+        &d,
+        Method::POST,
+        &format!("{sessions}/{b}/restore"),
+        json!({"snapshot_id": snap}),
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(
+        sh(&d, &b, "cat /etc/app-build /home/user/note").await,
+        "one\nmine\n"
+    );
+
+    // Nothing runs on the second build now, and no snapshot was taken on it: it may go.
+    let images = "/v1/sandbox/images";
+    let v = call(
+        &d,
+        Method::GET,
+        &format!("{images}/app"),
+        Value::Null,
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(v["in_use"], false, "{v}");
+    let (status, v) = d
+        .json_as(ADMIN, Method::DELETE, &format!("{images}/app"), Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+
+    // The first build, unnamed now, outlives a restart while a paused session and a snapshot
+    // need it; the sessions of before were stopped by the restart.
+    call(
+        &d,
+        Method::POST,
+        &format!("{sessions}/{a}/pause"),
+        pause,
+        StatusCode::OK,
+    )
+    .await;
+    d.stop();
+    d.launch().await;
+    let tree = d.data_dir().join("images/store").join(&first);
+    assert!(tree.is_dir(), "the first build was collected");
+    call(
+        &d,
+        Method::POST,
+        &format!("{sessions}/{a}/resume"),
+        Value::Null,
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(
+        sh(&d, &a, "cat /etc/app-build /home/user/note").await,
+        "one\nmine\n"
+    );
+    let e = d.create(json!({"from_snapshot": snap})).await;
+    assert_eq!(sh(&d, &e, "cat /etc/app-build").await, "one\n");
+    let (status, v) = d
+        .json(Method::POST, sessions, json!({"image": "app"}))
+        .await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::NOT_FOUND, "SANDBOX-IMAGE-NOT-FOUND"),
+        "{v}"
+    );
+
+    // Once neither a session nor a snapshot records it, the next start collects it.
+    for id in [&a, &e] {
+        let path = format!("{sessions}/{id}");
+        call(
+            &d,
+            Method::DELETE,
+            &path,
+            Value::Null,
+            StatusCode::NO_CONTENT,
+        )
+        .await;
+    }
+    call(
+        &d,
+        Method::DELETE,
+        &format!("/v1/sandbox/snapshots/{snap}"),
+        Value::Null,
+        StatusCode::NO_CONTENT,
+    )
+    .await;
+    d.stop();
+    d.launch().await;
+    assert!(
+        !tree.exists(),
+        "the first build outlived everything made on it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_a_live_snapshot_was_taken_on_is_not_deleted() {
+    let Some(()) = root_or_skip() else { return };
+    let d = template_daemon().await;
+    let (_, built, log) = build(
+        &d,
+        "snapped",
+        ADMIN,
+        "base = \"python\"\nrun = [\"true\"]\n",
+    )
+    .await;
+    assert_eq!(built["state"], "succeeded", "{built}\n{}", log.join("\n"));
+    let a = d.create(json!({"image": "snapped"})).await;
+    let snap = call(
+        &d,
+        Method::POST,
+        &format!("/v1/sandbox/sessions/{a}/snapshot"),
+        json!({}),
+        StatusCode::CREATED,
+    )
+    .await["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    call(
+        &d,
+        Method::DELETE,
+        &format!("/v1/sandbox/sessions/{a}"),
+        Value::Null,
+        StatusCode::NO_CONTENT,
+    )
+    .await;
+    let image = "/v1/sandbox/images/snapped";
+    let v = call(&d, Method::GET, image, Value::Null, StatusCode::OK).await;
+    assert_eq!(v["in_use"], true, "{v}");
+    let (status, v) = d.json_as(ADMIN, Method::DELETE, image, Value::Null).await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::CONFLICT, "SANDBOX-IMAGE-IN-USE"),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains(&snap),
+        "{v}"
+    );
+    call(
+        &d,
+        Method::DELETE,
+        &format!("/v1/sandbox/snapshots/{snap}"),
+        Value::Null,
+        StatusCode::NO_CONTENT,
+    )
+    .await;
+    let (status, v) = d.json_as(ADMIN, Method::DELETE, image, Value::Null).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+}

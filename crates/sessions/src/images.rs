@@ -45,6 +45,13 @@ pub struct Choice {
     pub(crate) prepare: Option<Arc<crate::startup::Prepare>>,
 }
 
+impl Choice {
+    /// The build a session on it records: its digest, `None` for `host`.
+    pub fn build(&self) -> Option<String> {
+        (self.spec_image != HOST).then(|| self.spec_image.clone())
+    }
+}
+
 pub struct Pin {
     digest: String,
     state: Arc<Mutex<Uses>>,
@@ -180,6 +187,27 @@ impl Images {
             pin: Some(pin),
             prepare: crate::startup::Prepare::of(&found),
         })
+    }
+
+    /// The image `name` at the build `digest` a session or snapshot recorded, pinned: that very
+    /// build while the store holds it (its name may point at a newer one by now: a resumed,
+    /// restored or forked session keeps the files it had), else whatever `name` is now (a
+    /// record from before builds were kept, or from a node whose store has another build).
+    pub fn choose_build(
+        &self,
+        name: &str,
+        digest: Option<&str>,
+        language: Option<&str>,
+    ) -> Result<Choice, Error> {
+        let held = (self.store.as_ref().zip(digest))
+            .filter(|(s, d)| matches!(s.by_digest(d), Ok(Some(_))));
+        match held {
+            Some((_, digest)) => Ok(Choice {
+                name: name.to_string(),
+                ..self.choose(Some(digest), language)?
+            }),
+            None => self.choose(Some(name), language),
+        }
     }
 
     /// An image of the store, by name or digest.
@@ -401,6 +429,37 @@ mod tests {
         ));
         drop(deleting);
         images.choose(Some("python"), None).unwrap();
+    }
+
+    #[test]
+    fn a_recorded_build_is_chosen_while_the_store_holds_it_else_the_name() {
+        let (_dir, store) = store_with(&["python", "node"]);
+        let images = Images::new(Some(store.clone()), &BTreeMap::new()).unwrap();
+        let first = images.digest_of("python").unwrap();
+        let newer = images.digest_of("node").unwrap();
+        // The name moves on: the first build is unnamed but still stored.
+        store.set_name("python", &newer).unwrap();
+        let c = images
+            .choose_build("python", Some(&first), Some("bash"))
+            .unwrap();
+        assert_eq!(
+            (c.name.as_str(), c.spec_image.as_str()),
+            ("python", &*first)
+        );
+        assert!(
+            matches!(images.start_delete(&first), Err(Error::ImageInUse(_))),
+            "the recorded build is pinned like a chosen one"
+        );
+        drop(c);
+        for gone in [Some("f".repeat(64)), Some("../etc".into()), None] {
+            let c = images
+                .choose_build("python", gone.as_deref(), Some("bash"))
+                .unwrap();
+            assert_eq!(
+                (c.name.as_str(), c.spec_image.as_str()),
+                ("python", &*newer)
+            );
+        }
     }
 
     #[test]

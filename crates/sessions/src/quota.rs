@@ -188,6 +188,7 @@ mod tests {
                 runtime: "jail".into(),
                 language: "bash".into(),
                 image: "host".into(),
+                image_digest: None,
                 state: koder_api_types::SessionState::Running,
                 limits: Default::default(),
                 network: Default::default(),

@@ -193,6 +193,9 @@ pub struct SessionRecord {
     pub runtime: String,
     pub language: String,
     pub image: String,
+    /// The build of `image` its sandbox runs on (`None` for `host` and for sessions recorded
+    /// before builds were kept).
+    pub image_digest: Option<String>,
     pub state: SessionState,
     pub limits: Limits,
     pub network: Network,
@@ -217,7 +220,7 @@ pub struct Store {
 
 const SESSION_COLUMNS: &str = "id, tenant_id, sandbox_id, runtime, language, image, state, \
      limits_json, network_json, metadata_json, env_json, created_at_ms, expires_at_ms, \
-     ended_at_ms, end_reason, node_id, lost";
+     ended_at_ms, end_reason, node_id, lost, image_digest";
 
 /// The condition "the session is `node`'s", on parameters `$first` and `$first + 1` (both
 /// bound to the node, an `Option<&str>`): `None` means every node's (a manager that is no
@@ -530,7 +533,8 @@ impl Store {
     pub async fn insert_session(&self, s: &SessionRecord) -> Result<(), StoreError> {
         query(&format!(
             "INSERT INTO sessions ({SESSION_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+             $18)"
         ))
         .bind(&s.id)
         .bind(&s.tenant_id)
@@ -549,6 +553,7 @@ impl Store {
         .bind(s.end_reason.as_deref())
         .bind(s.node_id.as_deref())
         .bind(i64::from(s.lost))
+        .bind(s.image_digest.as_deref())
         .execute(&self.pool)
         .await
         .map_err(|e| match db_kind(&e) {
@@ -975,6 +980,7 @@ fn session_from_row(row: &DbRow) -> Result<SessionRecord, StoreError> {
         runtime: get(row, "runtime")?,
         language: get(row, "language")?,
         image: get(row, "image")?,
+        image_digest: get(row, "image_digest")?,
         state,
         limits: from_json(&get::<String>(row, "limits_json")?, &what("limits"))?,
         network: from_json(&get::<String>(row, "network_json")?, &what("network"))?,

@@ -32,6 +32,8 @@ pub struct SnapshotRecord {
     pub runtime: String,
     pub language: String,
     pub image: String,
+    /// The build of `image` the session ran on (see [`crate::SessionRecord::image_digest`]).
+    pub image_digest: Option<String>,
     /// Layer ids, bottom first.
     pub layers: Vec<String>,
     pub created_at: DateTime<Utc>,
@@ -79,7 +81,7 @@ impl DurablePause {
 }
 
 const SNAPSHOT_COLUMNS: &str = "id, tenant_id, name, session_id, runtime, language, image, \
-     layers_json, created_at_ms, expires_at_ms";
+     layers_json, created_at_ms, expires_at_ms, image_digest";
 const LAYER_COLUMNS: &str = "id, tenant_id, blob_key, size_bytes, sha256, entries, created_at_ms";
 
 impl Store {
@@ -172,6 +174,61 @@ impl Store {
         Ok(used)
     }
 
+    /// The image builds something may still start a sandbox on: those of unstopped sessions
+    /// (running, or paused to be resumed) and of snapshots not expired at `now`. An image
+    /// store keeps these even once no name points at them.
+    pub async fn kept_image_digests(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<HashSet<String>, StoreError> {
+        let rows = query(
+            "SELECT image_digest FROM sessions \
+             WHERE state <> 'stopped' AND image_digest IS NOT NULL \
+             UNION SELECT image_digest FROM snapshots \
+             WHERE expires_at_ms > $1 AND image_digest IS NOT NULL",
+        )
+        .bind(to_ms(now))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| get(r, "image_digest")).collect()
+    }
+
+    /// Ids of the snapshots of any tenant, not expired at `now`, taken on the image build
+    /// `digest`.
+    pub async fn snapshots_on_image(
+        &self,
+        digest: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows = query(
+            "SELECT id FROM snapshots WHERE image_digest = $1 AND expires_at_ms > $2 \
+             ORDER BY created_at_ms, id",
+        )
+        .bind(digest)
+        .bind(to_ms(now))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| get(r, "id")).collect()
+    }
+
+    /// Records the image build a session's sandbox now runs on (a restore onto a snapshot
+    /// taken on another build of its image). `NotFound` if there is no such session.
+    pub async fn set_session_image_digest(
+        &self,
+        id: &str,
+        digest: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let done = query("UPDATE sessions SET image_digest = $2 WHERE id = $1")
+            .bind(id)
+            .bind(digest)
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+
     pub async fn delete_layer(&self, id: &str) -> Result<(), StoreError> {
         query("DELETE FROM layers WHERE id = $1")
             .bind(id)
@@ -184,7 +241,7 @@ impl Store {
     pub async fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<(), StoreError> {
         query(&format!(
             "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
         ))
         .bind(&s.id)
         .bind(&s.tenant_id)
@@ -196,6 +253,7 @@ impl Store {
         .bind(to_json(&s.layers)?)
         .bind(to_ms(s.created_at))
         .bind(to_ms(s.expires_at))
+        .bind(s.image_digest.as_deref())
         .execute(&self.pool)
         .await
         .map_err(|e| insert_error(e, "snapshot", &s.id, &s.tenant_id))?;
@@ -351,6 +409,7 @@ fn snapshot_from_row(row: &DbRow) -> Result<SnapshotRecord, StoreError> {
         runtime: get(row, "runtime")?,
         language: get(row, "language")?,
         image: get(row, "image")?,
+        image_digest: get(row, "image_digest")?,
         layers: from_json(&get::<String>(row, "layers_json")?, &what("layers"))?,
         created_at: from_ms(get(row, "created_at_ms")?, &what("created_at"))?,
         expires_at: from_ms(get(row, "expires_at_ms")?, &what("expires_at"))?,
@@ -363,6 +422,7 @@ mod tests {
     use super::*;
     use crate::testing::{on_both_backends, TestDb};
     use crate::tests::{session, store_with, t};
+    use crate::SessionRecord;
     use koder_api_types::{OnTimeout, SessionState};
 
     fn layer(id: &str, tenant: &str, size: u64) -> LayerRecord {
@@ -386,6 +446,7 @@ mod tests {
             runtime: "jail".into(),
             language: "python".into(),
             image: "host".into(),
+            image_digest: None,
             layers: layers.iter().map(|s| s.to_string()).collect(),
             created_at: t(2),
             expires_at: t(expires),
@@ -524,7 +585,88 @@ mod tests {
         ));
     }
 
+    async fn image_builds_kept_are_those_of_unstopped_sessions_and_live_snapshots(db: TestDb) {
+        let store = store_with(&db, &["a", "b"]).await;
+        store.insert_layer(&layer("l1", "a", 1)).await.unwrap();
+        let on = |mut s: SessionRecord, digest: &str| {
+            s.image_digest = Some(digest.into());
+            s
+        };
+        store
+            .insert_session(&on(session("running", "a", 0), "d-run"))
+            .await
+            .unwrap();
+        store
+            .insert_session(&on(session("paused", "b", 0), "d-paused"))
+            .await
+            .unwrap();
+        store
+            .set_session_state("paused", SessionState::Paused, None)
+            .await
+            .unwrap();
+        store
+            .insert_session(&on(session("ended", "a", 0), "d-ended"))
+            .await
+            .unwrap();
+        store
+            .set_session_state("ended", SessionState::Stopped, Some("deleted"))
+            .await
+            .unwrap();
+        store
+            .insert_session(&session("host", "a", 0))
+            .await
+            .unwrap();
+        for (id, digest, expires) in [("s-live", "d-snap", 100), ("s-old", "d-expired", 5)] {
+            let mut snap = snapshot(id, "a", &["l1"], expires);
+            snap.image_digest = Some(digest.into());
+            store.insert_snapshot(&snap).await.unwrap();
+        }
+        store
+            .insert_snapshot(&snapshot("s-host", "a", &["l1"], 100))
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .get_snapshot("s-live")
+                .await
+                .unwrap()
+                .unwrap()
+                .image_digest
+                .as_deref(),
+            Some("d-snap")
+        );
+        let mut kept: Vec<String> = store
+            .kept_image_digests(t(10))
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+        kept.sort();
+        assert_eq!(kept, ["d-paused", "d-run", "d-snap"]);
+        assert_eq!(
+            store.snapshots_on_image("d-snap", t(10)).await.unwrap(),
+            ["s-live"]
+        );
+        assert!(store
+            .snapshots_on_image("d-expired", t(10))
+            .await
+            .unwrap()
+            .is_empty());
+
+        store
+            .set_session_image_digest("running", Some("d-other"))
+            .await
+            .unwrap();
+        let got = store.get_session("running").await.unwrap().unwrap();
+        assert_eq!(got.image_digest.as_deref(), Some("d-other"));
+        assert!(matches!(
+            store.set_session_image_digest("nobody", None).await,
+            Err(StoreError::NotFound)
+        ));
+    }
+
     on_both_backends!(
+        image_builds_kept_are_those_of_unstopped_sessions_and_live_snapshots,
         layers_are_tenant_scoped_and_counted,
         referenced_layers_are_those_a_snapshot_or_live_session_lists,
         snapshots_round_trip_list_expire_delete,

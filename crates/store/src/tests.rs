@@ -30,6 +30,7 @@ pub(crate) fn session(id: &str, tenant_id: &str, created: i64) -> SessionRecord 
         runtime: "jail".into(),
         language: "python".into(),
         image: "host".into(),
+        image_digest: None,
         state: SessionState::Running,
         limits: Limits {
             cpu_millis: Some(500),

@@ -17,11 +17,13 @@
 //! complete and synced, so a listed image is always whole, also after a kill -9 mid-build; what
 //! a killed build left in `.tmp` is collected later. Names are replaced atomically (a new
 //! symlink renamed over the old). Which images sessions use is not the store's business: the
-//! session manager checks that before it deletes one.
+//! session manager checks that before it deletes one, and tells garbage collection which
+//! unnamed builds its sessions and snapshots still need.
 
 mod manifest;
 pub mod name;
 
+use std::collections::HashSet;
 use std::io;
 use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -411,18 +413,20 @@ impl ImageStore {
         Ok(target)
     }
 
-    /// Removes what no name points at (but cached build steps) and what builds and deletes a
-    /// dead process began. Call where no sandbox can be using an unnamed image (the daemon's
-    /// start: sessions resume onto names).
-    pub fn collect_garbage(&self) -> Result<Vec<String>> {
-        let named: Vec<String> = self.all_names()?.into_iter().map(|(_, d)| d).collect();
+    /// Removes what no name points at (but cached build steps and the digests in `keep`: the
+    /// builds recorded sessions and snapshots were made on) and what builds and deletes a dead
+    /// process began. Call where no sandbox can be using an unnamed image outside `keep` (the
+    /// daemon's start).
+    pub fn collect_garbage(&self, keep: &HashSet<String>) -> Result<Vec<String>> {
+        let named: HashSet<String> = self.all_names()?.into_iter().map(|(_, d)| d).collect();
         let mut removed = Vec::new();
         for entry in read_dir(&self.root)? {
             let Some(digest) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
             };
             let step = || matches!(self.by_digest(&digest), Ok(Some(i)) if is_step(&i.manifest));
-            if is_digest(&digest) && !named.contains(&digest) && !step() {
+            let unused = !named.contains(&digest) && !keep.contains(&digest);
+            if is_digest(&digest) && unused && !step() {
                 self.remove_digest(&digest)?;
                 removed.push(digest);
             }

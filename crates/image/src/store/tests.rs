@@ -63,11 +63,20 @@ fn what_a_killed_build_left_is_collected_and_unnamed_images_too() {
     // An image no name points at any more.
     let unnamed = put(&store, "unnamed");
     std::fs::remove_file(store.root().join(NAMES).join("unnamed")).unwrap();
-    let removed = store.collect_garbage().unwrap();
+    // One a session or snapshot was made on, its name since moved or deleted.
+    let recorded = put(&store, "recorded");
+    std::fs::remove_file(store.root().join(NAMES).join("recorded")).unwrap();
+    let keep = [recorded.manifest.digest.clone()].into_iter().collect();
+    let removed = store.collect_garbage(&keep).unwrap();
     assert_eq!(removed.len(), 2, "{removed:?}");
     assert!(!dead.exists());
     assert!(live.dir.exists());
     assert!(store.by_digest(&unnamed.manifest.digest).unwrap().is_none());
+    let still = store.get(&recorded.manifest.digest).unwrap();
+    assert!(still.names.is_empty() && still.root.is_dir());
+    // Once nothing records it, it goes too.
+    let removed = store.collect_garbage(&HashSet::new()).unwrap();
+    assert_eq!(removed, std::slice::from_ref(&recorded.manifest.digest));
     assert_eq!(store.get("kept").unwrap(), kept);
 }
 

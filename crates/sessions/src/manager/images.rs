@@ -30,7 +30,9 @@ impl Manager {
         let record = self.record(who, id).await?;
         Ok(match record.image.as_str() {
             HOST => None,
-            name => self.images.lookup(name).ok(),
+            name => (record.image_digest.as_deref())
+                .and_then(|d| self.images.lookup(d).ok())
+                .or_else(|| self.images.lookup(name).ok()),
         })
     }
 
@@ -97,6 +99,15 @@ impl Manager {
                 users[0]
             )));
         }
+        let snapshots = self.store.snapshots_on_image(&digest, self.now()).await?;
+        if !snapshots.is_empty() {
+            return Err(Error::ImageInUse(format!(
+                "{} snapshot(s) were taken on it (first: {}); delete them first or let them \
+                 expire",
+                snapshots.len(),
+                snapshots[0]
+            )));
+        }
         let store = self
             .images
             .store()
@@ -120,15 +131,17 @@ impl Manager {
         }
     }
 
-    /// Digests of the images unstopped sessions (running or paused) run on.
+    /// Digests of the images unstopped sessions (running or paused) run on and live snapshots
+    /// were taken on.
     async fn used_digests(&self) -> Result<Vec<String>, Error> {
         let mut digests: Vec<String> = self
             .store
             .live_sessions()
             .await?
             .iter()
-            .filter_map(|r| self.images.digest_of(&r.image))
+            .filter_map(|r| self.build_of(r))
             .collect();
+        digests.extend(self.store.kept_image_digests(self.now()).await?);
         digests.sort();
         digests.dedup();
         Ok(digests)
@@ -141,8 +154,14 @@ impl Manager {
             .live_sessions()
             .await?
             .into_iter()
-            .filter(|r| self.images.digest_of(&r.image).as_deref() == Some(digest))
+            .filter(|r| self.build_of(r).as_deref() == Some(digest))
             .map(|r| r.id)
             .collect())
+    }
+
+    /// The build a session runs on: the one it recorded, or (recorded before builds were)
+    /// the one its image's name points at.
+    fn build_of(&self, r: &koder_store::SessionRecord) -> Option<String> {
+        (r.image_digest.clone()).or_else(|| self.images.digest_of(&r.image))
     }
 }

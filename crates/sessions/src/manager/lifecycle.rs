@@ -143,6 +143,9 @@ pub(super) struct Origin {
     /// A fork's clone of its source's disk: `layers` then sit below it or are in it
     /// ([`DiskClone::layers_below`]).
     pub disk: Option<DiskClone>,
+    /// The image build `layers` were captured on (a fork's source's, a snapshot's), chosen
+    /// over the build the image's name points at now while the store holds it.
+    pub build: Option<String>,
 }
 
 /// What [`Manager::sandbox_on`] starts a sandbox from besides its image.
@@ -155,12 +158,11 @@ pub(super) struct StartFrom {
 
 impl Manager {
     pub async fn create(&self, who: &Identity, mut req: CreateSession) -> Result<Session, Error> {
-        let layers = match req.from_snapshot.take() {
+        let origin = match req.from_snapshot.take() {
             Some(snapshot) => self.snapshot_base(who, &snapshot, &mut req).await?,
-            None => Vec::new(),
+            None => Origin::default(),
         };
-        self.create_with(who, req, Origin { layers, disk: None })
-            .await
+        self.create_with(who, req, origin).await
     }
 
     /// Creates a session whose sandbox starts from `origin` (nothing but its image for a
@@ -173,12 +175,20 @@ impl Manager {
         mut req: CreateSession,
         origin: Origin,
     ) -> Result<Session, Error> {
-        let Origin { layers, disk } = origin;
+        let Origin {
+            layers,
+            disk,
+            build,
+        } = origin;
         let started = Instant::now();
         // Pinned until the session is recorded: a delete cannot take the image meanwhile.
-        let image = self
-            .images
-            .choose(req.image.as_deref(), req.language.as_deref())?;
+        let image = match (req.image.as_deref(), build) {
+            (Some(name), Some(build)) => {
+                self.images
+                    .choose_build(name, Some(&build), req.language.as_deref())?
+            }
+            (name, _) => self.images.choose(name, req.language.as_deref())?,
+        };
         let language = image.language;
         let runtime = match req.runtime.as_deref() {
             None | Some("jail") => "jail",
@@ -275,6 +285,7 @@ impl Manager {
             runtime: runtime.into(),
             language: language.into(),
             image: image.name.clone(),
+            image_digest: image.build(),
             state: SessionState::Running,
             limits,
             network,

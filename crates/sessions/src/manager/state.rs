@@ -275,6 +275,7 @@ impl Manager {
             runtime: record.runtime.clone(),
             language: record.language.clone(),
             image: record.image.clone(),
+            image_digest: record.image_digest.clone(),
             layers,
             created_at: now,
             expires_at: now + self.retention(),
@@ -343,13 +344,14 @@ impl Manager {
     }
 
     /// Fills a create request from the snapshot it names: image, runtime and language are the
-    /// snapshot's (asking for others is an error). Returns the layers to start from.
+    /// snapshot's (asking for others is an error). Returns what to start from: its layers on
+    /// the image build it was taken on.
     pub(super) async fn snapshot_base(
         &self,
         who: &Identity,
         snapshot: &str,
         req: &mut CreateSession,
-    ) -> Result<Vec<String>, Error> {
+    ) -> Result<Origin, Error> {
         let s = self.snapshot_record(who, snapshot).await?;
         for (what, asked, have) in [
             ("image", &mut req.image, &s.image),
@@ -365,7 +367,11 @@ impl Manager {
                 _ => *asked = Some(have.clone()),
             }
         }
-        Ok(s.layers)
+        Ok(Origin {
+            layers: s.layers,
+            disk: None,
+            build: s.image_digest,
+        })
     }
 
     /// Restarts the session's sandbox on the snapshot's filesystem: the processes it runs end,
@@ -390,6 +396,11 @@ impl Manager {
         }
         let mut durable = self.store.session_durable(id).await?;
         durable.layers = snap.layers;
+        // Its layers go back onto the build they were captured on.
+        let record = SessionRecord {
+            image_digest: snap.image_digest.or(record.image_digest),
+            ..record
+        };
         self.boot(&record, durable).await?;
         tracing::info!(session = %id, snapshot = %snapshot_id, "session restored");
         self.get(who, id).await
@@ -437,10 +448,12 @@ impl Manager {
         let egress = record.network.mode != koder_api_types::NetworkMode::None;
         let volumes = self.session_mounts(&record.id).await?;
         let has_volumes = !volumes.is_empty();
-        // The image the session was created on, by the name it was recorded with.
-        let image = self
-            .images
-            .choose(Some(&record.image), Some(&record.language))?;
+        // The image build the session's files were made on (or its name's, when that is gone).
+        let image = self.images.choose_build(
+            &record.image,
+            record.image_digest.as_deref(),
+            Some(&record.language),
+        )?;
         let (sandbox, _) = self
             .sandbox_on(
                 &record.runtime,
@@ -470,6 +483,9 @@ impl Manager {
         self.store.set_session_durable(&record.id, &durable).await?;
         self.store
             .set_session_sandbox(&record.id, sandbox.id())
+            .await?;
+        self.store
+            .set_session_image_digest(&record.id, image.build().as_deref())
             .await?;
         self.store
             .set_session_state(&record.id, SessionState::Running, None)
@@ -744,6 +760,7 @@ impl Manager {
                 let origin = Origin {
                     layers: durable.layers.clone(),
                     disk: Some(disk.clone()),
+                    build: record.image_digest.clone(),
                 };
                 (origin, Some(pin))
             }
@@ -751,7 +768,12 @@ impl Manager {
             // is snapshotted or paused to disk.
             None => {
                 let (layers, pin) = self.current_layers(who, &record, Keep::Local).await?;
-                (Origin { layers, disk: None }, pin)
+                let origin = Origin {
+                    layers,
+                    disk: None,
+                    build: record.image_digest.clone(),
+                };
+                (origin, pin)
             }
         };
         let req = CreateSession {
