@@ -18,7 +18,10 @@ struct Harness {
 fn harness() -> Harness {
     let root = tempfile::tempdir().unwrap();
     let home = root.path().to_string_lossy().into_owned();
-    let client = connect(agent(root.path(), &[("HOME", &home), ("LANG", "C.UTF-8")]));
+    // The interpreters run on the host: their temporary files (R's session directory, which a
+    // killed R leaves behind) go with the test's directory, not into the host's /tmp.
+    let env = [("HOME", &*home), ("LANG", "C.UTF-8"), ("TMPDIR", &*home)];
+    let client = connect(agent(root.path(), &env));
     Harness {
         _root: root,
         client,

@@ -63,12 +63,29 @@ pub struct E2bSection {
     /// of the domain pointing at the daemon, and for `https://` a wildcard certificate in
     /// `[server] tls_*`) reach that port of that sandbox. Unset: no host-based routing.
     pub domain: Option<String>,
+    /// MiB a tenant's uploaded template files (the sources of E2B's `COPY` steps) may hold
+    /// together, default 4096: the least recently used make room for a new upload.
+    pub template_files_mib: Option<u64>,
+    /// Days an upload nobody uploaded again, asked about or built from is kept, default 7.
+    pub template_files_keep_days: Option<u64>,
 }
 
 impl E2bSection {
     /// A DNS name of at least two labels, each 1-63 of `[a-z0-9-]` not starting or ending
     /// with `-`; kept lowercase.
     fn check(&mut self) -> anyhow::Result<()> {
+        for (key, value, max) in [
+            ("template_files_mib", self.template_files_mib, 1 << 30),
+            (
+                "template_files_keep_days",
+                self.template_files_keep_days,
+                36_500,
+            ),
+        ] {
+            if value.is_some_and(|v| v == 0 || v > max) {
+                anyhow::bail!("[e2b] {key}: 1..={max}");
+            }
+        }
         let Some(domain) = &mut self.domain else {
             return Ok(());
         };
@@ -83,6 +100,21 @@ impl E2bSection {
             anyhow::bail!("[e2b] domain {domain:?}: a DNS name such as \"sandbox.example.com\"");
         }
         Ok(())
+    }
+}
+
+impl E2bSection {
+    /// The bounds of the tenants' template uploads (checked: no overflow).
+    pub fn template_files(&self) -> koder_e2b::TemplateFiles {
+        let default = koder_e2b::TemplateFiles::default();
+        koder_e2b::TemplateFiles {
+            max_bytes: self
+                .template_files_mib
+                .map_or(default.max_bytes, |mib| mib << 20),
+            keep_for: self
+                .template_files_keep_days
+                .map_or(default.keep_for, |d| Duration::from_secs(d * 86_400)),
+        }
     }
 }
 
@@ -441,12 +473,28 @@ mod tests {
             (Some("/c.pem"), Some("/k.pem"))
         );
         assert_eq!(load("").unwrap().server.tls().unwrap(), None);
+        assert_eq!(
+            load("").unwrap().e2b.template_files(),
+            koder_e2b::TemplateFiles::default()
+        );
+        let files = load("[e2b]\ntemplate_files_mib = 3\ntemplate_files_keep_days = 2\n")
+            .unwrap()
+            .e2b
+            .template_files();
+        assert_eq!(
+            (files.max_bytes, files.keep_for),
+            (3 << 20, Duration::from_secs(2 * 86_400))
+        );
         for bad in [
             "[e2b]\ndomain = \"localhost\"\n",
             "[e2b]\ndomain = \"a..b\"\n",
             "[e2b]\ndomain = \"-a.b\"\n",
             "[e2b]\ndomain = \"a_b.c\"\n",
             "[e2b]\ndomain = \"\"\n",
+            "[e2b]\ntemplate_files_mib = 0\n",
+            "[e2b]\ntemplate_files_mib = 18446744073709551615\n",
+            "[e2b]\ntemplate_files_keep_days = 0\n",
+            "[e2b]\ntemplate_files_keep_days = 1000000\n",
             "[server]\ntls_listen = \"127.0.0.1:443\"\n",
             "[server]\ntls_listen = \"127.0.0.1:443\"\ntls_cert = \"/c.pem\"\n",
             "[server]\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n",

@@ -51,6 +51,9 @@ pub const DEV_KEY_FILE: &str = "dev-api-key";
 const SECRETS_KEY_FILE: &str = "secrets.key";
 const TOKEN_KEY_FILE: &str = "token-key";
 pub const DEV_TENANT: &str = "dev";
+/// How often expired template uploads of every tenant are looked for (each tenant's own are
+/// also when it uploads or builds).
+const TEMPLATE_FILES_SWEEP: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
 
 /// The `[store] url` database, else SQLite in the data dir. The URL is never logged: it may
 /// hold a password.
@@ -140,7 +143,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         cfg.sessions.clone(),
         e2b_token_key,
         cfg.e2b.domain.clone(),
+        cfg.e2b.template_files(),
     );
+    e2b.sweep_template_files_every(TEMPLATE_FILES_SWEEP);
     let native = koder_http::router(state).merge(koder_console::router());
     let app = koder_http::drain_unread_bodies(koder_e2b::mount(native, e2b));
     let grpc = koder_grpc::router(grpc)?;

@@ -944,3 +944,121 @@ async fn an_image_a_live_snapshot_was_taken_on_is_not_deleted() {
     let (status, v) = d.json_as(ADMIN, Method::DELETE, image, Value::Null).await;
     assert_eq!(status, StatusCode::OK, "{v}");
 }
+
+/// `GET /templates/t/files/{hash}` as tenant t1: whether that upload is kept, and where to
+/// `PUT` it.
+async fn upload_link(d: &Daemon, hash: &str) -> (bool, String) {
+    let resp = d
+        .http
+        .get(format!("{}/templates/t/files/{hash}", d.base))
+        .header("x-api-key", KEY1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let v: Value = resp.json().await.unwrap();
+    (v["present"] == true, v["url"].as_str().unwrap().to_string())
+}
+
+/// Uploads an archive of `kib` KiB under `hash`: the status and the answer.
+async fn upload(d: &Daemon, hash: &str, kib: usize) -> (StatusCode, Value) {
+    let (_, url) = upload_link(d, hash).await;
+    let data = vec![7u8; kib << 10];
+    let resp = d
+        .http
+        .put(url)
+        .body(layer(&[E::File("data", &data, 0o644)]))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Marks tenant t1's upload of `hash` as last used `hours` ago.
+fn last_used(d: &Daemon, hash: &str, hours: u64) {
+    let root = d.data_dir().join("images/e2b-files");
+    for ns in std::fs::read_dir(root).unwrap() {
+        let path = ns.unwrap().path().join(hash);
+        if path.is_file() {
+            let when = std::time::SystemTime::now() - std::time::Duration::from_secs(hours * 3600);
+            std::fs::File::open(&path)
+                .unwrap()
+                .set_modified(when)
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenants_template_uploads_are_bounded_and_unused_ones_expire() {
+    let Some(()) = root_or_skip() else { return };
+    let mut d = Daemon::start(&format!(
+        "{BASE_CONFIG}\n[e2b]\ntemplate_files_mib = 1\ntemplate_files_keep_days = 1\n"
+    ))
+    .await;
+    let [a, b, c] = ["a", "b", "c"].map(|x| x.repeat(64));
+    assert_eq!(upload(&d, &a, 600).await.0, StatusCode::OK);
+    // A second one would need the first, just used (a build may be about to read it): refused.
+    let (status, v) = upload(&d, &b, 600).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    let message = v["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("SANDBOX-IMAGE-TOO-LARGE") && message.contains("within the last hour"),
+        "{v}"
+    );
+    assert!(upload_link(&d, &a).await.0 && !upload_link(&d, &b).await.0);
+    // Once the first was left unused for a while, it makes room for the next.
+    last_used(&d, &a, 2);
+    assert_eq!(upload(&d, &b, 600).await.0, StatusCode::OK);
+    assert!(!upload_link(&d, &a).await.0 && upload_link(&d, &b).await.0);
+    // Larger than all a tenant may keep: refused whatever is there.
+    assert_eq!(upload(&d, &c, 1100).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    // Another tenant's uploads are bounded on their own.
+    let other = d
+        .http
+        .get(format!("{}/templates/t/files/{c}", d.base))
+        .header("x-api-key", KEY2)
+        .send()
+        .await
+        .unwrap();
+    let url = other.json::<Value>().await.unwrap()["url"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let data = vec![7u8; 600 << 10];
+    let resp = d
+        .http
+        .put(url)
+        .body(layer(&[E::File("data", &data, 0o644)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+
+    // Unused for longer than kept: asking finds none, and the sweep at start removes it.
+    last_used(&d, &b, 25);
+    assert!(!upload_link(&d, &b).await.0);
+    assert_eq!(upload(&d, &a, 10).await.0, StatusCode::OK);
+    last_used(&d, &a, 25);
+    d.stop();
+    d.launch().await;
+    let root = d.data_dir().join("images/e2b-files");
+    assert!(
+        comes_true(|| walkdir(&root) == [c.clone()]).await,
+        "not only the other tenant's upload is left: {:?}",
+        walkdir(&root)
+    );
+}
+
+/// The names of the files under `root`, sorted.
+fn walkdir(root: &std::path::Path) -> Vec<String> {
+    let mut names = Vec::new();
+    for ns in std::fs::read_dir(root).unwrap() {
+        for f in std::fs::read_dir(ns.unwrap().path()).unwrap() {
+            names.push(f.unwrap().file_name().to_string_lossy().into_owned());
+        }
+    }
+    names.sort();
+    names
+}

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use sha2::Sha256;
 
 use crate::control::cpu::CpuSample;
-use crate::control::templates::TemplateBuild;
+use crate::control::templates::{TemplateBuild, TemplateFiles};
 use crate::envd::sandbox::SandboxCtx;
 
 /// The E2B adapter's state: the native API's state plus what only E2B needs.
@@ -36,17 +36,20 @@ struct Inner {
     /// The sandbox domain (`[e2b] domain`): answered on create and connect, and the names
     /// `<port>-<id>.<domain>` are routed to that port of that sandbox ([`crate::host`]).
     domain: Option<String>,
+    /// What tenants' template uploads may hold, and how long they are kept.
+    template_files: TemplateFiles,
 }
 
 impl E2b {
     /// `sessions` is the configuration the manager runs with (timeouts the E2B defaults map to);
     /// `token_secret` keys every token this adapter hands out; `domain` is the sandbox domain
-    /// served by host name, if any.
+    /// served by host name, if any; `template_files` bounds the tenants' template uploads.
     pub fn new(
         app: AppState,
         sessions: SessionConfig,
         token_secret: [u8; 32],
         domain: Option<String>,
+        template_files: TemplateFiles,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -57,8 +60,29 @@ impl E2b {
                 cpu_samples: Mutex::default(),
                 template_builds: Mutex::default(),
                 domain,
+                template_files,
             }),
         }
+    }
+
+    pub(crate) fn template_files(&self) -> TemplateFiles {
+        self.inner.template_files
+    }
+
+    /// Removes every tenant's expired template uploads now and every `every` after, for as
+    /// long as the runtime runs.
+    pub fn sweep_template_files_every(&self, every: std::time::Duration) {
+        let e2b = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let round = e2b.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    crate::control::templates::sweep_files(&round)
+                })
+                .await;
+                tokio::time::sleep(every).await;
+            }
+        });
     }
 
     pub(crate) fn domain(&self) -> Option<&str> {

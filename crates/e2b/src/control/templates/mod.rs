@@ -13,6 +13,8 @@
 //! names the template (`name` or `name:tag`), tags are assigned and removed, templates deleted.
 
 mod files;
+pub(crate) use files::sweep as sweep_files;
+pub use files::TemplateFiles;
 pub mod steps;
 
 use std::sync::Arc;
@@ -320,7 +322,8 @@ async fn start_build(
     }
     let planned = base_of(&e2b, &who, &req).and_then(|base| {
         let dir = files::dir(&e2b, &who)?;
-        steps::plan(base, &req, |hash| files::find(&dir, hash))
+        let policy = e2b.template_files();
+        steps::plan(base, &req, |hash| files::find(&dir, hash, &policy))
     });
     let plan = match planned {
         Ok(plan) => plan,
