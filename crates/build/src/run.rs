@@ -125,6 +125,9 @@ impl Builds {
                 continue;
             };
             if let Some(cached) = store.by_digest(&step.key).map_err(|e| failed(Some(i), e))? {
+                if let Err(e) = store.mark_used(&cached) {
+                    tracing::warn!(step = %step.key, error = %e, "marking a cached step used");
+                }
                 job.log.line(format!("{head}: cached"));
                 self.mark(job, i, "cached").await;
                 layers.push(cached.step_layer());

@@ -79,7 +79,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let store = open_store(&cfg, data_dir).await?;
     let auth = Arc::new(authenticator(&cfg, &store, data_dir).await?);
     let agent = agent_bin(&cfg)?;
-    let images = image_store(data_dir, &store).await?;
+    let images = image_store(&cfg, &store).await?;
     let runtimes = koder_sessions::Runtimes {
         jail: {
             check_id_ranges(&cfg)?;
@@ -654,13 +654,13 @@ fn check_id_ranges(cfg: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The image store under `<data_dir>/images`, rid of what builds killed mid-way left and of
-/// the builds no name points at any more and no unstopped session or live snapshot was made
-/// on (no sandbox runs yet: every other build is one nothing can start on again).
-async fn image_store(data_dir: &Path, state: &Store) -> anyhow::Result<koder_image::ImageStore> {
-    let store = koder_image::ImageStore::open(&data_dir.join("images"))?;
+/// The image store under `<data_dir>/images`, rid of what builds killed mid-way left, of the
+/// builds no name points at any more and no unstopped session or live snapshot was made on,
+/// and of build steps no build used lately (no sandbox or build runs yet).
+async fn image_store(cfg: &Config, state: &Store) -> anyhow::Result<koder_image::ImageStore> {
+    let store = koder_image::ImageStore::open(&cfg.server.data_dir.join("images"))?;
     let keep = state.kept_image_digests(chrono::Utc::now()).await?;
-    let removed = store.collect_garbage(&keep)?;
+    let removed = store.collect_garbage(&keep, cfg.images.steps_unused_for())?;
     if !removed.is_empty() {
         tracing::info!(?removed, "removed unnamed and unfinished images");
     }

@@ -221,8 +221,13 @@ fn step_statuses(build: &Value) -> Vec<&str> {
 }
 
 async fn template_daemon() -> Daemon {
+    template_daemon_with("").await
+}
+
+/// A template daemon whose `[images]` table also holds `images` (TOML lines).
+async fn template_daemon_with(images: &str) -> Daemon {
     let mut d = Daemon::start(&format!(
-        "{BASE_CONFIG}\n{BUILD_CONFIG}[auth]\nadmin_keys = [\"{ADMIN}\"]\n"
+        "{BASE_CONFIG}\n{BUILD_CONFIG}{images}[auth]\nadmin_keys = [\"{ADMIN}\"]\n"
     ))
     .await;
     d.stop();
@@ -1061,4 +1066,58 @@ fn walkdir(root: &std::path::Path) -> Vec<String> {
     }
     names.sort();
     names
+}
+
+/// Sets a file's mtime `days` back.
+fn days_old(path: &std::path::Path, days: u64) {
+    let when = std::time::SystemTime::now() - std::time::Duration::from_secs(days * 86_400);
+    std::fs::File::open(path)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn build_steps_no_build_used_for_days_are_collected_at_start() {
+    let Some(()) = root_or_skip() else { return };
+    let mut d = template_daemon_with("step_cache_days = 1\n").await;
+    let spec = "base = \"python\"\nrun = [\"echo cached > /etc/step\"]\n";
+    let (_, built, log) = build(&d, "stepped", ADMIN, spec).await;
+    assert_eq!(built["state"], "succeeded", "{built}\n{}", log.join("\n"));
+    let key = built["steps"][0]["key"].as_str().unwrap();
+    let manifest = d
+        .data_dir()
+        .join("images/store")
+        .join(key)
+        .join("manifest.json");
+    assert!(manifest.is_file(), "{built}");
+
+    // Found by a build, a step counts as used again, and a restart keeps it.
+    days_old(&manifest, 2);
+    let (_, again, _) = build(&d, "stepped", ADMIN, spec).await;
+    assert_eq!(step_statuses(&again), ["cached"], "{again}");
+    let age = std::fs::metadata(&manifest)
+        .unwrap()
+        .modified()
+        .unwrap()
+        .elapsed()
+        .unwrap();
+    assert!(
+        age.as_secs() < 3600,
+        "a cache hit did not mark the step used: {age:?}"
+    );
+    d.stop();
+    d.launch().await;
+    assert!(manifest.is_file(), "a step used lately was collected");
+
+    // Unused for longer than kept: the next start collects it. The image it helped make is
+    // whole on its own, and the next build runs the step again.
+    days_old(&manifest, 2);
+    d.stop();
+    d.launch().await;
+    assert!(!manifest.exists(), "a step unused for days was kept");
+    let id = d.create(json!({"image": "stepped"})).await;
+    assert_eq!(sh(&d, &id, "cat /etc/step").await, "cached\n");
+    let (_, third, _) = build(&d, "stepped", ADMIN, spec).await;
+    assert_eq!(step_statuses(&third), ["built"], "{third}");
 }

@@ -89,6 +89,16 @@ pub struct ImagesConfig {
     /// Ranges exempt from the SSRF guard for image builds only (a package mirror on a
     /// private or reserved address): sessions never get them.
     pub build_internal: Vec<ipnet::IpNet>,
+    /// Days a build's cached step is kept unused (neither made nor found by a build), default
+    /// 30; collected at the daemon's start (a step going costs a later build its cache only).
+    pub step_cache_days: Option<u64>,
+}
+
+impl ImagesConfig {
+    /// How long a cached build step is kept unused.
+    pub fn steps_unused_for(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.step_cache_days.unwrap_or(30).saturating_mul(86_400))
+    }
 }
 
 impl Default for SessionConfig {

@@ -9,7 +9,8 @@
 //!                                each complete once visible, never changed, gone with the image
 //! store/names/<name>             symlink to "<digest>": the names pointing at an image
 //! store/<digest>/                 (recipe kind `template-step`) a template build's cached step:
-//!                                 never listed, kept by garbage collection, unnamed
+//!                                 never listed, unnamed, kept by garbage collection while a
+//!                                 build used it lately (its manifest's mtime)
 //! store/.tmp/                    images being built or deleted (never listed)
 //! ```
 //!
@@ -413,18 +414,47 @@ impl ImageStore {
         Ok(target)
     }
 
-    /// Removes what no name points at (but cached build steps and the digests in `keep`: the
-    /// builds recorded sessions and snapshots were made on) and what builds and deletes a dead
-    /// process began. Call where no sandbox can be using an unnamed image outside `keep` (the
-    /// daemon's start).
-    pub fn collect_garbage(&self, keep: &HashSet<String>) -> Result<Vec<String>> {
+    /// Marks a build's cached step used now: garbage collection keeps it while it was used
+    /// lately. (An image's tree is self-contained: a step going costs a later build its cache,
+    /// never an image its files.)
+    pub fn mark_used(&self, step: &StoredImage) -> Result<()> {
+        let manifest = self.root.join(&step.manifest.digest).join(MANIFEST);
+        std::fs::File::open(&manifest)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+            .map_err(ImageError::io(format!(
+                "mark {} used",
+                step.manifest.digest
+            )))
+    }
+
+    /// How long ago the step `digest` was made or last found cached.
+    fn unused_for(&self, digest: &str) -> std::time::Duration {
+        std::fs::metadata(self.root.join(digest).join(MANIFEST))
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|used| used.elapsed().ok())
+            .unwrap_or_default()
+    }
+
+    /// Removes what no name points at (but the digests in `keep`: the builds recorded sessions
+    /// and snapshots were made on; and build steps used within `steps_unused_for`) and what
+    /// builds and deletes a dead process began. Call where no sandbox and no build can be
+    /// using an unnamed image outside `keep` (the daemon's start).
+    pub fn collect_garbage(
+        &self,
+        keep: &HashSet<String>,
+        steps_unused_for: std::time::Duration,
+    ) -> Result<Vec<String>> {
         let named: HashSet<String> = self.all_names()?.into_iter().map(|(_, d)| d).collect();
         let mut removed = Vec::new();
         for entry in read_dir(&self.root)? {
             let Some(digest) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
             };
-            let step = || matches!(self.by_digest(&digest), Ok(Some(i)) if is_step(&i.manifest));
+            let step = || {
+                matches!(self.by_digest(&digest), Ok(Some(i)) if is_step(&i.manifest))
+                    && self.unused_for(&digest) < steps_unused_for
+            };
             let unused = !named.contains(&digest) && !keep.contains(&digest);
             if is_digest(&digest) && unused && !step() {
                 self.remove_digest(&digest)?;

@@ -67,7 +67,7 @@ fn what_a_killed_build_left_is_collected_and_unnamed_images_too() {
     let recorded = put(&store, "recorded");
     std::fs::remove_file(store.root().join(NAMES).join("recorded")).unwrap();
     let keep = [recorded.manifest.digest.clone()].into_iter().collect();
-    let removed = store.collect_garbage(&keep).unwrap();
+    let removed = store.collect_garbage(&keep, DAY).unwrap();
     assert_eq!(removed.len(), 2, "{removed:?}");
     assert!(!dead.exists());
     assert!(live.dir.exists());
@@ -75,9 +75,47 @@ fn what_a_killed_build_left_is_collected_and_unnamed_images_too() {
     let still = store.get(&recorded.manifest.digest).unwrap();
     assert!(still.names.is_empty() && still.root.is_dir());
     // Once nothing records it, it goes too.
-    let removed = store.collect_garbage(&HashSet::new()).unwrap();
+    let removed = store.collect_garbage(&HashSet::new(), DAY).unwrap();
     assert_eq!(removed, std::slice::from_ref(&recorded.manifest.digest));
     assert_eq!(store.get("kept").unwrap(), kept);
+}
+
+const DAY: std::time::Duration = std::time::Duration::from_secs(86_400);
+
+/// A cached build step `name` (unnamed), last used `ago`.
+fn step(store: &ImageStore, name: &str, ago: std::time::Duration) -> String {
+    let d = digest(name);
+    let staging = store.staging(&d).unwrap();
+    std::fs::create_dir_all(staging.rootfs()).unwrap();
+    let step = Manifest::new(name, &d, serde_json::json!({"kind": STEP_KIND}));
+    staging.commit(&step).unwrap();
+    std::fs::File::open(store.root().join(&d).join(MANIFEST))
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - ago)
+        .unwrap();
+    d
+}
+
+#[test]
+fn cached_steps_are_kept_while_builds_use_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(dir.path()).unwrap();
+    let named = put(&store, "named");
+    std::fs::File::open(store.root().join(&named.manifest.digest).join(MANIFEST))
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - 10 * DAY)
+        .unwrap();
+    let fresh = step(&store, "fresh", DAY / 2);
+    let stale = step(&store, "stale", 2 * DAY);
+    let found = step(&store, "found", 2 * DAY);
+    store
+        .mark_used(&store.by_digest(&found).unwrap().unwrap())
+        .unwrap();
+    let removed = store.collect_garbage(&HashSet::new(), DAY).unwrap();
+    assert_eq!(removed, [stale]);
+    for kept in [&fresh, &found, &named.manifest.digest] {
+        assert!(store.by_digest(kept).unwrap().is_some());
+    }
 }
 
 #[test]
