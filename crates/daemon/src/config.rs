@@ -68,13 +68,17 @@ pub struct E2bSection {
     pub template_files_mib: Option<u64>,
     /// Days an upload nobody uploaded again, asked about or built from is kept, default 7.
     pub template_files_keep_days: Option<u64>,
+    /// Images a tenant's templates may hold together (each build of a tag that is not moved
+    /// to it makes one), default 100.
+    pub max_template_images: Option<u64>,
 }
 
 impl E2bSection {
-    /// A DNS name of at least two labels, each 1-63 of `[a-z0-9-]` not starting or ending
-    /// with `-`; kept lowercase.
+    /// Bounds within their ranges; the domain a DNS name of at least two labels, each 1-63 of
+    /// `[a-z0-9-]` not starting or ending with `-`, kept lowercase.
     fn check(&mut self) -> anyhow::Result<()> {
         for (key, value, max) in [
+            ("max_template_images", self.max_template_images, 100_000),
             ("template_files_mib", self.template_files_mib, 1 << 30),
             (
                 "template_files_keep_days",
@@ -101,19 +105,22 @@ impl E2bSection {
         }
         Ok(())
     }
-}
 
-impl E2bSection {
-    /// The bounds of the tenants' template uploads (checked: no overflow).
-    pub fn template_files(&self) -> koder_e2b::TemplateFiles {
-        let default = koder_e2b::TemplateFiles::default();
-        koder_e2b::TemplateFiles {
-            max_bytes: self
-                .template_files_mib
-                .map_or(default.max_bytes, |mib| mib << 20),
-            keep_for: self
-                .template_files_keep_days
-                .map_or(default.keep_for, |d| Duration::from_secs(d * 86_400)),
+    /// The bounds of the tenants' templates and uploads (checked: no overflow).
+    pub fn templates(&self) -> koder_e2b::TemplateLimits {
+        let default = koder_e2b::TemplateLimits::default();
+        koder_e2b::TemplateLimits {
+            max_images: self
+                .max_template_images
+                .map_or(default.max_images, |n| n as usize),
+            files: koder_e2b::TemplateFiles {
+                max_bytes: self
+                    .template_files_mib
+                    .map_or(default.files.max_bytes, |mib| mib << 20),
+                keep_for: self
+                    .template_files_keep_days
+                    .map_or(default.files.keep_for, |d| Duration::from_secs(d * 86_400)),
+            },
         }
     }
 }
@@ -474,16 +481,22 @@ mod tests {
         );
         assert_eq!(load("").unwrap().server.tls().unwrap(), None);
         assert_eq!(
-            load("").unwrap().e2b.template_files(),
-            koder_e2b::TemplateFiles::default()
+            load("").unwrap().e2b.templates(),
+            koder_e2b::TemplateLimits::default()
         );
-        let files = load("[e2b]\ntemplate_files_mib = 3\ntemplate_files_keep_days = 2\n")
-            .unwrap()
-            .e2b
-            .template_files();
+        let templates = load(
+            "[e2b]\ntemplate_files_mib = 3\ntemplate_files_keep_days = 2\nmax_template_images = 5\n",
+        )
+        .unwrap()
+        .e2b
+        .templates();
         assert_eq!(
-            (files.max_bytes, files.keep_for),
-            (3 << 20, Duration::from_secs(2 * 86_400))
+            (
+                templates.max_images,
+                templates.files.max_bytes,
+                templates.files.keep_for
+            ),
+            (5, 3 << 20, Duration::from_secs(2 * 86_400))
         );
         for bad in [
             "[e2b]\ndomain = \"localhost\"\n",
@@ -492,6 +505,8 @@ mod tests {
             "[e2b]\ndomain = \"a_b.c\"\n",
             "[e2b]\ndomain = \"\"\n",
             "[e2b]\ntemplate_files_mib = 0\n",
+            "[e2b]\nmax_template_images = 0\n",
+            "[e2b]\nmax_template_images = 100001\n",
             "[e2b]\ntemplate_files_mib = 18446744073709551615\n",
             "[e2b]\ntemplate_files_keep_days = 0\n",
             "[e2b]\ntemplate_files_keep_days = 1000000\n",

@@ -143,7 +143,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         cfg.sessions.clone(),
         e2b_token_key,
         cfg.e2b.domain.clone(),
-        cfg.e2b.template_files(),
+        cfg.e2b.templates(),
     );
     e2b.sweep_template_files_every(TEMPLATE_FILES_SWEEP);
     let native = koder_http::router(state).merge(koder_console::router());

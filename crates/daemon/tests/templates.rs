@@ -224,10 +224,11 @@ async fn template_daemon() -> Daemon {
     template_daemon_with("").await
 }
 
-/// A template daemon whose `[images]` table also holds `images` (TOML lines).
-async fn template_daemon_with(images: &str) -> Daemon {
+/// A template daemon whose config has `extra` (TOML lines) after the build settings of its
+/// `[images]` table: more of its keys, or further tables.
+async fn template_daemon_with(extra: &str) -> Daemon {
     let mut d = Daemon::start(&format!(
-        "{BASE_CONFIG}\n{BUILD_CONFIG}{images}[auth]\nadmin_keys = [\"{ADMIN}\"]\n"
+        "{BASE_CONFIG}\n{BUILD_CONFIG}{extra}[auth]\nadmin_keys = [\"{ADMIN}\"]\n"
     ))
     .await;
     d.stop();
@@ -1120,4 +1121,100 @@ async fn build_steps_no_build_used_for_days_are_collected_at_start() {
     assert_eq!(sh(&d, &id, "cat /etc/step").await, "cached\n");
     let (_, third, _) = build(&d, "stepped", ADMIN, spec).await;
     assert_eq!(step_statuses(&third), ["built"], "{third}");
+}
+
+/// An E2B control-plane call as tenant t1: the status and the answer.
+async fn e2b_call(d: &Daemon, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
+    let resp = d
+        .http
+        .request(method, format!("{}{path}", d.base))
+        .header("x-api-key", KEY1)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Builds E2B template `name` on the python pack with one `RUN` of `run`: the start's status
+/// and answer, and once it ended, the build's last status.
+async fn e2b_build(d: &Daemon, name: &str, run: &str) -> (StatusCode, Value) {
+    let (status, v) = e2b_call(d, Method::POST, "/v3/templates", json!({"name": name})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let (t, id) = (
+        v["templateID"].as_str().unwrap(),
+        v["buildID"].as_str().unwrap(),
+    );
+    let steps = json!({"fromImage": "python", "steps": [{"type": "RUN", "args": [run]}]});
+    let (status, v) = e2b_call(
+        d,
+        Method::POST,
+        &format!("/v2/templates/{t}/builds/{id}"),
+        steps,
+    )
+    .await;
+    if status != StatusCode::ACCEPTED {
+        return (status, v);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let path = format!("/templates/{t}/builds/{id}/status");
+        let (_, v) = e2b_call(d, Method::GET, &path, Value::Null).await;
+        if v["status"] == "ready" || v["status"] == "error" {
+            return (status, v);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "build {id} did not end: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenants_e2b_templates_hold_a_bounded_number_of_images() {
+    let Some(()) = root_or_skip() else { return };
+    let d = template_daemon_with("[e2b]\nmax_template_images = 2\n").await;
+    for (name, run) in [("one", "echo 1"), ("two", "echo 2")] {
+        let (status, v) = e2b_build(&d, name, run).await;
+        assert_eq!(
+            (status, v["status"].as_str()),
+            (StatusCode::ACCEPTED, Some("ready")),
+            "{v}"
+        );
+    }
+    // A third image is refused before anything runs...
+    let (status, v) = e2b_build(&d, "three", "echo 3").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("hold 2 images"),
+        "{v}"
+    );
+    // ...but a rebuild of a tag moves it to the new image, leaving the old one unnamed.
+    let (status, v) = e2b_build(&d, "one", "echo 1 again").await;
+    assert_eq!(
+        (status, v["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("ready")),
+        "{v}"
+    );
+    // Another tenant's templates count on their own.
+    let resp = d
+        .http
+        .post(format!("{}/v3/templates", d.base))
+        .header("x-api-key", KEY2)
+        .json(&json!({"name": "three"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    // Once a template is deleted there is room again.
+    let (status, v) = e2b_call(&d, Method::DELETE, "/templates/two", Value::Null).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{v}");
+    let (status, v) = e2b_build(&d, "three", "echo 3").await;
+    assert_eq!(
+        (status, v["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("ready")),
+        "{v}"
+    );
 }

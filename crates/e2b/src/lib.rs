@@ -36,7 +36,7 @@ use axum::Router;
 use tower::ServiceExt as _;
 use tracing::Instrument as _;
 
-pub use control::templates::TemplateFiles;
+pub use control::templates::{TemplateFiles, TemplateLimits};
 pub use control::ENVD_VERSION;
 use envd::auth::{SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER};
 use error::close_connection;

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use sha2::Sha256;
 
 use crate::control::cpu::CpuSample;
-use crate::control::templates::{TemplateBuild, TemplateFiles};
+use crate::control::templates::{TemplateBuild, TemplateFiles, TemplateLimits};
 use crate::envd::sandbox::SandboxCtx;
 
 /// The E2B adapter's state: the native API's state plus what only E2B needs.
@@ -36,20 +36,20 @@ struct Inner {
     /// The sandbox domain (`[e2b] domain`): answered on create and connect, and the names
     /// `<port>-<id>.<domain>` are routed to that port of that sandbox ([`crate::host`]).
     domain: Option<String>,
-    /// What tenants' template uploads may hold, and how long they are kept.
-    template_files: TemplateFiles,
+    /// What tenants' templates and their uploads may hold, and how long uploads are kept.
+    templates: TemplateLimits,
 }
 
 impl E2b {
     /// `sessions` is the configuration the manager runs with (timeouts the E2B defaults map to);
     /// `token_secret` keys every token this adapter hands out; `domain` is the sandbox domain
-    /// served by host name, if any; `template_files` bounds the tenants' template uploads.
+    /// served by host name, if any; `templates` bounds the tenants' templates and uploads.
     pub fn new(
         app: AppState,
         sessions: SessionConfig,
         token_secret: [u8; 32],
         domain: Option<String>,
-        template_files: TemplateFiles,
+        templates: TemplateLimits,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -60,13 +60,17 @@ impl E2b {
                 cpu_samples: Mutex::default(),
                 template_builds: Mutex::default(),
                 domain,
-                template_files,
+                templates,
             }),
         }
     }
 
     pub(crate) fn template_files(&self) -> TemplateFiles {
-        self.inner.template_files
+        self.inner.templates.files
+    }
+
+    pub(crate) fn template_limits(&self) -> TemplateLimits {
+        self.inner.templates
     }
 
     /// Removes every tenant's expired template uploads now and every `every` after, for as

@@ -15,8 +15,27 @@
 mod files;
 pub(crate) use files::sweep as sweep_files;
 pub use files::TemplateFiles;
+
+/// What a tenant's templates may hold (`[e2b]` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TemplateLimits {
+    /// Images the tenant's template names may point at together: a build that would make one
+    /// more is refused (`[e2b] max_template_images`).
+    pub max_images: usize,
+    pub files: TemplateFiles,
+}
+
+impl Default for TemplateLimits {
+    fn default() -> Self {
+        Self {
+            max_images: 100,
+            files: TemplateFiles::default(),
+        }
+    }
+}
 pub mod steps;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -320,6 +339,7 @@ async fn start_build(
             format!("build {id} was started already"),
         ));
     }
+    check_room(&e2b, &who, &build)?;
     let planned = base_of(&e2b, &who, &req).and_then(|base| {
         let dir = files::dir(&e2b, &who)?;
         let policy = e2b.template_files();
@@ -346,6 +366,42 @@ async fn start_build(
     };
     tokio::spawn(tag_when_built(e2b.clone(), who, build, started.build_id));
     Ok(StatusCode::ACCEPTED)
+}
+
+/// Refuses a build whose image would be one more than the tenant's template names may point
+/// at: the images its names point at once this build moved its tags, and one for each of its
+/// other builds under way (each makes one).
+fn check_room(e2b: &E2b, who: &Identity, build: &TemplateBuild) -> Result<(), HttpError> {
+    let prefix = image_prefix(e2b, who, &build.template);
+    let moved: Vec<String> = build.tags.iter().map(|t| format!("{prefix}{t}")).collect();
+    let tenant = format!("e2b.{}.", e2b.template_namespace(&who.tenant_id));
+    let names = store(e2b)?
+        .names_with_prefix(&tenant)
+        .map_err(image_error)?;
+    let kept: HashSet<&str> = names
+        .iter()
+        .filter(|(name, _)| !moved.contains(name))
+        .map(|(_, digest)| digest.as_str())
+        .collect();
+    let under_way = e2b
+        .template_builds()
+        .lock()
+        .values()
+        .filter(|b| b.tenant == who.tenant_id && !std::ptr::eq(&***b, build))
+        .filter(|b| matches!(*b.state.lock(), Stage::Started { tagged: false, .. }))
+        .count();
+    let max = e2b.template_limits().max_images;
+    if kept.len() + under_way < max {
+        return Ok(());
+    }
+    Err(HttpError::new(
+        403,
+        format!(
+            "the tenant's templates hold {} images and {under_way} more are being built, the \
+             most this server allows ({max}): delete a template or a tag first",
+            kept.len()
+        ),
+    ))
 }
 
 /// The base image of a build: `fromTemplate` (a built-in template's image, or one of the
