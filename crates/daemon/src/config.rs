@@ -71,6 +71,8 @@ pub struct E2bSection {
     /// Images a tenant's templates may hold together (each build of a tag that is not moved
     /// to it makes one), default 100.
     pub max_template_images: Option<u64>,
+    /// A tenant's template builds under way at once (queued or running), default 4.
+    pub max_template_builds: Option<u64>,
 }
 
 impl E2bSection {
@@ -79,6 +81,7 @@ impl E2bSection {
     fn check(&mut self) -> anyhow::Result<()> {
         for (key, value, max) in [
             ("max_template_images", self.max_template_images, 100_000),
+            ("max_template_builds", self.max_template_builds, 1_000),
             ("template_files_mib", self.template_files_mib, 1 << 30),
             (
                 "template_files_keep_days",
@@ -113,6 +116,9 @@ impl E2bSection {
             max_images: self
                 .max_template_images
                 .map_or(default.max_images, |n| n as usize),
+            max_under_way: self
+                .max_template_builds
+                .map_or(default.max_under_way, |n| n as usize),
             files: koder_e2b::TemplateFiles {
                 max_bytes: self
                     .template_files_mib
@@ -485,7 +491,8 @@ mod tests {
             koder_e2b::TemplateLimits::default()
         );
         let templates = load(
-            "[e2b]\ntemplate_files_mib = 3\ntemplate_files_keep_days = 2\nmax_template_images = 5\n",
+            "[e2b]\ntemplate_files_mib = 3\ntemplate_files_keep_days = 2\nmax_template_images = 5\n\
+             max_template_builds = 7\n",
         )
         .unwrap()
         .e2b
@@ -493,10 +500,11 @@ mod tests {
         assert_eq!(
             (
                 templates.max_images,
+                templates.max_under_way,
                 templates.files.max_bytes,
                 templates.files.keep_for
             ),
-            (5, 3 << 20, Duration::from_secs(2 * 86_400))
+            (5, 7, 3 << 20, Duration::from_secs(2 * 86_400))
         );
         for bad in [
             "[e2b]\ndomain = \"localhost\"\n",
@@ -506,6 +514,7 @@ mod tests {
             "[e2b]\ndomain = \"\"\n",
             "[e2b]\ntemplate_files_mib = 0\n",
             "[e2b]\nmax_template_images = 0\n",
+            "[e2b]\nmax_template_builds = 0\n",
             "[e2b]\nmax_template_images = 100001\n",
             "[e2b]\ntemplate_files_mib = 18446744073709551615\n",
             "[e2b]\ntemplate_files_keep_days = 0\n",

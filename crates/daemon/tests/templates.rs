@@ -1125,10 +1125,20 @@ async fn build_steps_no_build_used_for_days_are_collected_at_start() {
 
 /// An E2B control-plane call as tenant t1: the status and the answer.
 async fn e2b_call(d: &Daemon, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
+    e2b_call_as(d, KEY1, method, path, body).await
+}
+
+async fn e2b_call_as(
+    d: &Daemon,
+    key: &str,
+    method: Method,
+    path: &str,
+    body: Value,
+) -> (StatusCode, Value) {
     let resp = d
         .http
         .request(method, format!("{}{path}", d.base))
-        .header("x-api-key", KEY1)
+        .header("x-api-key", key)
         .json(&body)
         .send()
         .await
@@ -1137,39 +1147,69 @@ async fn e2b_call(d: &Daemon, method: Method, path: &str, body: Value) -> (Statu
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-/// Builds E2B template `name` on the python pack with one `RUN` of `run`: the start's status
-/// and answer, and once it ended, the build's last status.
-async fn e2b_build(d: &Daemon, name: &str, run: &str) -> (StatusCode, Value) {
-    let (status, v) = e2b_call(d, Method::POST, "/v3/templates", json!({"name": name})).await;
+/// Starts building E2B template `name` as tenant `key` on the python pack with one `RUN` of
+/// `run`: the start's status and answer, and the build's status path.
+async fn e2b_start(d: &Daemon, key: &str, name: &str, run: &str) -> (StatusCode, Value, String) {
+    let new = json!({"name": name});
+    let (status, v) = e2b_call_as(d, key, Method::POST, "/v3/templates", new).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{v}");
     let (t, id) = (
         v["templateID"].as_str().unwrap(),
         v["buildID"].as_str().unwrap(),
     );
     let steps = json!({"fromImage": "python", "steps": [{"type": "RUN", "args": [run]}]});
-    let (status, v) = e2b_call(
-        d,
-        Method::POST,
-        &format!("/v2/templates/{t}/builds/{id}"),
-        steps,
-    )
-    .await;
-    if status != StatusCode::ACCEPTED {
-        return (status, v);
-    }
+    let start = format!("/v2/templates/{t}/builds/{id}");
+    let (status, v) = e2b_call_as(d, key, Method::POST, &start, steps).await;
+    (status, v, format!("/templates/{t}/builds/{id}/status"))
+}
+
+/// The last status of the build at `path` (tenant t1's), once it ended.
+async fn e2b_ended(d: &Daemon, path: &str) -> Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
-        let path = format!("/templates/{t}/builds/{id}/status");
-        let (_, v) = e2b_call(d, Method::GET, &path, Value::Null).await;
+        let (_, v) = e2b_call(d, Method::GET, path, Value::Null).await;
         if v["status"] == "ready" || v["status"] == "error" {
-            return (status, v);
+            return v;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "build {id} did not end: {v}"
+            "{path} did not end: {v}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// Builds E2B template `name` on the python pack with one `RUN` of `run`: the start's status
+/// and answer, and once it ended, the build's last status.
+async fn e2b_build(d: &Daemon, name: &str, run: &str) -> (StatusCode, Value) {
+    let (status, v, path) = e2b_start(d, KEY1, name, run).await;
+    if status != StatusCode::ACCEPTED {
+        return (status, v);
+    }
+    (status, e2b_ended(d, &path).await)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_has_a_bounded_number_of_e2b_builds_under_way() {
+    let Some(()) = root_or_skip() else { return };
+    let d = template_daemon().await;
+    let mut under_way = Vec::new();
+    for i in 0..4 {
+        let (status, v, path) = e2b_start(&d, KEY1, &format!("slow{i}"), "sleep 2").await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        under_way.push(path);
+    }
+    let (status, v, _) = e2b_start(&d, KEY1, "more", "true").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("under way"), "{v}");
+    // Another tenant's builds are bounded on their own.
+    let (status, v, _) = e2b_start(&d, KEY2, "theirs", "true").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    // Once one of them ended, the next may start.
+    let v = e2b_ended(&d, &under_way[0]).await;
+    assert_eq!(v["status"], "ready", "{v}");
+    let (status, v, _) = e2b_start(&d, KEY1, "more", "true").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -22,6 +22,10 @@ pub struct TemplateLimits {
     /// Images the tenant's template names may point at together: a build that would make one
     /// more is refused (`[e2b] max_template_images`).
     pub max_images: usize,
+    /// A tenant's builds under way at once (`[e2b] max_template_builds`): the builder runs one
+    /// build at a time, so this bounds how long one tenant's queue keeps everyone else's
+    /// builds waiting; one more is 429, as E2B answers a team over its concurrent builds.
+    pub max_under_way: usize,
     pub files: TemplateFiles,
 }
 
@@ -29,6 +33,7 @@ impl Default for TemplateLimits {
     fn default() -> Self {
         Self {
             max_images: 100,
+            max_under_way: 4,
             files: TemplateFiles::default(),
         }
     }
@@ -368,9 +373,10 @@ async fn start_build(
     Ok(StatusCode::ACCEPTED)
 }
 
-/// Refuses a build whose image would be one more than the tenant's template names may point
-/// at: the images its names point at once this build moved its tags, and one for each of its
-/// other builds under way (each makes one).
+/// Refuses a build while `max_under_way` of the tenant's are (429), and one whose image
+/// would be one more than the tenant's template names may point at (403): the images its
+/// names point at once this build moved its tags, and one for each of its other builds under
+/// way (each makes one).
 fn check_room(e2b: &E2b, who: &Identity, build: &TemplateBuild) -> Result<(), HttpError> {
     let prefix = image_prefix(e2b, who, &build.template);
     let moved: Vec<String> = build.tags.iter().map(|t| format!("{prefix}{t}")).collect();
@@ -390,7 +396,17 @@ fn check_room(e2b: &E2b, who: &Identity, build: &TemplateBuild) -> Result<(), Ht
         .filter(|b| b.tenant == who.tenant_id && !std::ptr::eq(&***b, build))
         .filter(|b| matches!(*b.state.lock(), Stage::Started { tagged: false, .. }))
         .count();
-    let max = e2b.template_limits().max_images;
+    let limits = e2b.template_limits();
+    if under_way >= limits.max_under_way {
+        return Err(HttpError::new(
+            429,
+            format!(
+                "{under_way} builds of the tenant's templates are under way, the most at once: \
+                 start this one once one of them ended"
+            ),
+        ));
+    }
+    let max = limits.max_images;
     if kept.len() + under_way < max {
         return Ok(());
     }
