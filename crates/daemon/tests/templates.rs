@@ -731,6 +731,16 @@ async fn call(d: &Daemon, method: Method, path: &str, body: Value, want: StatusC
     v
 }
 
+async fn resume(d: &Daemon, id: &str) {
+    let path = format!("/v1/sandbox/sessions/{id}/resume");
+    call(d, Method::POST, &path, Value::Null, StatusCode::OK).await;
+}
+
+/// What session `id` shows of the image build it runs on and of the file it wrote.
+async fn first_build_and_note(d: &Daemon, id: &str) -> String {
+    sh(d, id, "cat /etc/app-build /home/user/note").await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sessions_and_snapshots_keep_the_build_they_were_made_on_when_the_name_moves() {
     let Some(()) = root_or_skip() else { return };
@@ -770,23 +780,10 @@ async fn sessions_and_snapshots_keep_the_build_they_were_made_on_when_the_name_m
     let b = d.create(json!({"image": "app"})).await;
     assert_eq!(sh(&d, &b, "cat /etc/app-build").await, "two\n");
     // ...what was made on the first keeps it: resumed, from the snapshot, forked, restored.
-    call(
-        &d,
-        Method::POST,
-        &format!("{sessions}/{a}/resume"),
-        Value::Null,
-        StatusCode::OK,
-    )
-    .await;
-    assert_eq!(
-        sh(&d, &a, "cat /etc/app-build /home/user/note").await,
-        "one\nmine\n"
-    );
+    resume(&d, &a).await;
+    assert_eq!(first_build_and_note(&d, &a).await, "one\nmine\n");
     let c = d.create(json!({"from_snapshot": snap})).await;
-    assert_eq!(
-        sh(&d, &c, "cat /etc/app-build /home/user/note").await,
-        "one\nmine\n"
-    );
+    assert_eq!(first_build_and_note(&d, &c).await, "one\nmine\n");
     let forks = call(
         &d,
         Method::POST,
@@ -796,10 +793,7 @@ async fn sessions_and_snapshots_keep_the_build_they_were_made_on_when_the_name_m
     )
     .await;
     let f = forks["sessions"][0]["id"].as_str().unwrap();
-    assert_eq!(
-        sh(&d, f, "cat /etc/app-build /home/user/note").await,
-        "one\nmine\n"
-    );
+    assert_eq!(first_build_and_note(&d, f).await, "one\nmine\n");
     call(
         &d,
         Method::POST,
@@ -808,10 +802,7 @@ async fn sessions_and_snapshots_keep_the_build_they_were_made_on_when_the_name_m
         StatusCode::OK,
     )
     .await;
-    assert_eq!(
-        sh(&d, &b, "cat /etc/app-build /home/user/note").await,
-        "one\nmine\n"
-    );
+    assert_eq!(first_build_and_note(&d, &b).await, "one\nmine\n");
 
     // Nothing runs on the second build now, and no snapshot was taken on it: it may go.
     let images = "/v1/sandbox/images";
@@ -843,18 +834,8 @@ async fn sessions_and_snapshots_keep_the_build_they_were_made_on_when_the_name_m
     d.launch().await;
     let tree = d.data_dir().join("images/store").join(&first);
     assert!(tree.is_dir(), "the first build was collected");
-    call(
-        &d,
-        Method::POST,
-        &format!("{sessions}/{a}/resume"),
-        Value::Null,
-        StatusCode::OK,
-    )
-    .await;
-    assert_eq!(
-        sh(&d, &a, "cat /etc/app-build /home/user/note").await,
-        "one\nmine\n"
-    );
+    resume(&d, &a).await;
+    assert_eq!(first_build_and_note(&d, &a).await, "one\nmine\n");
     let e = d.create(json!({"from_snapshot": snap})).await;
     assert_eq!(sh(&d, &e, "cat /etc/app-build").await, "one\n");
     let (status, v) = d
