@@ -731,6 +731,25 @@ async fn call(d: &Daemon, method: Method, path: &str, body: Value, want: StatusC
     v
 }
 
+/// Snapshots session `id`; the snapshot's id.
+async fn snapshot(d: &Daemon, id: &str) -> String {
+    let path = format!("/v1/sandbox/sessions/{id}/snapshot");
+    let v = call(d, Method::POST, &path, json!({}), StatusCode::CREATED).await;
+    v["snapshot_id"].as_str().unwrap().to_string()
+}
+
+async fn delete_snapshot(d: &Daemon, id: &str) {
+    let path = format!("/v1/sandbox/snapshots/{id}");
+    call(
+        d,
+        Method::DELETE,
+        &path,
+        Value::Null,
+        StatusCode::NO_CONTENT,
+    )
+    .await;
+}
+
 async fn resume(d: &Daemon, id: &str) {
     let path = format!("/v1/sandbox/sessions/{id}/resume");
     call(d, Method::POST, &path, Value::Null, StatusCode::OK).await;
@@ -751,17 +770,7 @@ async fn sessions_and_snapshots_keep_the_build_they_were_made_on_when_the_name_m
     let first = built["digest"].as_str().unwrap().to_string();
     let a = d.create(json!({"image": "app"})).await;
     sh(&d, &a, "echo mine > /home/user/note").await;
-    let snap = call(
-        &d,
-        Method::POST,
-        &format!("/v1/sandbox/sessions/{a}/snapshot"),
-        json!({}),
-        StatusCode::CREATED,
-    )
-    .await["snapshot_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let snap = snapshot(&d, &a).await;
     let sessions = "/v1/sandbox/sessions";
     let pause = json!({"memory": false});
     call(
@@ -859,14 +868,7 @@ async fn sessions_and_snapshots_keep_the_build_they_were_made_on_when_the_name_m
         )
         .await;
     }
-    call(
-        &d,
-        Method::DELETE,
-        &format!("/v1/sandbox/snapshots/{snap}"),
-        Value::Null,
-        StatusCode::NO_CONTENT,
-    )
-    .await;
+    delete_snapshot(&d, &snap).await;
     d.stop();
     d.launch().await;
     assert!(
@@ -888,17 +890,7 @@ async fn an_image_a_live_snapshot_was_taken_on_is_not_deleted() {
     .await;
     assert_eq!(built["state"], "succeeded", "{built}\n{}", log.join("\n"));
     let a = d.create(json!({"image": "snapped"})).await;
-    let snap = call(
-        &d,
-        Method::POST,
-        &format!("/v1/sandbox/sessions/{a}/snapshot"),
-        json!({}),
-        StatusCode::CREATED,
-    )
-    .await["snapshot_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let snap = snapshot(&d, &a).await;
     call(
         &d,
         Method::DELETE,
@@ -920,25 +912,18 @@ async fn an_image_a_live_snapshot_was_taken_on_is_not_deleted() {
         v["error"]["message"].as_str().unwrap().contains(&snap),
         "{v}"
     );
-    call(
-        &d,
-        Method::DELETE,
-        &format!("/v1/sandbox/snapshots/{snap}"),
-        Value::Null,
-        StatusCode::NO_CONTENT,
-    )
-    .await;
+    delete_snapshot(&d, &snap).await;
     let (status, v) = d.json_as(ADMIN, Method::DELETE, image, Value::Null).await;
     assert_eq!(status, StatusCode::OK, "{v}");
 }
 
-/// `GET /templates/t/files/{hash}` as tenant t1: whether that upload is kept, and where to
-/// `PUT` it.
-async fn upload_link(d: &Daemon, hash: &str) -> (bool, String) {
+/// `GET /templates/t/files/{hash}` as the tenant of `key`: whether that upload is kept, and
+/// where to `PUT` it.
+async fn upload_link(d: &Daemon, key: &str, hash: &str) -> (bool, String) {
     let resp = d
         .http
         .get(format!("{}/templates/t/files/{hash}", d.base))
-        .header("x-api-key", KEY1)
+        .header("x-api-key", key)
         .send()
         .await
         .unwrap();
@@ -947,9 +932,10 @@ async fn upload_link(d: &Daemon, hash: &str) -> (bool, String) {
     (v["present"] == true, v["url"].as_str().unwrap().to_string())
 }
 
-/// Uploads an archive of `kib` KiB under `hash`: the status and the answer.
-async fn upload(d: &Daemon, hash: &str, kib: usize) -> (StatusCode, Value) {
-    let (_, url) = upload_link(d, hash).await;
+/// Uploads an archive of `kib` KiB under `hash` as the tenant of `key`: the status and the
+/// answer.
+async fn upload(d: &Daemon, key: &str, hash: &str, kib: usize) -> (StatusCode, Value) {
+    let (_, url) = upload_link(d, key, hash).await;
     let data = vec![7u8; kib << 10];
     let resp = d
         .http
@@ -985,48 +971,32 @@ async fn a_tenants_template_uploads_are_bounded_and_unused_ones_expire() {
     ))
     .await;
     let [a, b, c] = ["a", "b", "c"].map(|x| x.repeat(64));
-    assert_eq!(upload(&d, &a, 600).await.0, StatusCode::OK);
+    assert_eq!(upload(&d, KEY1, &a, 600).await.0, StatusCode::OK);
     // A second one would need the first, just used (a build may be about to read it): refused.
-    let (status, v) = upload(&d, &b, 600).await;
+    let (status, v) = upload(&d, KEY1, &b, 600).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
     let message = v["message"].as_str().unwrap();
     assert!(
         message.starts_with("SANDBOX-IMAGE-TOO-LARGE") && message.contains("within the last hour"),
         "{v}"
     );
-    assert!(upload_link(&d, &a).await.0 && !upload_link(&d, &b).await.0);
+    assert!(upload_link(&d, KEY1, &a).await.0 && !upload_link(&d, KEY1, &b).await.0);
     // Once the first was left unused for a while, it makes room for the next.
     last_used(&d, &a, 2);
-    assert_eq!(upload(&d, &b, 600).await.0, StatusCode::OK);
-    assert!(!upload_link(&d, &a).await.0 && upload_link(&d, &b).await.0);
+    assert_eq!(upload(&d, KEY1, &b, 600).await.0, StatusCode::OK);
+    assert!(!upload_link(&d, KEY1, &a).await.0 && upload_link(&d, KEY1, &b).await.0);
     // Larger than all a tenant may keep: refused whatever is there.
-    assert_eq!(upload(&d, &c, 1100).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        upload(&d, KEY1, &c, 1100).await.0,
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
     // Another tenant's uploads are bounded on their own.
-    let other = d
-        .http
-        .get(format!("{}/templates/t/files/{c}", d.base))
-        .header("x-api-key", KEY2)
-        .send()
-        .await
-        .unwrap();
-    let url = other.json::<Value>().await.unwrap()["url"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let data = vec![7u8; 600 << 10];
-    let resp = d
-        .http
-        .put(url)
-        .body(layer(&[E::File("data", &data, 0o644)]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(upload(&d, KEY2, &c, 600).await.0, StatusCode::OK);
 
     // Unused for longer than kept: asking finds none, and the sweep at start removes it.
     last_used(&d, &b, 25);
-    assert!(!upload_link(&d, &b).await.0);
-    assert_eq!(upload(&d, &a, 10).await.0, StatusCode::OK);
+    assert!(!upload_link(&d, KEY1, &b).await.0);
+    assert_eq!(upload(&d, KEY1, &a, 10).await.0, StatusCode::OK);
     last_used(&d, &a, 25);
     d.stop();
     d.launch().await;
