@@ -211,6 +211,16 @@ async fn build(d: &Daemon, name: &str, key: &str, spec: &str) -> (StatusCode, Va
     (status, done, lines)
 }
 
+/// Asserts a build failed as a whole (not a step), saying `why`.
+fn failed_with(build: &Value, why: &str) {
+    assert_eq!(
+        build["error"]["code"], "SANDBOX-IMAGE-BUILD-FAILED",
+        "{build}"
+    );
+    let message = build["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(why), "{build}");
+}
+
 fn step_statuses(build: &Value) -> Vec<&str> {
     build["steps"]
         .as_array()
@@ -506,17 +516,7 @@ async fn an_images_user_may_be_an_account_a_step_adds() {
     let ghost = "base = \"python\"\nrun = [\"true\"]\nuser = \"ghost\"\n";
     let (_, failed, _) = build(&d, "ghost", ADMIN, ghost).await;
     assert_eq!(failed["state"], "failed", "{failed}");
-    assert_eq!(
-        failed["error"]["code"], "SANDBOX-IMAGE-BUILD-FAILED",
-        "{failed}"
-    );
-    assert!(
-        failed["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("\"ghost\" is no account"),
-        "{failed}"
-    );
+    failed_with(&failed, "\"ghost\" is no account");
     let (status, refused, _) = build(&d, "bad", ADMIN, "base = \"python\"\nuser = \"-rf\"\n").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
 }
@@ -631,17 +631,7 @@ async fn builds_outlive_their_daemon_and_one_it_died_during_fails() {
     assert_eq!(slow["state"], "failed", "{slow}");
     assert_eq!(slow["failed_step"], 0, "{slow}");
     assert_eq!(step_statuses(&slow), ["failed"], "{slow}");
-    assert_eq!(
-        slow["error"]["code"], "SANDBOX-IMAGE-BUILD-FAILED",
-        "{slow}"
-    );
-    assert!(
-        slow["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("daemon stopped"),
-        "{slow}"
-    );
+    failed_with(&slow, "daemon stopped");
     assert!(slow["finished_at"].is_string(), "{slow}");
     let (replayed, done) = logs_of(&d, &slow_id).await;
     assert!(replayed.iter().any(|l| l == "begun"), "{replayed:?}");

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use sha2::Sha256;
 
 use crate::control::cpu::CpuSample;
-use crate::control::templates::{TemplateBuild, TemplateFiles, TemplateLimits};
+use crate::control::templates::{TemplateBuild, TemplateLimits};
 use crate::envd::sandbox::SandboxCtx;
 
 /// The E2B adapter's state: the native API's state plus what only E2B needs.
@@ -63,10 +63,6 @@ impl E2b {
                 templates,
             }),
         }
-    }
-
-    pub(crate) fn template_files(&self) -> TemplateFiles {
-        self.inner.templates.files
     }
 
     pub(crate) fn template_limits(&self) -> TemplateLimits {

@@ -92,7 +92,7 @@ pub async fn get_image(
               (status = 401, body = ErrorBody),
               (status = 403, body = ErrorBody, description = "a tenant key"),
               (status = 404, body = ErrorBody, description = "SANDBOX-IMAGE-NOT-FOUND"),
-              (status = 409, body = ErrorBody, description = "SANDBOX-IMAGE-IN-USE: a running or paused session, a create in flight or a configured warm pool uses it")),
+              (status = 409, body = ErrorBody, description = "SANDBOX-IMAGE-IN-USE: a running or paused session, a snapshot not yet expired, a create in flight or a configured warm pool uses it")),
     security(("bearer" = [])))]
 pub async fn delete_image(
     State(s): State<AppState>,

@@ -141,7 +141,11 @@ fn survey(
         let entry = entry?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let meta = entry.metadata()?;
+        let meta = match entry.metadata() {
+            // Removed meanwhile (another upload made room, a sweep).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            other => other?,
+        };
         if !meta.is_file() {
             continue;
         }
@@ -165,18 +169,25 @@ fn survey(
     Ok(kept)
 }
 
+/// Why an upload is not kept.
+#[derive(Debug)]
+enum NoRoom {
+    /// The tenant's uploads would hold more than allowed: why.
+    Full(String),
+    Io(std::io::Error),
+}
+
 /// Makes room in `dir` for an upload of `bytes` under `hash` (replacing one there): the least
 /// recently used go while the tenant's uploads would hold more than the policy allows, none
-/// used within [`IN_USE`]. Why it does not fit, if it does not.
+/// used within [`IN_USE`].
 fn make_room(
     dir: &Path,
     hash: &str,
     bytes: u64,
     policy: &TemplateFiles,
     now: SystemTime,
-) -> Result<(), String> {
-    let kept =
-        survey(dir, policy, now, Some(hash)).map_err(|e| format!("reading the uploads: {e}"))?;
+) -> Result<(), NoRoom> {
+    let kept = survey(dir, policy, now, Some(hash)).map_err(NoRoom::Io)?;
     let total = kept
         .iter()
         .map(|k| k.bytes)
@@ -187,13 +198,13 @@ fn make_room(
     // Nothing goes for an upload that would not fit anyway.
     if in_use > policy.max_bytes {
         let mib = |b: u64| b.div_ceil(1 << 20);
-        return Err(format!(
+        return Err(NoRoom::Full(format!(
             "an upload of {} MiB does not fit the {} MiB a tenant's template files may hold: \
              {} MiB of them were used within the last hour",
             mib(bytes),
             mib(policy.max_bytes),
             mib(in_use - bytes)
-        ));
+        )));
     }
     let mut left = total;
     for k in removable() {
@@ -214,7 +225,7 @@ pub(crate) fn sweep(e2b: &E2b) {
     };
     let now = SystemTime::now();
     for dir in namespaces.flatten() {
-        if let Err(e) = survey(&dir.path(), &e2b.template_files(), now, None) {
+        if let Err(e) = survey(&dir.path(), &e2b.template_limits().files, now, None) {
             tracing::warn!(dir = %dir.path().display(), error = %e, "sweeping template uploads");
         }
     }
@@ -256,7 +267,7 @@ pub(super) async fn upload_link(
     let present = find(
         &namespace_dir(&e2b, &namespace)?,
         &hash,
-        &e2b.template_files(),
+        &e2b.template_limits().files,
     )
     .is_some();
     let expires = chrono::Utc::now().timestamp() + URL_LIFETIME_S;
@@ -328,7 +339,7 @@ pub(super) async fn upload(
         .and_then(|r| r.map_err(image_error)),
         Err(e) => Err(e),
     };
-    let policy = e2b.template_files();
+    let policy = e2b.template_limits().files;
     let kept = match checked {
         Ok(_) => {
             let (tmp, dir, hash) = (tmp.clone(), dir.clone(), hash.clone());
@@ -352,8 +363,10 @@ fn keep(tmp: &Path, dir: &Path, hash: &str, policy: &TemplateFiles) -> Result<()
     let bytes = std::fs::metadata(tmp)
         .map_err(|e| HttpError::new(500, format!("keep the upload: {e}")))?
         .len();
-    make_room(dir, hash, bytes, policy, SystemTime::now())
-        .map_err(|why| image_error(koder_image::ImageError::TooLarge(why)))?;
+    make_room(dir, hash, bytes, policy, SystemTime::now()).map_err(|e| match e {
+        NoRoom::Full(why) => image_error(koder_image::ImageError::TooLarge(why)),
+        NoRoom::Io(e) => HttpError::new(500, format!("reading the uploads: {e}")),
+    })?;
     std::fs::rename(tmp, dir.join(hash))
         .map_err(|e| HttpError::new(500, format!("keep the upload: {e}")))
 }
@@ -438,10 +451,16 @@ mod tests {
         make_room(dir.path(), &"b".repeat(64), 60, &policy, now).unwrap();
         assert!(older.exists() && recent.exists());
         // 80 + 70 fits only without the recent one, which stays: refused, and nothing goes.
-        let why = make_room(dir.path(), &"e".repeat(64), 70, &policy, now).unwrap_err();
+        let refused = make_room(dir.path(), &"e".repeat(64), 70, &policy, now);
+        let Err(NoRoom::Full(why)) = refused else {
+            panic!("{refused:?}")
+        };
         assert!(why.contains("were used within the last hour"), "{why}");
         assert!(older.exists() && recent.exists());
         // Larger than everything allowed: refused whatever is there.
-        assert!(make_room(dir.path(), &"f".repeat(64), 101, &policy, now).is_err());
+        assert!(matches!(
+            make_room(dir.path(), &"f".repeat(64), 101, &policy, now),
+            Err(NoRoom::Full(_))
+        ));
     }
 }

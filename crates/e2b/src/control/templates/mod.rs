@@ -16,28 +16,6 @@ mod files;
 pub(crate) use files::sweep as sweep_files;
 pub use files::TemplateFiles;
 
-/// What a tenant's templates may hold (`[e2b]` keys).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TemplateLimits {
-    /// Images the tenant's template names may point at together: a build that would make one
-    /// more is refused (`[e2b] max_template_images`).
-    pub max_images: usize,
-    /// A tenant's builds under way at once (`[e2b] max_template_builds`): the builder runs one
-    /// build at a time, so this bounds how long one tenant's queue keeps everyone else's
-    /// builds waiting; one more is 429, as E2B answers a team over its concurrent builds.
-    pub max_under_way: usize,
-    pub files: TemplateFiles,
-}
-
-impl Default for TemplateLimits {
-    fn default() -> Self {
-        Self {
-            max_images: 100,
-            max_under_way: 4,
-            files: TemplateFiles::default(),
-        }
-    }
-}
 pub mod steps;
 
 use std::collections::HashSet;
@@ -119,6 +97,29 @@ enum Stage {
     Refused(String),
 }
 
+/// What a tenant's templates may hold (`[e2b]` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TemplateLimits {
+    /// Images the tenant's template names may point at together: a build that would make one
+    /// more is refused (`[e2b] max_template_images`).
+    pub max_images: usize,
+    /// A tenant's builds under way at once (`[e2b] max_template_builds`): the builder runs one
+    /// build at a time, so this bounds how long one tenant's queue keeps everyone else's
+    /// builds waiting; one more is 429, as E2B answers a team over its concurrent builds.
+    pub max_under_way: usize,
+    pub files: TemplateFiles,
+}
+
+impl Default for TemplateLimits {
+    fn default() -> Self {
+        Self {
+            max_images: 100,
+            max_under_way: 4,
+            files: TemplateFiles::default(),
+        }
+    }
+}
+
 /// A template's name and tag as E2B writes them: `name` or `name:tag`.
 fn split_name(name: &str) -> Result<(String, Option<String>), HttpError> {
     let (template, tag) = match name.split_once(':') {
@@ -170,7 +171,12 @@ fn tag_of(raw: &str) -> Result<String, HttpError> {
 
 /// The store's name prefix of the tenant's template `template` (`...:` with the tag after).
 fn image_prefix(e2b: &E2b, who: &Identity, template: &str) -> String {
-    format!("e2b.{}.{template}:", e2b.template_namespace(&who.tenant_id))
+    format!("{}{template}:", tenant_prefix(e2b, who))
+}
+
+/// What every image name of the tenant's templates starts with.
+fn tenant_prefix(e2b: &E2b, who: &Identity) -> String {
+    format!("e2b.{}.", e2b.template_namespace(&who.tenant_id))
 }
 
 fn store(e2b: &E2b) -> Result<ImageStore, HttpError> {
@@ -347,7 +353,7 @@ async fn start_build(
     check_room(&e2b, &who, &build)?;
     let planned = base_of(&e2b, &who, &req).and_then(|base| {
         let dir = files::dir(&e2b, &who)?;
-        let policy = e2b.template_files();
+        let policy = e2b.template_limits().files;
         steps::plan(base, &req, |hash| files::find(&dir, hash, &policy))
     });
     let plan = match planned {
@@ -380,9 +386,8 @@ async fn start_build(
 fn check_room(e2b: &E2b, who: &Identity, build: &TemplateBuild) -> Result<(), HttpError> {
     let prefix = image_prefix(e2b, who, &build.template);
     let moved: Vec<String> = build.tags.iter().map(|t| format!("{prefix}{t}")).collect();
-    let tenant = format!("e2b.{}.", e2b.template_namespace(&who.tenant_id));
     let names = store(e2b)?
-        .names_with_prefix(&tenant)
+        .names_with_prefix(&tenant_prefix(e2b, who))
         .map_err(image_error)?;
     let kept: HashSet<&str> = names
         .iter()
@@ -750,7 +755,7 @@ async fn list(
         .map(|(t, _)| template_json(t, true, &[], None))
         .collect();
     if let Ok(store) = store(&e2b) {
-        let prefix = format!("e2b.{}.", e2b.template_namespace(&who.tenant_id));
+        let prefix = tenant_prefix(&e2b, &who);
         let names = store.names_with_prefix(&prefix).map_err(image_error)?;
         let mut by_template: std::collections::BTreeMap<String, Vec<(String, String)>> =
             Default::default();
