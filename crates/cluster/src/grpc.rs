@@ -13,7 +13,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, Uri};
+use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
@@ -58,6 +58,17 @@ const SESSION_SCOPED: &[&str] = &[
 ];
 /// Client streams whose first message holds, in field 1, a message naming the session.
 const SESSION_SCOPED_STREAMS: &[&str] = &["Terminal", "WriteFile"];
+/// Methods that stream either way.
+const STREAMING: &[&str] = &[
+    "ExecStream",
+    "FollowExec",
+    "Terminal",
+    "ReadFile",
+    "WriteFile",
+    "WatchFiles",
+    "ReadVolumeFile",
+    "WriteVolumeFile",
+];
 /// gRPC's length prefix: a compression flag byte and a big-endian u32 length.
 const PREFIX: usize = 5;
 /// A first message longer than this is not looked into (tonic's default decoding limit, so
@@ -289,9 +300,11 @@ fn unreachable_status(peer: &Peer, why: impl std::fmt::Display) -> Response {
     )
 }
 
-/// Sends the call to `peer`'s gRPC face over a fresh HTTP/2 connection and returns its
-/// answer, streamed (trailers included); `Err` with the answer to give when it could not be
-/// sent.
+/// Sends the call to `peer`'s gRPC face and returns its answer, streamed (trailers
+/// included); `Err` with the answer to give when it could not be sent. A unary call goes over
+/// the HTTP/2 connection kept to that node; a streaming one over a connection of its own, so
+/// long streams (terminals, follows, watches) never fill the kept connection's stream limit
+/// and hold unary calls back.
 async fn send(
     c: &Cluster,
     peer: &Peer,
@@ -305,37 +318,47 @@ async fn send(
     let authority =
         crate::proxy::authority_of(address).map_err(|why| unreachable_status(peer, why))?;
     let target = parts.uri.path().to_string();
-    parts.uri = Uri::builder()
-        .scheme("http")
-        .authority(authority.as_str())
-        .path_and_query(target.as_str())
-        .build()
-        .map_err(|e| unreachable_status(peer, e))?;
+    parts.uri =
+        crate::proxy::absolute(&authority, &target).map_err(|e| unreachable_status(peer, e))?;
     koder_http::strip_hop_by_hop(&mut parts.headers, false);
     parts.headers.remove(header::HOST);
     let proof = c.key.sign(&c.node, crate::now_ms(), &parts.method, &target);
     let proof =
         HeaderValue::from_str(&proof).map_err(|_| unreachable_status(peer, "bad node id"))?;
     parts.headers.insert(HEADER, proof);
+    tracing::debug!(to = peer.node_id, path = target, "forwarding a gRPC call");
+    let req = Request::from_parts(parts, body);
+    let resp = if is_streaming(&target) {
+        own_connection(&authority, req).await
+    } else {
+        c.pools.send(req, true).await
+    };
+    resp.map(|r| r.map(Body::new))
+        .map_err(|e| unreachable_status(peer, e))
+}
 
-    let stream = crate::proxy::dial(&authority)
-        .await
-        .map_err(|e| unreachable_status(peer, e))?;
+/// Whether a method streams either way (its connection is then its own).
+fn is_streaming(path: &str) -> bool {
+    path.strip_prefix(SERVICE)
+        .is_some_and(|m| STREAMING.contains(&m))
+}
+
+/// `req` over a new HTTP/2 connection to `authority`, closed when the call ends.
+async fn own_connection(
+    authority: &str,
+    req: Request,
+) -> Result<axum::http::Response<hyper::body::Incoming>, String> {
+    let stream = crate::proxy::dial(authority).await?;
     let (mut sender, conn) = hyper::client::conn::http2::handshake::<_, _, Body>(
         TokioExecutor::new(),
         TokioIo::new(stream),
     )
     .await
-    .map_err(|e| unreachable_status(peer, e))?;
+    .map_err(|e| e.to_string())?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    tracing::debug!(to = peer.node_id, path = target, "forwarding a gRPC call");
-    let resp = sender
-        .send_request(Request::from_parts(parts, body))
-        .await
-        .map_err(|e| unreachable_status(peer, e))?;
-    Ok(resp.map(Body::new))
+    sender.send_request(req).await.map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -397,6 +420,24 @@ mod tests {
             assert_eq!(call_of(&path), expected, "{}", m.name());
         }
         assert_eq!(call_of("/grpc.reflection.v1.ServerReflection/x"), Call::Any);
+    }
+
+    /// The streaming table against the `.proto`: a stream never takes the kept connection.
+    #[test]
+    fn every_streaming_method_has_a_connection_of_its_own() {
+        let set = FileDescriptorSet::decode(koder_grpc::proto::FILE_DESCRIPTOR_SET).unwrap();
+        let service = set.file.iter().flat_map(|f| &f.service);
+        for m in service
+            .filter(|s| s.name() == "Sandbox")
+            .flat_map(|s| &s.method)
+        {
+            let path = format!("{SERVICE}{}", m.name());
+            let streams = m.client_streaming() || m.server_streaming();
+            assert_eq!(is_streaming(&path), streams, "{}", m.name());
+        }
+        assert!(!is_streaming(
+            "/grpc.reflection.v1.ServerReflection/ExecStream"
+        ));
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct Cluster {
     auth: Arc<Authenticator>,
     /// `[e2b] domain`: requests for `<port>-<id>.<domain>` are that session's.
     e2b_domain: Option<String>,
+    /// Connections kept to other nodes.
+    pools: proxy::Pools,
 }
 
 impl Cluster {
@@ -58,6 +60,7 @@ impl Cluster {
             node,
             auth,
             e2b_domain: None,
+            pools: proxy::Pools::new(),
         })
     }
 
@@ -157,6 +160,7 @@ async fn send(c: &Cluster, peer: &Peer, req: Request) -> Response {
     let from = proxy::Sender {
         node: &c.node,
         key: &c.key,
+        pools: &c.pools,
     };
     tracing::debug!(to = peer.node_id, path = req.uri().path(), "forwarding");
     proxy::forward(&from, peer, req)
@@ -204,6 +208,7 @@ async fn create(c: &Cluster, req: Request, next: Next) -> Response {
             let from = proxy::Sender {
                 node: &c.node,
                 key: &c.key,
+                pools: &c.pools,
             };
             match proxy::forward(&from, &peer, copy).await {
                 Ok(resp) => resp,

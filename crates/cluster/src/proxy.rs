@@ -1,8 +1,11 @@
 //! One request to another node, streamed both ways: the request body goes out as the client
 //! sends it and the answer (JSON, a download, Server-Sent Events) comes back as the owner
 //! writes it; a WebSocket (terminal, watch, a preview's) is bridged byte for byte once both
-//! sides switched protocols. A fresh connection per request: upgrades and long streams own
-//! theirs, and nothing of one caller's request can be read as part of another's.
+//! sides switched protocols. Connections to other nodes are kept open between requests
+//! ([`Pools`]): a forward costs one more local round trip, not a TCP handshake too. An HTTP/1
+//! connection carries one request at a time (an upgraded one leaves the pool for good), and
+//! hyper frames each request whole, so nothing of one caller's request is read as part of
+//! another's.
 
 use std::time::Duration;
 
@@ -10,7 +13,9 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode, Uri};
 use axum::response::Response;
-use hyper_util::rt::TokioIo;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use koder_api_types::ErrorCode;
 use koder_http::ApiError;
 use koder_sessions::Peer;
@@ -18,11 +23,75 @@ use koder_sessions::Peer;
 use crate::proof::{ClusterKey, HEADER};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an unused connection to another node stays open. Shorter than a node's own idle
+/// limit for clients, so it is this side that closes it, not the owner under a new request.
+const IDLE: Duration = Duration::from_secs(20);
+/// Idle connections kept per node: enough for a burst of forwarded requests to find one.
+const MAX_IDLE_PER_NODE: usize = 64;
+/// An HTTP/2 connection another node stops answering pings on is closed after this.
+const PING_EVERY: Duration = Duration::from_secs(10);
 
-/// Who forwards: this node's id and the cluster's key.
+/// Connections to other nodes, kept between requests: hyper's pooling client (one pool for
+/// REST and its upgrades over HTTP/1, one HTTP/2 connection per node for gRPC's unary calls).
+#[derive(Clone)]
+pub struct Pools {
+    http1: Client<HttpConnector, Body>,
+    grpc: Client<HttpConnector, Body>,
+}
+
+impl Pools {
+    pub fn new() -> Pools {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        // Streamed answers are many small writes (see the daemon's listener).
+        connector.set_nodelay(true);
+        let builder = || {
+            let mut b = Client::builder(TokioExecutor::new());
+            b.pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .pool_idle_timeout(IDLE);
+            b
+        };
+        let http1 = builder()
+            .pool_max_idle_per_host(MAX_IDLE_PER_NODE)
+            .build(connector.clone());
+        let grpc = builder()
+            .http2_only(true)
+            .http2_keep_alive_interval(PING_EVERY)
+            .http2_keep_alive_timeout(CONNECT_TIMEOUT)
+            .build(connector);
+        Pools { http1, grpc }
+    }
+
+    /// Sends `req` (an absolute `http://` URI) over a kept connection to its node: the HTTP/2
+    /// one for a gRPC call, else an HTTP/1 one.
+    pub(crate) async fn send(
+        &self,
+        req: Request,
+        grpc: bool,
+    ) -> Result<Response<hyper::body::Incoming>, String> {
+        let client = if grpc { &self.grpc } else { &self.http1 };
+        client.request(req).await.map_err(|e| reason(&e))
+    }
+}
+
+/// An error and its causes, as one line (the client's own says only which step failed).
+fn reason(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        line.push_str(": ");
+        line.push_str(&c.to_string());
+        cause = c.source();
+    }
+    line
+}
+
+/// Who forwards: this node's id, the cluster's key and the connections it keeps.
 pub struct Sender<'a> {
     pub node: &'a str,
     pub key: &'a ClusterKey,
+    pub pools: &'a Pools,
 }
 
 fn unreachable(peer: &Peer, why: impl std::fmt::Display) -> ApiError {
@@ -53,8 +122,8 @@ pub(crate) fn authority_of(address: &str) -> Result<String, &'static str> {
     Ok(format!("{host}:{}", uri.port_u16().unwrap_or(80)))
 }
 
-/// A fresh connection to another node, bounded by the connect timeout; Nagle off, since
-/// streamed answers are many small writes (see the daemon's listener).
+/// A connection of its own to another node, bounded by the connect timeout, for a gRPC
+/// stream (see `grpc::send`); Nagle off, as the pools' are.
 pub(crate) async fn dial(authority: &str) -> Result<tokio::net::TcpStream, String> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(authority))
         .await
@@ -62,6 +131,15 @@ pub(crate) async fn dial(authority: &str) -> Result<tokio::net::TcpStream, Strin
         .map_err(|e| e.to_string())?;
     let _ = stream.set_nodelay(true);
     Ok(stream)
+}
+
+/// `http://authority/target`.
+pub(crate) fn absolute(authority: &str, target: &str) -> Result<Uri, axum::http::Error> {
+    Uri::builder()
+        .scheme("http")
+        .authority(authority)
+        .path_and_query(target)
+        .build()
 }
 
 fn is_upgrade(req: &Request) -> bool {
@@ -105,16 +183,12 @@ pub async fn forward(
     }
     let proof = HeaderValue::from_str(&proof).map_err(|_| unreachable(peer, "bad node id"))?;
     parts.headers.insert(HEADER, proof);
+    // The pool keys connections by the absolute URI; hyper writes the origin form.
+    parts.uri = absolute(&authority, &target).map_err(|e| unreachable(peer, e))?;
 
-    let stream = dial(&authority).await.map_err(|e| unreachable(peer, e))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(stream))
-        .await
-        .map_err(|e| unreachable(peer, e))?;
-    tokio::spawn(async move {
-        let _ = conn.with_upgrades().await;
-    });
-    let mut resp = sender
-        .send_request(Request::from_parts(parts, body))
+    let mut resp = from
+        .pools
+        .send(Request::from_parts(parts, body), false)
         .await
         .map_err(|e| unreachable(peer, e))?;
 
@@ -138,6 +212,12 @@ pub async fn forward(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use axum::routing::post;
+    use axum::serve::ListenerExt as _;
+
     use super::*;
 
     fn peer(address: &str) -> Peer {
@@ -162,5 +242,83 @@ mod tests {
         for bad in ["https://node-b:7070", "node-b:7070", "", "http://"] {
             assert!(authority(&peer(bad)).is_err(), "{bad}");
         }
+    }
+
+    /// A node on loopback echoing bodies; its address and how many connections it accepted.
+    async fn echo_node() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = accepted.clone();
+        let listener = listener.tap_io(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        let app = axum::Router::new().route("/echo", post(|body: String| async move { body }));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (address, accepted)
+    }
+
+    #[tokio::test]
+    async fn forwards_to_a_node_reuse_one_kept_connection() {
+        let (address, accepted) = echo_node().await;
+        let key = ClusterKey::new(&[7; 32]).unwrap();
+        let pools = Pools::new();
+        let from = Sender {
+            node: "node-a",
+            key: &key,
+            pools: &pools,
+        };
+        for i in 0..5 {
+            let req = Request::post("/echo")
+                .body(Body::from(format!("call {i}")))
+                .unwrap();
+            let resp = forward(&from, &peer(&address), req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            let body = axum::body::to_bytes(resp.into_body(), 1024).await.unwrap();
+            assert_eq!(body, format!("call {i}"));
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn concurrent_grpc_calls_share_one_http2_connection() {
+        let (address, accepted) = echo_node().await;
+        let pools = Pools::new();
+        let calls = (0..4).map(|i| {
+            let pools = pools.clone();
+            let uri = format!("{address}/echo");
+            async move {
+                let req = Request::post(uri).body(Body::from(format!("{i}"))).unwrap();
+                let resp = pools.send(req, true).await.unwrap();
+                assert_eq!(resp.version(), axum::http::Version::HTTP_2);
+                let body = axum::body::to_bytes(Body::new(resp.into_body()), 64).await;
+                assert_eq!(body.unwrap(), format!("{i}"));
+            }
+        });
+        futures::future::join_all(calls).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_node_not_listening_is_a_typed_502() {
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let key = ClusterKey::new(&[7; 32]).unwrap();
+        let pools = Pools::new();
+        let from = Sender {
+            node: "node-a",
+            key: &key,
+            pools: &pools,
+        };
+        let req = Request::get("/v1/sandbox/sessions")
+            .body(Body::empty())
+            .unwrap();
+        let e = forward(&from, &peer(&address), req).await.unwrap_err();
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::BAD_GATEWAY, ErrorCode::NodeUnreachable.as_str())
+        );
+        assert!(e.message.contains("refused"), "{}", e.message);
     }
 }

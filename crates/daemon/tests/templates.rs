@@ -1091,6 +1091,14 @@ async fn e2b_call_as(
 /// Starts building E2B template `name` as tenant `key` on the python pack with one `RUN` of
 /// `run`: the start's status and answer, and the build's status path.
 async fn e2b_start(d: &Daemon, key: &str, name: &str, run: &str) -> (StatusCode, Value, String) {
+    let (start, status_path) = e2b_request(d, key, name).await;
+    let (status, v) = e2b_start_at(d, key, &start, run).await;
+    (status, v, status_path)
+}
+
+/// Requests E2B template `name`'s build as tenant `key`: the paths that start it and that
+/// tell its status.
+async fn e2b_request(d: &Daemon, key: &str, name: &str) -> (String, String) {
     let new = json!({"name": name});
     let (status, v) = e2b_call_as(d, key, Method::POST, "/v3/templates", new).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{v}");
@@ -1098,10 +1106,16 @@ async fn e2b_start(d: &Daemon, key: &str, name: &str, run: &str) -> (StatusCode,
         v["templateID"].as_str().unwrap(),
         v["buildID"].as_str().unwrap(),
     );
+    (
+        format!("/v2/templates/{t}/builds/{id}"),
+        format!("/templates/{t}/builds/{id}/status"),
+    )
+}
+
+/// Starts the requested build at `start` on the python pack with one `RUN` of `run`.
+async fn e2b_start_at(d: &Daemon, key: &str, start: &str, run: &str) -> (StatusCode, Value) {
     let steps = json!({"fromImage": "python", "steps": [{"type": "RUN", "args": [run]}]});
-    let start = format!("/v2/templates/{t}/builds/{id}");
-    let (status, v) = e2b_call_as(d, key, Method::POST, &start, steps).await;
-    (status, v, format!("/templates/{t}/builds/{id}/status"))
+    e2b_call_as(d, key, Method::POST, start, steps).await
 }
 
 /// The last status of the build at `path` (tenant t1's), once it ended.
@@ -1134,12 +1148,32 @@ async fn e2b_build(d: &Daemon, name: &str, run: &str) -> (StatusCode, Value) {
 async fn a_tenant_has_a_bounded_number_of_e2b_builds_under_way() {
     let Some(()) = root_or_skip() else { return };
     let d = template_daemon().await;
-    let mut under_way = Vec::new();
-    for i in 0..4 {
-        let (status, v, path) = e2b_start(&d, KEY1, &format!("slow{i}"), "sleep 2").await;
-        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
-        under_way.push(path);
+    // Six requested builds started at once (one of them twice): four run, the others are
+    // refused, however the requests interleave.
+    let mut requested = Vec::new();
+    for i in 0..6 {
+        requested.push(e2b_request(&d, KEY1, &format!("slow{i}")).await);
     }
+    let starts = requested
+        .iter()
+        .chain(&requested[..1])
+        .map(|(start, _)| e2b_start_at(&d, KEY1, start, "sleep 2"));
+    let answers = futures::future::join_all(starts).await;
+    let count = |code: StatusCode| answers.iter().filter(|(s, _)| *s == code).count();
+    assert_eq!(
+        (
+            count(StatusCode::ACCEPTED),
+            count(StatusCode::TOO_MANY_REQUESTS) + count(StatusCode::CONFLICT)
+        ),
+        (4, 3),
+        "{answers:?}"
+    );
+    let under_way: Vec<&String> = requested
+        .iter()
+        .zip(&answers)
+        .filter(|(_, (s, _))| *s == StatusCode::ACCEPTED)
+        .map(|((_, status), _)| status)
+        .collect();
     let (status, v, _) = e2b_start(&d, KEY1, "more", "true").await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{v}");
     assert!(v["message"].as_str().unwrap().contains("under way"), "{v}");
@@ -1147,7 +1181,7 @@ async fn a_tenant_has_a_bounded_number_of_e2b_builds_under_way() {
     let (status, v, _) = e2b_start(&d, KEY2, "theirs", "true").await;
     assert_eq!(status, StatusCode::ACCEPTED, "{v}");
     // Once one of them ended, the next may start.
-    let v = e2b_ended(&d, &under_way[0]).await;
+    let v = e2b_ended(&d, under_way[0]).await;
     assert_eq!(v["status"], "ready", "{v}");
     let (status, v, _) = e2b_start(&d, KEY1, "more", "true").await;
     assert_eq!(status, StatusCode::ACCEPTED, "{v}");

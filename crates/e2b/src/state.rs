@@ -38,6 +38,9 @@ struct Inner {
     domain: Option<String>,
     /// What tenants' templates and their uploads may hold, and how long uploads are kept.
     templates: TemplateLimits,
+    /// Held while a template build is admitted or an upload kept: each checks a tenant's
+    /// bound and then adds to what it counts, so two at once could pass it together.
+    template_room: Mutex<()>,
 }
 
 impl E2b {
@@ -61,12 +64,18 @@ impl E2b {
                 template_builds: Mutex::default(),
                 domain,
                 templates,
+                template_room: Mutex::new(()),
             }),
         }
     }
 
     pub(crate) fn template_limits(&self) -> TemplateLimits {
         self.inner.templates
+    }
+
+    /// See `Inner::template_room`.
+    pub(crate) fn template_room(&self) -> &Mutex<()> {
+        &self.inner.template_room
     }
 
     /// Removes every tenant's expired template uploads now and every `every` after, for as

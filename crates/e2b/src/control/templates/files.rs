@@ -342,11 +342,15 @@ pub(super) async fn upload(
     let policy = e2b.template_limits().files;
     let kept = match checked {
         Ok(_) => {
-            let (tmp, dir, hash) = (tmp.clone(), dir.clone(), hash.clone());
-            tokio::task::spawn_blocking(move || keep(&tmp, &dir, &hash, &policy))
-                .await
-                .map_err(|e| HttpError::new(500, format!("keep the upload: {e}")))
-                .and_then(|r| r)
+            let (tmp, dir, hash, e2b) = (tmp.clone(), dir.clone(), hash.clone(), e2b.clone());
+            tokio::task::spawn_blocking(move || {
+                // Uploads finishing at once would each find the room the other takes.
+                let _keeping = e2b.template_room().lock();
+                keep(&tmp, &dir, &hash, &policy)
+            })
+            .await
+            .map_err(|e| HttpError::new(500, format!("keep the upload: {e}")))
+            .and_then(|r| r)
         }
         Err(e) => Err(e),
     };

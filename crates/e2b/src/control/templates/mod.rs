@@ -87,6 +87,13 @@ pub struct TemplateBuild {
     state: Mutex<Stage>,
 }
 
+impl TemplateBuild {
+    /// Started and not yet tagged: its image is being made.
+    fn under_way(&self) -> bool {
+        matches!(*self.state.lock(), Stage::Started { tagged: false, .. })
+    }
+}
+
 #[derive(Clone)]
 enum Stage {
     /// Requested; its steps not given yet.
@@ -304,11 +311,15 @@ async fn request_build(
 /// Requested builds kept (the oldest dropped beyond).
 const KEPT_BUILDS: usize = 1000;
 
+/// Drops the oldest requested builds beyond [`KEPT_BUILDS`], never one under way: its tenant's
+/// bound counts it, and requests alone must not push a tenant's running builds (or anyone
+/// else's) out of sight.
 fn forget_old_builds(e2b: &E2b) {
     let mut builds = e2b.template_builds().lock();
     while builds.len() >= KEPT_BUILDS {
         let Some(oldest) = builds
             .iter()
+            .filter(|(_, b)| !b.under_way())
             .min_by_key(|(_, b)| b.created_at)
             .map(|(id, _)| id.clone())
         else {
@@ -344,17 +355,32 @@ async fn start_build(
 ) -> Result<StatusCode, HttpError> {
     let req: StartBuild = body(raw).await?;
     let build = build_of(&e2b, &who, &template, &id)?;
+    let started = {
+        // One admission at a time: a build started twice at once runs once, and racing
+        // starts cannot pass the tenant's bounds together (each counts the others' builds).
+        let _admitting = e2b.template_room().lock();
+        admit(&e2b, &who, &template, &build, &req)?
+    };
+    tokio::spawn(tag_when_built(e2b.clone(), who, build, started));
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// Submits a waiting `build` once the tenant has room for it; the native build's id.
+fn admit(
+    e2b: &E2b,
+    who: &Identity,
+    template: &str,
+    build: &TemplateBuild,
+    req: &StartBuild,
+) -> Result<String, HttpError> {
     if !matches!(*build.state.lock(), Stage::Waiting) {
-        return Err(HttpError::new(
-            409,
-            format!("build {id} was started already"),
-        ));
+        return Err(HttpError::new(409, "the build was started already"));
     }
-    check_room(&e2b, &who, &build)?;
-    let planned = base_of(&e2b, &who, &req).and_then(|base| {
-        let dir = files::dir(&e2b, &who)?;
+    check_room(e2b, who, build)?;
+    let planned = base_of(e2b, who, req).and_then(|base| {
+        let dir = files::dir(e2b, who)?;
         let policy = e2b.template_limits().files;
-        steps::plan(base, &req, |hash| files::find(&dir, hash, &policy))
+        steps::plan(base, req, |hash| files::find(&dir, hash, &policy))
     });
     let plan = match planned {
         Ok(plan) => plan,
@@ -363,9 +389,8 @@ async fn start_build(
             return Err(e);
         }
     };
-    let first = format!("{}{}", image_prefix(&e2b, &who, &template), build.tags[0]);
-    let builds = &e2b.app().builds;
-    let started = builds.submit_plan(plan, &first).map_err(|e| {
+    let first = format!("{}{}", image_prefix(e2b, who, template), build.tags[0]);
+    let started = e2b.app().builds.submit_plan(plan, &first).map_err(|e| {
         HttpError::new(
             koder_http::status_of(e.code()),
             format!("{}: {e}", e.code()),
@@ -375,8 +400,7 @@ async fn start_build(
         build: started.build_id.clone(),
         tagged: false,
     };
-    tokio::spawn(tag_when_built(e2b.clone(), who, build, started.build_id));
-    Ok(StatusCode::ACCEPTED)
+    Ok(started.build_id)
 }
 
 /// Refuses a build while `max_under_way` of the tenant's are (429), and one whose image
@@ -399,7 +423,7 @@ fn check_room(e2b: &E2b, who: &Identity, build: &TemplateBuild) -> Result<(), Ht
         .lock()
         .values()
         .filter(|b| b.tenant == who.tenant_id && !std::ptr::eq(&***b, build))
-        .filter(|b| matches!(*b.state.lock(), Stage::Started { tagged: false, .. }))
+        .filter(|b| b.under_way())
         .count();
     let limits = e2b.template_limits();
     if under_way >= limits.max_under_way {
