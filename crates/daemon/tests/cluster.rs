@@ -399,6 +399,31 @@ async fn three_nodes_serve_as_one() {
     );
     let cold = nodes[1].create(json!({"language": "bash"})).await;
     assert_eq!(node_of(&cold), "node-1");
+
+    // node-1 is full now (t2a, on2, cold). A session paused to disk on node-0, which filled
+    // up meanwhile, resumes where there is room (node-2) instead of failing on its own node.
+    let first = ids[0].clone();
+    let (status, v) = nodes[0]
+        .json(
+            Method::POST,
+            &format!("{S}/{first}/pause"),
+            json!({"memory": false}),
+        )
+        .await;
+    assert_eq!(
+        (status, &v["state"]),
+        (StatusCode::OK, &json!("paused")),
+        "{v}"
+    );
+    let filler = nodes[0].create(json!({})).await;
+    assert_eq!(node_of(&filler), "node-0");
+    let (status, v) = nodes[0]
+        .json(Method::POST, &format!("{S}/{first}/resume"), Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(node_of(&first), "node-2");
+    let v = nodes[1].exec(&first, json!({"cmd": ["/bin/true"]})).await;
+    assert_eq!(v["exit_code"], 0, "{v}");
     for d in &mut nodes {
         d.stop();
     }

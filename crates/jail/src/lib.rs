@@ -1007,6 +1007,10 @@ impl Runtime for JailRuntime {
         &self.inner.enforcement
     }
 
+    fn is_full(&self) -> bool {
+        self.inner.slots.all_used()
+    }
+
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
         let inner = &self.inner;
         validate_id(&spec.id)?;

@@ -774,6 +774,10 @@ impl Runtime for MicroVmRuntime {
         &self.enforcement
     }
 
+    fn is_full(&self) -> bool {
+        self.slots.all_used()
+    }
+
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
         validate_id(&spec.id)?;
         refuse_volumes(&spec, self.vmm.as_ref())?;

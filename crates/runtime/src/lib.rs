@@ -210,6 +210,13 @@ pub trait Runtime: Send + Sync {
 
     async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError>;
 
+    /// Whether every sandbox slot is taken, so a create now would be refused as
+    /// [`RuntimeError::Exhausted`] (a warm pool's sandboxes count: the caller may give one up
+    /// first). `false` for runtimes without a bound.
+    fn is_full(&self) -> bool {
+        false
+    }
+
     /// Removes every sandbox a previous run of this runtime left behind (processes, cgroups,
     /// sockets, writable layers). Call once at start-up, before creating sandboxes. Complete
     /// suspended sandboxes ([`MemorySnapshot`]) are kept: [`Runtime::reconcile_keeping`] says

@@ -40,6 +40,12 @@ impl Slots {
         Ok(slot)
     }
 
+    /// Whether every slot is in use.
+    pub fn all_used(&self) -> bool {
+        let s = self.inner.lock();
+        s.used.len() >= s.max as usize
+    }
+
     pub fn release(&self, slot: u32) {
         self.inner.lock().used.remove(&slot);
     }
@@ -94,10 +100,13 @@ mod tests {
     fn slots_are_unique_and_reused() {
         let s = Slots::new(2);
         let a = s.acquire().unwrap();
+        assert!(!s.all_used());
         let b = s.acquire().unwrap();
         assert_ne!(a, b);
+        assert!(s.all_used());
         assert!(matches!(s.acquire(), Err(RuntimeError::Exhausted(_))));
         s.release(a);
+        assert!(!s.all_used());
         assert_eq!(s.acquire().unwrap(), a);
     }
 }

@@ -279,6 +279,40 @@ impl Pool {
         taken
     }
 
+    /// When the runtime has no slot left, destroys one ready sandbox, of the lane holding
+    /// most, so the create about to be made gets its slot: warm sandboxes are there to make
+    /// creates faster, never to refuse them. Refills wait for a quiet moment as after a take.
+    /// Whether one was given up.
+    pub async fn make_room(&self) -> bool {
+        if !self.runtime.is_full() {
+            return false;
+        }
+        let now = Instant::now();
+        let given = {
+            let mut state = self.state.lock();
+            state.last_take = Some(now);
+            let lane = state
+                .lanes
+                .values_mut()
+                .filter(|lane| !lane.ready.is_empty())
+                .max_by_key(|lane| lane.ready.len());
+            lane.and_then(|lane| {
+                let sb = lane.ready.pop_front();
+                Self::publish(lane, now);
+                sb
+            })
+        };
+        let Some(sb) = given else { return false };
+        tracing::info!(
+            sandbox = sb.id(),
+            "a warm sandbox gives its slot to a create"
+        );
+        if let Err(e) = sb.destroy().await {
+            tracing::warn!(error = %e, "destroying a warm sandbox");
+        }
+        true
+    }
+
     /// (language, image, ready sandboxes) of every language with one ready without network.
     pub fn ready_lanes(&self) -> Vec<(String, String, usize)> {
         self.state

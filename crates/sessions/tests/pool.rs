@@ -70,13 +70,47 @@ impl Runtime for GatedRuntime {
     }
 }
 
+/// A `MemoryRuntime` with room for `max` sandboxes, as the jail's slots bound it.
+struct BoundedRuntime {
+    inner: MemoryRuntime,
+    max: usize,
+}
+
+#[async_trait]
+impl Runtime for BoundedRuntime {
+    fn name(&self) -> &'static str {
+        "bounded-memory"
+    }
+
+    fn enforcement(&self) -> &Enforcement {
+        self.inner.enforcement()
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> Result<Arc<dyn Sandbox>, RuntimeError> {
+        if self.is_full() {
+            return Err(RuntimeError::Exhausted(
+                "all sandbox slots are in use".into(),
+            ));
+        }
+        self.inner.create(spec).await
+    }
+
+    fn is_full(&self) -> bool {
+        self.inner.live().len() >= self.max
+    }
+
+    async fn reconcile(&self) -> Result<ReconcileReport, RuntimeError> {
+        self.inner.reconcile().await
+    }
+}
+
 fn who() -> Identity {
     Identity {
         tenant_id: "acme".into(),
     }
 }
 
-async fn manager(runtime: Arc<GatedRuntime>, pool: PoolSize) -> Arc<Manager> {
+async fn manager(runtime: Arc<dyn Runtime>, pool: PoolSize) -> Arc<Manager> {
     let store = Store::open_in_memory().await.unwrap();
     store
         .upsert_tenant(&Tenant {
@@ -213,4 +247,38 @@ fn bad_pool_configs_are_errors() {
     assert!(unknown.to_string().contains("maximum"), "{unknown}");
     assert!(parse("pool = { python = -1 }").is_err());
     assert!(parse("pool = { python = \"2\" }").is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_sandboxes_give_their_slots_to_creates_the_pool_cannot_serve() {
+    let rt = Arc::new(BoundedRuntime {
+        inner: MemoryRuntime::new(),
+        max: 2,
+    });
+    let m = manager(rt.clone(), PoolSize { min: 2, max: 2 }).await;
+    let ready = || {
+        m.metrics()
+            .pool_ready
+            .with_label_values(&["python", "host"])
+            .get()
+    };
+    until("the pool fills the runtime", || ready() == 2).await;
+    let bash = || CreateSession {
+        language: Some("bash".into()),
+        ..Default::default()
+    };
+    // No lane serves bash: each create starts cold, in a slot a warm sandbox gave up.
+    for left in [1, 0] {
+        m.create(&who(), bash()).await.unwrap();
+        assert_eq!(ready(), left);
+        assert_eq!(rt.inner.live().len(), 2);
+    }
+    // With no warm sandbox left to give, the runtime's refusal stands.
+    let refused = m.create(&who(), bash()).await.unwrap_err();
+    assert!(
+        matches!(refused, koder_sessions::Error::RuntimeUnavailable(_)),
+        "{refused:?}"
+    );
+    // A python create still finds its lane empty and the runtime full: refused, not queued.
+    assert!(m.create(&who(), python()).await.is_err());
 }

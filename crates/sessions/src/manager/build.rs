@@ -183,6 +183,7 @@ impl Manager {
             volumes: Vec::new(),
             ..Default::default()
         };
+        self.pool.make_room().await;
         let sandbox = self.runtime.create(spec).await?;
         crate::egress::start_unrecorded(
             (&self.store, &self.metrics),

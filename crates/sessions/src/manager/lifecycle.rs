@@ -488,7 +488,9 @@ impl Manager {
         // Started on its own task: a dropped request must not abandon a half-started sandbox,
         // and one that finishes for nobody is destroyed.
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let pool = pool.clone();
         tokio::spawn(async move {
+            pool.make_room().await;
             if let Err(Ok(orphan)) = tx.send(runtime.create(spec).await) {
                 let _ = orphan.destroy().await;
             }

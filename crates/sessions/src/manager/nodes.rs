@@ -2,14 +2,15 @@
 //! to it), where a new one should go (placement), the sessions of a node that was lost are
 //! ended by whoever notices (their sandboxes went with it), and a node that was counted lost
 //! while it still ran (a long pause, a partition) lets go of the sessions the others ended
-//! meanwhile. A durable pause is resumed by whichever node is asked (its own when up: requests
-//! are forwarded there), which records the session as its own first, so its old node's
-//! start-up reconciliation never touches it.
+//! meanwhile. A durable pause is resumed by whichever node is asked (its own when up and with
+//! room: requests are forwarded there; a pause to disk whose node is full is placed as a
+//! create is), which records the session as its own first, so its old node's start-up
+//! reconciliation never touches it.
 
 use std::collections::{BTreeMap, HashMap};
 
 use koder_api_types::{CreateSession, NetworkMode, SessionState};
-use koder_store::{NodeRecord, NodeState};
+use koder_store::{DurablePause, NodeRecord, NodeState};
 
 use super::lifecycle::{lose_orphan, orphan_reason};
 use super::Manager;
@@ -44,7 +45,9 @@ impl Manager {
     /// The other node, up, that holds session `id` (its sandbox, or its pause when that node
     /// keeps it); `None` when this node serves it: its own, an unknown or stopped one (answered
     /// from the store), one recorded on no node, or one whose node is down (this node answers,
-    /// and resumes a durable pause itself). Tenancy is not checked here: the owner checks it.
+    /// and resumes a durable pause itself). A session paused to disk on a node with no room
+    /// goes where [`Manager::place`] puts a create of its runtime (its resume boots it there).
+    /// Tenancy is not checked here: the owner checks it.
     pub async fn owner_of(&self, id: &str) -> Result<Option<Peer>, Error> {
         let Some(me) = self.cfg.node_id.as_deref() else {
             return Ok(None);
@@ -55,14 +58,36 @@ impl Manager {
         let Some(record) = self.store.get_session(id).await? else {
             return Ok(None);
         };
-        match record.node_id {
-            Some(node) if node != me && record.state != SessionState::Stopped => Ok(self
-                .store
-                .get_node(&node)
-                .await?
-                .and_then(|n| (n.state == NodeState::Up).then(|| Peer::of(&n)))),
-            _ => Ok(None),
+        let node = match record.node_id.as_deref() {
+            Some(node) if record.state != SessionState::Stopped => node,
+            _ => return Ok(None),
+        };
+        // The node that would serve it: its own while up, else this one.
+        let up = (self.store.get_node(node).await?).filter(|n| n.state == NodeState::Up);
+        let serving = match up {
+            Some(n) => n,
+            None => match self.store.get_node(me).await? {
+                Some(n) => n,
+                None => return Ok(None),
+            },
+        };
+        if record.state == SessionState::Paused && !self.has_room(&serving).await? {
+            let pause = self.store.session_durable(id).await?.pause;
+            if pause == Some(DurablePause::Disk) {
+                // Paused to disk it holds no sandbox anywhere: its resume boots one where
+                // there is room, as a create is placed, instead of failing on a full node.
+                return self
+                    .place(&record.runtime, None, Some(&record.tenant_id))
+                    .await;
+            }
         }
+        Ok((serving.info.id != me).then(|| Peer::of(&serving)))
+    }
+
+    /// Whether `node` has room for one more sandbox, by the sandboxes the store records on it.
+    async fn has_room(&self, node: &NodeRecord) -> Result<bool, Error> {
+        let held = self.store.sandboxes_by_node().await?;
+        Ok(held.get(&node.info.id).copied().unwrap_or(0) < node.info.capacity_sandboxes)
     }
 
     /// This node's warm sandboxes ready to be handed out, by lane (`runtime/language/image`),

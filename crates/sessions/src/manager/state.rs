@@ -593,8 +593,8 @@ impl Manager {
             // Resumed by a request that got here first.
             return Ok(());
         }
-        let runtime = match &self.microvm {
-            Ok(engine) => engine.runtime.clone(),
+        let (runtime, pool) = match &self.microvm {
+            Ok(engine) => (engine.runtime.clone(), engine.pool.clone()),
             Err(why) => {
                 return Err(Error::RuntimeUnavailable(format!(
                     "the microvm runtime is not available on this server: {why}"
@@ -606,6 +606,7 @@ impl Manager {
         let policy = crate::egress::policy_for(&record.network, &self.cfg.network).await?;
         let has_volumes = !self.store.session_volume_mounts(id).await?.is_empty();
         let started = Instant::now();
+        pool.make_room().await;
         let sandbox = match runtime.resume_suspended(&record.sandbox_id).await {
             Ok(sandbox) => sandbox,
             Err(e @ RuntimeError::Exhausted(_)) => return Err(e.into()),
