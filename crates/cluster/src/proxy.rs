@@ -258,21 +258,26 @@ mod tests {
         (address, accepted)
     }
 
-    #[tokio::test]
-    async fn forwards_to_a_node_reuse_one_kept_connection() {
-        let (address, accepted) = echo_node().await;
+    /// `req` forwarded by node `node-a` over `pools` to the node at `address`.
+    async fn forwarded(pools: &Pools, address: &str, req: Request) -> Result<Response, ApiError> {
         let key = ClusterKey::new(&[7; 32]).unwrap();
-        let pools = Pools::new();
         let from = Sender {
             node: "node-a",
             key: &key,
-            pools: &pools,
+            pools,
         };
+        forward(&from, &peer(address), req).await
+    }
+
+    #[tokio::test]
+    async fn forwards_to_a_node_reuse_one_kept_connection() {
+        let (address, accepted) = echo_node().await;
+        let pools = Pools::new();
         for i in 0..5 {
             let req = Request::post("/echo")
                 .body(Body::from(format!("call {i}")))
                 .unwrap();
-            let resp = forward(&from, &peer(&address), req).await.unwrap();
+            let resp = forwarded(&pools, &address, req).await.unwrap();
             assert_eq!(resp.status(), StatusCode::OK);
             let body = axum::body::to_bytes(resp.into_body(), 1024).await.unwrap();
             assert_eq!(body, format!("call {i}"));
@@ -304,17 +309,10 @@ mod tests {
         let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = format!("http://{}", closed.local_addr().unwrap());
         drop(closed);
-        let key = ClusterKey::new(&[7; 32]).unwrap();
-        let pools = Pools::new();
-        let from = Sender {
-            node: "node-a",
-            key: &key,
-            pools: &pools,
-        };
         let req = Request::get("/v1/sandbox/sessions")
             .body(Body::empty())
             .unwrap();
-        let e = forward(&from, &peer(&address), req).await.unwrap_err();
+        let e = forwarded(&Pools::new(), &address, req).await.unwrap_err();
         assert_eq!(
             (e.status, e.code),
             (StatusCode::BAD_GATEWAY, ErrorCode::NodeUnreachable.as_str())
