@@ -18,7 +18,7 @@ pub use files::TemplateFiles;
 
 pub mod steps;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -292,8 +292,11 @@ async fn request_build(
         created_at: Utc::now(),
         state: Mutex::new(Stage::Waiting),
     });
-    forget_old_builds(&e2b);
-    e2b.template_builds().lock().insert(build_id.clone(), build);
+    {
+        let mut builds = e2b.template_builds().lock();
+        forget_old_builds(&mut builds, &who.tenant_id);
+        builds.insert(build_id.clone(), build);
+    }
     Ok((
         StatusCode::ACCEPTED,
         axum::Json(json!({
@@ -308,25 +311,29 @@ async fn request_build(
         .into_response())
 }
 
-/// Requested builds kept (the oldest dropped beyond).
+/// Requested builds kept, all tenants' (the oldest dropped beyond).
 const KEPT_BUILDS: usize = 1000;
+/// Requested builds kept of one tenant: its requests make room among its own builds first, so
+/// one tenant's stream of requests cannot push everyone else's builds out of sight.
+const KEPT_PER_TENANT: usize = 100;
 
-/// Drops the oldest requested builds beyond [`KEPT_BUILDS`], never one under way: its tenant's
-/// bound counts it, and requests alone must not push a tenant's running builds (or anyone
-/// else's) out of sight.
-fn forget_old_builds(e2b: &E2b) {
-    let mut builds = e2b.template_builds().lock();
-    while builds.len() >= KEPT_BUILDS {
-        let Some(oldest) = builds
+/// Makes room for one more build of `tenant`: drops its oldest beyond [`KEPT_PER_TENANT`], then
+/// anyone's oldest beyond [`KEPT_BUILDS`]; never a build under way (its tenant's bound counts
+/// it, and it must stay in sight to be tagged and followed).
+fn forget_old_builds(builds: &mut HashMap<String, Arc<TemplateBuild>>, tenant: &str) {
+    let forget_oldest = |builds: &mut HashMap<String, Arc<TemplateBuild>>, only: Option<&str>| {
+        let oldest = builds
             .iter()
-            .filter(|(_, b)| !b.under_way())
+            .filter(|(_, b)| only.is_none_or(|t| b.tenant == t) && !b.under_way())
             .min_by_key(|(_, b)| b.created_at)
-            .map(|(id, _)| id.clone())
-        else {
-            break;
-        };
-        builds.remove(&oldest);
-    }
+            .map(|(id, _)| id.clone());
+        oldest.is_some_and(|id| builds.remove(&id).is_some())
+    };
+    let of_tenant = |builds: &HashMap<String, Arc<TemplateBuild>>| {
+        builds.values().filter(|b| b.tenant == tenant).count()
+    };
+    while of_tenant(builds) >= KEPT_PER_TENANT && forget_oldest(builds, Some(tenant)) {}
+    while builds.len() >= KEPT_BUILDS && forget_oldest(builds, None) {}
 }
 
 /// The tenant's build `id` of `template`; another tenant's answers as unknown.
@@ -851,5 +858,50 @@ mod tests {
         assert_eq!(template_of_image("python"), None);
         let id = build_id_of(&"ab".repeat(32));
         assert!(uuid::Uuid::parse_str(&id).is_ok(), "{id}");
+    }
+
+    fn requested(tenant: &str, age_s: i64, stage: Stage) -> Arc<TemplateBuild> {
+        Arc::new(TemplateBuild {
+            tenant: tenant.into(),
+            template: "t".into(),
+            tags: vec![DEFAULT_TAG.into()],
+            created_at: Utc::now() - chrono::Duration::seconds(age_s),
+            state: Mutex::new(stage),
+        })
+    }
+
+    #[test]
+    fn a_tenants_requests_make_room_among_its_own_builds_and_never_drop_one_under_way() {
+        let mut builds = HashMap::new();
+        let running = || Stage::Started {
+            build: "b".into(),
+            tagged: false,
+        };
+        // Another tenant's old build, then a flood of one tenant's requests, its oldest running.
+        builds.insert(
+            "theirs".to_string(),
+            requested("t2", 10_000, Stage::Waiting),
+        );
+        builds.insert("running".to_string(), requested("t1", 9_000, running()));
+        for i in 0..KEPT_PER_TENANT * 3 {
+            forget_old_builds(&mut builds, "t1");
+            let age = 5_000 - i64::try_from(i).unwrap();
+            builds.insert(format!("r{i}"), requested("t1", age, Stage::Waiting));
+        }
+        let mine = builds.values().filter(|b| b.tenant == "t1").count();
+        assert_eq!(mine, KEPT_PER_TENANT);
+        assert!(builds.contains_key("theirs") && builds.contains_key("running"));
+        let last = format!("r{}", KEPT_PER_TENANT * 3 - 1);
+        assert!(builds.contains_key(&last) && !builds.contains_key("r0"));
+        // At the overall bound the oldest of anyone's goes, a build under way never.
+        for i in 0..KEPT_BUILDS {
+            builds.insert(
+                format!("x{i}"),
+                requested(&format!("x{i}"), 1, Stage::Waiting),
+            );
+        }
+        forget_old_builds(&mut builds, "t3");
+        assert_eq!(builds.len(), KEPT_BUILDS - 1);
+        assert!(!builds.contains_key("theirs") && builds.contains_key("running"));
     }
 }
