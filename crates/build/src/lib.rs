@@ -10,10 +10,12 @@
 //! named only once every step passed: a failed build leaves no image.
 //!
 //! In phases: this registry (submit, status, follow; one build runs at a time, the rest
-//! queue) → `run` (the steps) → `log` (lines kept and streamed).
+//! queue, their owners taking turns: `turns`) → `run` (the steps) → `log` (lines kept and
+//! streamed).
 
 mod log;
 mod run;
+mod turns;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,7 +69,8 @@ pub struct Builds {
     manager: Arc<Manager>,
     store: Option<ImageStore>,
     builds: Mutex<HashMap<String, Arc<Job>>>,
-    queue: tokio::sync::Semaphore,
+    /// One build runs at a time; owners take turns.
+    turns: Arc<turns::Turns>,
     records: Store,
     node: Option<String>,
 }
@@ -107,7 +110,7 @@ impl Builds {
             node: manager.node_id().map(str::to_owned),
             manager,
             builds: Mutex::default(),
-            queue: tokio::sync::Semaphore::new(1),
+            turns: Arc::default(),
             records,
         });
         me.end_interrupted().await;
@@ -182,10 +185,16 @@ impl Builds {
         Ok(spec)
     }
 
-    /// Queues a build of `spec` into the image `name`; answers at once.
-    pub fn submit(self: &Arc<Self>, spec: Spec, name: &str) -> Result<Build, BuildError> {
+    /// Queues a build of `spec` into the image `name` for `owner` (whose queue it joins: see
+    /// `turns`); answers at once.
+    pub fn submit(
+        self: &Arc<Self>,
+        spec: Spec,
+        name: &str,
+        owner: &str,
+    ) -> Result<Build, BuildError> {
         let base = self.base(&spec.base)?;
-        self.submit_plan(spec.plan(base), name)
+        self.submit_plan(spec.plan(base), name, owner)
     }
 
     /// The image `reference` names in this server's store, as a build's base.
@@ -196,8 +205,13 @@ impl Builds {
             .map_err(|e| BuildError::ImageNotFound(format!("base {reference:?}: {e}")))
     }
 
-    /// Queues the build `plan` into the image `name`; answers at once.
-    pub fn submit_plan(self: &Arc<Self>, plan: Plan, name: &str) -> Result<Build, BuildError> {
+    /// Queues the build `plan` into the image `name` for `owner`; answers at once.
+    pub fn submit_plan(
+        self: &Arc<Self>,
+        plan: Plan,
+        name: &str,
+        owner: &str,
+    ) -> Result<Build, BuildError> {
         let store = self.store.clone().ok_or(BuildError::NoStore)?;
         koder_image::store::check_name(name)
             .map_err(|e| BuildError::InvalidSpec(format!("name: {e}")))?;
@@ -214,8 +228,8 @@ impl Builds {
         let queued = job.snapshot();
         self.remember(&id, job.clone());
         let me = self.clone();
-        let name = name.to_string();
-        tokio::spawn(async move { me.run(job, store, plan, name).await });
+        let (name, owner) = (name.to_string(), owner.to_string());
+        tokio::spawn(async move { me.run(job, store, plan, name, owner).await });
         Ok(queued)
     }
 

@@ -63,9 +63,10 @@ impl Builds {
         store: ImageStore,
         plan: Plan,
         name: String,
+        owner: String,
     ) {
         self.save(&job).await;
-        let _turn = self.queue.acquire().await;
+        let _turn = self.turns.wait(&owner).await;
         job.status.lock().state = BuildState::Running;
         self.save(&job).await;
         let result = self.steps(&job, &store, &plan, &name).await;

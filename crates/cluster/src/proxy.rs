@@ -28,6 +28,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const IDLE: Duration = Duration::from_secs(20);
 /// Idle connections kept per node: enough for a burst of forwarded requests to find one.
 const MAX_IDLE_PER_NODE: usize = 64;
+/// TCP keepalive of kept connections: probes after this much idleness...
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+/// ...every this long, and the connection is closed after this many go unanswered.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVE_PROBES: u32 = 3;
 /// An HTTP/2 connection another node stops answering pings on is closed after this.
 const PING_EVERY: Duration = Duration::from_secs(10);
 
@@ -45,6 +50,12 @@ impl Pools {
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         // Streamed answers are many small writes (see the daemon's listener).
         connector.set_nodelay(true);
+        // A kept connection to a node whose host vanished without closing it is found dead
+        // by TCP keepalive within ~11 s of idleness, so a later forward dials afresh instead
+        // of waiting on it for TCP's retransmission timeout.
+        connector.set_keepalive(Some(KEEPALIVE_IDLE));
+        connector.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
+        connector.set_keepalive_retries(Some(KEEPALIVE_PROBES));
         let builder = || {
             let mut b = Client::builder(TokioExecutor::new());
             b.pool_timer(TokioTimer::new())
@@ -212,8 +223,7 @@ pub async fn forward(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     use axum::routing::post;
     use axum::serve::ListenerExt as _;
@@ -244,14 +254,16 @@ mod tests {
         }
     }
 
-    /// A node on loopback echoing bodies; its address and how many connections it accepted.
-    async fn echo_node() -> (String, Arc<AtomicUsize>) {
+    /// A node on loopback echoing bodies; its address and the client ports of the connections
+    /// it accepted.
+    async fn echo_node() -> (String, Arc<Mutex<Vec<u16>>>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = format!("http://{}", listener.local_addr().unwrap());
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let counter = accepted.clone();
-        let listener = listener.tap_io(move |_| {
-            counter.fetch_add(1, Ordering::SeqCst);
+        let accepted = Arc::new(Mutex::new(Vec::new()));
+        let ports = accepted.clone();
+        let listener = listener.tap_io(move |tcp| {
+            let port = tcp.peer_addr().map_or(0, |a| a.port());
+            ports.lock().unwrap().push(port);
         });
         let app = axum::Router::new().route("/echo", post(|body: String| async move { body }));
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -282,7 +294,32 @@ mod tests {
             let body = axum::body::to_bytes(resp.into_body(), 1024).await.unwrap();
             assert_eq!(body, format!("call {i}"));
         }
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(accepted.lock().unwrap().len(), 1);
+    }
+
+    /// The timer a loopback socket of local `port` has armed, from /proc/net/tcp (2 is
+    /// keepalive's).
+    fn timer_of(port: u16) -> Option<u8> {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let local = format!(":{port:04X}");
+        table.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (timer, _) = fields.get(5)?.split_once(':')?;
+            fields[1].ends_with(&local).then(|| timer.parse().ok())?
+        })
+    }
+
+    #[tokio::test]
+    async fn kept_connections_are_probed_by_tcp_keepalive() {
+        let (address, accepted) = echo_node().await;
+        let pools = Pools::new();
+        let req = Request::post("/echo").body(Body::from("x")).unwrap();
+        let resp = forwarded(&pools, &address, req).await.unwrap();
+        axum::body::to_bytes(resp.into_body(), 64).await.unwrap();
+        let port = accepted.lock().unwrap()[0];
+        // Idle in the pool, the connection waits on its keepalive timer.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert_eq!(timer_of(port), Some(2));
     }
 
     #[tokio::test]
@@ -301,7 +338,7 @@ mod tests {
             }
         });
         futures::future::join_all(calls).await;
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(accepted.lock().unwrap().len(), 1);
     }
 
     #[tokio::test]

@@ -14,6 +14,10 @@ use axum::Router;
 use futures::{Stream, StreamExt as _};
 use koder_api_types::{codes, Build, ErrorBody, Image, ImageList};
 use koder_build::{BuildError, Builds, LogEvent};
+
+/// The queue native builds wait in: the operator's (admin keys build host-wide images), taking
+/// turns with each tenant's E2B template builds. No tenant id has a colon.
+const OPERATOR: &str = ":operator";
 use koder_image::{ImageError, ImageStore};
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt as _;
@@ -253,7 +257,10 @@ pub async fn create_build(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
     let spec = Builds::parse(text, json).map_err(build_error)?;
-    let build = s.builds.submit(spec, &q.name).map_err(build_error)?;
+    let build = s
+        .builds
+        .submit(spec, &q.name, OPERATOR)
+        .map_err(build_error)?;
     tracing::info!(build = %build.build_id, image = %q.name, "image build queued");
     Ok((StatusCode::ACCEPTED, axum::Json(build)))
 }

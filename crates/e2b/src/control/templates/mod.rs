@@ -397,12 +397,15 @@ fn admit(
         }
     };
     let first = format!("{}{}", image_prefix(e2b, who, template), build.tags[0]);
-    let started = e2b.app().builds.submit_plan(plan, &first).map_err(|e| {
-        HttpError::new(
-            koder_http::status_of(e.code()),
-            format!("{}: {e}", e.code()),
-        )
-    })?;
+    let builds = &e2b.app().builds;
+    let started = builds
+        .submit_plan(plan, &first, &who.tenant_id)
+        .map_err(|e| {
+            HttpError::new(
+                koder_http::status_of(e.code()),
+                format!("{}: {e}", e.code()),
+            )
+        })?;
     *build.state.lock() = Stage::Started {
         build: started.build_id.clone(),
         tagged: false,
