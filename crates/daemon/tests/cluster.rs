@@ -259,7 +259,7 @@ async fn three_nodes_serve_as_one() {
         .exec(&on2, json!({"shell": "echo kept > /home/user/kept"}))
         .await;
     assert_eq!(v["exit_code"], 0, "{v}");
-    pause_to_disk(&nodes[1], &on2).await;
+    nodes[1].pause_to_disk(&on2).await;
 
     // node-2 is killed: the others mark it lost and end what it held, with the reason; its
     // durable pause stays, and t2's quota has room again.
@@ -392,7 +392,7 @@ async fn three_nodes_serve_as_one() {
     // node-1 is full now (t2a, on2, cold). A session paused to disk on node-0, which filled
     // up meanwhile, resumes where there is room (node-2) instead of failing on its own node.
     let first = ids[0].clone();
-    pause_to_disk(&nodes[0], &first).await;
+    nodes[0].pause_to_disk(&first).await;
     let filler = nodes[0].create(json!({})).await;
     assert_eq!(node_of(&filler), "node-0");
     let (status, v) = nodes[0]
@@ -405,22 +405,6 @@ async fn three_nodes_serve_as_one() {
     for d in &mut nodes {
         d.stop();
     }
-}
-
-/// Pauses session `id` to disk through `d` (its layer goes to the bucket).
-async fn pause_to_disk(d: &Daemon, id: &str) {
-    let (status, v) = d
-        .json(
-            Method::POST,
-            &format!("{S}/{id}/pause"),
-            json!({"memory": false}),
-        )
-        .await;
-    assert_eq!(
-        (status, &v["state"]),
-        (StatusCode::OK, &json!("paused")),
-        "{v}"
-    );
 }
 
 /// (id, state) of the sessions the tenant of `key` lists.

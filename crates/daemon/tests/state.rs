@@ -219,18 +219,7 @@ async fn a_durable_pause_survives_a_restart_and_resumes_on_request() {
     let b = d.create(json!({"lifecycle": {"auto_resume": true}})).await;
     for id in [&a, &b] {
         sh(&d, id, "echo kept > /home/user/kept; (sleep 1000 &) ; true").await;
-        let (status, v) = d
-            .json(
-                POST,
-                &format!("/v1/sandbox/sessions/{id}/pause"),
-                json!({"memory": false}),
-            )
-            .await;
-        assert_eq!(
-            (status, v["state"].clone()),
-            (StatusCode::OK, json!("paused")),
-            "{v}"
-        );
+        d.pause_to_disk(id).await;
     }
     // Nothing of them runs any more.
     let sandboxes = d.data_dir().join("jail/sandboxes");

@@ -29,18 +29,7 @@ async fn sessions_live_in_postgres_across_a_restart() {
         .exec(&b, json!({"shell": "echo kept > /home/user/kept"}))
         .await;
     assert_eq!(v["exit_code"], 0, "{v}");
-    let (status, v) = d
-        .json(
-            Method::POST,
-            &format!("/v1/sandbox/sessions/{b}/pause"),
-            json!({"memory": false}),
-        )
-        .await;
-    assert_eq!(
-        (status, &v["state"]),
-        (StatusCode::OK, &json!("paused")),
-        "{v}"
-    );
+    d.pause_to_disk(&b).await;
     let status = d
         .req(Method::DELETE, &format!("/v1/sandbox/sessions/{a}"), KEY1)
         .send()

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use reqwest::{Method, RequestBuilder, StatusCode};
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -299,6 +299,22 @@ impl Daemon {
             .await;
         assert_eq!(status, StatusCode::OK, "{v}");
         v
+    }
+
+    /// Pauses session `id` to disk (its layers captured, its sandbox gone).
+    pub async fn pause_to_disk(&self, id: &str) {
+        let (status, v) = self
+            .json(
+                Method::POST,
+                &format!("/v1/sandbox/sessions/{id}/pause"),
+                json!({"memory": false}),
+            )
+            .await;
+        assert_eq!(
+            (status, &v["state"]),
+            (StatusCode::OK, &json!("paused")),
+            "{v}"
+        );
     }
 
     pub async fn metrics(&self) -> String {
