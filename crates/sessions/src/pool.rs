@@ -282,10 +282,9 @@ impl Pool {
     /// When the runtime has no slot left, destroys one ready sandbox, of the lane holding
     /// most, so the create about to be made gets its slot: warm sandboxes are there to make
     /// creates faster, never to refuse them. Refills wait for a quiet moment as after a take.
-    /// Whether one was given up.
-    pub async fn make_room(&self) -> bool {
+    pub async fn make_room(&self) {
         if !self.runtime.is_full() {
-            return false;
+            return;
         }
         let now = Instant::now();
         let given = {
@@ -302,7 +301,7 @@ impl Pool {
                 sb
             })
         };
-        let Some(sb) = given else { return false };
+        let Some(sb) = given else { return };
         tracing::info!(
             sandbox = sb.id(),
             "a warm sandbox gives its slot to a create"
@@ -310,7 +309,6 @@ impl Pool {
         if let Err(e) = sb.destroy().await {
             tracing::warn!(error = %e, "destroying a warm sandbox");
         }
-        true
     }
 
     /// (language, image, ready sandboxes) of every language with one ready without network.
