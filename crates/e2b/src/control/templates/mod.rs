@@ -366,13 +366,19 @@ async fn start_build(
         // One admission at a time: a build started twice at once runs once, and racing
         // starts cannot pass the tenant's bounds together (each counts the others' builds).
         let _admitting = e2b.template_room().lock();
+        if !matches!(*build.state.lock(), Stage::Waiting) {
+            return Err(HttpError::new(
+                409,
+                format!("build {id} was started already"),
+            ));
+        }
         admit(&e2b, &who, &template, &build, &req)?
     };
     tokio::spawn(tag_when_built(e2b.clone(), who, build, started));
     Ok(StatusCode::ACCEPTED)
 }
 
-/// Submits a waiting `build` once the tenant has room for it; the native build's id.
+/// Submits the waiting `build` once the tenant has room for it; the native build's id.
 fn admit(
     e2b: &E2b,
     who: &Identity,
@@ -380,9 +386,6 @@ fn admit(
     build: &TemplateBuild,
     req: &StartBuild,
 ) -> Result<String, HttpError> {
-    if !matches!(*build.state.lock(), Stage::Waiting) {
-        return Err(HttpError::new(409, "the build was started already"));
-    }
     check_room(e2b, who, build)?;
     let planned = base_of(e2b, who, req).and_then(|base| {
         let dir = files::dir(e2b, who)?;
