@@ -201,6 +201,10 @@ impl Builds {
         store
             .set_name(name, &image.manifest.digest)
             .map_err(|e| failed(None, e))?;
+        self.manager
+            .publish_image(name)
+            .await
+            .map_err(|e| failed(None, format!("sharing the image with the cluster: {e}")))?;
         Ok(plan.digest.clone())
     }
 

@@ -96,6 +96,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     sessions.image_store = Some(images);
     let node_id = node::id(&cfg, data_dir)?;
     sessions.node_id = Some(node_id.clone());
+    // A cluster's nodes share the images they make: a session may land on any of them.
+    sessions.share_images = cfg.cluster.secret_file.is_some();
     sessions.tenant_snapshot_storage_mib = cfg
         .tenants
         .iter()

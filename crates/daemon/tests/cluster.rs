@@ -25,6 +25,7 @@ use common::*;
 use futures::{SinkExt as _, StreamExt as _};
 use grpc_common::{authed, ok, refused, Client};
 use koder_grpc::proto as pb;
+use koder_image::oci::testing::{layer, oci_archive, E};
 use pg::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -402,9 +403,104 @@ async fn three_nodes_serve_as_one() {
     assert_eq!(node_of(&first), "node-2");
     let v = nodes[1].exec(&first, json!({"cmd": ["/bin/true"]})).await;
     assert_eq!(v["exit_code"], 0, "{v}");
+
+    // Room on node-1 again (node-0 stays full): the image scenes' sessions land there.
+    let status = nodes[1]
+        .req(Method::DELETE, &format!("{S}/{cold}"), KEY1)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    images_are_shared_between_nodes(&nodes, &db).await;
     for d in &mut nodes {
         d.stop();
     }
+}
+
+/// An image imported through node-0 runs sessions on node-1, which fetches it from the
+/// bucket; imported again (new content) through node-2, node-1 follows the name; deleted
+/// through node-0, which never held the new build, it is gone on node-1 too.
+async fn images_are_shared_between_nodes(nodes: &[Daemon], db: &TestDatabase) {
+    let node_of = |id: &str| db.query(&format!("SELECT node_id FROM sessions WHERE id = '{id}'"));
+    let archive = |content: &[u8]| {
+        oci_archive(
+            &[layer(&[
+                E::Dir("opt"),
+                E::File("opt/hello.txt", content, 0o644),
+            ])],
+            false,
+        )
+    };
+    let hello = |id: String| async move {
+        let resp = nodes[1]
+            .req(
+                Method::GET,
+                &format!("{S}/{id}/files?path=/opt/hello.txt"),
+                KEY1,
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.text().await.unwrap()
+    };
+    for (via, content) in [(0, "one\n"), (2, "two\n")] {
+        let resp = nodes[via]
+            .req(
+                Method::POST,
+                "/v1/sandbox/images/import?name=shared-app",
+                ADMIN_KEY,
+            )
+            .header("content-type", "application/x-tar")
+            .body(archive(content.as_bytes()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::CREATED,
+            "{:?}",
+            resp.text().await
+        );
+        let id = nodes[1].create(json!({"image": "shared-app"})).await;
+        assert_eq!(node_of(&id), "node-1");
+        assert_eq!(hello(id.clone()).await, content);
+        let status = nodes[1]
+            .req(Method::DELETE, &format!("{S}/{id}"), KEY1)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(
+        db.query("SELECT count(*) FROM shared_images"),
+        "2",
+        "both builds archived once"
+    );
+
+    let (status, v) = nodes[0]
+        .json_as(
+            ADMIN_KEY,
+            Method::DELETE,
+            "/v1/sandbox/images/shared-app",
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, v) = nodes[1]
+        .json(Method::POST, S, json!({"image": "shared-app"}))
+        .await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::NOT_FOUND, "SANDBOX-IMAGE-NOT-FOUND"),
+        "{v}"
+    );
+    assert_eq!(
+        db.query("SELECT count(*) FROM shared_image_names WHERE digest IS NOT NULL"),
+        "0"
+    );
 }
 
 /// (id, state) of the sessions the tenant of `key` lists.

@@ -152,6 +152,7 @@ pub async fn import_image(
     .await
     .map_err(|e| ApiError::new(500, codes::INTERNAL, format!("import task: {e}")))?
     .map_err(image_api_error)?;
+    s.manager.publish_image(&q.name).await?;
     tracing::info!(image = %q.name, "image imported");
     Ok((
         StatusCode::CREATED,
@@ -257,6 +258,7 @@ pub async fn create_build(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
     let spec = Builds::parse(text, json).map_err(build_error)?;
+    s.manager.sync_image(&spec.base).await?;
     let build = s
         .builds
         .submit(spec, &q.name, OPERATOR)

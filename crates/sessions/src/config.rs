@@ -77,6 +77,10 @@ pub struct SessionConfig {
     /// so daemons can share one store. `None` (a manager that is no node) owns them all.
     #[serde(skip)]
     pub node_id: Option<String>,
+    /// Whether this node shares its named images with the others of its cluster (the daemon
+    /// sets it with `[cluster] secret_file`): through the blob store and the database.
+    #[serde(skip)]
+    pub share_images: bool,
 }
 
 /// `[images]`: which image a language's sessions run on when they name none.
@@ -143,6 +147,7 @@ impl Default for SessionConfig {
             images: ImagesConfig::default(),
             image_store: None,
             node_id: None,
+            share_images: false,
         }
     }
 }

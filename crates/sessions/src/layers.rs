@@ -176,6 +176,11 @@ impl Layers {
         })
     }
 
+    /// The blob store the layers live in (shared images live there too).
+    pub(crate) fn blobs(&self) -> &Blobs {
+        &self.blobs
+    }
+
     /// Pins the layers `ids` while the returned [`Pin`] lives.
     pub fn pin(&self, ids: &[String]) -> Pin {
         let mut pinned = self.pinned.lock();

@@ -19,6 +19,7 @@ mod pool;
 pub mod quota;
 pub mod secrets;
 mod session;
+mod shared_images;
 mod startup;
 mod tenants;
 mod tls;

@@ -53,6 +53,7 @@ mod db;
 mod nodes;
 mod secret_bindings;
 mod secrets;
+mod shared_images;
 mod state;
 #[cfg(test)]
 mod testing;
@@ -65,6 +66,7 @@ pub use builds::BuildRecord;
 pub use db::Backend;
 pub use nodes::{NodeInfo, NodeLoad, NodeRecord, NodeState};
 pub use secrets::SecretRecord;
+pub use shared_images::{SharedImage, SharedName};
 pub use state::{DurablePause, LayerRecord, SessionDurable, SnapshotRecord};
 pub use volumes::{NamedVolumeMount, Quota, VolumeMountRecord, VolumeRecord};
 pub use webhooks::{Attempt, DeliveryRecord, DeliveryState, NewEvent, WebhookRecord};

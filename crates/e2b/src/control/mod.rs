@@ -369,7 +369,7 @@ async fn create(
     // (`Sandbox.create(snapshot_id)`).
     let (language, image, from_snapshot) = match template_language(&template) {
         Ok(language) => (Some(language.to_string()), None, None),
-        Err(unknown) => match templates::template_image(&e2b, &who, &template) {
+        Err(unknown) => match templates::template_image(&e2b, &who, &template).await? {
             Some(image) => (None, Some(image), None),
             None => match snapshots::snapshot_template(&e2b, &who, &template).await? {
                 Some(snapshot) => (None, None, Some(snapshot)),

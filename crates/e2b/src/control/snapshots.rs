@@ -97,7 +97,7 @@ pub async fn delete_template(
             "{id:?} is a built-in template of koder-sandbox and cannot be deleted"
         )));
     }
-    if super::templates::remove(&e2b, &who, &id)? {
+    if super::templates::remove(&e2b, &who, &id).await? {
         return Ok(StatusCode::NO_CONTENT);
     }
     match e2b.manager().delete_snapshot(&who, &id).await {

@@ -15,6 +15,53 @@ impl Manager {
         self.images.store()
     }
 
+    /// Shares the image `name` with the other nodes of this node's cluster (its build
+    /// archived to the blob store once, the name recorded in the database); nothing outside
+    /// a cluster. Called by whatever names an image: imports, builds, E2B template tags.
+    pub async fn publish_image(&self, name: &str) -> Result<(), Error> {
+        match &self.shared {
+            Some(shared) => shared.publish(name).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Tells the other nodes the shared name `name` is gone (an E2B tag removed).
+    pub async fn unpublish_image(&self, name: &str) -> Result<(), Error> {
+        match &self.shared {
+            Some(shared) => shared.unpublish(name).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Makes this node's image `name` (or digest) what the cluster says it is before it is
+    /// used: a build made on another node is fetched, a name moved or deleted there follows.
+    /// `host`, and every name outside a cluster, are left as they are.
+    pub async fn sync_image(&self, name: &str) -> Result<(), Error> {
+        let Some(shared) = &self.shared else {
+            return Ok(());
+        };
+        if name == HOST {
+            return Ok(());
+        }
+        if koder_image::store::is_digest(name) {
+            shared.fetch(name).await?;
+            return Ok(());
+        }
+        shared.sync(name).await
+    }
+
+    /// [`Manager::sync_image`] for a session's recorded image: its very build first (a
+    /// session resumed, restored or forked on another node keeps the files it had), then its
+    /// name.
+    pub(super) async fn sync_build(&self, name: &str, build: Option<&str>) -> Result<(), Error> {
+        if let (Some(shared), Some(build)) = (&self.shared, build) {
+            if shared.fetch(build).await? {
+                return Ok(());
+            }
+        }
+        self.sync_image(name).await
+    }
+
     /// The image a language's sessions run on when they name none (`host`, or its pack).
     pub fn language_image(&self, language: &str) -> String {
         self.images.default_for(language).to_string()
@@ -81,6 +128,9 @@ impl Manager {
                 "delete an image by one of its names".into(),
             ));
         }
+        // A node deleting an image made on another one fetches it first: the in-use checks
+        // below and the answer need its build.
+        self.sync_image(name).await?;
         let image = self.images.lookup(name)?;
         let digest = image.manifest.digest.clone();
         let pooled = self.images.pooled_languages(&digest);
@@ -118,6 +168,9 @@ impl Manager {
             .await
             .map_err(|e| Error::Internal(format!("delete task: {e}")))?
             .map_err(image_error)?;
+        if let Some(shared) = &self.shared {
+            shared.forget(&digest).await?;
+        }
         tracing::info!(image = %name, digest = %digest, "image deleted");
         Ok(images::view(&deleted, false, false))
     }

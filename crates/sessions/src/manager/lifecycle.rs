@@ -181,6 +181,9 @@ impl Manager {
             build,
         } = origin;
         let started = Instant::now();
+        if let Some(name) = req.image.as_deref() {
+            self.sync_build(name, build.as_deref()).await?;
+        }
         // Pinned until the session is recorded: a delete cannot take the image meanwhile.
         let image = match (req.image.as_deref(), build) {
             (Some(name), Some(build)) => {

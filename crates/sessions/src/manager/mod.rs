@@ -47,6 +47,7 @@ use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::quota::{system_clock, Admission, Clock};
 use crate::session::Live;
+use crate::shared_images::SharedImages;
 use crate::volumes::Volumes;
 use crate::Error;
 
@@ -103,6 +104,8 @@ pub struct Manager {
     reaping: tokio::sync::Mutex<()>,
     /// The images sessions run on, and which are in use.
     images: Images,
+    /// Named images shared with the other nodes (`SessionConfig::share_images`).
+    shared: Option<SharedImages>,
     /// Where lifecycle events go (webhooks).
     pub(crate) events: Events,
 }
@@ -164,6 +167,26 @@ impl Manager {
             None => None,
         };
         let images = Images::new(cfg.image_store.clone(), &cfg.images.language_packs)?;
+        let shared = match (&layers, &cfg.image_store, &cfg.node_id) {
+            (Some(layers), Some(image_store), Some(node)) if cfg.share_images => {
+                Some(SharedImages::new(
+                    layers.blobs().clone(),
+                    store.clone(),
+                    image_store.clone(),
+                    node.clone(),
+                ))
+            }
+            _ => None,
+        };
+        if let Some(shared) = &shared {
+            let keep = store.kept_image_digests(Utc::now()).await?;
+            let before = Utc::now() - crate::shared_images::PUBLISH_GRACE;
+            match shared.collect_garbage(&keep, before).await {
+                Ok(0) => {}
+                Ok(gone) => tracing::info!(gone, "shared image builds no name points at removed"),
+                Err(e) => tracing::warn!(error = %e, "collecting shared image builds"),
+            }
+        }
         let runtime = runtimes.jail;
         let metrics = Arc::new(Metrics::new());
         let pool = Arc::new(
@@ -213,6 +236,7 @@ impl Manager {
             reap_wake: Arc::default(),
             reaping: tokio::sync::Mutex::default(),
             images,
+            shared,
             events,
         });
         manager.reconcile_volumes().await?;

@@ -449,6 +449,8 @@ impl Manager {
         let volumes = self.session_mounts(&record.id).await?;
         let has_volumes = !volumes.is_empty();
         // The image build the session's files were made on (or its name's, when that is gone).
+        self.sync_build(&record.image, record.image_digest.as_deref())
+            .await?;
         let image = self.images.choose_build(
             &record.image,
             record.image_digest.as_deref(),

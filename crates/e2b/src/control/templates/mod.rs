@@ -213,13 +213,31 @@ fn template_tags(
 }
 
 /// The image name `Sandbox.create(template)` means, when it names a template of the tenant.
-pub fn template_image(e2b: &E2b, who: &Identity, template: &str) -> Option<String> {
+pub async fn template_image(
+    e2b: &E2b,
+    who: &Identity,
+    template: &str,
+) -> Result<Option<String>, HttpError> {
+    let Some(image) = template_image_name(e2b, who, template) else {
+        return Ok(None);
+    };
+    // Built on another node of a cluster, it is fetched here first.
+    e2b.manager().sync_image(&image).await?;
+    Ok(local_template_image(e2b, image))
+}
+
+/// The image name of the tenant's template `template` (`name` or `name:tag`).
+fn template_image_name(e2b: &E2b, who: &Identity, template: &str) -> Option<String> {
     let (name, tag) = split_name(template).ok()?;
-    let image = format!(
+    Some(format!(
         "{}{}",
         image_prefix(e2b, who, &name),
         tag.as_deref().unwrap_or(DEFAULT_TAG)
-    );
+    ))
+}
+
+/// `image` when this node's store has it.
+fn local_template_image(e2b: &E2b, image: String) -> Option<String> {
     let store = e2b.manager().image_store()?;
     matches!(store.digest_of_name(&image), Ok(Some(_))).then_some(image)
 }
@@ -362,6 +380,7 @@ async fn start_build(
 ) -> Result<StatusCode, HttpError> {
     let req: StartBuild = body(raw).await?;
     let build = build_of(&e2b, &who, &template, &id)?;
+    sync_base(&e2b, &who, &req).await?;
     let started = {
         // One admission at a time: a build started twice at once runs once, and racing
         // starts cannot pass the tenant's bounds together (each counts the others' builds).
@@ -376,6 +395,19 @@ async fn start_build(
     };
     tokio::spawn(tag_when_built(e2b.clone(), who, build, started));
     Ok(StatusCode::ACCEPTED)
+}
+
+/// Brings the build's base here when another node of the cluster made it (a template of
+/// the tenant's, an imported image): the admission that follows reads this node's store.
+async fn sync_base(e2b: &E2b, who: &Identity, req: &StartBuild) -> Result<(), HttpError> {
+    match (req.from_template.as_deref(), req.from_image.as_deref()) {
+        (Some(t), None) if template_language(t).is_err() => {
+            template_image(e2b, who, t).await?;
+        }
+        (None, Some(image)) => e2b.manager().sync_image(image).await?,
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Submits the waiting `build` once the tenant has room for it; the native build's id.
@@ -493,7 +525,9 @@ fn base_of(e2b: &E2b, who: &Identity, req: &StartBuild) -> Result<StoredImage, H
     match (req.from_template.as_deref(), req.from_image.as_deref()) {
         (Some(t), None) => match template_language(t) {
             Ok(language) => builtin(language),
-            Err(_) => match template_image(e2b, who, t) {
+            Err(_) => match template_image_name(e2b, who, t)
+                .and_then(|image| local_template_image(e2b, image))
+            {
                 Some(image) => found(&image),
                 None => Err(HttpError::bad_request(format!(
                     "fromTemplate: template {t:?} not found"
@@ -529,8 +563,11 @@ async fn tag_when_built(e2b: E2b, who: Identity, build: Arc<TemplateBuild>, id: 
         if let (Ok(store), Some(digest)) = (store(&e2b), done.digest.as_deref()) {
             let prefix = image_prefix(&e2b, &who, &build.template);
             for tag in &build.tags[1..] {
-                if let Err(e) = store.set_name(&format!("{prefix}{tag}"), digest) {
+                let name = format!("{prefix}{tag}");
+                if let Err(e) = store.set_name(&name, digest) {
                     tracing::warn!(error = %e, template = %build.template, "tagging a template");
+                } else if let Err(e) = e2b.manager().publish_image(&name).await {
+                    tracing::warn!(error = %e, template = %build.template, "sharing a template's tag");
                 }
             }
         }
@@ -719,9 +756,9 @@ async fn assign_tags(
         .map_err(image_error)?
         .ok_or_else(|| not_found(&req.target))?;
     for t in &tags {
-        store
-            .set_name(&format!("{prefix}{t}"), &digest)
-            .map_err(image_error)?;
+        let name = format!("{prefix}{t}");
+        store.set_name(&name, &digest).map_err(image_error)?;
+        e2b.manager().publish_image(&name).await?;
     }
     Ok((
         StatusCode::CREATED,
@@ -759,7 +796,9 @@ async fn remove_tags(
     let store = store(&e2b)?;
     let prefix = image_prefix(&e2b, &who, &template);
     for t in &tags {
-        store.unname(&format!("{prefix}{t}")).map_err(image_error)?;
+        let name = format!("{prefix}{t}");
+        store.unname(&name).map_err(image_error)?;
+        e2b.manager().unpublish_image(&name).await?;
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -767,7 +806,7 @@ async fn remove_tags(
 /// Removes every tag of the tenant's template `template`; whether it had any. The images go
 /// with the store's garbage collection, unless named otherwise (another tenant's identical
 /// build shares them).
-pub fn remove(e2b: &E2b, who: &Identity, template: &str) -> Result<bool, HttpError> {
+pub async fn remove(e2b: &E2b, who: &Identity, template: &str) -> Result<bool, HttpError> {
     let Ok((template, _)) = split_name(template) else {
         return Ok(false);
     };
@@ -775,9 +814,9 @@ pub fn remove(e2b: &E2b, who: &Identity, template: &str) -> Result<bool, HttpErr
     let store = store(e2b)?;
     let prefix = image_prefix(e2b, who, &template);
     for (tag, _) in &tags {
-        store
-            .unname(&format!("{prefix}{tag}"))
-            .map_err(image_error)?;
+        let name = format!("{prefix}{tag}");
+        store.unname(&name).map_err(image_error)?;
+        e2b.manager().unpublish_image(&name).await?;
     }
     Ok(!tags.is_empty())
 }
