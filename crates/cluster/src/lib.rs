@@ -129,6 +129,7 @@ async fn forward(State(c): State<Arc<Cluster>>, mut req: Request, next: Next) ->
         Target::Any => return next.run(req).await,
         Target::Session(id) => c.manager.owner_of(&id).await.map(|p| (p, req)),
         Target::E2bCreate => c.place(req.headers(), "jail", None).await.map(|p| (p, req)),
+        Target::Build => c.manager.builder().await.map(|p| (p, req)),
         Target::NativeCreate => return create(&c, req, next).await,
     };
     match routed {

@@ -2,8 +2,8 @@
 //! surface parses it): a host name `<port>-<id>.<domain>` under the E2B sandbox domain (the
 //! sandbox's own port: its path is the sandbox server's, never read as an API path), envd's
 //! `E2b-Sandbox-Id` header, the native API's `/v1/sandbox/sessions/{id}/...`, E2B's control
-//! plane `/sandboxes/{id}/...` and `/v2/sandboxes/{id}/...`; or whether it creates one
-//! (placement).
+//! plane `/sandboxes/{id}/...` and `/v2/sandboxes/{id}/...`; whether it creates one
+//! (placement); or whether it belongs to an image build (the cluster's builder serves it).
 
 use axum::http::{HeaderMap, Method, Uri};
 
@@ -20,6 +20,8 @@ pub enum Target {
     NativeCreate,
     /// An E2B create (`POST /sandboxes`, `/v2/sandboxes`): always a jail.
     E2bCreate,
+    /// Part of an image build ([`is_build`]): the cluster's builder node serves it.
+    Build,
     /// Nothing a node in particular must serve.
     Any,
 }
@@ -35,6 +37,9 @@ pub fn of(method: &Method, uri: &Uri, headers: &HeaderMap, e2b_domain: Option<&s
             _ => Target::Any,
         };
     }
+    if is_build(path) {
+        return Target::Build;
+    }
     if *method == Method::POST {
         match path.trim_end_matches('/') {
             "/v1/sandbox/sessions" => return Target::NativeCreate,
@@ -48,6 +53,28 @@ pub fn of(method: &Method, uri: &Uri, headers: &HeaderMap, e2b_domain: Option<&s
         .and_then(|rest| rest.split('/').next())
         .filter(|id| plausible(id))
         .map_or(Target::Any, |id| Target::Session(id.to_string()))
+}
+
+/// Native builds (`/v1/sandbox/images/builds...`: start, status, log) and E2B's template
+/// build flow: its request (`/v3/templates`), the file uploads (`/templates/{id}/files/{hash}`),
+/// its start (`/v2/templates/{id}/builds/{build}`) and status
+/// (`/templates/{id}/builds/{build}/status`). A build's queue, log and uploads live on the node
+/// running it, so all of them go to one node.
+fn is_build(path: &str) -> bool {
+    let path = path.trim_end_matches('/');
+    if path == "/v3/templates" || path == "/v1/sandbox/images/builds" {
+        return true;
+    }
+    if path.starts_with("/v1/sandbox/images/builds/") {
+        return true;
+    }
+    let parts: Vec<&str> = path.split('/').collect();
+    matches!(
+        parts.as_slice(),
+        ["", "templates", _, "files", _]
+            | ["", "v2", "templates", _, "builds", _]
+            | ["", "templates", _, "builds", _, "status"]
+    )
 }
 
 fn plausible(id: &str) -> bool {
@@ -98,6 +125,37 @@ mod tests {
         }
         let long = format!("/v1/sandbox/sessions/{}", "a".repeat(129));
         assert_eq!(target(Method::GET, &long), Target::Any);
+    }
+
+    #[test]
+    fn a_build_s_requests_go_to_the_builder() {
+        for (method, path) in [
+            (Method::POST, "/v1/sandbox/images/builds"),
+            (Method::GET, "/v1/sandbox/images/builds/b1"),
+            (Method::GET, "/v1/sandbox/images/builds/b1/logs"),
+            (Method::POST, "/v3/templates"),
+            (Method::GET, "/templates/app/files/abc123"),
+            (Method::PUT, "/templates/app/files/abc123"),
+            (Method::POST, "/v2/templates/app/builds/b1"),
+            (Method::GET, "/templates/app/builds/b1/status"),
+        ] {
+            assert_eq!(target(method.clone(), path), Target::Build, "{path}");
+        }
+        // Templates themselves (listed, tagged, deleted, used) are served by any node.
+        for (method, path) in [
+            (Method::GET, "/templates"),
+            (Method::GET, "/templates/app"),
+            (Method::DELETE, "/templates/app"),
+            (Method::GET, "/templates/aliases/app"),
+            (Method::POST, "/templates/tags"),
+            (Method::GET, "/templates/app/tags"),
+            (Method::GET, "/v1/sandbox/images"),
+            (Method::POST, "/v1/sandbox/images/import"),
+            (Method::GET, "/templates/app/files"),
+            (Method::GET, "/templates/app/builds/b1"),
+        ] {
+            assert_eq!(target(method.clone(), path), Target::Any, "{path}");
+        }
     }
 
     #[test]

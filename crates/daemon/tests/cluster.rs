@@ -479,6 +479,7 @@ async fn images_are_shared_between_nodes(nodes: &[Daemon], db: &TestDatabase) {
         "2",
         "both builds archived once"
     );
+    builds_run_on_the_builder(nodes, db).await;
 
     let (status, v) = nodes[0]
         .json_as(
@@ -501,6 +502,171 @@ async fn images_are_shared_between_nodes(nodes: &[Daemon], db: &TestDatabase) {
         db.query("SELECT count(*) FROM shared_image_names WHERE digest IS NOT NULL"),
         "0"
     );
+}
+
+/// Every request of a build goes to the builder, node-0 (the smallest id up), whichever node
+/// it reaches: a native build started through node-2 runs there (on a base imported through
+/// node-2) and answers through node-1; an E2B template build requested through node-1 is
+/// known through node-2.
+async fn builds_run_on_the_builder(nodes: &[Daemon], db: &TestDatabase) {
+    let resp = nodes[2]
+        .req(
+            Method::POST,
+            "/v1/sandbox/images/builds?name=built-app",
+            ADMIN_KEY,
+        )
+        .header("content-type", "application/toml")
+        .body("base = \"shared-app\"\nrun = [\"true\"]\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let build = resp.json::<Value>().await.unwrap()["build_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        db.query(&format!(
+            "SELECT node_id FROM image_builds WHERE id = '{build}'"
+        )),
+        "node-0"
+    );
+    let mut state = Value::Null;
+    for _ in 0..300 {
+        let (status, v) = nodes[1]
+            .json_as(
+                ADMIN_KEY,
+                Method::GET,
+                &format!("/v1/sandbox/images/builds/{build}"),
+                Value::Null,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        state = v["state"].clone();
+        if state == "succeeded" || state == "failed" {
+            // The base was found there: the step ran (an image without a shell fails it).
+            assert_eq!(v["failed_step"], 0, "{v}");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, "failed");
+
+    let e2b = |d: &Daemon, method: Method, path: &str| {
+        d.http
+            .request(method, format!("{}{path}", d.base))
+            .header("x-api-key", KEY1)
+    };
+    let v: Value = e2b(&nodes[1], Method::POST, "/v3/templates")
+        .json(&json!({"name": "routed"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (template, build) = (v["templateID"].as_str(), v["buildID"].as_str());
+    let (template, build) = (template.unwrap(), build.unwrap());
+    let resp = e2b(
+        &nodes[2],
+        Method::GET,
+        &format!("/templates/{template}/builds/{build}/status"),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.json::<Value>().await.unwrap()["status"], "waiting");
+
+    // Started through node-2 (on the image imported through node-2; ENV alone runs no
+    // step), polled through node-1: it is built on node-0.
+    let resp = e2b(
+        &nodes[2],
+        Method::POST,
+        &format!("/v2/templates/{template}/builds/{build}"),
+    )
+    .json(&json!({"fromImage": "shared-app", "steps": [{"type": "ENV", "args": ["K", "v"]}]}))
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(
+        resp.status(),
+        StatusCode::ACCEPTED,
+        "{:?}",
+        resp.text().await
+    );
+    let status = format!("/templates/{template}/builds/{build}/status");
+    let mut v = Value::Null;
+    for _ in 0..300 {
+        v = e2b(&nodes[1], Method::GET, &status)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["status"] != "building" && v["status"] != "waiting" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(v["status"], "ready", "{v}");
+
+    // node-2 never held it: it lists it, and a sandbox made on it through node-2 gets it.
+    assert!(e2b_lists(&nodes[2], "routed").await);
+    let resp = e2b(&nodes[2], Method::POST, "/sandboxes")
+        .json(&json!({"templateID": "routed", "allow_internet_access": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let id = resp.json::<Value>().await.unwrap()["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let resp = nodes[1]
+        .req(
+            Method::GET,
+            &format!("{S}/{id}/files?path=/opt/hello.txt"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.text().await.unwrap(), "two\n");
+    let status = e2b(&nodes[1], Method::DELETE, &format!("/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    // Deleted through node-1: gone from node-2's listing too.
+    let status = e2b(&nodes[1], Method::DELETE, "/templates/routed")
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert!(!e2b_lists(&nodes[2], "routed").await);
+}
+
+/// Whether the E2B template listing through `d` names `template`.
+async fn e2b_lists(d: &Daemon, template: &str) -> bool {
+    let v: Value = d
+        .http
+        .get(format!("{}/templates", d.base))
+        .header("x-api-key", KEY1)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["templateID"] == template)
 }
 
 /// (id, state) of the sessions the tenant of `key` lists.

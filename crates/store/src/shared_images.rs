@@ -128,6 +128,24 @@ impl Store {
         Ok(())
     }
 
+    /// The shared names starting with `prefix` and their builds (`None`: deleted), by name.
+    pub async fn shared_names_with_prefix(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        // Not LIKE: `_` in a prefix would match any character.
+        let rows = query(
+            "SELECT name, digest FROM shared_image_names \
+             WHERE substr(name, 1, length($1)) = $1 ORDER BY name",
+        )
+        .bind(prefix)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((get(r, "name")?, get(r, "digest")?)))
+            .collect()
+    }
+
     pub async fn shared_name(&self, name: &str) -> Result<SharedName, StoreError> {
         let row = query("SELECT digest FROM shared_image_names WHERE name = $1")
             .bind(name)
@@ -192,6 +210,23 @@ mod tests {
         );
         store.set_shared_name("app", None, now).await.unwrap();
         assert_eq!(store.shared_name("app").await.unwrap(), SharedName::Deleted);
+        store
+            .set_shared_name("a_p:v1", Some("d1"), now)
+            .await
+            .unwrap();
+        store
+            .set_shared_name("abp:v1", Some("d1"), now)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.shared_names_with_prefix("a_p:").await.unwrap(),
+            [("a_p:v1".to_string(), Some("d1".to_string()))],
+            "`_` is no wildcard"
+        );
+        assert_eq!(
+            store.shared_names_with_prefix("app").await.unwrap(),
+            [("app".to_string(), None)]
+        );
 
         // A deleted build takes every name pointing at it along.
         for name in ["x", "x:v2"] {

@@ -25,6 +25,31 @@ impl Manager {
         }
     }
 
+    /// The image names starting with `prefix` and the builds they point at, sorted by name:
+    /// this node's and, in a cluster, every node's (the database's word wins for a name it
+    /// knows, so a name deleted elsewhere is not listed).
+    pub async fn image_names_with_prefix(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, String)>, Error> {
+        let local = match self.images.store() {
+            Some(store) => store.names_with_prefix(prefix).map_err(image_error)?,
+            None => Vec::new(),
+        };
+        if self.shared.is_none() {
+            return Ok(local);
+        }
+        let mut names: std::collections::BTreeMap<String, Option<String>> = local
+            .into_iter()
+            .map(|(name, digest)| (name, Some(digest)))
+            .collect();
+        names.extend(self.store.shared_names_with_prefix(prefix).await?);
+        Ok(names
+            .into_iter()
+            .filter_map(|(name, digest)| Some((name, digest?)))
+            .collect())
+    }
+
     /// Tells the other nodes the shared name `name` is gone (an E2B tag removed).
     pub async fn unpublish_image(&self, name: &str) -> Result<(), Error> {
         match &self.shared {

@@ -158,6 +158,18 @@ impl Manager {
         Ok(choose(me, &nodes, &held, &want).map(Peer::of))
     }
 
+    /// The node that runs the cluster's image builds: the up node with the smallest id, so
+    /// every node names the same one. `None` for this node (or no cluster). A build's queue,
+    /// log and uploaded files live where it runs, so every request of a build goes there; the
+    /// image it makes is shared with the others (`Manager::publish_image`).
+    pub async fn builder(&self) -> Result<Option<Peer>, Error> {
+        let Some(me) = self.cfg.node_id.as_deref() else {
+            return Ok(None);
+        };
+        let nodes = self.store.list_nodes().await?;
+        Ok(builder_of(&nodes).filter(|n| n.info.id != me).map(Peer::of))
+    }
+
     /// Makes a session that holds no sandbox this node's before it boots here (a durable
     /// pause resumed on another node than the one that paused it). Refused when another node
     /// moved it first.
@@ -253,6 +265,14 @@ pub(super) async fn layer_grace(
         .into_iter()
         .any(|n| n.state == NodeState::Up && Some(n.info.id.as_str()) != me);
     Ok(others.then(|| now - SHARED_LAYER_GRACE))
+}
+
+/// The builder among `nodes`: see [`Manager::builder`].
+fn builder_of(nodes: &[NodeRecord]) -> Option<&NodeRecord> {
+    nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Up)
+        .min_by(|a, b| a.info.id.cmp(&b.info.id))
 }
 
 fn lane_key(runtime: &str, language: &str, image: &str) -> String {
@@ -355,6 +375,18 @@ mod tests {
             warm_here,
             tenant_held: &NO_TENANT,
         }
+    }
+
+    #[test]
+    fn every_node_names_the_same_builder() {
+        let mut nodes = [node("c", 3, &[]), node("a", 3, &[]), node("b", 3, &[])];
+        assert_eq!(builder_of(&nodes).unwrap().info.id, "a");
+        nodes[1].state = NodeState::Lost;
+        assert_eq!(builder_of(&nodes).unwrap().info.id, "b");
+        nodes[2].state = NodeState::Left;
+        assert_eq!(builder_of(&nodes).unwrap().info.id, "c");
+        nodes[0].state = NodeState::Lost;
+        assert!(builder_of(&nodes).is_none());
     }
 
     #[test]

@@ -197,16 +197,18 @@ fn image_error(e: koder_image::ImageError) -> HttpError {
     koder_http::image_api_error(e).into()
 }
 
-/// The tenant's tags of `template`: (tag, image digest), sorted by tag.
-fn template_tags(
+/// The tenant's tags of `template`: (tag, image digest), sorted by tag (in a cluster, made on
+/// any node).
+async fn template_tags(
     e2b: &E2b,
     who: &Identity,
     template: &str,
 ) -> Result<Vec<(String, String)>, HttpError> {
     let prefix = image_prefix(e2b, who, template);
-    Ok(store(e2b)?
-        .names_with_prefix(&prefix)
-        .map_err(image_error)?
+    Ok(e2b
+        .manager()
+        .image_names_with_prefix(&prefix)
+        .await?
         .into_iter()
         .map(|(name, digest)| (name[prefix.len()..].to_string(), digest))
         .collect())
@@ -381,6 +383,11 @@ async fn start_build(
     let req: StartBuild = body(raw).await?;
     let build = build_of(&e2b, &who, &template, &id)?;
     sync_base(&e2b, &who, &req).await?;
+    // The tenant's template names, on every node: what its bound on images counts.
+    let names = e2b
+        .manager()
+        .image_names_with_prefix(&tenant_prefix(&e2b, &who))
+        .await?;
     let started = {
         // One admission at a time: a build started twice at once runs once, and racing
         // starts cannot pass the tenant's bounds together (each counts the others' builds).
@@ -391,7 +398,7 @@ async fn start_build(
                 format!("build {id} was started already"),
             ));
         }
-        admit(&e2b, &who, &template, &build, &req)?
+        admit(&e2b, &who, &template, &build, &req, &names)?
     };
     tokio::spawn(tag_when_built(e2b.clone(), who, build, started));
     Ok(StatusCode::ACCEPTED)
@@ -417,8 +424,9 @@ fn admit(
     template: &str,
     build: &TemplateBuild,
     req: &StartBuild,
+    names: &[(String, String)],
 ) -> Result<String, HttpError> {
-    check_room(e2b, who, build)?;
+    check_room(e2b, who, build, names)?;
     let planned = base_of(e2b, who, req).and_then(|base| {
         let dir = files::dir(e2b, who)?;
         let policy = e2b.template_limits().files;
@@ -452,12 +460,14 @@ fn admit(
 /// would be one more than the tenant's template names may point at (403): the images its
 /// names point at once this build moved its tags, and one for each of its other builds under
 /// way (each makes one).
-fn check_room(e2b: &E2b, who: &Identity, build: &TemplateBuild) -> Result<(), HttpError> {
+fn check_room(
+    e2b: &E2b,
+    who: &Identity,
+    build: &TemplateBuild,
+    names: &[(String, String)],
+) -> Result<(), HttpError> {
     let prefix = image_prefix(e2b, who, &build.template);
     let moved: Vec<String> = build.tags.iter().map(|t| format!("{prefix}{t}")).collect();
-    let names = store(e2b)?
-        .names_with_prefix(&tenant_prefix(e2b, who))
-        .map_err(image_error)?;
     let kept: HashSet<&str> = names
         .iter()
         .filter(|(name, _)| !moved.contains(name))
@@ -688,7 +698,7 @@ async fn alias(
         return Ok(axum::Json(json!({"templateID": alias, "public": true})));
     }
     let (template, _) = split_name(&alias).map_err(|_| not_found(&alias))?;
-    if template_tags(&e2b, &who, &template)?.is_empty() {
+    if template_tags(&e2b, &who, &template).await?.is_empty() {
         return Err(not_found(&alias));
     }
     Ok(axum::Json(json!({"templateID": template, "public": false})))
@@ -705,7 +715,7 @@ async fn tags(
     Path(template): Path<String>,
 ) -> Result<axum::Json<Value>, HttpError> {
     let (template, _) = split_name(&template).map_err(|_| not_found(&template))?;
-    let tags = template_tags(&e2b, &who, &template)?;
+    let tags = template_tags(&e2b, &who, &template).await?;
     if tags.is_empty() {
         return Err(not_found(&template));
     }
@@ -751,6 +761,7 @@ async fn assign_tags(
     let store = store(&e2b)?;
     let prefix = image_prefix(&e2b, &who, &template);
     let target = format!("{prefix}{}", tag.as_deref().unwrap_or(DEFAULT_TAG));
+    e2b.manager().sync_image(&target).await?;
     let digest = store
         .digest_of_name(&target)
         .map_err(image_error)?
@@ -787,7 +798,7 @@ async fn remove_tags(
         .iter()
         .map(|t| tag_of(t))
         .collect::<Result<Vec<_>, _>>()?;
-    let existing = template_tags(&e2b, &who, &template)?;
+    let existing = template_tags(&e2b, &who, &template).await?;
     if let Some(missing) = tags.iter().find(|t| !existing.iter().any(|(e, _)| e == *t)) {
         return Err(HttpError::not_found(format!(
             "template {template:?} has no tag {missing:?}"
@@ -810,7 +821,7 @@ pub async fn remove(e2b: &E2b, who: &Identity, template: &str) -> Result<bool, H
     let Ok((template, _)) = split_name(template) else {
         return Ok(false);
     };
-    let tags = template_tags(e2b, who, &template)?;
+    let tags = template_tags(e2b, who, &template).await?;
     let store = store(e2b)?;
     let prefix = image_prefix(e2b, who, &template);
     for (tag, _) in &tags {
@@ -832,7 +843,7 @@ async fn list(
         .collect();
     if let Ok(store) = store(&e2b) {
         let prefix = tenant_prefix(&e2b, &who);
-        let names = store.names_with_prefix(&prefix).map_err(image_error)?;
+        let names = e2b.manager().image_names_with_prefix(&prefix).await?;
         let mut by_template: std::collections::BTreeMap<String, Vec<(String, String)>> =
             Default::default();
         for (name, digest) in names {
