@@ -18,7 +18,9 @@ mod target;
 use std::sync::Arc;
 
 use axum::body::Body;
+use axum::body::Bytes;
 use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -80,6 +82,17 @@ impl Cluster {
         let tenant = tenant_of(&self.auth, headers).await;
         self.manager.place(runtime, lane, tenant.as_deref()).await
     }
+
+    /// The node holding the volumes `keys` ([`Manager::volumes_owner`]), names being the
+    /// caller's.
+    async fn volumes_owner(
+        &self,
+        headers: &HeaderMap,
+        keys: &[&str],
+    ) -> Result<Option<Peer>, koder_sessions::Error> {
+        let tenant = tenant_of(&self.auth, headers).await;
+        self.manager.volumes_owner(tenant.as_deref(), keys).await
+    }
 }
 
 /// E2B's API key header.
@@ -128,9 +141,14 @@ async fn forward(State(c): State<Arc<Cluster>>, mut req: Request, next: Next) ->
     let routed = match target {
         Target::Any => return next.run(req).await,
         Target::Session(id) => c.manager.owner_of(&id).await.map(|p| (p, req)),
-        Target::E2bCreate => c.place(req.headers(), "jail", None).await.map(|p| (p, req)),
-        Target::Build => c.manager.builder().await.map(|p| (p, req)),
+        Target::E2bCreate => return e2b_create(&c, req, next).await,
         Target::NativeCreate => return create(&c, req, next).await,
+        Target::Build => c.manager.builder().await.map(|p| (p, req)),
+        Target::Volume(key) => c
+            .volumes_owner(req.headers(), &[&key])
+            .await
+            .map(|p| (p, req)),
+        Target::VolumeCreate => return volume_create(&c, req, next).await,
     };
     match routed {
         Ok((Some(peer), req)) => send(&c, &peer, req).await,
@@ -169,28 +187,50 @@ async fn send(c: &Cluster, peer: &Peer, req: Request) -> Response {
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-/// A native create goes where there is room for its runtime, to a node with a warm sandbox
-/// for it first (its JSON body read here within the API's body limit; a body without a
-/// declared length, over the limit or not a create request, is created here, where the
-/// handler answers it). When the chosen node cannot be reached, the
-/// create is made here after all.
-async fn create(c: &Cluster, req: Request, next: Next) -> Response {
+/// A request's JSON body, read here to decide where the request goes.
+enum Read {
+    Body(Parts, Bytes),
+    /// Its length undeclared or over the API's body limit: served here, where the handler
+    /// answers it.
+    Unread(Request),
+}
+
+/// Reads the body of `req` within the API's body limit.
+async fn read_body(req: Request) -> Result<Read, Response> {
     let fits = koder_http::declared_length(req.headers())
         .is_some_and(|n| n <= koder_http::MAX_JSON_BODY as u64);
     if !fits {
-        return next.run(req).await;
+        return Ok(Read::Unread(req));
     }
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, koder_http::MAX_JSON_BODY).await {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            return ApiError::new(
-                400,
-                ErrorCode::InvalidArgument.as_str(),
-                format!("reading the request body: {e}"),
-            )
-            .into_response()
-        }
+    match axum::body::to_bytes(body, koder_http::MAX_JSON_BODY).await {
+        Ok(bytes) => Ok(Read::Body(parts, bytes)),
+        Err(e) => Err(ApiError::new(
+            400,
+            ErrorCode::InvalidArgument.as_str(),
+            format!("reading the request body: {e}"),
+        )
+        .into_response()),
+    }
+}
+
+/// Where a create goes: where its volumes are (nowhere else can mount them), else where
+/// placement puts it.
+enum CreateAt {
+    Volumes(Result<Option<Peer>, koder_sessions::Error>),
+    Placed(Result<Option<Peer>, koder_sessions::Error>),
+}
+
+/// A native create goes where the volumes it mounts are, else where there is room for its
+/// runtime, to a node with a warm sandbox for it first (its JSON body read here within the
+/// API's body limit; a body without a declared length, over the limit or not a create
+/// request, is created here, where the handler answers it). When the node placement chose
+/// cannot be reached, the create is made here after all.
+async fn create(c: &Cluster, req: Request, next: Next) -> Response {
+    let (parts, bytes) = match read_body(req).await {
+        Ok(Read::Body(parts, bytes)) => (parts, bytes),
+        Ok(Read::Unread(req)) => return next.run(req).await,
+        Err(answer) => return answer,
     };
     // A body that is not a create request is answered here, by the handler.
     let Ok(create) = serde_json::from_slice::<koder_api_types::CreateSession>(&bytes) else {
@@ -198,37 +238,106 @@ async fn create(c: &Cluster, req: Request, next: Next) -> Response {
             .run(Request::from_parts(parts, Body::from(bytes)))
             .await;
     };
-    let runtime = create.runtime.as_deref().unwrap_or("jail");
-    let lane = c.manager.lane_of(&create);
-    match c.place(&parts.headers, runtime, lane.as_deref()).await {
-        Ok(Some(peer)) => {
-            let mut copy = Request::new(Body::from(bytes.clone()));
-            *copy.method_mut() = parts.method.clone();
-            *copy.uri_mut() = parts.uri.clone();
-            *copy.headers_mut() = parts.headers.clone();
-            let from = proxy::Sender {
-                node: &c.node,
-                key: &c.key,
-                pools: &c.pools,
-            };
-            match proxy::forward(&from, &peer, copy).await {
-                Ok(resp) => resp,
-                Err(e) => {
-                    tracing::warn!(
-                        node = peer.node_id,
-                        error = e.message,
-                        "placing a create there failed; creating here"
-                    );
-                    next.run(Request::from_parts(parts, Body::from(bytes)))
-                        .await
-                }
+    let at = if create.volumes.is_empty() {
+        let runtime = create.runtime.as_deref().unwrap_or("jail");
+        let lane = c.manager.lane_of(&create);
+        CreateAt::Placed(c.place(&parts.headers, runtime, lane.as_deref()).await)
+    } else {
+        let keys: Vec<&str> = create.volumes.iter().map(|v| v.name.as_str()).collect();
+        CreateAt::Volumes(c.volumes_owner(&parts.headers, &keys).await)
+    };
+    dispatch(c, at, parts, bytes, next).await
+}
+
+/// An E2B create goes where the volumes it mounts (`volumeMounts`) are, else where there is
+/// room (always a jail).
+async fn e2b_create(c: &Cluster, req: Request, next: Next) -> Response {
+    let (parts, bytes) = match read_body(req).await {
+        Ok(Read::Body(parts, bytes)) => (parts, bytes),
+        Ok(Read::Unread(req)) => {
+            return match c.place(req.headers(), "jail", None).await {
+                Ok(Some(peer)) => send(c, &peer, req).await,
+                Ok(None) => next.run(req).await,
+                Err(e) => ApiError::from(e).into_response(),
             }
         }
+        Err(answer) => return answer,
+    };
+    let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let keys: Vec<&str> = body
+        .get("volumeMounts")
+        .and_then(|m| m.as_array())
+        .map(|mounts| {
+            mounts
+                .iter()
+                .filter_map(|m| m.get("name")?.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    let at = if keys.is_empty() {
+        CreateAt::Placed(c.place(&parts.headers, "jail", None).await)
+    } else {
+        CreateAt::Volumes(c.volumes_owner(&parts.headers, &keys).await)
+    };
+    dispatch(c, at, parts, bytes, next).await
+}
+
+/// A volume copy is made on the node holding its source (`from_volume`); a new empty volume
+/// on the node asked, which holds its data from then on.
+async fn volume_create(c: &Cluster, req: Request, next: Next) -> Response {
+    let (parts, bytes) = match read_body(req).await {
+        Ok(Read::Body(parts, bytes)) => (parts, bytes),
+        Ok(Read::Unread(req)) => return next.run(req).await,
+        Err(answer) => return answer,
+    };
+    let from = serde_json::from_slice::<koder_api_types::CreateVolume>(&bytes)
+        .ok()
+        .and_then(|v| v.from_volume);
+    let at = match &from {
+        Some(source) => CreateAt::Volumes(c.volumes_owner(&parts.headers, &[source]).await),
+        None => CreateAt::Volumes(Ok(None)),
+    };
+    dispatch(c, at, parts, bytes, next).await
+}
+
+/// Sends a request whose body was read to the node `at` names, or serves it here. A placed
+/// create whose node cannot be reached is made here after all; one bound to its volumes'
+/// node answers why it could not reach it.
+async fn dispatch(c: &Cluster, at: CreateAt, parts: Parts, bytes: Bytes, next: Next) -> Response {
+    let (routed, fallback_here) = match at {
+        CreateAt::Placed(routed) => (routed, true),
+        CreateAt::Volumes(routed) => (routed, false),
+    };
+    let peer = match routed {
+        Ok(Some(peer)) => peer,
         Ok(None) => {
+            return next
+                .run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let mut copy = Request::new(Body::from(bytes.clone()));
+    *copy.method_mut() = parts.method.clone();
+    *copy.uri_mut() = parts.uri.clone();
+    *copy.headers_mut() = parts.headers.clone();
+    let from = proxy::Sender {
+        node: &c.node,
+        key: &c.key,
+        pools: &c.pools,
+    };
+    match proxy::forward(&from, &peer, copy).await {
+        Ok(resp) => resp,
+        Err(e) if fallback_here => {
+            tracing::warn!(
+                node = peer.node_id,
+                error = e.message,
+                "placing a create there failed; creating here"
+            );
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
-        Err(e) => ApiError::from(e).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 

@@ -22,6 +22,11 @@ pub enum Target {
     E2bCreate,
     /// Part of an image build ([`is_build`]): the cluster's builder node serves it.
     Build,
+    /// An operation on this volume (native `/v1/sandbox/volumes/{id or name}/...`, E2B's
+    /// `/volumes/{id}` and `/volumecontent/{id}/...`): the node holding its data serves it.
+    Volume(String),
+    /// A native volume create (`POST /v1/sandbox/volumes`): a copy is made where its source is.
+    VolumeCreate,
     /// Nothing a node in particular must serve.
     Any,
 }
@@ -39,6 +44,17 @@ pub fn of(method: &Method, uri: &Uri, headers: &HeaderMap, e2b_domain: Option<&s
     }
     if is_build(path) {
         return Target::Build;
+    }
+    if *method == Method::POST && path.trim_end_matches('/') == "/v1/sandbox/volumes" {
+        return Target::VolumeCreate;
+    }
+    let volume = ["/v1/sandbox/volumes/", "/volumes/", "/volumecontent/"]
+        .iter()
+        .find_map(|prefix| path.strip_prefix(prefix))
+        .and_then(|rest| rest.split('/').next())
+        .filter(|key| plausible_volume(key));
+    if let Some(key) = volume {
+        return Target::Volume(key.to_string());
     }
     if *method == Method::POST {
         match path.trim_end_matches('/') {
@@ -75,6 +91,15 @@ fn is_build(path: &str) -> bool {
             | ["", "v2", "templates", _, "builds", _]
             | ["", "templates", _, "builds", _, "status"]
     )
+}
+
+/// A volume's id or name: 1-128 of `[A-Za-z0-9._-]`.
+fn plausible_volume(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_ID_LEN
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 fn plausible(id: &str) -> bool {
@@ -118,7 +143,6 @@ mod tests {
             (Method::GET, "/sandboxes"),
             (Method::GET, "/v1/sandbox/sessions/"),
             (Method::GET, "/v1/sandbox/sessions/a%2Fb/exec"),
-            (Method::GET, "/v1/sandbox/volumes/v1"),
             (Method::GET, "/healthz"),
         ] {
             assert_eq!(target(any.0.clone(), any.1), Target::Any, "{any:?}");
@@ -155,6 +179,31 @@ mod tests {
             (Method::GET, "/templates/app/builds/b1"),
         ] {
             assert_eq!(target(method.clone(), path), Target::Any, "{path}");
+        }
+    }
+
+    #[test]
+    fn volume_operations_name_their_volume() {
+        let v = |key: &str| Target::Volume(key.into());
+        assert_eq!(target(Method::GET, "/v1/sandbox/volumes/data"), v("data"));
+        assert_eq!(
+            target(Method::PUT, "/v1/sandbox/volumes/my.vol-1/files"),
+            v("my.vol-1")
+        );
+        assert_eq!(target(Method::DELETE, "/volumes/abc"), v("abc"));
+        assert_eq!(target(Method::GET, "/volumecontent/abc/file"), v("abc"));
+        assert_eq!(
+            target(Method::POST, "/v1/sandbox/volumes"),
+            Target::VolumeCreate
+        );
+        for any in [
+            (Method::GET, "/v1/sandbox/volumes"),
+            (Method::POST, "/volumes"),
+            (Method::GET, "/volumes"),
+            (Method::GET, "/v1/sandbox/volumes/a%2Fb/files"),
+            (Method::GET, "/v1/sandbox/volumes/"),
+        ] {
+            assert_eq!(target(any.0.clone(), any.1), Target::Any, "{any:?}");
         }
     }
 

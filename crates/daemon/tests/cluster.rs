@@ -413,6 +413,7 @@ async fn three_nodes_serve_as_one() {
         .status();
     assert_eq!(status, StatusCode::NO_CONTENT);
     images_are_shared_between_nodes(&nodes, &db).await;
+    volumes_are_served_where_their_data_is(&nodes, &db).await;
     for d in &mut nodes {
         d.stop();
     }
@@ -457,11 +458,15 @@ async fn images_are_shared_between_nodes(nodes: &[Daemon], db: &TestDatabase) {
             .send()
             .await
             .unwrap();
+        let status = resp.status();
+        let imported: Value = resp.json().await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{imported}");
+        // Inspected and listed through a node that does not hold this build.
+        let other = &nodes[if via == 0 { 2 } else { 0 }];
         assert_eq!(
-            resp.status(),
-            StatusCode::CREATED,
-            "{:?}",
-            resp.text().await
+            shared_app(other).await["digest"],
+            imported["digest"],
+            "{imported}"
         );
         let id = nodes[1].create(json!({"image": "shared-app"})).await;
         assert_eq!(node_of(&id), "node-1");
@@ -502,6 +507,159 @@ async fn images_are_shared_between_nodes(nodes: &[Daemon], db: &TestDatabase) {
         db.query("SELECT count(*) FROM shared_image_names WHERE digest IS NOT NULL"),
         "0"
     );
+    assert_eq!(shared_app(&nodes[2]).await, Value::Null);
+}
+
+/// The image `shared-app` as `d` shows it (`null` when it has none), checked to be listed
+/// alike.
+async fn shared_app(d: &Daemon) -> Value {
+    let (status, image) = d
+        .json_as(
+            ADMIN_KEY,
+            Method::GET,
+            "/v1/sandbox/images/shared-app",
+            Value::Null,
+        )
+        .await;
+    let (_, list) = d
+        .json_as(ADMIN_KEY, Method::GET, "/v1/sandbox/images", Value::Null)
+        .await;
+    let listed: Vec<&Value> = list["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["names"] == json!(["shared-app"]))
+        .collect();
+    if status == StatusCode::NOT_FOUND {
+        assert!(listed.is_empty(), "{list}");
+        return Value::Null;
+    }
+    assert_eq!(status, StatusCode::OK, "{image}");
+    assert_eq!(listed.len(), 1, "{list}");
+    assert_eq!(listed[0]["digest"], image["digest"], "{list}");
+    image
+}
+
+/// A volume made through node-1 keeps its data there: its files are written through node-2,
+/// sessions mounting it (native or E2B, asked of node-2) run on node-1, a copy asked of
+/// node-0 is made there, and a session mounting volumes of two nodes is refused.
+async fn volumes_are_served_where_their_data_is(nodes: &[Daemon], db: &TestDatabase) {
+    let node_of = |id: &str| db.query(&format!("SELECT node_id FROM sessions WHERE id = '{id}'"));
+    let volume_node = |name: &str| {
+        db.query(&format!(
+            "SELECT node_id FROM volumes WHERE name = '{name}'"
+        ))
+    };
+    let (status, v) = nodes[1]
+        .json(
+            Method::POST,
+            "/v1/sandbox/volumes",
+            json!({"name": "vol-a"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let volume_id = v["volume_id"].as_str().unwrap().to_string();
+    assert_eq!(volume_node("vol-a"), "node-1");
+    let resp = nodes[2]
+        .req(
+            Method::PUT,
+            "/v1/sandbox/volumes/vol-a/files?path=/kept.txt",
+            KEY1,
+        )
+        .body("on node-1\n")
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{:?}", resp.text().await);
+
+    let id = nodes[2]
+        .create(json!({"volumes": [{"name": "vol-a", "path": "/data"}]}))
+        .await;
+    assert_eq!(node_of(&id), "node-1");
+    let v = nodes[0]
+        .exec(&id, json!({"cmd": ["/bin/cat", "/data/kept.txt"]}))
+        .await;
+    assert_eq!(v["stdout"], "on node-1\n", "{v}");
+    let status = nodes[0]
+        .req(Method::DELETE, &format!("{S}/{id}"), KEY1)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    // E2B's create, and E2B's volume API by id, through other nodes.
+    let resp = nodes[2]
+        .http
+        .post(format!("{}/sandboxes", nodes[2].base))
+        .header("x-api-key", KEY1)
+        .json(&json!({"templateID": "base", "volumeMounts": [{"name": "vol-a", "path": "/data"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let id = resp.json::<Value>().await.unwrap()["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(node_of(&id), "node-1");
+    let resp = nodes[0]
+        .http
+        .get(format!("{}/volumes/{volume_id}", nodes[0].base))
+        .header("x-api-key", KEY1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let status = nodes[2]
+        .req(Method::DELETE, &format!("{S}/{id}"), KEY1)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    // A copy asked of node-0 is made where its source is; a volume made on node-2 and vol-a
+    // cannot be mounted together.
+    let (status, v) = nodes[0]
+        .json(
+            Method::POST,
+            "/v1/sandbox/volumes",
+            json!({"name": "vol-b", "from_volume": "vol-a"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(volume_node("vol-b"), "node-1");
+    let (status, v) = nodes[2]
+        .json(
+            Method::POST,
+            "/v1/sandbox/volumes",
+            json!({"name": "vol-c"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(volume_node("vol-c"), "node-2");
+    let (status, v) = nodes[0]
+        .json(
+            Method::POST,
+            S,
+            json!({"volumes": [{"name": "vol-a", "path": "/a"}, {"name": "vol-c", "path": "/c"}]}),
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&v)),
+        (StatusCode::CONFLICT, "SANDBOX-CONFLICT"),
+        "{v}"
+    );
+    for name in ["vol-a", "vol-b", "vol-c"] {
+        let status = nodes[0]
+            .req(Method::DELETE, &format!("/v1/sandbox/volumes/{name}"), KEY1)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, StatusCode::NO_CONTENT, "{name}");
+    }
 }
 
 /// Every request of a build goes to the builder, node-0 (the smallest id up), whichever node

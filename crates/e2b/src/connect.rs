@@ -126,6 +126,7 @@ impl From<koder_sessions::Error> for RpcError {
             | E::QuotaSnapshotStorage(_)
             | E::QuotaVolumeStorage(_) => Code::ResourceExhausted,
             E::RuntimeUnavailable(_)
+            | E::NodeUnreachable(_)
             | E::PreviewNotListening(_)
             | E::SessionStopped(_)
             | E::ImageNotReady(_) => Code::Unavailable,

@@ -170,6 +170,13 @@ fn input_responses(path: &str, op: &mut utoipa::openapi::path::Operation) {
             "SANDBOX-NODE-UNREACHABLE: the node holding the session (in a cluster) could not be reached to forward the request to it",
         );
     }
+    if path.starts_with("/v1/sandbox/volumes") || (path == "/v1/sandbox/sessions" && json_body) {
+        add_error_response(
+            responses,
+            "502",
+            "SANDBOX-NODE-UNREACHABLE: the node holding the volume's data (in a cluster) is not up or could not be reached",
+        );
+    }
     if path.starts_with("/v1/sandbox/volumes/{volume}/files") {
         add_error_response(
             responses,

@@ -13,6 +13,9 @@ pub const AGENT_EXITED: &str = "agent exited";
 pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
+    /// What the request needs lives on another node of the cluster that is not up.
+    #[error("{0}")]
+    NodeUnreachable(String),
     /// The user named is no account of the sandbox.
     #[error("no account {0:?} in the sandbox")]
     UnknownAccount(String),
@@ -94,6 +97,7 @@ impl Error {
             Error::QuotaMinutes(_) => ErrorCode::QuotaMinutes,
             Error::PlanRequired(_) => ErrorCode::PlanRequired,
             Error::RuntimeUnavailable(_) => ErrorCode::RuntimeUnavailable,
+            Error::NodeUnreachable(_) => ErrorCode::NodeUnreachable,
             Error::PreviewNotListening(_) => ErrorCode::PreviewNotListening,
             Error::NotImplemented(_) => ErrorCode::NotImplemented,
             Error::SessionStopped(_) => ErrorCode::SessionStopped,

@@ -146,6 +146,25 @@ impl Store {
             .collect()
     }
 
+    /// Every shared name, by name, with its build's digest and manifest (`None`: deleted).
+    pub async fn shared_names_and_manifests(
+        &self,
+    ) -> Result<Vec<(String, Option<(String, String)>)>, StoreError> {
+        let rows = query(
+            "SELECT n.name, n.digest, s.manifest_json FROM shared_image_names n \
+             LEFT JOIN shared_images s ON s.digest = n.digest ORDER BY n.name",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let digest: Option<String> = get(r, "digest")?;
+                let manifest: Option<String> = get(r, "manifest_json")?;
+                Ok((get(r, "name")?, digest.zip(manifest)))
+            })
+            .collect()
+    }
+
     pub async fn shared_name(&self, name: &str) -> Result<SharedName, StoreError> {
         let row = query("SELECT digest FROM shared_image_names WHERE name = $1")
             .bind(name)
@@ -210,6 +229,10 @@ mod tests {
         );
         store.set_shared_name("app", None, now).await.unwrap();
         assert_eq!(store.shared_name("app").await.unwrap(), SharedName::Deleted);
+        assert_eq!(
+            store.shared_names_and_manifests().await.unwrap(),
+            [("app".to_string(), None)]
+        );
         store
             .set_shared_name("a_p:v1", Some("d1"), now)
             .await
@@ -226,6 +249,15 @@ mod tests {
         assert_eq!(
             store.shared_names_with_prefix("app").await.unwrap(),
             [("app".to_string(), None)]
+        );
+        let manifest = Some(("d1".to_string(), image("d1", "n1").manifest_json));
+        assert_eq!(
+            store.shared_names_and_manifests().await.unwrap(),
+            [
+                ("a_p:v1".to_string(), manifest.clone()),
+                ("abp:v1".to_string(), manifest),
+                ("app".to_string(), None)
+            ]
         );
 
         // A deleted build takes every name pointing at it along.

@@ -17,6 +17,9 @@ pub struct VolumeRecord {
     /// `btrfs` or `ext4`.
     pub backend: String,
     pub created_at: DateTime<Utc>,
+    /// The node whose disk holds its data; `None` for a volume made before nodes were
+    /// recorded.
+    pub node_id: Option<String>,
 }
 
 /// A session's mount of a volume.
@@ -35,7 +38,7 @@ pub struct NamedVolumeMount {
     pub name: String,
 }
 
-const VOLUME_COLUMNS: &str = "id, tenant_id, name, size_mib, backend, created_at_ms";
+const VOLUME_COLUMNS: &str = "id, tenant_id, name, size_mib, backend, created_at_ms, node_id";
 
 impl Store {
     /// `Conflict` if the tenant has a volume of that name, `UnknownTenant` if no such tenant.
@@ -284,7 +287,7 @@ async fn insert_volume_on<'a>(
     on: impl Into<Target<'a>>,
 ) -> Result<(), StoreError> {
     query(&format!(
-        "INSERT INTO volumes ({VOLUME_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+        "INSERT INTO volumes ({VOLUME_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
     ))
     .bind(&v.id)
     .bind(&v.tenant_id)
@@ -292,6 +295,7 @@ async fn insert_volume_on<'a>(
     .bind(i64::try_from(v.size_mib).map_err(|_| StoreError::Invalid("size too large".into()))?)
     .bind(&v.backend)
     .bind(to_ms(v.created_at))
+    .bind(v.node_id.as_deref())
     .execute(on)
     .await
     .map_err(|e| match db_kind(&e) {
@@ -332,6 +336,7 @@ fn volume_from_row(row: &DbRow) -> Result<VolumeRecord, StoreError> {
             get(row, "created_at_ms")?,
             &format!("volume {id:?} created_at"),
         )?,
+        node_id: get(row, "node_id")?,
         id,
     })
 }
@@ -367,6 +372,7 @@ mod tests {
             size_mib: 64,
             backend: "ext4".into(),
             created_at: t(1),
+            node_id: Some("n1".into()),
         }
     }
 

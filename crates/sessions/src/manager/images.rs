@@ -1,9 +1,13 @@
 //! Images through the manager: list, inspect and delete, with the in-use rule (an image that a
 //! running or paused session, a create in flight or a warm pool uses is not deleted).
 
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+
 use koder_api_types::{Image, ImageList};
 use koder_auth::Identity;
-use koder_image::HOST;
+use koder_image::{Manifest, StoredImage, HOST};
+use koder_store::SharedName;
 
 use super::Manager;
 use crate::images::{self, image_error};
@@ -108,15 +112,18 @@ impl Manager {
         })
     }
 
-    /// `host` first, then every image of the store.
+    /// `host` first, then every named image of the store and, in a cluster, the images other
+    /// nodes made (their manifests read from the database, nothing fetched).
     pub async fn list_images(&self) -> Result<ImageList, Error> {
         let mut list = vec![images::host_view()];
         if let Some(store) = self.images.store() {
             let used = self.used_digests().await?;
-            for image in store.list().map_err(image_error)? {
-                if image.names.is_empty() {
-                    continue;
-                }
+            let mut named: Vec<StoredImage> = store.list().map_err(image_error)?;
+            named.retain(|i| !i.names.is_empty());
+            if self.shared.is_some() {
+                named = self.with_shared_names(named).await?;
+            }
+            for image in named {
                 let in_use = used.contains(&image.manifest.digest)
                     || !self
                         .images
@@ -133,7 +140,7 @@ impl Manager {
         if name == HOST {
             return Ok(images::host_view());
         }
-        let image = self.images.lookup(name)?;
+        let image = self.image_anywhere(name).await?;
         let digest = &image.manifest.digest;
         let in_use = self.used_digests().await?.contains(digest)
             || !self.images.pooled_languages(digest).is_empty();
@@ -153,10 +160,7 @@ impl Manager {
                 "delete an image by one of its names".into(),
             ));
         }
-        // A node deleting an image made on another one fetches it first: the in-use checks
-        // below and the answer need its build.
-        self.sync_image(name).await?;
-        let image = self.images.lookup(name)?;
+        let image = self.image_anywhere(name).await?;
         let digest = image.manifest.digest.clone();
         let pooled = self.images.pooled_languages(&digest);
         if !pooled.is_empty() {
@@ -188,16 +192,90 @@ impl Manager {
             .store()
             .ok_or_else(|| Error::ImageNotFound(format!("image {name:?} not found")))?
             .clone();
-        let owned = name.to_string();
-        let deleted = tokio::task::spawn_blocking(move || store.delete(&owned))
-            .await
-            .map_err(|e| Error::Internal(format!("delete task: {e}")))?
-            .map_err(image_error)?;
+        // By its build: in a cluster this node's copy of the name may be stale (moved or
+        // deleted elsewhere, and not resolved here since), and the build may not be here.
+        let (build, owned) = (digest.clone(), name.to_string());
+        let deleted = tokio::task::spawn_blocking(move || {
+            let deleted = match store.by_digest(&build)? {
+                Some(_) => store.delete(&build)?,
+                None => image,
+            };
+            store.unname(&owned)?;
+            Ok(deleted)
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("delete task: {e}")))?
+        .map_err(image_error)?;
         if let Some(shared) = &self.shared {
             shared.forget(&digest).await?;
         }
         tracing::info!(image = %name, digest = %digest, "image deleted");
         Ok(images::view(&deleted, false, false))
+    }
+
+    /// The image `name` names: in a cluster the build the database points it at (from its
+    /// manifest there, with `name` alone for its names, when this node lacks it), else this
+    /// node's.
+    async fn image_anywhere(&self, name: &str) -> Result<StoredImage, Error> {
+        if self.shared.is_none() || koder_image::store::is_digest(name) {
+            return self.images.lookup(name);
+        }
+        let digest = match self.store.shared_name(name).await? {
+            SharedName::Unknown => return self.images.lookup(name),
+            SharedName::Deleted => return Err(not_found(name)),
+            SharedName::Points(digest) => digest,
+        };
+        if let Ok(image) = self.images.lookup(&digest) {
+            return Ok(image);
+        }
+        let shared = self
+            .store
+            .shared_image(&digest)
+            .await?
+            .ok_or_else(|| not_found(name))?;
+        Ok(StoredImage {
+            manifest: shared_manifest(&shared.manifest_json)?,
+            names: vec![name.to_string()],
+            // Not on this node: nothing reads a tree through this value.
+            root: std::path::PathBuf::new(),
+        })
+    }
+
+    /// `local` (this node's named images) with their names as the cluster has them: a name
+    /// the database knows follows it (moved, or deleted, elsewhere), and a build this node
+    /// lacks comes from its manifest there. Sorted by first name.
+    async fn with_shared_names(&self, local: Vec<StoredImage>) -> Result<Vec<StoredImage>, Error> {
+        let shared = self.store.shared_names_and_manifests().await?;
+        let known: HashSet<&str> = shared.iter().map(|(name, _)| name.as_str()).collect();
+        let mut by_digest: HashMap<String, StoredImage> = HashMap::new();
+        for mut image in local {
+            image.names.retain(|n| !known.contains(n.as_str()));
+            by_digest.insert(image.manifest.digest.clone(), image);
+        }
+        for (name, build) in &shared {
+            let Some((digest, manifest)) = build else {
+                continue;
+            };
+            let image = match by_digest.entry(digest.clone()) {
+                Entry::Occupied(found) => found.into_mut(),
+                Entry::Vacant(slot) => slot.insert(StoredImage {
+                    manifest: shared_manifest(manifest)?,
+                    names: Vec::new(),
+                    root: std::path::PathBuf::new(),
+                }),
+            };
+            image.names.push(name.clone());
+        }
+        let mut named: Vec<StoredImage> = by_digest
+            .into_values()
+            .filter(|i| !i.names.is_empty())
+            .map(|mut i| {
+                i.names.sort();
+                i
+            })
+            .collect();
+        named.sort_by(|a, b| a.names.cmp(&b.names));
+        Ok(named)
     }
 
     /// The image a warm-pool lane names for sandboxes on `image` (`host` or a digest) of
@@ -242,4 +320,13 @@ impl Manager {
     fn build_of(&self, r: &koder_store::SessionRecord) -> Option<String> {
         (r.image_digest.clone()).or_else(|| self.images.digest_of(&r.image))
     }
+}
+
+fn not_found(name: &str) -> Error {
+    Error::ImageNotFound(format!("image {name:?} not found"))
+}
+
+/// A shared build's manifest, as the node that archived it recorded it.
+fn shared_manifest(json: &str) -> Result<Manifest, Error> {
+    serde_json::from_str(json).map_err(|e| Error::Internal(format!("shared image manifest: {e}")))
 }

@@ -62,6 +62,14 @@ impl Manager {
             Some(node) if record.state != SessionState::Stopped => node,
             _ => return Ok(None),
         };
+        if record.state == SessionState::Paused {
+            // It runs where its volumes are, whichever node paused it.
+            let mounts = self.store.session_volume_mounts(id).await?;
+            if !mounts.is_empty() {
+                let keys: Vec<&str> = mounts.iter().map(|m| m.volume_id.as_str()).collect();
+                return self.volumes_owner(None, &keys).await;
+            }
+        }
         // The node that would serve it: its own while up, else this one.
         let up = (self.store.get_node(node).await?).filter(|n| n.state == NodeState::Up);
         let serving = match up {
@@ -156,6 +164,53 @@ impl Manager {
             tenant_held: &tenant_held,
         };
         Ok(choose(me, &nodes, &held, &want).map(Peer::of))
+    }
+
+    /// The other node holding the volumes `keys` name (ids, or names of `tenant`'s): a
+    /// volume's data lives on the disk of the node that made it, so its file operations, the
+    /// copies made of it and the sessions mounting it are served there. `None`: this node
+    /// (or volumes it does not know: it answers why). Volumes of two nodes are a conflict;
+    /// a volume whose node is not up cannot be used until it is back.
+    pub async fn volumes_owner(
+        &self,
+        tenant: Option<&str>,
+        keys: &[&str],
+    ) -> Result<Option<Peer>, Error> {
+        let Some(me) = self.cfg.node_id.as_deref() else {
+            return Ok(None);
+        };
+        let mut home: Option<String> = None;
+        for key in keys {
+            let record = match self.store.get_volume(key).await? {
+                Some(found) => Some(found),
+                None => match tenant {
+                    Some(tenant) => self.store.find_volume(tenant, key).await?,
+                    None => None,
+                },
+            };
+            let Some(node) = record.and_then(|v| v.node_id) else {
+                continue;
+            };
+            match &home {
+                Some(other) if *other != node => {
+                    return Err(Error::Conflict(format!(
+                        "the volumes live on two nodes ({other} and {node}): a session mounts \
+                         volumes of one node"
+                    )))
+                }
+                _ => home = Some(node),
+            }
+        }
+        let Some(home) = home.filter(|h| h != me) else {
+            return Ok(None);
+        };
+        let nodes = self.store.list_nodes().await?;
+        match nodes.iter().find(|n| n.info.id == home) {
+            Some(n) if n.state == NodeState::Up => Ok(Some(Peer::of(n))),
+            _ => Err(Error::NodeUnreachable(format!(
+                "the volume's data lives on node {home}, which is not up"
+            ))),
+        }
     }
 
     /// The node that runs the cluster's image builds: the up node with the smallest id, so

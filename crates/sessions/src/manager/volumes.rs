@@ -95,6 +95,7 @@ impl Manager {
             size_mib,
             backend: volumes.backend_name().into(),
             created_at: self.now(),
+            node_id: self.cfg.node_id.clone(),
         };
         let id = record.id.clone();
         match source {
