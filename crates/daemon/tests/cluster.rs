@@ -182,14 +182,13 @@ async fn three_nodes_serve_as_one() {
         nodes.push(Daemon::start_in(&config, net.netns(k), &net.node_ip(k)).await);
     }
     eventually(&db, NODES, "node-0 up\nnode-1 up\nnode-2 up", 20).await;
-    let node_of = |id: &str| db.query(&format!("SELECT node_id FROM sessions WHERE id = '{id}'"));
 
     // Creates all sent to node-0 fill it (3 sandboxes), then go where there is most room.
     let mut ids = Vec::new();
     for _ in 0..5 {
         ids.push(nodes[0].create(json!({})).await);
     }
-    let placed: Vec<String> = ids.iter().map(|id| node_of(id)).collect();
+    let placed: Vec<String> = ids.iter().map(|id| node_of(&db, id)).collect();
     assert_eq!(
         placed,
         ["node-0", "node-0", "node-0", "node-1", "node-2"],
@@ -212,7 +211,7 @@ async fn three_nodes_serve_as_one() {
     let t2a = create_as(&nodes[1], KEY2).await.expect("t2's first");
     let t2b = create_as(&nodes[2], KEY2).await.expect("t2's second");
     assert_eq!(
-        (node_of(&t2a), node_of(&t2b)),
+        (node_of(&db, &t2a), node_of(&db, &t2b)),
         ("node-1".into(), "node-2".into())
     );
     for d in &nodes {
@@ -286,13 +285,7 @@ async fn three_nodes_serve_as_one() {
     assert!(listed(&nodes[1], KEY2)
         .await
         .contains(&(t2b.clone(), "lost".into())));
-    let status = nodes[1]
-        .req(Method::DELETE, &format!("{S}/{t2b}"), KEY2)
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    delete_session(&nodes[1], &t2b, KEY2).await;
     assert!(!listed(&nodes[1], KEY2)
         .await
         .iter()
@@ -311,7 +304,7 @@ async fn three_nodes_serve_as_one() {
         .json(Method::POST, &format!("{S}/{on2}/resume"), Value::Null)
         .await;
     assert_eq!(status, StatusCode::OK, "{v}");
-    assert_eq!(node_of(&on2), "node-1");
+    assert_eq!(node_of(&db, &on2), "node-1");
     let v = nodes[0]
         .exec(&on2, json!({"cmd": ["/bin/cat", "/home/user/kept"]}))
         .await;
@@ -344,13 +337,7 @@ async fn three_nodes_serve_as_one() {
     assert_eq!(v["stdout"], "kept\n", "{v}");
 
     // A delete through another node ends the session on its owner.
-    let status = nodes[2]
-        .req(Method::DELETE, &format!("{S}/{on1}"), KEY1)
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    delete_session(&nodes[2], &on1, KEY1).await;
     assert_eq!(
         db.query(&format!("SELECT state FROM sessions WHERE id = '{on1}'")),
         "stopped"
@@ -379,7 +366,7 @@ async fn three_nodes_serve_as_one() {
         ))
         .await)
     .id;
-    assert_eq!(node_of(&warm), "node-2");
+    assert_eq!(node_of(&db, &warm), "node-2");
     assert!(
         nodes[2]
             .metrics()
@@ -388,30 +375,24 @@ async fn three_nodes_serve_as_one() {
         "not from node-2's pool"
     );
     let cold = nodes[1].create(json!({"language": "bash"})).await;
-    assert_eq!(node_of(&cold), "node-1");
+    assert_eq!(node_of(&db, &cold), "node-1");
 
     // node-1 is full now (t2a, on2, cold). A session paused to disk on node-0, which filled
     // up meanwhile, resumes where there is room (node-2) instead of failing on its own node.
     let first = ids[0].clone();
     nodes[0].pause_to_disk(&first).await;
     let filler = nodes[0].create(json!({})).await;
-    assert_eq!(node_of(&filler), "node-0");
+    assert_eq!(node_of(&db, &filler), "node-0");
     let (status, v) = nodes[0]
         .json(Method::POST, &format!("{S}/{first}/resume"), Value::Null)
         .await;
     assert_eq!(status, StatusCode::OK, "{v}");
-    assert_eq!(node_of(&first), "node-2");
+    assert_eq!(node_of(&db, &first), "node-2");
     let v = nodes[1].exec(&first, json!({"cmd": ["/bin/true"]})).await;
     assert_eq!(v["exit_code"], 0, "{v}");
 
     // Room on node-1 again (node-0 stays full): the image scenes' sessions land there.
-    let status = nodes[1]
-        .req(Method::DELETE, &format!("{S}/{cold}"), KEY1)
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    delete_session(&nodes[1], &cold, KEY1).await;
     images_are_shared_between_nodes(&nodes, &db).await;
     volumes_are_served_where_their_data_is(&nodes, &db).await;
     for d in &mut nodes {
@@ -423,7 +404,6 @@ async fn three_nodes_serve_as_one() {
 /// bucket; imported again (new content) through node-2, node-1 follows the name; deleted
 /// through node-0, which never held the new build, it is gone on node-1 too.
 async fn images_are_shared_between_nodes(nodes: &[Daemon], db: &TestDatabase) {
-    let node_of = |id: &str| db.query(&format!("SELECT node_id FROM sessions WHERE id = '{id}'"));
     let archive = |content: &[u8]| {
         oci_archive(
             &[layer(&[
@@ -469,15 +449,9 @@ async fn images_are_shared_between_nodes(nodes: &[Daemon], db: &TestDatabase) {
             "{imported}"
         );
         let id = nodes[1].create(json!({"image": "shared-app"})).await;
-        assert_eq!(node_of(&id), "node-1");
+        assert_eq!(node_of(db, &id), "node-1");
         assert_eq!(hello(id.clone()).await, content);
-        let status = nodes[1]
-            .req(Method::DELETE, &format!("{S}/{id}"), KEY1)
-            .send()
-            .await
-            .unwrap()
-            .status();
-        assert_eq!(status, StatusCode::NO_CONTENT);
+        delete_session(&nodes[1], &id, KEY1).await;
     }
     assert_eq!(
         db.query("SELECT count(*) FROM shared_images"),
@@ -544,7 +518,6 @@ async fn shared_app(d: &Daemon) -> Value {
 /// sessions mounting it (native or E2B, asked of node-2) run on node-1, a copy asked of
 /// node-0 is made there, and a session mounting volumes of two nodes is refused.
 async fn volumes_are_served_where_their_data_is(nodes: &[Daemon], db: &TestDatabase) {
-    let node_of = |id: &str| db.query(&format!("SELECT node_id FROM sessions WHERE id = '{id}'"));
     let volume_node = |name: &str| {
         db.query(&format!(
             "SELECT node_id FROM volumes WHERE name = '{name}'"
@@ -575,18 +548,12 @@ async fn volumes_are_served_where_their_data_is(nodes: &[Daemon], db: &TestDatab
     let id = nodes[2]
         .create(json!({"volumes": [{"name": "vol-a", "path": "/data"}]}))
         .await;
-    assert_eq!(node_of(&id), "node-1");
+    assert_eq!(node_of(db, &id), "node-1");
     let v = nodes[0]
         .exec(&id, json!({"cmd": ["/bin/cat", "/data/kept.txt"]}))
         .await;
     assert_eq!(v["stdout"], "on node-1\n", "{v}");
-    let status = nodes[0]
-        .req(Method::DELETE, &format!("{S}/{id}"), KEY1)
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    delete_session(&nodes[0], &id, KEY1).await;
 
     // E2B's create, and E2B's volume API by id, through other nodes.
     let resp = nodes[2]
@@ -602,7 +569,7 @@ async fn volumes_are_served_where_their_data_is(nodes: &[Daemon], db: &TestDatab
         .as_str()
         .unwrap()
         .to_string();
-    assert_eq!(node_of(&id), "node-1");
+    assert_eq!(node_of(db, &id), "node-1");
     let resp = nodes[0]
         .http
         .get(format!("{}/volumes/{volume_id}", nodes[0].base))
@@ -611,13 +578,7 @@ async fn volumes_are_served_where_their_data_is(nodes: &[Daemon], db: &TestDatab
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
-    let status = nodes[2]
-        .req(Method::DELETE, &format!("{S}/{id}"), KEY1)
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    delete_session(&nodes[2], &id, KEY1).await;
 
     // A copy asked of node-0 is made where its source is; a volume made on node-2 and vol-a
     // cannot be mounted together.
@@ -825,6 +786,22 @@ async fn e2b_lists(d: &Daemon, template: &str) -> bool {
         .unwrap()
         .iter()
         .any(|t| t["templateID"] == template)
+}
+
+/// The node the store records session `id` on.
+fn node_of(db: &TestDatabase, id: &str) -> String {
+    db.query(&format!("SELECT node_id FROM sessions WHERE id = '{id}'"))
+}
+
+/// Deletes session `id` (of the tenant of `key`) through `d`.
+async fn delete_session(d: &Daemon, id: &str, key: &str) {
+    let status = d
+        .req(Method::DELETE, &format!("{S}/{id}"), key)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::NO_CONTENT, "{id}");
 }
 
 /// (id, state) of the sessions the tenant of `key` lists.

@@ -179,7 +179,7 @@ impl Manager {
         let Some(me) = self.cfg.node_id.as_deref() else {
             return Ok(None);
         };
-        let mut home: Option<String> = None;
+        let mut homes = Vec::new();
         for key in keys {
             let record = match self.store.get_volume(key).await? {
                 Some(found) => Some(found),
@@ -188,29 +188,13 @@ impl Manager {
                     None => None,
                 },
             };
-            let Some(node) = record.and_then(|v| v.node_id) else {
-                continue;
-            };
-            match &home {
-                Some(other) if *other != node => {
-                    return Err(Error::Conflict(format!(
-                        "the volumes live on two nodes ({other} and {node}): a session mounts \
-                         volumes of one node"
-                    )))
-                }
-                _ => home = Some(node),
-            }
+            homes.extend(record.and_then(|v| v.node_id));
         }
-        let Some(home) = home.filter(|h| h != me) else {
+        if homes.iter().all(|h| h == me) {
             return Ok(None);
-        };
-        let nodes = self.store.list_nodes().await?;
-        match nodes.iter().find(|n| n.info.id == home) {
-            Some(n) if n.state == NodeState::Up => Ok(Some(Peer::of(n))),
-            _ => Err(Error::NodeUnreachable(format!(
-                "the volume's data lives on node {home}, which is not up"
-            ))),
         }
+        let nodes = self.store.list_nodes().await?;
+        Ok(volumes_home(me, &nodes, &homes)?.map(Peer::of))
     }
 
     /// The node that runs the cluster's image builds: the up node with the smallest id, so
@@ -322,6 +306,33 @@ pub(super) async fn layer_grace(
     Ok(others.then(|| now - SHARED_LAYER_GRACE))
 }
 
+/// The node among `nodes` holding volumes whose data lives on `homes` (node ids): see
+/// [`Manager::volumes_owner`]. `None` for this node `me`.
+fn volumes_home<'a>(
+    me: &str,
+    nodes: &'a [NodeRecord],
+    homes: &[String],
+) -> Result<Option<&'a NodeRecord>, Error> {
+    let Some(home) = homes.first() else {
+        return Ok(None);
+    };
+    if let Some(other) = homes.iter().find(|h| *h != home) {
+        return Err(Error::Conflict(format!(
+            "the volumes live on two nodes ({home} and {other}): a session mounts volumes of \
+             one node"
+        )));
+    }
+    if home == me {
+        return Ok(None);
+    }
+    match nodes.iter().find(|n| n.info.id == *home) {
+        Some(n) if n.state == NodeState::Up => Ok(Some(n)),
+        _ => Err(Error::NodeUnreachable(format!(
+            "the volume's data lives on node {home}, which is not up"
+        ))),
+    }
+}
+
 /// The builder among `nodes`: see [`Manager::builder`].
 fn builder_of(nodes: &[NodeRecord]) -> Option<&NodeRecord> {
     nodes
@@ -430,6 +441,32 @@ mod tests {
             warm_here,
             tenant_held: &NO_TENANT,
         }
+    }
+
+    #[test]
+    fn volumes_are_used_where_their_data_is() {
+        let mut nodes = [node("a", 3, &[]), node("b", 3, &[]), node("c", 3, &[])];
+        let homes = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let home = |nodes: &[NodeRecord], ids: &[&str]| {
+            volumes_home("a", nodes, &homes(ids)).map(|n| n.map(|n| n.info.id.clone()))
+        };
+        assert_eq!(home(&nodes, &[]).unwrap(), None, "no volume of a node");
+        assert_eq!(home(&nodes, &["a", "a"]).unwrap(), None, "here");
+        assert_eq!(home(&nodes, &["b", "b"]).unwrap(), Some("b".into()));
+        assert!(matches!(
+            home(&nodes, &["b", "c"]),
+            Err(Error::Conflict(m)) if m.contains("(b and c)")
+        ));
+        assert!(matches!(home(&nodes, &["a", "b"]), Err(Error::Conflict(_))));
+        nodes[1].state = NodeState::Lost;
+        assert!(matches!(
+            home(&nodes, &["b"]),
+            Err(Error::NodeUnreachable(m)) if m.contains("node b")
+        ));
+        assert!(matches!(
+            home(&nodes, &["gone"]),
+            Err(Error::NodeUnreachable(_))
+        ));
     }
 
     #[test]
