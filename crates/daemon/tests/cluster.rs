@@ -733,6 +733,20 @@ async fn builds_run_on_the_builder(nodes: &[Daemon], db: &TestDatabase) {
 
     // node-2 never held it: it lists it, and a sandbox made on it through node-2 gets it.
     assert!(e2b_lists(&nodes[2], "routed").await);
+    // Described alike through the builder and through node-2 (from the manifest shared).
+    let mut described = Vec::new();
+    for d in [&nodes[0], &nodes[2]] {
+        let v: Value = e2b(d, Method::GET, "/templates/routed/tags")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        described.push(v);
+    }
+    assert_eq!(described[0], described[1]);
+    assert_eq!(described[0][0]["tag"], "default", "{}", described[0]);
     let resp = e2b(&nodes[2], Method::POST, "/sandboxes")
         .json(&json!({"templateID": "routed", "allow_internet_access": false}))
         .send()

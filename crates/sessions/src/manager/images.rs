@@ -225,20 +225,31 @@ impl Manager {
             SharedName::Deleted => return Err(not_found(name)),
             SharedName::Points(digest) => digest,
         };
-        if let Ok(image) = self.images.lookup(&digest) {
-            return Ok(image);
-        }
-        let shared = self
-            .store
-            .shared_image(&digest)
+        let mut image = self
+            .image_build(&digest)
             .await?
             .ok_or_else(|| not_found(name))?;
-        Ok(StoredImage {
-            manifest: shared_manifest(&shared.manifest_json)?,
-            names: vec![name.to_string()],
-            // Not on this node: nothing reads a tree through this value.
-            root: std::path::PathBuf::new(),
-        })
+        if image.names.is_empty() {
+            image.names.push(name.to_string());
+        }
+        Ok(image)
+    }
+
+    /// The image build `digest`: this node's, or in a cluster one another node shared (from
+    /// its manifest, with no names: nothing reads a tree through it), to describe it.
+    pub async fn image_build(&self, digest: &str) -> Result<Option<StoredImage>, Error> {
+        if let Some(local) = self.images.store() {
+            if let Some(image) = local.by_digest(digest).map_err(image_error)? {
+                return Ok(Some(image));
+            }
+        }
+        if self.shared.is_none() {
+            return Ok(None);
+        }
+        let Some(shared) = self.store.shared_image(digest).await? else {
+            return Ok(None);
+        };
+        Ok(Some(shared_image(&shared.manifest_json)?))
     }
 
     /// `local` (this node's named images) with their names as the cluster has them: a name
@@ -258,11 +269,7 @@ impl Manager {
             };
             let image = match by_digest.entry(digest.clone()) {
                 Entry::Occupied(found) => found.into_mut(),
-                Entry::Vacant(slot) => slot.insert(StoredImage {
-                    manifest: shared_manifest(manifest)?,
-                    names: Vec::new(),
-                    root: std::path::PathBuf::new(),
-                }),
+                Entry::Vacant(slot) => slot.insert(shared_image(manifest)?),
             };
             image.names.push(name.clone());
         }
@@ -326,7 +333,14 @@ fn not_found(name: &str) -> Error {
     Error::ImageNotFound(format!("image {name:?} not found"))
 }
 
-/// A shared build's manifest, as the node that archived it recorded it.
-fn shared_manifest(json: &str) -> Result<Manifest, Error> {
-    serde_json::from_str(json).map_err(|e| Error::Internal(format!("shared image manifest: {e}")))
+/// A build another node shared, described by its manifest as that node recorded it: no
+/// names, and no tree on this node (nothing reads one through this value).
+fn shared_image(manifest: &str) -> Result<StoredImage, Error> {
+    let manifest: Manifest = serde_json::from_str(manifest)
+        .map_err(|e| Error::Internal(format!("shared image manifest: {e}")))?;
+    Ok(StoredImage {
+        manifest,
+        names: Vec::new(),
+        root: std::path::PathBuf::new(),
+    })
 }

@@ -719,18 +719,12 @@ async fn tags(
     if tags.is_empty() {
         return Err(not_found(&template));
     }
-    let store = store(&e2b)?;
-    let out: Vec<Value> = tags
-        .iter()
-        .map(|(tag, digest)| {
-            let created = store
-                .by_digest(digest)
-                .ok()
-                .flatten()
-                .map_or_else(Utc::now, |i| i.manifest.created_at);
-            json!({"tag": tag, "buildID": build_id_of(digest), "createdAt": time(created)})
-        })
-        .collect();
+    let mut out = Vec::with_capacity(tags.len());
+    for (tag, digest) in &tags {
+        let built = e2b.manager().image_build(digest).await?;
+        let created = built.map_or_else(Utc::now, |i| i.manifest.created_at);
+        out.push(json!({"tag": tag, "buildID": build_id_of(digest), "createdAt": time(created)}));
+    }
     Ok(axum::Json(Value::Array(out)))
 }
 
@@ -841,7 +835,7 @@ async fn list(
         .iter()
         .map(|(t, _)| template_json(t, true, &[], None))
         .collect();
-    if let Ok(store) = store(&e2b) {
+    if store(&e2b).is_ok() {
         let prefix = tenant_prefix(&e2b, &who);
         let names = e2b.manager().image_names_with_prefix(&prefix).await?;
         let mut by_template: std::collections::BTreeMap<String, Vec<(String, String)>> =
@@ -855,7 +849,7 @@ async fn list(
             }
         }
         for (template, tags) in by_template {
-            let image = store.by_digest(&tags[0].1).ok().flatten();
+            let image = e2b.manager().image_build(&tags[0].1).await?;
             out.push(template_json(&template, false, &tags, image.as_ref()));
         }
     }
