@@ -413,19 +413,6 @@ async fn images_are_shared_between_nodes(nodes: &[Daemon], db: &TestDatabase) {
             false,
         )
     };
-    let hello = |id: String| async move {
-        let resp = nodes[1]
-            .req(
-                Method::GET,
-                &format!("{S}/{id}/files?path=/opt/hello.txt"),
-                KEY1,
-            )
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), StatusCode::OK);
-        resp.text().await.unwrap()
-    };
     for (via, content) in [(0, "one\n"), (2, "two\n")] {
         let resp = nodes[via]
             .req(
@@ -450,7 +437,7 @@ async fn images_are_shared_between_nodes(nodes: &[Daemon], db: &TestDatabase) {
         );
         let id = nodes[1].create(json!({"image": "shared-app"})).await;
         assert_eq!(node_of(db, &id), "node-1");
-        assert_eq!(hello(id.clone()).await, content);
+        assert_eq!(hello_of(&nodes[1], &id).await, content);
         delete_session(&nodes[1], &id, KEY1).await;
     }
     assert_eq!(
@@ -757,16 +744,7 @@ async fn builds_run_on_the_builder(nodes: &[Daemon], db: &TestDatabase) {
         .as_str()
         .unwrap()
         .to_string();
-    let resp = nodes[1]
-        .req(
-            Method::GET,
-            &format!("{S}/{id}/files?path=/opt/hello.txt"),
-            KEY1,
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.text().await.unwrap(), "two\n");
+    assert_eq!(hello_of(&nodes[1], &id).await, "two\n");
     let status = e2b(&nodes[1], Method::DELETE, &format!("/sandboxes/{id}"))
         .send()
         .await
@@ -800,6 +778,21 @@ async fn e2b_lists(d: &Daemon, template: &str) -> bool {
         .unwrap()
         .iter()
         .any(|t| t["templateID"] == template)
+}
+
+/// `/opt/hello.txt` of session `id`, read through `d`.
+async fn hello_of(d: &Daemon, id: &str) -> String {
+    let resp = d
+        .req(
+            Method::GET,
+            &format!("{S}/{id}/files?path=/opt/hello.txt"),
+            KEY1,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    resp.text().await.unwrap()
 }
 
 /// The node the store records session `id` on.
