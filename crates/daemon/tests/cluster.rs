@@ -510,14 +510,7 @@ async fn volumes_are_served_where_their_data_is(nodes: &[Daemon], db: &TestDatab
             "SELECT node_id FROM volumes WHERE name = '{name}'"
         ))
     };
-    let (status, v) = nodes[1]
-        .json(
-            Method::POST,
-            "/v1/sandbox/volumes",
-            json!({"name": "vol-a"}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let v = create_volume(&nodes[1], json!({"name": "vol-a"})).await;
     let volume_id = v["volume_id"].as_str().unwrap().to_string();
     assert_eq!(volume_node("vol-a"), "node-1");
     let resp = nodes[2]
@@ -569,23 +562,9 @@ async fn volumes_are_served_where_their_data_is(nodes: &[Daemon], db: &TestDatab
 
     // A copy asked of node-0 is made where its source is; a volume made on node-2 and vol-a
     // cannot be mounted together.
-    let (status, v) = nodes[0]
-        .json(
-            Method::POST,
-            "/v1/sandbox/volumes",
-            json!({"name": "vol-b", "from_volume": "vol-a"}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{v}");
+    create_volume(&nodes[0], json!({"name": "vol-b", "from_volume": "vol-a"})).await;
     assert_eq!(volume_node("vol-b"), "node-1");
-    let (status, v) = nodes[2]
-        .json(
-            Method::POST,
-            "/v1/sandbox/volumes",
-            json!({"name": "vol-c"}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{v}");
+    create_volume(&nodes[2], json!({"name": "vol-c"})).await;
     assert_eq!(volume_node("vol-c"), "node-2");
     let (status, v) = nodes[0]
         .json(
@@ -793,6 +772,13 @@ async fn hello_of(d: &Daemon, id: &str) -> String {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     resp.text().await.unwrap()
+}
+
+/// Creates a volume through `d`; its answer.
+async fn create_volume(d: &Daemon, body: Value) -> Value {
+    let (status, v) = d.json(Method::POST, "/v1/sandbox/volumes", body).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    v
 }
 
 /// The node the store records session `id` on.

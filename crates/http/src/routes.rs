@@ -22,7 +22,7 @@ type ApiResult<T> = Result<T, ApiError>;
     request_body = CreateSession,
     responses((status = 201, body = Session), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
               (status = 404, body = ErrorBody, description = "`from_snapshot` names no snapshot of this tenant"),
-              (status = 409, body = ErrorBody, description = "SANDBOX-VOLUME-BUSY: a volume asked for read-write is mounted read-write by another session"),
+              (status = 409, body = ErrorBody, description = "SANDBOX-VOLUME-BUSY: a volume asked for read-write is mounted read-write by another session; SANDBOX-CONFLICT: in a cluster, the volumes asked for live on two nodes"),
               (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
               (status = 429, body = ErrorBody),
               (status = 501, body = ErrorBody, description = "volumes asked for on a Firecracker microVM (no file-share device), or on a server without volumes"),

@@ -2,7 +2,7 @@
 //! running or paused session, a create in flight or a warm pool uses is not deleted).
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use koder_api_types::{Image, ImageList};
 use koder_auth::Identity;
@@ -43,7 +43,7 @@ impl Manager {
         if self.shared.is_none() {
             return Ok(local);
         }
-        let mut names: std::collections::BTreeMap<String, Option<String>> = local
+        let mut names: BTreeMap<String, Option<String>> = local
             .into_iter()
             .map(|(name, digest)| (name, Some(digest)))
             .collect();
