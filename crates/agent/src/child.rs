@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{mpsc, OnceLock};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
 use koder_agent_protocol::init::MAX_WORKLOAD_CGROUP_FDS;
@@ -177,9 +177,10 @@ pub(crate) struct Plan {
     argv: Vec<CString>,
     env: Vec<CString>,
     cwd: CString,
-    /// The account it runs as (default: the agent's own).
+    /// The account it runs as (default: the agent's own) and, with an account, its groups.
     uid: Option<u32>,
     gid: Option<u32>,
+    groups: Arc<[libc::gid_t]>,
     /// A pipe for its stdin; without, it reads end-of-file from /dev/null.
     stdin_pipe: bool,
 }
@@ -223,6 +224,7 @@ impl Plan {
             cwd: c(cwd)?,
             uid: None,
             gid: None,
+            groups: Arc::new([]),
             stdin_pipe: true,
         })
     }
@@ -235,10 +237,17 @@ impl Plan {
         self
     }
 
-    /// Runs the program as `uid`/`gid` (each `None`: the agent's own).
-    pub(crate) fn run_as(mut self, uid: Option<u32>, gid: Option<u32>) -> Self {
+    /// Runs the program as `uid`/`gid` (each `None`: the agent's own), in `groups` (its
+    /// supplementary groups, taken with a `uid` only).
+    pub(crate) fn run_as(
+        mut self,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        groups: Arc<[libc::gid_t]>,
+    ) -> Self {
         self.uid = uid;
         self.gid = gid;
+        self.groups = groups;
         self
     }
 }
@@ -265,6 +274,7 @@ struct ChildArgs {
     envp: *const *const libc::c_char,
     uid: Option<u32>,
     gid: Option<u32>,
+    groups: *const [libc::gid_t],
     /// [`signals_to_reset`].
     reset_signals: &'static [libc::c_int],
     /// Whether the child joins the workload's groups (not when the spawner thread, which is
@@ -366,6 +376,7 @@ fn clone_child(plan: &Plan, join: bool) -> Cloned {
         envp: envp.as_ptr(),
         uid: plan.uid,
         gid: plan.gid,
+        groups: &raw const *plan.groups,
         reset_signals: signals_to_reset(),
         join,
         errno: AtomicI32::new(0),
@@ -490,7 +501,7 @@ unsafe fn child_steps(args: &ChildArgs) -> libc::c_int {
                 return errno();
             }
         }
-        if let Err(e) = switch_account(args.uid, args.gid) {
+        if let Err(e) = switch_account(args.uid, args.gid, &*args.groups) {
             return e;
         }
         // After the switch, as std does: the directory must be the account's to enter.
@@ -507,15 +518,20 @@ unsafe fn child_steps(args: &ChildArgs) -> libc::c_int {
     }
 }
 
-/// Becomes `gid` and `uid` as std's `Command::gid`/`uid` would (a root caller drops its
-/// supplementary groups first), by raw syscalls: libc's wrappers would make every thread of
-/// the agent, whose memory this child shares, switch too (glibc's set*id broadcast).
+/// Becomes `gid` and `uid` as a login does (a root caller takes `groups` as the supplementary
+/// groups first, where std's `Command::uid` would drop them all), by raw syscalls: libc's
+/// wrappers would make every thread of the agent, whose memory a `vfork_spawn` child shares,
+/// switch too (glibc's set*id broadcast).
 ///
 /// # Safety
-/// Only in the child of `vfork_spawn`.
-unsafe fn switch_account(uid: Option<u32>, gid: Option<u32>) -> Result<(), libc::c_int> {
+/// Only in a child between its clone or fork and its exec.
+pub(crate) unsafe fn switch_account(
+    uid: Option<u32>,
+    gid: Option<u32>,
+    groups: &[libc::gid_t],
+) -> Result<(), libc::c_int> {
     let check = |ret: libc::c_long| if ret < 0 { Err(errno()) } else { Ok(()) };
-    // SAFETY: set*id and getuid syscalls on plain integers; setgroups with no list.
+    // SAFETY: set*id and getuid syscalls on plain integers; setgroups reads `groups`.
     unsafe {
         if let Some(gid) = gid {
             check(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
@@ -524,8 +540,8 @@ unsafe fn switch_account(uid: Option<u32>, gid: Option<u32>) -> Result<(), libc:
             if libc::syscall(libc::SYS_getuid) == 0 {
                 check(libc::syscall(
                     libc::SYS_setgroups,
-                    0,
-                    std::ptr::null::<libc::gid_t>(),
+                    groups.len(),
+                    groups.as_ptr(),
                 ))?;
             }
             check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;

@@ -9,7 +9,7 @@
 //!   file watches, port relays and the egress proxy.
 //!
 //! What both phases share lives in leaf modules that import neither: the pre-exec step and
-//! workload cgroup ([`child`]), the boot error, what the walls put in force ([`confinement`]),
+//! workload cgroup ([`child`]), the sandbox's accounts ([`accounts`]), the boot error, what the walls put in force ([`confinement`]),
 //! the guest cgroup, the per-stream outbox and a lock helper; [`serial`] is the microVM guest's
 //! agent channel on a virtio-serial port.
 //!
@@ -17,6 +17,7 @@
 //! agent's sudo service (`serve::sudo`) to run a command as another sandbox account; its
 //! [`sudo::wire`] is all the service and the command share.
 
+mod accounts;
 pub mod boot;
 pub mod child;
 pub mod confinement;

@@ -494,7 +494,9 @@ async fn a_warm_pool_on_a_template_starts_and_readies_before_hand_out() {
 async fn an_images_user_may_be_an_account_a_step_adds() {
     let Some(()) = root_or_skip() else { return };
     let d = template_daemon().await;
-    let spec = "base = \"python\"\nrun = [\"useradd -m -d /srv/app app\"]\nuser = \"app\"\n\
+    let spec = "base = \"python\"\nrun = [\"useradd -m -d /srv/app app\", \
+                \"groupadd -g 2345 devs && usermod -aG devs app && install -d -m 0770 -g devs /srv/shared\"]\n\
+                user = \"app\"\n\
                 start = \"whoami > /tmp/started-by; echo $HOME >> /tmp/started-by\"\n";
     let (_, built, log) = build(&d, "acct", ADMIN, spec).await;
     assert_eq!(built["state"], "succeeded", "{built}\n{}", log.join("\n"));
@@ -512,6 +514,29 @@ async fn an_images_user_may_be_an_account_a_step_adds() {
         Some("app"),
         "{r}"
     );
+    // Its supplementary groups, as a login gives them: a directory of one is its to write,
+    // through an exec and through the agent's sudo alike.
+    let r = d
+        .exec(
+            &id,
+            json!({"shell": "id -Gn; touch /srv/shared/mine && echo wrote", "user": "app"}),
+        )
+        .await;
+    assert_eq!(r["stdout"], "app devs\nwrote\n", "{r}");
+    let r = d
+        .exec(
+            &id,
+            json!({"shell": "sudo -u app sh -c 'id -Gn; touch /srv/shared/too && echo wrote'"}),
+        )
+        .await;
+    assert_eq!(r["stdout"], "app devs\nwrote\n", "{r}");
+    // Groups the sandbox changes count from its next process on; one it cannot map is left
+    // out rather than failing the process.
+    d.exec(&id, json!({"shell": "groupadd -g 2346 late && usermod -aG late app && echo 'far:x:99999:app' >> /etc/group"}))
+        .await;
+    let r = d.exec(&id, json!({"shell": "id -G", "user": "app"})).await;
+    let gid = sh(&d, &id, "id -g app").await;
+    assert_eq!(r["stdout"], format!("{} 2345 2346\n", gid.trim()), "{r}");
 
     let ghost = "base = \"python\"\nrun = [\"true\"]\nuser = \"ghost\"\n";
     let (_, failed, _) = build(&d, "ghost", ADMIN, ghost).await;

@@ -21,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
+use super::groups::Groups;
 use crate::child;
 use crate::outbox::Outbox;
 
@@ -292,7 +293,8 @@ fn spawn(
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     let started = child::Plan::new(&req.argv, &env, cwd).and_then(|plan| {
-        let plan = plan.run_as(req.uid, req.gid);
+        let groups = supplementary(req.uid, req.gid);
+        let plan = plan.run_as(req.uid, req.gid, groups);
         let plan = match sends_stdin(req) {
             true => plan,
             false => plan.without_stdin(),
@@ -439,14 +441,46 @@ pub(crate) fn kill_group(pgid: i32, sig: i32) {
     }
 }
 
-/// The sandbox account a child runs as (default: the sandbox's root); shared by execs and PTYs.
-pub(super) fn run_as(cmd: &mut Command, uid: Option<u32>, gid: Option<u32>) {
-    if let Some(gid) = gid {
-        cmd.gid(gid);
+/// The supplementary groups of a child run as `uid`: none when it runs as the agent does.
+fn supplementary(uid: Option<u32>, gid: Option<u32>) -> Arc<[libc::gid_t]> {
+    match uid {
+        Some(uid) => Groups::sandbox().of(uid, gid.unwrap_or(0)),
+        None => Arc::new([]),
     }
-    if let Some(uid) = uid {
-        cmd.uid(uid);
+}
+
+/// The sandbox account a `Command`'s child runs as (default: the sandbox's root) and its
+/// working directory `cwd`, entered as that account; shared by PTYs and sudo. The switch is
+/// the child's own (std's `Command::uid` would drop the account's supplementary groups), so
+/// is the `chdir` after it: the directory must be the account's to enter.
+pub(super) fn run_as(
+    cmd: &mut Command,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    cwd: &str,
+) -> std::io::Result<()> {
+    if uid.is_none() {
+        cmd.current_dir(cwd);
+        if let Some(gid) = gid {
+            cmd.gid(gid);
+        }
+        return Ok(());
     }
+    let groups = supplementary(uid, gid);
+    let cwd = std::ffi::CString::new(cwd)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: between fork and exec: raw set*id syscalls on prepared data, and chdir on a
+    // prepared C string; nothing allocates.
+    unsafe {
+        cmd.pre_exec(move || {
+            child::switch_account(uid, gid, &groups).map_err(std::io::Error::from_raw_os_error)?;
+            if libc::chdir(cwd.as_ptr()) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
 }
 
 /// Starts `cmd` in a session of its own (a PTY's shell, a sudo command); with `terminal`, its

@@ -4,6 +4,7 @@
 mod egress;
 pub mod exec;
 pub mod fs;
+mod groups;
 pub mod interp;
 mod killall;
 mod layer;

@@ -156,11 +156,16 @@ fn start(
         .envs(defaults.env.iter().map(|(k, v)| (k, v)))
         .env("TERM", "xterm-256color")
         .envs(req.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(req.cwd.as_deref().unwrap_or(&defaults.workdir))
         .stdin(io(&slave)?)
         .stdout(io(&slave)?)
         .stderr(io(&slave)?);
-    super::exec::run_as(&mut cmd, req.uid, req.gid);
+    let cwd = req.cwd.as_deref().unwrap_or(&defaults.workdir);
+    super::exec::run_as(&mut cmd, req.uid, req.gid, cwd).map_err(|e| {
+        AgentError::new(
+            ErrorCode::SpawnFailed,
+            format!("working directory {cwd:?}: {e}"),
+        )
+    })?;
     super::exec::in_own_session(&mut cmd, true);
     let (child, exit_rx) = reaper.spawn(&mut cmd).map_err(|e| {
         AgentError::new(

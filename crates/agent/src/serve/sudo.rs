@@ -224,11 +224,10 @@ fn spawn(
         .args(&req.argv[1..])
         .env_clear()
         .envs(req.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&req.cwd)
         .stdin(next())
         .stdout(next())
         .stderr(next());
-    super::exec::run_as(&mut cmd, Some(req.uid), Some(req.gid));
+    super::exec::run_as(&mut cmd, Some(req.uid), Some(req.gid), &req.cwd)?;
     super::exec::in_own_session(&mut cmd, req.terminal);
     let (child, exit) = reaper.spawn(&mut cmd)?;
     let pid = child.id() as i32;

@@ -9,14 +9,13 @@
 //! environment reset to sudo's defaults, exit status and signals. Everything is decided here,
 //! in the caller's process; the service only checks the request is well formed and spawns.
 
-mod account;
 mod client;
 mod options;
 pub mod wire;
 
 use std::collections::BTreeMap;
 
-use account::{account_of, find_account, find_group, Account};
+use crate::accounts::{account_of, find_account, find_group, Account};
 use options::{shell_command, Mode, Options, Preserve, UsageError};
 use wire::Request;
 
