@@ -33,6 +33,10 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 /// ...every this long, and the connection is closed after this many go unanswered.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 const KEEPALIVE_PROBES: u32 = 3;
+/// How long what this node sent to another may go unacknowledged (a request, or a keepalive
+/// probe) before the connection is given up: a node whose host vanished mid-request is a
+/// typed 502 within this, not after TCP's retransmissions (~15 minutes).
+const USER_TIMEOUT: Duration = Duration::from_secs(15);
 /// An HTTP/2 connection another node stops answering pings on is closed after this.
 const PING_EVERY: Duration = Duration::from_secs(10);
 
@@ -56,6 +60,7 @@ impl Pools {
         connector.set_keepalive(Some(KEEPALIVE_IDLE));
         connector.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
         connector.set_keepalive_retries(Some(KEEPALIVE_PROBES));
+        connector.set_tcp_user_timeout(Some(USER_TIMEOUT));
         let builder = || {
             let mut b = Client::builder(TokioExecutor::new());
             b.pool_timer(TokioTimer::new())
@@ -134,13 +139,24 @@ pub(crate) fn authority_of(address: &str) -> Result<String, &'static str> {
 }
 
 /// A connection of its own to another node, bounded by the connect timeout, for a gRPC
-/// stream (see `grpc::send`); Nagle off, as the pools' are.
+/// stream (see `grpc::send`), with the pools' socket options: Nagle off, and keepalive and
+/// the user timeout, without which a stream quiet for a while (an exec waiting on its
+/// program) to a host that vanished would wait forever.
 pub(crate) async fn dial(authority: &str) -> Result<tokio::net::TcpStream, String> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(authority))
         .await
         .map_err(|_| "connect timed out".to_string())?
         .map_err(|e| e.to_string())?;
-    let _ = stream.set_nodelay(true);
+    let socket = socket2::SockRef::from(&stream);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    socket
+        .set_tcp_nodelay(true)
+        .and_then(|()| socket.set_tcp_keepalive(&keepalive))
+        .and_then(|()| socket.set_tcp_user_timeout(Some(USER_TIMEOUT)))
+        .map_err(|e| format!("socket options: {e}"))?;
     Ok(stream)
 }
 
@@ -320,6 +336,52 @@ mod tests {
         // Idle in the pool, the connection waits on its keepalive timer.
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert_eq!(timer_of(port), Some(2));
+    }
+
+    /// (keepalive idle time, user timeout) of this process's connections to `port`.
+    fn options_of_connections_to(port: u16) -> Vec<(Duration, Option<Duration>)> {
+        use std::os::fd::BorrowedFd;
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+            let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            // SAFETY: only borrowed while this test's own descriptors stay open; one closed
+            // meanwhile fails the calls below, which skip it.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            let socket = socket2::SockRef::from(&fd);
+            let to_port = socket
+                .peer_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .map(|a| a.port());
+            if to_port == Some(port) {
+                found.push((
+                    socket.tcp_keepalive_time().unwrap(),
+                    socket.tcp_user_timeout().unwrap(),
+                ));
+            }
+        }
+        found
+    }
+
+    #[tokio::test]
+    async fn connections_to_nodes_give_up_on_a_silent_host() {
+        let (address, _) = echo_node().await;
+        let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
+        let pools = Pools::new();
+        let req = Request::post("/echo").body(Body::from("x")).unwrap();
+        let resp = forwarded(&pools, &address, req).await.unwrap();
+        axum::body::to_bytes(resp.into_body(), 64).await.unwrap();
+        let stream = dial(authority_of(&address).unwrap().as_str())
+            .await
+            .unwrap();
+        assert!(stream.nodelay().unwrap());
+        // The kept connection and the gRPC stream's own.
+        assert_eq!(
+            options_of_connections_to(port),
+            [(KEEPALIVE_IDLE, Some(USER_TIMEOUT)); 2]
+        );
     }
 
     #[tokio::test]
