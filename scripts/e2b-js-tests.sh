@@ -27,7 +27,8 @@ fi
 ln -sfn "$modules/node_modules" tests/e2b-js/node_modules
 
 # The "internet" of the network and secrets tests: a namespace of this run's own behind a veth
-# pair, running a server that echoes the Authorization it got (never any outside address).
+# pair, running a server that echoes the Authorization it got, or at /h its SHA-256 and the
+# X-Team header (never any outside address).
 ns="kjs$$"
 veth="kjv$$"
 net="10.250.$(($$ % 250))"
@@ -45,10 +46,14 @@ ip -n "$ns" addr add "$net.2/30" dev "kjp$$"
 ip -n "$ns" link set "kjp$$" up
 ip -n "$ns" link set lo up
 ip netns exec "$ns" /usr/bin/python3 -c '
-import http.server
+import hashlib, http.server
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = ("seen:" + (self.headers.get("authorization") or "")).encode()
+        auth = self.headers.get("authorization") or ""
+        if self.path == "/h":
+            body = (hashlib.sha256(auth.encode()).hexdigest() + " team:" + (self.headers.get("x-team") or "")).encode()
+        else:
+            body = ("seen:" + auth).encode()
         self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers(); self.wfile.write(body)
     def log_message(self, *a): pass
 http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()

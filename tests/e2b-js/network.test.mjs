@@ -1,9 +1,10 @@
 // Egress from the JavaScript SDK: network rules on create and changed on a running sandbox,
-// and a secret injected at egress for its host only. The upstream is a server in a network
+// a secret injected at egress for its host only, and E2B's header rules with its secrets. The upstream is a server in a network
 // namespace scripts/e2b-js-tests.sh creates (KODER_TEST_NET); nothing leaves the host.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { Sandbox } from 'e2b'
+import { createHash } from 'node:crypto'
+import { Sandbox, Secret } from 'e2b'
 import { sandbox, PY } from './common.mjs'
 
 const ip = process.env.KODER_TEST_NET
@@ -67,5 +68,44 @@ test('a secret reaches its host only, the sandbox sees a placeholder', async () 
   } finally {
     await sbx.kill()
     await fetch(`${api}/v1/sandbox/secrets/JS_TOKEN`, { method: 'DELETE', headers: auth })
+  }
+})
+
+test('header rules set headers at egress, with E2B secrets the sandbox never sees', async () => {
+  const name = `js-rule-${process.pid}`
+  const value = `sk-${process.pid * 13 + 7}-value`
+  await Secret.create(name, value)
+  const sha = (s) => createHash('sha256').update(s).digest('hex')
+  const ruled = (team) => ({
+    'api.test': [
+      { transform: { headers: { Authorization: `Bearer ${Secret.fill(name)}` } } },
+      { transform: { headers: { 'X-Team': team } } },
+    ],
+  })
+  const lists = { allowOut: ['api.test', ip], denyOut: ['0.0.0.0/0'] }
+  try {
+    const sbx = await sandbox({ network: { ...lists, rules: ruled('a') } })
+    // The ruled host got the value and the header; the same server by address got neither.
+    assert.equal(await get(sbx, 'http://api.test:8080/h'), `${sha(`Bearer ${value}`)} team:a`)
+    assert.equal(await get(sbx, `http://${ip}:8080/h`), `${sha('')} team:`)
+    assert.ok(!(await sbx.commands.run('env')).stdout.includes(value))
+    // An update replaces the rules, and they last a pause.
+    await sbx.updateNetwork({ ...lists, rules: ruled('b') })
+    assert.equal(await get(sbx, 'http://api.test:8080/h'), `${sha(`Bearer ${value}`)} team:b`)
+    assert.equal(await sbx.pause(), true)
+    const back = await Sandbox.connect(sbx.sandboxId)
+    assert.equal(await get(back, 'http://api.test:8080/h'), `${sha(`Bearer ${value}`)} team:b`)
+    // An update without rules clears them.
+    await back.updateNetwork(lists)
+    assert.equal(await get(back, 'http://api.test:8080/h'), `${sha('')} team:`)
+    // A rule naming a secret the team lacks, or a header that frames the request, is refused.
+    for (const headers of [{ A: Secret.fill('no-such-secret') }, { 'Content-Length': '0' }]) {
+      await assert.rejects(
+        Sandbox.create({ network: { ...lists, rules: { 'api.test': [{ transform: { headers } }] } } }),
+        /400: network\.rules/,
+      )
+    }
+  } finally {
+    await Secret.destroy(name)
   }
 })

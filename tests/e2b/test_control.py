@@ -166,7 +166,7 @@ def test_unsupported_api_answers_in_e2b_shape(sandbox, api):
     # Listing templates is served (test_templates.py); the legacy build request is not.
     assert isinstance(api.get("/templates").json(), list)
     assert api.post("/templates", json={}).json()["code"] == 501
-    assert api.get("/secrets").json()["code"] == 501
+    assert api.get("/teams").json()["code"] == 501
 
 
 def test_connect_answers_200_running_201_resumed(fresh, api):

@@ -3,7 +3,7 @@
 //! pinned policy, written to the audit log, and (if allowed) dialled from the host and spliced.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -16,7 +16,7 @@ use tokio::sync::Mutex;
 
 use crate::inject;
 use crate::metrics::Metrics;
-use crate::secrets::{Binding, Bindings};
+use crate::secrets::{Dest, SharedBindings};
 use crate::session::Live;
 use crate::Error;
 
@@ -143,7 +143,7 @@ struct Ctx {
     tenant_id: String,
     session_id: String,
     /// Set once the session is recorded (before any of its code runs).
-    secrets: Arc<OnceLock<Bindings>>,
+    secrets: SharedBindings,
 }
 
 impl Ctx {
@@ -205,13 +205,14 @@ async fn serve(
                 )
                 .await;
                 if d.allowed {
-                    let bound = match (ctx.secrets.get(), &name) {
+                    let bindings = ctx.secrets.read().clone();
+                    let dest = match (bindings, &name) {
                         (Some(b), Some(n)) => b.for_dest(ip, port, Some(n), &ctx.cfg).await,
-                        _ => Vec::new(),
+                        _ => Dest::default(),
                     };
-                    let inject = name.filter(|_| !bound.is_empty()).map(|host| Inject {
+                    let inject = name.filter(|_| !dest.is_empty()).map(|host| Inject {
                         host,
-                        bound,
+                        dest,
                         tls: tls_hello,
                     });
                     tokio::spawn(dial(
@@ -255,11 +256,11 @@ async fn serve(
     }
 }
 
-/// A connection to a secret's host: the name it named, the secrets bound there, and whether
-/// it speaks TLS (it sent a ClientHello naming the host).
+/// A connection to a secret's host (or a host of a header rule): the name it named, what its
+/// requests get, and whether it speaks TLS (it sent a ClientHello naming the host).
 struct Inject {
     host: String,
-    bound: Vec<Arc<Binding>>,
+    dest: Dest,
     tls: bool,
 }
 
@@ -313,11 +314,11 @@ async fn inject_into(
     sandbox: tokio::io::DuplexStream,
     tcp: TcpStream,
 ) {
-    let Inject { host, bound, tls } = inject;
+    let Inject { host, dest, tls } = inject;
     let audit_ctx = ctx.clone();
     let audit_host = host.clone();
     let applied = move |names: Vec<String>| {
-        let reason = format!("secret {} applied to the request headers", names.join(", "));
+        let reason = format!("applied to the request headers: {}", names.join(", "));
         tokio::spawn(async move {
             audit_ctx
                 .audit(
@@ -332,13 +333,14 @@ async fn inject_into(
         });
     };
     if !tls {
-        return inject::pump(sandbox, tcp, host, bound, applied).await;
+        return inject::pump(sandbox, tcp, host, dest, applied).await;
     }
-    let Some(ca) = ctx.secrets.get().and_then(|b| b.1.clone()) else {
+    let ca = ctx.secrets.read().as_ref().and_then(|b| b.ca.clone());
+    let Some(ca) = ca else {
         return;
     };
     match ca.intercept(sandbox, tcp, &host).await {
-        Ok((sandbox, upstream)) => inject::pump(sandbox, upstream, host, bound, applied).await,
+        Ok((sandbox, upstream)) => inject::pump(sandbox, upstream, host, dest, applied).await,
         Err(e) => {
             let why = e.to_string();
             ctx.audit(

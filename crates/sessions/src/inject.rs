@@ -1,26 +1,30 @@
-//! Secret injection on a plain-HTTP egress connection to a secret's hosts: the first request
-//! head gets each placeholder replaced by its value (headers only, never the body) and
-//! `Connection: close` (so every request that needs a secret comes on a connection of its
-//! own, decided and injected afresh); whatever the upstream sends back has each value masked
-//! by its placeholder, cut or repeated to the value's length so lengths and framing hold.
+//! Secret injection on a plain-HTTP egress connection to a secret's hosts (or a host an E2B
+//! header rule names): the first request head gets the rule's headers set (in place of the
+//! request's own of those names) and each placeholder replaced by its value (headers only,
+//! never the body) and `Connection: close` (so every request that needs a secret comes on a
+//! connection of its own, decided and injected afresh); whatever the upstream sends back has
+//! each value masked by its placeholder, cut or repeated to the value's length so lengths and
+//! framing hold.
 
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::secrets::Binding;
+use crate::secrets::{Binding, Dest};
 
 /// Largest request head looked at; a longer one passes untouched.
 const MAX_HEAD: usize = 64 * 1024;
 const CHUNK: usize = 16 * 1024;
 
-/// The request head with its placeholders replaced, and the names of the secrets applied;
-/// `None` when `head` is not an HTTP/1 request head for `host`.
-pub(crate) fn rewrite_head(
-    head: &[u8],
-    host: &str,
-    bound: &[Arc<Binding>],
-) -> Option<(Vec<u8>, Vec<String>)> {
+/// The request head with `headers` set and its placeholders replaced, and what was applied
+/// (`secret <name>`, `header <name>`); `None` when `head` is not an HTTP/1 request head for
+/// `host`.
+pub(crate) fn rewrite_head(head: &[u8], host: &str, dest: &Dest) -> Option<(Vec<u8>, Vec<String>)> {
+    let set: Vec<String> = dest
+        .headers
+        .iter()
+        .map(|(k, _)| k.to_ascii_lowercase())
+        .collect();
     let text = std::str::from_utf8(head).ok()?;
     let body = text.strip_suffix("\r\n\r\n")?;
     let mut lines = body.split("\r\n");
@@ -36,7 +40,7 @@ pub(crate) fn rewrite_head(
     for line in lines {
         let (key, value) = line.split_once(':')?;
         let key_l = key.trim().to_ascii_lowercase();
-        if key_l == "connection" {
+        if key_l == "connection" || set.contains(&key_l) {
             continue;
         }
         if key_l == "host" {
@@ -47,25 +51,38 @@ pub(crate) fn rewrite_head(
             );
             named = bare.eq_ignore_ascii_case(host);
         }
-        let mut value = value.to_string();
-        for b in bound {
-            if value.contains(&b.placeholder) {
-                value = value.replace(&b.placeholder, &b.value);
-                if !applied.contains(&b.name) {
-                    applied.push(b.name.clone());
-                }
-            }
-        }
         out.push_str(key);
         out.push(':');
-        out.push_str(&value);
+        out.push_str(&put_values(value, &dest.bound, &mut applied));
         out.push_str("\r\n");
     }
     if !named {
         return None;
     }
+    for (key, value) in &dest.headers {
+        applied.push(format!("header {key}"));
+        out.push_str(key);
+        out.push_str(": ");
+        out.push_str(&put_values(value, &dest.bound, &mut applied));
+        out.push_str("\r\n");
+    }
     out.push_str("Connection: close\r\n\r\n");
     Some((out.into_bytes(), applied))
+}
+
+/// `value` with each bound secret's placeholder replaced by its value, noting each applied.
+fn put_values(value: &str, bound: &[Arc<Binding>], applied: &mut Vec<String>) -> String {
+    let mut value = value.to_string();
+    for b in bound {
+        if value.contains(&b.placeholder) {
+            value = value.replace(&b.placeholder, &b.value);
+            let name = format!("secret {}", b.name);
+            if !applied.contains(&name) {
+                applied.push(name);
+            }
+        }
+    }
+    value
 }
 
 /// Masks every value in a byte stream, across chunk boundaries.
@@ -130,7 +147,7 @@ pub(crate) async fn pump<S, U>(
     sandbox: S,
     upstream: U,
     host: String,
-    bound: Vec<Arc<Binding>>,
+    dest: Dest,
     applied: impl FnOnce(Vec<String>) + Send,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -154,7 +171,7 @@ pub(crate) async fn pump<S, U>(
             }
         };
         let first = end.and_then(|end| {
-            let (rewritten, names) = rewrite_head(&head[..end], &host, &bound)?;
+            let (rewritten, names) = rewrite_head(&head[..end], &host, &dest)?;
             Some(([rewritten.as_slice(), &head[end..]].concat(), names))
         });
         let first = match first {
@@ -172,7 +189,7 @@ pub(crate) async fn pump<S, U>(
         let _ = uw.shutdown().await;
     };
     let inbound = async {
-        let mut scrub = Scrubber::new(&bound);
+        let mut scrub = Scrubber::new(&dest.bound);
         let mut chunk = vec![0u8; CHUNK];
         loop {
             match ur.read(&mut chunk).await {
@@ -198,6 +215,16 @@ mod tests {
         Arc::new(Binding::new(name.into(), value.into(), Vec::new(), None))
     }
 
+    fn to(bound: &[Arc<Binding>], headers: &[(&str, &str)]) -> Dest {
+        Dest {
+            bound: bound.to_vec(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
     #[test]
     fn placeholders_are_replaced_in_headers_only() {
         let b = binding("T", "real-value");
@@ -205,9 +232,9 @@ mod tests {
         let head = format!(
             "GET /{p} HTTP/1.1\r\nHost: api.test:8080\r\nAuthorization: Bearer {p}\r\nConnection: keep-alive\r\n\r\n"
         );
-        let (out, applied) = rewrite_head(head.as_bytes(), "api.test", &[b]).unwrap();
+        let (out, applied) = rewrite_head(head.as_bytes(), "api.test", &to(&[b], &[])).unwrap();
         let out = String::from_utf8(out).unwrap();
-        assert_eq!(applied, ["T"]);
+        assert_eq!(applied, ["secret T"]);
         assert!(
             out.contains("Authorization: Bearer real-value\r\n"),
             "{out}"
@@ -218,10 +245,53 @@ mod tests {
         );
         assert!(out.ends_with("Connection: close\r\n\r\n") && !out.contains("keep-alive"));
         assert!(
-            rewrite_head(head.as_bytes(), "other.test", &[binding("T", "v")]).is_none(),
+            rewrite_head(
+                head.as_bytes(),
+                "other.test",
+                &to(&[binding("T", "v")], &[])
+            )
+            .is_none(),
             "another Host"
         );
-        assert!(rewrite_head(b"\x16\x03\x01junk\r\n\r\n", "api.test", &[]).is_none());
+        assert!(rewrite_head(b"\x16\x03\x01junk\r\n\r\n", "api.test", &to(&[], &[])).is_none());
+    }
+
+    #[test]
+    fn a_rule_s_headers_replace_the_request_s_own_and_take_secrets() {
+        let b = Arc::new(Binding::new(
+            "e2b.secrets.openai".into(),
+            "sk-real".into(),
+            Vec::new(),
+            Some("${e2b.secrets.openai}".into()),
+        ));
+        let head = "POST /v1 HTTP/1.1\r\nHost: api.test\r\nauthorization: Bearer mine\r\nX-Other: ${e2b.secrets.openai}\r\nContent-Length: 2\r\n\r\n";
+        let dest = to(
+            &[b],
+            &[
+                ("Authorization", "Bearer ${e2b.secrets.openai}"),
+                ("X-Team", "a"),
+            ],
+        );
+        let (out, applied) = rewrite_head(head.as_bytes(), "api.test", &dest).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            !out.contains("Bearer mine"),
+            "the request's own is replaced: {out}"
+        );
+        assert!(out.contains("Authorization: Bearer sk-real\r\n"), "{out}");
+        assert!(
+            out.contains("X-Team: a\r\n") && out.contains("Content-Length: 2\r\n"),
+            "{out}"
+        );
+        assert_eq!(
+            applied,
+            [
+                "secret e2b.secrets.openai",
+                "header Authorization",
+                "header X-Team"
+            ]
+        );
+        assert!(out.ends_with("Connection: close\r\n\r\n"), "{out}");
     }
 
     #[test]

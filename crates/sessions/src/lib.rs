@@ -7,6 +7,7 @@ mod egress;
 mod error;
 pub mod events;
 pub mod execs;
+mod header_rules;
 pub mod images;
 mod inject;
 pub mod languages;
@@ -28,6 +29,7 @@ mod volumes;
 pub use config::SessionConfig;
 pub use error::Error;
 pub use events::{Event, EventSink};
+pub use header_rules::HeaderRules;
 pub use live::contexts::{
     refusal_or_first, ContextInfo, ContextOptions, ContextRun, RichResult, RunError, RunEvent,
     RunOutput, RunRequest, DEFAULT_CONTEXT, FIRST_EVENT_GRACE,
@@ -38,8 +40,8 @@ pub use live::{
     Watch, WatchFlush,
 };
 pub use manager::{
-    Account, BackgroundExec, BuildSandbox, LaterStdin, Manager, Peer, Runtimes, StepCommand,
-    StepExit, VolumeEntry, VolumeFile, VolumeMeta,
+    Account, BackgroundExec, BuildSandbox, E2bSecret, LaterStdin, Manager, Peer, Runtimes,
+    StepCommand, StepExit, VolumeEntry, VolumeFile, VolumeMeta,
 };
 pub use metrics::Metrics;
 pub use quota::{Clock, NO_ACCESS_PLAN};

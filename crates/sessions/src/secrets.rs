@@ -11,6 +11,7 @@ use chacha20poly1305::{ChaCha20Poly1305, Nonce};
 use koder_api_types::CreateSecret;
 use koder_netpolicy::{Entry, NetConfig};
 
+use crate::header_rules::{self, HeaderRule};
 use crate::tls::SessionCa;
 pub use crate::tls::Upstreams;
 use crate::Error;
@@ -85,6 +86,20 @@ pub(crate) fn aad(tenant_id: &str, name: &str) -> String {
     format!("koder-secret\0{tenant_id}\0{name}")
 }
 
+/// A secret's value, native or E2B's: it goes into HTTP headers, where a line break would
+/// inject headers of its own.
+pub(crate) fn check_value(value: &str) -> Result<(), Error> {
+    if value.is_empty()
+        || value.len() > MAX_VALUE_BYTES
+        || value.bytes().any(|b| b.is_ascii_control())
+    {
+        return Err(Error::InvalidArgument(format!(
+            "secret value: 1-{MAX_VALUE_BYTES} bytes without control characters (it is sent in HTTP headers)"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a create request; the parsed hosts.
 pub(crate) fn validate(req: &CreateSecret) -> Result<Vec<Entry>, Error> {
     let bad = |m: String| Err(Error::InvalidArgument(m));
@@ -104,15 +119,7 @@ pub(crate) fn validate(req: &CreateSecret) -> Result<Vec<Entry>, Error> {
             req.name
         ));
     }
-    // A value goes into HTTP headers: a line break there would inject headers of its own.
-    if req.value.is_empty()
-        || req.value.len() > MAX_VALUE_BYTES
-        || req.value.bytes().any(|b| b.is_ascii_control())
-    {
-        return bad(format!(
-            "secret value: 1-{MAX_VALUE_BYTES} bytes without control characters (it is sent in HTTP headers)"
-        ));
-    }
+    check_value(&req.value)?;
     if req.hosts.is_empty() || req.hosts.len() > MAX_HOSTS {
         return bad(format!("secret hosts: 1-{MAX_HOSTS} entries"));
     }
@@ -181,29 +188,60 @@ impl Binding {
     }
 }
 
-/// A session's secrets, and the CA its TLS to their hosts is terminated with.
+/// A session's secrets, E2B's header rules, and the CA its TLS to their hosts is terminated
+/// with.
 #[derive(Default)]
-pub(crate) struct Bindings(
-    pub(crate) Vec<Arc<Binding>>,
-    pub(crate) Option<Arc<SessionCa>>,
-);
+pub(crate) struct Bindings {
+    /// Native secrets, each in the session's environment as its placeholder.
+    pub(crate) bound: Vec<Arc<Binding>>,
+    pub(crate) rules: Vec<Arc<HeaderRule>>,
+    pub(crate) ca: Option<Arc<SessionCa>>,
+}
+
+/// A running session's bindings, read by its egress loop for every connection and replaced
+/// when E2B's network update changes its header rules.
+pub(crate) type SharedBindings = Arc<parking_lot::RwLock<Option<Arc<Bindings>>>>;
+
+/// What the requests of one connection get: the secrets whose placeholders are put in, and
+/// the headers set.
+#[derive(Debug, Default)]
+pub(crate) struct Dest {
+    pub(crate) bound: Vec<Arc<Binding>>,
+    pub(crate) headers: Vec<(String, String)>,
+}
+
+impl Dest {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.bound.is_empty() && self.headers.is_empty()
+    }
+}
 
 impl Bindings {
-    /// The secrets bound to this destination.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.bound.is_empty() && self.rules.is_empty()
+    }
+
+    /// The secrets bound to this destination, and the headers of the rule for it.
     pub(crate) async fn for_dest(
         &self,
         ip: IpAddr,
         port: u16,
         name: Option<&str>,
         cfg: &NetConfig,
-    ) -> Vec<Arc<Binding>> {
-        let mut bound = Vec::new();
-        for b in &self.0 {
+    ) -> Dest {
+        let mut dest = Dest::default();
+        for b in &self.bound {
             if b.bound_to(ip, port, name, cfg).await {
-                bound.push(b.clone());
+                dest.bound.push(b.clone());
             }
         }
-        bound
+        if let Some(name) = name {
+            if let Some(rule) = header_rules::select(&self.rules, ip, name, cfg).await {
+                dest.bound.extend(rule.secrets.iter().cloned());
+                dest.headers = rule.headers.clone();
+            }
+        }
+        dest
     }
 }
 
@@ -258,8 +296,8 @@ mod tests {
             system_resolver: false,
             ..NetConfig::default()
         };
-        let b = Bindings(
-            vec![Arc::new(Binding::new(
+        let b = Bindings {
+            bound: vec![Arc::new(Binding::new(
                 "T".into(),
                 "v".into(),
                 vec![
@@ -268,12 +306,13 @@ mod tests {
                 ],
                 None,
             ))],
-            None,
-        );
+            ..Bindings::default()
+        };
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert_eq!(
             b.for_dest(ip("10.1.0.1"), 80, Some("api.test"), &cfg)
                 .await
+                .bound
                 .len(),
             1
         );
@@ -288,8 +327,13 @@ mod tests {
             .await
             .is_empty());
         assert!(b.for_dest(ip("10.1.0.1"), 80, None, &cfg).await.is_empty());
-        assert_eq!(b.for_dest(ip("10.2.3.4"), 80, None, &cfg).await.len(), 1);
+        assert_eq!(
+            b.for_dest(ip("10.2.3.4"), 80, None, &cfg).await.bound.len(),
+            1
+        );
         assert!(b.for_dest(ip("10.2.3.4"), 81, None, &cfg).await.is_empty());
-        assert!(b.0[0].placeholder.starts_with("KSECRET_") && !b.0[0].placeholder.contains('v'));
+        assert!(
+            b.bound[0].placeholder.starts_with("KSECRET_") && !b.bound[0].placeholder.contains('v')
+        );
     }
 }

@@ -33,8 +33,9 @@ pub(crate) struct Live {
     /// The policy its egress loop decides by; `None` when the sandbox has no egress path
     /// (created with network mode `none`).
     pub(crate) policy: Option<crate::egress::SharedPolicy>,
-    /// The secrets its egress injects, set once the session is recorded.
-    pub(crate) secrets: Arc<std::sync::OnceLock<crate::secrets::Bindings>>,
+    /// The secrets its egress injects and E2B's header rules, set once the session is
+    /// recorded.
+    pub(crate) secrets: crate::secrets::SharedBindings,
     /// Its sandbox mounts volumes: they are free for another session only after its teardown.
     pub(crate) volumes: bool,
 }

@@ -50,6 +50,7 @@ use db::{query, DbRow, Pool};
 mod builds;
 mod cluster;
 mod db;
+mod e2b_secrets;
 mod nodes;
 mod secret_bindings;
 mod secrets;
@@ -64,7 +65,9 @@ mod webhooks;
 
 pub use builds::BuildRecord;
 pub use db::Backend;
+pub use e2b_secrets::E2bSecretRecord;
 pub use nodes::{NodeInfo, NodeLoad, NodeRecord, NodeState};
+pub use secret_bindings::HeaderRules;
 pub use secrets::SecretRecord;
 pub use shared_images::{SharedImage, SharedName};
 pub use state::{DurablePause, LayerRecord, SessionDurable, SnapshotRecord};

@@ -1,8 +1,14 @@
-//! The secrets bound to a session, by name, with the placeholder its environment holds: the
-//! binding outlives the sandbox (pause to disk, restore, fork, daemon restart).
+//! The secrets bound to a session, by name, with the placeholder its environment holds, and
+//! E2B's header rules it was given: both outlive the sandbox (pause to disk, restore, fork,
+//! daemon restart).
+
+use std::collections::BTreeMap;
 
 use crate::db::query;
-use crate::{get, Store, StoreError};
+use crate::{from_json, get, to_json, Store, StoreError};
+
+/// Host pattern -> headers set on requests there (E2B's `network.rules`).
+pub type HeaderRules = BTreeMap<String, Vec<(String, String)>>;
 
 impl Store {
     /// Records a session's bindings (`(name, placeholder)`), replacing any of the same names.
@@ -27,6 +33,42 @@ impl Store {
         Ok(())
     }
 
+    /// Replaces a session's header rules (none: removes them).
+    pub async fn set_header_rules(
+        &self,
+        session_id: &str,
+        rules: &HeaderRules,
+    ) -> Result<(), StoreError> {
+        if rules.is_empty() {
+            query("DELETE FROM session_header_rules WHERE session_id = $1")
+                .bind(session_id)
+                .execute(&self.pool)
+                .await?;
+            return Ok(());
+        }
+        query(
+            "INSERT INTO session_header_rules (session_id, rules_json) VALUES ($1, $2) \
+             ON CONFLICT (session_id) DO UPDATE SET rules_json = excluded.rules_json",
+        )
+        .bind(session_id)
+        .bind(to_json(rules)?)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// A session's header rules (none when it has none).
+    pub async fn header_rules(&self, session_id: &str) -> Result<HeaderRules, StoreError> {
+        let row = query("SELECT rules_json FROM session_header_rules WHERE session_id = $1")
+            .bind(session_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(r) => from_json(&get::<String>(&r, "rules_json")?, "header rules"),
+            None => Ok(HeaderRules::new()),
+        }
+    }
+
     /// A session's bindings `(name, placeholder)`, by name.
     pub async fn secret_bindings(
         &self,
@@ -46,6 +88,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use super::HeaderRules;
     use crate::testing::{on_both_backends, TestDb};
     use crate::tests::{session, store_with};
 
@@ -84,5 +127,35 @@ mod tests {
             .is_err());
     }
 
-    on_both_backends!(bindings_round_trip_per_session,);
+    async fn header_rules_round_trip_per_session(db: TestDb) {
+        let store = store_with(&db, &["t1"]).await;
+        for id in ["a", "b"] {
+            store.insert_session(&session(id, "t1", 0)).await.unwrap();
+        }
+        let rules: HeaderRules = [(
+            "api.test".to_string(),
+            vec![(
+                "Authorization".to_string(),
+                "Bearer ${e2b.secrets.k}".to_string(),
+            )],
+        )]
+        .into();
+        store.set_header_rules("a", &rules).await.unwrap();
+        assert_eq!(store.header_rules("a").await.unwrap(), rules);
+        assert!(store.header_rules("b").await.unwrap().is_empty());
+        let other: HeaderRules = [("*.x.test".to_string(), Vec::new())].into();
+        store.set_header_rules("a", &other).await.unwrap();
+        assert_eq!(store.header_rules("a").await.unwrap(), other);
+        store
+            .set_header_rules("a", &HeaderRules::new())
+            .await
+            .unwrap();
+        assert!(store.header_rules("a").await.unwrap().is_empty());
+        assert!(store.set_header_rules("none", &rules).await.is_err());
+    }
+
+    on_both_backends!(
+        bindings_round_trip_per_session,
+        header_rules_round_trip_per_session,
+    );
 }

@@ -5,6 +5,7 @@
 pub mod cpu;
 pub mod keys;
 mod page;
+mod secrets;
 mod snapshots;
 pub mod templates;
 mod volumes;
@@ -24,6 +25,7 @@ use koder_api_types::{
     VolumeMountRequest,
 };
 use koder_auth::Identity;
+use koder_sessions::HeaderRules;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -136,8 +138,9 @@ pub fn router() -> Router<E2b> {
             get(metrics).fallback(unsupported),
         )
         .merge(volumes::routes())
+        .merge(secrets::routes())
         .merge(templates::routes())
-        // The rest of E2B's API (legacy template builds, secrets, logs...) answers in
+        // The rest of E2B's API (legacy template builds, logs...) answers in
         // E2B's error shape too: the native 404 body would crash the SDK.
         .fallback(unsupported)
 }
@@ -166,7 +169,7 @@ async fn unsupported(method: axum::http::Method, uri: axum::http::Uri) -> HttpEr
     HttpError::new(
         501,
         format!(
-            "{method} {} is not supported by koder-sandbox's E2B API (sandboxes: create, connect, list, info, timeout, pause, resume, snapshots, fork, metrics, kill; snapshots: list, delete; templates: build (v3/v2), files, status, aliases, tags, list, delete; volumes and their content)",
+            "{method} {} is not supported by koder-sandbox's E2B API (sandboxes: create, connect, list, info, timeout, pause, resume, snapshots, fork, metrics, kill; snapshots: list, delete; templates: build (v3/v2), files, status, aliases, tags, list, delete; volumes and their content; secrets)",
             uri.path()
         ),
     )
@@ -220,6 +223,41 @@ struct NetworkRules {
     allow_public_traffic: Option<bool>,
     /// The `Host` those requests arrive with, `${PORT}` standing for the port. Fixed at create.
     mask_request_host: Option<String>,
+    /// Per-host request transforms: headers set at egress (`koder_sessions::HeaderRules`).
+    rules: Option<BTreeMap<String, Vec<RuleBody>>>,
+}
+
+/// `SandboxNetworkRule`: what is done to requests to its host.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RuleBody {
+    transform: Option<TransformBody>,
+}
+
+/// `SandboxNetworkTransform`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct TransformBody {
+    headers: Option<BTreeMap<String, String>>,
+}
+
+/// E2B's rules as header rules: a host's rules applied in order, a later one's header taking
+/// the place of an earlier one's of the same name (any case).
+fn header_rules_of(rules: Option<BTreeMap<String, Vec<RuleBody>>>) -> HeaderRules {
+    let mut out = HeaderRules::new();
+    for (host, list) in rules.unwrap_or_default() {
+        let mut headers: Vec<(String, String)> = Vec::new();
+        let set = list
+            .into_iter()
+            .filter_map(|r| r.transform?.headers)
+            .flatten();
+        for (name, value) in set {
+            headers.retain(|(n, _)| !n.eq_ignore_ascii_case(&name));
+            headers.push((name, value));
+        }
+        out.insert(host, headers);
+    }
+    out
 }
 
 /// A `maskRequestHost` that, with any port in place of `${PORT}`, is a usable `Host` value.
@@ -252,9 +290,6 @@ struct NetworkUpdate {
     #[serde(rename = "allow_internet_access", alias = "allowInternetAccess")]
     allow_internet_access: Option<bool>,
     egress_proxy: Option<Value>,
-    /// E2B's per-host request transforms.
-    #[serde(rename = "rules")]
-    transforms: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -338,19 +373,18 @@ async fn set_network(
             "egressProxy is not supported: koder-sandbox dials egress from its own host",
         ));
     }
-    if req.transforms.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(HttpError::bad_request(
-            "network rules (transforms) are not supported; koder-sandbox injects secrets at egress instead (POST /v1/sandbox/secrets)",
-        ));
-    }
     if req.lists.allow_public_traffic.is_some() || req.lists.mask_request_host.is_some() {
         return Err(HttpError::bad_request(
             "allowPublicTraffic and maskRequestHost are fixed when the sandbox is created",
         ));
     }
     live_session(&e2b, &who, &id).await?;
-    let network = network_of(req.allow_internet_access, Some(req.lists))?;
-    e2b.manager().set_network(&who, &id, network).await?;
+    let mut lists = req.lists;
+    let rules = header_rules_of(lists.rules.take());
+    let network = network_of(req.allow_internet_access, Some(lists))?;
+    e2b.manager()
+        .set_network_and_rules(&who, &id, network, rules)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -406,22 +440,25 @@ async fn create(
         .and_then(|n| n.allow_public_traffic)
         .unwrap_or(true);
     let mask = mask_of(req.network.as_ref())?;
+    let mut network = req.network;
+    let rules = header_rules_of(network.as_mut().and_then(|n| n.rules.take()));
     let session = e2b
         .manager()
-        .create(
+        .create_ruled(
             &who,
             CreateSession {
                 language,
                 image,
                 from_snapshot,
                 lifecycle,
-                network: Some(network_of(req.allow_internet_access, req.network)?),
+                network: Some(network_of(req.allow_internet_access, network)?),
                 env: req.env_vars.unwrap_or_default(),
                 timeout_s: req.timeout,
                 metadata: req.metadata.unwrap_or_default(),
                 volumes,
                 ..Default::default()
             },
+            rules,
         )
         .await?;
     let ctx = e2b.ctx(&session.id);
@@ -852,6 +889,38 @@ async fn metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_s_rules_apply_in_order_a_later_header_replacing_an_earlier() {
+        let body: NetworkRules = serde_json::from_value(json!({
+            "rules": {
+                "api.example.com": [
+                    {"transform": {"headers": {"Authorization": "Bearer a", "X-One": "1"}}},
+                    {},
+                    {"transform": {"headers": {"authorization": "Bearer b"}}},
+                ],
+                "*.example.org": [],
+            }
+        }))
+        .unwrap();
+        let rules = header_rules_of(body.rules);
+        let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            rules["api.example.com"],
+            pairs(&[("X-One", "1"), ("authorization", "Bearer b")])
+        );
+        assert!(rules["*.example.org"].is_empty());
+        assert!(header_rules_of(None).is_empty());
+        // A rule of another shape than E2B's is refused, not half read.
+        assert!(serde_json::from_value::<NetworkRules>(
+            json!({"rules": {"a.test": [{"transform": {"headers": {}}, "extra": 1}]}})
+        )
+        .is_err());
+    }
 
     #[test]
     fn a_request_host_mask_must_make_a_host() {

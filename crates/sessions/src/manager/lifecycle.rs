@@ -18,6 +18,7 @@ use tracing::field::Empty;
 use super::{validate_env, Manager, Runtimes};
 use crate::error::AGENT_EXITED;
 use crate::events::{kinds, stop_cause, Events};
+use crate::header_rules::HeaderRules;
 use crate::limits;
 use crate::quota;
 use crate::session::Live;
@@ -157,12 +158,22 @@ pub(super) struct StartFrom {
 }
 
 impl Manager {
-    pub async fn create(&self, who: &Identity, mut req: CreateSession) -> Result<Session, Error> {
+    pub async fn create(&self, who: &Identity, req: CreateSession) -> Result<Session, Error> {
+        self.create_ruled(who, req, HeaderRules::new()).await
+    }
+
+    /// A create whose egress also sets E2B's request headers (`network.rules`).
+    pub async fn create_ruled(
+        &self,
+        who: &Identity,
+        mut req: CreateSession,
+        rules: HeaderRules,
+    ) -> Result<Session, Error> {
         let origin = match req.from_snapshot.take() {
             Some(snapshot) => self.snapshot_base(who, &snapshot, &mut req).await?,
             None => Origin::default(),
         };
-        self.create_with(who, req, origin).await
+        self.create_with(who, req, origin, &rules).await
     }
 
     /// Creates a session whose sandbox starts from `origin` (nothing but its image for a
@@ -174,6 +185,7 @@ impl Manager {
         who: &Identity,
         mut req: CreateSession,
         origin: Origin,
+        rules: &HeaderRules,
     ) -> Result<Session, Error> {
         let Origin {
             layers,
@@ -212,14 +224,16 @@ impl Manager {
         let requested = req.network.take().unwrap_or_default();
         let policy = crate::egress::policy_for(&requested, &self.cfg.network).await?;
         let network = crate::egress::network_of(requested.mode, &policy);
-        let secrets = self.bind_secrets(who, &req.secrets).await?;
-        for b in &secrets.0 {
-            if requested.mode == NetworkMode::None {
-                return Err(Error::InvalidArgument(
-                    "secrets are injected at egress: they need network mode open or allowlist"
-                        .into(),
-                ));
-            }
+        let bound = self.bind_secrets(who, &req.secrets).await?;
+        let resolved = self.resolve_rules(&who.tenant_id, rules, true).await?;
+        if !(bound.is_empty() && resolved.is_empty()) && requested.mode == NetworkMode::None {
+            return Err(Error::InvalidArgument(
+                "secrets and header rules are applied at egress: they need network mode open or allowlist"
+                    .into(),
+            ));
+        }
+        let secrets = self.with_ca(bound, resolved)?;
+        for b in &secrets.bound {
             if req
                 .env
                 .insert(b.name.clone(), b.placeholder.clone())
@@ -231,7 +245,7 @@ impl Manager {
                 )));
             }
         }
-        if secrets.1.is_some() {
+        if secrets.ca.is_some() {
             for (k, v) in crate::tls::SessionCa::trust_env() {
                 req.env.entry(k.into()).or_insert_with(|| v.into());
             }
@@ -304,6 +318,9 @@ impl Manager {
         self.store.insert_session(&record).await?;
         self.expiry_moved(record.expires_at);
         self.record_bindings(&record.id, &secrets).await?;
+        if !rules.is_empty() {
+            self.store.set_header_rules(&record.id, rules).await?;
+        }
         let span = tracing::Span::current();
         span.record("session", record.id.as_str());
         span.record("source", source);
@@ -322,7 +339,7 @@ impl Manager {
         guard.disarm();
         claim.disarm();
         // Before any of the session's code runs: its first connection may need them.
-        if let Some(ca) = &secrets.1 {
+        if let Some(ca) = &secrets.ca {
             if let Err(e) = self.install_trust(who, &record.id, ca).await {
                 self.end(&record.id, "its egress CA could not be installed")
                     .await;
@@ -330,8 +347,8 @@ impl Manager {
             }
         }
         // Left unset without secrets: a fork gets its source's bound afterwards.
-        if !secrets.0.is_empty() {
-            let _ = live.secrets.set(secrets);
+        if !secrets.is_empty() {
+            *live.secrets.write() = Some(Arc::new(secrets));
         }
         self.metrics
             .sessions_created

@@ -6,6 +6,7 @@
 
 pub(crate) mod account;
 mod build;
+mod e2b_secrets;
 pub(crate) mod exec;
 mod files;
 mod images;
@@ -20,6 +21,7 @@ mod volumes;
 
 pub use account::{Account, SANDBOX_USER_ID};
 pub use build::{BuildSandbox, StepCommand, StepExit};
+pub use e2b_secrets::E2bSecret;
 pub use exec::{BackgroundExec, LaterStdin};
 pub use nodes::Peer;
 pub use volume_files::{VolumeEntry, VolumeFile, VolumeMeta};

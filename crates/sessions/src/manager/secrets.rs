@@ -1,11 +1,13 @@
-//! The tenant's secrets (`/v1/sandbox/secrets`) and their binding to a new session.
+//! The tenant's secrets (`/v1/sandbox/secrets`) and their binding to a new session, with
+//! E2B's header rules (`network.rules`) and the E2B secrets they name.
 
-use koder_api_types::{CreateSecret, Secret};
+use koder_api_types::{CreateSecret, Network, Secret, Session};
 use koder_auth::Identity;
 use koder_store::SecretRecord;
 use std::sync::Arc;
 
 use super::Manager;
+use crate::header_rules::{self, HeaderRule, HeaderRules};
 use crate::secrets::{aad, validate, Binding, Bindings, SealKey, SecretsConfig};
 use crate::tls::SessionCa;
 use crate::Error;
@@ -17,7 +19,7 @@ impl Manager {
         })
     }
 
-    fn seal_key(&self) -> Result<&SealKey, Error> {
+    pub(super) fn seal_key(&self) -> Result<&SealKey, Error> {
         Ok(&self.secrets_config()?.key)
     }
 
@@ -58,7 +60,7 @@ impl Manager {
         &self,
         who: &Identity,
         names: &[String],
-    ) -> Result<Bindings, Error> {
+    ) -> Result<Vec<Arc<Binding>>, Error> {
         let mut bound: Vec<Arc<Binding>> = Vec::new();
         for name in names {
             if bound.iter().any(|b| &b.name == name) {
@@ -72,7 +74,40 @@ impl Manager {
                 .ok_or_else(|| Error::SecretNotFound(name.clone()))?;
             bound.push(Arc::new(binding));
         }
-        self.with_ca(bound)
+        Ok(bound)
+    }
+
+    /// E2B's header rules checked, each with the tenant's E2B secrets its values name opened.
+    /// A secret that does not exist is a 400 when `strict` (a create, an update); otherwise
+    /// (a session running again) its placeholder stays as it is, which leaks nothing.
+    pub(super) async fn resolve_rules(
+        &self,
+        tenant_id: &str,
+        rules: &HeaderRules,
+        strict: bool,
+    ) -> Result<Vec<Arc<HeaderRule>>, Error> {
+        let mut resolved = Vec::new();
+        for checked in header_rules::check(rules)? {
+            let mut secrets = Vec::new();
+            for (placeholder, name) in &checked.placeholders {
+                match self.open_e2b_secret(tenant_id, name).await? {
+                    Some(value) => secrets.push(Arc::new(Binding::new(
+                        format!("e2b.secrets.{name}"),
+                        value,
+                        Vec::new(),
+                        Some(placeholder.clone()),
+                    ))),
+                    None if strict => {
+                        return Err(Error::InvalidArgument(format!(
+                            "network.rules: {placeholder} names no secret of this team (Secret.create it first)"
+                        )))
+                    }
+                    None => {}
+                }
+            }
+            resolved.push(Arc::new(HeaderRule::new(checked, secrets)));
+        }
+        Ok(resolved)
     }
 
     /// The tenant's secret `name` opened for a session; `None` when it is gone.
@@ -98,20 +133,25 @@ impl Manager {
         Ok(Some(Binding::new(name.into(), value, hosts, placeholder)))
     }
 
-    fn with_ca(&self, bound: Vec<Arc<Binding>>) -> Result<Bindings, Error> {
-        let ca = match bound.is_empty() {
+    /// The bindings of a session, with a new CA when it has anything to inject.
+    pub(super) fn with_ca(
+        &self,
+        bound: Vec<Arc<Binding>>,
+        rules: Vec<Arc<HeaderRule>>,
+    ) -> Result<Bindings, Error> {
+        let ca = match bound.is_empty() && rules.is_empty() {
             true => None,
             false => Some(Arc::new(SessionCa::new(
                 self.secrets_config()?.upstreams.clone(),
             )?)),
         };
-        Ok(Bindings(bound, ca))
+        Ok(Bindings { bound, rules, ca })
     }
 
     /// Records which secrets (by name) the new session `id` got, and as which placeholders.
     pub(super) async fn record_bindings(&self, id: &str, secrets: &Bindings) -> Result<(), Error> {
         let pairs: Vec<(String, String)> = secrets
-            .0
+            .bound
             .iter()
             .map(|b| (b.name.clone(), b.placeholder.clone()))
             .collect();
@@ -122,13 +162,57 @@ impl Manager {
     }
 
     /// Gives the session `id` the secrets `from` was bound to, as the same placeholders (a
-    /// fork's environment is its source's).
+    /// fork's environment is its source's), and its header rules.
     pub(super) async fn copy_bindings(&self, from: &str, id: &str) -> Result<(), Error> {
         let pairs = self.store.secret_bindings(from).await?;
         if !pairs.is_empty() {
             self.store.put_secret_bindings(id, &pairs).await?;
         }
+        let rules = self.store.header_rules(from).await?;
+        if !rules.is_empty() {
+            self.store.set_header_rules(id, &rules).await?;
+        }
         Ok(())
+    }
+
+    /// E2B's network update: the session's policy replaced (as `set_network`) and its header
+    /// rules with it (rules left out are cleared), applied to its next connection. A session
+    /// created with nothing to inject has no CA its programs trust (the environment pointing
+    /// at it is set at create), so rules cannot start there. The rules are checked before
+    /// anything changes.
+    pub async fn set_network_and_rules(
+        &self,
+        who: &Identity,
+        id: &str,
+        network: Network,
+        rules: HeaderRules,
+    ) -> Result<Session, Error> {
+        // The tenant's session, or 404 before anything is said of it.
+        self.record(who, id).await?;
+        let resolved = self.resolve_rules(&who.tenant_id, &rules, true).await?;
+        let live = self.live.lock().get(id).cloned();
+        let current = live.as_ref().and_then(|l| l.secrets.read().clone());
+        let trusted = current.as_ref().is_some_and(|b| b.ca.is_some())
+            || !self.store.secret_bindings(id).await?.is_empty()
+            || !self.store.header_rules(id).await?.is_empty();
+        if !resolved.is_empty() && !trusted {
+            return Err(Error::Conflict(
+                "network.rules can be set only on a sandbox created with rules (or secrets): \
+                 its programs trust the CA that serves them from its start"
+                    .into(),
+            ));
+        }
+        let session = self.set_network(who, id, network).await?;
+        // Not running: applied when it runs again.
+        self.store.set_header_rules(id, &rules).await?;
+        if let (Some(live), Some(current)) = (live, current) {
+            *live.secrets.write() = Some(Arc::new(Bindings {
+                bound: current.bound.clone(),
+                rules: resolved,
+                ca: current.ca.clone(),
+            }));
+        }
+        Ok(session)
     }
 
     /// Injects a session's recorded secrets again once it runs on a new sandbox (resumed from
@@ -145,7 +229,8 @@ impl Manager {
 
     async fn try_rebind(&self, tenant_id: &str, id: &str) -> Result<(), Error> {
         let pairs = self.store.secret_bindings(id).await?;
-        if pairs.is_empty() {
+        let rules = self.store.header_rules(id).await?;
+        if pairs.is_empty() && rules.is_empty() {
             return Ok(());
         }
         let mut bound = Vec::new();
@@ -160,16 +245,17 @@ impl Manager {
                 }
             }
         }
-        let secrets = self.with_ca(bound)?;
+        let rules = self.resolve_rules(tenant_id, &rules, false).await?;
+        let secrets = self.with_ca(bound, rules)?;
         let who = Identity {
             tenant_id: tenant_id.into(),
         };
-        if let Some(ca) = &secrets.1 {
+        if let Some(ca) = &secrets.ca {
             self.install_trust(&who, id, ca).await?;
         }
         let live = self.live.lock().get(id).cloned();
         if let Some(live) = live {
-            let _ = live.secrets.set(secrets);
+            *live.secrets.write() = Some(Arc::new(secrets));
         }
         Ok(())
     }

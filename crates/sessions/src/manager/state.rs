@@ -22,6 +22,7 @@ use koder_store::{DurablePause, SessionDurable, SessionRecord, SnapshotRecord};
 
 use super::lifecycle::{Origin, StartFrom};
 use super::{validate_env, Manager};
+use crate::header_rules::HeaderRules;
 use crate::layers::{CloneDir, Layers, Pin};
 use crate::session::Live;
 use crate::Error;
@@ -794,8 +795,10 @@ impl Manager {
             // A fork's environment keeps the placeholders, never the values behind them.
             secrets: Vec::new(),
         };
+        // Its header rules, as its secrets, are copied below.
+        let no_rules = HeaderRules::new();
         let results: Vec<Result<Session, Error>> = futures::stream::iter(0..count)
-            .map(|_| self.create_with(who, req.clone(), origin.clone()))
+            .map(|_| self.create_with(who, req.clone(), origin.clone(), &no_rules))
             .buffer_unordered(FORK_PARALLEL)
             .collect()
             .await;
