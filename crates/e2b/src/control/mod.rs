@@ -241,12 +241,13 @@ struct TransformBody {
     headers: Option<BTreeMap<String, String>>,
 }
 
-/// E2B's rules as header rules: a host's rules applied in order, a later one's header taking
-/// the place of an earlier one's of the same name (any case).
+/// E2B's rules as header rules, hosts lower-cased as E2B stores them: a host's rules applied
+/// in order, a later one's header taking the place of an earlier one's of the same name (any
+/// case).
 fn header_rules_of(rules: Option<BTreeMap<String, Vec<RuleBody>>>) -> HeaderRules {
     let mut out = HeaderRules::new();
     for (host, list) in rules.unwrap_or_default() {
-        let mut headers: Vec<(String, String)> = Vec::new();
+        let headers = out.entry(host.to_ascii_lowercase()).or_default();
         let set = list
             .into_iter()
             .filter_map(|r| r.transform?.headers)
@@ -255,7 +256,6 @@ fn header_rules_of(rules: Option<BTreeMap<String, Vec<RuleBody>>>) -> HeaderRule
             headers.retain(|(n, _)| !n.eq_ignore_ascii_case(&name));
             headers.push((name, value));
         }
-        out.insert(host, headers);
     }
     out
 }
@@ -900,6 +900,7 @@ mod tests {
                     {"transform": {"headers": {"authorization": "Bearer b"}}},
                 ],
                 "*.example.org": [],
+                "*.Example.ORG": [{"transform": {"headers": {"X-Two": "2"}}}],
             }
         }))
         .unwrap();
@@ -913,7 +914,8 @@ mod tests {
             rules["api.example.com"],
             pairs(&[("X-One", "1"), ("authorization", "Bearer b")])
         );
-        assert!(rules["*.example.org"].is_empty());
+        assert_eq!(rules["*.example.org"], pairs(&[("X-Two", "2")]));
+        assert_eq!(rules.len(), 2);
         assert!(header_rules_of(None).is_empty());
         // A rule of another shape than E2B's is refused, not half read.
         assert!(serde_json::from_value::<NetworkRules>(

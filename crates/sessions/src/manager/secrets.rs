@@ -192,10 +192,7 @@ impl Manager {
         let resolved = self.resolve_rules(&who.tenant_id, &rules, true).await?;
         let live = self.live.lock().get(id).cloned();
         let current = live.as_ref().and_then(|l| l.secrets.read().clone());
-        let trusted = current.as_ref().is_some_and(|b| b.ca.is_some())
-            || !self.store.secret_bindings(id).await?.is_empty()
-            || !self.store.header_rules(id).await?.is_empty();
-        if !resolved.is_empty() && !trusted {
+        if !resolved.is_empty() && !self.trusts_its_ca(id, current.as_deref()).await? {
             return Err(Error::Conflict(
                 "network.rules can be set only on a sandbox created with rules (or secrets): \
                  its programs trust the CA that serves them from its start"
@@ -213,6 +210,14 @@ impl Manager {
             }));
         }
         Ok(session)
+    }
+
+    /// Whether the session's programs trust a session CA: it was made with something to
+    /// inject (the environment pointing at the CA is set at create).
+    async fn trusts_its_ca(&self, id: &str, current: Option<&Bindings>) -> Result<bool, Error> {
+        Ok(current.is_some_and(|b| b.ca.is_some())
+            || !self.store.secret_bindings(id).await?.is_empty()
+            || !self.store.header_rules(id).await?.is_empty())
     }
 
     /// Injects a session's recorded secrets again once it runs on a new sandbox (resumed from
