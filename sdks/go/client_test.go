@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -154,5 +155,59 @@ func TestSessionCloseDeletes(t *testing.T) {
 	}
 	if err := (&Session{ID: "x"}).Close(ctx); err == nil {
 		t.Fatal("a Session without a client closed")
+	}
+}
+
+func TestSessionEventsPagesWithItsQuery(t *testing.T) {
+	var asked []string
+	c := testClient(t, func(w http.ResponseWriter, r *http.Request) {
+		asked = append(asked, r.Method+" "+r.URL.EscapedPath()+"?"+r.URL.RawQuery)
+		if r.URL.Query().Get("limit") == "501" {
+			answer(w, 400, "application/json", `{"error":{"code":"SANDBOX-INVALID-ARGUMENT","message":"limit must be 1 to 500, not 501"}}`)
+			return
+		}
+		answer(w, 200, "application/json", `{"events":[`+
+			`{"seq":2,"id":"evt_2","type":"exec.verdict","created_at":"2026-12-07T20:00:00.123Z","data":{"session_id":"a/b","verdict":"SANDBOX-EXEC-TIMEOUT","exit_code":null,"signal":9,"duration_ms":201}},`+
+			`{"seq":3,"id":"evt_3","type":"session.stopped","created_at":"2026-12-07T20:00:01Z","data":{"session_id":"a/b","cause":"deleted","reason":"deleted"}}`+
+			`],"more":true}`)
+	})
+	ctx := context.Background()
+	page, err := c.SessionEvents(ctx, "a/b", 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Events) != 2 || !page.More {
+		t.Fatalf("page %+v", page)
+	}
+	e := page.Events[0]
+	if e.Seq != 2 || e.ID != "evt_2" || e.Type != SessionEventVerdict || e.CreatedAt.Nanosecond() != 123e6 {
+		t.Errorf("event %+v", e)
+	}
+	var verdict struct {
+		Verdict  string `json:"verdict"`
+		ExitCode *int   `json:"exit_code"`
+		Signal   int    `json:"signal"`
+	}
+	if err := json.Unmarshal(e.Data, &verdict); err != nil || verdict.Verdict != VerdictTimeout ||
+		verdict.ExitCode != nil || verdict.Signal != 9 {
+		t.Errorf("data %s: %v %+v", e.Data, err, verdict)
+	}
+	if page.Events[1].Type != SessionEventStopped {
+		t.Errorf("second event %+v", page.Events[1])
+	}
+	if _, err := c.SessionEvents(ctx, "s1", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.SessionEvents(ctx, "s1", 0, 501)
+	if ErrorCode(err) != CodeInvalidArgument {
+		t.Fatalf("limit 501: %v", err)
+	}
+	want := []string{
+		"GET /v1/sandbox/sessions/a%2Fb/events?after=1&limit=2",
+		"GET /v1/sandbox/sessions/s1/events?",
+		"GET /v1/sandbox/sessions/s1/events?limit=501",
+	}
+	if strings.Join(asked, "\n") != strings.Join(want, "\n") {
+		t.Errorf("requests\n%s", strings.Join(asked, "\n"))
 	}
 }

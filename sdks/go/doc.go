@@ -2,8 +2,9 @@
 // AI-generated code in sandboxes it controls.
 //
 // It speaks the daemon's REST API (docs/API.md, GET /openapi.json) with the standard library
-// only: sessions, exec (JSON or streamed over Server-Sent Events), files, pause and resume,
-// code-interpreter contexts (runs JSON or streamed), snapshots, fork and volumes.
+// only: sessions and their event logs, exec (JSON or streamed over Server-Sent Events), files,
+// pause and resume, code-interpreter contexts (runs JSON or streamed), snapshots, fork and
+// volumes.
 // Every call takes a context.Context; every non-2xx answer is a *SandboxError carrying the
 // daemon's SANDBOX-... code and the HTTP status.
 //

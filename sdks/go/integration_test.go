@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -323,6 +325,58 @@ func TestIntegrationKillProcesses(t *testing.T) {
 	if out := mustExec(t, c, s.ID, "echo alive"); out != "alive\n" {
 		t.Errorf("after kill: %q", out)
 	}
+}
+
+func TestIntegrationSessionEvents(t *testing.T) {
+	d := realDaemon(t)
+	c := client(t, d.url, d.key)
+	ctx := testContext(t)
+	s := newSession(t, c, sandbox.CreateSessionRequest{})
+	r, err := c.Exec(ctx, s.ID, sandbox.ExecRequest{Shell: "sleep 30", TimeoutMs: 200})
+	if err != nil || r.Verdict != sandbox.VerdictTimeout {
+		t.Fatalf("exec: %v %+v", err, r)
+	}
+	if err := c.DeleteSession(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The log is written just behind the answers of the calls that make its events.
+	var log *sandbox.SessionEventList
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if log, err = c.SessionEvents(ctx, s.ID, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if len(log.Events) >= 3 || time.Now().After(deadline) {
+			break
+		}
+	}
+	var got []string
+	for _, e := range log.Events {
+		got = append(got, fmt.Sprintf("%d %s", e.Seq, e.Type))
+	}
+	want := []string{"1 " + sandbox.SessionEventCreated, "2 " + sandbox.SessionEventVerdict, "3 " + sandbox.SessionEventStopped}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") || log.More {
+		t.Fatalf("events %v (more %v), want %v", got, log.More, want)
+	}
+	var verdict, stopped struct {
+		SessionID string `json:"session_id"`
+		Verdict   string `json:"verdict"`
+		Cause     string `json:"cause"`
+	}
+	if err := json.Unmarshal(log.Events[1].Data, &verdict); err != nil || verdict.Verdict != sandbox.VerdictTimeout || verdict.SessionID != s.ID {
+		t.Errorf("verdict data %s: %v", log.Events[1].Data, err)
+	}
+	if err := json.Unmarshal(log.Events[2].Data, &stopped); err != nil || stopped.Cause != "deleted" {
+		t.Errorf("stop data %s: %v", log.Events[2].Data, err)
+	}
+
+	page, err := c.SessionEvents(ctx, s.ID, 1, 1)
+	if err != nil || len(page.Events) != 1 || page.Events[0].Seq != 2 || !page.More || page.Events[0].ID != log.Events[1].ID {
+		t.Fatalf("page after 1: %v %+v", err, page)
+	}
+	_, err = c.SessionEvents(ctx, s.ID, 0, 501)
+	wantCode(t, err, 400, sandbox.CodeInvalidArgument)
+	_, err = client(t, d.url, d.otherKey).SessionEvents(ctx, s.ID, 0, 0)
+	wantCode(t, err, 404, sandbox.CodeNotFound)
 }
 
 func mustExec(t *testing.T, c *sandbox.Client, id, shell string) string {

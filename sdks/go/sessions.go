@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"net/http"
+	"net/url"
+	"strconv"
 )
 
 const sessionsPath = "/v1/sandbox/sessions"
@@ -69,6 +71,29 @@ func (c *Client) Metrics(ctx context.Context, id string) (*SessionMetrics, error
 		return nil, err
 	}
 	return call[SessionMetrics](ctx, c, http.MethodGet, p, nil)
+}
+
+// SessionEvents reads a session's event log (a stopped session's too), oldest first: the
+// events numbered above after, at most limit (1–500; 0 means the server's default, 500). The
+// log is written just behind the calls that make its events, so an event may show up a moment
+// after the answer of its call.
+func (c *Client) SessionEvents(ctx context.Context, id string, after uint64, limit int) (*SessionEventList, error) {
+	p, err := sessionPath(id, "/events")
+	if err != nil {
+		return nil, err
+	}
+	q := url.Values{}
+	if after > 0 {
+		q.Set("after", strconv.FormatUint(after, 10))
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var out SessionEventList
+	if err := c.doJSON(ctx, http.MethodGet, p, q, nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // KillProcesses SIGKILLs every process in the session (a fork bomb, runaway children), keeps

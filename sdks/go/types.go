@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"time"
 )
@@ -21,6 +22,16 @@ const (
 	StateStopped  = "stopped"
 	// StateLost: ended with the node that held it (a cluster); listed until deleted.
 	StateLost = "lost"
+)
+
+// Types of a SessionEvent (the webhook event types).
+const (
+	SessionEventCreated = "session.created"
+	SessionEventPaused  = "session.paused"
+	SessionEventResumed = "session.resumed"
+	SessionEventStopped = "session.stopped"
+	// SessionEventVerdict: an exec ended by its limits or a signal, not by itself.
+	SessionEventVerdict = "exec.verdict"
 )
 
 // Exec verdicts: why an exec was ended by the sandbox rather than by itself.
@@ -181,6 +192,26 @@ type SessionMetrics struct {
 	PidsLimit        *int64 `json:"pids_limit"`
 	DiskUsedKiB      int64  `json:"disk_used_kib"`
 	DiskTotalKiB     int64  `json:"disk_total_kib"`
+}
+
+// SessionEvent is one entry of a session's event log, as its webhook delivers it. Seq numbers
+// the session's events from 1; ID is the webhook delivery's. Data's fields depend on Type
+// (docs/API-ADDITIONS.md "Webhooks"): SessionEventStopped has "cause" and "reason",
+// SessionEventVerdict "verdict", "exit_code", "signal" and "duration_ms"; every one has
+// "session_id".
+type SessionEvent struct {
+	Seq       uint64          `json:"seq"`
+	ID        string          `json:"id"`
+	Type      string          `json:"type"`
+	CreatedAt time.Time       `json:"created_at"`
+	Data      json.RawMessage `json:"data"`
+}
+
+// SessionEventList is a page of a session's event log, oldest first. More is set when another
+// page follows: ask again with after the last event's Seq.
+type SessionEventList struct {
+	Events []SessionEvent `json:"events"`
+	More   bool           `json:"more"`
 }
 
 // errNoClient is what Close says on a Session that no Client returned.

@@ -3,7 +3,7 @@
 import time
 
 import pytest
-from e2b import CommandExitException, TimeoutException
+from e2b import CommandExitException, NotFoundException, TimeoutException
 
 
 def test_foreground_runs_as_user_in_home(sandbox):
@@ -82,6 +82,17 @@ def test_send_stdin_and_close_stdin(sandbox):
     h.close_stdin()
     r = h.wait()
     assert r.stdout == "first\nsecond\nEOF\n"
+
+
+def test_stdin_of_a_process_that_exited_is_not_found(sandbox):
+    # As envd: E2B's CLI (`sandbox exec` with piped input) closes stdin after the command may
+    # have ended, and takes "not found" as "nothing left to close".
+    h = sandbox.commands.run("true", background=True, stdin=True)
+    assert h.wait().exit_code == 0
+    with pytest.raises(NotFoundException):
+        sandbox.commands.close_stdin(h.pid)
+    with pytest.raises(NotFoundException):
+        sandbox.commands.send_stdin(h.pid, "late\n")
 
 
 def test_stream_input(sandbox):

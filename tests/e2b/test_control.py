@@ -1,15 +1,17 @@
 """Control plane: create/connect/kill/timeout/info/list (metadata, paging), pause (memory and
-filesystem) and connect, snapshots, fork, metrics, errors in E2B's shape, tenancy, network."""
+filesystem) and connect, snapshots, fork, metrics, logs, errors in E2B's shape, tenancy, network."""
 
 import datetime
+import json
 import time
 import uuid
 
+import httpx
 import pytest
 from e2b import (AuthenticationException, NotFoundException, Sandbox, SandboxException,
                  SandboxQuery, SandboxState)
 
-from conftest import API_KEY, OTHER_KEY, envd
+from conftest import API_KEY, API_URL, OTHER_KEY, envd
 
 
 def test_list_filters_by_metadata_and_pages(fresh):
@@ -52,6 +54,47 @@ def test_metrics(sandbox):
     assert 0 < m.mem_used <= m.mem_total
     assert 0 < m.disk_used <= m.disk_total
     assert abs(m.timestamp.timestamp() - datetime.datetime.now().timestamp()) < 60
+
+
+def test_logs_are_the_sandbox_s_life_and_outlive_it(fresh, api):
+    sb = fresh()
+    sid = sb.sandbox_id
+    assert sb.pause() is True
+    Sandbox.connect(sid)
+    sb.kill()
+
+    def messages(**params):
+        r = api.get(f"/v2/sandboxes/{sid}/logs", params=params)
+        assert r.status_code == 200, r.text
+        return [e["message"] for e in r.json()["logs"]]
+
+    deadline = time.monotonic() + 10
+    while len(messages()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert messages() == ["Sandbox created", "Sandbox paused", "Sandbox resumed",
+                          "Sandbox stopped: deleted"]
+    logs = api.get(f"/v2/sandboxes/{sid}/logs").json()["logs"]
+    assert {e["level"] for e in logs} == {"info"}
+    assert logs[0]["fields"]["logger"] == "lifecycle"
+    assert all(isinstance(v, str) for e in logs for v in e["fields"].values())
+    # v2's cursor, direction, limit and search; v1's start, with the line the CLI parses.
+    paused_at = datetime.datetime.fromisoformat(logs[1]["timestamp"].replace("Z", "+00:00"))
+    cursor = int(paused_at.timestamp() * 1000)
+    assert messages(cursor=cursor, direction="backward") == ["Sandbox paused", "Sandbox created"]
+    assert messages(cursor=cursor, limit=1) == ["Sandbox paused"]
+    assert messages(search="stopped") == ["Sandbox stopped: deleted"]
+    assert messages(level="warn") == []
+    v1 = api.get(f"/sandboxes/{sid}/logs", params={"start": cursor}).json()
+    assert [json.loads(l["line"])["message"] for l in v1["logs"]][0] == "Sandbox paused"
+    assert len(v1["logEntries"]) == len(v1["logs"]) == 3
+    # Malformed values are 400s; another team's sandbox, or none, a 404.
+    for bad in [{"cursor": "soon"}, {"direction": "up"}, {"level": "loud"}, {"limit": "-1"}]:
+        r = api.get(f"/v2/sandboxes/{sid}/logs", params=bad)
+        assert (r.status_code, r.json()["code"]) == (400, 400), bad
+    with httpx.Client(base_url=API_URL, headers={"X-API-KEY": OTHER_KEY}) as theirs:
+        assert theirs.get(f"/v2/sandboxes/{sid}/logs").status_code == 404
+        assert theirs.get(f"/sandboxes/{sid}/logs").status_code == 404
+    assert api.get("/sandboxes/no-such/logs").status_code == 404
 
 
 def test_pause_connect_resumes(fresh):

@@ -572,6 +572,36 @@ pub struct SessionMetrics {
     pub disk_total_kib: u64,
 }
 
+/// `GET /v1/sandbox/sessions/{id}/events`: one thing that happened to the session, as the
+/// webhook delivery of the same event says it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SessionEvent {
+    /// The event's place in the session's log: 1 for its first, one more for each next;
+    /// `after` pages with it.
+    pub seq: u64,
+    /// `evt_...`, the `id` of the webhook delivery of this event.
+    pub id: String,
+    /// `session.created`, `session.paused`, `session.resumed`, `session.stopped` or
+    /// `exec.verdict`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub created_at: DateTime<Utc>,
+    /// As in the webhook delivery (docs/API-ADDITIONS.md "Webhooks").
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub data: serde_json::Value,
+}
+
+/// `GET /v1/sandbox/sessions/{id}/events`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SessionEventList {
+    /// Oldest first.
+    pub events: Vec<SessionEvent>,
+    /// More events follow the last one listed: ask again with `after` its `seq`.
+    pub more: bool,
+}
+
 /// Tenant as seen by an administrator.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

@@ -1743,6 +1743,43 @@ fn cli_flow(daemon: &Daemon) {
     );
     let ids = cli.session_ids();
     assert!(!ids.contains(&id) && !ids.contains(&id2), "{ids:?}");
+
+    // The killed session's event log: followed, it ends with the stop (logged behind the
+    // kill's answer); the timeout above is in it.
+    let out = cli.ok(&["events", &id, "--follow"]);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("1\t") && lines[0].contains("\tsession.created\t"),
+        "{out:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("\texec.verdict\t")
+                && l.contains("verdict=\"SANDBOX-EXEC-TIMEOUT\"")),
+        "{out:?}"
+    );
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(
+        last.contains("\tsession.stopped\t") && last.contains("cause=\"deleted\""),
+        "{out:?}"
+    );
+    let out = cli.ok(&["--json", "events", &id, "--after", "1"]);
+    let events: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an event a line"))
+        .collect();
+    assert_eq!(events.len(), lines.len() - 1, "{out:?}");
+    assert_eq!(events[0]["seq"], 2);
+    assert!(events
+        .iter()
+        .all(|e| e["data"]["session_id"] == id.as_str()));
+    let out = daemon.cli(KEY2).run(&["events", &id]);
+    assert!(
+        out.stderr.starts_with("error: SANDBOX-NOT-FOUND: "),
+        "{out:?}"
+    );
 }
 
 fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<i32> {

@@ -39,6 +39,7 @@ const SESSION_SCOPED: &[&str] = &[
     "RestoreSession",
     "SetNetwork",
     "PinPreview",
+    "ListSessionEvents",
     "Exec",
     "ExecStream",
     "StartExec",

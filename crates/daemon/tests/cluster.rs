@@ -241,10 +241,7 @@ async fn three_nodes_serve_as_one() {
     }
 
     // Its envd token, as node-2 gives it out.
-    let resp = nodes[0]
-        .http
-        .get(format!("{}/sandboxes/{on2}", nodes[0].base))
-        .header("x-api-key", KEY1)
+    let resp = e2b(&nodes[0], Method::GET, &format!("/sandboxes/{on2}"))
         .send()
         .await
         .unwrap();
@@ -536,10 +533,7 @@ async fn volumes_are_served_where_their_data_is(nodes: &[Daemon], db: &TestDatab
     delete_session(&nodes[0], &id, KEY1).await;
 
     // E2B's create, and E2B's volume API by id, through other nodes.
-    let resp = nodes[2]
-        .http
-        .post(format!("{}/sandboxes", nodes[2].base))
-        .header("x-api-key", KEY1)
+    let resp = e2b(&nodes[2], Method::POST, "/sandboxes")
         .json(&json!({"templateID": "base", "volumeMounts": [{"name": "vol-a", "path": "/data"}]}))
         .send()
         .await
@@ -550,10 +544,7 @@ async fn volumes_are_served_where_their_data_is(nodes: &[Daemon], db: &TestDatab
         .unwrap()
         .to_string();
     assert_eq!(node_of(db, &id), "node-1");
-    let resp = nodes[0]
-        .http
-        .get(format!("{}/volumes/{volume_id}", nodes[0].base))
-        .header("x-api-key", KEY1)
+    let resp = e2b(&nodes[0], Method::GET, &format!("/volumes/{volume_id}"))
         .send()
         .await
         .unwrap();
@@ -637,11 +628,6 @@ async fn builds_run_on_the_builder(nodes: &[Daemon], db: &TestDatabase) {
     }
     assert_eq!(state, "failed");
 
-    let e2b = |d: &Daemon, method: Method, path: &str| {
-        d.http
-            .request(method, format!("{}{path}", d.base))
-            .header("x-api-key", KEY1)
-    };
     let v: Value = e2b(&nodes[1], Method::POST, "/v3/templates")
         .json(&json!({"name": "routed"}))
         .send()
@@ -741,12 +727,16 @@ async fn builds_run_on_the_builder(nodes: &[Daemon], db: &TestDatabase) {
     assert!(!e2b_lists(&nodes[2], "routed").await);
 }
 
+/// A request to E2B's API as tenant t1.
+fn e2b(d: &Daemon, method: Method, path: &str) -> reqwest::RequestBuilder {
+    d.http
+        .request(method, format!("{}{path}", d.base))
+        .header("x-api-key", KEY1)
+}
+
 /// Whether the E2B template listing through `d` names `template`.
 async fn e2b_lists(d: &Daemon, template: &str) -> bool {
-    let v: Value = d
-        .http
-        .get(format!("{}/templates", d.base))
-        .header("x-api-key", KEY1)
+    let v: Value = e2b(d, Method::GET, "/templates")
         .send()
         .await
         .unwrap()
@@ -904,10 +894,7 @@ async fn every_surface_through_other_nodes(nodes: &[Daemon], id: &str) {
     assert_eq!(served, "hello through the cluster");
 
     // E2B: the control plane and envd.
-    let resp = c
-        .http
-        .get(format!("{}/sandboxes/{id}", c.base))
-        .header("x-api-key", KEY1)
+    let resp = e2b(c, Method::GET, &format!("/sandboxes/{id}"))
         .send()
         .await
         .unwrap();
@@ -932,13 +919,10 @@ async fn every_surface_through_other_nodes(nodes: &[Daemon], id: &str) {
         (status, resp.text().await.unwrap()),
         (StatusCode::OK, "hello through the cluster".into())
     );
-    let resp = a
-        .http
-        .get(format!("{}/files", a.base))
+    let resp = e2b(a, Method::GET, "/files")
         .query(&[("path", "/tmp/www/hello.txt")])
         .header("e2b-sandbox-id", id)
         .header("e2b-sandbox-port", "49983")
-        .header("x-api-key", KEY1)
         .send()
         .await
         .unwrap();

@@ -593,3 +593,177 @@ async fn tenant_administration_for_operators_only() {
         Code::NotFound
     );
 }
+
+/// A session's event log over both faces: what happened to it, in order, after it stopped,
+/// paged, and nobody else's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_s_event_log_over_both_faces() {
+    use reqwest::{Method, StatusCode};
+    use serde_json::{json, Value};
+
+    let Some(()) = root_or_skip() else { return };
+    let (d, mut c, _) = start(BASE_CONFIG).await;
+    let id = d.create(json!({})).await;
+    let r = d
+        .exec(&id, json!({"cmd": ["sleep", "30"], "timeout_ms": 200}))
+        .await;
+    assert_eq!(r["verdict"], "SANDBOX-EXEC-TIMEOUT", "{r}");
+    for step in ["pause", "resume"] {
+        let (status, v) = d
+            .json(
+                Method::POST,
+                &format!("/v1/sandbox/sessions/{id}/{step}"),
+                json!({}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{step}: {v}");
+    }
+    let (status, _) = d
+        .json(
+            Method::DELETE,
+            &format!("/v1/sandbox/sessions/{id}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    let events = format!("/v1/sandbox/sessions/{id}/events");
+    // The log is written behind the answers: wait for the stop to land.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let log = loop {
+        let log = d.json(Method::GET, &events, Value::Null).await.1;
+        if log["events"].as_array().is_some_and(|e| e.len() >= 5) {
+            break log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log never held five events: {log}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let kinds: Vec<_> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "session.created",
+            "exec.verdict",
+            "session.paused",
+            "session.resumed",
+            "session.stopped"
+        ]
+    );
+    assert_eq!(log["more"], false);
+    assert_eq!(log["events"][1]["data"]["verdict"], "SANDBOX-EXEC-TIMEOUT");
+    assert_eq!(log["events"][4]["data"]["cause"], "deleted");
+    assert_eq!(log["events"][0]["data"]["session_id"], id.as_str());
+
+    // gRPC lists the same events, field for field.
+    let page = ok(c
+        .list_session_events(authed(
+            KEY1,
+            pb::ListSessionEventsRequest {
+                session_id: id.clone(),
+                ..Default::default()
+            },
+        ))
+        .await);
+    assert!(!page.more);
+    let over_grpc: Vec<Value> = page
+        .events
+        .iter()
+        .map(|e| {
+            let at = e.created_at.as_ref().unwrap();
+            let at = chrono::DateTime::from_timestamp(at.seconds, at.nanos as u32).unwrap();
+            json!({
+                "seq": e.seq, "id": e.id, "type": e.r#type, "created_at": at,
+                "data": serde_json::from_str::<Value>(&e.data_json).unwrap(),
+            })
+        })
+        .collect();
+    let over_rest: Vec<Value> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            let at: chrono::DateTime<chrono::Utc> =
+                serde_json::from_value(e["created_at"].clone()).unwrap();
+            e["created_at"] = json!(at);
+            e
+        })
+        .collect();
+    assert_eq!(over_grpc, over_rest);
+
+    // Paged by number on both faces.
+    let (_, v) = d
+        .json(
+            Method::GET,
+            &format!("{events}?after=2&limit=2"),
+            Value::Null,
+        )
+        .await;
+    let seqs: Vec<_> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].clone())
+        .collect();
+    assert_eq!((seqs, &v["more"]), (vec![json!(3), json!(4)], &json!(true)));
+    let page = ok(c
+        .list_session_events(authed(
+            KEY1,
+            pb::ListSessionEventsRequest {
+                session_id: id.clone(),
+                after: Some(4),
+                limit: Some(10),
+            },
+        ))
+        .await);
+    assert_eq!(page.events.iter().map(|e| e.seq).collect::<Vec<_>>(), [5]);
+
+    // Bad pages are refused; another tenant sees no such session.
+    for q in [
+        "limit=0",
+        "limit=501",
+        "after=-1",
+        "after=x",
+        "after=9223372036854775808",
+        "since=1",
+    ] {
+        let (status, v) = d
+            .json(Method::GET, &format!("{events}?{q}"), Value::Null)
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{q}: {v}");
+        assert_eq!(error_code(&v), "SANDBOX-INVALID-ARGUMENT", "{q}");
+    }
+    let (status, _) = d.json_as(KEY2, Method::GET, &events, Value::Null).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (code, _) = refused(
+        c.list_session_events(authed(
+            KEY2,
+            pb::ListSessionEventsRequest {
+                session_id: id.clone(),
+                ..Default::default()
+            },
+        ))
+        .await,
+    );
+    assert_eq!(code, Code::NotFound);
+    let (code, _) = refused(
+        c.list_session_events(authed(
+            KEY1,
+            pb::ListSessionEventsRequest {
+                session_id: id,
+                limit: Some(0),
+                ..Default::default()
+            },
+        ))
+        .await,
+    );
+    assert_eq!(code, Code::InvalidArgument);
+}

@@ -434,6 +434,25 @@ pub(crate) fn volume_meta(m: Option<pb::VolumeFileMeta>) -> koder_sessions::Volu
     }
 }
 
+impl From<api::SessionEventList> for pb::ListSessionEventsResponse {
+    fn from(page: api::SessionEventList) -> Self {
+        Self {
+            events: page
+                .events
+                .into_iter()
+                .map(|e| pb::SessionEvent {
+                    seq: e.seq,
+                    id: e.id,
+                    r#type: e.kind,
+                    created_at: Some(timestamp(e.created_at)),
+                    data_json: e.data.to_string(),
+                })
+                .collect(),
+            more: page.more,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -696,6 +696,23 @@ impl Sandbox for SandboxService {
         Ok(Response::new(snap.into()))
     }
 
+    async fn list_session_events(
+        &self,
+        req: Request<pb::ListSessionEventsRequest>,
+    ) -> Answer<pb::ListSessionEventsResponse> {
+        let (who, msg) = self.caller(req, Scope::Read).await?;
+        let limit = msg
+            .limit
+            .map_or(koder_sessions::EVENTS_PAGE_MAX, |l| l as usize);
+        let page = self
+            .s
+            .manager
+            .session_events(&who, &msg.session_id, msg.after.unwrap_or(0), limit)
+            .await
+            .or_status()?;
+        Ok(Response::new(page.into()))
+    }
+
     async fn list_snapshots(
         &self,
         req: Request<pb::ListSnapshotsRequest>,

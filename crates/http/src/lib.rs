@@ -69,6 +69,7 @@ pub struct AppState {
         routes::create_session, routes::list_sessions, routes::get_session, routes::delete_session,
         routes::set_timeout, routes::exec, routes::upload, routes::download, routes::list_files, routes::stat_file,
         routes::remove_file, routes::make_dir, routes::move_file, routes::session_metrics,
+        routes::session_events,
         live::list_execs, live::exec_status, live::exec_stream, live::exec_stdin, live::exec_signal,
         live::report_error, live::list_errors, terminal::terminal, watch::watch,
         preview::upstream, preview::pin, state::pause, routes::resume, routes::kill_processes, audit::network,
@@ -266,6 +267,7 @@ pub fn router(state: AppState) -> Router {
         .route("/{id}/files/mkdir", post(routes::make_dir))
         .route("/{id}/files/move", post(routes::move_file))
         .route("/{id}/metrics", get(routes::session_metrics))
+        .route("/{id}/events", get(routes::session_events))
         .route("/{id}/execs", get(live::list_execs))
         .route("/{id}/execs/{exec_id}", get(live::exec_status))
         .route("/{id}/execs/{exec_id}/stream", get(live::exec_stream))

@@ -7,7 +7,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use koder_api_types::{
     CreateSession, ErrorBody, ExecRequest, ExecResult, ExecStarted, FileEntry, FileList,
-    KilledProcesses, MakeDir, MoveFile, Session, SessionList, SessionMetrics, SetTimeout,
+    KilledProcesses, MakeDir, MoveFile, Session, SessionEventList, SessionList, SessionMetrics,
+    SetTimeout,
 };
 use koder_sessions::LaterStdin;
 use serde::Deserialize;
@@ -289,6 +290,33 @@ pub async fn session_metrics(
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<SessionMetrics>> {
     Ok(axum::Json(s.manager.metrics_of(&who, &id).await?))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Events numbered above this `seq` (default 0: from the oldest kept).
+    after: Option<u64>,
+    /// 1..=500, default 500.
+    #[param(minimum = 1, maximum = 500)]
+    limit: Option<usize>,
+}
+
+#[utoipa::path(get, path = "/v1/sandbox/sessions/{id}/events", tag = "sessions",
+    description = "The session's event log, oldest first: what its webhooks deliver (`session.created`, `session.paused`, `session.resumed`, `session.stopped`, `exec.verdict`), kept with its record (after it stopped too), the newest 500. Poll with `after` the last `seq` seen to follow it.",
+    params(("id" = String, Path), EventsQuery),
+    responses((status = 200, body = SessionEventList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn session_events(
+    State(s): State<AppState>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+) -> ApiResult<axum::Json<SessionEventList>> {
+    let limit = q.limit.unwrap_or(koder_sessions::EVENTS_PAGE_MAX);
+    let after = q.after.unwrap_or(0);
+    let page = s.manager.session_events(&who, &id, after, limit).await?;
+    Ok(axum::Json(page))
 }
 
 #[utoipa::path(post, path = "/v1/sandbox/sessions/{id}/kill-processes", tag = "sessions",

@@ -451,6 +451,23 @@ impl Client {
         decode(self.send(self.request(Method::GET, url)).await?).await
     }
 
+    /// `GET /v1/sandbox/sessions/{id}/events`: the session's event log (a stopped one's too),
+    /// the events numbered above `after`, oldest first, at most `limit` (the server's 500 when
+    /// `None`); `more` says whether another page follows.
+    pub async fn session_events(
+        &self,
+        id: &str,
+        after: u64,
+        limit: Option<u32>,
+    ) -> Result<types::SessionEventList> {
+        let url = self.session_url(id, &["events"])?;
+        let mut builder = self.request(Method::GET, url).query(&[("after", after)]);
+        if let Some(limit) = limit {
+            builder = builder.query(&[("limit", limit)]);
+        }
+        decode(self.send(builder).await?).await
+    }
+
     /// `POST /v1/sandbox/sessions/{id}/kill-processes`: SIGKILLs every process in the session
     /// (a fork bomb, a wedged tree) and keeps the session; returns how many were signalled.
     pub async fn kill_processes(&self, id: &str) -> Result<u32> {

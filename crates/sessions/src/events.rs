@@ -1,11 +1,19 @@
-//! Lifecycle events the manager emits for whoever listens (webhooks). Emitting never waits on
-//! a listener: a sink takes the event and queues it.
+//! Lifecycle events the manager emits for whoever listens (webhooks), each also appended to
+//! its session's log in the store (read back as the session's events and E2B's sandbox logs).
+//! Emitting never waits: a sink takes the event and queues it, the log has a queue of its own.
 
 use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 use serde_json::Value;
+use tokio::sync::mpsc;
+
+use koder_store::{SessionEventRecord, Store, StoreError};
+
+/// How many events of one session its log keeps (the newest): lifecycle events are a handful,
+/// but exec verdicts are one per killed exec and a loop of timeouts must not grow it forever.
+pub const LOG_KEEP: u32 = 500;
 
 /// Event types, as deliveries name them.
 pub mod kinds {
@@ -60,9 +68,22 @@ pub fn stop_cause(reason: &str) -> &'static str {
 pub(crate) struct Events {
     sink: Arc<OnceLock<Arc<dyn EventSink>>>,
     early: Arc<Mutex<Vec<Event>>>,
+    /// Into the sessions' logs (none in tests that only look at the sink).
+    log: Option<mpsc::UnboundedSender<Event>>,
 }
 
 impl Events {
+    /// Events also appended to their session's log in `store`, by a task of their own (in
+    /// the order emitted), so no emitter waits on the database.
+    pub(crate) fn logged_in(store: Store) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(append_forever(store, rx));
+        Self {
+            log: Some(tx),
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn set_sink(&self, sink: Arc<dyn EventSink>) {
         if self.sink.set(sink.clone()).is_err() {
             tracing::warn!("an event sink was set already; the new one is ignored");
@@ -81,9 +102,38 @@ impl Events {
             created_at: Utc::now(),
             data,
         };
+        if let Some(log) = &self.log {
+            let _ = log.send(event.clone());
+        }
         match self.sink.get() {
             Some(sink) => sink.emit(event),
             None => self.early.lock().push(event),
+        }
+    }
+}
+
+/// Appends each event naming a session to that session's log until every sender is gone.
+async fn append_forever(store: Store, mut rx: mpsc::UnboundedReceiver<Event>) {
+    while let Some(event) = rx.recv().await {
+        let Some(session_id) = event.data["session_id"].as_str() else {
+            continue;
+        };
+        let record = SessionEventRecord {
+            session_id: session_id.to_string(),
+            event_id: event.id,
+            kind: event.kind.to_string(),
+            at: event.created_at,
+            data: event.data,
+        };
+        match store.append_session_event(&record, LOG_KEEP).await {
+            Ok(()) => {}
+            // Its record is gone already (a create that failed before storing it).
+            Err(StoreError::NotFound) => {
+                tracing::debug!(session = %record.session_id, kind = %record.kind, "no record to log an event to")
+            }
+            Err(e) => {
+                tracing::warn!(session = %record.session_id, kind = %record.kind, error = %e, "logging a session event")
+            }
         }
     }
 }

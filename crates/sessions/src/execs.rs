@@ -217,8 +217,16 @@ impl FollowedExec {
 
     /// Writes to the exec's stdin; `close` closes it afterwards.
     pub(crate) async fn write_stdin(&self, data: Bytes, close: bool) -> Result<(), Error> {
-        if !self.state.lock().stdin_open {
-            return Err(Error::Conflict("stdin of this exec is closed".into()));
+        {
+            let st = self.state.lock();
+            // Said apart: E2B's envd answers an exited process's stdin with "not found", and
+            // its clients (the CLI's `sandbox exec` with piped input) rely on it.
+            if st.result.is_some() {
+                return Err(Error::Conflict("the exec has already exited".into()));
+            }
+            if !st.stdin_open {
+                return Err(Error::Conflict("stdin of this exec is closed".into()));
+            }
         }
         for chunk in data.chunks(proto::CHUNK_BYTES) {
             self.handle.send(ToAgent::Stdin(chunk.to_vec())).await?;

@@ -41,7 +41,7 @@ pub use live::{
 };
 pub use manager::{
     Account, BackgroundExec, BuildSandbox, E2bSecret, LaterStdin, Manager, Peer, Runtimes,
-    StepCommand, StepExit, VolumeEntry, VolumeFile, VolumeMeta,
+    StepCommand, StepExit, VolumeEntry, VolumeFile, VolumeMeta, EVENTS_PAGE_MAX,
 };
 pub use metrics::Metrics;
 pub use quota::{Clock, NO_ACCESS_PLAN};

@@ -723,3 +723,87 @@ async fn a_background_exec_keeps_stdin_open_only_when_asked() {
     m.exec(&acme, &s.id, cmd(&["true"])).await.unwrap();
     assert_eq!(*kept.lock().unwrap(), [true, false, false]);
 }
+
+#[tokio::test]
+async fn a_session_s_events_are_logged_paged_and_outlive_it() {
+    let tenants = [
+        tenant("acme", "standard", None),
+        tenant("evil", "standard", None),
+    ];
+    let f = fixture_with(&tenants, config(), verdict_runtime()).await;
+    let acme = who("acme");
+    let s = f
+        .manager
+        .create(&acme, CreateSession::default())
+        .await
+        .unwrap();
+    let oom = f.manager.exec(&acme, &s.id, cmd(&["oom"])).await.unwrap();
+    assert_eq!(oom.verdict.as_deref(), Some(codes::EXEC_KILLED_OOM));
+    // A normal exit, whatever its status, is no event.
+    f.manager.exec(&acme, &s.id, cmd(&["false"])).await.unwrap();
+    f.manager.destroy(&acme, &s.id).await.unwrap();
+
+    // The log is written behind the emitters' backs: wait for the stop to land.
+    let log = tokio::time::timeout(WITHIN, async {
+        loop {
+            let log = f
+                .manager
+                .session_events(&acme, &s.id, 0, 500)
+                .await
+                .unwrap();
+            if log.events.len() >= 3 {
+                return log;
+            }
+            tokio::time::sleep(StdDuration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the session's events were not logged");
+    let kinds: Vec<_> = log.events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["session.created", "exec.verdict", "session.stopped"]
+    );
+    assert!(!log.more);
+    let seqs: Vec<_> = log.events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    assert!(log
+        .events
+        .iter()
+        .all(|e| e.data["session_id"] == s.id.as_str()));
+    assert_eq!(log.events[1].data["verdict"], codes::EXEC_KILLED_OOM);
+    assert_eq!(log.events[2].data["cause"], "deleted");
+
+    // Paging: after a number, at most a limit, and whether more follow.
+    let page = f.manager.session_events(&acme, &s.id, 1, 1).await.unwrap();
+    assert_eq!(page.events.len(), 1);
+    assert_eq!(page.events[0].seq, 2);
+    assert!(page.more);
+    let rest = f.manager.session_events(&acme, &s.id, 3, 10).await.unwrap();
+    assert!(rest.events.is_empty() && !rest.more);
+    assert_eq!(
+        code_of(f.manager.session_events(&acme, &s.id, 1 << 63, 10).await),
+        ErrorCode::InvalidArgument
+    );
+    for limit in [0, 501] {
+        assert_eq!(
+            code_of(f.manager.session_events(&acme, &s.id, 0, limit).await),
+            ErrorCode::InvalidArgument,
+            "limit {limit}"
+        );
+    }
+
+    // Another tenant's session's log is an unknown id's.
+    assert_eq!(
+        code_of(f.manager.session_events(&who("evil"), &s.id, 0, 10).await),
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        code_of(
+            f.manager
+                .session_events(&acme, "no-such-session", 0, 10)
+                .await
+        ),
+        ErrorCode::NotFound
+    );
+}

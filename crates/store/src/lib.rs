@@ -54,6 +54,7 @@ mod e2b_secrets;
 mod nodes;
 mod secret_bindings;
 mod secrets;
+mod session_events;
 mod shared_images;
 mod state;
 #[cfg(test)]
@@ -69,6 +70,7 @@ pub use e2b_secrets::E2bSecretRecord;
 pub use nodes::{NodeInfo, NodeLoad, NodeRecord, NodeState};
 pub use secret_bindings::HeaderRules;
 pub use secrets::SecretRecord;
+pub use session_events::SessionEventRecord;
 pub use shared_images::{SharedImage, SharedName};
 pub use state::{DurablePause, LayerRecord, SessionDurable, SnapshotRecord};
 pub use volumes::{NamedVolumeMount, Quota, VolumeMountRecord, VolumeRecord};

@@ -1,7 +1,9 @@
-"""Sessions: create with options, get, list, connect, timeout, lifecycle, fork, metrics."""
+"""Sessions: create with options, get, list, connect, timeout, lifecycle, fork, metrics, event
+log."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -97,6 +99,36 @@ async def test_metrics_and_kill_processes(sb: Any) -> None:
     assert killed >= 1
     result = await run(sb.execs.wait(exec_id))
     assert result.verdict == "SANDBOX-EXEC-KILLED"
+
+
+async def test_event_log(client: Any, other: Any) -> None:
+    s = await run(client.sessions.create())
+    try:
+        r = await run(s.exec(shell="sleep 30", timeout_ms=200))
+        assert r.verdict == "SANDBOX-EXEC-TIMEOUT"
+    finally:
+        await run(s.delete())
+    for _ in range(100):  # the log is written after the calls answer, not before
+        log = await run(s.events())
+        if len(log) >= 3:
+            break
+        await asyncio.sleep(0.1)
+    assert isinstance(log, ks.SessionEventList) and log.more is False
+    assert [(e.seq, e.type) for e in log] == [
+        (1, "session.created"),
+        (2, "exec.verdict"),
+        (3, "session.stopped"),
+    ]
+    assert all(isinstance(e, ks.SessionEvent) and e.data["session_id"] == s.id for e in log)
+    assert log.events[1].data["verdict"] == "SANDBOX-EXEC-TIMEOUT"
+    assert log.events[2].data["cause"] == "deleted"
+    page = await run(s.events(after=1, limit=1))
+    assert [e.seq for e in page] == [2] and page.more is True
+    assert page.events[0].id == log.events[1].id
+    with pytest.raises(ks.InvalidArgumentError):
+        await run(s.events(limit=0))
+    with pytest.raises(ks.NotFoundError):
+        await run(other.sessions.connect(s.id).events())
 
 
 async def test_errors_ring(sb: Any) -> None:

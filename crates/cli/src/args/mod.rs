@@ -28,7 +28,7 @@ pub use live::{
     StdinArgs, WatchArgs,
 };
 pub use mcp::McpArgs;
-pub use sessions::{CreateArgs, KillArgs, SessionArgs, SessionOpts, TimeoutArgs};
+pub use sessions::{CreateArgs, EventsArgs, KillArgs, SessionArgs, SessionOpts, TimeoutArgs};
 pub use state::{
     ForkArgs, LifecycleOpts, PauseArgs, RestoreArgs, SnapshotCommand, SnapshotCreateArgs,
 };
@@ -190,6 +190,9 @@ pub enum ClientCommand {
     Health(OnlyOpts),
     /// Live resource use of a session (CPU, memory, pids, disk).
     Metrics(SessionArgs),
+    /// What happened to a session (created, paused, resumed, stopped and why, execs killed by
+    /// a limit), a stopped one's too.
+    Events(EventsArgs),
     /// Open an interactive shell in a session (raw terminal, resizes follow the window).
     Shell(SessionArgs),
     /// Attach a terminal to a program in a session: `attach S -- top`.

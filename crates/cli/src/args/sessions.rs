@@ -12,6 +12,20 @@ pub struct SessionArgs {
     pub c: LocalOpts,
 }
 
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Session id.
+    pub session: String,
+    /// Only events numbered above this (the first column).
+    #[arg(long, default_value_t = 0)]
+    pub after: u64,
+    /// Keep printing new events until the session stops.
+    #[arg(long, short)]
+    pub follow: bool,
+    #[command(flatten)]
+    pub c: LocalOpts,
+}
+
 /// Session settings shared by `create` and `run`.
 #[derive(Debug, Clone, Default, Args)]
 pub struct SessionOpts {

@@ -75,6 +75,7 @@ pub async fn dispatch(g: &GlobalOpts, command: Command) -> Result<i32> {
         Command::Pause(a) => state::pause(Ctx::new(g, &a.c)?, a).await,
         Command::Resume(a) => state::resume(Ctx::new(g, &a.c)?, a).await,
         Command::Metrics(a) => sessions::metrics(Ctx::new(g, &a.c)?, &a.session).await,
+        Command::Events(a) => sessions::events(Ctx::new(g, &a.c)?, a).await,
         Command::Health(a) => sessions::health(Ctx::new(g, &a.c)?).await,
         Command::Exec(a) => exec::exec(Ctx::new(g, &a.c)?, a).await,
         Command::Run(a) => exec::run(Ctx::new(g, &a.c)?, a).await,

@@ -1,9 +1,9 @@
-//! create, ls, info, kill, kill-processes, timeout, metrics, health.
+//! create, ls, info, kill, kill-processes, timeout, metrics, events, health.
 
 use koder_sdk::{types, CreateSession, Limits, Network};
 
 use super::Ctx;
-use crate::args::{usage_error, CreateArgs, SessionOpts};
+use crate::args::{usage_error, CreateArgs, EventsArgs, SessionOpts};
 use crate::error::Result;
 use crate::output::{self, print_line};
 
@@ -117,6 +117,35 @@ pub async fn metrics(ctx: Ctx, id: &str) -> Result<i32> {
     let m = ctx.client.session_metrics(id).await?;
     ctx.out.print(&m, output::metrics_table)?;
     Ok(0)
+}
+
+/// How often `events --follow` asks for new events.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// One line per event (a JSON object with `--json`), so a followed log prints as it grows.
+pub async fn events(ctx: Ctx, a: EventsArgs) -> Result<i32> {
+    let mut after = a.after;
+    loop {
+        let page = ctx.client.session_events(&a.session, after, None).await?;
+        let mut stopped = false;
+        for e in &page.events {
+            ctx.out.print(e, output::event_line)?;
+            after = e.seq;
+            stopped |= e.kind == "session.stopped";
+        }
+        if page.more {
+            continue;
+        }
+        if !a.follow || stopped {
+            return Ok(0);
+        }
+        // A session can end without a stop event reaching its log (its record lost with a
+        // node): stop following once it is over and nothing more came.
+        if page.events.is_empty() && ctx.client.get_session(&a.session).await?.state.is_ended() {
+            return Ok(0);
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
 }
 
 pub async fn health(ctx: Ctx) -> Result<i32> {

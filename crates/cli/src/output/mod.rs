@@ -11,10 +11,11 @@ use serde::Serialize;
 pub use exec::exit_status;
 pub use exec::{print_result, print_stream};
 pub use tables::{
-    audit_table, build_table, contexts_table, deliveries_table, errors_table, exec_status_table,
-    execs_table, file_table, files_table, image_languages, images_table, metrics_table,
-    network_line, nodes_table, secrets_table, session_table, sessions_table, snapshot_table,
-    snapshots_table, tenants_table, volume_table, volumes_table, webhook_created, webhooks_table,
+    audit_table, build_table, contexts_table, deliveries_table, errors_table, event_line,
+    exec_status_table, execs_table, file_table, files_table, image_languages, images_table,
+    metrics_table, network_line, nodes_table, secrets_table, session_table, sessions_table,
+    snapshot_table, snapshots_table, tenants_table, volume_table, volumes_table, webhook_created,
+    webhooks_table,
 };
 
 /// How a command prints what it got.

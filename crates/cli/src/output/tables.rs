@@ -235,6 +235,23 @@ pub fn metrics_table(m: &types::SessionMetrics) -> String {
     ])
 }
 
+/// `SEQ  TIME  TYPE  key=value...`: an event with its data, the session id left out.
+pub fn event_line(e: &types::SessionEvent) -> String {
+    let mut line = format!("{}\t{}\t{}", e.seq, format_time(&e.created_at), e.kind);
+    if let serde_json::Value::Object(data) = &e.data {
+        for (k, v) in data
+            .iter()
+            .filter(|(k, v)| *k != "session_id" && !v.is_null())
+        {
+            match v.as_str() {
+                Some(s) => line.push_str(&format!("\t{k}={s:?}")),
+                None => line.push_str(&format!("\t{k}={v}")),
+            }
+        }
+    }
+    line
+}
+
 pub fn tenants_table(tenants: &[types::TenantInfo]) -> String {
     table(
         &["ID", "PLAN", "SESSIONS", "MINUTES TODAY", "NAME"],

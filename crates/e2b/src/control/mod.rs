@@ -4,6 +4,7 @@
 
 pub mod cpu;
 pub mod keys;
+mod logs;
 mod page;
 mod secrets;
 mod snapshots;
@@ -137,10 +138,11 @@ pub fn router() -> Router<E2b> {
             "/sandboxes/{id}/metrics",
             get(metrics).fallback(unsupported),
         )
+        .merge(logs::routes())
         .merge(volumes::routes())
         .merge(secrets::routes())
         .merge(templates::routes())
-        // The rest of E2B's API (legacy template builds, logs...) answers in
+        // The rest of E2B's API (legacy template builds, team calls...) answers in
         // E2B's error shape too: the native 404 body would crash the SDK.
         .fallback(unsupported)
 }
@@ -169,7 +171,7 @@ async fn unsupported(method: axum::http::Method, uri: axum::http::Uri) -> HttpEr
     HttpError::new(
         501,
         format!(
-            "{method} {} is not supported by koder-sandbox's E2B API (sandboxes: create, connect, list, info, timeout, pause, resume, snapshots, fork, metrics, kill; snapshots: list, delete; templates: build (v3/v2), files, status, aliases, tags, list, delete; volumes and their content; secrets)",
+            "{method} {} is not supported by koder-sandbox's E2B API (sandboxes: create, connect, list, info, timeout, pause, resume, snapshots, fork, metrics, logs, kill; snapshots: list, delete; templates: build (v3/v2), files, status, aliases, tags, list, delete; volumes and their content; secrets)",
             uri.path()
         ),
     )

@@ -24,6 +24,7 @@ pub use build::{BuildSandbox, StepCommand, StepExit};
 pub use e2b_secrets::E2bSecret;
 pub use exec::{BackgroundExec, LaterStdin};
 pub use nodes::Peer;
+pub use observe::EVENTS_PAGE_MAX;
 pub use volume_files::{VolumeEntry, VolumeFile, VolumeMeta};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -108,7 +109,7 @@ pub struct Manager {
     images: Images,
     /// Named images shared with the other nodes (`SessionConfig::share_images`).
     shared: Option<SharedImages>,
-    /// Where lifecycle events go (webhooks).
+    /// Where lifecycle events go (webhooks, the sessions' logs).
     pub(crate) events: Events,
 }
 
@@ -144,7 +145,7 @@ impl Manager {
         cfg: SessionConfig,
         clock: Clock,
     ) -> Result<Arc<Self>, Error> {
-        let events = Events::default();
+        let events = Events::logged_in(store.clone());
         lifecycle::reconcile(&store, &runtimes, &events, cfg.node_id.as_deref()).await?;
         let layers = match &cfg.state_dir {
             Some(dir) => {

@@ -1,7 +1,7 @@
 //! What a tenant can read about its sessions besides their state: the error ring, resource
-//! metrics, quota usage and the network audit log.
+//! metrics, the event log, quota usage and the network audit log.
 
-use koder_api_types::{ErrorEntry, ReportError, SessionMetrics};
+use koder_api_types::{ErrorEntry, ReportError, SessionEvent, SessionEventList, SessionMetrics};
 use koder_auth::Identity;
 use koder_store::AuditRecord;
 
@@ -10,7 +10,55 @@ use crate::quota;
 use crate::session::MAX_ERRORS;
 use crate::Error;
 
+/// Most events one page of a session's log holds (and what `limit` defaults to).
+pub const EVENTS_PAGE_MAX: usize = 500;
+
 impl Manager {
+    /// The tenant's session's events numbered above `after`, at most `limit` (1 to
+    /// [`EVENTS_PAGE_MAX`]), oldest first. A stopped session's log is there as long as its
+    /// record; what another tenant's session logged is a `NotFound` like an unknown id.
+    pub async fn session_events(
+        &self,
+        who: &Identity,
+        id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<SessionEventList, Error> {
+        // Numbers are kept signed: one beyond is refused rather than never reached.
+        if i64::try_from(after).is_err() {
+            return Err(Error::InvalidArgument(format!(
+                "after must be at most {}",
+                i64::MAX
+            )));
+        }
+        if !(1..=EVENTS_PAGE_MAX).contains(&limit) {
+            return Err(Error::InvalidArgument(format!(
+                "limit must be 1 to {EVENTS_PAGE_MAX}, not {limit}"
+            )));
+        }
+        self.record(who, id).await?;
+        let mut events = self
+            .store
+            .session_events(id)
+            .await?
+            .into_iter()
+            .filter_map(|(seq, e)| {
+                let seq = u64::try_from(seq).ok().filter(|seq| *seq > after)?;
+                Some(SessionEvent {
+                    seq,
+                    id: e.event_id,
+                    kind: e.kind,
+                    created_at: e.at,
+                    data: e.data,
+                })
+            });
+        let page: Vec<_> = events.by_ref().take(limit).collect();
+        Ok(SessionEventList {
+            more: events.next().is_some(),
+            events: page,
+        })
+    }
+
     /// Live sessions of `tenant` and session-minutes it used today.
     pub async fn tenant_usage(&self, tenant: &str) -> Result<(u64, u64), Error> {
         let live = self

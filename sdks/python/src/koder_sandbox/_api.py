@@ -61,6 +61,7 @@ from ._models import (
     Limits,
     Network,
     RunResult,
+    SessionEventList,
     SessionInfo,
     SessionMetrics,
     SnapshotInfo,
@@ -525,6 +526,15 @@ class SandboxBase(Bound[F]):
     def kill_processes(self) -> Call[int]:
         """Kills every process in the session and keeps it running; answers how many."""
         return Call(Request("POST", f"{self._path}/kill-processes"), as_field("killed", int))
+
+    @op
+    def events(self, after: int = 0, limit: int | None = None) -> Call[SessionEventList]:
+        """The session's event log (a stopped session's too), oldest first: the events numbered
+        above ``after``, at most ``limit`` (1–500, the server's 500 by default). To follow it,
+        ask again with ``after`` the last ``seq`` seen. The log is written just behind the calls
+        that make its events, so an event may show up a moment after its call's answer."""
+        request = Request("GET", f"{self._path}/events", params=query(after=after, limit=limit))
+        return Call(request, as_model(SessionEventList))
 
     # --- exec ---
 

@@ -171,6 +171,36 @@ class SessionMetrics:
 
 
 @dataclass(frozen=True)
+class SessionEvent:
+    """One thing that happened to a session, as its webhook delivers it: ``type``
+    ``session.created``, ``session.paused``, ``session.resumed``, ``session.stopped`` (``data``
+    has its ``cause`` and ``reason``) or ``exec.verdict`` (an exec its limits or a signal
+    ended: ``verdict``, ``exit_code``, ``signal``, ``duration_ms``). ``seq`` numbers the
+    session's events from 1; ``id`` is the webhook delivery's."""
+
+    seq: int
+    id: str
+    type: str
+    created_at: _dt.datetime
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SessionEventList:
+    """A page of a session's event log, oldest first; when ``more``, pass the last ``seq`` as
+    ``after`` for the next page."""
+
+    events: list[SessionEvent]
+    more: bool = False
+
+    def __iter__(self) -> typing.Iterator[SessionEvent]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+@dataclass(frozen=True)
 class SnapshotInfo:
     """A captured filesystem of a session."""
 
