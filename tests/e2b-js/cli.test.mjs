@@ -1,10 +1,10 @@
 // E2B's own CLI (`@e2b/cli` from npm, unchanged) against the daemon: the commands that manage
 // sandboxes, reading the same E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY as the SDK. Its
 // output is what a user at a terminal reads, so the tests parse its JSON formats.
-import { test } from 'node:test'
+import { after, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawnSync } from 'node:child_process'
-import { mkdtempSync } from 'node:fs'
+import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -13,6 +13,7 @@ import { sandbox, eventually } from './common.mjs'
 const CLI = fileURLToPath(new URL('./node_modules/@e2b/cli/dist/index.js', import.meta.url))
 // A home of its own: the CLI reads (and may write) ~/.e2b; nobody's login is used.
 const HOME = mkdtempSync(join(tmpdir(), 'e2b-cli-home-'))
+after(() => rmSync(HOME, { recursive: true, force: true }))
 
 function e2b(...args) {
   const r = spawnSync(process.execPath, [CLI, ...args], {
