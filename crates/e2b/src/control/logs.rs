@@ -201,11 +201,19 @@ impl LogQuery {
     }
 }
 
-/// The session's whole log (the store keeps at most a page of it).
-async fn log_of(e2b: &E2b, who: &Identity, id: &str) -> Result<Vec<SessionEvent>, HttpError> {
+/// The entries of the session's log (the store keeps at most a page of it) that the query of
+/// either version selects.
+async fn selected(
+    e2b: &E2b,
+    who: &Identity,
+    id: &str,
+    params: &[(String, String)],
+    v2: bool,
+) -> Result<Vec<Entry>, HttpError> {
+    let q = LogQuery::parse(params, v2)?;
     let page = koder_sessions::EVENTS_PAGE_MAX;
     match e2b.manager().session_events(who, id, 0, page).await {
-        Ok(log) => Ok(log.events),
+        Ok(log) => Ok(q.select(&log.events)),
         Err(koder_sessions::Error::NotFound) => {
             Err(HttpError::not_found(format!("sandbox {id:?} not found")))
         }
@@ -220,8 +228,7 @@ async fn v1(
     Path(id): Path<String>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> Result<axum::Json<Value>, HttpError> {
-    let q = LogQuery::parse(&params, false)?;
-    let entries = q.select(&log_of(&e2b, &who, &id).await?);
+    let entries = selected(&e2b, &who, &id, &params, false).await?;
     Ok(axum::Json(json!({
         "logs": entries.iter().map(Entry::line).collect::<Vec<_>>(),
         "logEntries": entries.iter().map(Entry::structured).collect::<Vec<_>>(),
@@ -235,8 +242,7 @@ async fn v2(
     Path(id): Path<String>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> Result<axum::Json<Value>, HttpError> {
-    let q = LogQuery::parse(&params, true)?;
-    let entries = q.select(&log_of(&e2b, &who, &id).await?);
+    let entries = selected(&e2b, &who, &id, &params, true).await?;
     Ok(axum::Json(json!({
         "logs": entries.iter().map(Entry::structured).collect::<Vec<_>>(),
     })))
