@@ -53,6 +53,9 @@ pub struct Config {
     pub e2b: E2bSection,
     /// Nodes serving each other's sessions: `secret_file` holds the secret they share.
     pub cluster: ClusterSection,
+    /// Days stopped sessions' records, the network audit and the webhook delivery log are
+    /// kept, 30 each by default.
+    pub retention: crate::retention::RetentionSection,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -430,6 +433,7 @@ impl Config {
         cfg.auth.admin_keys.extend(args.admin_keys.iter().cloned());
         cfg.node.check()?;
         cfg.e2b.check()?;
+        cfg.retention.check()?;
         cfg.server.tls()?;
         Ok(cfg)
     }
@@ -446,7 +450,7 @@ mod tests {
         let path = dir.path().join("k.toml");
         std::fs::write(
             &path,
-            "env = \"dev\"\n[server]\nlisten = \"127.0.0.1:9000\"\n[sessions]\ndefault_timeout_s = 60\npool = { python = 3, bash = { min = 1, max = 16 } }\n[tenants.acme]\nplan = \"pro\"\nmax_sessions = 5\n",
+            "env = \"dev\"\n[server]\nlisten = \"127.0.0.1:9000\"\n[sessions]\ndefault_timeout_s = 60\npool = { python = 3, bash = { min = 1, max = 16 } }\n[tenants.acme]\nplan = \"pro\"\nmax_sessions = 5\n[retention]\nnetwork_audit_days = 7\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -464,6 +468,16 @@ mod tests {
         assert_eq!(cfg.sessions.pool["bash"], PoolSize { min: 1, max: 16 });
         assert_eq!(cfg.tenants["acme"].max_sessions, Some(5));
         assert_eq!(cfg.auth.api_keys, ["acme:abcdefgh"]);
+        let kept = &cfg.retention;
+        assert_eq!(
+            (
+                kept.stopped_session_days,
+                kept.network_audit_days,
+                kept.webhook_delivery_days
+            ),
+            (30, 7, 30),
+            "what the file leaves out keeps its default"
+        );
     }
 
     #[test]
@@ -519,6 +533,10 @@ mod tests {
             "[e2b]\ntemplate_files_mib = 18446744073709551615\n",
             "[e2b]\ntemplate_files_keep_days = 0\n",
             "[e2b]\ntemplate_files_keep_days = 1000000\n",
+            "[retention]\nstopped_session_days = 0\n",
+            "[retention]\nnetwork_audit_days = 36501\n",
+            "[retention]\nwebhook_delivery_days = -1\n",
+            "[retention]\nsessions_days = 3\n",
             "[server]\ntls_listen = \"127.0.0.1:443\"\n",
             "[server]\ntls_listen = \"127.0.0.1:443\"\ntls_cert = \"/c.pem\"\n",
             "[server]\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n",

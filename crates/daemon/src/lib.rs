@@ -4,6 +4,7 @@
 pub mod config;
 mod keyfile;
 mod node;
+mod retention;
 mod tls;
 
 use std::net::SocketAddr;
@@ -119,6 +120,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )
     .await?;
     manager.set_event_sink(webhooks.clone());
+    // After the manager's start-up pass, which ends what the last run left running.
+    retention::spawn(store.clone(), cfg.retention.clone());
     let state = koder_http::AppState {
         manager: manager.clone(),
         auth: auth.clone(),

@@ -110,3 +110,119 @@ async fn sigkill_and_restart_leaves_nothing_behind() {
         "layers left after shutdown"
     );
 }
+
+/// `[retention]`: at start (and hourly), a stopped session past its age goes with its event
+/// log, and so do old audit entries; younger ones, live sessions and the daemon's own fresh
+/// writes stay. Time passing is the test editing the store while the daemon is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_past_their_retention_are_pruned_at_start() {
+    let Some(()) = root_or_skip() else { return };
+    let mut d = Daemon::start(
+        "[sessions]\npool = {}\n[retention]\nstopped_session_days = 2\nnetwork_audit_days = 1\n",
+    )
+    .await;
+    let old = d.create(json!({})).await;
+    let recent = d.create(json!({})).await;
+    let live = d.create(json!({})).await;
+    let (status, _) = d
+        .json(
+            Method::DELETE,
+            &format!("/v1/sandbox/sessions/{recent}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    // A crash, not a shutdown: `old` stays recorded as running, so the test can end it days ago.
+    d.crash();
+
+    let store = koder_store::Store::open_sqlite(&d.data_dir().join("state.db"))
+        .await
+        .unwrap();
+    let now = chrono::Utc::now();
+    store
+        .set_session_state_at(
+            &old,
+            koder_api_types::SessionState::Stopped,
+            Some("test"),
+            now - chrono::TimeDelta::days(3),
+        )
+        .await
+        .unwrap();
+    for (dest, age) in [("127.0.0.2", 2), ("127.0.0.3", 0)] {
+        store
+            .insert_audit(&koder_store::AuditRecord {
+                id: 0,
+                at: now - chrono::TimeDelta::days(age),
+                tenant_id: "t1".into(),
+                session_id: live.clone(),
+                proto: "tcp".into(),
+                dest: dest.into(),
+                port: 80,
+                name: None,
+                allowed: false,
+                reason: "test".into(),
+            })
+            .await
+            .unwrap();
+    }
+    store.close().await;
+
+    d.launch().await;
+    let get = |id: String| {
+        let d = &d;
+        async move {
+            d.json(
+                Method::GET,
+                &format!("/v1/sandbox/sessions/{id}"),
+                Value::Null,
+            )
+            .await
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while get(old.clone()).await.0 != StatusCode::NOT_FOUND {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old session was not pruned"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (status, _) = d
+        .json(
+            Method::GET,
+            &format!("/v1/sandbox/sessions/{old}/events"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "its log went with it");
+    let (status, s) = get(recent.clone()).await;
+    assert_eq!(
+        (status, s["state"].as_str()),
+        (StatusCode::OK, Some("stopped"))
+    );
+    let (_, events) = d
+        .json(
+            Method::GET,
+            &format!("/v1/sandbox/sessions/{recent}/events"),
+            Value::Null,
+        )
+        .await;
+    assert!(!events["events"].as_array().unwrap().is_empty(), "{events}");
+    // The restarted daemon ended `live`, which the crash left running: stopped now, kept.
+    assert_eq!(get(live.clone()).await.0, StatusCode::OK);
+    let (_, audit) = d
+        .json(
+            Method::GET,
+            &format!("/v1/sandbox/audit/network?session_id={live}"),
+            Value::Null,
+        )
+        .await;
+    let dests: Vec<_> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["dest"].as_str().unwrap())
+        .collect();
+    assert_eq!(dests, ["127.0.0.3"], "{audit}");
+    d.stop();
+}

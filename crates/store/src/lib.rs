@@ -52,6 +52,7 @@ mod cluster;
 mod db;
 mod e2b_secrets;
 mod nodes;
+mod retention;
 mod secret_bindings;
 mod secrets;
 mod session_events;
@@ -68,6 +69,7 @@ pub use builds::BuildRecord;
 pub use db::Backend;
 pub use e2b_secrets::E2bSecretRecord;
 pub use nodes::{NodeInfo, NodeLoad, NodeRecord, NodeState};
+pub use retention::{Cutoffs, Pruned};
 pub use secret_bindings::HeaderRules;
 pub use secrets::SecretRecord;
 pub use session_events::SessionEventRecord;
@@ -868,23 +870,6 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
-    }
-
-    /// Deletes stopped sessions that ended before `before` (retention). Returns how many.
-    pub async fn delete_stopped_sessions_ended_before(
-        &self,
-        before: DateTime<Utc>,
-    ) -> Result<u64, StoreError> {
-        // A mount row a crash left behind would pin the session row.
-        self.release_stopped_volume_mounts().await?;
-        let done = query(
-            "DELETE FROM sessions WHERE state = 'stopped' AND ended_at_ms IS NOT NULL \
-             AND ended_at_ms < $1",
-        )
-        .bind(to_ms(before))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
     }
 }
 

@@ -296,19 +296,19 @@ async fn state_changes_and_expiry(db: TestDb) {
     let err = store.set_session_expiry("nope", t(0)).await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound), "{err}");
 
-    // Retention.
+    // Retention: ended before the cutoff, not at it.
+    let at = |cutoff| crate::Cutoffs {
+        stopped_sessions: cutoff,
+        network_audit: t(0),
+        webhook_deliveries: t(0),
+    };
+    assert_eq!(store.prune(&at(ended)).await.unwrap().sessions, 0);
     assert_eq!(
         store
-            .delete_stopped_sessions_ended_before(ended)
+            .prune(&at(ended + chrono::Duration::milliseconds(1)))
             .await
-            .unwrap(),
-        0
-    );
-    assert_eq!(
-        store
-            .delete_stopped_sessions_ended_before(ended + chrono::Duration::milliseconds(1))
-            .await
-            .unwrap(),
+            .unwrap()
+            .sessions,
         1
     );
     assert_eq!(store.get_session("s1").await.unwrap(), None);

@@ -315,7 +315,7 @@ fn delivery_from_row(row: &DbRow) -> Result<DeliveryRecord, StoreError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::testing::{on_both_backends, TestDb};
     use crate::Tenant;
@@ -338,7 +338,7 @@ mod tests {
         store
     }
 
-    fn hook(id: &str, tenant: &str, events: &[&str]) -> WebhookRecord {
+    pub(crate) fn hook(id: &str, tenant: &str, events: &[&str]) -> WebhookRecord {
         WebhookRecord {
             id: id.into(),
             tenant_id: tenant.into(),
