@@ -112,6 +112,7 @@ impl From<koder_sessions::Error> for RpcError {
             E::UnknownAccount(_) => Code::Unauthenticated,
             E::SecretNotFound(_)
             | E::NotFound
+            | E::ExecExited
             | E::FileNotFound(_)
             | E::TenantNotFound(_)
             | E::SnapshotNotFound

@@ -28,6 +28,10 @@ pub enum Error {
     TenantNotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// Stdin or a signal for an exec that has ended: a conflict on the native faces, while
+    /// E2B's envd answers "not found" for a process that is gone (its CLI relies on it).
+    #[error("the exec has already exited")]
+    ExecExited,
     #[error("{0}")]
     PermissionDenied(String),
     #[error("{0}")]
@@ -89,7 +93,7 @@ impl Error {
             Error::NotFound | Error::FileNotFound(_) | Error::TenantNotFound(_) => {
                 ErrorCode::NotFound
             }
-            Error::Conflict(_) => ErrorCode::Conflict,
+            Error::Conflict(_) | Error::ExecExited => ErrorCode::Conflict,
             Error::PermissionDenied(_) => ErrorCode::PermissionDenied,
             Error::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
             Error::FsQuotaExceeded(_) => ErrorCode::FsQuotaExceeded,

@@ -219,10 +219,8 @@ impl FollowedExec {
     pub(crate) async fn write_stdin(&self, data: Bytes, close: bool) -> Result<(), Error> {
         {
             let st = self.state.lock();
-            // Said apart: E2B's envd answers an exited process's stdin with "not found", and
-            // its clients (the CLI's `sandbox exec` with piped input) rely on it.
             if st.result.is_some() {
-                return Err(Error::Conflict("the exec has already exited".into()));
+                return Err(Error::ExecExited);
             }
             if !st.stdin_open {
                 return Err(Error::Conflict("stdin of this exec is closed".into()));
@@ -246,7 +244,7 @@ impl FollowedExec {
         let live = {
             let st = self.state.lock();
             if st.result.is_some() {
-                return Err(Error::Conflict("the exec has already exited".into()));
+                return Err(Error::ExecExited);
             }
             self.events.subscribe()
         };

@@ -725,6 +725,51 @@ async fn a_background_exec_keeps_stdin_open_only_when_asked() {
 }
 
 #[tokio::test]
+async fn an_exited_exec_says_so_to_its_stdin_and_signals() {
+    let (f, acme, s) = acme_session(MemoryRuntime::new()).await;
+    let m = &f.manager;
+    let done = m
+        .exec_background(&acme, &s.id, cmd(&["true"]), LaterStdin::Open)
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(WITHIN, async {
+        while m
+            .exec_status(&acme, &s.id, &done.exec_id)
+            .await
+            .unwrap()
+            .result
+            .is_none()
+        {
+            tokio::time::sleep(StdDuration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the exec never ended");
+    let input = bytes::Bytes::from_static(b"x\n");
+    // Typed, not told by its message: E2B's envd turns exactly this into "process not found".
+    for (what, got) in [
+        (
+            "stdin",
+            m.exec_stdin(&acme, &s.id, &done.exec_id, input.clone(), false)
+                .await,
+        ),
+        (
+            "close",
+            m.exec_stdin(&acme, &s.id, &done.exec_id, bytes::Bytes::new(), true)
+                .await,
+        ),
+        (
+            "signal",
+            m.exec_signal(&acme, &s.id, &done.exec_id, "SIGTERM").await,
+        ),
+    ] {
+        let err = got.expect_err(what);
+        assert!(matches!(err, Error::ExecExited), "{what}: {err:?}");
+        assert_eq!(err.code(), ErrorCode::Conflict, "{what}");
+    }
+}
+
+#[tokio::test]
 async fn a_session_s_events_are_logged_paged_and_outlive_it() {
     let tenants = [
         tenant("acme", "standard", None),

@@ -310,8 +310,9 @@ fn find(ctx: &SandboxCtx, sel: Option<&ProcessSelector>) -> Result<(u32, Kind), 
 /// An exec that ended (or was forgotten) is a process that no longer exists, for envd.
 fn exited_is_not_found(e: koder_sessions::Error, pid: u32) -> RpcError {
     match e {
-        koder_sessions::Error::Conflict(m) if m.contains("exited") => not_found(pid),
-        koder_sessions::Error::FileNotFound(_) => not_found(pid),
+        koder_sessions::Error::ExecExited | koder_sessions::Error::FileNotFound(_) => {
+            not_found(pid)
+        }
         other => other.into(),
     }
 }
