@@ -143,13 +143,11 @@ impl Interp {
             }
         }
         while errors.len() < STARTUP_STDERR {
-            match self.stderr.try_read(&mut buf) {
-                Ok(n) if n > 0 => {
-                    let room = STARTUP_STDERR - errors.len();
-                    errors.extend_from_slice(&buf[..n.min(room)]);
-                }
-                _ => break,
-            }
+            let Some(n) = super::run::read_now(&self.stderr, &mut buf) else {
+                break;
+            };
+            let room = STARTUP_STDERR - errors.len();
+            errors.extend_from_slice(&buf[..n.min(room)]);
         }
         Err(AgentError::new(
             ErrorCode::SpawnFailed,

@@ -216,10 +216,7 @@ impl<'a> Sinks<'a> {
     /// Forwards what is left in an output pipe once the run ended (bounded by [`DRAIN_READS`]).
     async fn drain(&mut self, r: &pipe::Receiver, buf: &mut [u8], is_stderr: bool) {
         for _ in 0..DRAIN_READS {
-            let k = match r.try_read(buf) {
-                Ok(k) if k > 0 => k,
-                _ => return,
-            };
+            let Some(k) = read_now(r, buf) else { return };
             let more = if is_stderr {
                 self.stderr(&buf[..k]).await
             } else {
@@ -234,8 +231,25 @@ impl<'a> Sinks<'a> {
 
 fn discard_pending(r: &pipe::Receiver, buf: &mut [u8]) {
     for _ in 0..DRAIN_READS {
-        if !matches!(r.try_read(buf), Ok(k) if k > 0) {
+        if read_now(r, buf).is_none() {
             return;
+        }
+    }
+}
+
+/// One read of what the pipe holds now, asking the kernel. Not `try_read`: that answers
+/// `WouldBlock` without reading while tokio's reactor has not yet seen the pipe become
+/// readable, and it may not have: the run's "done" line can come out of the events reader's
+/// buffer, read together with an earlier event, before the reactor's next turn. The output
+/// flushed before "done" would then be missed here and thrown away as stale by the next run.
+/// The pipe is non-blocking (tokio made it so), so this never waits. `None`: nothing there,
+/// the writers are gone, or the read failed.
+pub(super) fn read_now(r: &pipe::Receiver, buf: &mut [u8]) -> Option<usize> {
+    loop {
+        match rustix::io::read(r, &mut *buf) {
+            Ok(k) if k > 0 => return Some(k),
+            Err(rustix::io::Errno::INTR) => continue,
+            _ => return None,
         }
     }
 }
@@ -247,4 +261,29 @@ async fn exited(pidfd: Option<&AsyncFd<OwnedFd>>) {
         }
     }
     std::future::pending().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No await between the writes and the reads: the reactor never ran, as when a run's
+    /// "done" came out of the events reader's buffer.
+    #[tokio::test(flavor = "current_thread")]
+    async fn what_the_kernel_holds_is_read_before_the_reactor_sees_it() {
+        let (tx, rx) = pipe::pipe().unwrap();
+        let mut buf = [0u8; 16];
+        rustix::io::write(&tx, b"stale").unwrap();
+        discard_pending(&rx, &mut buf);
+        rustix::io::write(&tx, b"done\n").unwrap();
+        assert_eq!(
+            read_now(&rx, &mut buf),
+            Some(5),
+            "the stale bytes were discarded"
+        );
+        assert_eq!(&buf[..5], b"done\n");
+        assert_eq!(read_now(&rx, &mut buf), None, "an empty pipe does not wait");
+        drop(tx);
+        assert_eq!(read_now(&rx, &mut buf), None, "nor does a closed one");
+    }
 }
