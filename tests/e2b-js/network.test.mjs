@@ -89,6 +89,11 @@ test('header rules set headers at egress, with E2B secrets the sandbox never see
     assert.equal(await get(sbx, 'http://api.test:8080/h'), `${sha(`Bearer ${value}`)} team:a`)
     assert.equal(await get(sbx, `http://${ip}:8080/h`), `${sha('')} team:`)
     assert.ok(!(await sbx.commands.run('env')).stdout.includes(value))
+    // A secret's new version reaches the running sandbox at its next connection.
+    const rotated = `${value}-2`
+    await Secret.update(name, rotated)
+    assert.equal(await get(sbx, 'http://api.test:8080/h'), `${sha(`Bearer ${rotated}`)} team:a`)
+    await Secret.update(name, value)
     // An update replaces the rules, and they last a pause.
     await sbx.updateNetwork({ ...lists, rules: ruled('b') })
     assert.equal(await get(sbx, 'http://api.test:8080/h'), `${sha(`Bearer ${value}`)} team:b`)

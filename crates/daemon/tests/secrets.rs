@@ -534,3 +534,63 @@ async fn bindings_outlive_the_sandbox_pause_fork_and_restart() {
         );
     }
 }
+
+/// A running session takes its secrets as they are stored at each connection: a replaced
+/// value at once, nothing for a host the secret no longer names, nothing once it is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_session_follows_its_secret_s_rotation_and_deletion() {
+    let Some(()) = root_or_skip() else { return };
+    let logdir = tempfile::tempdir().unwrap();
+    let log = logdir.path().join("seen.jsonl");
+    let net = TestNet::up(3, &servers(log.to_str().unwrap(), ""), 8080);
+    let ip = net.server_ip();
+    let d = Daemon::start(&format!(
+        "{BASE_CONFIG}[network]\ninternal = [\"{ip}/32\"]\nsystem_resolver = false\nhosts = {{ \"api.test\" = [\"{ip}\"] }}\n"
+    ))
+    .await;
+    let put = |value: &str, host: &str| {
+        let body = json!({"name": "API_TOKEN", "value": value, "hosts": [host]});
+        let d = &d;
+        async move {
+            let (status, s) = d.json(Method::POST, "/v1/sandbox/secrets", body).await;
+            assert_eq!(status, StatusCode::CREATED, "{s}");
+        }
+    };
+    let first = format!("rv1-{}", std::process::id());
+    put(&first, "api.test:8080").await;
+    let id = d
+        .create(
+            json!({"language": "python", "network": {"mode": "allowlist", "allow": ["api.test"]},
+                       "secrets": ["API_TOKEN"]}),
+        )
+        .await;
+    let (auth, placeholder) = injected(&d, &id, &log).await;
+    assert_eq!(auth, format!("Bearer {first}"));
+
+    let rotated = format!("rv2-{}", std::process::id());
+    put(&rotated, "api.test:8080").await;
+    assert_eq!(
+        injected(&d, &id, &log).await,
+        (format!("Bearer {rotated}"), placeholder.clone()),
+        "the rotated value, the same placeholder"
+    );
+
+    put(&rotated, "elsewhere.test:8080").await;
+    assert_eq!(
+        injected(&d, &id, &log).await.0,
+        format!("Bearer {placeholder}"),
+        "its hosts no longer name api.test"
+    );
+
+    put(&rotated, "api.test:8080").await;
+    assert_eq!(injected(&d, &id, &log).await.0, format!("Bearer {rotated}"));
+    let (status, _) = d
+        .json(Method::DELETE, "/v1/sandbox/secrets/API_TOKEN", Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        injected(&d, &id, &log).await.0,
+        format!("Bearer {placeholder}"),
+        "deleted: injected no more"
+    );
+}

@@ -16,7 +16,7 @@ use tokio::sync::Mutex;
 
 use crate::inject;
 use crate::metrics::Metrics;
-use crate::secrets::{Dest, SharedBindings};
+use crate::secrets::{Dest, SharedBindings, Vault};
 use crate::session::Live;
 use crate::Error;
 
@@ -73,6 +73,7 @@ pub(crate) async fn audit_change(store: &Store, record: &SessionRecord) {
         tenant_id: record.tenant_id.clone(),
         session_id: record.id.clone(),
         secrets: Arc::default(),
+        vault: None,
     };
     let n = &record.network;
     let reason = format!(
@@ -91,7 +92,7 @@ pub(crate) async fn audit_change(store: &Store, record: &SessionRecord) {
 
 /// Subscribes to the new session's egress and serves it until the sandbox goes away.
 pub(crate) async fn start(
-    (store, metrics): (&Store, &Arc<Metrics>),
+    (store, metrics, vault): (&Store, &Arc<Metrics>, Option<Vault>),
     cfg: &NetConfig,
     live: &Live,
     record: &SessionRecord,
@@ -103,6 +104,7 @@ pub(crate) async fn start(
         tenant_id: record.tenant_id.clone(),
         session_id: record.id.clone(),
         secrets: live.secrets.clone(),
+        vault,
     };
     subscribe(live.sandbox.agent(), policy, ctx, metrics.clone()).await;
 }
@@ -122,6 +124,7 @@ pub(crate) async fn start_unrecorded(
         tenant_id: String::new(),
         session_id: label.into(),
         secrets: Arc::default(),
+        vault: None,
     };
     subscribe(agent, Arc::new(Mutex::new(policy)), ctx, metrics.clone()).await;
 }
@@ -144,6 +147,8 @@ struct Ctx {
     session_id: String,
     /// Set once the session is recorded (before any of its code runs).
     secrets: SharedBindings,
+    /// Where its bound secrets are read again for each connection (none: nothing bound).
+    vault: Option<Vault>,
 }
 
 impl Ctx {
@@ -315,6 +320,14 @@ async fn inject_into(
     tcp: TcpStream,
 ) {
     let Inject { host, dest, tls } = inject;
+    let dest = match &ctx.vault {
+        // Read here, on the connection's own task: the egress loop does not wait on the store.
+        Some(vault) => {
+            let to = (to.ip(), to.port(), host.as_str());
+            dest.current(vault, &ctx.tenant_id, to, &ctx.cfg).await
+        }
+        None => dest,
+    };
     let audit_ctx = ctx.clone();
     let audit_host = host.clone();
     let applied = move |names: Vec<String>| {

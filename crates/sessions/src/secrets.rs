@@ -1,7 +1,9 @@
 //! Secrets at egress: sealed at rest (ChaCha20-Poly1305 under the server's key, bound to the
 //! tenant and name), bound to a session as a random placeholder in its environment, and put in
 //! place of that placeholder by the egress proxy (`inject`) in the request headers of
-//! connections to the secret's hosts. A sandbox never holds a value.
+//! connections to the secret's hosts. A sandbox never holds a value. Each connection takes
+//! the secret as it is stored then ([`Dest::current`]): a value replaced reaches running
+//! sessions at their next connection, and a secret deleted is injected no more.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Nonce};
 use koder_api_types::CreateSecret;
 use koder_netpolicy::{Entry, NetConfig};
+use koder_store::Store;
 
 use crate::header_rules::{self, HeaderRule};
 use crate::tls::SessionCa;
@@ -86,6 +89,11 @@ pub(crate) fn aad(tenant_id: &str, name: &str) -> String {
     format!("koder-secret\0{tenant_id}\0{name}")
 }
 
+/// What an E2B secret's sealing is bound to (never a native secret's: another prefix).
+pub(crate) fn e2b_aad(tenant_id: &str, secret_id: &str) -> String {
+    format!("koder-e2b-secret\0{tenant_id}\0{secret_id}")
+}
+
 /// A secret's value, native or E2B's: it goes into HTTP headers, where a line break would
 /// inject headers of its own.
 pub(crate) fn check_value(value: &str) -> Result<(), Error> {
@@ -129,13 +137,75 @@ pub(crate) fn validate(req: &CreateSecret) -> Result<Vec<Entry>, Error> {
         .collect()
 }
 
+/// The tenant's stored secrets, opened: a binding's value when its session is bound, and
+/// again for every connection it is injected into.
+#[derive(Debug, Clone)]
+pub(crate) struct Vault {
+    store: Store,
+    key: SealKey,
+}
+
+impl Vault {
+    pub(crate) fn new(store: Store, key: SealKey) -> Self {
+        Vault { store, key }
+    }
+
+    /// The native secret's value and hosts; `None` when it is gone.
+    pub(crate) async fn native(
+        &self,
+        tenant_id: &str,
+        name: &str,
+    ) -> Result<Option<(String, Vec<Entry>)>, Error> {
+        let Some(record) = self.store.get_secret(tenant_id, name).await? else {
+            return Ok(None);
+        };
+        let value = utf8(self.key.open(&aad(tenant_id, name), &record.sealed)?)?;
+        let hosts = record
+            .hosts
+            .iter()
+            .map(|h| h.parse().map_err(Error::from))
+            .collect::<Result<_, _>>()?;
+        Ok(Some((value, hosts)))
+    }
+
+    /// The value of the tenant's E2B secret named `name` (an id is no name here: a
+    /// placeholder names its secret); `None` when there is none.
+    pub(crate) async fn e2b(&self, tenant_id: &str, name: &str) -> Result<Option<String>, Error> {
+        match self.store.e2b_secret(tenant_id, name).await? {
+            Some(record) if record.name == name => {
+                let sealed = self
+                    .key
+                    .open(&e2b_aad(tenant_id, &record.secret_id), &record.sealed)?;
+                utf8(sealed).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+fn utf8(value: Vec<u8>) -> Result<String, Error> {
+    String::from_utf8(value).map_err(|_| Error::Internal("a stored secret is not UTF-8".into()))
+}
+
+/// Which stored secret a binding is, to be looked up again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The tenant's secret of the binding's name.
+    Native,
+    /// The tenant's E2B secret of this name.
+    E2b(String),
+}
+
 /// One secret bound to one session.
+#[derive(Clone)]
 pub(crate) struct Binding {
     pub(crate) name: String,
     /// What the session's environment holds instead of the value.
     pub(crate) placeholder: String,
     pub(crate) value: String,
     hosts: Vec<Entry>,
+    /// `None`: a fixed value (tests).
+    source: Option<Source>,
 }
 
 impl std::fmt::Debug for Binding {
@@ -162,6 +232,45 @@ impl Binding {
             placeholder,
             value,
             hosts,
+            source: None,
+        }
+    }
+
+    /// The binding looked up again at every connection as `source`.
+    pub(crate) fn stored_as(mut self, source: Source) -> Binding {
+        self.source = Some(source);
+        self
+    }
+
+    /// This binding as its secret is stored now, for a connection to `ip:port` named `name`;
+    /// `None` when the secret was deleted, or (native) its hosts no longer cover the
+    /// connection: a connection gets a secret only where both the hosts it was bound with
+    /// and the current ones send it.
+    async fn current(
+        &self,
+        vault: &Vault,
+        tenant_id: &str,
+        (ip, port, name): (IpAddr, u16, &str),
+        cfg: &NetConfig,
+    ) -> Result<Option<Binding>, Error> {
+        let with = |value: String, hosts: Vec<Entry>| Binding {
+            value,
+            hosts,
+            ..self.clone()
+        };
+        match &self.source {
+            None => Ok(Some(self.clone())),
+            Some(Source::E2b(secret)) => Ok(vault
+                .e2b(tenant_id, secret)
+                .await?
+                .map(|value| with(value, Vec::new()))),
+            Some(Source::Native) => {
+                let Some((value, hosts)) = vault.native(tenant_id, &self.name).await? else {
+                    return Ok(None);
+                };
+                let now = with(value, hosts);
+                Ok(now.bound_to(ip, port, Some(name), cfg).await.then_some(now))
+            }
         }
     }
 
@@ -214,6 +323,32 @@ impl Dest {
     pub(crate) fn is_empty(&self) -> bool {
         self.bound.is_empty() && self.headers.is_empty()
     }
+
+    /// The secrets of this connection as they are stored now (see [`Binding::current`]). A
+    /// secret that cannot be read now is left out: nothing is injected rather than an old
+    /// value, and its placeholder goes out as it is, which leaks nothing.
+    pub(crate) async fn current(
+        self,
+        vault: &Vault,
+        tenant_id: &str,
+        to: (IpAddr, u16, &str),
+        cfg: &NetConfig,
+    ) -> Dest {
+        let mut bound = Vec::with_capacity(self.bound.len());
+        for b in self.bound {
+            match b.current(vault, tenant_id, to, cfg).await {
+                Ok(Some(now)) => bound.push(Arc::new(now)),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(secret = %b.name, error = %e, "reading a bound secret; not injected");
+                }
+            }
+        }
+        Dest {
+            bound,
+            headers: self.headers,
+        }
+    }
 }
 
 impl Bindings {
@@ -248,6 +383,139 @@ impl Bindings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::Utc;
+    use koder_store::{E2bSecretRecord, SecretRecord, Tenant};
+
+    /// A vault over a fresh store holding tenant `t1`'s native secret `TOKEN` for `api.test`
+    /// and E2B secret `openai`, both with `value`.
+    async fn vault_with(value: &str) -> (Vault, Store) {
+        let store = Store::open_in_memory().await.unwrap();
+        store
+            .upsert_tenant(&Tenant {
+                id: "t1".into(),
+                name: "t1".into(),
+                plan: "dev".into(),
+                max_sessions: None,
+                daily_session_minutes: None,
+                created_at: Utc::now(),
+            })
+            .await
+            .unwrap();
+        let vault = Vault::new(store.clone(), SealKey::new([3; 32]));
+        put_native(&vault, value, "api.test").await;
+        let sealed = vault
+            .key
+            .seal(&e2b_aad("t1", "sec_1"), value.as_bytes())
+            .unwrap();
+        store
+            .insert_e2b_secret(&E2bSecretRecord {
+                tenant_id: "t1".into(),
+                secret_id: "sec_1".into(),
+                name: "openai".into(),
+                sealed,
+                version: 1,
+                metadata: Default::default(),
+                created_at: Utc::now(),
+                updated_at: Utc::now(),
+            })
+            .await
+            .unwrap();
+        (vault, store)
+    }
+
+    async fn put_native(vault: &Vault, value: &str, host: &str) {
+        let sealed = vault
+            .key
+            .seal(&aad("t1", "TOKEN"), value.as_bytes())
+            .unwrap();
+        vault
+            .store
+            .put_secret(&SecretRecord {
+                tenant_id: "t1".into(),
+                name: "TOKEN".into(),
+                sealed,
+                hosts: vec![host.into()],
+                created_at: Utc::now(),
+            })
+            .await
+            .unwrap();
+    }
+
+    /// What a connection to api.test (10.1.0.1:80) would inject: (name, value) pairs.
+    async fn injected(vault: &Vault, bound: &[Arc<Binding>]) -> Vec<(String, String)> {
+        let cfg = NetConfig {
+            hosts: [("api.test".to_string(), vec!["10.1.0.1".parse().unwrap()])].into(),
+            system_resolver: false,
+            ..NetConfig::default()
+        };
+        let dest = Dest {
+            bound: bound.to_vec(),
+            headers: Vec::new(),
+        };
+        let to = ("10.1.0.1".parse().unwrap(), 80, "api.test");
+        let now = dest.current(vault, "t1", to, &cfg).await;
+        now.bound
+            .iter()
+            .map(|b| (b.name.clone(), b.value.clone()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn each_connection_takes_the_secret_as_stored_now() {
+        let (vault, store) = vault_with("v1").await;
+        let (value, hosts) = vault.native("t1", "TOKEN").await.unwrap().unwrap();
+        let native =
+            Arc::new(Binding::new("TOKEN".into(), value, hosts, None).stored_as(Source::Native));
+        let e2b_value = vault.e2b("t1", "openai").await.unwrap().unwrap();
+        let e2b = Arc::new(
+            Binding::new("e2b.secrets.openai".into(), e2b_value, Vec::new(), None)
+                .stored_as(Source::E2b("openai".into())),
+        );
+        let bound = [native.clone(), e2b.clone()];
+        let pairs = |a: &str, b: &str| {
+            vec![
+                ("TOKEN".into(), a.into()),
+                ("e2b.secrets.openai".into(), b.into()),
+            ]
+        };
+        assert_eq!(injected(&vault, &bound).await, pairs("v1", "v1"));
+
+        // Replaced: the next connection takes the new values, under the same placeholders.
+        put_native(&vault, "v2", "api.test").await;
+        let sealed = vault.key.seal(&e2b_aad("t1", "sec_1"), b"w2").unwrap();
+        store
+            .update_e2b_secret("t1", "sec_1", &sealed, None, Utc::now())
+            .await
+            .unwrap();
+        assert_eq!(injected(&vault, &bound).await, pairs("v2", "w2"));
+        assert_eq!(
+            native.value, "v1",
+            "what the session was bound with is untouched"
+        );
+
+        // Its hosts moved elsewhere: not for this connection any more.
+        put_native(&vault, "v3", "elsewhere.test").await;
+        assert_eq!(
+            injected(&vault, &bound).await,
+            vec![("e2b.secrets.openai".into(), "w2".into())]
+        );
+
+        // Deleted: injected no more.
+        store.delete_secret("t1", "TOKEN").await.unwrap();
+        store.delete_e2b_secret("t1", "sec_1").await.unwrap();
+        assert!(injected(&vault, &bound).await.is_empty());
+
+        // Unreadable (another server key): nothing rather than an old value.
+        let (vault, _store) = vault_with("v1").await;
+        let other = Vault::new(vault.store.clone(), SealKey::new([4; 32]));
+        assert!(injected(&other, &bound).await.is_empty());
+        // A binding of no stored secret keeps its value.
+        let fixed = Arc::new(Binding::new("T".into(), "x".into(), Vec::new(), None));
+        assert_eq!(
+            injected(&other, &[fixed]).await,
+            vec![("T".into(), "x".into())]
+        );
+    }
 
     fn req(name: &str, value: &str, hosts: &[&str]) -> CreateSecret {
         CreateSecret {

@@ -9,7 +9,7 @@ use koder_auth::Identity;
 use koder_store::E2bSecretRecord;
 
 use super::Manager;
-use crate::secrets::check_value;
+use crate::secrets::{check_value, e2b_aad};
 use crate::Error;
 
 /// What E2B's API shows of a secret: everything but its value.
@@ -131,36 +131,10 @@ impl Manager {
             .ok_or_else(|| Error::SecretNotFound(bounded(selector)))
     }
 
-    /// The value of the tenant's E2B secret `name` (lower-cased), `None` when it has none.
-    pub(super) async fn open_e2b_secret(
-        &self,
-        tenant_id: &str,
-        name: &str,
-    ) -> Result<Option<String>, Error> {
-        let Some(record) = self.store.e2b_secret(tenant_id, name).await? else {
-            return Ok(None);
-        };
-        // An id is no name here: a placeholder names its secret.
-        if record.name != name {
-            return Ok(None);
-        }
-        let value = self
-            .seal_key()?
-            .open(&aad(tenant_id, &record.secret_id), &record.sealed)?;
-        String::from_utf8(value)
-            .map(Some)
-            .map_err(|_| Error::Internal("a stored secret is not UTF-8".into()))
-    }
-
     fn seal_e2b(&self, tenant_id: &str, secret_id: &str, value: &str) -> Result<Vec<u8>, Error> {
         self.seal_key()?
-            .seal(&aad(tenant_id, secret_id), value.as_bytes())
+            .seal(&e2b_aad(tenant_id, secret_id), value.as_bytes())
     }
-}
-
-/// What an E2B secret's sealing is bound to (never a native secret's: another prefix).
-fn aad(tenant_id: &str, secret_id: &str) -> String {
-    format!("koder-e2b-secret\0{tenant_id}\0{secret_id}")
 }
 
 fn shown(r: E2bSecretRecord) -> E2bSecret {

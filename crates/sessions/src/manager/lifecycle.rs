@@ -408,7 +408,7 @@ impl Manager {
         self.watch_agent(record.id.clone(), &live);
         if let Some(policy) = &live.policy {
             crate::egress::start(
-                (&self.store, &self.metrics),
+                (&self.store, &self.metrics, self.vault().ok()),
                 &self.cfg.network,
                 &live,
                 record,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::Manager;
 use crate::header_rules::{self, HeaderRule, HeaderRules};
-use crate::secrets::{aad, validate, Binding, Bindings, SealKey, SecretsConfig};
+use crate::secrets::{aad, validate, Binding, Bindings, SealKey, SecretsConfig, Source, Vault};
 use crate::tls::SessionCa;
 use crate::Error;
 
@@ -23,7 +23,13 @@ impl Manager {
         Ok(&self.secrets_config()?.key)
     }
 
-    /// Creates or replaces the tenant's secret; the value is sealed before it is stored.
+    /// The tenants' secrets, opened with the server's key.
+    pub(super) fn vault(&self) -> Result<Vault, Error> {
+        Ok(Vault::new(self.store.clone(), self.seal_key()?.clone()))
+    }
+
+    /// Creates or replaces the tenant's secret; the value is sealed before it is stored. A
+    /// replaced one reaches the sessions bound to it at their next connection.
     pub async fn put_secret(&self, who: &Identity, req: CreateSecret) -> Result<Secret, Error> {
         validate(&req)?;
         let sealed = self
@@ -45,7 +51,7 @@ impl Manager {
         Ok(records.into_iter().map(shown).collect())
     }
 
-    /// Sessions already bound to it keep what they were given.
+    /// Sessions bound to it inject it no more from their next connection on.
     pub async fn delete_secret(&self, who: &Identity, name: &str) -> Result<(), Error> {
         if self.store.delete_secret(&who.tenant_id, name).await? {
             Ok(())
@@ -90,13 +96,16 @@ impl Manager {
         for checked in header_rules::check(rules)? {
             let mut secrets = Vec::new();
             for (placeholder, name) in &checked.placeholders {
-                match self.open_e2b_secret(tenant_id, name).await? {
-                    Some(value) => secrets.push(Arc::new(Binding::new(
-                        format!("e2b.secrets.{name}"),
-                        value,
-                        Vec::new(),
-                        Some(placeholder.clone()),
-                    ))),
+                match self.vault()?.e2b(tenant_id, name).await? {
+                    Some(value) => secrets.push(Arc::new(
+                        Binding::new(
+                            format!("e2b.secrets.{name}"),
+                            value,
+                            Vec::new(),
+                            Some(placeholder.clone()),
+                        )
+                        .stored_as(Source::E2b(name.clone())),
+                    )),
                     None if strict => {
                         return Err(Error::InvalidArgument(format!(
                             "network.rules: {placeholder} names no secret of this team (Secret.create it first)"
@@ -117,20 +126,11 @@ impl Manager {
         name: &str,
         placeholder: Option<String>,
     ) -> Result<Option<Binding>, Error> {
-        let Some(record) = self.store.get_secret(tenant_id, name).await? else {
+        let Some((value, hosts)) = self.vault()?.native(tenant_id, name).await? else {
             return Ok(None);
         };
-        let value = self
-            .seal_key()?
-            .open(&aad(tenant_id, name), &record.sealed)?;
-        let value = String::from_utf8(value)
-            .map_err(|_| Error::Internal("a stored secret is not UTF-8".into()))?;
-        let hosts = record
-            .hosts
-            .iter()
-            .map(|h| h.parse().map_err(Error::from))
-            .collect::<Result<_, _>>()?;
-        Ok(Some(Binding::new(name.into(), value, hosts, placeholder)))
+        let binding = Binding::new(name.into(), value, hosts, placeholder);
+        Ok(Some(binding.stored_as(Source::Native)))
     }
 
     /// The bindings of a session, with a new CA when it has anything to inject.
