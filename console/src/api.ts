@@ -96,6 +96,14 @@ export interface SessionMetrics {
   disk_total_kib: number;
 }
 
+export interface SessionEvent {
+  seq: number;
+  id: string;
+  type: string;
+  created_at: string;
+  data: Record<string, unknown> | null;
+}
+
 export interface FileEntry {
   name: string;
   path: string;

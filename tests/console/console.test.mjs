@@ -189,6 +189,33 @@ step("see an audit entry of a refused connection", async () => {
   await shot("audit");
 });
 
+step("see what happened to the session, followed to its end", async () => {
+  // An exec killed by its time limit is an event (made through the API, as any client).
+  const call = (path, method, body) =>
+    page.evaluate(
+      async ([path, method, body]) => {
+        const res = await fetch(path, {
+          method,
+          headers: { Authorization: `Bearer ${sessionStorage.getItem("koder.console.key")}`, "Content-Type": "application/json" },
+          body: body && JSON.stringify(body),
+        });
+        return res.status;
+      },
+      [path, method, body],
+    );
+  assert.equal(await call(`/v1/sandbox/sessions/${sessionId}/exec`, "POST", { cmd: ["sleep", "5"], timeout_ms: 300 }), 200);
+  await page.getByRole("navigation", { name: "Session views" }).getByRole("link", { name: "Events" }).click();
+  const log = page.getByRole("table", { name: "Session events" });
+  await log.locator("tr", { hasText: "session.created" }).getByText(/^bash on host \(jail, from (pool|cold)\)$/).waitFor();
+  await log.locator("tr", { hasText: "exec.verdict" }).getByText(/^SANDBOX-EXEC-TIMEOUT · exec /).waitFor();
+  await assertLabelled();
+  await shot("events");
+  // The view follows the log: the session's end comes in with its cause.
+  assert.equal(await call(`/v1/sandbox/sessions/${sessionId}`, "DELETE"), 204);
+  await log.locator("tr", { hasText: "session.stopped" }).getByRole("cell", { name: "deleted", exact: true }).waitFor();
+  await page.locator(".summary .state", { hasText: "stopped" }).waitFor();
+});
+
 step("administer tenants with an admin key", async () => {
   await page.getByRole("button", { name: "Sign out" }).click();
   await page.getByLabel("API key").fill(adminKey);

@@ -3,6 +3,7 @@ import { h, say, status } from "../dom";
 import { describeLimits } from "./sessions";
 import { Scope } from "../nav";
 import { auditPanel } from "./audit";
+import { eventsPanel } from "./events";
 import { execPanel } from "./exec";
 import { filesPanel } from "./files";
 import { metricsPanel } from "./metrics";
@@ -14,6 +15,7 @@ const TABS = {
   files: { label: "Files", open: (root: HTMLElement, id: string) => filesPanel(root, id) },
   metrics: { label: "Metrics", open: metricsPanel },
   audit: { label: "Network audit", open: (root: HTMLElement, id: string) => auditPanel(root, id) },
+  events: { label: "Events", open: eventsPanel },
 } as const;
 
 export type Tab = keyof typeof TABS;
