@@ -121,7 +121,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .await?;
     manager.set_event_sink(webhooks.clone());
     // After the manager's start-up pass, which ends what the last run left running.
-    retention::spawn(store.clone(), cfg.retention.clone());
+    let pruned = manager.metrics().retention_pruned.clone();
+    retention::spawn(store.clone(), cfg.retention.clone(), pruned);
     let state = koder_http::AppState {
         manager: manager.clone(),
         auth: auth.clone(),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use koder_store::{Cutoffs, Store};
+use koder_store::{Cutoffs, Pruned, Store};
 use serde::Deserialize;
 
 /// How often the store is pruned (and once at start): rows are at least days old when they
@@ -62,26 +62,43 @@ impl RetentionSection {
     }
 }
 
-/// Prunes the store now and every [`EVERY`] on a task of its own. In a cluster every node
-/// prunes the shared store; the deletes are idempotent, and the shortest ages configured on
-/// any node win (give every node the same `[retention]`).
-pub fn spawn(store: Store, retention: RetentionSection) {
+/// Prunes the store now and every [`EVERY`] on a task of its own, counting what went in
+/// `pruned` (`koder_retention_pruned_total`). In a cluster every node prunes the shared
+/// store; the deletes are idempotent, and the shortest ages configured on any node win (give
+/// every node the same `[retention]`).
+pub fn spawn(store: Store, retention: RetentionSection, pruned: prometheus::IntCounterVec) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(EVERY);
+        // A pass longer than the period (a backlog) is followed by one period of rest, not
+        // by the missed passes at once.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
             match store.prune(&retention.cutoffs(Utc::now())).await {
-                Ok(pruned) if pruned == Default::default() => {}
-                Ok(pruned) => tracing::info!(
-                    sessions = pruned.sessions,
-                    audit = pruned.audit,
-                    deliveries = pruned.deliveries,
-                    "pruned what outlived its retention"
-                ),
+                Ok(done) => count(&pruned, done),
                 Err(e) => tracing::error!(error = %e, "pruning by [retention]"),
             }
         }
     });
+}
+
+fn count(pruned: &prometheus::IntCounterVec, done: Pruned) {
+    if done == Pruned::default() {
+        return;
+    }
+    tracing::info!(
+        sessions = done.sessions,
+        audit = done.audit,
+        deliveries = done.deliveries,
+        "pruned what outlived its retention"
+    );
+    for (kind, n) in [
+        ("sessions", done.sessions),
+        ("audit", done.audit),
+        ("deliveries", done.deliveries),
+    ] {
+        pruned.with_label_values(&[kind]).inc_by(n);
+    }
 }
 
 #[cfg(test)]

@@ -224,5 +224,12 @@ async fn records_past_their_retention_are_pruned_at_start() {
         .map(|e| e["dest"].as_str().unwrap())
         .collect();
     assert_eq!(dests, ["127.0.0.3"], "{audit}");
+    let metrics = d.metrics().await;
+    for line in [
+        "koder_retention_pruned_total{kind=\"sessions\"} 1",
+        "koder_retention_pruned_total{kind=\"audit\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
     d.stop();
 }

@@ -27,6 +27,8 @@ pub struct Metrics {
     pub quota_rejections: IntCounterVec,
     pub snapshots_taken: IntCounter,
     pub forks: IntCounter,
+    /// Rows the daemon's `[retention]` deleted, by kind (sessions, audit, deliveries).
+    pub retention_pruned: IntCounterVec,
     /// REST requests by route template and status, and their latency by route template.
     pub http_requests: IntCounterVec,
     pub http_seconds: HistogramVec,
@@ -152,6 +154,14 @@ impl Metrics {
                 .unwrap_or_else(unreachable_metric),
             forks: IntCounter::new("forked_sessions_total", "Sessions made by forks")
                 .unwrap_or_else(unreachable_metric),
+            retention_pruned: IntCounterVec::new(
+                Opts::new(
+                    "retention_pruned_total",
+                    "Rows deleted past their [retention] age, by kind (sessions, audit, deliveries)",
+                ),
+                &["kind"],
+            )
+            .unwrap_or_else(unreachable_metric),
             http_requests: IntCounterVec::new(
                 Opts::new(
                     "http_requests_total",
@@ -191,6 +201,7 @@ impl Metrics {
             Box::new(m.quota_rejections.clone()),
             Box::new(m.snapshots_taken.clone()),
             Box::new(m.forks.clone()),
+            Box::new(m.retention_pruned.clone()),
         ];
         for c in collectors {
             // Names are fixed and distinct, so registration cannot collide.
