@@ -22,8 +22,11 @@ from koder_sandbox import (
     RunEvent,
     RunResult,
     Sandbox,
+    SecretInfo,
     SessionInfo,
     Terminal,
+    WebhookDelivery,
+    WebhookInfo,
 )
 
 
@@ -39,6 +42,9 @@ def sync_usage(client: Client) -> None:
     assert_type(sb.contexts.run_stream("print(1)"), EventStream[RunEvent])
     assert_type(sb.refresh(), SessionInfo)
     assert_type(sb.fork(2), List[Sandbox])
+    assert_type(sb.set_network({"mode": "open"}), SessionInfo)
+    assert_type(client.secrets.put("TOKEN", "v", ["api.example.com"]), SecretInfo)
+    assert_type(client.webhooks.deliveries("wh_1"), List[WebhookDelivery])
     with sb.terminal() as term:
         assert_type(term, Terminal)
     with sb:
@@ -53,6 +59,8 @@ async def async_usage(client: AsyncClient) -> None:
     assert_type(await sb.exec_stream(shell="ls"), AsyncEventStream[ExecEvent])
     assert_type(await sb.files.download("a.txt"), AsyncByteStream)
     assert_type(await sb.execs.start(shell="sleep 1"), str)
+    assert_type(await client.secrets.list(), List[SecretInfo])
+    assert_type(await client.webhooks.create("https://hooks.example.com/k"), WebhookInfo)
     async with sb.terminal("bash") as term:
         assert_type(term, AsyncTerminal)
     async with sb:

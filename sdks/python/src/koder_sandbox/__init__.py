@@ -19,11 +19,13 @@ from ._api import (
     Files,
     Sandbox,
     SandboxBase,
+    Secrets,
     Sessions,
     Snapshots,
     Images,
     VolumeFiles,
     Volumes,
+    Webhooks,
 )
 from ._client import AsyncClient, Client
 from ._errors import (
@@ -74,6 +76,7 @@ from ._models import (
     RichOutput,
     RunError,
     RunResult,
+    SecretInfo,
     SessionEvent,
     SessionEventList,
     SessionInfo,
@@ -87,6 +90,8 @@ from ._models import (
     ImageLanguage,
     VolumeMount,
     VolumeUse,
+    WebhookDelivery,
+    WebhookInfo,
 )
 from ._ops import Async, Sync
 from ._transport import AsyncByteStream, AsyncEventStream, ByteStream, EventStream
@@ -127,6 +132,9 @@ __all__ = [
     "FileList",
     "Files",
     "FsEvent",
+    "ImageInfo",
+    "ImageLanguage",
+    "Images",
     "InternalError",
     "InvalidArgumentError",
     "IssuedKey",
@@ -151,6 +159,8 @@ __all__ = [
     "SandboxBase",
     "SandboxConnectionError",
     "SandboxError",
+    "SecretInfo",
+    "Secrets",
     "SessionEvent",
     "SessionEventList",
     "SessionInfo",
@@ -160,9 +170,6 @@ __all__ = [
     "Sessions",
     "SnapshotInfo",
     "Snapshots",
-    "Images",
-    "ImageInfo",
-    "ImageLanguage",
     "Sync",
     "TenantInfo",
     "Terminal",
@@ -177,5 +184,8 @@ __all__ = [
     "VolumeUse",
     "Volumes",
     "Watch",
+    "WebhookDelivery",
+    "WebhookInfo",
+    "Webhooks",
     "__version__",
 ]

@@ -3,7 +3,8 @@ descriptors of ``_ops`` make it blocking on sync objects and awaitable on async 
 
 Objects: :class:`SandboxBase` (one session: exec, lifecycle, live) with :class:`Files`,
 :class:`Execs` and :class:`Contexts`; the client's :class:`Sessions`, :class:`Snapshots`,
-:class:`Volumes` (with :class:`VolumeFiles`) and :class:`Admin`.
+:class:`Volumes` (with :class:`VolumeFiles`), :class:`Secrets`, :class:`Webhooks` and
+:class:`Admin`.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from ._models import (
     Limits,
     Network,
     RunResult,
+    SecretInfo,
     SessionEventList,
     SessionInfo,
     SessionMetrics,
@@ -70,7 +72,10 @@ from ._models import (
     VolumeInfo,
     ImageInfo,
     VolumeMount,
+    WebhookDelivery,
+    WebhookInfo,
     decode,
+    to_json,
 )
 from ._ops import Async, Bound, F, Sync, _Descriptor, _bind, download_op, op, sse_op, ws_op
 
@@ -518,6 +523,12 @@ class SandboxBase(Bound[F]):
         return self._session_call("POST", "/restore", {"snapshot_id": snapshot_id})
 
     @op
+    def set_network(self, network: Network | Mapping[str, Any]) -> Call[SessionInfo]:
+        """Replaces the session's network policy; its new connections and lookups follow it
+        (open ones keep running)."""
+        return self._session_call("PUT", "/network", to_json(network))
+
+    @op
     def metrics(self) -> Call[SessionMetrics]:
         """Live resource use (CPU, memory, processes, disk)."""
         return Call(Request("GET", f"{self._path}/metrics"), as_model(SessionMetrics))
@@ -629,11 +640,16 @@ class Sessions(Bound[F]):
         lifecycle: Lifecycle | Mapping[str, Any] | None = None,
         volumes: Sequence[VolumeMount | Mapping[str, Any]] | None = None,
         from_snapshot: str | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> Call[SessionInfo]:
         """Creates a session and answers its handle: ``language`` ``"python"``, ``"node"`` or
         ``"bash"`` (default), or an ``image``; ``runtime`` ``"jail"`` or ``"microvm"``;
         ``limits``, ``network`` policy, ``env``, ``timeout_s``, ``metadata``, ``lifecycle``,
-        ``volumes`` to mount, or ``from_snapshot`` to start from a snapshot's files."""
+        ``volumes`` to mount, or ``from_snapshot`` to start from a snapshot's files.
+        ``secrets`` names the tenant's secrets (:class:`Secrets`) the session may use: its
+        environment holds a placeholder for each, which the daemon replaces with the value in
+        request headers to the secret's hosts (the network must be ``open`` or
+        ``allowlist``)."""
         payload = body(
             language=language,
             image=image,
@@ -646,6 +662,7 @@ class Sessions(Bound[F]):
             lifecycle=lifecycle,
             volumes=list(volumes) if volumes is not None else None,
             from_snapshot=from_snapshot,
+            secrets=list(secrets) if secrets is not None else None,
         )
         return Call(Request("POST", SESSIONS, json=payload, timeout=LONG), as_model(SessionInfo))
 
@@ -806,6 +823,68 @@ class Volumes(Bound[F]):
         return VolumeFiles(self._t, self._vol(volume))
 
 
+class Secrets(Bound[F]):
+    """This tenant's secrets: values sealed at rest, never answered, injected at egress into
+    the request headers of sessions created with them (``secrets=`` on create)."""
+
+    @op
+    def put(self, name: str, value: str, hosts: Sequence[str]) -> Call[SecretInfo]:
+        """Creates or replaces the secret ``name`` (the environment variable sessions see),
+        sent only to ``hosts`` (``"api.example.com"``, ``"*.example.com:443"``). Running
+        sessions bound to it take a new value from their next connection on."""
+        payload = {"name": name, "value": value, "hosts": list(hosts)}
+        return Call(Request("POST", "/v1/sandbox/secrets", json=payload), as_model(SecretInfo))
+
+    @op
+    def list(self) -> Call[List[SecretInfo]]:
+        """This tenant's secrets, without their values."""
+        return Call(Request("GET", "/v1/sandbox/secrets"), as_list(SecretInfo, "secrets"))
+
+    @op
+    def delete(self, name: str) -> Call[None]:
+        """Deletes a secret; sessions bound to it inject it no more."""
+        return Call(Request("DELETE", f"/v1/sandbox/secrets/{_seg(name)}"), no_content)
+
+
+class Webhooks(Bound[F]):
+    """This tenant's webhook endpoints: session lifecycle events and exec verdicts, POSTed
+    as JSON signed with the endpoint's secret (``Koder-Signature: t=<unix s>,v1=<hex
+    HMAC-SHA256(secret, "<t>.<raw body>")>``)."""
+
+    @op
+    def create(
+        self,
+        url: str,
+        events: Sequence[str] | None = None,
+        secret: str | None = None,
+    ) -> Call[WebhookInfo]:
+        """Registers ``url`` for ``events`` (``session.created``, ``session.paused``,
+        ``session.resumed``, ``session.stopped``, ``exec.verdict``; none: all). Without a
+        ``secret`` (16-256 characters) one is made; either way this answer is the only one
+        that shows it."""
+        payload = body(url=url, events=list(events) if events is not None else None, secret=secret)
+        request = Request("POST", "/v1/sandbox/webhooks", json=payload)
+        return Call(request, as_model(WebhookInfo))
+
+    @op
+    def list(self) -> Call[List[WebhookInfo]]:
+        """This tenant's endpoints, without their secrets."""
+        request = Request("GET", "/v1/sandbox/webhooks")
+        return Call(request, as_list(WebhookInfo, "webhooks"))
+
+    @op
+    def deliveries(self, webhook_id: str) -> Call[List[WebhookDelivery]]:
+        """An endpoint's deliveries, newest first (at most 100)."""
+        request = Request("GET", f"/v1/sandbox/webhooks/{_seg(webhook_id)}/deliveries")
+        return Call(request, as_list(WebhookDelivery, "deliveries"))
+
+    @op
+    def delete(self, webhook_id: str) -> Call[None]:
+        """Removes an endpoint; its queued deliveries are dropped."""
+        request = Request("DELETE", f"/v1/sandbox/webhooks/{_seg(webhook_id)}")
+        return Call(request, no_content)
+
+
 class Admin(Bound[F]):
     """Tenant administration; needs a client made with an operator (admin) key."""
 
@@ -856,6 +935,8 @@ class ClientBase(Bound[F]):
         sessions: This tenant's sessions.
         snapshots: This tenant's snapshots.
         volumes: This tenant's volumes.
+        secrets: This tenant's secrets.
+        webhooks: This tenant's webhook endpoints.
         images: The daemon's images.
         admin: Tenant administration (needs an admin key).
     """
@@ -865,6 +946,8 @@ class ClientBase(Bound[F]):
         self.sessions: Sessions[F] = Sessions(transport)
         self.snapshots: Snapshots[F] = Snapshots(transport)
         self.volumes: Volumes[F] = Volumes(transport)
+        self.secrets: Secrets[F] = Secrets(transport)
+        self.webhooks: Webhooks[F] = Webhooks(transport)
         self.images: Images[F] = Images(transport)
         self.admin: Admin[F] = Admin(transport)
 
@@ -901,6 +984,8 @@ __all__ = [
     "Images",
     "Volumes",
     "VolumeFiles",
+    "Secrets",
+    "Webhooks",
     "Admin",
     "ClientBase",
 ]

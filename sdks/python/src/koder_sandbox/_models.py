@@ -40,10 +40,12 @@ class Limits:
 @dataclass(frozen=True)
 class Network:
     """Network policy: ``none`` (loopback only), ``open``, or ``allowlist`` with ``allow``
-    entries (``"pypi.org"``, ``"10.1.0.0/16:443"``). Answers show each entry as pinned."""
+    entries (``"pypi.org"``, ``"10.1.0.0/16:443"``); ``deny`` entries are refused even where
+    ``allow`` (or ``open``) covers them. Answers show each entry as pinned."""
 
     mode: NetworkMode = "none"
     allow: list[str] = field(default_factory=list)
+    deny: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -376,6 +378,44 @@ class AuditEntry:
     allowed: bool
     reason: str
     name: str | None = None
+
+
+@dataclass(frozen=True)
+class SecretInfo:
+    """A secret as listed: never its value."""
+
+    name: str
+    hosts: list[str]
+    created_at: _dt.datetime
+
+
+@dataclass(frozen=True)
+class WebhookInfo:
+    """A webhook endpoint; ``secret`` (what deliveries are signed with) only in the answer
+    that created it."""
+
+    id: str
+    url: str
+    events: list[str]
+    created_at: _dt.datetime
+    secret: str | None = None
+
+
+@dataclass(frozen=True)
+class WebhookDelivery:
+    """One event sent (or being sent) to an endpoint: ``state`` ``pending``, ``delivered`` or
+    ``failed`` (its attempts used up)."""
+
+    id: str
+    event_id: str
+    event_type: str
+    state: Literal["pending", "delivered", "failed"]
+    attempts: int
+    created_at: _dt.datetime
+    updated_at: _dt.datetime
+    next_attempt_at: _dt.datetime | None = None
+    last_status: int | None = None
+    last_error: str | None = None
 
 
 @dataclass(frozen=True)
