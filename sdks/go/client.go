@@ -134,8 +134,6 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// doJSON sends in as a JSON body (none when nil) and decodes the answer into out (ignored
-// when nil).
 // call sends in (none when nil) to path and decodes the answer as a T.
 func call[T any](ctx context.Context, c *Client, method, path string, in interface{}) (*T, error) {
 	var out T
@@ -145,6 +143,8 @@ func call[T any](ctx context.Context, c *Client, method, path string, in interfa
 	return &out, nil
 }
 
+// doJSON sends in as a JSON body (none when nil) and decodes the answer into out (ignored
+// when nil).
 func (c *Client) doJSON(ctx context.Context, method, path string, query url.Values, in, out interface{}) error {
 	var body io.Reader
 	if in != nil {

@@ -3,8 +3,8 @@
 //
 // It speaks the daemon's REST API (docs/API.md, GET /openapi.json) with the standard library
 // only: sessions and their event logs, exec (JSON or streamed over Server-Sent Events), files,
-// pause and resume, code-interpreter contexts (runs JSON or streamed), snapshots, fork and
-// volumes.
+// pause and resume, code-interpreter contexts (runs JSON or streamed), snapshots, fork,
+// volumes, network policy updates, secrets injected at egress and webhooks.
 // Every call takes a context.Context; every non-2xx answer is a *SandboxError carrying the
 // daemon's SANDBOX-... code and the HTTP status.
 //

@@ -33,6 +33,14 @@ const (
 	CodeQuotaVolumeStorage = "SANDBOX-QUOTA-VOLUME-STORAGE"
 	// CodeVolumeBusy: a session has the volume mounted (HTTP 409).
 	CodeVolumeBusy = "SANDBOX-VOLUME-BUSY"
+	// CodeNetworkRule: a network allow or deny entry is malformed or can never be reached
+	// (loopback, or a private range the server does not open) (HTTP 400).
+	CodeNetworkRule = "SANDBOX-NETWORK-RULE"
+	// CodeSecretNotFound: the tenant has no secret of that name (HTTP 404).
+	CodeSecretNotFound = "SANDBOX-SECRET-NOT-FOUND"
+	// CodeWebhookURLRefused: a webhook URL reaches a loopback, private or reserved address
+	// (HTTP 400).
+	CodeWebhookURLRefused = "SANDBOX-WEBHOOK-URL-REFUSED"
 )
 
 const (

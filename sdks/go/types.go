@@ -58,6 +58,9 @@ type Limits struct {
 type Network struct {
 	Mode  string   `json:"mode,omitempty"`
 	Allow []string `json:"allow,omitempty"`
+	// Deny entries (same syntax, with NetworkOpen or NetworkAllowlist) beat every allow, so
+	// an open session can still be kept from a range or a name.
+	Deny []string `json:"deny,omitempty"`
 }
 
 // Lifecycle says what a session's timeout does ("kill" or "pause") and whether requests to a
@@ -92,6 +95,10 @@ type CreateSessionRequest struct {
 	Volumes   []VolumeMount     `json:"volumes,omitempty"`
 	// FromSnapshot starts the session on a snapshot's filesystem.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// Secrets names secrets (PutSecret) the session may use without seeing them: its
+	// environment has NAME=KSECRET_<hex>, a placeholder egress swaps for the value in request
+	// headers to the secret's hosts. Needs Network mode NetworkOpen or NetworkAllowlist.
+	Secrets []string `json:"secrets,omitempty"`
 }
 
 // SessionVolume is a volume as a session has it mounted.
