@@ -22,7 +22,7 @@ TOOLS = {
     "create_session", "list_sessions", "kill_session", "run_code", "run_command",
     "start_process", "read_process_output", "stop_process", "write_file", "read_file",
     "list_files", "get_preview_url", "run_cell", "snapshot_session", "restore_session",
-    "fork_session",
+    "fork_session", "session_events",
 }
 
 
@@ -110,6 +110,30 @@ async def test_verdicts_come_from_the_daemon(transport, connect):
         big = await call(mcp, "run_code", session_id=sid, code="x = bytearray(1024 * 1024 * 1024)\nprint('survived')")
         assert big["verdict"] == "SANDBOX-EXEC-KILLED-OOM", big
         assert "survived" not in big["stdout"]
+
+
+async def test_a_session_s_events_say_why_it_ended(mcp):
+    sid = (await call(mcp, "create_session", timeout_s=300))["session_id"]
+    slow = await call(mcp, "run_command", session_id=sid, command="sleep 30", timeout_ms=300)
+    assert slow["verdict"] == "SANDBOX-EXEC-TIMEOUT"
+    await call(mcp, "kill_session", session_id=sid)
+    for _ in range(100):  # the log is written just after the calls answer
+        log = await call(mcp, "session_events", session_id=sid)
+        if len(log["events"]) >= 3:
+            break
+        time.sleep(0.1)
+    events = log["events"]
+    assert [e["type"] for e in events] == ["session.created", "exec.verdict", "session.stopped"]
+    assert events[1]["data"]["verdict"] == "SANDBOX-EXEC-TIMEOUT"
+    assert events[2]["data"]["cause"] == "deleted" and log["more"] is False
+    later = await call(mcp, "session_events", session_id=sid, after=events[1]["seq"])
+    assert [e["seq"] for e in later["events"]] == [events[2]["seq"]]
+    code, _ = await fails(mcp, "session_events", session_id="0" * 32)
+    assert code == "SANDBOX-NOT-FOUND"
+    code, _ = await fails(mcp, "session_events", session_id="../../v1/sandbox/sessions")
+    assert code == "SANDBOX-INVALID-ARGUMENT"
+    code, _ = await fails(mcp, "session_events", session_id=sid, after=2**63)
+    assert code == "SANDBOX-INVALID-ARGUMENT"
 
 
 async def test_cells_keep_their_state_and_show_their_figures(mcp):

@@ -168,6 +168,23 @@ impl SessionArgs {
 }
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct EventsArgs {
+    /// Id of the session (one that has ended too: its log outlives it).
+    pub session_id: String,
+    /// Only the events numbered above this `seq`: the last `seq` of a previous answer, to read
+    /// on from there. Default 0 (from the first).
+    #[serde(default)]
+    pub after: u64,
+}
+
+impl EventsArgs {
+    pub fn checked(self) -> Result<(String, u64), ToolError> {
+        check_id("session_id", &self.session_id)?;
+        Ok((self.session_id, self.after))
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 pub struct SnapshotArgs {
     /// Id of the session whose files to save.
     pub session_id: String,

@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{
-    CellLanguage, CellTarget, CreateSessionArgs, ForkArgs, ListFilesArgs, PreviewArgs,
+    CellLanguage, CellTarget, CreateSessionArgs, EventsArgs, ForkArgs, ListFilesArgs, PreviewArgs,
     ReadFileArgs, ReadOutputArgs, RestoreArgs, RunCellArgs, RunCodeArgs, RunCommandArgs,
     SessionArgs, SnapshotArgs, StopProcessArgs, WriteFileArgs,
 };
@@ -37,7 +37,9 @@ session's files with snapshot_session / restore_session and copy a session with 
 start servers or long jobs with start_process and read_process_output, and get_preview_url for a web server it \
 listens on. Results carry stdout, stderr, exit_code and a verdict (SANDBOX-EXEC-TIMEOUT, \
 SANDBOX-EXEC-KILLED-OOM, ...) when the sandbox stopped the program. Sessions expire on their \
-own; kill_session ends one at once. Failures are tool errors 'SANDBOX-CODE: message'.";
+own; kill_session ends one at once, and session_events tells what happened to one (why it \
+stopped, which programs the sandbox killed), also after it ended. Failures are tool errors \
+'SANDBOX-CODE: message'.";
 
 /// The MCP server for one daemon and one API key. Cheap to clone (one per HTTP session).
 #[derive(Clone)]
@@ -89,6 +91,17 @@ impl SandboxMcp {
         ct: CancellationToken,
     ) -> CallToolResult {
         answer(unless_cancelled(ct, self.exec(args.and_then(RunCodeArgs::request))).await)
+    }
+
+    /// What happened to a session, oldest first, also after it ended: session.created,
+    /// session.paused, session.resumed, session.stopped (data.cause: deleted, expired, quota,
+    /// agent_exited, daemon_shutdown, ...; data.reason) and exec.verdict for each program the
+    /// sandbox killed (data.verdict: SANDBOX-EXEC-TIMEOUT, SANDBOX-EXEC-KILLED-OOM, ...). Use it
+    /// to learn why a session is gone. `more` is true when events follow the last one returned:
+    /// ask again with `after` set to its `seq`.
+    #[tool(input_schema = input_schema::<EventsArgs>(), annotations(read_only_hint = true))]
+    async fn session_events(&self, Args(args): Args<EventsArgs>) -> CallToolResult {
+        answer(self.do_events(args).await)
     }
 
     /// Save a session's files as a snapshot and return its snapshot_id: a point to come back
@@ -231,6 +244,14 @@ impl SandboxMcp {
         let (id, req) = req?;
         let result = self.client.exec(&id, &req).await?;
         Ok(ExecView::from(result))
+    }
+
+    async fn do_events(
+        &self,
+        args: Result<EventsArgs, ToolError>,
+    ) -> Result<types::SessionEventList, ToolError> {
+        let (id, after) = args?.checked()?;
+        Ok(self.client.session_events(&id, after, None).await?)
     }
 
     async fn do_snapshot(

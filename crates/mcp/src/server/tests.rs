@@ -26,6 +26,7 @@ fn every_tool_is_listed_with_a_description_and_an_object_schema() {
         "snapshot_session",
         "restore_session",
         "fork_session",
+        "session_events",
         "run_command",
         "start_process",
         "read_process_output",
