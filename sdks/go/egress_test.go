@@ -9,10 +9,7 @@ import (
 )
 
 func TestSecretNetworkAndWebhookCallsUseTheirRoutes(t *testing.T) {
-	var seen []string
-	c := testClient(t, func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		seen = append(seen, r.Method+" "+r.URL.EscapedPath()+" "+string(body))
+	c, rec := recordingClient(t, func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method == http.MethodDelete:
 			w.WriteHeader(http.StatusNoContent)
@@ -85,9 +82,7 @@ func TestSecretNetworkAndWebhookCallsUseTheirRoutes(t *testing.T) {
 		"GET /v1/sandbox/webhooks/wh%2F1/deliveries ",
 		"DELETE /v1/sandbox/webhooks/wh1 ",
 	}
-	if strings.Join(seen, "\n") != strings.Join(want, "\n") {
-		t.Errorf("calls:\n%s", strings.Join(seen, "\n"))
-	}
+	rec.expect(t, want)
 }
 
 func TestCreateSessionSendsSecretsAndDenyRules(t *testing.T) {

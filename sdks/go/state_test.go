@@ -2,17 +2,13 @@ package sandbox
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
 )
 
 func TestSnapshotForkAndVolumeCallsUseTheirRoutes(t *testing.T) {
-	var seen []string
-	c := testClient(t, func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		seen = append(seen, r.Method+" "+r.URL.EscapedPath()+" "+string(body))
+	c, rec := recordingClient(t, func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method == http.MethodDelete:
 			w.WriteHeader(http.StatusNoContent)
@@ -78,9 +74,7 @@ func TestSnapshotForkAndVolumeCallsUseTheirRoutes(t *testing.T) {
 		"GET /v1/sandbox/volumes/data ",
 		"DELETE /v1/sandbox/volumes/data ",
 	}
-	if strings.Join(seen, "\n") != strings.Join(want, "\n") {
-		t.Errorf("calls:\n%s", strings.Join(seen, "\n"))
-	}
+	rec.expect(t, want)
 }
 
 func TestSnapshotAndVolumeIDsThatWouldChangeThePathAreRefused(t *testing.T) {
