@@ -284,11 +284,20 @@ async fn a_failed_start_cleans_up_and_says_why() {
             .count(),
         0
     );
-    // With the cgroups it made ahead for the next create, before their parent goes.
+    // With the cgroups it made ahead for the next create, which its task removes a moment
+    // after the drop: the parent goes once they are gone (seen left behind when removed at
+    // once).
     drop(rt);
-    for c in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        let _ = std::fs::remove_dir(c.path().join(&parent));
-    }
+    let parent_gone = eventually(|| {
+        std::fs::read_dir("/sys/fs/cgroup")
+            .unwrap()
+            .flatten()
+            .map(|c| c.path().join(&parent))
+            .filter(|dir| dir.exists())
+            .all(|dir| std::fs::remove_dir(dir).is_ok())
+    })
+    .await;
+    assert!(parent_gone, "cgroup parent {parent} left behind");
 }
 
 /// What waits in the state dir's trash to be deleted.
