@@ -2,7 +2,14 @@ package sandbox
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -152,4 +159,50 @@ func (c *Client) DeleteWebhook(ctx context.Context, id string) error {
 		return err
 	}
 	return c.doJSON(ctx, http.MethodDelete, p, nil, nil, nil)
+}
+
+// WebhookTolerance is how far from now a delivery's signed time may be for VerifyWebhook: a
+// delivery replayed later than that is refused.
+const WebhookTolerance = 5 * time.Minute
+
+// ErrWebhookSignature is what VerifyWebhook's errors wrap: the delivery was not signed with the
+// secret, was altered, or is too old (or too far ahead) to trust.
+var ErrWebhookSignature = errors.New("webhook signature refused")
+
+// VerifyWebhook checks a delivery as its receiver must before trusting it: header is its
+// Koder-Signature ("t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>"), body the
+// raw request body, exactly as received (not re-encoded JSON), secret the one CreateWebhook
+// answered. The HMAC is compared in constant time, and t must be within WebhookTolerance of
+// now.
+func VerifyWebhook(secret, header string, body []byte, now time.Time) error {
+	var ts string
+	var sigs []string
+	for _, part := range strings.Split(header, ",") {
+		k, v, _ := strings.Cut(strings.TrimSpace(part), "=")
+		switch k {
+		case "t":
+			ts = v
+		case "v1":
+			sigs = append(sigs, v)
+		}
+	}
+	sent, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil || len(sigs) == 0 {
+		return fmt.Errorf("%w: %q is not t=<seconds>,v1=<hex>", ErrWebhookSignature, header)
+	}
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(ts + "."))
+	mac.Write(body)
+	want := []byte(hex.EncodeToString(mac.Sum(nil)))
+	matched := false
+	for _, sig := range sigs {
+		matched = hmac.Equal([]byte(sig), want) || matched
+	}
+	if !matched {
+		return fmt.Errorf("%w: no signature matches the body under this secret", ErrWebhookSignature)
+	}
+	if d := now.Sub(time.Unix(sent, 0)); d < -WebhookTolerance || d > WebhookTolerance {
+		return fmt.Errorf("%w: signed %v from now", ErrWebhookSignature, d)
+	}
+	return nil
 }

@@ -2,10 +2,12 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSecretNetworkAndWebhookCallsUseTheirRoutes(t *testing.T) {
@@ -145,6 +147,36 @@ func TestSecretAndWebhookIDsThatWouldChangeThePathAreRefused(t *testing.T) {
 		}
 		if _, err := c.SetNetwork(ctx, id, Network{Mode: NetworkOpen}); err == nil {
 			t.Errorf("session %q accepted", id)
+		}
+	}
+}
+
+func TestVerifyWebhookAcceptsOnlyTheSecretsFreshSignature(t *testing.T) {
+	// The example of docs/API-ADDITIONS.md "Webhooks".
+	const header = "t=1,v1=3dd49b2593d0f9a349e9e71c4bde3e2b862c2be4003fe9b4ba81332029310158"
+	at := time.Unix(1, 0)
+	if err := VerifyWebhook("k", header, []byte("{}"), at); err != nil {
+		t.Fatal(err)
+	}
+	if err := VerifyWebhook("k", "v1=00,"+header+",v2=x", []byte("{}"), at.Add(WebhookTolerance)); err != nil {
+		t.Errorf("one matching v1 among others, at the edge of the tolerance: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		secret, header, body string
+		at                   time.Time
+	}{
+		"another secret":  {"K", header, "{}", at},
+		"an altered body": {"k", header, "{ }", at},
+		"too old":         {"k", header, "{}", at.Add(WebhookTolerance + time.Second)},
+		"from the future": {"k", header, "{}", at.Add(-WebhookTolerance - time.Second)},
+		"no timestamp":    {"k", "v1=3dd49b2593d0f9a349e9e71c4bde3e2b862c2be4003fe9b4ba81332029310158", "{}", at},
+		"no signature":    {"k", "t=1", "{}", at},
+		"another t":       {"k", strings.Replace(header, "t=1", "t=2", 1), "{}", time.Unix(2, 0)},
+		"an empty header": {"k", "", "{}", at},
+		"garbage":         {"k", "t=one,v1=zz", "{}", at},
+	} {
+		if err := VerifyWebhook(tc.secret, tc.header, []byte(tc.body), tc.at); !errors.Is(err, ErrWebhookSignature) {
+			t.Errorf("%s: %v", name, err)
 		}
 	}
 }

@@ -5,8 +5,6 @@ own (scripts/python-sdk-tests.sh lets the daemon send to loopback)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import threading
 import uuid
@@ -124,11 +122,10 @@ async def test_webhooks_deliver_signed_events(
             await asyncio.sleep(0.1)
         assert len(mine) == 1, "one event: the stop is not subscribed"
         headers, raw = mine[0]
-        parts = dict(p.split("=", 1) for p in headers["koder-signature"].split(","))
-        expected = hmac.new(hook.secret.encode(), f"{parts['t']}.".encode() + raw, hashlib.sha256)
-        assert hmac.compare_digest(parts["v1"], expected.hexdigest())
-        event = json.loads(raw)
+        event = ks.verify_webhook(hook.secret, headers["koder-signature"], raw)
         assert event["type"] == "session.created" and headers["koder-event-id"] == event["id"]
+        with pytest.raises(ks.WebhookSignatureError):
+            ks.verify_webhook(hook.secret + "x", headers["koder-signature"], raw)
 
         delivered: list[ks.WebhookDelivery] = []
         for _ in range(100):  # recorded just after the receiver answered
@@ -144,3 +141,27 @@ async def test_webhooks_deliver_signed_events(
         await run(client.webhooks.delete(hook.id))
     with pytest.raises(ks.NotFoundError):
         await run(client.webhooks.delete(hook.id))
+
+
+# The example of docs/API-ADDITIONS.md "Webhooks".
+SIGNED = "t=1,v1=3dd49b2593d0f9a349e9e71c4bde3e2b862c2be4003fe9b4ba81332029310158"
+
+
+def test_verify_webhook_takes_only_the_secret_s_fresh_signature() -> None:
+    assert ks.verify_webhook("k", SIGNED, b"{}", now=1) == {}
+    edge = 1 + ks.WEBHOOK_TOLERANCE_S
+    assert ks.verify_webhook("k", f"v1=00,{SIGNED},v2=x", b"{}", now=edge) == {}
+    for secret, signature, body, now in [
+        ("K", SIGNED, b"{}", 1),  # another secret
+        ("k", SIGNED, b"{ }", 1),  # an altered body
+        ("k", SIGNED, b"{}", edge + 1),  # too old
+        ("k", SIGNED, b"{}", 1 - ks.WEBHOOK_TOLERANCE_S - 1),  # from the future
+        ("k", SIGNED.replace("t=1", "t=2"), b"{}", 2),  # another time
+        ("k", SIGNED.split(",")[1], b"{}", 1),  # no time
+        ("k", "t=1", b"{}", 1),  # no signature
+        ("k", "", b"{}", 1),
+        ("k", "t=one,v1=zz", b"{}", 1),
+        ("k", "t=1,v1=\u00e9", b"{}", 1),  # not ASCII
+    ]:
+        with pytest.raises(ks.WebhookSignatureError):
+            ks.verify_webhook(secret, signature, body, now=now)

@@ -93,6 +93,7 @@ from ._models import (
     WebhookDelivery,
     WebhookInfo,
 )
+from ._signature import WEBHOOK_TOLERANCE_S, WebhookSignatureError, verify_webhook
 from ._ops import Async, Sync
 from ._transport import AsyncByteStream, AsyncEventStream, ByteStream, EventStream
 
@@ -183,9 +184,12 @@ __all__ = [
     "VolumeMount",
     "VolumeUse",
     "Volumes",
+    "WEBHOOK_TOLERANCE_S",
     "Watch",
     "WebhookDelivery",
     "WebhookInfo",
+    "WebhookSignatureError",
     "Webhooks",
     "__version__",
+    "verify_webhook",
 ]
