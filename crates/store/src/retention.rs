@@ -141,7 +141,7 @@ mod tests {
         let pruned = store.prune(&all_at(t(20))).await.unwrap();
         assert_eq!(pruned.sessions, 1, "ended before the cutoff, not at it");
         assert_eq!(store.get_session("old").await.unwrap(), None);
-        assert!(store.session_events("old").await.unwrap().is_empty());
+        assert!(store.session_events("old", 0, 10).await.unwrap().is_empty());
         for kept in ["edge", "live", "paused"] {
             assert!(store.get_session(kept).await.unwrap().is_some(), "{kept}");
         }

@@ -57,17 +57,23 @@ impl Store {
         Ok(())
     }
 
-    /// The session's log, oldest first, each event with its number in the log (1 for the
-    /// first ever appended; numbers stay when older events are dropped).
+    /// The session's events numbered above `after`, oldest first, at most `limit`, each with
+    /// its number in the log (1 for the first ever appended; numbers stay when older events
+    /// are dropped). Paged here rather than by the caller: followers ask again every few
+    /// seconds for what came after the last event they saw.
     pub async fn session_events(
         &self,
         session_id: &str,
+        after: i64,
+        limit: i64,
     ) -> Result<Vec<(i64, SessionEventRecord)>, StoreError> {
         let rows = query(
             "SELECT seq, session_id, event_id, kind, at_ms, data_json FROM session_events \
-             WHERE session_id = $1 ORDER BY seq",
+             WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         )
         .bind(session_id)
+        .bind(after)
+        .bind(limit)
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(from_row).collect()
@@ -116,7 +122,7 @@ mod tests {
             .append_session_event(&event("s2", 7), 3)
             .await
             .unwrap();
-        let log = store.session_events("s1").await.unwrap();
+        let log = store.session_events("s1", 0, 10).await.unwrap();
         let ns: Vec<_> = log
             .iter()
             .map(|(_, e)| e.data["n"].as_i64().unwrap())
@@ -125,8 +131,18 @@ mod tests {
         let seqs: Vec<_> = log.iter().map(|(seq, _)| *seq).collect();
         assert_eq!(seqs, [2, 3, 4], "numbers stay when older events go");
         assert_eq!(log[0].1, event("s1", 3), "a row round-trips whole");
-        assert_eq!(store.session_events("s2").await.unwrap().len(), 1);
-        assert!(store.session_events("nobody").await.unwrap().is_empty());
+        let page = store.session_events("s1", 2, 1).await.unwrap();
+        assert_eq!(
+            page.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
+            [3],
+            "after, limit"
+        );
+        assert_eq!(store.session_events("s2", 0, 10).await.unwrap().len(), 1);
+        assert!(store
+            .session_events("nobody", 0, 10)
+            .await
+            .unwrap()
+            .is_empty());
 
         // No record, no log: an event of a session never stored (or already pruned).
         assert!(matches!(
@@ -138,8 +154,8 @@ mod tests {
             .execute(&store.pool)
             .await
             .unwrap();
-        assert!(store.session_events("s1").await.unwrap().is_empty());
-        assert_eq!(store.session_events("s2").await.unwrap().len(), 1);
+        assert!(store.session_events("s1", 0, 10).await.unwrap().is_empty());
+        assert_eq!(store.session_events("s2", 0, 10).await.unwrap().len(), 1);
     }
 
     on_both_backends!(a_session_s_log_is_ordered_bounded_and_goes_with_it);

@@ -162,6 +162,7 @@ def test_verify_webhook_takes_only_the_secret_s_fresh_signature() -> None:
         ("k", "", b"{}", 1),
         ("k", "t=one,v1=zz", b"{}", 1),
         ("k", "t=1,v1=\u00e9", b"{}", 1),  # not ASCII
+        ("k", "t=\u0661,v1=" + SIGNED.split("v1=")[1], b"{}", 1),  # a digit, not ASCII
     ]:
         with pytest.raises(ks.WebhookSignatureError):
             ks.verify_webhook(secret, signature, body, now=now)

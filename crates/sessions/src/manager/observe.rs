@@ -25,27 +25,28 @@ impl Manager {
         limit: usize,
     ) -> Result<SessionEventList, Error> {
         // Numbers are kept signed: one beyond is refused rather than never reached.
-        if i64::try_from(after).is_err() {
+        let Ok(after) = i64::try_from(after) else {
             return Err(Error::InvalidArgument(format!(
                 "after must be at most {}",
                 i64::MAX
             )));
-        }
+        };
         if !(1..=EVENTS_PAGE_MAX).contains(&limit) {
             return Err(Error::InvalidArgument(format!(
                 "limit must be 1 to {EVENTS_PAGE_MAX}, not {limit}"
             )));
         }
         self.record(who, id).await?;
+        // One more than the page: whether it came says if more follow.
+        let asked = i64::try_from(limit + 1).unwrap_or(i64::MAX);
         let mut events = self
             .store
-            .session_events(id)
+            .session_events(id, after, asked)
             .await?
             .into_iter()
             .filter_map(|(seq, e)| {
-                let seq = u64::try_from(seq).ok().filter(|seq| *seq > after)?;
                 Some(SessionEvent {
-                    seq,
+                    seq: u64::try_from(seq).ok()?,
                     id: e.event_id,
                     kind: e.kind,
                     created_at: e.at,

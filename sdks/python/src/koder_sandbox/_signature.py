@@ -39,7 +39,7 @@ def verify_webhook(
             stamp = value
         elif key == "v1":
             signatures.append(value)
-    if stamp is None or not stamp.isdigit() or not signatures:
+    if stamp is None or not (stamp.isascii() and stamp.isdigit()) or not signatures:
         raise WebhookSignatureError(f"{signature!r} is not t=<seconds>,v1=<hex>")
     mac = hmac.new(secret.encode(), stamp.encode() + b"." + body, hashlib.sha256)
     want = mac.hexdigest().encode()
